@@ -18,6 +18,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import onnx
 
+from .errors import PluginError
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -83,17 +85,13 @@ class Plugin(Protocol):
         ...
 
 
-class PluginError(ValueError):
-    """A plugin was misused: unknown variant, unsupported node."""
-
-
 _registry: dict[str, Plugin] = {}
 _entry_points_loaded = False
 
 
 def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
-    if not isinstance(plugin, Plugin):
-        raise TypeError(f"{plugin!r} does not implement the Plugin protocol (op_type, supports, build)")
+    if isinstance(plugin, type) or not isinstance(plugin, Plugin):
+        raise TypeError(f"{plugin!r} is not a Plugin instance (an object with op_type, supports and build)")
     if plugin.op_type in _registry and not replace and _registry[plugin.op_type] is not plugin:
         raise PluginError(f"a plugin for {plugin.op_type} is already registered; pass replace=True to override it")
     _registry[plugin.op_type] = plugin
@@ -111,7 +109,8 @@ def _load_entry_points() -> None:
     _entry_points_loaded = True
     for entry in entry_points(group="opplugin.plugins"):
         obj = entry.load()
-        plugin = obj() if callable(obj) and not isinstance(obj, Plugin) else obj
+        # an entry point may name a plugin class, a factory function, or an instance
+        plugin = obj() if isinstance(obj, type) or not isinstance(obj, Plugin) else obj
         register(plugin, replace=True)
 
 

@@ -1,0 +1,144 @@
+"""Loading and validating ONNX models, and shape inference for a given batch."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+from .errors import InputError, ModelError
+from .registry import NodeInfo, TensorInfo
+from .resources import models_dir
+
+SHIPPED_MODELS = ("lenet86", "ece408_high")
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """A path, or the name of a shipped model ("lenet86")."""
+    path = Path(model)
+    if not path.exists() and str(model) in SHIPPED_MODELS:
+        path = models_dir() / f"{model}.onnx"
+    return path
+
+
+@dataclass
+class Model:
+    """A validated ONNX model. The batch is the first axis of every graph input."""
+
+    proto: onnx.ModelProto
+    name: str
+
+    def __post_init__(self) -> None:
+        graph = self.proto.graph
+        self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.inputs: list[onnx.ValueInfoProto] = [i for i in graph.input if i.name not in self.initializers]
+        self.outputs: list[str] = [o.name for o in graph.output]
+        for value in self.inputs:
+            elem = value.type.tensor_type.elem_type
+            if elem != onnx.TensorProto.FLOAT:
+                raise ModelError(
+                    f"{self.name}: input {value.name!r} is {helper.tensor_dtype_to_np_dtype(elem)}; opplugin runs float32 models"
+                )
+            if not value.type.tensor_type.HasField("shape"):
+                raise ModelError(f"{self.name}: input {value.name!r} has no shape")
+
+    @property
+    def nodes(self) -> list[onnx.NodeProto]:
+        return list(self.proto.graph.node)
+
+    def input_shape(self, name: str | None = None) -> tuple[int | str, ...]:
+        """The declared shape of an input: ints, or names for symbolic axes."""
+        value = self._input(name)
+        return tuple(d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in value.type.tensor_type.shape.dim)
+
+    def sample_shape(self, name: str | None = None) -> tuple[int, ...]:
+        """The shape of one sample (the input shape without the batch axis)."""
+        shape = self.input_shape(name)[1:]
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ModelError(f"{self.name}: only the batch axis may be symbolic, input shape is {shape}")
+        return shape  # type: ignore[return-value]
+
+    def _input(self, name: str | None) -> onnx.ValueInfoProto:
+        if name is None:
+            return self.inputs[0]
+        for value in self.inputs:
+            if value.name == name:
+                return value
+        raise InputError(f"{self.name} has no input {name!r}; its inputs are {[i.name for i in self.inputs]}")
+
+    def with_batch(self, batch: int) -> onnx.ModelProto:
+        """A copy whose graph inputs have `batch` as their first axis."""
+        if not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise InputError(f"batch must be a positive integer, got {batch!r}")
+        proto = copy.deepcopy(self.proto)
+        for value in proto.graph.input:
+            if value.name in self.initializers:
+                continue
+            first = value.type.tensor_type.shape.dim[0]
+            if first.HasField("dim_value") and first.dim_value not in (0, batch):
+                raise InputError(
+                    f"{self.name}: input {value.name!r} has a fixed batch of {first.dim_value}; run it with batch {first.dim_value}"
+                )
+            first.dim_value = batch
+        return proto
+
+    def infer(self, batch: int) -> dict[str, TensorInfo]:
+        """Shape and dtype of every tensor in the graph for this batch."""
+        proto = self.with_batch(batch)
+        try:
+            inferred = shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+        except Exception as err:  # onnx raises several unrelated types here
+            raise ModelError(f"{self.name}: shape inference failed: {err}") from None
+        tensors: dict[str, TensorInfo] = {}
+        graph = inferred.graph
+        for value in [*graph.input, *graph.value_info, *graph.output]:
+            tensor_type = value.type.tensor_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+            tensors[value.name] = TensorInfo(value.name, dims, np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+        for name, array in self.initializers.items():
+            tensors[name] = TensorInfo(name, tuple(array.shape), array.dtype)
+        return tensors
+
+    def node_infos(self, batch: int) -> list[NodeInfo]:
+        tensors = self.infer(batch)
+        missing = TensorInfo("", (), np.dtype(np.float32))
+        infos = []
+        for node in self.proto.graph.node:
+            infos.append(
+                NodeInfo(
+                    node=node,
+                    inputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) if n else missing for n in node.input],
+                    outputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) for n in node.output],
+                    attributes={a.name: helper.get_attribute_value(a) for a in node.attribute},
+                    constants={n: self.initializers[n] for n in node.input if n in self.initializers},
+                )
+            )
+        return infos
+
+
+def load_model(model: str | Path) -> Model:
+    """Load and check an ONNX model file (or a shipped model by name); ModelError says what is wrong."""
+    path = resolve_model_path(model)
+    if not path.exists():
+        shipped = ", ".join(SHIPPED_MODELS)
+        raise ModelError(f"model file not found: {path} (shipped models: {shipped})")
+    if path.is_dir():
+        raise ModelError(f"{path} is a folder, not an ONNX model file")
+    data = path.read_bytes()
+    if not data:
+        raise ModelError(f"{path} is empty")
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception as err:
+        raise ModelError(f"{path} is not an ONNX model (or is truncated): {type(err).__name__}: {err}") from None
+    if not proto.graph.node:
+        raise ModelError(f"{path} is not an ONNX model: its graph has no nodes")
+    try:
+        onnx.checker.check_model(proto, full_check=False)
+    except onnx.checker.ValidationError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
+        raise ModelError(f"{path} fails onnx's checker: {first}") from None
+    return Model(proto, path.stem)

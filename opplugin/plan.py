@@ -1,0 +1,163 @@
+"""Partitioning a model into steps: plugin steps (one node each) and onnxruntime
+steps (maximal runs of the remaining nodes, each one sub-model)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper
+
+from .model import Model
+from .registry import Device, NodeInfo, Plugin, TensorInfo, plugins
+
+
+@dataclass
+class PluginStep:
+    name: str
+    node: NodeInfo
+    plugin: Plugin
+    inputs: list[str]
+    outputs: list[str]
+    kind: str = "plugin"
+
+    @property
+    def ops(self) -> list[str]:
+        return [self.node.op_type]
+
+
+@dataclass
+class OrtStep:
+    name: str
+    nodes: list[onnx.NodeProto]
+    inputs: list[str]
+    outputs: list[str]
+    model: onnx.ModelProto
+    kind: str = "onnxruntime"
+
+    @property
+    def ops(self) -> list[str]:
+        return [n.op_type for n in self.nodes]
+
+
+Step = PluginStep | OrtStep
+
+
+@dataclass
+class Plan:
+    model: Model
+    batch: int
+    device: Device
+    steps: list[Step]
+    tensors: dict[str, TensorInfo]
+    # node name -> why its plugin does not run it (only nodes some plugin claims)
+    fallbacks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def plugin_steps(self) -> list[PluginStep]:
+        return [s for s in self.steps if isinstance(s, PluginStep)]
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self.tensors[name].shape
+
+
+def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None) -> Plan:
+    registry = plugins() if registry is None else registry
+    infos = model.node_infos(batch)
+    tensors = model.infer(batch)
+    fallbacks: dict[str, str] = {}
+
+    # Group nodes in graph order: a plugin node is a step of its own, the others
+    # gather into runs that become one onnxruntime sub-model each.
+    groups: list[NodeInfo | list[NodeInfo]] = []
+    for info in infos:
+        plugin = registry.get(info.op_type)
+        reason = _support(plugin, info, device) if plugin else "no plugin"
+        if plugin and reason is None:
+            groups.append(info)
+            continue
+        if plugin:
+            fallbacks[info.name] = reason
+        if groups and isinstance(groups[-1], list):
+            groups[-1].append(info)
+        else:
+            groups.append([info])
+
+    consumed_later = _consumers_after(groups, model.outputs)
+    steps: list[Step] = []
+    ort_count = 0
+    for index, group in enumerate(groups):
+        if isinstance(group, NodeInfo):
+            node = group.node
+            steps.append(
+                PluginStep(group.name, group, registry[group.op_type], [n for n in node.input], list(node.output))
+            )
+            continue
+        ort_count += 1
+        nodes = [info.node for info in group]
+        produced = {o for n in nodes for o in n.output if o}
+        inputs = _unique(i for n in nodes for i in n.input if i and i not in produced and i not in model.initializers)
+        outputs = [o for n in nodes for o in n.output if o and o in consumed_later[index]]
+        sub = _sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
+        steps.append(OrtStep(f"onnxruntime{ort_count}", nodes, inputs, outputs, sub))
+    return Plan(model, batch, device, steps, tensors, fallbacks)
+
+
+def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
+    try:
+        return plugin.supports(info, device)
+    except Exception as err:  # a plugin that cannot judge a node does not get it
+        return f"{type(err).__name__}: {err}"
+
+
+def _consumers_after(groups: list, graph_outputs: list[str]) -> list[set[str]]:
+    """For each group, the tensor names read by any later group or by the graph's outputs."""
+    needed: set[str] = set(graph_outputs)
+    after: list[set[str]] = [set() for _ in groups]
+    for index in range(len(groups) - 1, -1, -1):
+        after[index] = set(needed)
+        members = [groups[index]] if isinstance(groups[index], NodeInfo) else groups[index]
+        for info in members:
+            needed.update(n for n in info.node.input if n)
+    return after
+
+
+def _unique(names) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def _sub_model(
+    model: Model, name: str, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str], tensors: dict[str, TensorInfo]
+) -> onnx.ModelProto:
+    def value_info(tensor: str) -> onnx.ValueInfoProto:
+        info = tensors[tensor]
+        shape = [d if d >= 0 else None for d in info.shape]
+        return helper.make_tensor_value_info(tensor, helper.np_dtype_to_tensor_dtype(info.dtype), shape)
+
+    used = {i for n in nodes for i in n.input}
+    initializers = [t for t in model.proto.graph.initializer if t.name in used]
+    graph = helper.make_graph(
+        nodes, name, [value_info(i) for i in inputs], [value_info(o) for o in outputs], initializer=initializers
+    )
+    sub = helper.make_model(graph, opset_imports=list(model.proto.opset_import), producer_name="opplugin")
+    sub.ir_version = model.proto.ir_version
+    return sub
+
+
+def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None = None) -> str:
+    """The plan as text: one line per step, then why claimed nodes stay in onnxruntime."""
+    device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
+    lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
+    width = max(len(s.name) for s in plan.steps)
+    for number, step in enumerate(plan.steps, 1):
+        runs_on = f"plugin {step.node.op_type}" if isinstance(step, PluginStep) else "onnxruntime"
+        shapes = ", ".join(f"{n} {list(plan.shape_of(n))}" for n in step.inputs if n in plan.tensors and n not in plan.model.initializers)
+        lines.append(f"  {number:>2}  {step.name:<{width}}  {runs_on:<12}  {' > '.join(step.ops)}")
+        lines.append(f"      {'':<{width}}  in: {shapes or '-'}")
+    if plan.fallbacks:
+        lines += ["", "Left to onnxruntime:"]
+        lines += [f"  {node}: {reason}" for node, reason in plan.fallbacks.items()]
+    for node, notes in (variant_notes or {}).items():
+        offered = [v for v, reason in notes.items() if reason is None]
+        lines += ["", f"{node}: CUDA variants offered: {', '.join(offered) or 'none'}"]
+        lines += [f"  {v} not offered: {reason}" for v, reason in notes.items() if reason]
+    return "\n".join(lines)

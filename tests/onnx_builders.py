@@ -1,0 +1,74 @@
+"""Small ONNX models built in memory for the tests."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def finish(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opplugin-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def tiny_cnn(seed: int = 0, channels: int = 3, size: int = 12, maps: int = 4, group: int = 1) -> onnx.ModelProto:
+    """Conv > Relu > MaxPool > Conv(group) > Relu > Flatten > Gemm > Softmax, batch axis "N"."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((maps, channels, 3, 3)).astype(np.float32) * 0.3
+    b1 = rng.standard_normal(maps).astype(np.float32) * 0.1
+    w2 = rng.standard_normal((maps, maps // group, 3, 3)).astype(np.float32) * 0.3
+    pooled = size // 2
+    out2 = pooled - 2
+    gemm_w = rng.standard_normal((maps * out2 * out2, 5)).astype(np.float32) * 0.1
+    gemm_b = np.zeros(5, np.float32) + 0.01
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], name="conv2", group=group),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Flatten", ["r2"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "gw", "gb"], ["logits"], name="fc"),
+        helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
+        initializer=[
+            numpy_helper.from_array(a, n) for a, n in [(w1, "w1"), (b1, "b1"), (w2, "w2"), (gemm_w, "gw"), (gemm_b, "gb")]
+        ],
+    )
+    return finish(graph)
+
+
+def single_conv(x_shape, w_shape, attributes: dict, bias: bool, weights_as_input: bool = False) -> onnx.ModelProto:
+    """One Conv node; weights as initializers, or as graph inputs when weights_as_input."""
+    inputs = ["x", "w"] + (["b"] if bias else [])
+    node = helper.make_node("Conv", inputs, ["y"], name="conv", **attributes)
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))]
+    initializers = []
+    if weights_as_input:
+        graph_inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, list(w_shape)))
+        if bias:
+            graph_inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [w_shape[0]]))
+    else:
+        rng = np.random.default_rng(1)
+        initializers.append(numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "w"))
+        if bias:
+            initializers.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b"))
+    graph = helper.make_graph(
+        [node], "single_conv", graph_inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"y{i}" for i in range(len(x_shape))])],
+        initializer=initializers,
+    )
+    return finish(graph)
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))
+    return str(path)

@@ -1,0 +1,68 @@
+"""The command line, as a user runs it: output, files, exit status, one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from opplugin.cli import main
+
+
+def test_run_on_a_shipped_model_prints_the_report(tmp_path, capsys):
+    code = main(["run", "lenet86", "--batch", "40", "--repeat", "2", "--warmup", "1", "--device", "cpu",
+                 "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "numpy reference backend" in err
+    assert out.count("Op Time:") == 2
+    assert "Test Accuracy:" in out
+    assert "Against onnxruntime CPU: PASS" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["batch"] == 40 and data["model"] == "lenet86" and 0 <= data["accuracy"] <= 1
+    assert data["agreement"]["passed"] and data["agreement"]["top1_agreement"] == 1.0
+    assert (tmp_path / "r.csv").read_text().startswith("step,kind,ops")
+
+
+def test_check_passes_on_the_cpu(capsys):
+    assert main(["check", "ece408_high", "--batch", "50", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "Test Accuracy:" in out and "Top-1 agreement with onnxruntime: 1.0000" in out
+
+
+def test_check_fails_with_exit_status_1_when_tolerances_cannot_be_met(tiny_model_path, capsys):
+    # at zero tolerance the reference and onnxruntime's Conv round differently somewhere
+    assert main(["check", tiny_model_path, "--batch", "3", "--device", "cpu", "--atol", "0", "--rtol", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL at atol 0, rtol 0" in out
+
+
+def test_plan_command(tiny_model_path, capsys):
+    assert main(["plan", tiny_model_path, "--device", "cpu"]) == 0
+    assert "conv1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "missing.onnx"], "model file not found"),
+        (["run", "lenet86", "--batch", "0", "--device", "cpu"], "at least 1"),
+        (["run", "lenet86", "--batch", "20000", "--device", "cpu"], "bundled test set has 10000"),
+        (["run", "lenet86", "--variant", "warp9", "--device", "cpu", "--batch", "2"], "needs a CUDA device"),
+        (["run", "lenet86", "--data", "imagenet", "--device", "cpu", "--batch", "2"], "unknown data source"),
+        (["check", "lenet86", "--batch", "2", "--device", "cpu", "--repeat", "1"], None),
+    ],
+)
+def test_bad_requests_give_one_line_errors(argv, message, capsys):
+    if message is None:  # argparse's own usage error
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        return
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("opplugin: error:") and message in err and "\n" not in err
+
+
+def test_console_entry_point_runs_as_a_module():
+    done = subprocess.run([sys.executable, "-m", "opplugin.cli", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("opplugin ")

@@ -1,0 +1,108 @@
+"""Loading, validating and shape inference; every bad file gives a ModelError that says what is wrong."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnx_builders import finish, save, tiny_cnn
+from opplugin.errors import InputError, ModelError
+from opplugin.model import load_model
+
+
+def test_loads_and_infers_shapes_for_a_batch(tiny_model_path):
+    model = load_model(tiny_model_path)
+    assert [i.name for i in model.inputs] == ["x"]
+    assert model.input_shape() == ("N", 3, 12, 12)
+    assert model.sample_shape() == (3, 12, 12)
+    tensors = model.infer(7)
+    assert tensors["c1"].shape == (7, 4, 12, 12)
+    assert tensors["p1"].shape == (7, 4, 6, 6)
+    assert tensors["y"].shape == (7, 5)
+    assert tensors["w1"].dtype == np.float32
+
+
+def test_node_infos_carry_constants_and_attributes(tiny_model_path):
+    infos = load_model(tiny_model_path).node_infos(2)
+    conv = infos[0]
+    assert conv.op_type == "Conv" and conv.name == "conv1"
+    assert conv.attributes["pads"] == [1, 1, 1, 1]
+    assert set(conv.constants) == {"w1", "b1"}
+    assert conv.inputs[0].shape == (2, 3, 12, 12)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelError, match="not found"):
+        load_model(tmp_path / "nope.onnx")
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    with pytest.raises(ModelError, match="empty"):
+        load_model(path)
+
+
+def test_truncated_file(tmp_path, tiny_model_path):
+    data = open(tiny_model_path, "rb").read()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelError, match="not an ONNX model"):
+        load_model(path)
+
+
+def test_not_onnx(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("this is a text file, not a model\n" * 20)
+    with pytest.raises(ModelError, match="not an ONNX model"):
+        load_model(path)
+
+
+def test_folder_is_not_a_model(tmp_path):
+    with pytest.raises(ModelError, match="folder"):
+        load_model(tmp_path)
+
+
+def test_checker_failure(tmp_path):
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    model.graph.node[0].op_type = "NoSuchOp"
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelError, match="checker"):
+        load_model(path)
+
+
+def test_non_float_input_is_refused(tmp_path):
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT64, ["N", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    path = save(finish(graph), tmp_path / "int.onnx")
+    with pytest.raises(ModelError, match="float32"):
+        load_model(path)
+
+
+def test_bad_batch(tiny_model_path):
+    model = load_model(tiny_model_path)
+    for batch in (0, -3):
+        with pytest.raises(InputError, match="positive"):
+            model.infer(batch)
+
+
+def test_fixed_batch_must_match(tmp_path):
+    proto = tiny_cnn()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    path = save(proto, tmp_path / "fixed.onnx")
+    model = load_model(path)
+    assert model.infer(1)["y"].shape == (1, 5)
+    with pytest.raises(InputError, match="fixed batch of 1"):
+        model.infer(4)
+
+
+def test_shipped_models_resolve_by_name():
+    for name in ("lenet86", "ece408_high"):
+        model = load_model(name)
+        assert model.name == name
+        assert len(model.sample_shape()) == 3

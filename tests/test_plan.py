@@ -1,0 +1,56 @@
+"""Partitioning into plugin and onnxruntime steps."""
+import numpy as np
+import onnxruntime as ort
+
+from onnx_builders import save, tiny_cnn
+from opplugin.model import load_model
+from opplugin.plan import OrtStep, PluginStep, describe, make_plan
+from opplugin.registry import Device
+from opplugin.runner import CPU
+
+
+def test_convs_become_plugin_steps_and_the_rest_maximal_onnxruntime_runs(tiny_model_path):
+    plan = make_plan(load_model(tiny_model_path), 4, CPU)
+    kinds = [(type(s).__name__, s.ops) for s in plan.steps]
+    assert kinds == [
+        ("PluginStep", ["Conv"]),
+        ("OrtStep", ["Relu", "MaxPool"]),
+        ("PluginStep", ["Conv"]),
+        ("OrtStep", ["Relu", "Flatten", "Gemm", "Softmax"]),
+    ]
+    first_ort = plan.steps[1]
+    assert first_ort.inputs == ["c1"] and first_ort.outputs == ["p1"]
+    assert plan.steps[3].outputs == ["y"]
+    assert plan.fallbacks == {}
+
+
+def test_onnxruntime_step_sub_models_run_on_their_own(tiny_model_path):
+    plan = make_plan(load_model(tiny_model_path), 2, CPU)
+    step = plan.steps[3]
+    assert isinstance(step, OrtStep)
+    session = ort.InferenceSession(step.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"c2": np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32)})
+    assert y.shape == (2, 5)
+    np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_registry_without_plugins_gives_one_onnxruntime_step(tiny_model_path):
+    plan = make_plan(load_model(tiny_model_path), 1, CPU, registry={})
+    assert len(plan.steps) == 1 and isinstance(plan.steps[0], OrtStep)
+    assert plan.steps[0].inputs == ["x"] and plan.steps[0].outputs == ["y"]
+
+
+def test_on_a_gpu_device_unsupported_convs_fall_back_with_a_reason(tmp_path):
+    # group 2 is outside what the CUDA variants cover: the plan must say so
+    path = save(tiny_cnn(group=2), tmp_path / "grouped.onnx")
+    plan = make_plan(load_model(path), 1, Device("cuda", "test GPU"))
+    assert [s.name for s in plan.plugin_steps] == ["conv1"]
+    assert "conv2" in plan.fallbacks and "group" in plan.fallbacks["conv2"]
+    text = describe(plan)
+    assert "Left to onnxruntime" in text and "conv2" in text
+
+
+def test_describe_lists_every_step(tiny_model_path):
+    text = describe(make_plan(load_model(tiny_model_path), 3, CPU))
+    for name in ("conv1", "conv2", "onnxruntime1", "onnxruntime2", "Relu > MaxPool", "x [3, 3, 12, 12]"):
+        assert name in text

@@ -1,0 +1,70 @@
+"""The report: rows, text, JSON/CSV with the same keys, atomic writes."""
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from opplugin import report
+from opplugin.model import load_model
+from opplugin.runner import Runner
+
+
+@pytest.fixture
+def built(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 4, "cpu")
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (4, 3, 12, 12)).astype(np.float32)}
+    profile = runner.profile(feeds, warmup=1, repeat=3)
+    return runner, report.build_report(runner, profile, warmup=1, extra={"accuracy": 0.5})
+
+
+def test_rows_cover_every_step_with_stable_keys(built):
+    runner, result = built
+    rows = result["steps"]
+    assert [r["step"] for r in rows] == ["conv1", "onnxruntime1", "conv2", "onnxruntime2"]
+    assert all(tuple(r) == report.ROW_KEYS for r in rows)
+    conv = rows[0]
+    assert conv["kind"] == "plugin" and conv["implementation"] == "conv.reference"
+    assert conv["input_shapes"] == [[4, 3, 12, 12]] and conv["output_shapes"] == [[4, 4, 12, 12]]
+    expected_flops = runner.kernels["conv1"].flops(4)
+    assert conv["gflops_per_s"] == pytest.approx(expected_flops / conv["time_ms"] / 1e6)
+    assert rows[1]["gflops_per_s"] is None and rows[1]["gb_per_s"] > 0
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert set(result["op_times_ms"]) == {"conv1", "conv2"}
+    assert result["repeat"] == 3
+
+
+def test_text_has_the_seeds_lines_and_the_table(built):
+    _, result = built
+    text = report.format_text(result)
+    assert text.count("Op Time: ") == 2
+    assert "Test Accuracy: 0.5000" in text
+    assert "numpy reference" in text
+    for column in ("step", "implementation", "GFLOP/s", "GB/s", "share"):
+        assert column in text
+
+
+def test_json_and_csv_carry_the_same_rows(built, tmp_path):
+    _, result = built
+    report.write_atomic(tmp_path / "r.json", json.dumps(result))
+    loaded = json.loads((tmp_path / "r.json").read_text())
+    assert loaded["steps"] == result["steps"]
+    rows = list(csv.DictReader(io.StringIO(report.to_csv(result["steps"]))))
+    assert [r["step"] for r in rows] == [r["step"] for r in result["steps"]]
+    assert tuple(rows[0]) == report.ROW_KEYS
+    assert json.loads(rows[0]["input_shapes"]) == [[4, 3, 12, 12]]
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
+    target = tmp_path / "report.json"
+    target.write_text("old")
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(TypeError):
+        report.write_atomic(target, Unprintable())  # not a str: the write fails midway
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]

@@ -1,0 +1,73 @@
+"""The runner on the CPU device: plugin steps run the numpy reference, the rest onnxruntime."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from opplugin.errors import DeviceError, InputError, PluginError
+from opplugin.model import load_model
+from opplugin.runner import Runner, select_device
+from opplugin import cuda
+
+
+def _inputs(batch, seed=0):
+    return {"x": np.random.default_rng(seed).uniform(-1, 1, (batch, 3, 12, 12)).astype(np.float32)}
+
+
+def _onnxruntime(path, feeds):
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_swapped_model_matches_onnxruntime(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 6, "cpu")
+    feeds = _inputs(6)
+    result = runner.run(feeds, keep=("c1", "c2"))
+    np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
+    assert result.kept["c1"].shape == (6, 4, 12, 12)
+    assert [t.name for t in result.times] == ["conv1", "onnxruntime1", "conv2", "onnxruntime2"]
+    assert all(t.ms >= 0 for t in result.times)
+    assert runner.implementation("conv1") == "conv.reference"
+    assert runner.implementation("onnxruntime1") == "onnxruntime CPU"
+
+
+def test_profile_keeps_every_timed_reading(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 2, "cpu")
+    seen = []
+    profile = runner.profile(_inputs(2), warmup=1, repeat=3, progress=lambda *a: seen.append(a))
+    assert len(profile.total_ms) == 3
+    assert all(len(v) == 3 for v in profile.step_ms.values())
+    assert profile.median("conv1") >= 0
+    assert seen[-1] == ("timed run", 3, 3) and seen[0] == ("warm-up", 1, 1)
+
+
+@pytest.mark.parametrize(
+    "feeds, message",
+    [
+        ({"image": np.zeros((2, 3, 12, 12), np.float32)}, "do not match"),
+        ({"x": np.ones((2, 3, 12, 12), np.float64)}, "float32"),
+        ({"x": np.ones((2, 3, 12), np.float32)}, "rank"),
+        ({"x": np.ones((2, 3, 11, 12), np.float32)}, "shape"),
+        ({"x": np.ones((3, 3, 12, 12), np.float32)}, "batch 2"),
+        ({"x": [[1.0]]}, "numpy array"),
+    ],
+)
+def test_bad_inputs_are_refused_with_a_reason(tiny_model_path, feeds, message):
+    runner = Runner(load_model(tiny_model_path), 2, "cpu")
+    with pytest.raises(InputError, match=message):
+        runner.run(feeds)
+
+
+def test_gpu_variant_on_the_cpu_is_a_clear_error(tiny_model_path):
+    with pytest.raises(PluginError, match="needs a CUDA device"):
+        Runner(load_model(tiny_model_path), 1, "cpu", variants={"Conv": "const"})
+
+
+@pytest.mark.skipif(cuda.is_available(), reason="this machine has a CUDA device")
+def test_asking_for_cuda_without_a_device():
+    with pytest.raises(DeviceError, match="no CUDA device"):
+        select_device("cuda")
+    assert select_device("auto").kind == "cpu"
+
+
+def test_unknown_device_name():
+    with pytest.raises(DeviceError, match="unknown device"):
+        select_device("tpu")

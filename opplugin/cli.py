@@ -27,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the swapped model and print the per-op timing report")
     _add_common(run, batch=10000)
-    run.add_argument("--repeat", type=int, default=5, help="timed runs; the report gives medians (default 5)")
-    run.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    run.add_argument("--repeat", type=int, help="timed runs; the report gives medians (default 5 on a GPU, 2 on the CPU)")
+    run.add_argument("--warmup", type=int, help="untimed runs first (default 2 on a GPU, 0 on the CPU)")
     run.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
@@ -72,7 +72,10 @@ def cmd_run(args) -> int:
     inputs = make_inputs(model, args.batch, args.data, args.seed)
     if not runner.device.is_cuda:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
-    profile = runner.profile(inputs.feeds, args.warmup, args.repeat, progress=_progress)
+    on_gpu = runner.device.is_cuda
+    warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 0)
+    repeat = args.repeat if args.repeat is not None else (5 if on_gpu else 2)
+    profile = runner.profile(inputs.feeds, warmup, repeat, progress=_progress)
 
     extra = {"data": inputs.source}
     output_name = model.outputs[0]
@@ -87,7 +90,7 @@ def cmd_run(args) -> int:
         agreement["top1_agreement"] = float((predicted == ref_top1).mean()) if predicted is not None else 1.0
         extra["agreement"] = agreement
 
-    result = reports.build_report(runner, profile, args.warmup, extra)
+    result = reports.build_report(runner, profile, warmup, extra)
     print(reports.format_text(result))
     if args.json:
         reports.write_atomic(args.json, json.dumps(result, indent=2) + "\n")

@@ -1,16 +1,17 @@
 """numpy reference implementations: the CPU backend and the test oracle.
 
 `conv` follows ONNX Conv exactly (N-D, pads begin+end, strides, dilations,
-group, optional bias). It gathers one strided view per kernel tap and
-accumulates with tensordot, so memory stays at one output-sized buffer and the
-arithmetic runs in the dtype of the inputs (pass float64 for an oracle).
+group, optional bias). It lowers each batch chunk to a matrix of input patches
+(im2col) and multiplies by the filters, so the work runs in BLAS while memory
+stays bounded by `chunk_bytes`. The arithmetic runs in the dtype of the inputs:
+pass float64 arrays for an oracle.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 
 def conv(
@@ -21,6 +22,7 @@ def conv(
     pads: Sequence[int] | None = None,
     dilations: Sequence[int] | None = None,
     group: int = 1,
+    chunk_bytes: int = 32 << 20,
 ) -> np.ndarray:
     rank = x.ndim - 2
     strides = tuple(strides or (1,) * rank)
@@ -32,24 +34,27 @@ def conv(
     c_per_group, m_per_group = c // group, m // group
 
     padded = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + rank]) for i in range(rank)])
-    out_size = tuple(
-        (padded.shape[2 + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(rank)
-    )
-    dtype = np.result_type(x.dtype, w.dtype)
-    y = np.zeros((n, m, *out_size), dtype=dtype)
+    span = tuple(dilations[i] * (kernel[i] - 1) + 1 for i in range(rank))
+    spatial = tuple(range(2, 2 + rank))
+    # windows[n, c, *out, *k]: a view, nothing copied yet
+    windows = sliding_window_view(padded, span, axis=spatial)
+    windows = windows[(slice(None), slice(None), *(slice(None, None, s) for s in strides), *(slice(None, None, d) for d in dilations))]
+    out_size = windows.shape[2 : 2 + rank]
+    pixels, taps = int(np.prod(out_size)), int(np.prod(kernel))
 
-    for tap in itertools.product(*(range(k) for k in kernel)):
-        window = tuple(
-            slice(tap[i] * dilations[i], tap[i] * dilations[i] + (out_size[i] - 1) * strides[i] + 1, strides[i])
-            for i in range(rank)
-        )
-        patch = padded[(slice(None), slice(None), *window)]  # N, C, *out
-        for g in range(group):
-            xs = patch[:, g * c_per_group : (g + 1) * c_per_group]
-            ws = w[(slice(g * m_per_group, (g + 1) * m_per_group), slice(None), *tap)]  # Mg, Cg
-            # (Mg, Cg) x (N, Cg, *out) over Cg -> (Mg, N, *out)
-            contribution = np.tensordot(ws, xs, axes=([1], [1]))
-            y[:, g * m_per_group : (g + 1) * m_per_group] += np.moveaxis(contribution, 0, 1)
+    dtype = np.result_type(x.dtype, w.dtype)
+    y = np.empty((n, m, *out_size), dtype)
+    patch_order = (0, *range(2, 2 + rank), 1, *range(2 + rank, 2 + 2 * rank))  # n, *out, c, *k
+    images_per_chunk = max(1, chunk_bytes // max(1, c_per_group * taps * pixels * dtype.itemsize))
+    for g in range(group):
+        channels, maps = slice(g * c_per_group, (g + 1) * c_per_group), slice(g * m_per_group, (g + 1) * m_per_group)
+        filters = w[maps].reshape(m_per_group, c_per_group * taps).astype(dtype, copy=False)
+        for start in range(0, n, images_per_chunk):
+            chunk = windows[start : start + images_per_chunk, channels]
+            count = chunk.shape[0]
+            patches = np.ascontiguousarray(chunk.transpose(patch_order)).reshape(count * pixels, c_per_group * taps)
+            product = (patches @ filters.T).reshape(count, pixels, m_per_group)
+            y[start : start + count, maps] = product.transpose(0, 2, 1).reshape(count, m_per_group, *out_size)
     if b is not None:
-        y += b.reshape((1, m) + (1,) * rank)
+        y += b.reshape((1, m) + (1,) * rank).astype(dtype, copy=False)
     return y

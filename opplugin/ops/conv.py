@@ -192,8 +192,7 @@ class ConvPlugin:
 
         weights = _constant_weights(node)
         if variant is not None:
-            if variant not in conv_cuda.VARIANTS:
-                raise PluginError(f"unknown Conv variant {variant!r}; choose from {', '.join(conv_cuda.VARIANTS)}")
+            conv_cuda.parse_variant(variant)  # an unknown name raises a PluginError listing the choices
             reason = conv_cuda.unsupported_reason(spec, variant, weights)
             if reason:
                 raise PluginError(f"variant {variant!r} cannot run Conv {node.name}: {reason}")

@@ -1,0 +1,54 @@
+// conv_baseline: 2-D convolution (ONNX Conv, group 1), one thread per output element.
+//
+// The reference point for the faster variants: every thread walks the whole
+// C x KH x KW filter window of its output map and reads each weight from global
+// memory through a pointer, so it also serves nodes whose weights are computed
+// at run time. Shape constants still arrive as -D macros (C, M, H, W, KH, KW,
+// SH, SW, PH, PW, DH, DW, OH, OW, PADDED, HAS_BIAS, BLOCK, UNROLL_C), so the filter loops
+// unroll and index arithmetic folds; only the batch size is a run-time argument.
+//
+// Launch: block (BLOCK), grid (ceil(batch*OH*OW / BLOCK), M). Thread x indexes
+// one output pixel of one image, blockIdx.y the output map.
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+conv_baseline(const float* __restrict__ x,
+              const float* __restrict__ w,
+              const float* __restrict__ b,
+              float* __restrict__ y,
+              int batch)
+{
+    const int pixel = blockIdx.x * BLOCK + threadIdx.x;  // over batch * OH * OW
+    if (pixel >= batch * (OH * OW)) return;
+    const int m = blockIdx.y;
+    const int n = pixel / (OH * OW);
+    const int oh = (pixel % (OH * OW)) / OW;
+    const int ow = pixel % OW;
+    const int ih0 = oh * SH - PH;
+    const int iw0 = ow * SW - PW;
+
+    const float* image = x + (size_t)n * (C * H * W);
+    const float* filter = w + m * (C * KH * KW);
+    float acc = 0.0f;
+#pragma unroll UNROLL_C
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int kh = 0; kh < KH; ++kh) {
+            const int ih = ih0 + kh * DH;
+#if PADDED
+            if (ih < 0 || ih >= H) continue;
+#endif
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw) {
+                const int iw = iw0 + kw * DW;
+#if PADDED
+                if (iw < 0 || iw >= W) continue;
+#endif
+                acc += image[(c * H + ih) * W + iw] * filter[(c * KH + kh) * KW + kw];
+            }
+        }
+    }
+#if HAS_BIAS
+    acc += b[m];
+#endif
+    y[((size_t)n * M + m) * (OH * OW) + oh * OW + ow] = acc;
+}

@@ -1,0 +1,284 @@
+"""The CUDA Conv variants against the float64 numpy reference, and their contract.
+
+GPU tests carry the `gpu` marker and skip without a CUDA device. Every run draws
+fresh random inputs, weights and biases (the seed is in the failure message),
+and poisons the output with NaN first, so an element the kernel never writes
+fails the test. The unsupported_reason tests at the end run on the CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from opplugin import cuda
+from opplugin.ops import conv_cuda, reference
+from opplugin.ops.conv import ConvSpec
+from opplugin.registry import PluginError
+
+needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
+
+MAX_RELATIVE_L2 = 1e-5
+
+
+def conv(n, c, m, size, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True) -> ConvSpec:
+    return ConvSpec(n, c, m, size, kernel, strides, dilations, pads, 1, bias)
+
+
+CASES = {
+    "lenet86.conv1": conv(2, 1, 4, (86, 86), (7, 7)),
+    "lenet86.conv2": conv(3, 4, 16, (40, 40), (7, 7)),
+    "ece408_high.conv": conv(4, 1, 50, (28, 28), (5, 5)),
+    "stride2_asym_pads_odd": conv(5, 3, 8, (17, 23), (3, 3), strides=(2, 2), pads=(1, 0, 2, 1)),
+    "stride3_no_bias_batch33": conv(33, 2, 5, (15, 16), (3, 5), strides=(3, 2), pads=(0, 1, 1, 2), bias=False),
+    "dilation2_m64": conv(4, 8, 64, (19, 21), (3, 3), pads=(1, 1, 1, 1), dilations=(2, 2)),
+    "m1_mixed_no_bias": conv(7, 5, 1, (12, 9), (2, 4), strides=(1, 3), pads=(2, 0, 0, 3), dilations=(2, 1), bias=False),
+    "kernel_as_big_as_image": conv(1, 6, 12, (9, 9), (9, 9), pads=(4, 4, 4, 4)),
+    "pointwise": conv(3, 7, 3, (5, 5), (1, 1)),
+}
+# the plain names plus explicit map counts: 3 leaves a short last group for most M
+VARIANTS = [*conv_cuda.VARIANTS, "const_mo1", "const_mo3"]
+
+
+def random_problem(spec: ConvSpec):
+    """(seed, x, w, b) drawn fresh from numpy's default_rng; float32, never all zeros."""
+    seed = np.random.SeedSequence().entropy
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(spec.input_shape(), dtype=np.float32)
+    w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+    b = rng.standard_normal(spec.out_channels, dtype=np.float32) if spec.has_bias else None
+    return seed, x, w, b
+
+
+def expected_output(spec: ConvSpec, x, w, b) -> np.ndarray:
+    as64 = None if b is None else b.astype(np.float64)
+    return reference.conv(x.astype(np.float64), w.astype(np.float64), as64, spec.strides, spec.pads, spec.dilations)
+
+
+def device_inputs(x, w, b) -> list:
+    import cupy
+
+    return [cupy.asarray(a) for a in (x, w, b) if a is not None]
+
+
+def poisoned_output(spec: ConvSpec, batch: int | None = None):
+    import cupy
+
+    return cupy.full(spec.output_shape(batch), cupy.nan, dtype=cupy.float32)
+
+
+def assert_close(got, expected: np.ndarray, context: str) -> None:
+    import cupy
+
+    got = cupy.asnumpy(got)
+    unwritten = int(np.isnan(got).sum())
+    assert unwritten == 0, f"{context}: {unwritten} of {got.size} output elements were never written"
+    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+    assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} > {MAX_RELATIVE_L2}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_variant_matches_float64_reference(case, variant):
+    spec = CASES[case]
+    seed, x, w, b = random_problem(spec)
+    reason = conv_cuda.unsupported_reason(spec, variant, (w, b))
+    if reason:
+        pytest.skip(reason)
+    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    out = poisoned_output(spec)
+
+    [y] = kernel(device_inputs(x, w, b), None, out=out)
+
+    assert y is out
+    assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} on {case} (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", list(conv_cuda.VARIANTS))
+def test_new_output_on_a_side_stream(variant):
+    import cupy
+
+    spec = CASES["stride2_asym_pads_odd"]
+    seed, x, w, b = random_problem(spec)
+    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    inputs = device_inputs(x, w, b)
+    cupy.cuda.Device().synchronize()  # the inputs were copied on the default stream
+
+    [y] = kernel(inputs, stream)
+    stream.synchronize()
+
+    assert y.shape == spec.output_shape() and y.dtype == cupy.float32 and y.flags.c_contiguous
+    assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} on a side stream (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_batch_is_a_run_time_argument():
+    spec = dataclasses.replace(CASES["lenet86.conv2"], batch=6)
+    seed, x, w, b = random_problem(spec)
+    kernel = conv_cuda.build_kernel(spec, "const_mo", (w, b))
+    for batch in (1, 5, 6):
+        out = poisoned_output(spec, batch)
+        [y] = kernel(device_inputs(x[:batch], w, b), None, out=out)
+        assert_close(y, expected_output(spec, x[:batch], w, b), f"batch {batch} (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_baseline_reads_weights_at_call_time():
+    spec = CASES["dilation2_m64"]
+    kernel = conv_cuda.build_kernel(spec, "baseline", None)
+    for _ in range(2):  # new weights each call: nothing may be cached from the first
+        seed, x, w, b = random_problem(spec)
+        [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
+        assert_close(y, expected_output(spec, x, w, b), f"run-time weights (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["const", "const_mo"])
+def test_nodes_of_one_shape_keep_their_own_constant_weights(variant):
+    spec = CASES["lenet86.conv1"]
+    first, second = random_problem(spec), random_problem(spec)
+    kernels = [conv_cuda.build_kernel(spec, variant, (w, b)) for _, _, w, b in (first, second)]
+    # run after both uploads: a shared module would hold the second node's filters
+    for kernel, (seed, x, w, b) in zip(kernels, (first, second)):
+        [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
+        assert_close(y, expected_output(spec, x, w, b), f"{kernel.name}, node weights (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_kernel_names_say_the_variant():
+    spec = CASES["lenet86.conv1"]
+    _, _, w, b = random_problem(spec)
+    names = {v: conv_cuda.build_kernel(spec, v, (w, b)).name for v in ("baseline", "const", "const_mo", "const_mo2")}
+    assert names == {
+        "baseline": "conv.baseline",
+        "const": "conv.const",
+        "const_mo": f"conv.const_mo{conv_cuda.default_maps_per_thread(4)}",
+        "const_mo2": "conv.const_mo2",
+    }
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_fastest_returns_one_of_the_candidates():
+    spec = conv(16, 4, 16, (40, 40), (7, 7))
+    _, _, w, b = random_problem(spec)
+    candidates = [conv_cuda.build_kernel(spec, v, (w, b)) for v in conv_cuda.VARIANTS]
+    chosen = conv_cuda.fastest(candidates, spec)
+    assert any(chosen is c for c in candidates)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_filters_over_64_kib_leave_only_the_baseline():
+    spec = conv(2, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters
+    seed, x, w, b = random_problem(spec)
+    offered = [v for v in conv_cuda.VARIANTS if conv_cuda.unsupported_reason(spec, v, (w, b)) is None]
+    assert offered == ["baseline"]
+    with pytest.raises(PluginError, match="64 KiB"):
+        conv_cuda.build_kernel(spec, "const", (w, b))
+    kernel = conv_cuda.fastest([conv_cuda.build_kernel(spec, v, (w, b)) for v in offered], spec)
+    [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
+    assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} with large filters (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_bad_inputs_raise_plugin_errors():
+    import cupy
+
+    spec = CASES["lenet86.conv1"]
+    _, x, w, b = random_problem(spec)
+    kernel = conv_cuda.build_kernel(spec, "baseline", None)
+    good = device_inputs(x, w, b)
+    with pytest.raises(PluginError, match="shape"):
+        kernel([cupy.zeros((2, 3, 86, 86), cupy.float32), *good[1:]])  # wrong C
+    with pytest.raises(PluginError, match="shape"):
+        kernel([cupy.zeros((2, 1, 85, 86), cupy.float32), *good[1:]])  # wrong H
+    with pytest.raises(PluginError, match="float32"):
+        kernel([good[0].astype(cupy.float64), *good[1:]])
+    with pytest.raises(PluginError, match="CuPy"):
+        kernel([x, *good[1:]])  # numpy input
+    with pytest.raises(PluginError, match="weights"):
+        kernel([good[0], good[1][:, :, :5]])
+    with pytest.raises(PluginError, match="output"):
+        kernel(good, None, out=cupy.empty((2, 4, 80, 79), cupy.float32))
+    [empty] = kernel([cupy.empty((0, 1, 86, 86), cupy.float32), *good[1:]])
+    assert empty.shape == (0, 4, 80, 80)
+
+
+# ---- unsupported_reason and naming: CPU only ----
+
+WEIGHTS_3x3 = (np.ones((8, 4, 3, 3), np.float32), np.ones(8, np.float32))
+
+
+def test_group_above_one_is_not_supported():
+    spec = ConvSpec(1, 4, 8, (10, 10), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 2, True)
+    weights = (np.ones(spec.weight_shape, np.float32), np.ones(8, np.float32))
+    for variant in conv_cuda.VARIANTS:
+        assert "group" in conv_cuda.unsupported_reason(spec, variant, weights)
+
+
+def test_only_2d_convolution_is_supported():
+    spec = ConvSpec(1, 4, 8, (10,), (3,), (1,), (1,), (0, 0), 1, False)
+    for variant in conv_cuda.VARIANTS:
+        assert "2-D" in conv_cuda.unsupported_reason(spec, variant, (np.ones((8, 4, 3), np.float32), None))
+
+
+def test_constant_variants_need_constant_weights():
+    spec = conv(1, 4, 8, (10, 10), (3, 3))
+    assert conv_cuda.unsupported_reason(spec, "baseline", None) is None
+    for variant in ("const", "const_mo", "const_mo4"):
+        assert "not constant" in conv_cuda.unsupported_reason(spec, variant, None)
+        assert conv_cuda.unsupported_reason(spec, variant, WEIGHTS_3x3) is None
+
+
+def test_constant_variants_are_not_offered_past_64_kib():
+    spec = conv(1, 64, 64, (10, 10), (3, 3))
+    weights = (np.ones(spec.weight_shape, np.float32), np.ones(64, np.float32))
+    assert conv_cuda.unsupported_reason(spec, "baseline", weights) is None
+    for variant in ("const", "const_mo", "const_mo8"):
+        assert "64 KiB" in conv_cuda.unsupported_reason(spec, variant, weights)
+    # exactly 64 KiB of filters leaves no room for the bias
+    spec = conv(1, 16, 64, (10, 10), (4, 4), bias=True)
+    assert "64 KiB" in conv_cuda.unsupported_reason(spec, "const", (np.ones(spec.weight_shape, np.float32), None))
+    spec = conv(1, 16, 64, (10, 10), (4, 4), bias=False)
+    assert conv_cuda.unsupported_reason(spec, "const", (np.ones(spec.weight_shape, np.float32), None)) is None
+
+
+def test_maps_per_thread_must_fit_the_node():
+    spec = conv(1, 4, 8, (10, 10), (3, 3))
+    assert conv_cuda.unsupported_reason(spec, "const_mo8", WEIGHTS_3x3) is None
+    assert "maps per thread" in conv_cuda.unsupported_reason(spec, "const_mo16", WEIGHTS_3x3)
+    assert "maps per thread" in conv_cuda.unsupported_reason(spec, "const_mo0", WEIGHTS_3x3)
+
+
+def test_unknown_variants():
+    spec = conv(1, 4, 8, (10, 10), (3, 3))
+    assert "unknown" in conv_cuda.unsupported_reason(spec, "winograd", WEIGHTS_3x3)
+    with pytest.raises(PluginError, match="unknown"):
+        conv_cuda.build_kernel(spec, "winograd", WEIGHTS_3x3)
+
+
+def test_variant_names_and_default_maps_per_thread():
+    assert conv_cuda.parse_variant("const_mo8") == ("const_mo", 8)
+    assert conv_cuda.parse_variant("const") == ("const", None)
+    assert [conv_cuda.default_maps_per_thread(m) for m in (1, 4, 16, 50, 64, 17)] == [1, 4, 16, 10, 16, 8]
+    assert conv_cuda.kernel_name(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "conv.const_mo4"
+    assert conv_cuda.kernel_name(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "conv.const_mo5"
+
+
+def test_costs_delegate_to_the_spec():
+    spec = conv(10, 4, 16, (40, 40), (7, 7))
+    kernel = conv_cuda.CudaConvKernel(spec, "conv.baseline", function=None, maps_per_block=1, reads_weights=True)
+    assert kernel.flops(10000) == spec.flops(10000)
+    assert kernel.bytes_moved(3) == spec.bytes_moved(3)

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
-    _add_common(check, batch=1000)
+    _add_common(check, batch=10000)
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-4)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-3)")
     check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")

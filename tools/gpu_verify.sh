@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU verification of a change, in one go (see ../shared/GPU.md): the GPU test
+# suite, `opplugin check` on both shipped models, and `opplugin run` at batch 100,
+# 1000 and 10000. Run from the checkout on the GPU machine; logs and JSON go to
+# $RESULTS (default ./out). Exits non-zero if any step failed, after running them all.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${RESULTS:-out}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+failed=0
+step() { local log=$1; shift; echo "== $*"; "$@" 2>&1 | tee "$out/$log" || failed=1; }
+
+python3 -c 'import onnxruntime as o, cupy; print("onnxruntime", o.__version__, o.get_available_providers()); print("cupy", cupy.__version__)'
+step gpu-tests.log python3 -m pytest -m gpu -q -p no:cacheprovider
+for model in lenet86 ece408_high; do
+    step "check-$model.log" python3 -m opplugin.cli check "$model" --batch 10000 --json "$out/check-$model.json"
+    for batch in 100 1000 10000; do
+        step "run-$model-$batch.log" python3 -m opplugin.cli run "$model" --batch "$batch" --json "$out/run-$model-$batch.json"
+    done
+done
+exit $failed

@@ -1,0 +1,140 @@
+"""Datasets for the shipped models: the bundled Fashion-MNIST test set and its preprocessing.
+
+Preprocessing is deliberately tiny and shared with tools/train_models.py, so the
+models see exactly the same pixels at training time and at inference time:
+pixel / 255, then a half-pixel-centre bilinear resize when the model's input is
+not 28x28. There is no mean/std normalisation.
+"""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+
+from .resources import models_dir
+
+TEST_IMAGES: int = 10000
+
+TEST_IMAGES_FILE = "t10k-images-idx3-ubyte.gz"
+TEST_LABELS_FILE = "t10k-labels-idx1-ubyte.gz"
+
+# IDX element types (third byte of the magic number); multi-byte types are big-endian.
+_IDX_DTYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def _read_bytes(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head == b"\x1f\x8b":  # gzip magic, whatever the file is called
+        try:
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        except (OSError, EOFError) as exc:
+            raise ValueError(f"{path}: damaged gzip stream ({exc})") from exc
+    return path.read_bytes()
+
+
+def load_idx(path) -> np.ndarray:
+    """Read an IDX file (the MNIST container format), gzipped or plain."""
+    path = Path(path)
+    raw = _read_bytes(path)
+    if len(raw) < 4:
+        raise ValueError(f"{path}: not an IDX file (only {len(raw)} bytes, the header needs 4)")
+    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path}: not an IDX file (bad magic number {raw[:4].hex()})")
+    dtype = _IDX_DTYPES[raw[2]]
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if ndim == 0 or len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header ({ndim} dimensions, {len(raw)} bytes)")
+    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    expected = int(np.prod(shape)) * dtype.itemsize
+    actual = len(raw) - header
+    if actual != expected:
+        what = "truncated" if actual < expected else "has trailing bytes"
+        raise ValueError(
+            f"{path}: IDX file {what}: shape {shape} needs {expected} data bytes, found {actual}"
+        )
+    data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    return data.astype(dtype.newbyteorder("="), copy=True)
+
+
+def load_test_set() -> tuple[np.ndarray, np.ndarray]:
+    """The bundled Fashion-MNIST test set: (uint8 [10000,28,28], int64 [10000])."""
+    folder = models_dir() / "data"
+    images = load_idx(folder / TEST_IMAGES_FILE)
+    labels = load_idx(folder / TEST_LABELS_FILE)
+    if images.shape != (TEST_IMAGES, 28, 28) or labels.shape != (TEST_IMAGES,):
+        raise ValueError(
+            f"unexpected test set shapes {images.shape} / {labels.shape} in {folder}"
+        )
+    return images.astype(np.uint8), labels.astype(np.int64)
+
+
+def _interp_matrix(size_in: int, size_out: int) -> np.ndarray:
+    """[size_out, size_in] weights of 1-D linear interpolation, half-pixel centres.
+
+    Same rule as torch's bilinear with align_corners=False: the source coordinate
+    of output pixel i is (i + 0.5) * size_in / size_out - 0.5, clamped at 0, and
+    the right neighbour is clamped at the last pixel.
+    """
+    scale = size_in / size_out
+    src = np.maximum((np.arange(size_out, dtype=np.float64) + 0.5) * scale - 0.5, 0.0)
+    left = np.minimum(np.floor(src).astype(np.int64), size_in - 1)
+    right = np.minimum(left + 1, size_in - 1)
+    frac = src - left
+    rows = np.arange(size_out)
+    weights = np.zeros((size_out, size_in), dtype=np.float64)
+    np.add.at(weights, (rows, left), 1.0 - frac)
+    np.add.at(weights, (rows, right), frac)
+    return weights.astype(np.float32)
+
+
+def resize_bilinear(images: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize float32 [N,h,w] -> [N,height,width] (rows then columns, by matmul)."""
+    images = np.asarray(images, dtype=np.float32)
+    if images.ndim != 3:
+        raise ValueError(f"resize_bilinear wants [N,h,w] images, got shape {images.shape}")
+    if height < 1 or width < 1:
+        raise ValueError(f"resize_bilinear target size must be positive, got {height}x{width}")
+    _, h, w = images.shape
+    if (h, w) == (height, width):
+        return images.copy()
+    rows = _interp_matrix(h, height)        # [height, h]
+    cols = _interp_matrix(w, width).T       # [w, width]
+    return np.ascontiguousarray(np.matmul(np.matmul(rows, images), cols))
+
+
+def to_model_input(images: np.ndarray, input_shape: tuple[int, int, int]) -> np.ndarray:
+    """uint8 [N,28,28] -> float32 [N,C,H,W]: pixel/255, resized to (H,W) when needed."""
+    if len(input_shape) != 3:
+        raise ValueError(f"input_shape must be (C, H, W), got {tuple(input_shape)}")
+    channels, height, width = (int(d) for d in input_shape)
+    if channels != 1:
+        raise ValueError(
+            f"the Fashion-MNIST images are greyscale (1 channel); the model wants {channels}"
+        )
+    images = np.asarray(images)
+    if images.ndim != 3:
+        raise ValueError(f"to_model_input wants [N,28,28] images, got shape {images.shape}")
+    scaled = images.astype(np.float32) / np.float32(255.0)
+    resized = resize_bilinear(scaled, height, width)
+    return resized[:, None, :, :]
+
+
+def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """float32 [batch, *input_shape], uniform in [0,1), reproducible by seed."""
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch, *input_shape), dtype=np.float32)
+    # An exact 0.0 is possible in principle; nudge it so no element is ever zero
+    # (an all-zero or zero-containing input can hide indexing bugs in a kernel).
+    x[x == 0.0] = np.float32(2.0**-24)
+    return x

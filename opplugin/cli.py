@@ -151,6 +151,9 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan}
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business
     try:
         return COMMANDS[args.command](args)
     except OpPluginError as err:

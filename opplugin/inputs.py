@@ -28,7 +28,8 @@ def make_inputs(model: Model, batch: int, source: str = "auto", seed: int = 0) -
     if source == "auto":
         source = "fashion-mnist" if model.name in SHIPPED_MODELS else "random"
     if source == "random":
-        feeds = {i.name: data.random_inputs(batch, model.sample_shape(i.name), seed=seed + n) for n, i in enumerate(model.inputs)}
+        shapes = model.input_shapes(batch)
+        feeds = {name: data.random_inputs(shape[0], shape[1:], seed=seed + n) for n, (name, shape) in enumerate(shapes.items())}
         return Inputs(feeds, None, f"random uniform [0, 1), seed {seed}")
 
     if len(model.inputs) != 1:

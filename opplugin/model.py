@@ -70,20 +70,26 @@ class Model:
         raise InputError(f"{self.name} has no input {name!r}; its inputs are {[i.name for i in self.inputs]}")
 
     def with_batch(self, batch: int) -> onnx.ModelProto:
-        """A copy whose graph inputs have `batch` as their first axis."""
+        """A copy whose graph inputs with a symbolic (or unset) first axis have `batch` there.
+        Inputs with a fixed first axis (weights fed as inputs, say) keep it; a model
+        whose inputs are all fixed runs only at its own batch."""
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise InputError(f"batch must be a positive integer, got {batch!r}")
         proto = copy.deepcopy(self.proto)
-        for value in proto.graph.input:
-            if value.name in self.initializers:
-                continue
-            first = value.type.tensor_type.shape.dim[0]
-            if first.HasField("dim_value") and first.dim_value not in (0, batch):
-                raise InputError(
-                    f"{self.name}: input {value.name!r} has a fixed batch of {first.dim_value}; run it with batch {first.dim_value}"
-                )
-            first.dim_value = batch
+        inputs = [v for v in proto.graph.input if v.name not in self.initializers]
+        batched = [v for v in inputs if not v.type.tensor_type.shape.dim[0].HasField("dim_value")]
+        if not batched:
+            fixed = inputs[0].type.tensor_type.shape.dim[0].dim_value
+            if fixed != batch:
+                raise InputError(f"{self.name}: input {inputs[0].name!r} has a fixed batch of {fixed}; run it with batch {fixed}")
+        for value in batched:
+            value.type.tensor_type.shape.dim[0].dim_value = batch
         return proto
+
+    def input_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """The shape of each graph input at this batch."""
+        tensors = self.infer(batch)
+        return {value.name: tensors[value.name].shape for value in self.inputs}
 
     def infer(self, batch: int) -> dict[str, TensorInfo]:
         """Shape and dtype of every tensor in the graph for this batch."""

@@ -66,3 +66,13 @@ def test_bad_requests_give_one_line_errors(argv, message, capsys):
 def test_console_entry_point_runs_as_a_module():
     done = subprocess.run([sys.executable, "-m", "opplugin.cli", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("opplugin ")
+
+
+def test_check_on_any_model_uses_seeded_random_inputs(tmp_path, capsys):
+    from onnx_builders import save, single_conv
+
+    path = save(single_conv((1, 2, 7, 7), (3, 2, 3, 3), {"dilations": [2, 1]}, bias=False, weights_as_input=True),
+                tmp_path / "conv.onnx")
+    assert main(["check", path, "--batch", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "random uniform" in out and "PASS" in out

@@ -71,3 +71,17 @@ def test_asking_for_cuda_without_a_device():
 def test_unknown_device_name():
     with pytest.raises(DeviceError, match="unknown device"):
         select_device("tpu")
+
+
+def test_conv_weights_from_graph_inputs_run_on_the_reference(tmp_path):
+    from onnx_builders import save, single_conv
+
+    path = save(single_conv((2, 3, 9, 9), (4, 3, 3, 3), {"pads": [1, 0, 0, 1], "strides": [2, 1]}, bias=True,
+                            weights_as_input=True), tmp_path / "conv.onnx")
+    runner = Runner(load_model(path), 2, "cpu")
+    assert [s.name for s in runner.plan.plugin_steps] == ["conv"]
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((2, 3, 9, 9)).astype(np.float32),
+             "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(4).astype(np.float32)}
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], _onnxruntime(path, feeds), rtol=1e-5, atol=1e-5)

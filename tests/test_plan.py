@@ -54,3 +54,18 @@ def test_describe_lists_every_step(tiny_model_path):
     text = describe(make_plan(load_model(tiny_model_path), 3, CPU))
     for name in ("conv1", "conv2", "onnxruntime1", "onnxruntime2", "Relu > MaxPool", "x [3, 3, 12, 12]"):
         assert name in text
+
+
+def test_plan_says_which_variants_a_large_filter_bank_rules_out(tmp_path):
+    from onnx_builders import single_conv
+
+    # 64 x 32 x 3 x 3 floats = 72 KiB of filters: over the 64 KiB of constant memory
+    path = save(single_conv((1, 32, 10, 10), (64, 32, 3, 3), {}, bias=True), tmp_path / "wide.onnx")
+    gpu = Device("cuda", "test GPU")
+    plan = make_plan(load_model(path), 1, gpu)
+    step = plan.plugin_steps[0]
+    notes = {step.name: step.plugin.variant_notes(step.node, gpu)}
+    assert notes["conv"]["baseline"] is None
+    assert "64 KiB" in notes["conv"]["const"] and "64 KiB" in notes["conv"]["const_mo"]
+    text = describe(plan, notes)
+    assert "CUDA variants offered: baseline" in text and "const not offered" in text

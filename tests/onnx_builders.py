@@ -72,3 +72,10 @@ def single_conv(x_shape, w_shape, attributes: dict, bias: bool, weights_as_input
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save(model, str(path))
     return str(path)
+
+
+def conv_spec(n, c, m, size, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True):
+    """A 2-D, group-1 ConvSpec written the way the kernel tests think of it."""
+    from opplugin.ops.conv import ConvSpec
+
+    return ConvSpec(n, c, m, size, kernel, strides, dilations, pads, 1, bias)

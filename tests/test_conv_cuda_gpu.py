@@ -14,16 +14,13 @@ import pytest
 
 from opplugin import cuda
 from opplugin.ops import conv_cuda, reference
+from onnx_builders import conv_spec as conv
 from opplugin.ops.conv import ConvSpec
 from opplugin.registry import PluginError
 
 needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 
 MAX_RELATIVE_L2 = 1e-5
-
-
-def conv(n, c, m, size, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True) -> ConvSpec:
-    return ConvSpec(n, c, m, size, kernel, strides, dilations, pads, 1, bias)
 
 
 CASES = {

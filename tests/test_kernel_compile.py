@@ -9,7 +9,7 @@ import pytest
 
 from opplugin import cuda, nvrtc_check
 from opplugin.ops import conv_cuda
-from opplugin.ops.conv import ConvSpec
+from onnx_builders import conv_spec as conv
 
 pytestmark = pytest.mark.skipif(
     not nvrtc_check.nvrtc_available(),
@@ -17,10 +17,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 ARCHS = ("sm_80", "sm_90")
-
-
-def conv(n, c, m, size, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True) -> ConvSpec:
-    return ConvSpec(n, c, m, size, kernel, strides, dilations, pads, 1, bias)
 
 
 SHAPES = {

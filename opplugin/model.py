@@ -108,8 +108,9 @@ class Model:
             tensors[name] = TensorInfo(name, tuple(array.shape), array.dtype)
         return tensors
 
-    def node_infos(self, batch: int) -> list[NodeInfo]:
-        tensors = self.infer(batch)
+    def node_infos(self, batch: int, tensors: dict[str, TensorInfo] | None = None) -> list[NodeInfo]:
+        """Every node as plugins see it; pass `tensors` from `infer(batch)` to skip inferring again."""
+        tensors = self.infer(batch) if tensors is None else tensors
         missing = TensorInfo("", (), np.dtype(np.float32))
         infos = []
         for node in self.proto.graph.node:

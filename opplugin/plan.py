@@ -62,8 +62,8 @@ class Plan:
 
 def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None) -> Plan:
     registry = plugins() if registry is None else registry
-    infos = model.node_infos(batch)
     tensors = model.infer(batch)
+    infos = model.node_infos(batch, tensors)
     fallbacks: dict[str, str] = {}
 
     # Group nodes in graph order: a plugin node is a step of its own, the others

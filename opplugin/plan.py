@@ -8,7 +8,7 @@ import onnx
 from onnx import helper
 
 from .model import Model
-from .registry import Device, NodeInfo, Plugin, TensorInfo, plugins
+from .registry import Device, Kernel, NodeInfo, Plugin, TensorInfo, plugins
 
 
 @dataclass
@@ -18,11 +18,18 @@ class PluginStep:
     plugin: Plugin
     inputs: list[str]
     outputs: list[str]
+    # nodes after `node` that the plugin runs inside the same kernel (an epilogue)
+    fused: list[NodeInfo] = field(default_factory=list)
     kind: str = "plugin"
 
     @property
     def ops(self) -> list[str]:
-        return [self.node.op_type]
+        return [self.node.op_type, *(n.op_type for n in self.fused)]
+
+    def build(self, device: Device, variant: str | None = None) -> Kernel:
+        if self.fused:
+            return self.plugin.build(self.node, device, variant, fused=self.fused)
+        return self.plugin.build(self.node, device, variant)
 
 
 @dataclass

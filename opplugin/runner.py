@@ -150,8 +150,7 @@ class Runner:
         self.batch = batch
         variants = variants or {}
         self.kernels: dict[str, Kernel] = {
-            step.name: step.plugin.build(step.node, self.device, variants.get(step.node.op_type))
-            for step in self.plan.plugin_steps
+            step.name: step.build(self.device, variants.get(step.node.op_type)) for step in self.plan.plugin_steps
         }
         self.providers = self._providers()
         self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}

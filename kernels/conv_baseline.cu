@@ -1,9 +1,9 @@
-// conv_baseline: 2-D convolution (ONNX Conv, group 1), one thread per output element.
+// conv_baseline: 2-D convolution (ONNX Conv, any group count G), one thread per output element.
 //
 // The reference point for the faster variants: every thread walks the whole
 // C x KH x KW filter window of its output map and reads each weight from global
 // memory through a pointer, so it also serves nodes whose weights are computed
-// at run time. Shape constants still arrive as -D macros (C, M, H, W, KH, KW,
+// at run time. Shape constants still arrive as -D macros (C, M, G, H, W, KH, KW,
 // SH, SW, PH, PW, DH, DW, OH, OW, PADDED, HAS_BIAS, BLOCK, UNROLL_C), so the filter loops
 // unroll and index arithmetic folds; only the batch size is a run-time argument.
 //
@@ -26,11 +26,12 @@ conv_baseline(const float* __restrict__ x,
     const int ih0 = oh * SH - PH;
     const int iw0 = ow * SW - PW;
 
-    const float* image = x + (size_t)n * (C * H * W);
-    const float* filter = w + m * (C * KH * KW);
+    // map m reads the C/G input channels of its group
+    const float* image = x + (size_t)n * (C * H * W) + (m / (M / G)) * ((C / G) * H * W);
+    const float* filter = w + m * ((C / G) * KH * KW);
     float acc = 0.0f;
 #pragma unroll UNROLL_C
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < C / G; ++c) {
 #pragma unroll
         for (int kh = 0; kh < KH; ++kh) {
             const int ih = ih0 + kh * DH;

@@ -1,4 +1,4 @@
-// conv_const_mo: 2-D convolution (ONNX Conv, group 1), filters and bias in
+// conv_const_mo: 2-D convolution (ONNX Conv, any group count G), filters and bias in
 // __constant__ memory, each thread computing MO output maps of one output pixel.
 //
 // Why it beats conv_const: conv_const loads the same C x KH x KW input window
@@ -16,7 +16,7 @@
 //
 // Launch: block (BLOCK), grid (ceil(batch*OH*OW / BLOCK), ceil(M / MO)).
 
-__constant__ float filters[C * KH * KW * M];  // [c][kh][kw][m]
+__constant__ float filters[(C / G) * KH * KW * M];  // [c][kh][kw][m], c within the map's group
 #if HAS_BIAS
 __constant__ float bias[M];
 #endif
@@ -29,12 +29,14 @@ template <int FIRST, int COUNT>
 __device__ __forceinline__ void conv_maps(const float* __restrict__ image, float* __restrict__ out,
                                           int ih0, int iw0)
 {
+    // the host keeps the MO maps of a thread inside one group: one set of input channels
+    image += (FIRST / (M / G)) * ((C / G) * H * W);
     float acc[COUNT];
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) acc[j] = 0.0f;
 
 #pragma unroll UNROLL_C
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < C / G; ++c) {
 #pragma unroll
         for (int kh = 0; kh < KH; ++kh) {
             const int ih = ih0 + kh * DH;
@@ -66,16 +68,16 @@ __device__ __forceinline__ void conv_maps(const float* __restrict__ image, float
 
 // Runs the copy of conv_maps for map group `group`; `if constexpr` unfolds the
 // chain at compile time, so each copy sees its first map as a literal.
-template <int G>
+template <int GI>
 __device__ __forceinline__ void conv_group(int group, const float* __restrict__ image,
                                            float* __restrict__ out, int ih0, int iw0)
 {
-    constexpr int first = G * MO;
+    constexpr int first = GI * MO;
     constexpr int count = (M - first < MO) ? (M - first) : MO;
-    if (group == G) {
+    if (group == GI) {
         conv_maps<first, count>(image, out, ih0, iw0);
-    } else if constexpr (G + 1 < GROUPS) {
-        conv_group<G + 1>(group, image, out, ih0, iw0);
+    } else if constexpr (GI + 1 < GROUPS) {
+        conv_group<GI + 1>(group, image, out, ih0, iw0);
     }
 }
 

@@ -150,9 +150,10 @@ def check_source(
     return usage
 
 
-def check_variant(spec, variant: str, arch: str = "sm_90") -> ResourceUsage:
-    """Compile a Conv variant ("baseline", "const", "const_mo", "const_mo8") for a ConvSpec."""
+def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None) -> list[ResourceUsage]:
+    """Compile every kernel of a Conv variant ("baseline", "const_mo8", ...) for a ConvSpec."""
     from .ops import conv_cuda
+    from .ops.epilogue import NONE
 
-    source_file, kernel, defines = conv_cuda.compile_plan(spec, variant)
-    return check_source(source_file, defines, kernel, arch)
+    units = conv_cuda.compile_units(spec, variant, epilogue or NONE)
+    return [check_source(unit.source, unit.defines, unit.function, arch) for unit in units]

@@ -76,11 +76,18 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     # Group nodes in graph order: a plugin node is a step of its own, the others
     # gather into runs that become one onnxruntime sub-model each.
     groups: list[NodeInfo | list[NodeInfo]] = []
+    fused: dict[str, list[NodeInfo]] = {}  # plugin node name -> the followers its kernel runs
+    taken: set[str] = set()
+    readers = _readers(infos)
     for info in infos:
+        if info.name in taken:
+            continue
         plugin = registry.get(info.op_type)
         reason = _support(plugin, info, device) if plugin else "no plugin"
         if plugin and reason is None:
             groups.append(info)
+            fused[info.name] = _fusion(plugin, info, readers, set(model.outputs), device, registry)
+            taken.update(f.name for f in fused[info.name])
             continue
         if plugin:
             fallbacks[info.name] = reason
@@ -94,10 +101,9 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     ort_count = 0
     for index, group in enumerate(groups):
         if isinstance(group, NodeInfo):
-            node = group.node
-            steps.append(
-                PluginStep(group.name, group, registry[group.op_type], [n for n in node.input], list(node.output))
-            )
+            followers = fused[group.name]
+            outputs = list((followers[-1] if followers else group).node.output)
+            steps.append(PluginStep(group.name, group, registry[group.op_type], list(group.node.input), outputs, followers))
             continue
         ort_count += 1
         nodes = [info.node for info in group]
@@ -107,6 +113,47 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         sub = _sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{ort_count}", nodes, inputs, outputs, sub))
     return Plan(model, batch, device, steps, tensors, fallbacks)
+
+
+def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
+    readers: dict[str, list[NodeInfo]] = {}
+    for info in infos:
+        for name in dict.fromkeys(i for i in info.node.input if i):
+            readers.setdefault(name, []).append(info)
+    return readers
+
+
+def _fusion(
+    plugin: Plugin,
+    info: NodeInfo,
+    readers: dict[str, list[NodeInfo]],
+    graph_outputs: set[str],
+    device: Device,
+    registry: dict[str, Plugin],
+) -> list[NodeInfo]:
+    """The nodes after `info` that its plugin runs in the same kernel: a chain in
+    which each node is the only reader of the one-output node before it, and no
+    intermediate tensor is a graph output (the fused kernel never writes it).
+    A node whose op type has a plugin of its own is left to that plugin."""
+    fuse = getattr(plugin, "fuse", None)
+    if fuse is None:
+        return []
+    chain: list[NodeInfo] = []
+    current = info
+    while len(chain) < 2:
+        outputs = [o for o in current.node.output if o]
+        if len(outputs) != 1 or outputs[0] in graph_outputs or len(readers.get(outputs[0], [])) != 1:
+            break
+        follower = readers[outputs[0]][0]
+        if [i for i in follower.node.input if i] != outputs or follower.op_type in registry:
+            break
+        chain.append(follower)
+        current = follower
+    try:
+        count = fuse(info, chain, device) if chain else 0
+    except Exception:  # a plugin that cannot judge a chain does not fuse it
+        count = 0
+    return chain[:count]
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
@@ -157,8 +204,10 @@ def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None 
     width = max(len(s.name) for s in plan.steps)
     for number, step in enumerate(plan.steps, 1):
         runs_on = f"plugin {step.node.op_type}" if isinstance(step, PluginStep) else "onnxruntime"
+        if isinstance(step, PluginStep) and step.fused:
+            runs_on += " (fused)"
         shapes = ", ".join(f"{n} {list(plan.shape_of(n))}" for n in step.inputs if n in plan.tensors and n not in plan.model.initializers)
-        lines.append(f"  {number:>2}  {step.name:<{width}}  {runs_on:<12}  {' > '.join(step.ops)}")
+        lines.append(f"  {number:>2}  {step.name:<{width}}  {runs_on:<20}  {' > '.join(step.ops)}")
         lines.append(f"      {'':<{width}}  in: {shapes or '-'}")
     if plan.fallbacks:
         lines += ["", "Left to onnxruntime:"]

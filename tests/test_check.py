@@ -40,7 +40,8 @@ def test_check_passes_each_plugin_step_and_the_output(tiny_model_path):
     labels = np.arange(8) % 5
     result = check(runner, _feeds(8), labels)
     assert result.passed
-    assert [r["tensor"] for r in result.records] == ["c1", "c2", "y"]
+    # conv1's step runs Conv > Relu > MaxPool: it is compared at the pool's output
+    assert [r["tensor"] for r in result.records] == ["p1", "r2", "y"]
     assert result.top1_agreement == 1.0
     assert result.accuracy == result.reference_accuracy
 
@@ -51,8 +52,9 @@ class _OffByOne(ReferenceConvKernel):
 
 
 class _BrokenConv(ConvPlugin):
-    def build(self, node, device, variant=None):
-        return _OffByOne(super().build(node, device).spec)
+    def build(self, node, device, variant=None, fused=()):
+        kernel = super().build(node, device, fused=fused)
+        return _OffByOne(kernel.spec, kernel.epilogue)
 
 
 def test_check_catches_a_wrong_kernel(tiny_model_path):
@@ -60,4 +62,4 @@ def test_check_catches_a_wrong_kernel(tiny_model_path):
     result = check(runner, _feeds(4))
     assert not result.passed
     failing = {r["tensor"] for r in result.records if not r["passed"]}
-    assert {"c1", "c2"} <= failing
+    assert {"p1", "r2"} <= failing

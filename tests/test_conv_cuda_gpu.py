@@ -16,6 +16,8 @@ from opplugin import cuda
 from opplugin.ops import conv_cuda, reference
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv import ConvSpec
+from opplugin.ops.conv_cuda.common import GridKernel
+from opplugin.ops.epilogue import Epilogue
 from opplugin.registry import PluginError
 
 needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
@@ -33,9 +35,11 @@ CASES = {
     "m1_mixed_no_bias": conv(7, 5, 1, (12, 9), (2, 4), strides=(1, 3), pads=(2, 0, 0, 3), dilations=(2, 1), bias=False),
     "kernel_as_big_as_image": conv(1, 6, 12, (9, 9), (9, 9), pads=(4, 4, 4, 4)),
     "pointwise": conv(3, 7, 3, (5, 5), (1, 1)),
+    "group2_stride2": conv(3, 6, 4, (11, 13), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
+    "depthwise_dilation2": conv(2, 8, 8, (14, 15), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=8),
 }
-# the plain names plus explicit map counts: 3 leaves a short last group for most M
-VARIANTS = [*conv_cuda.VARIANTS, "const_mo1", "const_mo3"]
+# the plain names plus explicit configurations: 3 maps leave a short last group for most M
+VARIANTS = [*conv_cuda.VARIANTS, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3"]
 
 
 def random_problem(spec: ConvSpec):
@@ -50,7 +54,7 @@ def random_problem(spec: ConvSpec):
 
 def expected_output(spec: ConvSpec, x, w, b) -> np.ndarray:
     as64 = None if b is None else b.astype(np.float64)
-    return reference.conv(x.astype(np.float64), w.astype(np.float64), as64, spec.strides, spec.pads, spec.dilations)
+    return reference.conv(x.astype(np.float64), w.astype(np.float64), as64, spec.strides, spec.pads, spec.dilations, spec.group)
 
 
 def device_inputs(x, w, b) -> list:
@@ -216,13 +220,18 @@ def test_bad_inputs_raise_plugin_errors():
 # ---- unsupported_reason and naming: CPU only ----
 
 WEIGHTS_3x3 = (np.ones((8, 4, 3, 3), np.float32), np.ones(8, np.float32))
+WEIGHTS_1x4 = (np.ones((4, 1, 7, 7), np.float32), np.ones(4, np.float32))
 
 
-def test_group_above_one_is_not_supported():
+def test_group_and_depthwise_run_on_cuda_variants():
+    for group, maps in ((2, 8), (4, 4)):
+        spec = ConvSpec(1, 4, maps, (10, 10), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), group, True)
+        weights = (np.ones(spec.weight_shape, np.float32), np.ones(maps, np.float32))
+        for variant in ("baseline", "const", "const_mo", "const_rb"):
+            assert conv_cuda.unsupported_reason(spec, variant, weights) is None, (group, variant)
     spec = ConvSpec(1, 4, 8, (10, 10), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 2, True)
     weights = (np.ones(spec.weight_shape, np.float32), np.ones(8, np.float32))
-    for variant in conv_cuda.VARIANTS:
-        assert "group" in conv_cuda.unsupported_reason(spec, variant, weights)
+    assert "one group" in conv_cuda.unsupported_reason(spec, "const_mo3", weights)  # 3 does not divide 4 maps a group
 
 
 def test_only_2d_convolution_is_supported():
@@ -267,15 +276,29 @@ def test_unknown_variants():
 
 
 def test_variant_names_and_default_maps_per_thread():
-    assert conv_cuda.parse_variant("const_mo8") == ("const_mo", 8)
-    assert conv_cuda.parse_variant("const") == ("const", None)
+    assert conv_cuda.family_of("const_mo8").name == "const_mo"
+    assert conv_cuda.family_of("const_rb_r8m4").name == "const_rb"
     assert [conv_cuda.default_maps_per_thread(m) for m in (1, 4, 16, 50, 64, 17)] == [1, 4, 16, 10, 16, 8]
-    assert conv_cuda.kernel_name(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "conv.const_mo4"
-    assert conv_cuda.kernel_name(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "conv.const_mo5"
+    assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "const_mo4"
+    assert conv_cuda.resolve(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "const_mo5"
+    assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb") == "const_rb_r8m4"
+
+
+def test_fused_tiles_cover_whole_pool_windows():
+    spec = conv(1, 1, 4, (86, 86), (7, 7))
+    pooled = Epilogue("Relu", (2, 2))
+    assert "pool" in conv_cuda.unsupported_reason(spec, "const_rb_r3m4", WEIGHTS_1x4, pooled)
+    assert conv_cuda.unsupported_reason(spec, "const_rb_r4m4", WEIGHTS_1x4, pooled) is None
+    assert "epilogue" in conv_cuda.unsupported_reason(spec, "const_mo", WEIGHTS_1x4, pooled)
+    configs = conv_cuda.tuning_configs(spec, WEIGHTS_1x4, pooled)
+    assert configs and all(conv_cuda.FAMILIES["const_rb"].tile(v)[0] % 2 == 0 for v in configs)
 
 
 def test_costs_delegate_to_the_spec():
     spec = conv(10, 4, 16, (40, 40), (7, 7))
-    kernel = conv_cuda.CudaConvKernel(spec, "conv.baseline", function=None, maps_per_block=1, reads_weights=True)
+    kernel = GridKernel(spec, "conv.baseline", None, threads_per_image=1, grid_y=1, reads_weights=True)
     assert kernel.flops(10000) == spec.flops(10000)
     assert kernel.bytes_moved(3) == spec.bytes_moved(3)
+    fused = GridKernel(spec, "conv.x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (2, 2)))
+    assert fused.output_shape(3) == (3, 16, 17, 17)
+    assert fused.bytes_moved(3) == spec.bytes_moved(3) - 4 * 3 * 16 * (34 * 34 - 17 * 17)

@@ -5,11 +5,13 @@ ptxas -v reports its resources. The constant-memory variants must not spill.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from opplugin import cuda, nvrtc_check
 from opplugin.ops import conv_cuda
 from onnx_builders import conv_spec as conv
+from opplugin.ops.epilogue import NONE, Epilogue
 
 pytestmark = pytest.mark.skipif(
     not nvrtc_check.nvrtc_available(),
@@ -28,32 +30,83 @@ SHAPES = {
     "stride2": conv(8, 3, 8, (17, 23), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
     "asymmetric_pads_no_bias": conv(8, 2, 5, (15, 16), (3, 5), strides=(3, 2), pads=(0, 1, 1, 2), bias=False),
     "dilation2": conv(4, 8, 64, (19, 21), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2)),
+    "depthwise": conv(4, 8, 8, (19, 21), (3, 3), pads=(1, 1, 1, 1), group=8),
 }
 
-CONSTANT_VARIANTS = [v for v in conv_cuda.VARIANTS if v != "baseline"]
+CONSTANT_FAMILIES = [name for name, family in conv_cuda.FAMILIES.items() if family.constant_weights]
+
+# The shipped models' Conv nodes with the epilogues their plans fuse: tuning may pick any of these.
+SHIPPED_STEPS = {
+    "lenet86.conv1+relu+maxpool2": (SHAPES["lenet86.conv1"], Epilogue("Relu", (2, 2))),
+    "lenet86.conv2+tanh+maxpool2": (SHAPES["lenet86.conv2"], Epilogue("Tanh", (2, 2))),
+    "ece408_high.conv": (SHAPES["ece408_high.conv"], NONE),
+    "ece408_high.conv+relu+maxpool2": (SHAPES["ece408_high.conv"], Epilogue("Relu", (2, 2))),
+    "lenet86.conv1": (SHAPES["lenet86.conv1"], NONE),
+    "lenet86.conv2": (SHAPES["lenet86.conv2"], NONE),
+}
+
+
+def _ones(spec):
+    return np.ones(spec.weight_shape, np.float32), np.ones(spec.out_channels, np.float32) if spec.has_bias else None
+
+
+TUNING_CASES = [
+    (step, config)
+    for step, (spec, epilogue) in SHIPPED_STEPS.items()
+    for config in conv_cuda.tuning_configs(spec, _ones(spec), epilogue)
+]
+
+
+def assert_clean(usage, family: str) -> None:
+    assert usage.cubin_bytes > 0
+    assert 0 < usage.registers <= 255
+    if family in CONSTANT_FAMILIES:
+        assert (usage.spill_stores, usage.spill_loads) == (0, 0), usage.log
+        assert usage.stack_frame == 0, usage.log
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("variant", list(conv_cuda.VARIANTS))
+@pytest.mark.parametrize("variant", list(conv_cuda.FAMILIES))
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_variant_compiles(shape, variant, arch):
     spec = SHAPES[shape]
-    usage = nvrtc_check.check_variant(spec, variant, arch)
-
-    assert usage.cubin_bytes > 0
-    assert 0 < usage.registers <= 255
-    if variant in CONSTANT_VARIANTS:
-        assert (usage.spill_stores, usage.spill_loads) == (0, 0), usage.log
-        assert usage.stack_frame == 0, usage.log
+    reason = conv_cuda.unsupported_reason(spec, variant, _ones(spec))
+    if reason:
+        pytest.skip(reason)
+    for usage in nvrtc_check.check_variant(spec, variant, arch):
+        assert_clean(usage, variant)
         # ptxas for sm_80 reports the __constant__ arrays as bank 3; sm_90's omits them
-        if 3 in usage.constant_memory:
+        if variant in CONSTANT_FAMILIES and 3 in usage.constant_memory:
             assert usage.constant_memory[3] == conv_cuda.constant_bytes(spec)
+
+
+@pytest.mark.parametrize(("step", "config"), TUNING_CASES)
+def test_every_configuration_tuning_may_pick_compiles_for_hopper(step, config):
+    # Spills are allowed here (tuning skips a kernel that uses local memory); a
+    # configuration must compile and stay within the register file.
+    spec, epilogue = SHIPPED_STEPS[step]
+    for usage in nvrtc_check.check_variant(spec, config, "sm_90", epilogue):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+
+
+@pytest.mark.parametrize("step", list(SHIPPED_STEPS))
+def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
+    spec, epilogue = SHIPPED_STEPS[step]
+    family = "const_rb" if conv_cuda.unsupported_reason(spec, "const_rb", _ones(spec), epilogue) is None else "const_mo"
+    for usage in nvrtc_check.check_variant(spec, family, "sm_90", epilogue):
+        assert_clean(usage, family)
+
+
+def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
+    covered = {conv_cuda.family_of(config).name for _, config in TUNING_CASES}
+    exact = {name for name, family in conv_cuda.FAMILIES.items() if family.exact}
+    assert covered == exact
 
 
 @pytest.mark.parametrize("variant", ["const_mo1", "const_mo3", "const_mo16"])
 def test_explicit_maps_per_thread_compile_without_spills(variant):
     # 16 is not a multiple of 3: the last map group is shorter
-    usage = nvrtc_check.check_variant(SHAPES["lenet86.conv2"], variant, "sm_90")
+    [usage] = nvrtc_check.check_variant(SHAPES["lenet86.conv2"], variant, "sm_90")
     assert usage.spills == 0, usage.log
 
 

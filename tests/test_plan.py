@@ -9,27 +9,51 @@ from opplugin.registry import Device
 from opplugin.runner import CPU
 
 
-def test_convs_become_plugin_steps_and_the_rest_maximal_onnxruntime_runs(tiny_model_path):
+def test_convs_and_their_epilogues_become_plugin_steps_and_the_rest_maximal_onnxruntime_runs(tiny_model_path):
     plan = make_plan(load_model(tiny_model_path), 4, CPU)
     kinds = [(type(s).__name__, s.ops) for s in plan.steps]
     assert kinds == [
-        ("PluginStep", ["Conv"]),
-        ("OrtStep", ["Relu", "MaxPool"]),
-        ("PluginStep", ["Conv"]),
-        ("OrtStep", ["Relu", "Flatten", "Gemm", "Softmax"]),
+        ("PluginStep", ["Conv", "Relu", "MaxPool"]),
+        ("PluginStep", ["Conv", "Relu"]),
+        ("OrtStep", ["Flatten", "Gemm", "Softmax"]),
     ]
-    first_ort = plan.steps[1]
-    assert first_ort.inputs == ["c1"] and first_ort.outputs == ["p1"]
-    assert plan.steps[3].outputs == ["y"]
+    assert plan.steps[0].outputs == ["p1"] and plan.steps[1].inputs == ["p1", "w2"]
+    assert plan.steps[2].inputs == ["r2"] and plan.steps[2].outputs == ["y"]
     assert plan.fallbacks == {}
+
+
+def test_a_tensor_read_twice_is_not_fused_away(tmp_path):
+    import onnx
+
+    model = tiny_cnn()
+    # the graph also returns conv1's output: the Conv's kernel must write it
+    model.graph.output.append(onnx.helper.make_tensor_value_info("c1", onnx.TensorProto.FLOAT, ["N", 4, 12, 12]))
+    plan = make_plan(load_model(save(model, tmp_path / "two_readers.onnx")), 2, CPU)
+    assert plan.steps[0].ops == ["Conv"] and plan.steps[0].outputs == ["c1"]
+    assert plan.steps[1].ops == ["Relu", "MaxPool"]
+
+
+def test_a_pool_in_ceil_mode_is_left_to_onnxruntime(tmp_path):
+    model = tiny_cnn()
+    pool = next(n for n in model.graph.node if n.op_type == "MaxPool")
+    pool.attribute.append(onnx_helper().make_attribute("ceil_mode", 1))
+    plan = make_plan(load_model(save(model, tmp_path / "ceil_pool.onnx")), 2, CPU)
+    assert plan.steps[0].ops == ["Conv", "Relu"]
+    assert plan.steps[1].ops == ["MaxPool"]
+
+
+def onnx_helper():
+    from onnx import helper
+
+    return helper
 
 
 def test_onnxruntime_step_sub_models_run_on_their_own(tiny_model_path):
     plan = make_plan(load_model(tiny_model_path), 2, CPU)
-    step = plan.steps[3]
+    step = plan.steps[2]
     assert isinstance(step, OrtStep)
     session = ort.InferenceSession(step.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    (y,) = session.run(None, {"c2": np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32)})
+    (y,) = session.run(None, {"r2": np.random.default_rng(0).uniform(0, 1, (2, 4, 4, 4)).astype(np.float32)})
     assert y.shape == (2, 5)
     np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
 
@@ -41,18 +65,20 @@ def test_registry_without_plugins_gives_one_onnxruntime_step(tiny_model_path):
 
 
 def test_on_a_gpu_device_unsupported_convs_fall_back_with_a_reason(tmp_path):
-    # group 2 is outside what the CUDA variants cover: the plan must say so
-    path = save(tiny_cnn(group=2), tmp_path / "grouped.onnx")
+    from onnx_builders import single_conv
+
+    # 1-D convolution is outside what the CUDA variants cover: the plan must say so
+    path = save(single_conv((1, 3, 20), (4, 3, 5), {}, bias=True), tmp_path / "conv1d.onnx")
     plan = make_plan(load_model(path), 1, Device("cuda", "test GPU"))
-    assert [s.name for s in plan.plugin_steps] == ["conv1"]
-    assert "conv2" in plan.fallbacks and "group" in plan.fallbacks["conv2"]
+    assert plan.plugin_steps == []
+    assert "2-D" in plan.fallbacks["conv"]
     text = describe(plan)
-    assert "Left to onnxruntime" in text and "conv2" in text
+    assert "Left to onnxruntime" in text and "conv" in text
 
 
 def test_describe_lists_every_step(tiny_model_path):
     text = describe(make_plan(load_model(tiny_model_path), 3, CPU))
-    for name in ("conv1", "conv2", "onnxruntime1", "onnxruntime2", "Relu > MaxPool", "x [3, 3, 12, 12]"):
+    for name in ("conv1", "conv2", "onnxruntime1", "Conv > Relu > MaxPool", "(fused)", "x [3, 3, 12, 12]"):
         assert name in text
 
 

@@ -1,0 +1,255 @@
+"""What every CUDA Conv variant shares: the -D shape macros, the family
+interface, constant-memory upload and the kernel object that checks its
+arguments and launches.
+
+A *family* is one optimisation (one source in kernels/, or a pair); a
+*variant* is a family with its configuration spelt out in the name, e.g.
+"const_rb_r8m4" (8 output rows x 4 maps per thread). The family's plain name
+("const_rb") picks its configuration by a heuristic.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...registry import PluginError
+from ..conv import ConvSpec
+from ..epilogue import NONE, Epilogue
+
+CONSTANT_MEMORY_BYTES = 64 * 1024  # the __constant__ space of every CUDA device so far
+BLOCK = 256  # threads per block: 8 warps, enough to hide load latency at these small per-thread costs
+INT32_MAX = 2**31 - 1
+# Most multiply-adds per tap-loop body for which the channel loop is unrolled too:
+# past this, ptxas time grows fast (seconds) while a channel loop costs little,
+# since its index is uniform across the warp.
+UNROLL_BUDGET = 1024
+
+Weights = tuple[np.ndarray, "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class CompileUnit:
+    """One kernel function of a variant: kernels/<source>, specialised by `defines`."""
+
+    source: str
+    function: str
+    defines: dict[str, int | str] = field(default_factory=dict)
+
+
+def constant_bytes(spec: ConvSpec) -> int:
+    """Bytes of __constant__ memory the filters and bias of this node need."""
+    return 4 * (int(np.prod(spec.weight_shape)) + (spec.out_channels if spec.has_bias else 0))
+
+
+ACTIVATION_CODES = {None: 0, "Relu": 1, "Tanh": 2}
+
+
+def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | str]:
+    """The -D macros every variant is specialised with (all but the batch).
+
+    OH, OW are the conv's output size; POH, POW the size written (after the
+    fused pool, if any); ACT and PKH, PKW describe the epilogue.
+    """
+    (h, w), (kh, kw), (sh, sw), (dh, dw) = spec.in_size, spec.kernel, spec.strides, spec.dilations
+    oh, ow = spec.out_size
+    poh, pow_ = epilogue.output_size((oh, ow))
+    pkh, pkw = epilogue.pool or (1, 1)
+    return {
+        "C": spec.in_channels,
+        "M": spec.out_channels,
+        "G": spec.group,
+        "H": h,
+        "W": w,
+        "KH": kh,
+        "KW": kw,
+        "SH": sh,
+        "SW": sw,
+        "PH": spec.pads[0],
+        "PW": spec.pads[1],
+        "DH": dh,
+        "DW": dw,
+        "OH": oh,
+        "OW": ow,
+        "POH": poh,
+        "POW": pow_,
+        "ACT": ACTIVATION_CODES[epilogue.activation],
+        "PKH": pkh,
+        "PKW": pkw,
+        # without pads every tap of every output lies inside the image: skip the bounds tests
+        "PADDED": int(any(spec.pads)),
+        "HAS_BIAS": int(spec.has_bias),
+        "BLOCK": BLOCK,
+    }
+
+
+def unroll_channels(spec: ConvSpec, multiply_adds_per_tap: int) -> int:
+    """Unroll the channel loop fully when the unrolled body stays small, else not at all."""
+    taps = (spec.in_channels // spec.group) * int(np.prod(spec.kernel))
+    return spec.in_channels // spec.group if taps * multiply_adds_per_tap <= UNROLL_BUDGET else 1
+
+
+def weights_digest(w: np.ndarray, b: np.ndarray | None) -> str:
+    """A -D macro value that differs between nodes whose weights differ: CuPy
+    shares one loaded module (and its __constant__ bank) between equal compiles."""
+    digest = hashlib.blake2b(np.ascontiguousarray(w, dtype=np.float32).tobytes(), digest_size=8)
+    if b is not None:
+        digest.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
+    return f"0x{digest.hexdigest()}"
+
+
+def upload_constant(module: Any, name: str, values: np.ndarray) -> None:
+    """Copy host values into the module's __constant__ array `name` (synchronously)."""
+    import cupy
+
+    host = np.ascontiguousarray(values, dtype=np.float32).ravel()
+    pointer = module.get_global(name)
+    pointer.copy_from_host(host.ctypes.data_as(ctypes.c_void_p), host.nbytes)
+    cupy.cuda.runtime.deviceSynchronize()  # a pageable copy may still be in flight when memcpy returns
+
+
+def filters_maps_last(w: np.ndarray) -> np.ndarray:
+    """[M][C/G][KH][KW] -> [C/G][KH][KW][M]: the maps of one tap side by side."""
+    return np.moveaxis(np.asarray(w, dtype=np.float32), 0, -1)
+
+
+class Family:
+    """One optimisation. Subclasses set the class attributes and implement
+    `configs`, `compile_units` and `build`; `reason` adds their own limits."""
+
+    name: str = ""
+    summary: str = ""  # what it does and why it should be faster
+    exact: bool = True  # False: fp16/tf32 arithmetic, opt-in only, never auto-picked
+    constant_weights: bool = False  # filters go into __constant__ memory at build time
+    fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
+
+    def owns(self, variant: str) -> bool:
+        return variant == self.name
+
+    def configs(self, spec: ConvSpec, epilogue: Epilogue = NONE) -> list[str]:
+        """The variant names tuning tries for this node; the first is the heuristic's pick."""
+        return [self.name]
+
+    def resolve(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> str:
+        """The configured name a plain family name stands for on this node."""
+        return self.configs(spec, epilogue)[0] if variant == self.name else variant
+
+    def reason(self, spec: ConvSpec, variant: str, epilogue: Epilogue) -> str | None:
+        """Why this variant cannot run this shape (beyond the shared limits); None if it can."""
+        return None
+
+    def compile_units(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> list[CompileUnit]:
+        raise NotImplementedError
+
+    def build(self, spec: ConvSpec, variant: str, weights: Weights | None, epilogue: Epilogue = NONE) -> "ConvKernel":
+        raise NotImplementedError
+
+
+class ConvKernel:
+    """A built variant for one node. Call it with the node's inputs (CuPy arrays):
+    [x] for the constant-weight variants (extra inputs ignored), [x, w, b?] for
+    those that read the weights at call time. Subclasses implement `_launch`."""
+
+    reads_weights = False
+
+    def __init__(self, spec: ConvSpec, name: str, epilogue: Epilogue = NONE):
+        self.spec = spec
+        self.name = name
+        self.epilogue = epilogue
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        """Fewest bytes: input and weights read once, the (pooled) output written once."""
+        conv_out = int(np.prod(self.spec.output_shape(batch))) * 4
+        return self.spec.bytes_moved(batch) - conv_out + int(np.prod(self.output_shape(batch))) * 4
+
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.spec.out_channels, *self.epilogue.output_size(self.spec.out_size))
+
+    def workspace_bytes(self, batch: int) -> int:
+        """Scratch device memory a call of this batch allocates besides its output."""
+        return 0
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        """[y] for the node's inputs; y is `out` when given (written in full), else a new array."""
+        import cupy
+
+        from ... import cuda
+
+        spec = self.spec
+        if not inputs:
+            raise PluginError(f"{self.name}: no inputs given")
+        x = checked_array(cupy, inputs[0], "input X", self.name)
+        if x.ndim != 4 or tuple(x.shape[1:]) != (spec.in_channels, *spec.in_size):
+            raise PluginError(
+                f"{self.name}: input X has shape {tuple(x.shape)}, expected (N, {spec.in_channels}, "
+                f"{spec.in_size[0]}, {spec.in_size[1]})"
+            )
+        batch = int(x.shape[0])
+        if batch * int(np.prod(spec.out_size)) > INT32_MAX:
+            raise PluginError(f"{self.name}: batch {batch} is too large for 32-bit indexing; split the batch")
+        with cuda.on_stream(stream):
+            x = cupy.ascontiguousarray(x)
+            weights = self._weight_args(cupy, inputs) if self.reads_weights else ()
+            y = self._output(cupy, out, batch)
+            if batch:
+                self._launch(x, weights, y, batch)
+        return [y]
+
+    def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+        raise NotImplementedError
+
+    def _weight_args(self, cupy: Any, inputs: Sequence[Any]) -> tuple:
+        """(w, b) as contiguous device arrays; b is a null pointer without a bias."""
+        spec = self.spec
+        if len(inputs) < 2:
+            raise PluginError(f"{self.name}: the weights W are missing from the inputs")
+        w = checked_array(cupy, inputs[1], "weights W", self.name)
+        if tuple(w.shape) != spec.weight_shape:
+            raise PluginError(f"{self.name}: weights W have shape {tuple(w.shape)}, expected {spec.weight_shape}")
+        if not spec.has_bias:
+            return cupy.ascontiguousarray(w), np.uint64(0)  # null bias pointer: the kernel never reads it
+        if len(inputs) < 3 or inputs[2] is None:
+            raise PluginError(f"{self.name}: the bias B is missing from the inputs")
+        b = checked_array(cupy, inputs[2], "bias B", self.name)
+        if tuple(b.shape) != (spec.out_channels,):
+            raise PluginError(f"{self.name}: bias B has shape {tuple(b.shape)}, expected ({spec.out_channels},)")
+        return cupy.ascontiguousarray(w), cupy.ascontiguousarray(b)
+
+    def _output(self, cupy: Any, out: Any, batch: int) -> Any:
+        shape = self.output_shape(batch)
+        if out is None:
+            return cupy.empty(shape, dtype=cupy.float32)
+        out = checked_array(cupy, out, "output", self.name)
+        if tuple(out.shape) != shape or not out.flags.c_contiguous:
+            raise PluginError(f"{self.name}: output must be a C-contiguous float32 array of shape {shape}")
+        return out
+
+
+class GridKernel(ConvKernel):
+    """A variant that is one kernel function over a 2-D grid: x covers
+    `threads(batch)` threads in blocks of BLOCK, y the map groups."""
+
+    def __init__(self, spec, name, function, *, threads_per_image: int, grid_y: int, reads_weights: bool, epilogue=NONE):
+        super().__init__(spec, name, epilogue)
+        self._function = function
+        self._threads_per_image = threads_per_image
+        self._grid_y = grid_y
+        self.reads_weights = reads_weights
+
+    def _launch(self, x, weights, y, batch):
+        grid = (-(-batch * self._threads_per_image // BLOCK), self._grid_y, 1)
+        self._function(grid, (BLOCK, 1, 1), (x, *weights, y, np.int32(batch)))
+
+
+def checked_array(cupy: Any, array: Any, what: str, kernel: str) -> Any:
+    if not isinstance(array, cupy.ndarray):
+        raise PluginError(f"{kernel}: {what} must be a CuPy array on the GPU, got {type(array).__name__}")
+    if array.dtype != cupy.float32:
+        raise PluginError(f"{kernel}: {what} must be float32, got {array.dtype}")
+    return array

@@ -1,0 +1,62 @@
+"""What may follow a Conv inside its kernel: an activation, then a max pool.
+
+A plan fuses Conv -> Relu|Tanh -> MaxPool when the intermediate tensors have no
+other reader; the kernel then writes only the pooled map. Both ops commute with
+the bias add and with each other (max of a monotone function is the function of
+the max), so a kernel may pool first and apply the activation once per pooled
+value, which is the point: a quarter of the activations and of the stores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ACTIVATIONS = ("Relu", "Tanh")
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    activation: str | None = None  # "Relu" or "Tanh"
+    pool: tuple[int, int] | None = None  # max pool window = stride (kh, kw), no pads
+
+    def __post_init__(self):
+        if self.activation not in (None, *ACTIVATIONS):
+            raise ValueError(f"unsupported activation {self.activation!r}")
+
+    @property
+    def suffix(self) -> str:
+        """For kernel names: "+relu+maxpool2"."""
+        parts = [f"+{self.activation.lower()}"] if self.activation else []
+        if self.pool:
+            kh, kw = self.pool
+            parts.append(f"+maxpool{kh}" if kh == kw else f"+maxpool{kh}x{kw}")
+        return "".join(parts)
+
+    def output_size(self, conv_size: tuple[int, ...]) -> tuple[int, ...]:
+        """Spatial size after the pool (floor mode drops a partial last window)."""
+        if not self.pool:
+            return tuple(conv_size)
+        return tuple(s // k for s, k in zip(conv_size, self.pool))
+
+    def apply(self, y: np.ndarray, xp=np) -> np.ndarray:
+        """The meaning, on an (N, M, H, W) conv output, in ONNX's order; `xp` is
+        the array module (numpy, or cupy for device arrays)."""
+        if self.activation == "Relu":
+            y = xp.maximum(y, 0)
+        elif self.activation == "Tanh":
+            y = xp.tanh(y)
+        if self.pool:
+            kh, kw = self.pool
+            n, m, h, w = y.shape
+            oh, ow = h // kh, w // kw
+            y = y[:, :, : oh * kh, : ow * kw].reshape(n, m, oh, kh, ow, kw).max(axis=(3, 5))
+        return y
+
+    def apply_cupy(self, y):
+        import cupy
+
+        return cupy.ascontiguousarray(self.apply(y, cupy))
+
+
+NONE = Epilogue()

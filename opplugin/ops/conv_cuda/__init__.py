@@ -19,7 +19,8 @@ from ... import cuda
 from ...registry import Kernel, PluginError
 from ..conv import ConvSpec
 from ..epilogue import NONE, Epilogue
-from . import blocked, direct
+import importlib
+
 from .common import CONSTANT_MEMORY_BYTES, INT32_MAX, CompileUnit, ConvKernel, Family, Weights, constant_bytes
 from .direct import default_maps_per_thread
 
@@ -42,8 +43,14 @@ __all__ = [
     "usable_families",
 ]
 
-# In the order of the seeds' optimisation story: each family is one step.
-FAMILIES: dict[str, Family] = {f.name: f for f in [*direct.FAMILIES, *blocked.FAMILIES]}
+# The modules of this package that define families, in the order of the seeds'
+# optimisation story: each family is one step. Each module has a FAMILIES list.
+FAMILY_MODULES = ("direct", "blocked")
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for module in FAMILY_MODULES
+    for family in importlib.import_module(f"{__name__}.{module}").FAMILIES
+}
 VARIANTS: dict[str, str] = {name: family.summary for name, family in FAMILIES.items()}
 
 

@@ -13,8 +13,15 @@ from .direct import default_maps_per_thread
 
 _CONFIG = re.compile(r"const_rb_r(\d+)m(\d+)")
 ACCUMULATOR_BUDGET = 64  # RT x MO accumulators tuning tries at most; past this ptxas spills
-DEFAULT_ACCUMULATORS = 32  # the heuristic's pick stays here: ptxas hoists the unrolled loads, and
-# with 32 accumulators no shipped shape needs more than ~110 registers or spills
+
+
+def default_accumulators(spec: ConvSpec, epilogue: Epilogue) -> int:
+    """The heuristic's tile size, from an H200 sweep of the shipped convs: ptxas
+    hoists the unrolled loads, so big tiles cost registers and occupancy. 32
+    won only where a rolled channel loop keeps the body short and nothing is
+    pooled (lenet86 conv2); 16 everywhere else."""
+    rolled = spec.in_channels // spec.group > 1
+    return 32 if rolled and epilogue.pool is None else 16
 ROWS = (2, 4, 8, 16)
 MAPS = (4, 5, 8, 10, 16)  # plus the maps of one group, and fewer when a group has fewer
 
@@ -51,17 +58,23 @@ class ConstRegisterBlocked(Family):
         maps_per_group = spec.out_channels // spec.group
         pkh, _ = _pool(epilogue)
         rows_needed, _ = _computed_size(spec, epilogue)
-        best_maps = default_maps_per_thread(maps_per_group)
-        # the most rows that keep the accumulators within budget, whole pool windows, no idle rows
-        fitting = [r for r in ROWS if r % pkh == 0 and r * best_maps <= DEFAULT_ACCUMULATORS and r <= max(pkh, rows_needed)]
-        best_rows = max(fitting, default=pkh)
+        # the most maps, then the most rows, that keep the accumulators within the
+        # default budget, cover whole pool windows and leave no rows idle
+        best_rows, best_maps = pkh, 1
+        for maps in dict.fromkeys([default_maps_per_thread(maps_per_group), *sorted(MAPS, reverse=True), 2, 1]):
+            budget = default_accumulators(spec, epilogue)
+            fitting = [r for r in ROWS if r % pkh == 0 and r * maps <= budget and r <= max(pkh, rows_needed)]
+            if maps <= maps_per_group and fitting and (spec.group == 1 or maps_per_group % maps == 0):
+                best_rows, best_maps = max(fitting), maps
+                break
         tiles = [(best_rows, best_maps)] + [
             (r, m)
             for r in ROWS
             for m in (*MAPS, min(maps_per_group, 16))
             if r * m <= ACCUMULATOR_BUDGET and m <= maps_per_group and r <= max(pkh, rows_needed)
         ]
-        return [f"const_rb_r{r}m{m}" for r, m in dict.fromkeys(tiles) if self.reason(spec, f"const_rb_r{r}m{m}", epilogue) is None]
+        names = [f"const_rb_r{r}m{m}" for r, m in dict.fromkeys(tiles)]
+        return [name for name in names if self.reason(spec, name, epilogue) is None]
 
     def reason(self, spec, variant, epilogue):
         if variant == self.name:

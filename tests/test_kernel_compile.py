@@ -38,9 +38,9 @@ CONSTANT_FAMILIES = [name for name, family in conv_cuda.FAMILIES.items() if fami
 # The shipped models' Conv nodes with the epilogues their plans fuse: tuning may pick any of these.
 SHIPPED_STEPS = {
     "lenet86.conv1+relu+maxpool2": (SHAPES["lenet86.conv1"], Epilogue("Relu", (2, 2))),
-    "lenet86.conv2+tanh+maxpool2": (SHAPES["lenet86.conv2"], Epilogue("Tanh", (2, 2))),
+    "lenet86.conv2+relu+maxpool4": (SHAPES["lenet86.conv2"], Epilogue("Relu", (4, 4))),
     "ece408_high.conv": (SHAPES["ece408_high.conv"], NONE),
-    "ece408_high.conv+relu+maxpool2": (SHAPES["ece408_high.conv"], Epilogue("Relu", (2, 2))),
+    "ece408_high.conv+tanh+maxpool2": (SHAPES["ece408_high.conv"], Epilogue("Tanh", (2, 2))),
     "lenet86.conv1": (SHAPES["lenet86.conv1"], NONE),
     "lenet86.conv2": (SHAPES["lenet86.conv2"], NONE),
 }

@@ -39,7 +39,9 @@ CASES = {
     "depthwise_dilation2": conv(2, 8, 8, (14, 15), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=8),
 }
 # the plain names plus explicit configurations: 3 maps leave a short last group for most M
-VARIANTS = [*conv_cuda.VARIANTS, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3"]
+# FP32-exact families only: fp16/tf32 are held to their own bounds in test_mixed_variants.py
+EXACT = [name for name, family in conv_cuda.FAMILIES.items() if family.exact]
+VARIANTS = [*EXACT, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64", "reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s2", "reduce_atomic_s4", "reduce_atomic_s8"]
 
 
 def random_problem(spec: ConvSpec):
@@ -100,7 +102,7 @@ def test_variant_matches_float64_reference(case, variant):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", list(conv_cuda.VARIANTS))
+@pytest.mark.parametrize("variant", EXACT)
 def test_new_output_on_a_side_stream(variant):
     import cupy
 
@@ -173,7 +175,7 @@ def test_kernel_names_say_the_variant():
 def test_fastest_returns_one_of_the_candidates():
     spec = conv(16, 4, 16, (40, 40), (7, 7))
     _, _, w, b = random_problem(spec)
-    candidates = [conv_cuda.build_kernel(spec, v, (w, b)) for v in conv_cuda.VARIANTS]
+    candidates = [conv_cuda.build_kernel(spec, v, (w, b)) for v in conv_cuda.usable_families(spec, (w, b))]
     chosen = conv_cuda.fastest(candidates, spec)
     assert any(chosen is c for c in candidates)
 
@@ -183,8 +185,8 @@ def test_fastest_returns_one_of_the_candidates():
 def test_filters_over_64_kib_leave_only_the_baseline():
     spec = conv(2, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters
     seed, x, w, b = random_problem(spec)
-    offered = [v for v in conv_cuda.VARIANTS if conv_cuda.unsupported_reason(spec, v, (w, b)) is None]
-    assert offered == ["baseline"]
+    offered = conv_cuda.usable_families(spec, (w, b))
+    assert "baseline" in offered and not any(conv_cuda.FAMILIES[v].constant_weights for v in offered)
     with pytest.raises(PluginError, match="64 KiB"):
         conv_cuda.build_kernel(spec, "const", (w, b))
     kernel = conv_cuda.fastest([conv_cuda.build_kernel(spec, v, (w, b)) for v in offered], spec)
@@ -281,7 +283,7 @@ def test_variant_names_and_default_maps_per_thread():
     assert [conv_cuda.default_maps_per_thread(m) for m in (1, 4, 16, 50, 64, 17)] == [1, 4, 16, 10, 16, 8]
     assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "const_mo4"
     assert conv_cuda.resolve(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "const_mo5"
-    assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb") == "const_rb_r8m4"
+    assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb") == "const_rb_r4m4"
 
 
 def test_fused_tiles_cover_whole_pool_windows():

@@ -1,0 +1,205 @@
+"""The reduced-precision and tensor-core variants (fp16, tf32, 3xtf32): opt-in only.
+
+CPU: their names, limits and stated accuracy, and that neither the heuristic nor
+tuning ever picks them. GPU (`gpu` marker): each against the float64 reference
+within the bound its family states, on the shipped convs and on odd shapes,
+with fresh random inputs and the output poisoned with NaN first.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opplugin import cuda
+from opplugin.ops import conv_cuda, reference
+from opplugin.ops.choice import heuristic_variant
+from opplugin.ops.conv_cuda import mixed
+from opplugin.ops.conv_cuda.common import constant_bytes
+from opplugin.ops.epilogue import NONE, Epilogue
+from onnx_builders import conv_spec as conv
+
+needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
+
+INEXACT = ("fp16", "tf32", "3xtf32")
+
+SHIPPED = {
+    "lenet86.conv1": conv(10000, 1, 4, (86, 86), (7, 7)),
+    "lenet86.conv2": conv(10000, 4, 16, (40, 40), (7, 7)),
+    "ece408_high.conv": conv(10000, 1, 50, (28, 28), (5, 5)),
+}
+
+# shipped shapes at small batches, then the semantics the kernels must also cover
+CASES = {
+    "lenet86.conv1": conv(3, 1, 4, (86, 86), (7, 7)),
+    "lenet86.conv2": conv(5, 4, 16, (40, 40), (7, 7)),
+    "ece408_high.conv": conv(7, 1, 50, (28, 28), (5, 5)),
+    "stride2_asym_pads_odd": conv(5, 3, 8, (17, 23), (3, 3), strides=(2, 2), pads=(1, 0, 2, 1)),
+    "stride3_no_bias_batch33": conv(33, 2, 5, (15, 16), (3, 5), strides=(3, 2), pads=(0, 1, 1, 2), bias=False),
+    "dilation2_m64": conv(4, 8, 64, (19, 21), (3, 3), pads=(1, 1, 1, 1), dilations=(2, 2)),
+    "m1_mixed_no_bias": conv(7, 5, 1, (12, 9), (2, 4), strides=(1, 3), pads=(2, 0, 0, 3), dilations=(2, 1), bias=False),
+    "kernel_as_big_as_image": conv(1, 6, 12, (9, 9), (9, 9), pads=(4, 4, 4, 4)),
+    "pointwise_m20": conv(3, 7, 20, (5, 5), (1, 1)),
+    "group2_stride2": conv(3, 6, 4, (11, 13), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
+    "depthwise_dilation2": conv(2, 8, 8, (14, 15), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=8),
+}
+
+
+def ones(spec):
+    return np.ones(spec.weight_shape, np.float32), np.ones(spec.out_channels, np.float32) if spec.has_bias else None
+
+
+# ---- CPU ----
+
+
+def test_the_families_are_registered_and_inexact():
+    for name in INEXACT:
+        family = conv_cuda.FAMILIES[name]
+        assert family.exact is False
+        assert 0 < family.expected_relative_error < family.max_relative_error
+    # 3xTF32 is held to the bar of the FP32-exact variants, yet stays opt-in by its name
+    assert conv_cuda.FAMILIES["3xtf32"].max_relative_error <= 1e-5
+    assert conv_cuda.FAMILIES["fp16"].max_relative_error <= 5e-3
+
+
+@pytest.mark.parametrize("shape", list(SHIPPED))
+def test_neither_the_heuristic_nor_tuning_picks_them(shape):
+    spec = SHIPPED[shape]
+    weights = ones(spec)
+    for epilogue in (NONE, Epilogue("Relu", (2, 2))):
+        assert not set(INEXACT) & set(conv_cuda.usable_families(spec, weights, epilogue))
+        assert not any(conv_cuda.family_of(v).name in INEXACT for v in conv_cuda.tuning_configs(spec, weights, epilogue))
+        assert conv_cuda.family_of(heuristic_variant(spec, weights, epilogue)).exact
+    # asked for explicitly, all three run the plain conv
+    assert set(INEXACT) <= set(conv_cuda.usable_families(spec, weights, NONE, exact_only=False))
+
+
+@pytest.mark.parametrize("shape", list(SHIPPED))
+def test_at_most_three_configurations_each_and_all_compile_units_resolve(shape):
+    spec = SHIPPED[shape]
+    for name in INEXACT:
+        configs = conv_cuda.FAMILIES[name].configs(spec)
+        assert 1 <= len(configs) <= 3 and len(set(configs)) == len(configs)
+        assert conv_cuda.resolve(spec, name) == configs[0]
+        for variant in configs:
+            assert conv_cuda.family_of(variant).name == name
+            assert conv_cuda.unsupported_reason(spec, variant, ones(spec)) is None
+            [unit] = conv_cuda.compile_units(spec, variant)
+            assert unit.defines["C"] == spec.in_channels
+
+
+def test_configured_names():
+    assert conv_cuda.resolve(SHIPPED["lenet86.conv2"], "fp16") == "fp16_m16"
+    assert conv_cuda.resolve(SHIPPED["lenet86.conv2"], "tf32") == "tf32_n4"
+    assert conv_cuda.resolve(SHIPPED["lenet86.conv2"], "3xtf32") == "3xtf32_n2"  # 25 k-steps x 3 MMAs: fewer pixel tiles
+    assert conv_cuda.resolve(SHIPPED["ece408_high.conv"], "tf32") == "tf32_n4"  # 4 map tiles: 64 accumulators
+    assert conv_cuda.family_of("3xtf32_n8").name == "3xtf32"
+    assert conv_cuda.family_of("tf32_n8").name == "tf32"
+    assert conv_cuda.family_of("fp16_m5").name == "fp16"
+
+
+def test_tensor_core_variants_decline_groups_and_oversized_weights():
+    grouped = CASES["group2_stride2"]
+    for name in ("tf32", "3xtf32"):
+        assert "group=1 only" in conv_cuda.unsupported_reason(grouped, name, ones(grouped))
+    assert conv_cuda.unsupported_reason(grouped, "fp16", ones(grouped)) is None
+    assert "one group" in conv_cuda.unsupported_reason(grouped, "fp16_m4", ones(grouped))  # 2 maps a group
+    big = conv(1, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters
+    for name in ("tf32", "3xtf32"):
+        assert "shared memory" in conv_cuda.unsupported_reason(big, name, ones(big))
+    assert "64 KiB" in conv_cuda.unsupported_reason(big, "fp16", ones(big))
+
+
+def test_fp16_needs_constant_weights_but_tensor_cores_read_them_at_call_time():
+    spec = CASES["lenet86.conv2"]
+    assert "not constant" in conv_cuda.unsupported_reason(spec, "fp16", None)
+    assert conv_cuda.unsupported_reason(spec, "tf32", None) is None
+    assert conv_cuda.unsupported_reason(spec, "3xtf32", None) is None
+    assert "epilogue" in conv_cuda.unsupported_reason(spec, "tf32", None, Epilogue("Relu", (2, 2)))
+
+
+def test_fp16_filters_are_half2_pairs_the_size_of_the_fp32_bank():
+    w = np.array([[[[1.0, -2.0], [0.5, 65504.0]]]], np.float32)  # [1][1][2][2]
+    pairs = mixed.half2_pairs(w)
+    assert pairs.dtype == np.uint32 and pairs.shape == (1, 2, 2, 1)
+    assert [hex(int(p)) for p in pairs.ravel()] == ["0x3c003c00", "0xc000c000", "0x38003800", "0x7bff7bff"]
+    spec = CASES["lenet86.conv2"]
+    assert pairs.itemsize * int(np.prod(spec.weight_shape)) + 4 * spec.out_channels == constant_bytes(spec)
+
+
+# ---- GPU ----
+
+
+def random_problem(spec):
+    seed = np.random.SeedSequence().entropy
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(spec.input_shape(), dtype=np.float32)
+    w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+    b = rng.standard_normal(spec.out_channels, dtype=np.float32) if spec.has_bias else None
+    return seed, x, w, b
+
+
+def relative_l2(spec, x, w, b, got) -> float:
+    import cupy
+
+    expected = reference.conv(
+        x.astype(np.float64), w.astype(np.float64), None if b is None else b.astype(np.float64),
+        spec.strides, spec.pads, spec.dilations, spec.group,
+    )
+    got = cupy.asnumpy(got)
+    assert not np.isnan(got).any(), f"{int(np.isnan(got).sum())} of {got.size} output elements were never written"
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+def run_variant(spec, variant, x, w, b, *, weights_at_build=True):
+    import cupy
+
+    kernel = conv_cuda.build_kernel(spec, variant, (w, b) if weights_at_build else None)
+    out = cupy.full(kernel.output_shape(spec.batch), cupy.nan, dtype=cupy.float32)
+    inputs = [cupy.asarray(a) for a in (x, w, b) if a is not None]
+    [y] = kernel(inputs, None, out=out)
+    assert y is out
+    return kernel, y
+
+
+VARIANTS = [*INEXACT, "fp16_m4", "tf32_n8", "3xtf32_n8"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_error_within_the_stated_bound(case, variant):
+    spec = CASES[case]
+    seed, x, w, b = random_problem(spec)
+    reason = conv_cuda.unsupported_reason(spec, variant, (w, b))
+    if reason:
+        pytest.skip(reason)
+    kernel, y = run_variant(spec, variant, x, w, b)
+    error = relative_l2(spec, x, w, b, y)
+    bound = conv_cuda.family_of(variant).max_relative_error
+    assert error <= bound, f"{kernel.name} on {case} (seed {seed}): relative L2 error {error:.3g} > {bound}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", ["tf32", "3xtf32"])
+def test_tensor_cores_take_new_weights_on_every_call(name):
+    spec = CASES["dilation2_m64"]
+    for _ in range(2):
+        seed, x, w, b = random_problem(spec)
+        kernel, y = run_variant(spec, name, x, w, b, weights_at_build=False)
+        error = relative_l2(spec, x, w, b, y)
+        assert error <= kernel_bound(name), f"{kernel.name}, run-time weights (seed {seed}): {error:.3g}"
+
+
+def kernel_bound(name: str) -> float:
+    return conv_cuda.FAMILIES[name].max_relative_error
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", INEXACT)
+def test_kernel_names_say_the_configuration(name):
+    spec = CASES["lenet86.conv2"]
+    _, _, w, b = random_problem(spec)
+    assert conv_cuda.build_kernel(spec, name, (w, b)).name == f"conv.{conv_cuda.resolve(spec, name)}"

@@ -18,6 +18,8 @@ def _add_common(parser: argparse.ArgumentParser, batch: int) -> None:
     parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
     parser.add_argument("--data", default="auto", help="auto | fashion-mnist | random (auto: the bundled test set for shipped models)")
     parser.add_argument("--seed", type=int, default=0, help="seed for --data random")
+    parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
+    parser.add_argument("--streams", type=int, help="chunks in flight at once on a GPU (default 3)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,41 +43,73 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
     _add_common(plan, batch=1)
+
+    bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
+    bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
+    bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000)")
+    bench.add_argument("--warmup", type=int, help="untimed calls before timing (default 3)")
+    bench.add_argument("--repeat", type=int, help="timed samples; the tables give medians (default 20)")
+    bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
+    bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+
+    tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
+    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
+    tune.add_argument("--batch", type=int, default=10000, help="images per kernel call while timing (default 10000)")
+    tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     return parser
 
 
 def _runner(args):
+    from .errors import InputError
     from .model import load_model
     from .runner import Runner
 
     model = load_model(args.model)
     if args.batch < 1:
-        from .errors import InputError
-
         raise InputError(f"--batch must be at least 1, got {args.batch}")
+    chunk, streams = getattr(args, "chunk", None), getattr(args, "streams", None)
+    for flag, value in (("--chunk", chunk), ("--streams", streams)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
     variants = {"Conv": args.variant} if args.variant else None
-    return model, Runner(model, args.batch, args.device, variants)
+    return model, Runner(model, args.batch, args.device, variants, chunk=chunk, streams=streams)
 
 
-def _progress(label: str, done: int, total: int) -> None:
-    if sys.stderr.isatty():
-        end = "\n" if done == total else ""
-        print(f"\r{label} {done}/{total}", end=end, file=sys.stderr, flush=True)
+# Runs of at least this many chunks in all report progress even when stderr is not a terminal.
+MANY_CHUNKS = 64
+
+
+def _progress(runner, batch: int, passes: int):
+    """A progress bar on stderr: redrawn in place on a terminal; in a log, a plain
+    line per quarter for runs of many chunks, and nothing for short ones."""
+    from .progress import ProgressBar
+
+    return ProgressBar(sys.stderr, plain_lines=runner.chunks_for(batch) * passes >= MANY_CHUNKS)
 
 
 def cmd_run(args) -> int:
     from . import report as reports
-    from .check import compare, onnxruntime_reference, top1
+    from .check import compare, top1
     from .inputs import make_inputs
+    from .ort_reference import reference_outputs
 
+    from .errors import InputError
+
+    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
+        raise InputError(f"--repeat must be at least 1 and --warmup at least 0 (got {args.repeat}, {args.warmup})")
     model, runner = _runner(args)
-    inputs = make_inputs(model, args.batch, args.data, args.seed)
-    if not runner.device.is_cuda:
-        print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     on_gpu = runner.device.is_cuda
+    # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
+    inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=on_gpu)
+    if not on_gpu:
+        print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 0)
     repeat = args.repeat if args.repeat is not None else (5 if on_gpu else 2)
-    profile = runner.profile(inputs.feeds, warmup, repeat, progress=_progress)
+    bar = _progress(runner, args.batch, warmup + max(repeat, 0))
+    try:
+        profile = runner.profile(inputs.feeds, warmup, repeat, progress=bar)
+    finally:
+        bar.close()
 
     extra = {"data": inputs.source}
     output_name = model.outputs[0]
@@ -84,7 +118,8 @@ def cmd_run(args) -> int:
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if not args.no_compare:
-        reference = onnxruntime_reference(model, inputs.feeds, [])[output_name]
+        batched = runner.layout.batched_inputs if runner.layout.chunkable else frozenset()
+        reference = reference_outputs(model, inputs.feeds, batched)[output_name]
         agreement = compare(ours, reference)
         ref_top1 = top1(reference)
         agreement["top1_agreement"] = float((predicted == ref_top1).mean()) if predicted is not None else 1.0
@@ -107,7 +142,7 @@ def cmd_check(args) -> int:
     atol = DEFAULT_ATOL if args.atol is None else args.atol
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     model, runner = _runner(args)
-    inputs = make_inputs(model, args.batch, args.data, args.seed)
+    inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=runner.device.is_cuda)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
     print(f"Checking {model.name}, batch {args.batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}\n")
     result = check(runner, inputs.feeds, inputs.labels, atol, rtol)
@@ -146,7 +181,24 @@ def cmd_plan(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan}
+def cmd_tune(args) -> int:
+    from .tuning import format_report, tune
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = tune(args.model, args.batch, args.device, progress=say)
+    print(format_report(report))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import main_from_args
+
+    return main_from_args(args)
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "tune": cmd_tune, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except OpPluginError as err:
+        # the first line says it all; what follows (a compiler's log) is detail
         print(f"opplugin: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from .cuda import is_out_of_memory
+
+        if not is_out_of_memory(err):
+            raise
+        # an allocation outside a run (the input arrays, pinned or not)
+        print(f"opplugin: error: out of memory: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("opplugin: interrupted", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""CuPy access: device detection, NVRTC options, the module cache, events, copies.
+"""CuPy access: device detection, NVRTC options, the module cache, events, copies,
+pinned host memory and device-memory figures.
 
 CuPy is imported lazily, so this module (and everything that imports it)
 loads on a machine without CuPy or without a GPU; only the functions that
@@ -7,9 +8,14 @@ need a device import it.
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from . import registry, resources
+from .errors import KernelCompileError
 
 # Options every kernel is compiled with. No --use_fast_math: the variants are
 # FP32-exact (FMA contraction is allowed; it rounds once instead of twice).
@@ -66,6 +72,10 @@ def compile_module(source_file: str, defines: Mapping[str, Any], name_expression
     module = _modules.get(key)
     if module is None:
         module = cupy.RawModule(code=source, options=options, name_expressions=names)
+        try:
+            module.compile()  # now rather than at first use, so a failure names this source and its options
+        except cupy.cuda.compiler.CompileException as err:
+            raise KernelCompileError(source_file, options, err.get_message()) from None
         _modules[key] = module
     return module
 
@@ -134,3 +144,110 @@ def time_ms(fn: Callable[[], Any], warmup: int = 2, repeat: int = 5, stream: Any
 def on_stream(stream: Any):
     """A context that makes `stream` current (a no-op context for None)."""
     return contextlib.nullcontext() if stream is None else stream
+
+
+# --- streams, pinned host memory, device memory ------------------------------------------
+
+
+def device_id() -> int:
+    """The id of the current CUDA device."""
+    import cupy
+
+    return cupy.cuda.Device().id
+
+
+def new_stream():
+    """A stream that does not synchronise with the legacy default stream."""
+    import cupy
+
+    return cupy.cuda.Stream(non_blocking=True)
+
+
+_pinned_lock = threading.Lock()
+_pinned_live = {"bytes": 0, "buffers": 0}
+
+
+def _pinned_released(nbytes: int) -> None:
+    with _pinned_lock:
+        _pinned_live["bytes"] -= nbytes
+        _pinned_live["buffers"] -= 1
+
+
+def pinned_empty(shape: Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+    """A numpy array in page-locked host memory: the GPU copies it by DMA, with no
+    staging and asynchronously. Freed when the array (and every view of it) is gone."""
+    import cupy
+
+    shape = tuple(int(d) for d in shape)
+    dtype = np.dtype(dtype)
+    nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
+    memory = cupy.cuda.PinnedMemory(nbytes)  # cudaHostAlloc, outside CuPy's pinned pool
+    raw = np.frombuffer(cupy.cuda.PinnedMemoryPointer(memory, 0), dtype=np.uint8, count=nbytes)
+    with _pinned_lock:
+        _pinned_live["bytes"] += nbytes
+        _pinned_live["buffers"] += 1
+    # every view of the result has `raw` as its base, so it lives exactly as long as the memory is used
+    weakref.finalize(raw, _pinned_released, nbytes)
+    return raw[: int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def pinned_bytes() -> int:
+    """Bytes of page-locked host memory that opplugin holds right now."""
+    with _pinned_lock:
+        return _pinned_live["bytes"]
+
+
+def is_pinned(array: np.ndarray) -> bool:
+    """True when the array's memory is page-locked (cudaHostAlloc'd or registered)."""
+    if not is_available() or array.size == 0:
+        return False
+    import cupy
+
+    try:
+        return bool(cupy.cuda.pinned_memory.is_memory_pinned(array.ctypes.data))
+    except Exception:  # an address CUDA does not know is simply not pinned
+        return False
+
+
+def free_device_bytes() -> int:
+    """Bytes a new allocation can still get: free device memory plus what CuPy's
+    pool holds unused, capped by the pool's limit when one is set."""
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    available = free + pool.free_bytes()
+    limit = pool.get_limit()
+    if limit:
+        available = min(available, max(0, limit - pool.used_bytes()))
+    return int(available)
+
+
+def memory_figures() -> dict[str, int]:
+    """Device and pinned memory opplugin can account for: CuPy's pool (used and
+    held), CuPy's pinned pool (free blocks) and opplugin's own pinned buffers."""
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    return {
+        "device_used_bytes": int(pool.used_bytes()),
+        "device_pool_bytes": int(pool.total_bytes()),
+        "pinned_pool_free_blocks": int(cupy.get_default_pinned_memory_pool().n_free_blocks()),
+        "pinned_bytes": pinned_bytes(),
+    }
+
+
+def release_cached_memory() -> None:
+    """Return the blocks CuPy's pool keeps for reuse to the device (after an out-of-memory)."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether an error means memory ran out: CuPy's OutOfMemoryError (a MemoryError),
+    a CUDA allocation failure, or onnxruntime's CUDA provider failing to allocate."""
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error)
+    return "cudaErrorMemoryAllocation" in text or "CUDA out of memory" in text or "Failed to allocate memory" in text

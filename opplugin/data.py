@@ -130,11 +130,32 @@ def to_model_input(images: np.ndarray, input_shape: tuple[int, int, int]) -> np.
     return resized[:, None, :, :]
 
 
-def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """float32 [batch, *input_shape], uniform in [0,1), reproducible by seed."""
-    rng = np.random.default_rng(seed)
-    x = rng.random((batch, *input_shape), dtype=np.float32)
-    # An exact 0.0 is possible in principle; nudge it so no element is ever zero
-    # (an all-zero or zero-containing input can hide indexing bugs in a kernel).
-    x[x == 0.0] = np.float32(2.0**-24)
-    return x
+# Random data comes in blocks of this many elements, each from its own generator
+# seeded by (seed, block number): the same images for any batch, any thread count.
+RANDOM_BLOCK_ELEMENTS = 1 << 20
+
+
+def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 [batch, *input_shape], uniform in (0, 1), reproducible by seed; the first
+    n images are the same for every batch >= n. Fills `out` (a float32 array of that
+    shape, pinned memory say) when given. Large batches are filled by several threads."""
+    from . import hostwork
+
+    shape = (int(batch), *(int(d) for d in input_shape))
+    if out is None:
+        out = np.empty(shape, np.float32)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"random_inputs: out must be a C-contiguous float32 array of shape {shape}")
+    flat = out.reshape(-1)
+    blocks = -(-flat.size // RANDOM_BLOCK_ELEMENTS)
+
+    def fill(part: slice) -> None:
+        for block in range(part.start, part.stop):
+            piece = flat[block * RANDOM_BLOCK_ELEMENTS : (block + 1) * RANDOM_BLOCK_ELEMENTS]
+            np.random.default_rng([seed, block]).random(out=piece, dtype=np.float32)
+            # An exact 0.0 is possible in principle; nudge it so no element is ever zero
+            # (an all-zero or zero-containing input can hide indexing bugs in a kernel).
+            piece[piece == 0.0] = np.float32(2.0**-24)
+
+    hostwork.for_pieces(blocks, RANDOM_BLOCK_ELEMENTS * 4, fill)
+    return out

@@ -76,3 +76,22 @@ def test_check_on_any_model_uses_seeded_random_inputs(tmp_path, capsys):
     assert main(["check", path, "--batch", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "random uniform" in out and "PASS" in out
+
+
+def test_run_any_batch_of_random_data_in_chunks_with_progress_in_the_log(tiny_model_path, tmp_path, capsys):
+    code = main(["run", tiny_model_path, "--batch", "30000", "--data", "random", "--device", "cpu", "--repeat", "1",
+                 "--chunk", "400", "--json", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["batch"] == 30000 and data["chunks"] == 75 and data["images_per_s"] > 0
+    assert data["agreement"]["passed"]
+    assert "Host to host:" in out and "images/s" in out
+    # stderr is not a terminal here: a plain line per quarter, no carriage returns
+    assert [line.split()[1] for line in err.splitlines() if line.startswith("progress:")] == ["25%", "50%", "75%", "100%"]
+    assert "\r" not in err
+
+
+def test_a_short_run_prints_no_progress(capsys):
+    assert main(["run", "ece408_high", "--batch", "20", "--device", "cpu", "--repeat", "1", "--no-compare"]) == 0
+    assert "progress" not in capsys.readouterr().err

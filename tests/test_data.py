@@ -137,6 +137,31 @@ def test_random_inputs_reproducible_and_nonzero():
     assert np.all(a > 0.0) and np.all(a < 1.0)
 
 
+def test_random_inputs_of_any_batch_share_their_first_images():
+    small = data.random_inputs(3, (1, 86, 86), seed=4)
+    large = data.random_inputs(400, (1, 86, 86), seed=4)  # several blocks, filled by several threads
+    np.testing.assert_array_equal(large[:3], small)
+    assert np.all(large > 0.0) and np.all(large < 1.0)
+    assert len(np.unique(large[:, 0, 0, 0])) == 400
+
+
+def test_random_inputs_fill_a_given_array():
+    out = np.empty((5, 2, 3), np.float32)
+    assert data.random_inputs(5, (2, 3), seed=1, out=out) is out
+    np.testing.assert_array_equal(out, data.random_inputs(5, (2, 3), seed=1))
+    with pytest.raises(ValueError, match="out must be"):
+        data.random_inputs(5, (2, 3), out=np.empty((5, 2, 3), np.float64))
+
+
+def test_make_inputs_random_for_a_batch_beyond_the_test_set():
+    from opplugin.inputs import make_inputs
+    from opplugin.model import load_model
+
+    inputs = make_inputs(load_model("ece408_high"), 12000, "random", seed=3)
+    assert inputs.feeds["input"].shape == (12000, 1, 28, 28) and inputs.labels is None
+    assert not inputs.pinned
+
+
 # --- the shipped models --------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(MODEL_FLOORS))

@@ -20,13 +20,15 @@ def _onnxruntime(path, feeds):
 def test_swapped_model_matches_onnxruntime(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 6, "cpu")
     feeds = _inputs(6)
-    result = runner.run(feeds, keep=("c1", "c2"))
+    first = runner.plan.plugin_steps[0]  # conv1, with the Relu and MaxPool the plan fuses into it
+    result = runner.run(feeds, keep=tuple(first.outputs))
     np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
-    assert result.kept["c1"].shape == (6, 4, 12, 12)
-    assert [t.name for t in result.times] == ["conv1", "onnxruntime1", "conv2", "onnxruntime2"]
-    assert all(t.ms >= 0 for t in result.times)
-    assert runner.implementation("conv1") == "conv.reference"
-    assert runner.implementation("onnxruntime1") == "onnxruntime CPU"
+    assert result.kept[first.outputs[0]].shape == runner.shape_at(first.outputs[0], 6)
+    assert [t.name for t in result.times] == [step.name for step in runner.plan.steps]  # no copies on the CPU
+    assert all(t.ms >= 0 and t.kind in ("plugin", "onnxruntime") for t in result.times)
+    assert runner.implementation("conv1").startswith("conv.reference")
+    ort_step = next(step.name for step in runner.plan.steps if step.kind == "onnxruntime")
+    assert runner.implementation(ort_step) == "onnxruntime CPU"
 
 
 def test_profile_keeps_every_timed_reading(tiny_model_path):
@@ -36,7 +38,25 @@ def test_profile_keeps_every_timed_reading(tiny_model_path):
     assert len(profile.total_ms) == 3
     assert all(len(v) == 3 for v in profile.step_ms.values())
     assert profile.median("conv1") >= 0
-    assert seen[-1] == ("timed run", 3, 3) and seen[0] == ("warm-up", 1, 1)
+    # progress counts images over every pass: 1 warm-up + 3 timed runs of 2 images
+    assert seen[0] == ("warm-up", 2, 8) and seen[-1] == ("timed run", 8, 8)
+    assert [done for _, done, _ in seen] == [2, 4, 6, 8]
+
+
+def test_one_runner_takes_any_batch(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 4, "cpu")
+    for batch in (1, 4, 9):
+        feeds = _inputs(batch, seed=batch)
+        result = runner.run(feeds)
+        assert result.batch == batch and result.outputs["y"].shape == (batch, 5)
+        np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
+    assert runner.run(_inputs(9)).chunks == 3  # chunks of the runner's batch
+
+
+def test_keep_names_only_tensors_that_cross_steps(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 2, "cpu")
+    with pytest.raises(InputError, match="cannot keep"):
+        runner.run(_inputs(2), keep=("logits",))  # inside an onnxruntime step
 
 
 @pytest.mark.parametrize(
@@ -46,7 +66,7 @@ def test_profile_keeps_every_timed_reading(tiny_model_path):
         ({"x": np.ones((2, 3, 12, 12), np.float64)}, "float32"),
         ({"x": np.ones((2, 3, 12), np.float32)}, "rank"),
         ({"x": np.ones((2, 3, 11, 12), np.float32)}, "shape"),
-        ({"x": np.ones((3, 3, 12, 12), np.float32)}, "batch 2"),
+        ({"x": np.ones((0, 3, 12, 12), np.float32)}, "at least 1"),
         ({"x": [[1.0]]}, "numpy array"),
     ],
 )
@@ -54,6 +74,24 @@ def test_bad_inputs_are_refused_with_a_reason(tiny_model_path, feeds, message):
     runner = Runner(load_model(tiny_model_path), 2, "cpu")
     with pytest.raises(InputError, match=message):
         runner.run(feeds)
+
+
+@pytest.mark.parametrize("batch", [0, -3, 2.5, True])
+def test_a_runner_needs_a_positive_batch(tiny_model_path, batch):
+    with pytest.raises(InputError, match="positive integer"):
+        Runner(load_model(tiny_model_path), batch, "cpu")
+
+
+def test_a_fixed_batch_model_runs_only_at_its_batch(tmp_path):
+    from onnx_builders import save, single_conv
+
+    path = save(single_conv((2, 3, 9, 9), (4, 3, 3, 3), {}, bias=False), tmp_path / "fixed.onnx")
+    runner = Runner(load_model(path), 2, "cpu")
+    assert not runner.layout.chunkable
+    with pytest.raises(InputError, match="fixed batch of 2"):
+        runner.run({"x": np.ones((3, 3, 9, 9), np.float32)})
+    with pytest.raises(InputError, match="fixed batch of 2"):
+        Runner(load_model(path), 5, "cpu")
 
 
 def test_gpu_variant_on_the_cpu_is_a_clear_error(tiny_model_path):

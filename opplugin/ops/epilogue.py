@@ -48,9 +48,14 @@ class Epilogue:
             y = xp.tanh(y)
         if self.pool:
             kh, kw = self.pool
-            n, m, h, w = y.shape
-            oh, ow = h // kh, w // kw
-            y = y[:, :, : oh * kh, : ow * kw].reshape(n, m, oh, kh, ow, kw).max(axis=(3, 5))
+            oh, ow = y.shape[2] // kh, y.shape[3] // kw
+            # fmax: a NaN in a window is skipped unless the whole window is NaN, as
+            # onnxruntime's MaxPool does (and as CUDA's fmaxf in the fused kernels)
+            pooled = y[:, :, 0 : oh * kh : kh, 0 : ow * kw : kw]
+            for i in range(kh):
+                for j in range(kw):
+                    pooled = xp.fmax(pooled, y[:, :, i : oh * kh : kh, j : ow * kw : kw])
+            y = pooled
         return y
 
     def apply_cupy(self, y):

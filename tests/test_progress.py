@@ -1,0 +1,60 @@
+"""The progress bar: in place on a terminal, plain quarter lines in a log, nothing for short runs."""
+import io
+
+from opplugin.progress import ProgressBar
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_terminal_gets_a_bar_redrawn_in_place_for_long_runs():
+    stream, clock = _Terminal(), _Clock()
+    bar = ProgressBar(stream, clock=clock)
+    clock.now = 1.0
+    bar("timed run", 500, 1000)
+    clock.now = 2.0
+    bar("timed run", 1000, 1000)
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n")
+    assert "50.0%" in text and "100.0%" in text and "1,000/1,000 images" in text and "images/s" in text
+
+
+def test_a_terminal_gets_nothing_for_a_short_run():
+    stream, clock = _Terminal(), _Clock()
+    bar = ProgressBar(stream, clock=clock)
+    clock.now = 0.1
+    bar("run", 10, 10)
+    assert stream.getvalue() == ""
+
+
+def test_a_log_gets_plain_quarter_lines_only_when_asked():
+    quiet, chatty, clock = io.StringIO(), io.StringIO(), _Clock()
+    for stream, plain in ((quiet, False), (chatty, True)):
+        bar = ProgressBar(stream, plain_lines=plain, clock=clock)
+        for done in range(0, 1001, 100):
+            clock.now += 1
+            bar("timed run", done, 1000)
+        bar.close()
+    assert quiet.getvalue() == ""
+    lines = chatty.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["25%", "50%", "75%", "100%"]
+    assert "\r" not in chatty.getvalue()
+
+
+def test_close_ends_a_bar_left_mid_line():
+    stream, clock = _Terminal(), _Clock()
+    bar = ProgressBar(stream, clock=clock)
+    clock.now = 1.0
+    bar("run", 3, 10)
+    bar.close()
+    assert stream.getvalue().endswith("\n")

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from opplugin import cuda
-from opplugin.ops import conv_cuda, reference
+from opplugin.ops import conv_cuda
 from opplugin.ops.choice import heuristic_variant
 from opplugin.ops.conv_cuda import mixed
 from opplugin.ops.conv_cuda.common import constant_bytes
 from opplugin.ops.epilogue import NONE, Epilogue
 from onnx_builders import conv_spec as conv
+from test_conv_cuda_gpu import CASES as FP32_CASES
+from test_conv_cuda_gpu import expected_output, random_problem
 
 needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 
@@ -28,20 +30,9 @@ SHIPPED = {
     "ece408_high.conv": conv(10000, 1, 50, (28, 28), (5, 5)),
 }
 
-# shipped shapes at small batches, then the semantics the kernels must also cover
-CASES = {
-    "lenet86.conv1": conv(3, 1, 4, (86, 86), (7, 7)),
-    "lenet86.conv2": conv(5, 4, 16, (40, 40), (7, 7)),
-    "ece408_high.conv": conv(7, 1, 50, (28, 28), (5, 5)),
-    "stride2_asym_pads_odd": conv(5, 3, 8, (17, 23), (3, 3), strides=(2, 2), pads=(1, 0, 2, 1)),
-    "stride3_no_bias_batch33": conv(33, 2, 5, (15, 16), (3, 5), strides=(3, 2), pads=(0, 1, 1, 2), bias=False),
-    "dilation2_m64": conv(4, 8, 64, (19, 21), (3, 3), pads=(1, 1, 1, 1), dilations=(2, 2)),
-    "m1_mixed_no_bias": conv(7, 5, 1, (12, 9), (2, 4), strides=(1, 3), pads=(2, 0, 0, 3), dilations=(2, 1), bias=False),
-    "kernel_as_big_as_image": conv(1, 6, 12, (9, 9), (9, 9), pads=(4, 4, 4, 4)),
-    "pointwise_m20": conv(3, 7, 20, (5, 5), (1, 1)),
-    "group2_stride2": conv(3, 6, 4, (11, 13), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
-    "depthwise_dilation2": conv(2, 8, 8, (14, 15), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=8),
-}
+# the FP32 suite's cases (shipped shapes at small batches, then the semantics the
+# kernels must also cover), plus a 1x1 kernel with more maps than one MMA tile
+CASES = {**FP32_CASES, "pointwise_m20": conv(3, 7, 20, (5, 5), (1, 1))}
 
 
 def ones(spec):
@@ -129,24 +120,12 @@ def test_fp16_filters_are_half2_pairs_the_size_of_the_fp32_bank():
 # ---- GPU ----
 
 
-def random_problem(spec):
-    seed = np.random.SeedSequence().entropy
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(spec.input_shape(), dtype=np.float32)
-    w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
-    b = rng.standard_normal(spec.out_channels, dtype=np.float32) if spec.has_bias else None
-    return seed, x, w, b
-
-
 def relative_l2(spec, x, w, b, got) -> float:
     import cupy
 
-    expected = reference.conv(
-        x.astype(np.float64), w.astype(np.float64), None if b is None else b.astype(np.float64),
-        spec.strides, spec.pads, spec.dilations, spec.group,
-    )
     got = cupy.asnumpy(got)
     assert not np.isnan(got).any(), f"{int(np.isnan(got).sum())} of {got.size} output elements were never written"
+    expected = expected_output(spec, x, w, b)
     return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
 
 

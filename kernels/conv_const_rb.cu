@@ -42,12 +42,19 @@ __constant__ float bias[M];
 __device__ __forceinline__ float activate(float v)
 {
 #if ACT == 1
-    return v > 0.0f ? v : 0.0f;
+    return v < 0.0f ? 0.0f : v;  // keeps NaN, as onnxruntime's Relu does
 #elif ACT == 2
     return tanhf(v);
 #else
     return v;
 #endif
+}
+
+// max in which NaN wins (fmaxf would drop it): a NaN in a pool window reaches
+// the output, where the runner sees it
+__device__ __forceinline__ float max_keep_nan(float a, float b)
+{
+    return (a > b || a != a) ? a : b;
 }
 
 // Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1 at column ow.
@@ -100,9 +107,9 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
         for (int j = 0; j < COUNT; ++j) {
             float v = acc[pr * PKH][j];
 #pragma unroll
-            for (int k = 1; k < PKH; ++k) v = fmaxf(v, acc[pr * PKH + k][j]);
+            for (int k = 1; k < PKH; ++k) v = max_keep_nan(v, acc[pr * PKH + k][j]);
 #pragma unroll
-            for (int s = 1; s < PKW; s <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, s));
+            for (int s = 1; s < PKW; s <<= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, s));
 #if HAS_BIAS
             v += bias[FIRST + j];
 #endif

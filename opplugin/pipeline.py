@@ -20,6 +20,7 @@ import onnxruntime as ort
 from . import cuda, hostwork
 from .chunking import BatchLayout
 from .errors import PluginError
+from .nonfinite import NonFiniteFlags
 from .plan import OrtStep, Plan, PluginStep
 from .registry import Kernel
 from .timeline import Timeline
@@ -106,6 +107,8 @@ class ChunkInputs:
     keep: tuple[str, ...]
     outputs: Results
     kept: Results
+    # where fused steps flag NaN or Inf per chunk (None: no fused steps, or not watched)
+    flags: NonFiniteFlags | None = None
 
 
 class PlanExecutor:
@@ -127,6 +130,17 @@ class PlanExecutor:
         for index, step in enumerate(plan.steps):
             for name in step.inputs:
                 self.last_use[name] = index
+        # the outputs of fused plugin steps, each with its column in a run's NonFiniteFlags
+        self.watched: dict[int, list[int]] = {}
+        for index, step in enumerate(plan.steps):
+            if isinstance(step, PluginStep) and step.fused:
+                first = sum(len(slots) for slots in self.watched.values())
+                self.watched[index] = list(range(first, first + len(step.outputs)))
+
+    @property
+    def watched_outputs(self) -> int:
+        """How many flag columns a run of this plan needs (0: nothing to watch)."""
+        return sum(len(slots) for slots in self.watched.values())
 
     def run_chunk(self, lane: Any, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
         lane.start_chunk(timeline, chunk)
@@ -144,7 +158,7 @@ class PlanExecutor:
                 end = index
                 while end < len(steps) and isinstance(steps[end], PluginStep):
                     end += 1
-                self._plugin_run(lane, values, range(index, end), held)
+                self._plugin_run(lane, values, range(index, end), held, chunk, inputs.flags)
                 index = end
             else:
                 self._ort(lane, values, steps[index], batch)
@@ -161,9 +175,11 @@ class PlanExecutor:
             if self.last_use.get(name) == index and name not in held and name not in self.constants:
                 values.drop(name)
 
-    def _plugin_run(self, lane: Any, values: _Values, indices: range, held: set[str]) -> None:
+    def _plugin_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int,
+                    flags: NonFiniteFlags | None) -> None:
         """Consecutive plugin steps: inputs from outside the run go to the device first,
-        then the kernels are enqueued back to back."""
+        then the kernels are enqueued back to back. A fused step's output is checked
+        for NaN and Inf right after its kernel, on the same stream and untimed."""
         produced: set[str] = set()
         for index in indices:
             step = self.plan.steps[index]
@@ -181,6 +197,9 @@ class PlanExecutor:
                     raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
                 for name, value in zip(step.outputs, outs):
                     values.put(name, value)
+                if flags is not None and index in self.watched:
+                    for slot, value in zip(self.watched[index], outs):
+                        flags.record(chunk, slot, value)
                 self._drop_dead(values, index, held)
 
     def _ort(self, lane: Any, values: _Values, step: OrtStep, batch: int) -> None:

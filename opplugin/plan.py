@@ -115,6 +115,28 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     return Plan(model, batch, device, steps, tensors, fallbacks)
 
 
+def split_fused(plan: Plan) -> Plan:
+    """The same plan with every fused plugin step split back into its own node (a
+    plugin step without epilogue, same name) followed by an onnxruntime step that
+    runs the nodes it had fused. Its results are onnxruntime's to the bit where the
+    fused epilogue's are not (a NaN inside a MaxPool window); the runner takes this
+    path only for chunks in which a fused step saw NaN or Inf."""
+    steps: list[Step] = []
+    for step in plan.steps:
+        if not isinstance(step, PluginStep) or not step.fused:
+            steps.append(step)
+            continue
+        own_outputs = [o for o in step.node.node.output if o]
+        steps.append(PluginStep(step.name, step.node, step.plugin, list(step.inputs), own_outputs))
+        nodes = [info.node for info in step.fused]
+        produced = {o for n in nodes for o in n.output if o}
+        inputs = _unique(i for n in nodes for i in n.input if i and i not in produced and i not in plan.model.initializers)
+        name = f"{step.name} epilogue"
+        sub = _sub_model(plan.model, f"{plan.model.name}_{step.name}_epilogue", nodes, inputs, list(step.outputs), plan.tensors)
+        steps.append(OrtStep(name, nodes, inputs, list(step.outputs), sub))
+    return Plan(plan.model, plan.batch, plan.device, steps, plan.tensors, dict(plan.fallbacks))
+
+
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
     readers: dict[str, list[NodeInfo]] = {}
     for info in infos:

@@ -124,6 +124,7 @@ def build_report(runner: Runner, profile: Profile, warmup: int, extra: dict[str,
         "copy_ms": _median(profile.copy_ms),
         "copy_hidden_ms": _median(profile.copy_hidden_ms),
         "copy_exposed_ms": _median(profile.copy_exposed_ms),
+        "exact_reruns": last.exact_reruns,  # chunks with NaN/Inf after a fused step, rerun on onnxruntime's nodes
     }
     report.update(extra or {})
     return report
@@ -189,6 +190,9 @@ def format_text(report: dict[str, Any]) -> str:
             f"Against onnxruntime CPU: {verdict}  top-1 agreement {agreement['top1_agreement']:.4f}, "
             f"max abs error {agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"
         )
+    if report.get("exact_reruns"):
+        lines.append(f"Exact path: {report['exact_reruns']} of {report.get('chunks', 1)} chunks held NaN or Inf after a fused step "
+                     "and ran again as Conv, then onnxruntime's own activation and MaxPool")
     for node, reason in report.get("fallbacks", {}).items():
         lines.append(f"Note: {node} ran in onnxruntime: {reason}")
     return "\n".join(lines)

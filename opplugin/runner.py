@@ -12,6 +12,14 @@ and for overlap; several CUDA streams ("lanes", see lanes.py) work on different
 chunks at once, so copies hide behind compute. Kernels and onnxruntime
 sessions take any chunk size, so one runner serves any batch. When the device
 runs out of memory, the run starts again with chunks half as large.
+
+NaN and Inf: a fused Conv > activation > MaxPool step propagates them through
+its pool windows, which onnxruntime's MaxPool does not do consistently. So each
+fused step's output is checked on the device as the chunk runs, and a chunk in
+which any was not finite runs again on the exact path: the same plan with the
+fused steps split into the plain Conv step and onnxruntime's own activation
+and MaxPool nodes. Its results replace the chunk's; RunResult.exact_reruns
+counts such chunks. Finite inputs never take it.
 """
 from __future__ import annotations
 
@@ -28,11 +36,12 @@ import onnx
 import onnxruntime as ort
 
 from . import chunking, cuda
-from .errors import DeviceError, InputError, OutOfDeviceMemory
+from .errors import DeviceError, InputError, OutOfDeviceMemory, PluginError
 from .lanes import Chains, CudaLane, HostLane
 from .model import Model
+from .nonfinite import NonFiniteFlags
 from .pipeline import ChunkInputs, PlanExecutor, Progress, Results, run_chunks
-from .plan import OrtStep, Plan, make_plan
+from .plan import OrtStep, Plan, PluginStep, make_plan, split_fused
 from .registry import Device, Kernel, Plugin
 from .timeline import Span, Timeline, copy_figures
 
@@ -78,6 +87,10 @@ class RunResult:
     copy_ms: float = 0.0  # summed duration of every copy
     copy_hidden_ms: float = 0.0  # copy time that overlapped compute
     copy_exposed_ms: float = 0.0  # copy time with nothing computing
+    # chunks that held NaN or Inf after a fused step and ran again on the exact path
+    # (fused steps split into Conv + onnxruntime's own nodes); its time is in total_ms only
+    exact_reruns: int = 0
+    exact_ms: float = 0.0
     spans: list[Span] = field(default_factory=list, repr=False)
 
 
@@ -162,7 +175,7 @@ class Runner:
         self.chunk = plan_batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
-        variants = variants or {}
+        variants = self.variants = dict(variants or {})
         self.kernels: dict[str, Kernel] = {
             step.name: step.build(self.device, variants.get(step.node.op_type)) for step in self.plan.plugin_steps
         }
@@ -189,6 +202,7 @@ class Runner:
             self._chains = None
             self.lanes = [HostLane() for _ in range(self.streams)]
         self._lane_pool: ThreadPoolExecutor | None = None
+        self._exact: PlanExecutor | None = None  # built when a chunk first needs it
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -341,6 +355,8 @@ class Runner:
                              Results(batch, self.layout.chunkable, single))
         if self._chains:
             self._chains.reset()
+        if self.executor.watched_outputs:
+            inputs.flags = NonFiniteFlags(len(chunks), self.executor.watched_outputs, on_gpu)
         started = time.perf_counter()
         timeline = Timeline(on_gpu)
         run_chunks(
@@ -348,6 +364,11 @@ class Runner:
             lambda lane, index, rows: self.executor.run_chunk(lane, timeline, index, rows, inputs),
             self._pool, progress,
         )
+        flagged = inputs.flags.raised() if inputs.flags else []
+        exact_started = time.perf_counter()
+        if flagged:
+            self._rerun_exactly(inputs, chunks, flagged)
+        exact_ms = (time.perf_counter() - exact_started) * 1e3 if flagged else 0.0
         total = (time.perf_counter() - started) * 1e3
         spans = timeline.spans()
         copied, hidden, exposed = copy_figures(spans)
@@ -365,8 +386,53 @@ class Runner:
             copy_ms=copied,
             copy_hidden_ms=hidden,
             copy_exposed_ms=exposed,
+            exact_reruns=len(flagged),
+            exact_ms=exact_ms,
             spans=spans,
         )
+
+    # --- the exact path for chunks with NaN or Inf --------------------------------------
+
+    def _rerun_exactly(self, inputs: ChunkInputs, chunks: list[slice], flagged: list[int]) -> None:
+        """Runs the flagged chunks again on the exact path; their rows of the outputs
+        and kept tensors are overwritten. Its timings are not step times of the plan."""
+        executor = self._exact_executor()
+        again = ChunkInputs(inputs.feeds, inputs.pinned, inputs.keep, inputs.outputs, inputs.kept)
+        timeline = Timeline(self.device.is_cuda)
+        run_chunks(
+            self.lanes, [chunks[i] for i in flagged],
+            lambda lane, position, rows: executor.run_chunk(lane, timeline, flagged[position], rows, again),
+            self._pool,
+        )
+
+    def _exact_executor(self) -> PlanExecutor:
+        """The plan with its fused steps split into the plain plugin step and onnxruntime's
+        own nodes for the rest (see plan.split_fused); kernels and sessions it shares with
+        the fast plan are reused."""
+        if self._exact is None:
+            plan = split_fused(self.plan)
+            kernels = {step.name: self._unfused_kernel(step) for step in plan.plugin_steps}
+            sessions = {step.name: self.sessions.get(step.name) or self._session(step)
+                        for step in plan.steps if isinstance(step, OrtStep)}
+            if self.device.is_cuda:
+                cuda.synchronize()  # a kernel build may upload constants on the default stream
+            self._exact = PlanExecutor(plan, self.layout, kernels, sessions, self.constants, self.ort_on_gpu)
+        return self._exact
+
+    def _unfused_kernel(self, step: PluginStep) -> Kernel:
+        """The kernel of a split step: the fast plan's own when it fused nothing, else the
+        same variant built without its epilogue (the plugin's choice if it cannot be)."""
+        kernel = self.kernels[step.name]
+        if not any(s.name == step.name and s.fused for s in self.plan.plugin_steps):
+            return kernel
+        requested = self.variants.get(step.node.op_type)
+        variant = getattr(kernel, "variant", None) or requested
+        try:
+            return step.build(self.device, variant)
+        except PluginError:
+            if variant == requested:
+                raise
+            return step.build(self.device, requested)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._lane_pool is None:

@@ -53,6 +53,36 @@ def test_one_runner_takes_any_batch(tiny_model_path):
     assert runner.run(_inputs(9)).chunks == 3  # chunks of the runner's batch
 
 
+def test_nan_chunks_rerun_on_the_exact_path_built_once_and_kept_tensors_follow(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 8, "cpu", chunk=2)
+    fused = [step.name for step in runner.plan.plugin_steps]
+    assert runner.executor.watched_outputs == 2 and runner._exact is None
+    feeds = _inputs(8)
+    feeds["x"][5, 1, 6, 7] = np.nan  # chunk 2 (images 4 and 5)
+    keep = ("p1", "r2")  # the fused steps' outputs
+    first = runner.run(feeds, keep=keep)
+    exact = runner._exact
+    assert first.exact_reruns == 1 and exact is not None
+    assert [s.name for s in exact.plan.plugin_steps] == fused and all(not s.fused for s in exact.plan.plugin_steps)
+    second = runner.run(feeds, keep=keep)
+    assert runner._exact is exact and second.exact_reruns == 1  # built once, reused
+    y, p1, r2 = _onnxruntime_with(tiny_model_path, feeds, ["y", "p1", "r2"])
+    for result in (first, second):
+        np.testing.assert_allclose(result.outputs["y"], y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result.kept["p1"], p1, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result.kept["r2"], r2, rtol=1e-5, atol=1e-6)
+    assert np.isnan(y[5]).all() and not np.isnan(np.delete(y, 5, axis=0)).any()
+
+
+def _onnxruntime_with(path, feeds, names):
+    """onnxruntime's values of `names`, intermediate tensors included."""
+    import onnx
+
+    model = onnx.load(path)
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in {o.name for o in model.graph.output})
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(names, feeds)
+
+
 def test_keep_names_only_tensors_that_cross_steps(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 2, "cpu")
     with pytest.raises(InputError, match="cannot keep"):

@@ -244,11 +244,18 @@ class ConvPlugin:
             reason = conv_cuda.unsupported_reason(spec, variant, weights)
             if reason:
                 raise PluginError(f"variant {variant!r} cannot run Conv {node.name}: {reason}")
-            return UnfusedEpilogueKernel(conv_cuda.build_kernel(spec, variant, weights), epilogue)
+            return _tagged(UnfusedEpilogueKernel(conv_cuda.build_kernel(spec, variant, weights), epilogue), variant)
         reason = conv_cuda.unsupported_reason(spec, variant, weights, epilogue)
         if reason:
             raise PluginError(f"variant {variant!r} cannot run Conv {node.name}{epilogue.suffix}: {reason}")
-        return conv_cuda.build_kernel(spec, variant, weights, epilogue)
+        return _tagged(conv_cuda.build_kernel(spec, variant, weights, epilogue), variant)
+
+
+def _tagged(kernel: Kernel, variant: str) -> Kernel:
+    """The kernel, carrying the variant name it was built from: the runner's exact path
+    (for NaN and Inf) builds the same variant again without the fused epilogue."""
+    kernel.variant = variant
+    return kernel
 
 
 def epilogue_of(followers: Sequence[NodeInfo]) -> Epilogue | None:

@@ -41,20 +41,24 @@ class Epilogue:
 
     def apply(self, y: np.ndarray, xp=np) -> np.ndarray:
         """The meaning, on an (N, M, H, W) conv output, in ONNX's order; `xp` is
-        the array module (numpy, or cupy for device arrays)."""
+        the array module (numpy, or cupy for device arrays).
+
+        NaN propagates: Relu keeps it (`v < 0 ? 0 : v`), and a window holding a
+        NaN pools to NaN (+inf wins over everything else). onnxruntime's own
+        MaxPool treats a NaN differently by its place in the window, so no fixed
+        rule matches it; instead every NaN or +inf that reaches a window shows in
+        this output, and the runner reruns such chunks on onnxruntime's nodes."""
         if self.activation == "Relu":
-            y = xp.maximum(y, 0)
+            y = xp.maximum(y, 0)  # numpy's and CuPy's maximum both return NaN for a NaN operand
         elif self.activation == "Tanh":
             y = xp.tanh(y)
         if self.pool:
             kh, kw = self.pool
             oh, ow = y.shape[2] // kh, y.shape[3] // kw
-            # fmax: a NaN in a window is skipped unless the whole window is NaN, as
-            # onnxruntime's MaxPool does (and as CUDA's fmaxf in the fused kernels)
             pooled = y[:, :, 0 : oh * kh : kh, 0 : ow * kw : kw]
             for i in range(kh):
                 for j in range(kw):
-                    pooled = xp.fmax(pooled, y[:, :, i : oh * kh : kh, j : ow * kw : kw])
+                    pooled = xp.maximum(pooled, y[:, :, i : oh * kh : kh, j : ow * kw : kw])
             y = pooled
         return y
 

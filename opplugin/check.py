@@ -4,59 +4,152 @@ provider on the same inputs, per plugin step and on the final outputs.
 Intermediate tensors come from onnxruntime by listing them as extra graph
 outputs of the original model, so every plugin step is compared with exactly
 what onnxruntime computes for that node.
+
+A large batch is checked in slices ("check chunks") sized from a host-memory
+budget: each slice goes through our runner and through one onnxruntime session,
+is compared, and is dropped; running figures (ErrorStats) fold the slices
+together so that the final figures are those of one pass over the whole batch.
+These slices bound host memory and onnxruntime's batch; the runner still cuts
+each of them into its own chunks for device memory.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
+from . import chunking
 from .model import Model
 from .runner import Runner
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
+# Host memory one check chunk may take (see check_image_bytes): our kept tensors and
+# outputs, onnxruntime's, and onnxruntime's working set while it runs the chunk.
+DEFAULT_CHECK_BYTES = 1 << 30
+# ErrorStats compares at most this many elements at a time, so its float64
+# temporaries stay small whatever the size of the arrays it is given.
+COMPARE_BLOCK_ELEMENTS = 1 << 22
+
+
+def _max(running: float | None, value: float) -> float:
+    """The larger of the two; NaN wins, as it does in a single ndarray.max()."""
+    return value if running is None else float(np.maximum(running, value))
+
+
+class ErrorStats:
+    """Error figures of `actual` against `expected`, fed piece by piece (say the chunks of a
+    batch), whose result() equals compare() on the pieces joined along the first axis:
+    maxima and counts exactly, rel L2 up to the rounding of its sums of squares.
+
+    Passing means every element is within atol + rtol * |expected|, and NaN/Inf sit exactly
+    where onnxruntime has them. The relative error is taken over elements with
+    |expected| > atol, where it means something."""
+
+    def __init__(self, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL):
+        self.atol, self.rtol = atol, rtol
+        self.error: str | None = None
+        self.elements = 0
+        self.mismatches = 0  # finite elements out of tolerance
+        self.same_specials = True  # NaN and +-Inf where onnxruntime has them, so far
+        self.actual_finite = True  # ours finite wherever onnxruntime's is
+        self.within = True  # every finite element within tolerance (a NaN difference is not)
+        self.max_abs: float | None = None
+        self.max_rel: float | None = None
+        self.diff_squares = 0.0
+        self.expected_squares = 0.0
+
+    def add(self, actual: np.ndarray, expected: np.ndarray) -> ErrorStats:
+        if self.error is not None:
+            return self
+        if actual.shape != expected.shape:
+            self.error = f"shape {list(actual.shape)} differs from onnxruntime's {list(expected.shape)}"
+            return self
+        if actual.ndim == 0 or actual.size <= COMPARE_BLOCK_ELEMENTS:
+            self._add_block(actual, expected)
+            return self
+        rows = max(1, COMPARE_BLOCK_ELEMENTS // max(1, actual.size // actual.shape[0]))
+        for start in range(0, actual.shape[0], rows):
+            self._add_block(actual[start:start + rows], expected[start:start + rows])
+        return self
+
+    def _add_block(self, actual: np.ndarray, expected: np.ndarray) -> None:
+        a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+        nan_e = np.isnan(e)
+        finite = np.isfinite(e)
+        infinite = ~finite & ~nan_e
+        self.same_specials &= bool(np.array_equal(np.isnan(a), nan_e) and np.array_equal(a[infinite], e[infinite]))
+        if finite.all():  # the usual case: no copies through a mask
+            a, e = a.ravel(), e.ravel()
+        else:
+            a, e = a[finite], e[finite]
+        diff = np.abs(a - e)
+        ref = np.abs(e)
+        tolerance = self.atol + self.rtol * ref
+        self.actual_finite &= bool(np.all(np.isfinite(a)))
+        self.within &= bool(np.all(diff <= tolerance))
+        self.mismatches += int(np.count_nonzero(diff > tolerance))
+        if diff.size:
+            self.max_abs = _max(self.max_abs, float(diff.max()))
+        meaningful = ref > self.atol
+        if meaningful.any():
+            self.max_rel = _max(self.max_rel, float((diff[meaningful] / ref[meaningful]).max()))
+        self.diff_squares += float(diff.dot(diff))
+        self.expected_squares += float(e.dot(e))
+        self.elements += int(expected.size)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.same_specials and self.actual_finite and self.within
+
+    def result(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"passed": False, "error": self.error}
+        norm, diff_norm = float(np.sqrt(self.expected_squares)), float(np.sqrt(self.diff_squares))
+        return {
+            "passed": self.passed,
+            "max_abs_error": 0.0 if self.max_abs is None else self.max_abs,
+            "max_rel_error": 0.0 if self.max_rel is None else self.max_rel,
+            "rel_l2": diff_norm / norm if norm > 0 else diff_norm,
+            # NaN/Inf in the wrong places count once, however many there are
+            "mismatches": self.mismatches + (0 if self.same_specials else 1),
+            "elements": self.elements,
+        }
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> dict[str, Any]:
-    """Error figures of `actual` against `expected`. Passing means every element is
-    within atol + rtol * |expected|, and NaN/Inf sit exactly where onnxruntime has them.
-    The relative error is taken over elements with |expected| > atol, where it means something."""
-    if actual.shape != expected.shape:
-        return {"passed": False, "error": f"shape {list(actual.shape)} differs from onnxruntime's {list(expected.shape)}"}
-    a, e = actual.astype(np.float64), expected.astype(np.float64)
-    finite = np.isfinite(e)
-    same_specials = bool(np.array_equal(np.isnan(a), np.isnan(e)) and np.array_equal(a[~finite & ~np.isnan(e)], e[~finite & ~np.isnan(e)]))
-    diff = np.abs(a[finite] - e[finite])
-    ref = np.abs(e)[finite]
-    meaningful = ref > atol
-    norm = float(np.linalg.norm(e[finite]))
-    return {
-        "passed": bool(same_specials and np.all(np.isfinite(a[finite])) and np.all(diff <= atol + rtol * ref)),
-        "max_abs_error": float(diff.max()) if diff.size else 0.0,
-        "max_rel_error": float((diff[meaningful] / ref[meaningful]).max()) if meaningful.any() else 0.0,
-        "rel_l2": float(np.linalg.norm(diff) / norm) if norm > 0 else float(np.linalg.norm(diff)),
-        "mismatches": int(np.count_nonzero(diff > atol + rtol * ref)) + (0 if same_specials else 1),
-        "elements": int(e.size),
-    }
+    """Error figures of `actual` against `expected` in one go (see ErrorStats)."""
+    return ErrorStats(atol, rtol).add(actual, expected).result()
+
+
+class OnnxruntimeReference:
+    """The unmodified model on onnxruntime's CPU provider, also returning `extra_outputs`;
+    one session, built once, serves every call."""
+
+    def __init__(self, model: Model, extra_outputs: list[str] | tuple[str, ...] = ()):
+        proto = copy.deepcopy(model.proto)
+        existing = {o.name for o in proto.graph.output}
+        for name in extra_outputs:
+            if name not in existing:
+                proto.graph.output.append(helper.make_empty_tensor_value_info(name))
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        # no arena: it would keep (and round up to powers of two) the largest chunk's memory for good
+        options.enable_cpu_mem_arena = False
+        self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in proto.graph.output]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.session.run(self.names, feeds)))
 
 
 def onnxruntime_reference(model: Model, feeds: dict[str, np.ndarray], extra_outputs: list[str]) -> dict[str, np.ndarray]:
     """Run the unmodified model on onnxruntime's CPU provider, also returning `extra_outputs`."""
-    proto = copy.deepcopy(model.proto)
-    existing = {o.name for o in proto.graph.output}
-    for name in extra_outputs:
-        if name not in existing:
-            proto.graph.output.append(helper.make_empty_tensor_value_info(name))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in proto.graph.output]
-    return dict(zip(names, session.run(names, feeds)))
+    return OnnxruntimeReference(model, extra_outputs)(feeds)
 
 
 @dataclass
@@ -65,6 +158,8 @@ class CheckResult:
     top1_agreement: float | None = None
     accuracy: float | None = None
     reference_accuracy: float | None = None
+    chunks: int = 1  # check chunks the batch was compared in
+    chunk_size: int = 0  # images in the largest of them
 
     @property
     def passed(self) -> bool:
@@ -78,34 +173,115 @@ def top1(probabilities: np.ndarray) -> np.ndarray | None:
     return probabilities.argmax(axis=1)
 
 
+class Top1Tally:
+    """Counts of top-1 agreement with onnxruntime and of correct labels, chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.images = self.agree = self.correct = self.reference_correct = 0
+        self.classifier = True
+        self.labelled = True
+
+    def add(self, ours: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> None:
+        ours_top1, ref_top1 = top1(ours), top1(reference)
+        if ours_top1 is None:
+            self.classifier = False
+            return
+        self.images += len(ours_top1)
+        self.agree += int(np.count_nonzero(ours_top1 == ref_top1)) if ref_top1 is not None else 0
+        if labels is None:
+            self.labelled = False
+            return
+        self.correct += int(np.count_nonzero(ours_top1 == labels))
+        self.reference_correct += int(np.count_nonzero(ref_top1 == labels)) if ref_top1 is not None else 0
+
+    def fill(self, result: CheckResult) -> None:
+        if not self.classifier or not self.images:
+            return
+        result.top1_agreement = self.agree / self.images
+        if self.labelled:
+            result.accuracy = self.correct / self.images
+            result.reference_accuracy = self.reference_correct / self.images
+
+
+def kept_tensors(runner: Runner) -> tuple[str, ...]:
+    """The plugin steps' outputs that are not graph outputs: what check asks the runner to keep."""
+    outputs = set(runner.plan.model.outputs)
+    return tuple(name for step in runner.plan.plugin_steps for name in step.outputs if name not in outputs)
+
+
+def check_image_bytes(runner: Runner) -> int:
+    """Host bytes one image costs a check chunk: its slice of every compared tensor, held twice
+    (ours and onnxruntime's), plus onnxruntime's working set while it runs the chunk. For the
+    latter we count every tensor of the graph as if none shared memory (inputs are views of the
+    caller's arrays): the planner of either side reuses buffers, so this bounds both. (Measured
+    on lenet86, onnxruntime's blocked-channel layouts take about a quarter more than the bound.)"""
+    layout = runner.layout
+    compared = [*kept_tensors(runner), *runner.plan.model.outputs]
+    held = sum(layout.image_bytes(name) for name in compared)
+    inputs = {i.name for i in runner.plan.model.inputs}
+    working = sum(layout.image_bytes(name) for name in layout.sample_shapes if name not in inputs)
+    return max(1, 2 * held + max(working, runner.peak_image_bytes))
+
+
+def check_chunks(runner: Runner, batch: int, budget_bytes: int = DEFAULT_CHECK_BYTES, chunk: int | None = None) -> list[slice]:
+    """The row ranges a check of `batch` images compares one at a time: `chunk` images each,
+    or as many as `budget_bytes` of host memory holds (at least one). A model that cannot be
+    chunked is checked in one piece."""
+    if not runner.layout.chunkable:
+        return [slice(0, batch)]
+    if chunk is None:
+        chunk = max(1, int(budget_bytes) // check_image_bytes(runner))
+        if chunk >= runner.chunk:  # whole device chunks, the size the kernels were picked for
+            chunk -= chunk % runner.chunk
+    return chunking.split_rows(batch, min(int(chunk), batch))
+
+
 def check(
     runner: Runner,
     feeds: dict[str, np.ndarray],
     labels: np.ndarray | None = None,
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
+    *,
+    budget_bytes: int = DEFAULT_CHECK_BYTES,
+    chunk: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> CheckResult:
-    steps = runner.plan.plugin_steps
-    kept = tuple(name for step in steps for name in step.outputs if name not in runner.plan.model.outputs)
-    ours = runner.run(feeds, keep=kept)
-    reference = onnxruntime_reference(runner.plan.model, feeds, list(kept))
-    result = CheckResult()
-    for step in steps:
-        for name in step.outputs:
-            actual = ours.kept.get(name, ours.outputs.get(name))
-            record = {"tensor": name, "step": step.name, "implementation": runner.implementation(step.name)}
-            result.records.append(record | compare(actual, reference[name], atol, rtol))
-    for name in runner.plan.model.outputs:
-        record = {"tensor": name, "step": "model output", "implementation": "whole model"}
-        result.records.append(record | compare(ours.outputs[name], reference[name], atol, rtol))
+    """Compare every plugin step's output and the model's outputs with onnxruntime's, in check
+    chunks (see check_chunks) so that host memory stays near `budget_bytes` at any batch.
+    `progress(label, images_done, images)` is called after each chunk when there are several."""
+    batch = runner.check_feeds(feeds)
+    model = runner.plan.model
+    kept = kept_tensors(runner)
+    rows_list = check_chunks(runner, batch, budget_bytes, chunk)
+    batched = runner.layout.batched_inputs if runner.layout.chunkable else frozenset()
+    reference = OnnxruntimeReference(model, kept)
 
-    first = runner.plan.model.outputs[0]
-    ours_top1, ref_top1 = top1(ours.outputs[first]), top1(reference[first])
-    if ours_top1 is not None:
-        result.top1_agreement = float(np.mean(ours_top1 == ref_top1))
-        if labels is not None:
-            result.accuracy = float(np.mean(ours_top1 == labels))
-            result.reference_accuracy = float(np.mean(ref_top1 == labels))
+    stats = {(step.name, name): ErrorStats(atol, rtol) for step in runner.plan.plugin_steps for name in step.outputs}
+    output_stats = {name: ErrorStats(atol, rtol) for name in model.outputs}
+    tally = Top1Tally()
+    for rows in rows_list:
+        piece = {name: (value[rows] if name in batched else value) for name, value in feeds.items()}
+        ours = runner.run(piece, keep=kept)
+        theirs = reference(piece)
+        for (step_name, name), figures in stats.items():
+            figures.add(ours.kept.get(name, ours.outputs.get(name)), theirs[name])
+        for name, figures in output_stats.items():
+            figures.add(ours.outputs[name], theirs[name])
+        first = model.outputs[0]
+        tally.add(ours.outputs[first], theirs[first], None if labels is None else labels[rows])
+        del ours, theirs, piece  # free this chunk's tensors before the next one is made
+        if progress and len(rows_list) > 1:
+            progress("check", rows.stop, batch)
+
+    result = CheckResult(chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list))
+    for (step_name, name), figures in stats.items():
+        record = {"tensor": name, "step": step_name, "implementation": runner.implementation(step_name)}
+        result.records.append(record | figures.result())
+    for name, figures in output_stats.items():
+        record = {"tensor": name, "step": "model output", "implementation": "whole model"}
+        result.records.append(record | figures.result())
+    tally.fill(result)
     return result
 
 

@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(check, batch=10000)
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-4)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-3)")
+    check.add_argument("--check-chunk", type=int, metavar="N",
+                       help="images compared with onnxruntime at a time (default: as many as fit in 1 GiB of host memory)")
     check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
 
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
@@ -136,16 +138,30 @@ def cmd_run(args) -> int:
 
 def cmd_check(args) -> int:
     from . import report as reports
-    from .check import DEFAULT_ATOL, DEFAULT_RTOL, check, format_check
+    from .check import DEFAULT_ATOL, DEFAULT_RTOL, check, check_chunks, format_check
+    from .errors import InputError
     from .inputs import make_inputs
+    from .progress import ProgressBar
 
     atol = DEFAULT_ATOL if args.atol is None else args.atol
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
+    if args.check_chunk is not None and args.check_chunk < 1:
+        raise InputError(f"--check-chunk must be at least 1, got {args.check_chunk}")
     model, runner = _runner(args)
     inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=runner.device.is_cuda)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
-    print(f"Checking {model.name}, batch {args.batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}\n")
-    result = check(runner, inputs.feeds, inputs.labels, atol, rtol)
+    print(f"Checking {model.name}, batch {args.batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
+    passes = check_chunks(runner, args.batch, chunk=args.check_chunk)
+    if len(passes) > 1:
+        print(f"Compared in {len(passes)} passes of up to {passes[0].stop:,} images, to bound host memory")
+    print()
+    # several passes take a while: a bar on a terminal; in a log, a line per quarter once
+    # there are enough passes for the quarters to fall in different ones
+    bar = ProgressBar(sys.stderr, plain_lines=len(passes) >= 4)
+    try:
+        result = check(runner, inputs.feeds, inputs.labels, atol, rtol, chunk=passes[0].stop, progress=bar)
+    finally:
+        bar.close()
     print(format_check(result, atol, rtol))
     if args.json:
         payload = {
@@ -155,6 +171,8 @@ def cmd_check(args) -> int:
             "atol": atol,
             "rtol": rtol,
             "passed": result.passed,
+            "check_chunks": result.chunks,
+            "check_chunk_size": result.chunk_size,
             "records": result.records,
             "top1_agreement": result.top1_agreement,
             "accuracy": result.accuracy,

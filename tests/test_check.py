@@ -63,3 +63,216 @@ def test_check_catches_a_wrong_kernel(tiny_model_path):
     assert not result.passed
     failing = {r["tensor"] for r in result.records if not r["passed"]}
     assert {"p1", "r2"} <= failing
+
+
+# --- streaming: check chunks sized from a host-memory budget -----------------------------
+
+import pytest
+
+from opplugin import check as check_module
+from opplugin.check import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, check_chunks, check_image_bytes
+from opplugin.inputs import make_inputs
+
+HUGE_BUDGET = 1 << 40
+
+
+def _same_figures(streamed, whole):
+    assert [r["tensor"] for r in streamed.records] == [r["tensor"] for r in whole.records]
+    for s, w in zip(streamed.records, whole.records):
+        for key in ("passed", "max_abs_error", "max_rel_error", "mismatches", "elements"):
+            assert s[key] == w[key], (s["tensor"], key, s[key], w[key])
+        assert s["rel_l2"] == pytest.approx(w["rel_l2"], rel=1e-12, abs=0)
+    assert streamed.passed == whole.passed
+    assert streamed.top1_agreement == whole.top1_agreement
+    assert streamed.accuracy == whole.accuracy
+    assert streamed.reference_accuracy == whole.reference_accuracy
+
+
+class _BatchSpy:
+    """Records the batch of every runner.run and onnxruntime call a check makes."""
+
+    def __init__(self, runner, monkeypatch):
+        self.ours, self.theirs = [], []
+        run = runner.run
+
+        def spied_run(feeds, keep=(), progress=None):
+            self.ours.append((next(iter(feeds.values())).shape[0], tuple(keep)))
+            return run(feeds, keep=keep, progress=progress)
+
+        monkeypatch.setattr(runner, "run", spied_run)
+        call = check_module.OnnxruntimeReference.__call__
+
+        def spied_call(reference, feeds):
+            self.theirs.append(next(iter(feeds.values())).shape[0])
+            return call(reference, feeds)
+
+        monkeypatch.setattr(check_module.OnnxruntimeReference, "__call__", spied_call)
+
+
+@pytest.mark.parametrize("model_name", ["lenet86", "ece408_high"])
+@pytest.mark.parametrize("tolerances", [(DEFAULT_ATOL, DEFAULT_RTOL), (0.0, 1e-7)])
+def test_streamed_check_gives_the_single_pass_figures(model_name, tolerances, monkeypatch):
+    model = load_model(model_name)
+    runner = Runner(model, 11, "cpu")
+    inputs = make_inputs(model, 11)  # the bundled test set, with labels
+    whole = check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=HUGE_BUDGET)
+    assert whole.chunks == 1
+    spy = _BatchSpy(runner, monkeypatch)
+    budget = 3 * check_image_bytes(runner) + 1  # three images a chunk: 3 + 3 + 3 + 2
+    streamed = check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=budget)
+    assert [size for size, _ in spy.ours] == [3, 3, 3, 2] and spy.theirs == [3, 3, 3, 2]
+    assert streamed.chunks == 4 and streamed.chunk_size == 3
+    _same_figures(streamed, whole)
+    if tolerances[0] == 0.0:  # at this tolerance some elements miss, so the counts are tested too
+        assert any(r["mismatches"] > 0 for r in whole.records)
+    assert whole.accuracy is not None and whole.top1_agreement == 1.0
+
+
+def test_a_budget_below_one_image_checks_one_image_at_a_time(tiny_model_path, monkeypatch):
+    runner = Runner(load_model(tiny_model_path), 5, "cpu")
+    feeds, labels = _feeds(5), np.arange(5) % 5
+    whole = check(runner, feeds, labels, budget_bytes=HUGE_BUDGET)
+    spy = _BatchSpy(runner, monkeypatch)
+    streamed = check(runner, feeds, labels, budget_bytes=1)
+    assert [size for size, _ in spy.ours] == [1] * 5 and spy.theirs == [1] * 5
+    _same_figures(streamed, whole)
+
+
+@pytest.mark.parametrize("budget_images", [1, 2, 4, 7])
+def test_the_runner_never_keeps_more_than_the_budget(tiny_model_path, monkeypatch, budget_images):
+    runner = Runner(load_model(tiny_model_path), 16, "cpu")
+    budget = budget_images * check_image_bytes(runner) + check_image_bytes(runner) // 2
+    spy = _BatchSpy(runner, monkeypatch)
+    progress = []
+    result = check(runner, _feeds(16), budget_bytes=budget, progress=lambda *a: progress.append(a))
+    assert result.passed
+    sizes = [size for size, _ in spy.ours]
+    assert sum(sizes) == 16 and max(sizes) * check_image_bytes(runner) <= budget
+    assert all(keep == ("p1", "r2") for _, keep in spy.ours)
+    # progress after every chunk when there are several, ending at the whole batch
+    assert [done for _, done, _ in progress] == (list(np.cumsum(sizes)) if len(sizes) > 1 else [])
+
+
+def test_check_image_bytes_counts_both_sides_and_onnxruntimes_working_set(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 4, "cpu")
+    # kept p1 (4x6x6) and r2 (4x4x4), output y (5), float32, on both sides
+    held = 2 * 4 * (4 * 6 * 6 + 4 * 4 * 4 + 5)
+    # every tensor but the input x, none sharing memory: c1 r1 (4x12x12) p1 c2 r2 f (4x4x4) logits y (5)
+    working = 4 * (2 * 4 * 12 * 12 + 4 * 6 * 6 + 3 * 4 * 4 * 4 + 2 * 5)
+    assert check_image_bytes(runner) == held + working
+
+
+def test_full_check_chunks_are_whole_runner_chunks(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 100, "cpu", chunk=8)
+    rows = check_chunks(runner, 100, budget_bytes=21 * check_image_bytes(runner))
+    assert [r.stop - r.start for r in rows] == [16] * 6 + [4]
+    assert [r.stop - r.start for r in check_chunks(runner, 100, chunk=30)] == [30, 30, 30, 10]
+
+
+def test_one_onnxruntime_session_serves_every_chunk(tiny_model_path, monkeypatch):
+    runner = Runner(load_model(tiny_model_path), 9, "cpu")
+    made = []
+    session = check_module.ort.InferenceSession
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return session(*args, **kwargs)
+
+    monkeypatch.setattr(check_module.ort, "InferenceSession", counted)
+    assert check(runner, _feeds(9), chunk=2).chunks == 5
+    assert len(made) == 1
+
+
+def _same(a, b):
+    return a == b or (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b))
+
+
+def _nan_in_run(runner, monkeypatch, bad_call, image=0):
+    """Make the runner's `bad_call`-th run return a NaN in kept p1 of that run's `image`, where
+    onnxruntime has a number (done on the result, so the runner's own NaN handling cannot undo it)."""
+    run, calls = runner.run, []
+
+    def run_with_a_nan(feeds, keep=(), progress=None):
+        result = run(feeds, keep=keep, progress=progress)
+        calls.append(1)
+        if len(calls) == bad_call:
+            result.kept["p1"] = result.kept["p1"].copy()
+            result.kept["p1"][image, 1, 2, 3] = np.nan
+        return result
+
+    monkeypatch.setattr(runner, "run", run_with_a_nan)
+    return calls
+
+
+def test_nan_in_the_wrong_place_in_one_chunk_fails_the_whole_check(tiny_model_path, monkeypatch):
+    runner = Runner(load_model(tiny_model_path), 6, "cpu")
+    feeds = _feeds(6)
+    clean = check(runner, feeds, chunk=2)
+    assert clean.passed and clean.chunks == 3
+    calls = _nan_in_run(runner, monkeypatch, bad_call=2)  # the middle one of three chunks
+    streamed = check(runner, feeds, chunk=2)
+    assert len(calls) == 3 and not streamed.passed
+    p1, r2, y = streamed.records
+    assert not p1["passed"] and p1["mismatches"] == 1 and np.isnan(p1["max_abs_error"])
+    assert r2["passed"] and y["passed"]  # the other tensors of that chunk are still right
+
+    monkeypatch.undo()
+    _nan_in_run(runner, monkeypatch, bad_call=1, image=2)  # the same element of the batch
+    whole = check(runner, feeds, chunk=6)  # in one pass
+    for s, w in zip(streamed.records, whole.records):
+        assert all(_same(s[k], w[k]) for k in ("passed", "max_abs_error", "max_rel_error", "mismatches", "elements"))
+
+
+def _pieces(array, cuts):
+    edges = [0, *cuts, len(array)]
+    return [array[a:b] for a, b in zip(edges, edges[1:])]
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [3, 3, 7], [9]])
+def test_error_stats_over_pieces_equal_compare_on_the_whole(cuts):
+    rng = np.random.default_rng(3)
+    expected = rng.standard_normal((10, 3, 4)).astype(np.float32)
+    expected[2, 0, 1], expected[6, 2, 3], expected[8, 1, 0] = np.nan, np.inf, -np.inf
+    actual = (expected + rng.standard_normal(expected.shape).astype(np.float32) * 1e-3).astype(np.float32)
+    for atol, rtol in [(DEFAULT_ATOL, DEFAULT_RTOL), (1e-3, 0.0)]:
+        whole = compare(actual, expected, atol, rtol)
+        stats = ErrorStats(atol, rtol)
+        for a, e in zip(_pieces(actual, cuts), _pieces(expected, cuts)):
+            stats.add(a, e)
+        streamed = stats.result()
+        assert {k: v for k, v in streamed.items() if k != "rel_l2"} == {k: v for k, v in whole.items() if k != "rel_l2"}
+        assert streamed["rel_l2"] == pytest.approx(whole["rel_l2"], rel=1e-12)
+        assert whole["mismatches"] > 0
+
+
+def test_error_stats_fail_when_one_piece_has_a_nan_out_of_place():
+    expected = np.ones((6, 2), np.float32)
+    actual = expected.copy()
+    actual[4, 1] = np.nan
+    stats = ErrorStats()
+    for a, e in zip(_pieces(actual, [2, 4]), _pieces(expected, [2, 4])):
+        stats.add(a, e)
+    result = stats.result()
+    whole = compare(actual, expected)
+    assert not result["passed"] and result["mismatches"] == whole["mismatches"] == 1
+    assert all(_same(result[k], whole[k]) for k in whole)
+    wrong_sign = ErrorStats().add(expected[:3], expected[:3]).add(np.full((3, 2), -np.inf, np.float32),
+                                                                  np.full((3, 2), np.inf, np.float32))
+    assert not wrong_sign.result()["passed"] and wrong_sign.result()["mismatches"] == 1
+
+
+def test_error_stats_compare_big_arrays_in_blocks(monkeypatch):
+    rng = np.random.default_rng(4)
+    expected = rng.standard_normal((50, 7)).astype(np.float32)
+    actual = expected + np.float32(1e-4) * rng.standard_normal(expected.shape).astype(np.float32)
+    whole = compare(actual, expected)
+    monkeypatch.setattr(check_module, "COMPARE_BLOCK_ELEMENTS", 20)  # blocks of 2 rows
+    blocked = compare(actual, expected)
+    assert blocked["max_abs_error"] == whole["max_abs_error"] and blocked["mismatches"] == whole["mismatches"]
+    assert blocked["rel_l2"] == pytest.approx(whole["rel_l2"], rel=1e-12)
+
+
+def test_a_shape_mismatch_in_any_piece_is_reported():
+    stats = ErrorStats().add(np.zeros((2, 3)), np.zeros((2, 3))).add(np.zeros((1, 4)), np.zeros((1, 3)))
+    result = stats.result()
+    assert not result["passed"] and "shape [1, 4]" in result["error"]

@@ -95,3 +95,27 @@ def test_run_any_batch_of_random_data_in_chunks_with_progress_in_the_log(tiny_mo
 def test_a_short_run_prints_no_progress(capsys):
     assert main(["run", "ece408_high", "--batch", "20", "--device", "cpu", "--repeat", "1", "--no-compare"]) == 0
     assert "progress" not in capsys.readouterr().err
+
+
+def test_check_of_a_large_batch_is_compared_in_passes_with_progress(tiny_model_path, tmp_path, capsys):
+    code = main(["check", tiny_model_path, "--batch", "30", "--data", "random", "--device", "cpu",
+                 "--check-chunk", "7", "--json", str(tmp_path / "c.json")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "PASS" in out
+    assert "Compared in 5 passes of up to 7 images" in out
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["passed"] and data["check_chunks"] == 5 and data["check_chunk_size"] == 7
+    assert all(r["elements"] > 0 for r in data["records"])
+    assert [line.split()[1] for line in err.splitlines() if line.startswith("progress:")] == ["25%", "50%", "75%", "100%"]
+
+
+def test_check_in_one_pass_prints_no_progress(capsys):
+    assert main(["check", "ece408_high", "--batch", "20", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "passes" not in out and "progress" not in err
+
+
+def test_check_chunk_must_be_positive(capsys):
+    assert main(["check", "lenet86", "--batch", "2", "--device", "cpu", "--check-chunk", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("opplugin: error:") and "--check-chunk must be at least 1" in err and "\n" not in err

@@ -100,6 +100,64 @@ def test_variant_matches_float64_reference(case, variant):
     assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} on {case} (seed {seed})")
 
 
+# Conv -> activation -> max pool chains a fusing family runs in one kernel: the
+# shipped ones, a window wider than tall, pads, and a conv output the pool's
+# windows do not tile (floor mode drops the last row and column).
+FUSED_CASES = {
+    "lenet86.conv1+relu+pool2": (CASES["lenet86.conv1"], Epilogue("Relu", (2, 2))),
+    "lenet86.conv2+relu+pool4": (CASES["lenet86.conv2"], Epilogue("Relu", (4, 4))),
+    "ece408_high.conv+tanh+pool2": (CASES["ece408_high.conv"], Epilogue("Tanh", (2, 2))),
+    "pads_pool2x4_no_bias": (conv(3, 3, 8, (17, 23), (3, 3), pads=(1, 2, 0, 1), bias=False), Epilogue("Relu", (2, 4))),
+    "ragged_pool2_group2": (conv(5, 4, 6, (15, 15), (3, 3), group=2), Epilogue("Tanh", (2, 2))),
+}
+# every fusing family by its plain name, plus tiles that pool within a thread,
+# across 2 and 4 lanes, and in both at once
+FUSED_VARIANTS = [
+    *(name for name, family in conv_cuda.FAMILIES.items() if family.fuses),
+    "const_tile_r4c4m4", "const_tile_r2c2m16", "const_tile_r1c4m8", "const_tile_r2c1m4", "const_tile_r4c1m2",
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", FUSED_VARIANTS)
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_fused_epilogue_matches_float64_reference(case, variant):
+    spec, epilogue = FUSED_CASES[case]
+    seed, x, w, b = random_problem(spec)
+    reason = conv_cuda.unsupported_reason(spec, variant, (w, b), epilogue)
+    if reason:
+        pytest.skip(reason)
+    kernel = conv_cuda.build_kernel(spec, variant, (w, b), epilogue)
+    out = poisoned_output(spec).reshape(-1)[: int(np.prod(kernel.output_shape(spec.batch)))].reshape(kernel.output_shape(spec.batch))
+
+    [y] = kernel(device_inputs(x, w, b), None, out=out)
+
+    assert y is out
+    assert_close(y, epilogue.apply(expected_output(spec, x, w, b)), f"{kernel.name} on {case} (seed {seed})")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_vector_loads_and_stores_take_misaligned_arrays():
+    """const_tile reads and writes rows as float4 where the shape allows; arrays that
+    start off a 16-byte boundary (views one float in) still give the right answer."""
+    import cupy
+
+    spec = conv(3, 1, 8, (20, 20), (5, 5))  # 16 x 16 outputs: 4-wide tiles, float4 rows
+    seed, x, w, b = random_problem(spec)
+    kernel = conv_cuda.build_kernel(spec, "const_tile_r2c4m8", (w, b))
+    assert kernel.alignment == 16
+    shifted_x = cupy.empty(x.size + 1, dtype=cupy.float32)[1:].reshape(x.shape)
+    shifted_x[...] = cupy.asarray(x)
+    out = cupy.full(int(np.prod(spec.output_shape())) + 1, cupy.nan, dtype=cupy.float32)[1:].reshape(spec.output_shape())
+
+    [y] = kernel([shifted_x], None, out=out)
+
+    assert y is out
+    assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} on misaligned arrays (seed {seed})")
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("variant", EXACT)
@@ -292,8 +350,21 @@ def test_fused_tiles_cover_whole_pool_windows():
     assert "pool" in conv_cuda.unsupported_reason(spec, "const_rb_r3m4", WEIGHTS_1x4, pooled)
     assert conv_cuda.unsupported_reason(spec, "const_rb_r4m4", WEIGHTS_1x4, pooled) is None
     assert "epilogue" in conv_cuda.unsupported_reason(spec, "const_mo", WEIGHTS_1x4, pooled)
-    configs = conv_cuda.tuning_configs(spec, WEIGHTS_1x4, pooled)
-    assert configs and all(conv_cuda.FAMILIES["const_rb"].tile(v)[0] % 2 == 0 for v in configs)
+    blocked = conv_cuda.FAMILIES["const_rb"]
+    configs = [v for v in conv_cuda.tuning_configs(spec, WEIGHTS_1x4, pooled) if blocked.owns(v)]
+    assert configs and all(blocked.tile(v)[0] % 2 == 0 for v in configs)
+
+
+def test_tiles_cover_pool_windows_or_split_them_over_a_power_of_2_lanes():
+    spec = conv(1, 1, 4, (86, 86), (7, 7))
+    pool2, pool3 = Epilogue("Relu", (2, 2)), Epilogue("Relu", (3, 3))
+    assert conv_cuda.unsupported_reason(spec, "const_tile_r4c2m4", WEIGHTS_1x4, pool2) is None  # within a thread
+    assert conv_cuda.unsupported_reason(spec, "const_tile_r1c1m4", WEIGHTS_1x4, pool2) is None  # over 4 lanes
+    assert "pool" in conv_cuda.unsupported_reason(spec, "const_tile_r3c2m4", WEIGHTS_1x4, pool2)
+    assert "power of 2" in conv_cuda.unsupported_reason(spec, "const_tile_r1c3m4", WEIGHTS_1x4, pool3)
+    assert conv_cuda.resolve(spec, "const_tile", pool2) == "const_tile_r2c4m4"
+    tile = conv_cuda.FAMILIES["const_tile"]
+    assert all(tile.reason(spec, v, pool2) is None for v in tile.configs(spec, pool2))
 
 
 def test_costs_delegate_to_the_spec():

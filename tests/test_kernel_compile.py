@@ -10,6 +10,7 @@ import pytest
 
 from opplugin import cuda, nvrtc_check
 from opplugin.ops import conv_cuda
+from opplugin.ops.choice import heuristic_variant
 from onnx_builders import conv_spec as conv
 from opplugin.ops.epilogue import NONE, Epilogue
 
@@ -92,9 +93,9 @@ def test_every_configuration_tuning_may_pick_compiles_for_hopper(step, config):
 @pytest.mark.parametrize("step", list(SHIPPED_STEPS))
 def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
     spec, epilogue = SHIPPED_STEPS[step]
-    family = "const_rb" if conv_cuda.unsupported_reason(spec, "const_rb", _ones(spec), epilogue) is None else "const_mo"
-    for usage in nvrtc_check.check_variant(spec, family, "sm_90", epilogue):
-        assert_clean(usage, family)
+    variant = heuristic_variant(spec, _ones(spec), epilogue)
+    for usage in nvrtc_check.check_variant(spec, variant, "sm_90", epilogue):
+        assert_clean(usage, variant)
 
 
 def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():

@@ -27,6 +27,7 @@ PREDICTIONS: list[tuple[tuple[str, ...], str]] = [
     (("fp16", "half"), "FP16 arithmetic: these convs are not ALU-bound, so ~1x (seeds: no gain); error ~1e-3, opt-in"),
     (("tf32", "mma", "tensor"), "TF32 tensor cores lift the arithmetic ceiling (FP32 arithmetic sets these floors): up to ~2x if the loads keep up; error ~1e-3"),
     (("baseline",), "reference: one thread per output, every filter tap a global load"),
+    (("const_tile",), "register tile of rows x columns x maps: each constant load of a weight feeds rows x columns FMAs, so a rolled channel loop stays FFMA-bound; ~1.3-1.5x over const_rb on conv2"),
     (("const_rb", "register", "_rb"), "register tile of rows x maps: each input load feeds many FMAs; close to the floor, ~5-10x over baseline"),
     (("const_mo", "_mo"), "several maps per thread share one input load: ~2-3x over const (seed: 50 -> 19 ms from this alone)"),
     (("implicit", "fused_gemm", "igemm"), "unrolling inside the GEMM tile, no unrolled matrix in memory: ~1.5-2x over explicit im2col (seeds)"),

@@ -10,7 +10,8 @@
 2. Otherwise a heuristic, which times nothing. It prefers the families in the
    order the seeds' optimisations build on each other, most refined first, and
    takes the first one that can run the node with its fused epilogue, if any:
-   register blocking (`const_rb`), then several maps per thread (`const_mo`),
+   register tiles of rows x columns x maps (`const_tile`), then of rows x
+   maps (`const_rb`), then several maps per thread (`const_mo`),
    then one output per thread from constant memory (`const`), then `baseline`,
    which runs every 2-D Conv (also with weights computed at run time). A family
    name stands for the configuration its `configs()` lists first: the one its
@@ -26,7 +27,7 @@ from . import conv_cuda
 from .conv import ConvSpec
 from .epilogue import Epilogue
 
-PREFERENCE = ("const_rb", "const_mo", "const", "baseline")
+PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "baseline")
 
 
 def heuristic_variant(spec: ConvSpec, weights, epilogue: Epilogue) -> str:

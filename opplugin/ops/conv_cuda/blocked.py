@@ -1,6 +1,9 @@
-"""Register blocking: `const_rb_r<RT>m<MO>`, each thread computes RT output
-rows x MO output maps of one column, filters in __constant__ memory, every
-loop unrolled; the one family that also runs a fused activation + max pool."""
+"""Register blocking, filters in __constant__ memory, fused activation + max pool:
+
+- `const_rb_r<RT>m<MO>`: each thread computes RT output rows x MO output maps
+  of one column, every loop unrolled;
+- `const_tile_r<RT>c<XT>m<MO>`: RT rows x XT columns x MO maps, filter-row
+  and channel loops rolled when unrolling would bloat the body."""
 from __future__ import annotations
 
 import re
@@ -8,7 +11,17 @@ import re
 from ... import cuda
 from ..conv import ConvSpec
 from ..epilogue import NONE, Epilogue
-from .common import CompileUnit, Family, GridKernel, filters_maps_last, shape_defines, unroll_channels, upload_constant, weights_digest
+from .common import (
+    UNROLL_BUDGET,
+    CompileUnit,
+    Family,
+    GridKernel,
+    filters_maps_last,
+    shape_defines,
+    unroll_channels,
+    upload_constant,
+    weights_digest,
+)
 from .direct import default_maps_per_thread
 
 _CONFIG = re.compile(r"const_rb_r(\d+)m(\d+)")
@@ -125,4 +138,131 @@ class ConstRegisterBlocked(Family):
         )
 
 
-FAMILIES: list[Family] = [ConstRegisterBlocked()]
+_TILE = re.compile(r"const_tile_r(\d+)c(\d+)m(\d+)")
+TILE_ROWS = (1, 2, 4, 8)
+TILE_COLS = (1, 2, 4, 8)
+TILE_UNROLL_BUDGET = 2 * UNROLL_BUDGET  # multiply-adds per unrolled body: lenet86 conv1's 2 x 4 x 4 tile fits
+
+
+def _lanes_per_window(rows: int, cols: int, epilogue: Epilogue) -> int:
+    """Lanes that share one pool window: 1 when a tile covers whole windows."""
+    pkh, pkw = _pool(epilogue)
+    return max(pkh // rows, 1) * max(pkw // cols, 1)
+
+
+class ConstTile(Family):
+    name = "const_tile"
+    summary = (
+        "register tile of rows x columns x maps per thread, filters in __constant__ memory; each constant load "
+        "feeds rows x columns multiply-adds, so a rolled channel loop stays FFMA-bound; fuses act+maxpool"
+    )
+    constant_weights = True
+    fuses = True
+
+    def owns(self, variant):
+        return variant == self.name or _TILE.fullmatch(variant) is not None
+
+    @staticmethod
+    def tile(variant: str) -> tuple[int, int, int]:
+        rows, cols, maps = _TILE.fullmatch(variant).groups()
+        return int(rows), int(cols), int(maps)
+
+    def configs(self, spec, epilogue=NONE):
+        maps_per_group = spec.out_channels // spec.group
+        rows_needed, cols_needed = _computed_size(spec, epilogue)
+        # maps that split a group evenly (short last groups waste lanes), at least 4 where the group allows
+        map_choices = dict.fromkeys([m for m in MAPS if maps_per_group % m == 0] + [min(maps_per_group, 16)])
+        tiles = [
+            (r, x, m)
+            for m in sorted(map_choices, reverse=True)
+            for r in TILE_ROWS
+            for x in TILE_COLS
+            if r * x * m <= ACCUMULATOR_BUDGET and r <= rows_needed and x <= cols_needed
+        ]
+        tiles.sort(key=lambda t: (t[0] * t[1] * t[2], t[2], t[1]), reverse=True)
+        # fewer than 16 accumulators leave the loads in charge: not worth tuning
+        most = max((r * x * m for r, x, m in tiles), default=0)
+        names = [f"const_tile_r{r}c{x}m{m}" for r, x, m in tiles if r * x * m >= min(16, most)]
+        names = [name for name in names if self.reason(spec, name, epilogue) is None]
+        # The heuristic's pick, from H200 sweeps of the shipped convs: the most maps
+        # that split a group evenly (up to 16), over 2 x 4 pixels when the whole
+        # filter then unrolls (weights become immediate operands), else 2 x 2.
+        # Larger tiles load more input per FFMA than they save in weight loads.
+        def preference(name):
+            rows, cols, maps = self.tile(name)
+            unrolled = self._unrolled_taps(spec, rows * cols * maps) == spec.in_channels // spec.group * spec.kernel[0]
+            return (maps_per_group % maps != 0, -maps, not ((rows, cols) == (2, 4) and unrolled))
+
+        picks = [name for name in names if self.tile(name)[:2] in ((2, 4), (2, 2))]
+        first = min(picks, key=preference, default=None)
+        return [*([first] if first else []), *(name for name in names if name != first)]
+
+    def reason(self, spec, variant, epilogue):
+        if variant == self.name:
+            return None if self.configs(spec, epilogue) else "no tile fits this Conv"
+        rows, cols, maps = self.tile(variant)
+        maps_per_group = spec.out_channels // spec.group
+        pkh, pkw = _pool(epilogue)
+        if min(rows, cols, maps) < 1 or rows * cols * maps > 2 * ACCUMULATOR_BUDGET:
+            return f"{variant}: a tile of {rows} x {cols} x {maps} does not fit in registers (at most {2 * ACCUMULATOR_BUDGET})"
+        if maps > spec.out_channels or (spec.group > 1 and maps_per_group % maps):
+            return f"{variant}: {maps} maps per thread must lie in one group of {maps_per_group} output maps"
+        if (rows % pkh and pkh % rows) or (cols % pkw and pkw % cols):
+            return f"{variant}: a {rows} x {cols} tile must cover whole {pkh} x {pkw} pool windows or divide them"
+        lanes = _lanes_per_window(rows, cols, epilogue)
+        if lanes & (lanes - 1) or lanes > 32:
+            return f"{variant}: a pool window over {lanes} lanes is combined with shuffles: it must be a power of 2 up to 32"
+        if 0 in _computed_size(spec, epilogue):
+            return "the pool window is larger than the conv output"
+        return None
+
+    @staticmethod
+    def _unrolled_taps(spec: ConvSpec, outputs: int) -> int:
+        """Filter rows x channels unrolled into one loop body: all of them while the body
+        stays within TILE_UNROLL_BUDGET multiply-adds, else the rows only, else none. A
+        rolled loop keeps the body within the instruction cache; an unrolled one turns
+        each weight into an immediate operand of its FFMA."""
+        (kh, kw), channels = spec.kernel, spec.in_channels // spec.group
+        if outputs * kh * kw * channels <= TILE_UNROLL_BUDGET:
+            return kh * channels
+        return kh if outputs * kh * kw <= TILE_UNROLL_BUDGET else 1
+
+    def compile_units(self, spec, variant, epilogue=NONE):
+        rows, cols, maps = self.tile(variant)
+        kh = spec.kernel[0]
+        unrolled = self._unrolled_taps(spec, rows * cols * maps)
+        defines = shape_defines(spec, epilogue) | {
+            "RT": rows,
+            "XT": cols,
+            "MO": maps,
+            "UNROLL_KH": kh if unrolled >= kh else 1,
+            "UNROLL_C": unrolled // kh if unrolled >= kh else 1,
+        }
+        return [CompileUnit("conv_const_tile.cu", "conv_const_tile", defines)]
+
+    def build(self, spec, variant, weights, epilogue=NONE):
+        w, b = weights
+        rows, cols, maps = self.tile(variant)
+        [unit] = self.compile_units(spec, variant, epilogue)
+        module = cuda.compile_module(unit.source, unit.defines | {"OPPLUGIN_WEIGHTS_DIGEST": weights_digest(w, b)})
+        function = module.get_function(unit.function)
+        upload_constant(module, "filters", filters_maps_last(w))
+        if b is not None:
+            upload_constant(module, "bias", b)
+        computed_rows, computed_cols = _computed_size(spec, epilogue)
+        pkh, pkw = _pool(epilogue)
+        tile_rows, tile_cols = rows * max(pkh // rows, 1), cols * max(pkw // cols, 1)  # one window's lanes together
+        kernel = GridKernel(
+            spec,
+            f"conv.{variant}{epilogue.suffix}",
+            function,
+            threads_per_image=-(-computed_rows // tile_rows) * -(-computed_cols // tile_cols) * _lanes_per_window(rows, cols, epilogue),
+            grid_y=-(-spec.out_channels // maps),
+            reads_weights=False,
+            epilogue=epilogue,
+        )
+        kernel.alignment = 16  # rows may be read and written as float2 / float4
+        return kernel
+
+
+FAMILIES: list[Family] = [ConstRegisterBlocked(), ConstTile()]

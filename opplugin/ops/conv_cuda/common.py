@@ -154,6 +154,7 @@ class ConvKernel:
     those that read the weights at call time. Subclasses implement `_launch`."""
 
     reads_weights = False
+    alignment = 4  # bytes the kernel needs x and y aligned to (16 for float4 loads and stores)
 
     def __init__(self, spec: ConvSpec, name: str, epilogue: Epilogue = NONE):
         self.spec = spec
@@ -195,10 +196,15 @@ class ConvKernel:
             raise PluginError(f"{self.name}: batch {batch} is too large for 32-bit indexing; split the batch")
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)
+            if x.data.ptr % self.alignment:
+                x = x.copy()  # a fresh allocation is aligned for the kernel's vector loads
             weights = self._weight_args(cupy, inputs) if self.reads_weights else ()
             y = self._output(cupy, out, batch)
+            target = y if y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
             if batch:
-                self._launch(x, weights, y, batch)
+                self._launch(x, weights, target, batch)
+            if target is not y:
+                y[...] = target
         return [y]
 
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:

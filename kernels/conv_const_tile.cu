@@ -1,0 +1,245 @@
+// conv_const_tile: 2-D convolution (ONNX Conv), register tiled in two
+// dimensions: each thread computes RT output rows x XT output columns x MO
+// output maps, filters and bias in __constant__ memory; optionally fused with
+// the activation and max pool that follow the Conv.
+//
+// Why it beats conv_const_rb when the channel loop stays rolled (lenet86
+// conv2): a weight indexed by a run-time channel is not an immediate operand
+// of the FFMA, so it costs a constant load. conv_const_rb uses each loaded
+// weight for RT outputs only, and ncu shows half of its issue slots going to
+// those loads. Here each weight serves RT x XT outputs, and each input row
+// segment (XT + KW - 1 values) loaded per filter row serves KW x MO taps, so
+// FFMAs dominate the instruction stream. The filter-row loop can stay rolled
+// as well (UNROLL_KH), which keeps the loop body at RT x XT x MO x KW FFMAs:
+// small enough for the instruction cache, unlike a fully unrolled filter.
+//
+// Fused epilogue (ACT, PKH x PKW max pool with stride = window, no pads): a
+// tile covering whole pool windows (RT % PKH == 0, XT % PKW == 0) pools in
+// registers. A window larger than the tile (PKH % RT == 0, PKW % XT == 0) is
+// split over SUBH x SUBW neighbouring lanes, which pool their parts and then
+// combine them with shuffles: the tile stays the one that is fastest without
+// a pool (lenet86 conv2: 2 x 2 x 16 maps under a 4 x 4 window). Bias and
+// activation are applied once per pooled value (both commute with max). The
+// max lets a NaN win, so a NaN anywhere in a window reaches the output, where
+// the runner sees it.
+//
+// ncu puts these kernels at 88-95% of issue slots busy on the shipped convs, so
+// fewer non-FFMA instructions is the lever left: input rows are read as float4
+// and output rows written as float2/float4 where the shape keeps them aligned,
+// and without a pool the bias starts each sum instead of being added last.
+//
+// Same -D macros as conv_const_rb, plus XT (columns per thread) and
+// UNROLL_C, UNROLL_KH (1: rolled loop, else its trip count: fully unrolled).
+// Launch: block (BLOCK), grid (ceil(batch*ROW_TILES*COL_TILES*SUB / BLOCK), ceil(M / MO)).
+
+#define CG (C / G)   // input channels per group
+#define MG (M / G)   // output maps per group
+#define CH (POH * PKH)  // conv rows computed (all of OH without a pool)
+#define CW (POW * PKW)  // conv columns computed
+// lanes that share one pool window (1 when a thread's tile covers whole windows)
+#define SUBH (PKH > RT ? PKH / RT : 1)
+#define SUBW (PKW > XT ? PKW / XT : 1)
+#define SUB (SUBH * SUBW)
+// tiles of SUB lanes: SUBH * RT rows x SUBW * XT columns
+#define ROW_TILES ((CH + SUBH * RT - 1) / (SUBH * RT))
+#define COL_TILES ((CW + SUBW * XT - 1) / (SUBW * XT))
+#define IN_COLS ((XT - 1) * SW + (KW - 1) * DW + 1)  // input columns one filter row of the tile reads
+#define GROUPS ((M + MO - 1) / MO)
+// taps may fall outside the image: with pads, or where the last tile overhangs the output
+#define ROW_CHECK (PADDED || (CH % RT) != 0)
+#define COL_CHECK (PADDED || (CW % XT) != 0)
+// Input rows are read as float4 where a tile's row segment starts on a multiple
+// of 4 floats (stride and tile width allow it) and rounding its end up stays
+// inside the row; the host passes 16-byte aligned arrays. (float2 loads made
+// ptxas hoist more of them: 126 instead of 79 registers for lenet86 conv2.)
+#define VEC_IN ((!COL_CHECK && PW == 0 && (XT * SW) % 4 == 0 && W % 4 == 0) ? 4 : 1)
+// Vector width of the stores without a pool: whole output rows split into tiles.
+#define VEC_OUT ((PKH == 1 && PKW == 1 && OW % XT == 0) ? (XT % 4 == 0 ? 4 : XT % 2 == 0 ? 2 : 1) : 1)
+
+__constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
+#if HAS_BIAS
+__constant__ float bias[M];
+#endif
+
+__device__ __forceinline__ float activate(float v)
+{
+#if ACT == 1
+    return v < 0.0f ? 0.0f : v;  // keeps NaN, as onnxruntime's Relu does
+#elif ACT == 2
+    return tanhf(v);
+#else
+    return v;
+#endif
+}
+
+__device__ __forceinline__ float bias_of(int map)
+{
+#if HAS_BIAS
+    return bias[map];
+#else
+    return 0.0f;
+#endif
+}
+
+// v[0 .. IN_COLS-1] = start[0 .. IN_COLS-1] in float4 loads (0 where the row is
+// outside the image); start is 16-byte aligned and the rounded-up end inside the row.
+__device__ __forceinline__ void load_row_segment(const float* start, bool inside, float (&v)[IN_COLS])
+{
+#pragma unroll
+    for (int k = 0; k < IN_COLS; k += 4) {
+        const float4 q = inside ? *reinterpret_cast<const float4*>(start + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float part[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (k + e < IN_COLS) v[k + e] = part[e];
+    }
+}
+
+// max in which NaN wins (fmaxf would drop it)
+__device__ __forceinline__ float max_keep_nan(float a, float b)
+{
+    return (a > b || a != a) ? a : b;
+}
+
+// Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1, columns ow0 .. ow0+XT-1.
+template <int FIRST, int COUNT>
+__device__ __forceinline__ void conv_tile(const float* __restrict__ image, float* __restrict__ y,
+                                          int n, int oh0, int ow0, bool valid)
+{
+    constexpr int group = FIRST / MG;  // every map of a thread lies in one group
+    const float* in = image + group * (CG * H * W);
+    const int ih0 = oh0 * SH - PH;
+    const int iw0 = ow0 * SW - PW;
+
+    // Without a pool the bias starts the sum (one add less per output); with one
+    // it is added once per pooled value.
+    float acc[RT][XT][COUNT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int x = 0; x < XT; ++x)
+#pragma unroll
+            for (int j = 0; j < COUNT; ++j) acc[r][x][j] = (HAS_BIAS && PKH == 1 && PKW == 1) ? bias_of(FIRST + j) : 0.0f;
+
+#pragma unroll UNROLL_C
+    for (int c = 0; c < CG; ++c) {
+#pragma unroll UNROLL_KH
+        for (int kh = 0; kh < KH; ++kh) {
+            // the input row segment each output row of the tile reads through filter row kh
+            float v[RT][IN_COLS];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                const int ih = ih0 + r * SH + kh * DH;
+                const bool row_inside = !ROW_CHECK || (ih >= 0 && ih < H);
+                const float* row = in + (c * H + ih) * W;
+#if VEC_IN == 4
+                load_row_segment(row + iw0, row_inside, v[r]);
+#else
+#pragma unroll
+                for (int k = 0; k < IN_COLS; ++k) {
+                    const int iw = iw0 + k;
+                    const bool inside = row_inside && (!COL_CHECK || (iw >= 0 && iw < W));
+                    v[r][k] = inside ? row[iw] : 0.0f;  // a predicated load of the pad value
+                }
+#endif
+            }
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw) {
+#pragma unroll
+                for (int j = 0; j < COUNT; ++j) {
+                    const float w = filters[((c * KH + kh) * KW + kw) * M + FIRST + j];
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+#pragma unroll
+                        for (int x = 0; x < XT; ++x) acc[r][x][j] = fmaf(v[r][x * SW + kw * DW], w, acc[r][x][j]);
+                }
+            }
+        }
+    }
+
+#if PKH > 1 || PKW > 1
+    // the part of each window inside this thread's tile, and the windows the tile covers
+    constexpr int part_h = PKH < RT ? PKH : RT, part_w = PKW < XT ? PKW : XT;
+    constexpr int windows_h = RT / part_h, windows_w = XT / part_w;
+#pragma unroll
+    for (int pr = 0; pr < windows_h; ++pr) {
+#pragma unroll
+        for (int px = 0; px < windows_w; ++px) {
+            const int prow = oh0 / PKH + pr;
+            const int pcol = ow0 / PKW + px;
+#pragma unroll
+            for (int j = 0; j < COUNT; ++j) {
+                float v = acc[pr * part_h][px * part_w][j];
+#pragma unroll
+                for (int a = 0; a < part_h; ++a)
+#pragma unroll
+                    for (int b = 0; b < part_w; ++b) v = max_keep_nan(v, acc[pr * part_h + a][px * part_w + b][j]);
+#pragma unroll
+                for (int s = 1; s < SUB; s <<= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, s));
+#if HAS_BIAS
+                v += bias[FIRST + j];
+#endif
+                const bool inside = ((CH % RT) == 0 || prow < POH) && ((CW % XT) == 0 || pcol < POW);
+                if (valid && inside && (SUB == 1 || (threadIdx.x % SUB) == 0))
+                    y[(((size_t)n * M + FIRST + j) * POH + prow) * POW + pcol] = activate(v);
+            }
+        }
+    }
+#else
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        if (!valid || ((CH % RT) != 0 && oh0 + r >= CH)) continue;
+#pragma unroll
+        for (int j = 0; j < COUNT; ++j) {
+            float* out = y + (((size_t)n * M + FIRST + j) * OH + oh0 + r) * OW + ow0;
+#pragma unroll
+            for (int x = 0; x < XT; x += VEC_OUT) {
+                if ((CW % XT) != 0 && ow0 + x >= CW) continue;
+                if constexpr (VEC_OUT == 4) {
+                    *reinterpret_cast<float4*>(out + x) = make_float4(
+                        activate(acc[r][x][j]), activate(acc[r][x + 1][j]), activate(acc[r][x + 2][j]), activate(acc[r][x + 3][j]));
+                } else if constexpr (VEC_OUT == 2) {
+                    *reinterpret_cast<float2*>(out + x) = make_float2(activate(acc[r][x][j]), activate(acc[r][x + 1][j]));
+                } else {
+                    out[x] = activate(acc[r][x][j]);
+                }
+            }
+        }
+    }
+#endif
+}
+
+// Runs the copy of conv_tile for map group `group`; `if constexpr` unfolds the
+// chain at compile time, so each copy sees its first map as a literal.
+template <int GI>
+__device__ __forceinline__ void conv_group(int group, const float* __restrict__ image, float* __restrict__ y,
+                                           int n, int oh0, int ow0, bool valid)
+{
+    constexpr int first = GI * MO;
+    constexpr int count = (M - first < MO) ? (M - first) : MO;
+    if (group == GI) {
+        conv_tile<first, count>(image, y, n, oh0, ow0, valid);
+    } else if constexpr (GI + 1 < GROUPS) {
+        conv_group<GI + 1>(group, image, y, n, oh0, ow0, valid);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+conv_const_tile(const float* __restrict__ x, float* __restrict__ y, int batch)
+{
+    // over batch * ROW_TILES * COL_TILES * SUB, the lanes of one pool window fastest
+    const int total = batch * (ROW_TILES * COL_TILES * SUB);
+    int t = blockIdx.x * BLOCK + threadIdx.x;
+    const bool valid = t < total;
+#if SUB == 1
+    if (!valid) return;
+#else
+    if (!valid) t = total - 1;  // still takes part in the shuffles, stores nothing
+#endif
+    const int sub = t % SUB;
+    const int tile = t / SUB;
+    const int n = tile / (ROW_TILES * COL_TILES);
+    const int oh0 = ((tile / COL_TILES) % ROW_TILES) * (SUBH * RT) + (sub / SUBW) * RT;
+    const int ow0 = (tile % COL_TILES) * (SUBW * XT) + (sub % SUBW) * XT;
+    conv_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow0, valid);
+}

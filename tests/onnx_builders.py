@@ -79,3 +79,19 @@ def conv_spec(n, c, m, size, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilation
     from opplugin.ops.conv import ConvSpec
 
     return ConvSpec(n, c, m, size, kernel, strides, dilations, pads, group, bias)
+
+
+def conv_model(x_shape, w: np.ndarray, b: np.ndarray | None, attributes: dict, batch_axis: str = "N") -> onnx.ModelProto:
+    """One Conv with these weights (and bias) as initializers, as a real model carries
+    them, and a symbolic batch axis, so a Runner may split the batch into chunks."""
+    inputs = ["x", "w"] + (["b"] if b is not None else [])
+    node = helper.make_node("Conv", inputs, ["y"], name="conv", **attributes)
+    initializers = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(b, "b")] if b is not None else [])
+    graph = helper.make_graph(
+        [node],
+        "conv_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_axis, *x_shape[1:]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch_axis, w.shape[0], *[None] * (len(x_shape) - 2)])],
+        initializer=initializers,
+    )
+    return finish(graph)

@@ -16,6 +16,7 @@ from .common import (
     CompileUnit,
     Family,
     GridKernel,
+    map_groups_reason,
     filters_maps_last,
     shape_defines,
     unroll_channels,
@@ -91,7 +92,8 @@ class ConstRegisterBlocked(Family):
 
     def reason(self, spec, variant, epilogue):
         if variant == self.name:
-            return None if self.configs(spec, epilogue) else "no tile fits this Conv"
+            smallest = self.reason(spec, "const_rb_r1m1", epilogue)
+            return None if self.configs(spec, epilogue) else f"no tile fits this Conv (the smallest: {smallest})"
         rows, maps = self.tile(variant)
         maps_per_group = spec.out_channels // spec.group
         pkh, pkw = _pool(epilogue)
@@ -105,7 +107,7 @@ class ConstRegisterBlocked(Family):
             return f"a {pkw}-column pool window is combined across lanes: it must be a power of 2 up to 32"
         if 0 in _computed_size(spec, epilogue):
             return "the pool window is larger than the conv output"
-        return None
+        return map_groups_reason(spec, variant, maps)
 
     def compile_units(self, spec, variant, epilogue=NONE):
         rows, maps = self.tile(variant)
@@ -171,7 +173,8 @@ class ConstTile(Family):
         maps_per_group = spec.out_channels // spec.group
         rows_needed, cols_needed = _computed_size(spec, epilogue)
         # maps that split a group evenly (short last groups waste lanes), at least 4 where the group allows
-        map_choices = dict.fromkeys([m for m in MAPS if maps_per_group % m == 0] + [min(maps_per_group, 16)])
+        largest_divisor = max(m for m in range(1, min(maps_per_group, 16) + 1) if maps_per_group % m == 0)
+        map_choices = dict.fromkeys([m for m in MAPS if maps_per_group % m == 0] + [min(maps_per_group, 16), largest_divisor])
         tiles = [
             (r, x, m)
             for m in sorted(map_choices, reverse=True)
@@ -180,10 +183,10 @@ class ConstTile(Family):
             if r * x * m <= ACCUMULATOR_BUDGET and r <= rows_needed and x <= cols_needed
         ]
         tiles.sort(key=lambda t: (t[0] * t[1] * t[2], t[2], t[1]), reverse=True)
+        tiles = [t for t in tiles if self.reason(spec, "const_tile_r{}c{}m{}".format(*t), epilogue) is None]
         # fewer than 16 accumulators leave the loads in charge: not worth tuning
         most = max((r * x * m for r, x, m in tiles), default=0)
         names = [f"const_tile_r{r}c{x}m{m}" for r, x, m in tiles if r * x * m >= min(16, most)]
-        names = [name for name in names if self.reason(spec, name, epilogue) is None]
         # The heuristic's pick, from H200 sweeps of the shipped convs: the most maps
         # that split a group evenly (up to 16), over 2 x 4 pixels when the whole
         # filter then unrolls (weights become immediate operands), else 2 x 2.
@@ -199,7 +202,8 @@ class ConstTile(Family):
 
     def reason(self, spec, variant, epilogue):
         if variant == self.name:
-            return None if self.configs(spec, epilogue) else "no tile fits this Conv"
+            smallest = self.reason(spec, "const_tile_r1c1m1", epilogue)
+            return None if self.configs(spec, epilogue) else f"no tile fits this Conv (the smallest: {smallest})"
         rows, cols, maps = self.tile(variant)
         maps_per_group = spec.out_channels // spec.group
         pkh, pkw = _pool(epilogue)
@@ -214,7 +218,7 @@ class ConstTile(Family):
             return f"{variant}: a pool window over {lanes} lanes is combined with shuffles: it must be a power of 2 up to 32"
         if 0 in _computed_size(spec, epilogue):
             return "the pool window is larger than the conv output"
-        return None
+        return map_groups_reason(spec, variant, maps)
 
     @staticmethod
     def _unrolled_taps(spec: ConvSpec, outputs: int) -> int:

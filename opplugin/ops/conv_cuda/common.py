@@ -86,6 +86,22 @@ def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | 
     }
 
 
+# The map-group kernels (const_mo, const_rb, const_tile) compile one copy of
+# their tile loop per group of maps a thread computes, chained as templates:
+# NVRTC stops at about 200 and compile time grows with each, so cap it.
+MAX_MAP_GROUPS = 64
+
+
+def map_groups_reason(spec: ConvSpec, variant: str, maps: int) -> str | None:
+    groups = -(-spec.out_channels // maps)
+    if groups > MAX_MAP_GROUPS:
+        return (
+            f"{variant}: {spec.out_channels} maps at {maps} per thread make {groups} map groups, each a compiled "
+            f"copy of the kernel's loop; at most {MAX_MAP_GROUPS}"
+        )
+    return None
+
+
 def unroll_channels(spec: ConvSpec, multiply_adds_per_tap: int) -> int:
     """Unroll the channel loop fully when the unrolled body stays small, else not at all."""
     taps = (spec.in_channels // spec.group) * int(np.prod(spec.kernel))
@@ -135,7 +151,10 @@ class Family:
 
     def resolve(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> str:
         """The configured name a plain family name stands for on this node."""
-        return self.configs(spec, epilogue)[0] if variant == self.name else variant
+        if variant != self.name:
+            return variant
+        configs = self.configs(spec, epilogue)
+        return configs[0] if configs else variant  # none fits: reason() says why
 
     def reason(self, spec: ConvSpec, variant: str, epilogue: Epilogue) -> str | None:
         """Why this variant cannot run this shape (beyond the shared limits); None if it can."""

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import re
 
-from ...registry import PluginError
 from ... import cuda
 from ..conv import ConvSpec
-from ..epilogue import NONE, Epilogue
+from ..epilogue import NONE
 from .common import (
     CompileUnit,
     Family,
     GridKernel,
+    map_groups_reason,
     filters_maps_last,
     shape_defines,
     unroll_channels,
@@ -104,7 +104,7 @@ class ConstMultiOutput(Family):
             )
         if spec.group > 1 and maps_per_group % maps:
             return f"{variant}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
-        return None
+        return map_groups_reason(spec, variant, maps)
 
     def compile_units(self, spec, variant, epilogue=NONE):
         maps = self.maps(spec, variant)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ... import cuda
 from ..conv import ConvSpec
-from ..epilogue import NONE, Epilogue
+from ..epilogue import NONE
 from .common import BLOCK, CompileUnit, ConvKernel, Family, shape_defines
 
 THREADS = BLOCK  # threads per GEMM block

@@ -4,7 +4,7 @@ import onnxruntime as ort
 
 from onnx_builders import save, tiny_cnn
 from opplugin.model import load_model
-from opplugin.plan import OrtStep, PluginStep, describe, make_plan, split_fused
+from opplugin.plan import OrtStep, describe, make_plan, split_fused
 from opplugin.registry import Device
 from opplugin.runner import CPU
 

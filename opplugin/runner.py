@@ -18,8 +18,9 @@ its pool windows, which onnxruntime's MaxPool does not do consistently. So each
 fused step's output is checked on the device as the chunk runs, and a chunk in
 which any was not finite runs again on the exact path: the same plan with the
 fused steps split into the plain Conv step and onnxruntime's own activation
-and MaxPool nodes. Its results replace the chunk's; RunResult.exact_reruns
-counts such chunks. Finite inputs never take it.
+and MaxPool nodes, on its CPU provider (the reference). Its results replace
+the chunk's; RunResult.exact_reruns counts such chunks. Finite inputs never
+take it.
 """
 from __future__ import annotations
 
@@ -240,10 +241,10 @@ class Runner:
     def ort_on_gpu(self) -> bool:
         return self.providers[0] != "CPUExecutionProvider"
 
-    def _session(self, step: OrtStep) -> ort.InferenceSession:
+    def _session(self, step: OrtStep, providers: list[str] | None = None) -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        return ort.InferenceSession(self._any_batch(step.model).SerializeToString(), options, providers=self.providers)
+        return ort.InferenceSession(self._any_batch(step.model).SerializeToString(), options, providers=providers or self.providers)
 
     def _any_batch(self, sub_model: onnx.ModelProto) -> onnx.ModelProto:
         """The sub-model with a symbolic first axis on its batched inputs and outputs,
@@ -412,11 +413,13 @@ class Runner:
         if self._exact is None:
             plan = split_fused(self.plan)
             kernels = {step.name: self._unfused_kernel(step) for step in plan.plugin_steps}
-            sessions = {step.name: self.sessions.get(step.name) or self._session(step)
+            # onnxruntime's CPU provider, the reference `check` uses: its CUDA provider
+            # (cuDNN pooling) treats NaN in a pool window by other rules again
+            sessions = {step.name: self._session(step, ["CPUExecutionProvider"])
                         for step in plan.steps if isinstance(step, OrtStep)}
             if self.device.is_cuda:
                 cuda.synchronize()  # a kernel build may upload constants on the default stream
-            self._exact = PlanExecutor(plan, self.layout, kernels, sessions, self.constants, self.ort_on_gpu)
+            self._exact = PlanExecutor(plan, self.layout, kernels, sessions, self.constants, ort_on_gpu=False)
         return self._exact
 
     def _unfused_kernel(self, step: PluginStep) -> Kernel:

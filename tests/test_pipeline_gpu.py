@@ -38,9 +38,14 @@ def test_chunked_runs_on_several_streams_are_identical_to_one_piece(lenet):
         runner.chunk = chunk
         chunked = runner.run(feeds, keep=keep)
         assert chunked.chunks == -(-3000 // chunk) and chunked.streams == 3
-        np.testing.assert_array_equal(chunked.outputs["probabilities"], whole.outputs["probabilities"])
-        for name in keep:
+        for name in keep:  # the plugin steps: bit for bit, whatever the chunk
             np.testing.assert_array_equal(chunked.kept[name], whole.kept[name])
+        if runner.ort_on_gpu:
+            # onnxruntime's CUDA provider lets cuBLAS pick its GEMM algorithm per batch
+            # size, so the Gemm steps after the convs round differently per chunk size
+            np.testing.assert_allclose(chunked.outputs["probabilities"], whole.outputs["probabilities"], rtol=1e-4, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(chunked.outputs["probabilities"], whole.outputs["probabilities"])
     assert compare(whole.outputs["probabilities"], _onnxruntime(model, feeds))["passed"]
 
 

@@ -26,7 +26,7 @@ __constant__ float bias[M];
 // Output maps FIRST .. FIRST+COUNT-1 of one pixel. `out` points at map 0 of
 // that pixel; maps are OH*OW floats apart.
 template <int FIRST, int COUNT>
-__device__ __forceinline__ void conv_maps(const float* __restrict__ image, float* __restrict__ out,
+__device__ __forceinline__ void conv_tile(const float* __restrict__ image, float* __restrict__ out,
                                           int ih0, int iw0)
 {
     // the host keeps the MO maps of a thread inside one group: one set of input channels
@@ -66,20 +66,7 @@ __device__ __forceinline__ void conv_maps(const float* __restrict__ image, float
     }
 }
 
-// Runs the copy of conv_maps for map group `group`; `if constexpr` unfolds the
-// chain at compile time, so each copy sees its first map as a literal.
-template <int GI>
-__device__ __forceinline__ void conv_group(int group, const float* __restrict__ image,
-                                           float* __restrict__ out, int ih0, int iw0)
-{
-    constexpr int first = GI * MO;
-    constexpr int count = (M - first < MO) ? (M - first) : MO;
-    if (group == GI) {
-        conv_maps<first, count>(image, out, ih0, iw0);
-    } else if constexpr (GI + 1 < GROUPS) {
-        conv_group<GI + 1>(group, image, out, ih0, iw0);
-    }
-}
+#include "conv_map_groups.cuh"
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
 conv_const_mo(const float* __restrict__ x, float* __restrict__ y, int batch)
@@ -92,5 +79,5 @@ conv_const_mo(const float* __restrict__ x, float* __restrict__ y, int batch)
 
     const float* image = x + (size_t)n * (C * H * W);
     float* out = y + (size_t)n * (M * OH * OW) + oh * OW + ow;
-    conv_group<0>(blockIdx.y, image, out, oh * SH - PH, ow * SW - PW);
+    for_map_group<0>(blockIdx.y, image, out, oh * SH - PH, ow * SW - PW);
 }

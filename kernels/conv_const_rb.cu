@@ -39,23 +39,7 @@ __constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
 __constant__ float bias[M];
 #endif
 
-__device__ __forceinline__ float activate(float v)
-{
-#if ACT == 1
-    return v < 0.0f ? 0.0f : v;  // keeps NaN, as onnxruntime's Relu does
-#elif ACT == 2
-    return tanhf(v);
-#else
-    return v;
-#endif
-}
-
-// max in which NaN wins (fmaxf would drop it): a NaN in a pool window reaches
-// the output, where the runner sees it
-__device__ __forceinline__ float max_keep_nan(float a, float b)
-{
-    return (a > b || a != a) ? a : b;
-}
+#include "conv_epilogue.cuh"
 
 // Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1 at column ow.
 template <int FIRST, int COUNT>
@@ -133,20 +117,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
 #endif
 }
 
-// Runs the copy of conv_tile for map group `group`; `if constexpr` unfolds the
-// chain at compile time, so each copy sees its first map as a literal.
-template <int GI>
-__device__ __forceinline__ void conv_group(int group, const float* __restrict__ image, float* __restrict__ y,
-                                           int n, int oh0, int ow, bool valid)
-{
-    constexpr int first = GI * MO;
-    constexpr int count = (M - first < MO) ? (M - first) : MO;
-    if (group == GI) {
-        conv_tile<first, count>(image, y, n, oh0, ow, valid);
-    } else if constexpr (GI + 1 < GROUPS) {
-        conv_group<GI + 1>(group, image, y, n, oh0, ow, valid);
-    }
-}
+#include "conv_map_groups.cuh"
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
 conv_const_rb(const float* __restrict__ x, float* __restrict__ y, int batch)
@@ -163,5 +134,5 @@ conv_const_rb(const float* __restrict__ x, float* __restrict__ y, int batch)
     const int n = t / (ROW_TILES * CW);
     const int oh0 = ((t / CW) % ROW_TILES) * RT;
     const int ow = t % CW;
-    conv_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow, valid);
+    for_map_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow, valid);
 }

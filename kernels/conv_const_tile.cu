@@ -61,16 +61,7 @@ __constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
 __constant__ float bias[M];
 #endif
 
-__device__ __forceinline__ float activate(float v)
-{
-#if ACT == 1
-    return v < 0.0f ? 0.0f : v;  // keeps NaN, as onnxruntime's Relu does
-#elif ACT == 2
-    return tanhf(v);
-#else
-    return v;
-#endif
-}
+#include "conv_epilogue.cuh"
 
 __device__ __forceinline__ float bias_of(int map)
 {
@@ -93,12 +84,6 @@ __device__ __forceinline__ void load_row_segment(const float* start, bool inside
         for (int e = 0; e < 4; ++e)
             if (k + e < IN_COLS) v[k + e] = part[e];
     }
-}
-
-// max in which NaN wins (fmaxf would drop it)
-__device__ __forceinline__ float max_keep_nan(float a, float b)
-{
-    return (a > b || a != a) ? a : b;
 }
 
 // Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1, columns ow0 .. ow0+XT-1.
@@ -209,20 +194,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
 #endif
 }
 
-// Runs the copy of conv_tile for map group `group`; `if constexpr` unfolds the
-// chain at compile time, so each copy sees its first map as a literal.
-template <int GI>
-__device__ __forceinline__ void conv_group(int group, const float* __restrict__ image, float* __restrict__ y,
-                                           int n, int oh0, int ow0, bool valid)
-{
-    constexpr int first = GI * MO;
-    constexpr int count = (M - first < MO) ? (M - first) : MO;
-    if (group == GI) {
-        conv_tile<first, count>(image, y, n, oh0, ow0, valid);
-    } else if constexpr (GI + 1 < GROUPS) {
-        conv_group<GI + 1>(group, image, y, n, oh0, ow0, valid);
-    }
-}
+#include "conv_map_groups.cuh"
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
 conv_const_tile(const float* __restrict__ x, float* __restrict__ y, int batch)
@@ -241,5 +213,5 @@ conv_const_tile(const float* __restrict__ x, float* __restrict__ y, int batch)
     const int n = tile / (ROW_TILES * COL_TILES);
     const int oh0 = ((tile / COL_TILES) % ROW_TILES) * (SUBH * RT) + (sub / SUBW) * RT;
     const int ow0 = (tile % COL_TILES) * (SUBW * XT) + (sub % SUBW) * XT;
-    conv_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow0, valid);
+    for_map_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow0, valid);
 }

@@ -5,6 +5,7 @@ in a plain checkout on PYTHONPATH they sit beside the package at the repository 
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -25,5 +26,11 @@ def models_dir() -> Path:
     return _find("models")
 
 
+_INCLUDE = re.compile(r'^#include "([\w.]+\.cuh)"$', re.MULTILINE)
+
+
 def kernel_source(filename: str) -> str:
-    return (kernels_dir() / filename).read_text()
+    """kernels/<filename> with its `#include "x.cuh"` lines replaced by those files:
+    NVRTC gets one self-contained source, whichever way the package is installed."""
+    text = (kernels_dir() / filename).read_text()
+    return _INCLUDE.sub(lambda match: kernel_source(match.group(1)), text)

@@ -56,3 +56,15 @@ def test_spec_rejects_inconsistent_shapes():
         ConvSpec.from_shapes((1, 3, 8, 8), (4, 2, 3, 3), {}, has_bias=False)
     with pytest.raises(PluginError, match="empty"):
         ConvSpec.from_shapes((1, 1, 2, 2), (1, 1, 5, 5), {}, has_bias=False)
+
+
+def test_an_image_gives_the_same_bits_whatever_batch_it_comes_in():
+    # the CPU backend runs a batch in chunks; BLAS rounds by matrix size, so the
+    # reference must not let the batch size reach an image's product
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((23, 4, 40, 40), dtype=np.float32)
+    w = rng.standard_normal((16, 4, 7, 7), dtype=np.float32)
+    b = rng.standard_normal(16, dtype=np.float32)
+    whole = conv(x, w, b)
+    for start, stop in [(0, 1), (0, 7), (7, 14), (14, 23)]:
+        np.testing.assert_array_equal(conv(x[start:stop], w, b), whole[start:stop])

@@ -3,7 +3,9 @@
 `conv` follows ONNX Conv exactly (N-D, pads begin+end, strides, dilations,
 group, optional bias). It lowers each batch chunk to a matrix of input patches
 (im2col) and multiplies by the filters, so the work runs in BLAS while memory
-stays bounded by `chunk_bytes`. The arithmetic runs in the dtype of the inputs:
+stays bounded by `chunk_bytes`. Each image gets its own matrix product of a
+fixed shape: BLAS picks its blocking, and so its rounding, by the matrix size,
+and an image's result must not depend on how many others share its call. The arithmetic runs in the dtype of the inputs:
 pass float64 arrays for an oracle.
 """
 from __future__ import annotations
@@ -52,8 +54,8 @@ def conv(
         for start in range(0, n, images_per_chunk):
             chunk = windows[start : start + images_per_chunk, channels]
             count = chunk.shape[0]
-            patches = np.ascontiguousarray(chunk.transpose(patch_order)).reshape(count * pixels, c_per_group * taps)
-            product = (patches @ filters.T).reshape(count, pixels, m_per_group)
+            patches = np.ascontiguousarray(chunk.transpose(patch_order)).reshape(count, pixels, c_per_group * taps)
+            product = patches @ filters.T  # a stack of per-image products: (count, pixels, maps)
             y[start : start + count, maps] = product.transpose(0, 2, 1).reshape(count, m_per_group, *out_size)
     if b is not None:
         y += b.reshape((1, m) + (1,) * rank).astype(dtype, copy=False)

@@ -150,11 +150,13 @@ def describe_spec(spec: ConvSpec) -> str:
     return text
 
 
-def step_bytes(spec: ConvSpec, epilogue: Epilogue, batch: int) -> int:
-    """The fewest bytes the step moves (input and weights read once, the written output once)."""
+def step_cost(spec: ConvSpec, epilogue: Epilogue, batch: int) -> tuple[int, int]:
+    """The fewest FLOPs and bytes of the step: the conv outputs its result depends
+    on, input and weights read once, the written (pooled) output once."""
     from .ops.conv_cuda.common import ConvKernel
 
-    return ConvKernel(spec, "minimum", epilogue).bytes_moved(batch)
+    least = ConvKernel(spec, "minimum", epilogue)
+    return least.flops(batch), least.bytes_moved(batch)
 
 
 # --- records --------------------------------------------------------------------------
@@ -434,8 +436,7 @@ class Bench:
 
         spec = dataclasses.replace(case.spec, batch=batch)
         epilogue = case.epilogue if fused else NONE
-        nbytes = step_bytes(spec, epilogue, batch)
-        flops = spec.flops(batch)
+        flops, nbytes = step_cost(spec, epilogue, batch)
         step = dict.fromkeys(STEP_KEYS)
         step.update(
             step=case.label(fused),

@@ -86,11 +86,16 @@ def test_cases_are_the_shipped_convs_with_their_fused_epilogues():
     assert cases[0].w.shape == (4, 1, 7, 7) and cases[0].b.shape == (4,)
 
 
-def test_step_bytes_count_the_pooled_output_only():
+def test_step_cost_counts_the_pooled_output_and_the_conv_outputs_the_pool_reads():
     spec = conv_spec(10000, 1, 4, (86, 86), (7, 7))
-    assert bench.step_bytes(spec, NONE, 10000) == spec.bytes_moved(10000)
-    fused = bench.step_bytes(spec, Epilogue("Relu", (2, 2)), 10000)
-    assert spec.bytes_moved(10000) - fused == 4 * 10000 * 4 * (80 * 80 - 40 * 40)
+    assert bench.step_cost(spec, NONE, 10000) == (spec.flops(10000), spec.bytes_moved(10000))
+    flops, nbytes = bench.step_cost(spec, Epilogue("Relu", (2, 2)), 10000)
+    assert flops == spec.flops(10000)  # a 2x2 pool reads all 80x80 outputs
+    assert spec.bytes_moved(10000) - nbytes == 4 * 10000 * 4 * (80 * 80 - 40 * 40)
+    # lenet86 conv2: a 4x4 pool over 34x34 outputs reads 32x32 of them
+    conv2 = conv_spec(10000, 4, 16, (40, 40), (7, 7))
+    flops, _ = bench.step_cost(conv2, Epilogue("Relu", (4, 4)), 10000)
+    assert flops == 10000 * 16 * 32 * 32 * (2 * 4 * 49 + 1)
 
 
 def test_check_indices_cover_both_ends_and_the_middle():
@@ -114,11 +119,11 @@ def synthetic_step(label="lenet86 conv1", model="lenet86", fused=False, batch=10
     spec = conv_spec(batch, 1, 4, (86, 86), (7, 7))
     epilogue = Epilogue("Relu", (2, 2)) if fused else NONE
     step = dict.fromkeys(bench.STEP_KEYS)
-    nbytes = bench.step_bytes(spec, epilogue, batch)
+    flops, nbytes = bench.step_cost(spec, epilogue, batch)
     step.update(
         step=label, model=model, conv="conv1", fused=fused, epilogue=epilogue.suffix.lstrip("+"), batch=batch,
-        shape=bench.describe_spec(spec), flops=spec.flops(batch), bytes=nbytes, floor_ms=ROOF.floor_ms(spec.flops(batch), nbytes),
-        bound=roofline.bound_by(spec.flops(batch), nbytes, ROOF.bytes_per_s, ROOF.flops_per_s),
+        shape=bench.describe_spec(spec), flops=flops, bytes=nbytes, floor_ms=ROOF.floor_ms(flops, nbytes),
+        bound=roofline.bound_by(flops, nbytes, ROOF.bytes_per_s, ROOF.flops_per_s),
     )
     return step
 

@@ -269,7 +269,8 @@ def test_the_fused_epilogue_propagates_nan_and_inf_from_any_place_in_a_window(ac
         (["run", "lenet86", "--batch", "2", "--streams", "0", "--device", "cpu"], "--streams must be at least 1"),
         (["run", "lenet86", "--batch", "2", "--repeat", "0", "--device", "cpu"], "--repeat must be at least 1"),
         (["run", "lenet86", "--batch", "100000000000000", "--data", "random", "--device", "cpu"], "out of memory"),
-        (["check", "lenet86", "--batch", "2", "--variant", "nope", "--device", "cpu"], "needs a CUDA device"),
+        (["check", "lenet86", "--batch", "2", "--variant", "nope", "--device", "cpu"], "unknown Conv variant 'nope'"),
+        (["check", "lenet86", "--batch", "2", "--variant", "const_tile", "--device", "cpu"], "needs a CUDA device"),
     ],
 )
 def test_bad_requests_exit_2_with_one_line(argv, message, capsys):

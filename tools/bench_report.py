@@ -164,7 +164,8 @@ def render_markdown(payload: dict[str, Any], batch: int, chart: str | None) -> s
         "",
         f"Roofline of this device, measured in the same run: copy {roof['copy_gb_per_s'] / 1000:.2f} TB/s "
         f"(device-to-device, bytes read + written), FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s "
-        f"({roof['matmul_n']}^3 matrix product, TF32 off). A conv's floor is the larger of bytes / bandwidth and FLOPs / rate.",
+        f"({roof['matmul_n']}^3 matrix product, TF32 off). A conv's floor is the larger of bytes / bandwidth and FLOPs / rate; "
+        "a fused step's counts only the pooled output's bytes and the conv outputs its pool reads.",
         "",
         *(["**This run was cut short: some steps are missing.**", ""] if not payload.get("complete", True) else []),
         "## Conv alone",

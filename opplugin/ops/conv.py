@@ -58,10 +58,11 @@ class ConvSpec:
     def output_shape(self, batch: int | None = None) -> tuple[int, ...]:
         return (self.batch if batch is None else batch, self.out_channels, *self.out_size)
 
-    def flops(self, batch: int | None = None) -> int:
-        """Multiply-adds counted as two FLOPs, plus one add per output for the bias."""
+    def flops(self, batch: int | None = None, computed_size: tuple[int, ...] | None = None) -> int:
+        """Multiply-adds counted as two FLOPs, plus one add per output for the bias;
+        `computed_size` is the part of the output a kernel computes (all of it by default)."""
         n = self.batch if batch is None else batch
-        outputs = n * self.out_channels * int(np.prod(self.out_size))
+        outputs = n * self.out_channels * int(np.prod(computed_size or self.out_size))
         per_output = 2 * (self.in_channels // self.group) * int(np.prod(self.kernel))
         return outputs * per_output + (outputs if self.has_bias else 0)
 
@@ -231,6 +232,9 @@ class ConvPlugin:
             raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
         if not device.is_cuda:
             if variant not in (None, "reference"):
+                from .conv_cuda import family_of
+
+                family_of(variant)  # an unknown name says so before the missing device does
                 raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
             return ReferenceConvKernel(spec, epilogue)
         from . import conv_cuda

@@ -39,6 +39,14 @@ class Epilogue:
             return tuple(conv_size)
         return tuple(s // k for s, k in zip(conv_size, self.pool))
 
+    def conv_size_read(self, conv_size: tuple[int, ...]) -> tuple[int, ...]:
+        """The part of the conv output the pool reads: a floor-mode pool leaves out
+        the last rows and columns when its window does not divide the size, and a
+        fused kernel need not compute them (lenet86 conv2: 32x32 of 34x34)."""
+        if not self.pool:
+            return tuple(conv_size)
+        return tuple(s // k * k for s, k in zip(conv_size, self.pool))
+
     def apply(self, y: np.ndarray, xp=np) -> np.ndarray:
         """The meaning, on an (N, M, H, W) conv output, in ONNX's order; `xp` is
         the array module (numpy, or cupy for device arrays).

@@ -181,7 +181,8 @@ class ConvKernel:
         self.epilogue = epilogue
 
     def flops(self, batch: int) -> int:
-        return self.spec.flops(batch)
+        """With a fused pool, only the conv outputs the pool reads are computed."""
+        return self.spec.flops(batch, self.epilogue.conv_size_read(self.spec.out_size))
 
     def bytes_moved(self, batch: int) -> int:
         """Fewest bytes: input and weights read once, the (pooled) output written once."""

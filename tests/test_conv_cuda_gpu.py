@@ -375,3 +375,6 @@ def test_costs_delegate_to_the_spec():
     fused = GridKernel(spec, "conv.x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (2, 2)))
     assert fused.output_shape(3) == (3, 16, 17, 17)
     assert fused.bytes_moved(3) == spec.bytes_moved(3) - 4 * 3 * 16 * (34 * 34 - 17 * 17)
+    assert fused.flops(3) == spec.flops(3)  # a 2x2 pool reads all 34x34 outputs
+    pool4 = GridKernel(spec, "conv.x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (4, 4)))
+    assert pool4.flops(3) == spec.flops(3) * (32 * 32) // (34 * 34)  # a 4x4 pool reads 32x32 of them

@@ -1,4 +1,4 @@
-"""The command line: opplugin run | check | plan."""
+"""The command line: opplugin run | check | plan | tune | bench."""
 from __future__ import annotations
 
 import argparse

@@ -1,0 +1,49 @@
+"""Launch one Conv variant of a shipped model a few times, for a profiler to watch.
+
+    PYTHONPATH=$PWD ncu --kernel-name regex:^conv_ --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+        python3 tools/profile_conv.py lenet86 conv2 [--variant const_tile] [--fused] [--batch 10000]
+
+Without --variant the runner's own choice is taken (the tuning cache, else the
+heuristic). Every kernel of the variants is named conv_<family>; the filter
+matters, since the random input comes from cuRAND kernels that launch first.
+Skip the first launches in the profiler (warm-up); the script prints the
+kernel's name and its median time over the launches it made.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+from opplugin import cuda
+from opplugin.bench import conv_cases
+from opplugin.ops import conv_cuda
+from opplugin.ops.choice import choose_variant
+from opplugin.ops.epilogue import NONE
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("conv", help="the Conv node's name, e.g. conv1")
+    parser.add_argument("--variant", help="family or configured name (default: the runner's choice)")
+    parser.add_argument("--fused", action="store_true", help="with the activation and pool the plan fuses into it")
+    parser.add_argument("--batch", type=int, default=10000)
+    parser.add_argument("--launches", type=int, default=5)
+    args = parser.parse_args()
+
+    [case] = [c for c in conv_cases([args.model]) if c.conv == args.conv]
+    spec = dataclasses.replace(case.spec, batch=args.batch)
+    epilogue = case.epilogue if args.fused and case.epilogue else NONE
+    weights = (case.w, case.b)
+    variant = args.variant or choose_variant(spec, weights, epilogue, cuda.device())
+    kernel = conv_cuda.build_kernel(spec, variant, weights, epilogue)
+    inputs = conv_cuda.random_inputs(spec)[:1]  # x only: the filters live in the kernel's constant bank
+    out = cuda.empty(kernel.output_shape(args.batch), "float32")
+    times = cuda.time_ms(lambda: kernel(inputs, None, out=out), warmup=0, repeat=args.launches)
+    print(f"{kernel.name}: {args.model} {args.conv}, batch {args.batch}, median {statistics.median(times):.3f} ms "
+          f"over {args.launches} launches")
+
+
+if __name__ == "__main__":
+    main()

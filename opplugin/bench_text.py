@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .texttable import text_table
+
 COLUMNS = ("variant", "exact", "ms", "GFLOP/s", "GB/s", "x floor", "vs base", "vs cuDNN", "rel err", "status")
 NOTE_WIDTH = 70
 
@@ -44,15 +46,8 @@ def row_cells(row: dict[str, Any]) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cells = [list(COLUMNS)] + [row_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS) - 1)]
-
-    def line(values: list[str]) -> str:
-        left = values[0].ljust(widths[0])
-        middle = "  ".join(v.rjust(w) for v, w in zip(values[1:-1], widths[1:]))
-        return f"{left}  {middle}  {values[-1]}".rstrip()
-
-    return "\n".join([line(cells[0]), *(line(c) for c in cells[1:])])
+    numbers = range(1, len(COLUMNS) - 1)  # between the name and the status
+    return "\n".join(text_table(COLUMNS, [row_cells(r) for r in rows], right=numbers, rule=False))
 
 
 def header(payload: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from onnx import helper
 from . import chunking
 from .model import Model
 from .runner import Runner
+from .texttable import text_table
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -286,16 +287,15 @@ def check(
 
 
 def format_check(result: CheckResult, atol: float, rtol: float) -> str:
-    header = f"{'tensor':<24} {'step':<14} {'implementation':<22} {'max abs':>9} {'max rel':>9} {'rel L2':>9}  result"
-    lines = [header, "-" * len(header)]
+    rows = []
     for r in result.records:
-        if "error" in r:
-            lines.append(f"{r['tensor']:<24} {r['step']:<14} {r['implementation']:<22} {r['error']}  FAIL")
+        if "error" in r:  # nothing to measure: the tensors do not even line up
+            rows.append([r["tensor"], r["step"], r["implementation"], "-", "-", "-", f"FAIL: {r['error']}"])
             continue
-        lines.append(
-            f"{r['tensor']:<24} {r['step']:<14} {r['implementation']:<22} "
-            f"{r['max_abs_error']:>9.2e} {r['max_rel_error']:>9.2e} {r['rel_l2']:>9.2e}  {'pass' if r['passed'] else 'FAIL'}"
-        )
+        errors = [f"{r[key]:.2e}" for key in ("max_abs_error", "max_rel_error", "rel_l2")]
+        rows.append([r["tensor"], r["step"], r["implementation"], *errors, "pass" if r["passed"] else "FAIL"])
+    header = ["tensor", "step", "implementation", "max abs", "max rel", "rel L2", "result"]
+    lines = text_table(header, rows, right=(3, 4, 5))
     lines.append("")
     if result.top1_agreement is not None:
         lines.append(f"Top-1 agreement with onnxruntime: {result.top1_agreement:.4f}")

@@ -18,6 +18,7 @@ import numpy as np
 from . import __version__
 from .plan import PluginStep
 from .runner import Profile, Runner
+from .texttable import text_table
 
 ROW_KEYS = (
     "step",
@@ -157,14 +158,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    numeric = {4, 5, 6, 7}
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule, *(line(b) for b in body)])
+    return "\n".join(text_table(header, body, right=(4, 5, 6, 7)))
 
 
 def format_text(report: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from .ops.conv import ConvSpec, constant_weights, epilogue_of
 from .ops.epilogue import NONE, Epilogue
 from .plan import PluginStep, make_plan
 from .registry import Device
+from .texttable import text_table
 
 MAX_RELATIVE_L2 = 1e-5
 CHECK_IMAGES = 4  # images compared with the float64 reference: enough to catch any indexing slip
@@ -301,15 +302,11 @@ def format_report(report: TuneReport) -> str:
             lines += ["  no FP32-exact configuration runs this step; it keeps the heuristic's variant", ""]
             continue
         chosen = tuned.chosen
-        rows = [("config", "median ms", "result", "chosen")]
+        rows = []
         for r in sorted(tuned.results, key=_table_order):
             ms = f"{r.median_ms:.4f}" if r.median_ms is not None else "-"
             rows.append((r.variant, ms, f"{r.status}: {r.detail}" if r.detail else r.status, "*" if r is chosen else ""))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        for i, row in enumerate(rows):
-            lines.append("  " + "  ".join(cell.rjust(w) if c == 1 else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))).rstrip())
-            if i == 0:
-                lines.append("  " + "  ".join("-" * w for w in widths))
+        lines += text_table(("config", "median ms", "result", "chosen"), rows, right=(1,), indent="  ")
         if chosen is None:
             lines.append("  no configuration passed: the heuristic's variant stays")
         lines.append("")

@@ -85,3 +85,16 @@ def test_throughput_and_chunking_are_reported(tiny_model_path):
     assert "images/s (in 3 chunks of up to 4)" in text and "Copies:" not in text
     # a chunked run's step times are sums over its chunks, and its shapes are the whole batch's
     assert result["steps"][0]["input_shapes"] == [[10, 3, 12, 12]]
+
+
+def test_text_table_fits_each_column_to_its_widest_cell():
+    from opplugin.texttable import text_table
+
+    lines = text_table(["name", "ms"], [["conv.const_tile_r2c2m16+relu+maxpool4", "1.5"], ["gemm", "12.25"]], right=[1])
+    assert lines == [
+        "name                                      ms",
+        "-------------------------------------  -----",
+        "conv.const_tile_r2c2m16+relu+maxpool4    1.5",
+        "gemm                                   12.25",
+    ]
+    assert text_table(["a", "b"], [["x", "y"]], rule=False, indent="  ") == ["  a  b", "  x  y"]

@@ -32,13 +32,17 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=5)
     args = parser.parse_args()
 
-    [case] = [c for c in conv_cases([args.model]) if c.conv == args.conv]
+    cases = {c.conv: c for c in conv_cases([args.model])}
+    if args.conv not in cases:
+        parser.error(f"{args.model} has no Conv named {args.conv!r}; it has {', '.join(cases)}")
+    case = cases[args.conv]
     spec = dataclasses.replace(case.spec, batch=args.batch)
     epilogue = case.epilogue if args.fused and case.epilogue else NONE
     weights = (case.w, case.b)
     variant = args.variant or choose_variant(spec, weights, epilogue, cuda.device())
     kernel = conv_cuda.build_kernel(spec, variant, weights, epilogue)
-    inputs = conv_cuda.random_inputs(spec)[:1]  # x only: the filters live in the kernel's constant bank
+    # the model's own weights: variants with a constant bank ignore them, the others read them
+    inputs = [conv_cuda.random_inputs(spec)[0], cuda.to_device(case.w)] + ([cuda.to_device(case.b)] if case.b is not None else [])
     out = cuda.empty(kernel.output_shape(args.batch), "float32")
     times = cuda.time_ms(lambda: kernel(inputs, None, out=out), warmup=0, repeat=args.launches)
     print(f"{kernel.name}: {args.model} {args.conv}, batch {args.batch}, median {statistics.median(times):.3f} ms "

@@ -5,8 +5,8 @@ group, optional bias). It lowers each batch chunk to a matrix of input patches
 (im2col) and multiplies by the filters, so the work runs in BLAS while memory
 stays bounded by `chunk_bytes`. Each image gets its own matrix product of a
 fixed shape: BLAS picks its blocking, and so its rounding, by the matrix size,
-and an image's result must not depend on how many others share its call. The arithmetic runs in the dtype of the inputs:
-pass float64 arrays for an oracle.
+and an image's result must not depend on how many others share its call. The
+arithmetic runs in the dtype of the inputs: pass float64 arrays for an oracle.
 """
 from __future__ import annotations
 

@@ -11,21 +11,25 @@ is compared, and is dropped; running figures (ErrorStats) fold the slices
 together so that the final figures are those of one pass over the whole batch.
 These slices bound host memory and onnxruntime's batch; the runner still cuts
 each of them into its own chunks for device memory.
+
+This module reads the runtime's plain records (PlanRecord, RunResult) and is
+handed the runner's `run` as a function; it never holds a runner.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-import onnxruntime as ort
-from onnx import helper
 
-from . import chunking
-from .model import Model
-from .runner import Runner
+from .errors import InputError
+from .runtime import chunking
+from .runtime.records import PlanRecord, RunResult
+from .sessions import Reference
 from .texttable import text_table
+
+# runner.run: (feeds, keep) -> RunResult
+RunFunction = Callable[..., RunResult]
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -127,32 +131,6 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float = DEFAULT_ATOL
     return ErrorStats(atol, rtol).add(actual, expected).result()
 
 
-class OnnxruntimeReference:
-    """The unmodified model on onnxruntime's CPU provider, also returning `extra_outputs`;
-    one session, built once, serves every call."""
-
-    def __init__(self, model: Model, extra_outputs: list[str] | tuple[str, ...] = ()):
-        proto = copy.deepcopy(model.proto)
-        existing = {o.name for o in proto.graph.output}
-        for name in extra_outputs:
-            if name not in existing:
-                proto.graph.output.append(helper.make_empty_tensor_value_info(name))
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        # no arena: it would keep (and round up to powers of two) the largest chunk's memory for good
-        options.enable_cpu_mem_arena = False
-        self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        self.names = [o.name for o in proto.graph.output]
-
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.names, self.session.run(self.names, feeds)))
-
-
-def onnxruntime_reference(model: Model, feeds: dict[str, np.ndarray], extra_outputs: list[str]) -> dict[str, np.ndarray]:
-    """Run the unmodified model on onnxruntime's CPU provider, also returning `extra_outputs`."""
-    return OnnxruntimeReference(model, extra_outputs)(feeds)
-
-
 @dataclass
 class CheckResult:
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -204,41 +182,59 @@ class Top1Tally:
             result.reference_accuracy = self.reference_correct / self.images
 
 
-def kept_tensors(runner: Runner) -> tuple[str, ...]:
+def kept_tensors(plan: PlanRecord) -> tuple[str, ...]:
     """The plugin steps' outputs that are not graph outputs: what check asks the runner to keep."""
-    outputs = set(runner.plan.model.outputs)
-    return tuple(name for step in runner.plan.plugin_steps for name in step.outputs if name not in outputs)
+    outputs = set(plan.model.outputs)
+    return tuple(name for step in plan.plugin_steps for name in step.outputs if name not in outputs)
 
 
-def check_image_bytes(runner: Runner) -> int:
+def check_image_bytes(plan: PlanRecord) -> int:
     """Host bytes one image costs a check chunk: its slice of every compared tensor, held twice
     (ours and onnxruntime's), plus onnxruntime's working set while it runs the chunk. For the
     latter we count every tensor of the graph as if none shared memory (inputs are views of the
     caller's arrays): the planner of either side reuses buffers, so this bounds both. (Measured
     on lenet86, onnxruntime's blocked-channel layouts take about a quarter more than the bound.)"""
-    layout = runner.layout
-    compared = [*kept_tensors(runner), *runner.plan.model.outputs]
+    layout = plan.layout
+    compared = [*kept_tensors(plan), *plan.model.outputs]
     held = sum(layout.image_bytes(name) for name in compared)
-    inputs = {i.name for i in runner.plan.model.inputs}
+    inputs = {i.name for i in plan.model.inputs}
     working = sum(layout.image_bytes(name) for name in layout.sample_shapes if name not in inputs)
-    return max(1, 2 * held + max(working, runner.peak_image_bytes))
+    return max(1, 2 * held + max(working, plan.peak_image_bytes))
 
 
-def check_chunks(runner: Runner, batch: int, budget_bytes: int = DEFAULT_CHECK_BYTES, chunk: int | None = None) -> list[slice]:
+def check_chunks(plan: PlanRecord, batch: int, budget_bytes: int = DEFAULT_CHECK_BYTES, chunk: int | None = None) -> list[slice]:
     """The row ranges a check of `batch` images compares one at a time: `chunk` images each,
     or as many as `budget_bytes` of host memory holds (at least one). A model that cannot be
     chunked is checked in one piece."""
-    if not runner.layout.chunkable:
+    if not plan.layout.chunkable:
         return [slice(0, batch)]
     if chunk is None:
-        chunk = max(1, int(budget_bytes) // check_image_bytes(runner))
-        if chunk >= runner.chunk:  # whole device chunks, the size the kernels were picked for
-            chunk -= chunk % runner.chunk
+        chunk = max(1, int(budget_bytes) // check_image_bytes(plan))
+        if chunk >= plan.chunk:  # whole device chunks, the size the kernels were picked for
+            chunk -= chunk % plan.chunk
     return chunking.split_rows(batch, min(int(chunk), batch))
 
 
+def _batched(plan: PlanRecord) -> frozenset[str]:
+    """The inputs a check chunk takes a slice of (none when the model runs in one piece)."""
+    return plan.layout.batched_inputs if plan.layout.chunkable else frozenset()
+
+
+def _rows_of(plan: PlanRecord, feeds: dict[str, np.ndarray]) -> int:
+    """The batch of `feeds`, which must be the plan's."""
+    if not isinstance(feeds, dict):
+        raise InputError(f"feeds must be a dict of input name to numpy array, got {type(feeds).__name__}")
+    batched = [name for name in _batched(plan) if name in feeds]
+    rows = len(feeds[batched[0]]) if batched else plan.batch
+    if rows != plan.batch:
+        raise InputError(f"the feeds hold {rows} images but the plan record is for batch {plan.batch}; "
+                         f"describe the runner at the feeds' batch")
+    return rows
+
+
 def check(
-    runner: Runner,
+    run: RunFunction,
+    plan: PlanRecord,
     feeds: dict[str, np.ndarray],
     labels: np.ndarray | None = None,
     atol: float = DEFAULT_ATOL,
@@ -250,20 +246,21 @@ def check(
 ) -> CheckResult:
     """Compare every plugin step's output and the model's outputs with onnxruntime's, in check
     chunks (see check_chunks) so that host memory stays near `budget_bytes` at any batch.
+    `run` is the runner's run(feeds, keep=...) and `plan` its describe() at the feeds' batch.
     `progress(label, images_done, images)` is called after each chunk when there are several."""
-    batch = runner.check_feeds(feeds)
-    model = runner.plan.model
-    kept = kept_tensors(runner)
-    rows_list = check_chunks(runner, batch, budget_bytes, chunk)
-    batched = runner.layout.batched_inputs if runner.layout.chunkable else frozenset()
-    reference = OnnxruntimeReference(model, kept)
+    batch = _rows_of(plan, feeds)
+    model = plan.model
+    kept = kept_tensors(plan)
+    rows_list = check_chunks(plan, batch, budget_bytes, chunk)
+    batched = _batched(plan)
+    reference = Reference(model.proto, kept)
 
-    stats = {(step.name, name): ErrorStats(atol, rtol) for step in runner.plan.plugin_steps for name in step.outputs}
+    stats = {(step.name, name): ErrorStats(atol, rtol) for step in plan.plugin_steps for name in step.outputs}
     output_stats = {name: ErrorStats(atol, rtol) for name in model.outputs}
     tally = Top1Tally()
     for rows in rows_list:
         piece = {name: (value[rows] if name in batched else value) for name, value in feeds.items()}
-        ours = runner.run(piece, keep=kept)
+        ours = run(piece, keep=kept)
         theirs = reference(piece)
         for (step_name, name), figures in stats.items():
             figures.add(ours.kept.get(name, ours.outputs.get(name)), theirs[name])
@@ -276,14 +273,39 @@ def check(
             progress("check", rows.stop, batch)
 
     result = CheckResult(chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list))
+    implementations = {step.name: step.implementation for step in plan.steps}
     for (step_name, name), figures in stats.items():
-        record = {"tensor": name, "step": step_name, "implementation": runner.implementation(step_name)}
+        record = {"tensor": name, "step": step_name, "implementation": implementations[step_name]}
         result.records.append(record | figures.result())
     for name, figures in output_stats.items():
         record = {"tensor": name, "step": "model output", "implementation": "whole model"}
         result.records.append(record | figures.result())
     tally.fill(result)
     return result
+
+
+# Rows of the batch `agreement` hands onnxruntime at a time, so that comparing a run
+# of 200,000 images needs no more memory than its outputs.
+AGREEMENT_ROWS = 4096
+
+
+def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray,
+              atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> dict[str, Any]:
+    """How a run's first graph output agrees with onnxruntime's on the same feeds:
+    compare()'s figures plus "top1_agreement" (1.0 when the output is no classifier's)."""
+    model, batched = plan.model, _batched(plan)
+    batch = _rows_of(plan, feeds)
+    reference = Reference(model.proto)
+    first = model.outputs[0]
+    figures, tally = ErrorStats(atol, rtol), Top1Tally()
+    slices = chunking.split_rows(batch, AGREEMENT_ROWS) if batched else [slice(0, batch)]
+    for rows in slices:
+        piece = {name: (value[rows] if name in batched else value) for name, value in feeds.items()}
+        ours = output[rows] if batched else output
+        theirs = reference(piece)[first]
+        figures.add(ours, theirs)
+        tally.add(ours, theirs, None)
+    return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else 1.0}
 
 
 def format_check(result: CheckResult, atol: float, rtol: float) -> str:

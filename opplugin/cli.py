@@ -62,19 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _runner(args):
-    from .errors import InputError
+    from .errors import positive_int
     from .model import load_model
-    from .runner import Runner
+    from .runtime import Runner
 
     model = load_model(args.model)
-    if args.batch < 1:
-        raise InputError(f"--batch must be at least 1, got {args.batch}")
-    chunk, streams = getattr(args, "chunk", None), getattr(args, "streams", None)
-    for flag, value in (("--chunk", chunk), ("--streams", streams)):
-        if value is not None and value < 1:
-            raise InputError(f"{flag} must be at least 1, got {value}")
+    batch = positive_int(args.batch, "--batch")
+    for flag, value in (("--chunk", args.chunk), ("--streams", args.streams)):
+        if value is not None:
+            positive_int(value, flag)
     variants = {"Conv": args.variant} if args.variant else None
-    return model, Runner(model, args.batch, args.device, variants, chunk=chunk, streams=streams)
+    return model, Runner(model, batch, args.device, variants, chunk=args.chunk, streams=args.streams)
 
 
 # Runs of at least this many chunks in all report progress even when stderr is not a terminal.
@@ -89,16 +87,23 @@ def _progress(runner, batch: int, passes: int):
     return ProgressBar(sys.stderr, plain_lines=runner.chunks_for(batch) * passes >= MANY_CHUNKS)
 
 
+def _write_json(path: str, payload: dict) -> None:
+    from .files import write_atomic
+
+    write_atomic(path, json.dumps(payload, indent=2) + "\n")
+
+
 def cmd_run(args) -> int:
     from . import report as reports
-    from .check import compare, top1
-    from .inputs import make_inputs
-    from .ort_reference import reference_outputs
+    from .check import agreement, top1
+    from .data import make_inputs
+    from .errors import positive_int
+    from .files import write_atomic
 
-    from .errors import InputError
-
-    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
-        raise InputError(f"--repeat must be at least 1 and --warmup at least 0 (got {args.repeat}, {args.warmup})")
+    if args.repeat is not None:
+        positive_int(args.repeat, "--repeat")
+    if args.warmup is not None:
+        positive_int(args.warmup, "--warmup", allow_zero=True)
     model, runner = _runner(args)
     on_gpu = runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
@@ -107,51 +112,45 @@ def cmd_run(args) -> int:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 0)
     repeat = args.repeat if args.repeat is not None else (5 if on_gpu else 2)
-    bar = _progress(runner, args.batch, warmup + max(repeat, 0))
+    bar = _progress(runner, args.batch, warmup + repeat)
     try:
         profile = runner.profile(inputs.feeds, warmup, repeat, progress=bar)
     finally:
         bar.close()
 
     extra = {"data": inputs.source}
-    output_name = model.outputs[0]
-    ours = profile.result.outputs[output_name]
+    ours = profile.result.outputs[model.outputs[0]]
     predicted = top1(ours)
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if not args.no_compare:
-        batched = runner.layout.batched_inputs if runner.layout.chunkable else frozenset()
-        reference = reference_outputs(model, inputs.feeds, batched)[output_name]
-        agreement = compare(ours, reference)
-        ref_top1 = top1(reference)
-        agreement["top1_agreement"] = float((predicted == ref_top1).mean()) if predicted is not None else 1.0
-        extra["agreement"] = agreement
+        extra["agreement"] = agreement(profile.plan, inputs.feeds, ours)
 
-    result = reports.build_report(runner, profile, warmup, extra)
+    result = reports.build_report(profile, warmup, extra)
     print(reports.format_text(result))
     if args.json:
-        reports.write_atomic(args.json, json.dumps(result, indent=2) + "\n")
+        _write_json(args.json, result)
     if args.csv:
-        reports.write_atomic(args.csv, reports.to_csv(result["steps"]))
+        write_atomic(args.csv, reports.to_csv(result["steps"]))
     return 0
 
 
 def cmd_check(args) -> int:
-    from . import report as reports
     from .check import DEFAULT_ATOL, DEFAULT_RTOL, check, check_chunks, format_check
-    from .errors import InputError
-    from .inputs import make_inputs
+    from .data import make_inputs
+    from .errors import positive_int
     from .progress import ProgressBar
 
     atol = DEFAULT_ATOL if args.atol is None else args.atol
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
-    if args.check_chunk is not None and args.check_chunk < 1:
-        raise InputError(f"--check-chunk must be at least 1, got {args.check_chunk}")
+    if args.check_chunk is not None:
+        positive_int(args.check_chunk, "--check-chunk")
     model, runner = _runner(args)
     inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=runner.device.is_cuda)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
     print(f"Checking {model.name}, batch {args.batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
-    passes = check_chunks(runner, args.batch, chunk=args.check_chunk)
+    plan = runner.describe(args.batch)
+    passes = check_chunks(plan, args.batch, chunk=args.check_chunk)
     if len(passes) > 1:
         print(f"Compared in {len(passes)} passes of up to {passes[0].stop:,} images, to bound host memory")
     print()
@@ -159,12 +158,12 @@ def cmd_check(args) -> int:
     # there are enough passes for the quarters to fall in different ones
     bar = ProgressBar(sys.stderr, plain_lines=len(passes) >= 4)
     try:
-        result = check(runner, inputs.feeds, inputs.labels, atol, rtol, chunk=passes[0].stop, progress=bar)
+        result = check(runner.run, plan, inputs.feeds, inputs.labels, atol, rtol, chunk=passes[0].stop, progress=bar)
     finally:
         bar.close()
     print(format_check(result, atol, rtol))
     if args.json:
-        payload = {
+        _write_json(args.json, {
             "model": model.name,
             "batch": args.batch,
             "device": runner.device.name,
@@ -177,30 +176,26 @@ def cmd_check(args) -> int:
             "top1_agreement": result.top1_agreement,
             "accuracy": result.accuracy,
             "reference_accuracy": result.reference_accuracy,
-        }
-        reports.write_atomic(args.json, json.dumps(payload, indent=2) + "\n")
+        })
     return 0 if result.passed else 1
 
 
 def cmd_plan(args) -> int:
+    from .device import select_device
+    from .errors import positive_int
     from .model import load_model
     from .plan import describe, make_plan
-    from .runner import select_device
 
     model = load_model(args.model)
     device = select_device(args.device)
-    plan = make_plan(model, args.batch, device)
-    notes = {}
-    for step in plan.plugin_steps:
-        explain = getattr(step.plugin, "variant_notes", None)
-        if explain:
-            notes[step.name] = explain(step.node, device)
+    plan = make_plan(model, positive_int(args.batch, "--batch"), device)
+    notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
     print(describe(plan, {k: v for k, v in notes.items() if v}))
     return 0
 
 
 def cmd_tune(args) -> int:
-    from .tuning import format_report, tune
+    from .lab.tune import format_report, tune
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -211,7 +206,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import main_from_args
+    from .lab.bench import main_from_args
 
     return main_from_args(args)
 
@@ -232,11 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:
         from .cuda import is_out_of_memory
+        from .errors import first_line
 
         if not is_out_of_memory(err):
             raise
         # an allocation outside a run (the input arrays, pinned or not)
-        print(f"opplugin: error: out of memory: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}", file=sys.stderr)
+        print(f"opplugin: error: out of memory: {first_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("opplugin: interrupted", file=sys.stderr)

@@ -1,9 +1,9 @@
-"""CuPy access: device detection, NVRTC options, the module cache, events, copies,
-pinned host memory and device-memory figures.
+"""CuPy access: device detection, NVRTC options, the module cache, the CUDA-event
+timer, streams, pinned host memory and device-memory figures.
 
 CuPy is imported lazily, so this module (and everything that imports it)
 loads on a machine without CuPy or without a GPU; only the functions that
-need a device import it.
+need a device import it. Which device a run uses is device.py's business.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import registry, resources
+from . import resources
 from .errors import KernelCompileError
 
 # Options every kernel is compiled with. No --use_fast_math: the variants are
@@ -34,16 +34,15 @@ def is_available() -> bool:
         return False
 
 
-def device() -> registry.Device:
-    """The current CUDA device as a registry.Device (kind "cuda")."""
+def current_properties() -> tuple[str, str]:
+    """(name, compute capability "9.0") of the current CUDA device."""
     import cupy
 
-    dev = cupy.cuda.Device()
-    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"]
     if isinstance(name, bytes):
         name = name.decode(errors="replace")
-    return registry.Device(kind="cuda", name=name, compute_capability=f"{props['major']}.{props['minor']}")
+    return name, f"{props['major']}.{props['minor']}"
 
 
 def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
@@ -108,13 +107,6 @@ def to_device(array: Any):
     return cupy.asarray(array)
 
 
-def to_host(array: Any):
-    """A numpy copy of a device array (waits for it)."""
-    import cupy
-
-    return cupy.asnumpy(array)
-
-
 def empty(shape: Sequence[int], dtype: Any):
     """An uninitialised device array."""
     import cupy
@@ -122,11 +114,13 @@ def empty(shape: Sequence[int], dtype: Any):
     return cupy.empty(tuple(shape), dtype=dtype)
 
 
-def time_ms(fn: Callable[[], Any], warmup: int = 2, repeat: int = 5, stream: Any = None) -> list[float]:
-    """Milliseconds of each of `repeat` calls of fn(), timed with CUDA events.
+def time_ms(fn: Callable[[], Any], warmup: int = 2, repeat: int = 5, stream: Any = None, calls: int = 1) -> list[float]:
+    """Milliseconds per call of fn(), one reading per sample: `warmup` untimed calls,
+    then `repeat` samples of `calls` back-to-back calls between two CUDA events.
 
-    The events are recorded on `stream` (None: the current stream), so fn must
-    launch its work there.
+    The events are recorded on `stream` (None: the current stream, CuPy's and
+    PyTorch's legacy default stream unless one was made current), so fn must
+    launch its work there. This is opplugin's one CUDA-event timer.
     """
     for _ in range(warmup):
         fn()
@@ -134,10 +128,11 @@ def time_ms(fn: Callable[[], Any], warmup: int = 2, repeat: int = 5, stream: Any
     times = []
     for _ in range(repeat):
         start.record(stream)
-        fn()
+        for _ in range(calls):
+            fn()
         end.record(stream)
         end.synchronize()
-        times.append(elapsed_ms(start, end))
+        times.append(elapsed_ms(start, end) / calls)
     return times
 
 

@@ -1,17 +1,26 @@
-"""Datasets for the shipped models: the bundled Fashion-MNIST test set and its preprocessing.
+"""Datasets and feeds: the bundled Fashion-MNIST test set and its preprocessing,
+seeded random data, and `make_inputs`, which picks between them for a model.
 
 Preprocessing is deliberately tiny and shared with tools/train_models.py, so the
 models see exactly the same pixels at training time and at inference time:
 pixel / 255, then a half-pixel-centre bilinear resize when the model's input is
 not 28x28. There is no mean/std normalisation.
+
+With `pinned=True` the arrays `make_inputs` returns live in page-locked host
+memory, so a GPU run copies them to the device by DMA without staging them
+first (the fast path).
 """
 from __future__ import annotations
 
 import gzip
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from . import cuda
+from .errors import InputError, positive_int
+from .model import SHIPPED_MODELS, Model
 from .resources import models_dir
 
 TEST_IMAGES: int = 10000
@@ -139,7 +148,7 @@ def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0, out: 
     """float32 [batch, *input_shape], uniform in (0, 1), reproducible by seed; the first
     n images are the same for every batch >= n. Fills `out` (a float32 array of that
     shape, pinned memory say) when given. Large batches are filled by several threads."""
-    from . import hostwork
+    from .runtime import hostwork
 
     shape = (int(batch), *(int(d) for d in input_shape))
     if out is None:
@@ -159,3 +168,54 @@ def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0, out: 
 
     hostwork.for_pieces(blocks, RANDOM_BLOCK_ELEMENTS * 4, fill)
     return out
+
+
+# --- feeds for a model ----------------------------------------------------------------
+
+DATA_CHOICES = ("auto", "fashion-mnist", "random")
+
+
+@dataclass
+class Inputs:
+    feeds: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    source: str
+    pinned: bool = False
+
+
+def _empty(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
+    return cuda.pinned_empty(shape, np.float32) if pinned else np.empty(shape, np.float32)
+
+
+def make_inputs(model: Model, batch: int, source: str = "auto", seed: int = 0, pinned: bool = False) -> Inputs:
+    if source not in DATA_CHOICES:
+        raise InputError(f"unknown data source {source!r}; choose from {', '.join(DATA_CHOICES)}")
+    batch = positive_int(batch, "batch")
+    pinned = bool(pinned) and cuda.is_available()
+    if source == "auto":
+        source = "fashion-mnist" if model.name in SHIPPED_MODELS else "random"
+    if source == "random":
+        shapes = model.input_shapes(batch)
+        feeds = {
+            name: random_inputs(shape[0], shape[1:], seed=seed + n, out=_empty(shape, pinned))
+            for n, (name, shape) in enumerate(shapes.items())
+        }
+        return Inputs(feeds, None, f"random uniform [0, 1), seed {seed}", pinned)
+
+    if len(model.inputs) != 1:
+        raise InputError(f"{model.name} has {len(model.inputs)} inputs; the Fashion-MNIST data feeds models with one image input")
+    if batch > TEST_IMAGES:
+        raise InputError(f"the bundled test set has {TEST_IMAGES} images; for batch {batch} use --data random")
+    images, labels = load_test_set()
+    name = model.inputs[0].name
+    shape = model.sample_shape(name)
+    if len(shape) != 3:
+        raise InputError(f"{model.name}'s input {name!r} is {list(shape)}, not an image (C, H, W); use --data random")
+    try:
+        images = to_model_input(images[:batch], shape)
+    except ValueError as err:
+        raise InputError(f"{model.name}'s input {name!r} does not take Fashion-MNIST images: {err}; use --data random") from None
+    if pinned:
+        pageable, images = images, _empty(images.shape, True)
+        np.copyto(images, pageable)
+    return Inputs({name: images}, labels[:batch].astype(np.int64), f"Fashion-MNIST test set, first {batch} images", pinned)

@@ -1,5 +1,14 @@
-"""Typed errors: each one says what is wrong in its first line; the CLI prints it and exits 2."""
+"""Typed errors: each one says what is wrong in its first line; the CLI prints it and exits 2.
+
+Also the two helpers every layer uses around them: `positive_int` checks a count
+the user gave, `first_line` shortens any error to the line a table or a message
+has room for.
+"""
 from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
 
 
 class OpPluginError(Exception):
@@ -35,3 +44,23 @@ class KernelCompileError(PluginError):
         first = next((line.strip() for line in self.log.splitlines() if "error" in line), "see the log below")
         defines = " ".join(o for o in self.options if o.startswith("-D")) or "no -D options"
         super().__init__(f"kernel {source_file} failed to compile with NVRTC ({defines}): {first}\n{self.log}")
+
+
+def positive_int(value: Any, what: str, *, allow_zero: bool = False) -> int:
+    """`value` as an int; InputError naming `what` when it is not a whole number of at
+    least 1 (or 0 with allow_zero). Booleans are refused: True is not a batch size."""
+    least = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        kind = "a non-negative integer" if allow_zero else "a positive integer"
+        raise InputError(f"{what} must be {kind}, got {value!r}")
+    return int(value)
+
+
+def first_line(error: BaseException, *, named: bool = False) -> str:
+    """The first line of an error's message, or its type's name when the message is
+    empty; `named` puts the type's name in front ("KernelCompileError: ...")."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else ""
+    if not line:
+        return type(error).__name__
+    return f"{type(error).__name__}: {line}" if named else line

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, first_line, positive_int
 from .registry import NodeInfo, TensorInfo
 from .resources import models_dir
 
@@ -73,8 +73,7 @@ class Model:
         """A copy whose graph inputs with a symbolic (or unset) first axis have `batch` there.
         Inputs with a fixed first axis (weights fed as inputs, say) keep it; a model
         whose inputs are all fixed runs only at its own batch."""
-        if not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise InputError(f"batch must be a positive integer, got {batch!r}")
+        batch = positive_int(batch, "batch")
         proto = copy.deepcopy(self.proto)
         inputs = [v for v in proto.graph.input if v.name not in self.initializers]
         batched = [v for v in inputs if not v.type.tensor_type.shape.dim[0].HasField("dim_value")]
@@ -146,6 +145,5 @@ def load_model(model: str | Path) -> Model:
     try:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
-        raise ModelError(f"{path} fails onnx's checker: {first}") from None
+        raise ModelError(f"{path} fails onnx's checker: {first_line(err)}") from None
     return Model(proto, path.stem)

@@ -1,18 +1,23 @@
-"""Partitioning a model into steps: plugin steps (one node each) and onnxruntime
-steps (maximal runs of the remaining nodes, each one sub-model)."""
+"""Partitioning a model into steps: plugin steps (one node each, with the
+followers its plugin fuses) and onnxruntime steps (maximal runs of the remaining
+nodes, each one sub-model)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import onnx
 from onnx import helper
 
+from .device import Device
 from .model import Model
-from .registry import Device, Kernel, NodeInfo, Plugin, TensorInfo, plugins
+from .registry import Kernel, NodeInfo, Plugin, TensorInfo, plugins
 
 
 @dataclass
 class PluginStep:
+    kind: ClassVar[str] = "plugin"
+
     name: str
     node: NodeInfo
     plugin: Plugin
@@ -20,26 +25,24 @@ class PluginStep:
     outputs: list[str]
     # nodes after `node` that the plugin runs inside the same kernel (an epilogue)
     fused: list[NodeInfo] = field(default_factory=list)
-    kind: str = "plugin"
 
     @property
     def ops(self) -> list[str]:
         return [self.node.op_type, *(n.op_type for n in self.fused)]
 
     def build(self, device: Device, variant: str | None = None) -> Kernel:
-        if self.fused:
-            return self.plugin.build(self.node, device, variant, fused=self.fused)
-        return self.plugin.build(self.node, device, variant)
+        return self.plugin.build(self.node, device, variant, fused=self.fused)
 
 
 @dataclass
 class OrtStep:
+    kind: ClassVar[str] = "onnxruntime"
+
     name: str
     nodes: list[onnx.NodeProto]
     inputs: list[str]
     outputs: list[str]
     model: onnx.ModelProto
-    kind: str = "onnxruntime"
 
     @property
     def ops(self) -> list[str]:
@@ -107,34 +110,11 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
             continue
         ort_count += 1
         nodes = [info.node for info in group]
-        produced = {o for n in nodes for o in n.output if o}
-        inputs = _unique(i for n in nodes for i in n.input if i and i not in produced and i not in model.initializers)
         outputs = [o for n in nodes for o in n.output if o and o in consumed_later[index]]
-        sub = _sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
+        inputs = outside_inputs(nodes, model)
+        sub = sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{ort_count}", nodes, inputs, outputs, sub))
     return Plan(model, batch, device, steps, tensors, fallbacks)
-
-
-def split_fused(plan: Plan) -> Plan:
-    """The same plan with every fused plugin step split back into its own node (a
-    plugin step without epilogue, same name) followed by an onnxruntime step that
-    runs the nodes it had fused. Its results are onnxruntime's to the bit where the
-    fused epilogue's are not (a NaN inside a MaxPool window); the runner takes this
-    path only for chunks in which a fused step saw NaN or Inf."""
-    steps: list[Step] = []
-    for step in plan.steps:
-        if not isinstance(step, PluginStep) or not step.fused:
-            steps.append(step)
-            continue
-        own_outputs = [o for o in step.node.node.output if o]
-        steps.append(PluginStep(step.name, step.node, step.plugin, list(step.inputs), own_outputs))
-        nodes = [info.node for info in step.fused]
-        produced = {o for n in nodes for o in n.output if o}
-        inputs = _unique(i for n in nodes for i in n.input if i and i not in produced and i not in plan.model.initializers)
-        name = f"{step.name} epilogue"
-        sub = _sub_model(plan.model, f"{plan.model.name}_{step.name}_epilogue", nodes, inputs, list(step.outputs), plan.tensors)
-        steps.append(OrtStep(name, nodes, inputs, list(step.outputs), sub))
-    return Plan(plan.model, plan.batch, plan.device, steps, plan.tensors, dict(plan.fallbacks))
 
 
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
@@ -157,9 +137,6 @@ def _fusion(
     which each node is the only reader of the one-output node before it, and no
     intermediate tensor is a graph output (the fused kernel never writes it).
     A node whose op type has a plugin of its own is left to that plugin."""
-    fuse = getattr(plugin, "fuse", None)
-    if fuse is None:
-        return []
     chain: list[NodeInfo] = []
     current = info
     while len(chain) < 2:
@@ -172,7 +149,7 @@ def _fusion(
         chain.append(follower)
         current = follower
     try:
-        count = fuse(info, chain, device) if chain else 0
+        count = plugin.fuse(info, chain, device) if chain else 0
     except Exception:  # a plugin that cannot judge a chain does not fuse it
         count = 0
     return chain[:count]
@@ -197,11 +174,13 @@ def _consumers_after(groups: list, graph_outputs: list[str]) -> list[set[str]]:
     return after
 
 
-def _unique(names) -> list[str]:
-    return list(dict.fromkeys(names))
+def outside_inputs(nodes: list[onnx.NodeProto], model: Model) -> list[str]:
+    """The tensors `nodes` read that none of them writes, weights left out, in order of first use."""
+    produced = {o for n in nodes for o in n.output if o}
+    return list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in model.initializers))
 
 
-def _sub_model(
+def sub_model(
     model: Model, name: str, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str], tensors: dict[str, TensorInfo]
 ) -> onnx.ModelProto:
     def value_info(tensor: str) -> onnx.ValueInfoProto:

@@ -5,12 +5,18 @@ cannot run it (`supports` returns the reason, shown by `opplugin plan`) or build
 a `Kernel` for a device: a callable taking the node's inputs as arrays (numpy on
 the CPU device, CuPy on a CUDA device) and returning its outputs.
 
+`Plugin` and `Kernel` list every member the runtime uses. Subclass them: the
+optional members (fusing followers, variants, workspace) then have their
+defaults, and a plugin need only write `op_type`, `supports` and `build`.
+
 Third-party plugins register with `register(plugin)` or through the entry-point
-group ``opplugin.plugins`` (each entry point names a Plugin instance or a
-zero-argument callable returning one).
+group ``opplugin.plugins`` (each entry point names a Plugin instance, a Plugin
+class or a zero-argument callable returning one). The built-in plugins are named
+the same way, so the registry imports none of them until it is asked for plugins.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -18,7 +24,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import onnx
 
+from .device import Device
 from .errors import PluginError
+
+# op type -> "module:attribute" of the built-in plugin class
+BUILTINS = {"Conv": "opplugin.ops.conv:ConvPlugin"}
 
 
 @dataclass(frozen=True)
@@ -49,40 +59,53 @@ class NodeInfo:
         return self.node.op_type
 
 
-@dataclass(frozen=True)
-class Device:
-    """Where a plan runs: "cpu" (numpy reference kernels) or "cuda" (CuPy)."""
-
-    kind: str
-    name: str = "cpu"
-    compute_capability: str = ""
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.kind == "cuda"
-
-
 @runtime_checkable
 class Kernel(Protocol):
-    name: str  # e.g. "conv.const_mo4"; says variant and configuration
+    """A node's computation, built for one device."""
 
-    def flops(self, batch: int) -> int: ...
+    name: str  # for the report: says variant and configuration, e.g. "conv.const_mo4+relu"
+    variant: str | None = None  # the configured variant it was built from, when its plugin has variants
 
-    def bytes_moved(self, batch: int) -> int: ...
+    def flops(self, batch: int) -> int:
+        """Arithmetic operations of one call at this batch, for GFLOP/s."""
+        ...
 
-    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]: ...
+    def bytes_moved(self, batch: int) -> int:
+        """Fewest bytes one call at this batch must read and write, for GB/s."""
+        ...
+
+    def workspace_bytes(self, batch: int) -> int:
+        """Device memory a call at this batch allocates besides its outputs; the
+        runner sizes its chunks so that this fits beside them."""
+        return 0
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        """The node's outputs for its inputs; on a CUDA device, work enqueued on `stream`."""
+        ...
 
 
 @runtime_checkable
 class Plugin(Protocol):
+    """Runs the nodes of one ONNX op type."""
+
     op_type: str
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         """None when this plugin can run the node on the device, else the reason."""
         ...
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None) -> Kernel:
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        """A kernel for the node, computing the `fused` followers too (as `fuse` agreed)."""
         ...
+
+    def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
+        """How many of `followers` (the nodes after `node`, each the only reader of
+        the one before) the node's kernel computes as well; 0: none."""
+        return 0
+
+    def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
+        """Per variant this plugin has, why it cannot run the node (None: it can)."""
+        return {}
 
 
 _registry: dict[str, Plugin] = {}
@@ -91,7 +114,10 @@ _entry_points_loaded = False
 
 def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
     if isinstance(plugin, type) or not isinstance(plugin, Plugin):
-        raise TypeError(f"{plugin!r} is not a Plugin instance (an object with op_type, supports and build)")
+        raise TypeError(
+            f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, fuse and variant_notes "
+            "(subclass opplugin.registry.Plugin for the defaults of the last two)"
+        )
     if plugin.op_type in _registry and not replace and _registry[plugin.op_type] is not plugin:
         raise PluginError(f"a plugin for {plugin.op_type} is already registered; pass replace=True to override it")
     _registry[plugin.op_type] = plugin
@@ -102,23 +128,25 @@ def unregister(op_type: str) -> None:
     _registry.pop(op_type, None)
 
 
+def _instance(obj: Any) -> Any:
+    """An entry point may name a plugin class, a factory function, or an instance."""
+    return obj() if isinstance(obj, type) or not isinstance(obj, Plugin) else obj
+
+
 def _load_entry_points() -> None:
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
     for entry in entry_points(group="opplugin.plugins"):
-        obj = entry.load()
-        # an entry point may name a plugin class, a factory function, or an instance
-        plugin = obj() if isinstance(obj, type) or not isinstance(obj, Plugin) else obj
-        register(plugin, replace=True)
+        register(_instance(entry.load()), replace=True)
 
 
 def _load_builtins() -> None:
-    from .ops.conv import ConvPlugin
-
-    if "Conv" not in _registry:
-        register(ConvPlugin())
+    for op_type, target in BUILTINS.items():
+        if op_type not in _registry:
+            module, attribute = target.split(":")
+            register(_instance(getattr(importlib.import_module(module), attribute)))
 
 
 def plugins() -> dict[str, Plugin]:

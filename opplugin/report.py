@@ -1,24 +1,24 @@
-"""The timing report: plain records built once, then written as text, JSON or CSV.
+"""The timing report: built once from a Profile (the runtime's record of timed
+runs), then written as text, JSON or CSV.
 
-Records are dicts with stable keys (see ROW_KEYS), so the JSON and CSV files
-carry exactly what the text table shows.
+Rows are dicts with stable keys (see ROW_KEYS), so the JSON and CSV files carry
+exactly what the text table shows. SCHEMA names the JSON's version.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import __version__
-from .plan import PluginStep
-from .runner import Profile, Runner
+from .runtime.records import Profile
 from .texttable import text_table
+
+# 2: end_to_end_ms, always equal to host_to_host_ms, left out
+SCHEMA = "opplugin-run/2"
 
 ROW_KEYS = (
     "step",
@@ -44,31 +44,28 @@ def _copy_parts(name: str) -> tuple[str, str, str]:
     return verb, direction, tensor
 
 
-def step_rows(runner: Runner, profile: Profile) -> list[dict[str, Any]]:
+def step_rows(profile: Profile) -> list[dict[str, Any]]:
     """One row per step and per copy, in execution order, with median times.
     A chunked run's step time is the sum over its chunks."""
-    plan = runner.plan
-    batch = profile.batch or runner.batch
-    steps = {s.name: s for s in plan.steps}
+    plan = profile.plan
+    steps = {step.name: step for step in plan.steps}
     rows = []
     for name in profile.step_ms:
         ms = profile.median(name)
         flops = moved = None
         if name in steps:
             step = steps[name]
-            inputs = [n for n in step.inputs if n and n not in plan.model.initializers]
-            input_shapes = [list(runner.shape_at(n, batch)) for n in inputs]
-            output_shapes = [list(runner.shape_at(n, batch)) for n in step.outputs]
-            if isinstance(step, PluginStep):
-                kernel = runner.kernels[name]
-                flops, moved = kernel.flops(batch), kernel.bytes_moved(batch)
+            input_shapes = [list(plan.shapes[n]) for n in step.inputs]
+            output_shapes = [list(plan.shapes[n]) for n in step.outputs]
+            if step.kind == "plugin":
+                flops, moved = step.flops, step.bytes_moved
             else:
-                moved = sum(_nbytes(runner.shape_at(n, batch)) for n in [*inputs, *step.outputs])
-            kind, ops, implementation = step.kind, " > ".join(step.ops), runner.implementation(name)
+                moved = sum(_nbytes(plan.shapes[n]) for n in [*step.inputs, *step.outputs])
+            kind, ops, implementation = step.kind, " > ".join(step.ops), step.implementation
         else:  # a copy: "copy H2D <tensor>" (DMA) or "stage H2D <tensor>" (host memcpy through pinned memory)
             verb, direction, tensor = _copy_parts(name)
-            input_shapes = output_shapes = [list(runner.shape_at(tensor, batch))]
-            moved = _nbytes(runner.shape_at(tensor, batch))
+            input_shapes = output_shapes = [list(plan.shapes[tensor])]
+            moved = _nbytes(plan.shapes[tensor])
             kind, ops = "copy", direction
             implementation = "cupy" if verb == "copy" else "host memcpy, pinned"
         rows.append(
@@ -95,25 +92,26 @@ def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else 0.0
 
 
-def build_report(runner: Runner, profile: Profile, warmup: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    rows = step_rows(runner, profile)
-    device = runner.device
+def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    rows = step_rows(profile)
+    plan = profile.plan
+    device = plan.device
     last = profile.result
     host_to_host = _median(profile.total_ms)
-    batch = profile.batch or runner.batch
+    batch = profile.batch
     report = {
+        "schema": SCHEMA,
         "opplugin_version": __version__,
-        "model": runner.plan.model.name,
+        "model": plan.model.name,
         "batch": batch,
         "device": {"kind": device.kind, "name": device.name, "compute_capability": device.compute_capability},
-        "onnxruntime_provider": "CUDAExecutionProvider" if runner.ort_on_gpu else "CPUExecutionProvider",
+        "onnxruntime_provider": plan.onnxruntime_provider,
         "warmup": warmup,
         "repeat": len(profile.total_ms),
         "steps": rows,
         "op_times_ms": {r["step"]: r["time_ms"] for r in rows if r["kind"] == "plugin"},
         "steps_total_ms": sum(r["time_ms"] for r in rows),
-        "end_to_end_ms": host_to_host,
-        "fallbacks": dict(runner.plan.fallbacks),
+        "fallbacks": dict(plan.fallbacks),
         # host to host: from the caller's input arrays to the returned outputs, median run
         "host_to_host_ms": host_to_host,
         "images_per_s": batch / (host_to_host / 1e3) if host_to_host > 0 else None,
@@ -175,7 +173,7 @@ def format_text(report: dict[str, Any]) -> str:
     if report.get("accuracy") is not None:
         lines.append(f"Test Accuracy: {report['accuracy']:.4f}")
     lines += ["", format_table(report["steps"]), ""]
-    lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['end_to_end_ms']:.3f} ms")
+    lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['host_to_host_ms']:.3f} ms")
     lines.extend(_throughput_lines(report))
     agreement = report.get("agreement")
     if agreement:
@@ -217,17 +215,3 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         writer.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in row.items()})
     return buffer.getvalue()
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write to a temporary file beside the target, then rename: never a half-written report."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -23,16 +23,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import positive_int
+from .files import write_atomic
+
 if TYPE_CHECKING:
-    from .ops.conv import ConvSpec
-    from .ops.epilogue import Epilogue
+    from .ops.conv.epilogue import Epilogue
+    from .ops.conv.spec import ConvSpec
 
 CACHE_DIR_ENV = "OPPLUGIN_CACHE_DIR"
 FILE_NAME = "tuning.json"
@@ -64,9 +66,7 @@ def cache_path() -> Path:
 
 def batch_bucket(batch: int) -> int:
     """The power of two at or above `batch` (1 for a batch of 1)."""
-    if batch < 1:
-        raise ValueError(f"batch must be at least 1, got {batch}")
-    return 1 << (int(batch) - 1).bit_length()
+    return 1 << (positive_int(batch, "batch") - 1).bit_length()
 
 
 def _dims(values) -> str:
@@ -227,21 +227,3 @@ def store(choices: dict[CacheKey, Choice], path: Path | None = None) -> Path:
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "entries": dict(sorted(entries.items()))}
     write_atomic(path, json.dumps(payload, indent=2) + "\n")
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise

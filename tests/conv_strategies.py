@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from opplugin.ops.conv import ConvSpec
+from opplugin.ops.conv.spec import ConvSpec
 
 MAX_CHANNELS = 64
 MAX_BATCH = 64
@@ -149,7 +149,7 @@ REAL_MODEL_CONFIGS = {
 
 
 def exceeds_constant_memory(config: ConvConfig) -> bool:
-    from opplugin.ops.conv_cuda import CONSTANT_MEMORY_BYTES, constant_bytes
+    from opplugin.ops.conv.families import CONSTANT_MEMORY_BYTES, constant_bytes
 
     return constant_bytes(config.spec) > CONSTANT_MEMORY_BYTES
 
@@ -167,7 +167,7 @@ ERROR_BOUND_EPS = 16
 def error_bound(spec: ConvSpec, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     """Per output element: how far two correct FP32 results may lie apart, from
     the float64 sum of absolute terms |x| * |w| (+ |b|)."""
-    from opplugin.ops.reference import conv
+    from opplugin.ops.conv.reference import conv
 
     magnitude = conv(
         np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), None if b is None else np.abs(b.astype(np.float64)),

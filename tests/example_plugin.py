@@ -5,8 +5,10 @@ arrays too, so the same kernel serves the CPU and the CUDA device.
 """
 import numpy as np
 
+from opplugin.registry import Kernel, Plugin
 
-class ReluKernel:
+
+class ReluKernel(Kernel):
     name = "relu.example"
 
     def __init__(self, shape):
@@ -22,7 +24,7 @@ class ReluKernel:
         return [np.maximum(inputs[0], 0)]
 
 
-class ReluPlugin:
+class ReluPlugin(Plugin):
     op_type = "Relu"
 
     def supports(self, node, device):
@@ -30,5 +32,5 @@ class ReluPlugin:
             return "only float32"
         return None
 
-    def build(self, node, device, variant=None):
+    def build(self, node, device, variant=None, fused=()):
         return ReluKernel(node.inputs[0].shape)

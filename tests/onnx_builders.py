@@ -76,7 +76,7 @@ def save(model: onnx.ModelProto, path) -> str:
 
 def conv_spec(n, c, m, size, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True, group=1):
     """A 2-D ConvSpec written the way the kernel tests think of it."""
-    from opplugin.ops.conv import ConvSpec
+    from opplugin.ops.conv.spec import ConvSpec
 
     return ConvSpec(n, c, m, size, kernel, strides, dilations, pads, group, bias)
 

@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opplugin import bench, bench_streams, cuda, roofline
-from opplugin.bench_text import format_text
+from opplugin import cuda
+from opplugin.lab import bench, roofline, trial
+from opplugin.lab import streams as bench_streams
+from opplugin.lab.bench_text import format_text
 from opplugin.cli import main
-from opplugin.ops.epilogue import NONE, Epilogue
-from opplugin.registry import Device
+from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.device import Device
 from onnx_builders import conv_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 
 
 def load_report_tool():
@@ -43,8 +44,6 @@ def test_floor_is_the_larger_of_memory_and_compute_time():
     assert roofline.bound_by(10**12, 4 * 10**9, 4e12, 50e12) == "compute"
     assert roofline.floor_ms(10**9, 4 * 10**9, 4e12, 50e12) == pytest.approx(1.0)
     assert roofline.bound_by(10**9, 4 * 10**9, 4e12, 50e12) == "memory"
-    assert roofline.ratio_to_floor(3.0, 2.0) == pytest.approx(1.5)
-    assert roofline.ratio_to_floor(None, 2.0) is None and roofline.ratio_to_floor(1.0, 0) is None
 
 
 def test_roofline_rates_come_from_the_measurements():
@@ -99,9 +98,9 @@ def test_step_cost_counts_the_pooled_output_and_the_conv_outputs_the_pool_reads(
 
 
 def test_check_indices_cover_both_ends_and_the_middle():
-    assert bench.check_indices(10000) == [0, 1, 2, 3, 5000, 9996, 9997, 9998, 9999]
-    assert bench.check_indices(3) == [0, 1, 2]
-    assert bench.check_indices(1) == [0]
+    assert trial.check_indices(10000) == [0, 1, 2, 3, 5000, 9996, 9997, 9998, 9999]
+    assert trial.check_indices(3) == [0, 1, 2]
+    assert trial.check_indices(1) == [0]
 
 
 def test_chunk_bounds_cover_the_batch_once():
@@ -265,8 +264,8 @@ def test_bench_options_from_the_command_line():
 def test_one_conv_model_computes_the_conv():
     import onnxruntime
 
-    from opplugin.bench_peers import one_conv_model
-    from opplugin.ops import reference
+    from opplugin.lab.peers import one_conv_model
+    from opplugin.ops.conv import reference
 
     spec = conv_spec(3, 2, 5, (11, 9), (3, 3), strides=(2, 1), pads=(1, 0, 0, 2))
     rng = np.random.default_rng(0)
@@ -275,7 +274,7 @@ def test_one_conv_model_computes_the_conv():
     x = rng.standard_normal(spec.input_shape()).astype(np.float32)
     session = onnxruntime.InferenceSession(one_conv_model(spec, w, b).SerializeToString(), providers=["CPUExecutionProvider"])
     [y] = session.run(None, {"x": x})
-    expected = reference.conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), spec.strides, spec.pads, spec.dilations)
+    expected = reference.expected(spec, NONE, x, w, b)
     assert y.shape == spec.output_shape()
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
@@ -336,7 +335,6 @@ def test_report_without_matplotlib_still_writes_the_table(tmp_path, monkeypatch,
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_small_bench_runs_and_every_row_is_correct(tmp_path):
     lines = []
     options = bench.Options(batches=[100], warmup=1, repeat=3, models=["lenet86"])

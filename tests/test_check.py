@@ -3,8 +3,13 @@ import numpy as np
 
 from opplugin.check import check, compare
 from opplugin.model import load_model
-from opplugin.ops.conv import ConvPlugin, ReferenceConvKernel
-from opplugin.runner import Runner
+from opplugin.ops.conv.plugin import ConvPlugin, ReferenceConvKernel
+from opplugin.runtime import Runner
+
+
+def _check(runner, feeds, *args, **kwargs):
+    """check() of this runner on these feeds: its run, and its plan at their batch."""
+    return check(runner.run, runner.describe(len(next(iter(feeds.values())))), feeds, *args, **kwargs)
 
 
 def _feeds(batch):
@@ -38,7 +43,7 @@ def test_compare_shape_mismatch():
 def test_check_passes_each_plugin_step_and_the_output(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 8, "cpu")
     labels = np.arange(8) % 5
-    result = check(runner, _feeds(8), labels)
+    result = _check(runner, _feeds(8), labels)
     assert result.passed
     # conv1's step runs Conv > Relu > MaxPool: it is compared at the pool's output
     assert [r["tensor"] for r in result.records] == ["p1", "r2", "y"]
@@ -59,7 +64,7 @@ class _BrokenConv(ConvPlugin):
 
 def test_check_catches_a_wrong_kernel(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 4, "cpu", registry={"Conv": _BrokenConv()})
-    result = check(runner, _feeds(4))
+    result = _check(runner, _feeds(4))
     assert not result.passed
     failing = {r["tensor"] for r in result.records if not r["passed"]}
     assert {"p1", "r2"} <= failing
@@ -70,8 +75,9 @@ def test_check_catches_a_wrong_kernel(tiny_model_path):
 import pytest
 
 from opplugin import check as check_module
+from opplugin import sessions
 from opplugin.check import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, check_chunks, check_image_bytes
-from opplugin.inputs import make_inputs
+from opplugin.data import make_inputs
 
 HUGE_BUDGET = 1 << 40
 
@@ -100,13 +106,13 @@ class _BatchSpy:
             return run(feeds, keep=keep, progress=progress)
 
         monkeypatch.setattr(runner, "run", spied_run)
-        call = check_module.OnnxruntimeReference.__call__
+        call = sessions.Reference.__call__
 
         def spied_call(reference, feeds):
             self.theirs.append(next(iter(feeds.values())).shape[0])
             return call(reference, feeds)
 
-        monkeypatch.setattr(check_module.OnnxruntimeReference, "__call__", spied_call)
+        monkeypatch.setattr(sessions.Reference, "__call__", spied_call)
 
 
 @pytest.mark.parametrize("model_name", ["lenet86", "ece408_high"])
@@ -115,11 +121,11 @@ def test_streamed_check_gives_the_single_pass_figures(model_name, tolerances, mo
     model = load_model(model_name)
     runner = Runner(model, 11, "cpu")
     inputs = make_inputs(model, 11)  # the bundled test set, with labels
-    whole = check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=HUGE_BUDGET)
+    whole = _check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=HUGE_BUDGET)
     assert whole.chunks == 1
     spy = _BatchSpy(runner, monkeypatch)
-    budget = 3 * check_image_bytes(runner) + 1  # three images a chunk: 3 + 3 + 3 + 2
-    streamed = check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=budget)
+    budget = 3 * check_image_bytes(runner.describe()) + 1  # three images a chunk: 3 + 3 + 3 + 2
+    streamed = _check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=budget)
     assert [size for size, _ in spy.ours] == [3, 3, 3, 2] and spy.theirs == [3, 3, 3, 2]
     assert streamed.chunks == 4 and streamed.chunk_size == 3
     _same_figures(streamed, whole)
@@ -131,9 +137,9 @@ def test_streamed_check_gives_the_single_pass_figures(model_name, tolerances, mo
 def test_a_budget_below_one_image_checks_one_image_at_a_time(tiny_model_path, monkeypatch):
     runner = Runner(load_model(tiny_model_path), 5, "cpu")
     feeds, labels = _feeds(5), np.arange(5) % 5
-    whole = check(runner, feeds, labels, budget_bytes=HUGE_BUDGET)
+    whole = _check(runner, feeds, labels, budget_bytes=HUGE_BUDGET)
     spy = _BatchSpy(runner, monkeypatch)
-    streamed = check(runner, feeds, labels, budget_bytes=1)
+    streamed = _check(runner, feeds, labels, budget_bytes=1)
     assert [size for size, _ in spy.ours] == [1] * 5 and spy.theirs == [1] * 5
     _same_figures(streamed, whole)
 
@@ -141,13 +147,13 @@ def test_a_budget_below_one_image_checks_one_image_at_a_time(tiny_model_path, mo
 @pytest.mark.parametrize("budget_images", [1, 2, 4, 7])
 def test_the_runner_never_keeps_more_than_the_budget(tiny_model_path, monkeypatch, budget_images):
     runner = Runner(load_model(tiny_model_path), 16, "cpu")
-    budget = budget_images * check_image_bytes(runner) + check_image_bytes(runner) // 2
+    budget = budget_images * check_image_bytes(runner.describe()) + check_image_bytes(runner.describe()) // 2
     spy = _BatchSpy(runner, monkeypatch)
     progress = []
-    result = check(runner, _feeds(16), budget_bytes=budget, progress=lambda *a: progress.append(a))
+    result = _check(runner, _feeds(16), budget_bytes=budget, progress=lambda *a: progress.append(a))
     assert result.passed
     sizes = [size for size, _ in spy.ours]
-    assert sum(sizes) == 16 and max(sizes) * check_image_bytes(runner) <= budget
+    assert sum(sizes) == 16 and max(sizes) * check_image_bytes(runner.describe()) <= budget
     assert all(keep == ("p1", "r2") for _, keep in spy.ours)
     # progress after every chunk when there are several, ending at the whole batch
     assert [done for _, done, _ in progress] == (list(np.cumsum(sizes)) if len(sizes) > 1 else [])
@@ -159,27 +165,27 @@ def test_check_image_bytes_counts_both_sides_and_onnxruntimes_working_set(tiny_m
     held = 2 * 4 * (4 * 6 * 6 + 4 * 4 * 4 + 5)
     # every tensor but the input x, none sharing memory: c1 r1 (4x12x12) p1 c2 r2 f (4x4x4) logits y (5)
     working = 4 * (2 * 4 * 12 * 12 + 4 * 6 * 6 + 3 * 4 * 4 * 4 + 2 * 5)
-    assert check_image_bytes(runner) == held + working
+    assert check_image_bytes(runner.describe()) == held + working
 
 
 def test_full_check_chunks_are_whole_runner_chunks(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 100, "cpu", chunk=8)
-    rows = check_chunks(runner, 100, budget_bytes=21 * check_image_bytes(runner))
+    rows = check_chunks(runner.describe(), 100, budget_bytes=21 * check_image_bytes(runner.describe()))
     assert [r.stop - r.start for r in rows] == [16] * 6 + [4]
-    assert [r.stop - r.start for r in check_chunks(runner, 100, chunk=30)] == [30, 30, 30, 10]
+    assert [r.stop - r.start for r in check_chunks(runner.describe(), 100, chunk=30)] == [30, 30, 30, 10]
 
 
 def test_one_onnxruntime_session_serves_every_chunk(tiny_model_path, monkeypatch):
     runner = Runner(load_model(tiny_model_path), 9, "cpu")
     made = []
-    session = check_module.ort.InferenceSession
+    session = sessions.ort.InferenceSession
 
     def counted(*args, **kwargs):
         made.append(1)
         return session(*args, **kwargs)
 
-    monkeypatch.setattr(check_module.ort, "InferenceSession", counted)
-    assert check(runner, _feeds(9), chunk=2).chunks == 5
+    monkeypatch.setattr(sessions.ort, "InferenceSession", counted)
+    assert _check(runner, _feeds(9), chunk=2).chunks == 5
     assert len(made) == 1
 
 
@@ -207,10 +213,10 @@ def _nan_in_run(runner, monkeypatch, bad_call, image=0):
 def test_nan_in_the_wrong_place_in_one_chunk_fails_the_whole_check(tiny_model_path, monkeypatch):
     runner = Runner(load_model(tiny_model_path), 6, "cpu")
     feeds = _feeds(6)
-    clean = check(runner, feeds, chunk=2)
+    clean = _check(runner, feeds, chunk=2)
     assert clean.passed and clean.chunks == 3
     calls = _nan_in_run(runner, monkeypatch, bad_call=2)  # the middle one of three chunks
-    streamed = check(runner, feeds, chunk=2)
+    streamed = _check(runner, feeds, chunk=2)
     assert len(calls) == 3 and not streamed.passed
     p1, r2, y = streamed.records
     assert not p1["passed"] and p1["mismatches"] == 1 and np.isnan(p1["max_abs_error"])
@@ -218,7 +224,7 @@ def test_nan_in_the_wrong_place_in_one_chunk_fails_the_whole_check(tiny_model_pa
 
     monkeypatch.undo()
     _nan_in_run(runner, monkeypatch, bad_call=1, image=2)  # the same element of the batch
-    whole = check(runner, feeds, chunk=6)  # in one pass
+    whole = _check(runner, feeds, chunk=6)  # in one pass
     for s, w in zip(streamed.records, whole.records):
         assert all(_same(s[k], w[k]) for k in ("passed", "max_abs_error", "max_rel_error", "mismatches", "elements"))
 

@@ -6,12 +6,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_builders import finish, save
-from opplugin import chunking
+from opplugin.runtime import chunking
 from opplugin.errors import InputError, OutOfDeviceMemory, PluginError
-from opplugin.inputs import make_inputs
+from opplugin.data import make_inputs
 from opplugin.model import load_model
-from opplugin.ops.conv import ConvPlugin
-from opplugin.runner import Runner
+from opplugin.ops.conv.plugin import ConvPlugin
+from opplugin.registry import Kernel
+from opplugin.runtime import Runner
 
 
 def test_layout_of_the_tiny_model(tiny_model_path):
@@ -105,7 +106,7 @@ def test_chunked_runs_are_identical_to_one_piece(name, chunk, streams):
     assert [t.name for t in chunked.times] == [t.name for t in whole.times]
 
 
-class _ChunkLimitedKernel:
+class _ChunkLimitedKernel(Kernel):
     """The reference Conv, raising MemoryError (as CuPy's OutOfMemoryError is) above a batch."""
 
     def __init__(self, inner, limit, calls):

@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
+from opplugin import cuda
 from opplugin.cli import main
+from opplugin.runtime import Runner
 
 
 def test_run_on_a_shipped_model_prints_the_report(tmp_path, capsys):
@@ -45,11 +47,21 @@ def test_plan_command(tiny_model_path, capsys):
     "argv, message",
     [
         (["run", "missing.onnx"], "model file not found"),
-        (["run", "lenet86", "--batch", "0", "--device", "cpu"], "at least 1"),
+        (["run", "lenet86", "--batch", "0", "--device", "cpu"], "--batch must be a positive integer, got 0"),
+        (["run", "lenet86", "--batch", "-5", "--device", "cpu"], "--batch must be a positive integer, got -5"),
+        (["run", "lenet86", "--batch", "2", "--chunk", "0", "--device", "cpu"], "--chunk must be a positive integer, got 0"),
+        (["run", "lenet86", "--batch", "2", "--streams", "0", "--device", "cpu"], "--streams must be a positive integer, got 0"),
+        (["run", "lenet86", "--batch", "2", "--repeat", "0", "--device", "cpu"], "--repeat must be a positive integer, got 0"),
+        (["run", "lenet86", "--batch", "2", "--warmup", "-1", "--device", "cpu"], "--warmup must be a non-negative integer, got -1"),
         (["run", "lenet86", "--batch", "20000", "--device", "cpu"], "bundled test set has 10000"),
+        (["run", "lenet86", "--batch", "100000000000000", "--data", "random", "--device", "cpu"], "out of memory"),
         (["run", "lenet86", "--variant", "warp9", "--device", "cpu", "--batch", "2"], "unknown Conv variant 'warp9'"),
         (["run", "lenet86", "--variant", "const_mo8", "--device", "cpu", "--batch", "2"], "needs a CUDA device"),
         (["run", "lenet86", "--data", "imagenet", "--device", "cpu", "--batch", "2"], "unknown data source"),
+        (["check", "lenet86", "--batch", "2", "--variant", "nope", "--device", "cpu"], "unknown Conv variant 'nope'"),
+        (["check", "lenet86", "--batch", "2", "--variant", "const_tile", "--device", "cpu"], "needs a CUDA device"),
+        (["check", "lenet86", "--batch", "2", "--device", "cpu", "--check-chunk", "0"], "--check-chunk must be a positive integer, got 0"),
+        (["plan", "lenet86", "--batch", "0", "--device", "cpu"], "--batch must be a positive integer, got 0"),
         (["check", "lenet86", "--batch", "2", "--device", "cpu", "--repeat", "1"], None),
     ],
 )
@@ -62,6 +74,53 @@ def test_bad_requests_give_one_line_errors(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("opplugin: error:") and message in err and "\n" not in err
+
+
+def test_asking_for_cuda_without_a_device_is_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    assert main(["run", "lenet86", "--batch", "2", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("opplugin: error: --device cuda was asked for, but no CUDA device is usable "
+                   "(is CuPy installed and a GPU visible?)")
+
+
+def test_plan_of_a_file_that_is_not_onnx_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "notes.onnx"
+    bad.write_text("these are notes, not a model")
+    assert main(["plan", str(bad), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"opplugin: error: {bad} is not an ONNX model") and "\n" not in err
+
+
+def test_an_interrupt_exits_130_and_says_so(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Runner, "profile", interrupted)
+    assert main(["run", "lenet86", "--batch", "2", "--device", "cpu"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().endswith("opplugin: interrupted") and "Traceback" not in err
+
+
+def test_tune_that_cannot_write_its_cache_says_so_and_keeps_its_table(monkeypatch, tmp_path, capsys):
+    from opplugin.device import Device
+    from opplugin.lab import tune
+    from opplugin.lab.trial import Trial
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("OPPLUGIN_CACHE_DIR", str(blocker / "cache"))  # under a file: mkdir fails
+    monkeypatch.setattr(tune, "cuda_device", lambda device: Device("cuda", "Test GPU", "9.0"))
+    monkeypatch.setattr(tune, "make_problem", lambda spec, weights, epilogue: None)
+    monkeypatch.setattr(tune, "evaluate_config", lambda problem, variant, warmup, repeat: Trial(variant, "ok", ms=1.0, rel_error=1e-8))
+    from opplugin.tuning_cache import TuningCacheWarning
+
+    with pytest.warns(TuningCacheWarning, match="Not a directory"):  # reading it first, to keep other entries
+        assert main(["tune", "lenet86", "--batch", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "config" in out and "pass: rel L2 1.0e-08" in out
+    assert f"Tuning cache NOT written: could not write {blocker / 'cache' / 'tuning.json'}" in out
+    assert blocker.read_text() == ""
 
 
 def test_console_entry_point_runs_as_a_module():
@@ -114,9 +173,3 @@ def test_check_in_one_pass_prints_no_progress(capsys):
     assert main(["check", "ece408_high", "--batch", "20", "--device", "cpu"]) == 0
     out, err = capsys.readouterr()
     assert "passes" not in out and "progress" not in err
-
-
-def test_check_chunk_must_be_positive(capsys):
-    assert main(["check", "lenet86", "--batch", "2", "--device", "cpu", "--check-chunk", "0"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("opplugin: error:") and "--check-chunk must be at least 1" in err and "\n" not in err

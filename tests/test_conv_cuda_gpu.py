@@ -13,14 +13,13 @@ import numpy as np
 import pytest
 
 from opplugin import cuda
-from opplugin.ops import conv_cuda, reference
+from opplugin.ops.conv import families, reference
 from onnx_builders import conv_spec as conv
-from opplugin.ops.conv import ConvSpec
-from opplugin.ops.conv_cuda.common import GridKernel
-from opplugin.ops.epilogue import Epilogue
-from opplugin.registry import PluginError
+from opplugin.ops.conv.spec import ConvSpec
+from opplugin.ops.conv.families.common import GridKernel
+from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.errors import PluginError
 
-needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 
 MAX_RELATIVE_L2 = 1e-5
 
@@ -40,7 +39,7 @@ CASES = {
 }
 # the plain names plus explicit configurations: 3 maps leave a short last group for most M
 # FP32-exact families only: fp16/tf32 are held to their own bounds in test_mixed_variants.py
-EXACT = [name for name, family in conv_cuda.FAMILIES.items() if family.exact]
+EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
 VARIANTS = [*EXACT, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64", "reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s2", "reduce_atomic_s4", "reduce_atomic_s8"]
 
 
@@ -54,9 +53,9 @@ def random_problem(spec: ConvSpec):
     return seed, x, w, b
 
 
-def expected_output(spec: ConvSpec, x, w, b) -> np.ndarray:
-    as64 = None if b is None else b.astype(np.float64)
-    return reference.conv(x.astype(np.float64), w.astype(np.float64), as64, spec.strides, spec.pads, spec.dilations, spec.group)
+def expected_output(spec: ConvSpec, x, w, b, epilogue: Epilogue = NONE) -> np.ndarray:
+    """The float64 oracle's answer."""
+    return reference.expected(spec, epilogue, x, w, b)
 
 
 def device_inputs(x, w, b) -> list:
@@ -82,16 +81,15 @@ def assert_close(got, expected: np.ndarray, context: str) -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_variant_matches_float64_reference(case, variant):
     spec = CASES[case]
     seed, x, w, b = random_problem(spec)
-    reason = conv_cuda.unsupported_reason(spec, variant, (w, b))
+    reason = families.unsupported_reason(spec, variant, (w, b))
     if reason:
         pytest.skip(reason)
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    kernel = families.build_kernel(spec, variant, (w, b))
     out = poisoned_output(spec)
 
     [y] = kernel(device_inputs(x, w, b), None, out=out)
@@ -113,32 +111,30 @@ FUSED_CASES = {
 # every fusing family by its plain name, plus tiles that pool within a thread,
 # across 2 and 4 lanes, and in both at once
 FUSED_VARIANTS = [
-    *(name for name, family in conv_cuda.FAMILIES.items() if family.fuses),
+    *(name for name, family in families.FAMILIES.items() if family.fuses),
     "const_tile_r4c4m4", "const_tile_r2c2m16", "const_tile_r1c4m8", "const_tile_r2c1m4", "const_tile_r4c1m2",
 ]
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", FUSED_VARIANTS)
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_fused_epilogue_matches_float64_reference(case, variant):
     spec, epilogue = FUSED_CASES[case]
     seed, x, w, b = random_problem(spec)
-    reason = conv_cuda.unsupported_reason(spec, variant, (w, b), epilogue)
+    reason = families.unsupported_reason(spec, variant, (w, b), epilogue)
     if reason:
         pytest.skip(reason)
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b), epilogue)
+    kernel = families.build_kernel(spec, variant, (w, b), epilogue)
     out = poisoned_output(spec).reshape(-1)[: int(np.prod(kernel.output_shape(spec.batch)))].reshape(kernel.output_shape(spec.batch))
 
     [y] = kernel(device_inputs(x, w, b), None, out=out)
 
     assert y is out
-    assert_close(y, epilogue.apply(expected_output(spec, x, w, b)), f"{kernel.name} on {case} (seed {seed})")
+    assert_close(y, expected_output(spec, x, w, b, epilogue), f"{kernel.name} on {case} (seed {seed})")
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_vector_loads_and_stores_take_misaligned_arrays():
     """const_tile reads and writes rows as float4 where the shape allows; arrays that
     start off a 16-byte boundary (views one float in) still give the right answer."""
@@ -146,7 +142,7 @@ def test_vector_loads_and_stores_take_misaligned_arrays():
 
     spec = conv(3, 1, 8, (20, 20), (5, 5))  # 16 x 16 outputs: 4-wide tiles, float4 rows
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, "const_tile_r2c4m8", (w, b))
+    kernel = families.build_kernel(spec, "const_tile_r2c4m8", (w, b))
     assert kernel.alignment == 16
     shifted_x = cupy.empty(x.size + 1, dtype=cupy.float32)[1:].reshape(x.shape)
     shifted_x[...] = cupy.asarray(x)
@@ -159,14 +155,13 @@ def test_vector_loads_and_stores_take_misaligned_arrays():
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", EXACT)
 def test_new_output_on_a_side_stream(variant):
     import cupy
 
     spec = CASES["stride2_asym_pads_odd"]
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    kernel = families.build_kernel(spec, variant, (w, b))
     stream = cupy.cuda.Stream(non_blocking=True)
     inputs = device_inputs(x, w, b)
     cupy.cuda.Device().synchronize()  # the inputs were copied on the default stream
@@ -179,11 +174,10 @@ def test_new_output_on_a_side_stream(variant):
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_batch_is_a_run_time_argument():
     spec = dataclasses.replace(CASES["lenet86.conv2"], batch=6)
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, "const_mo", (w, b))
+    kernel = families.build_kernel(spec, "const_mo", (w, b))
     for batch in (1, 5, 6):
         out = poisoned_output(spec, batch)
         [y] = kernel(device_inputs(x[:batch], w, b), None, out=out)
@@ -191,10 +185,9 @@ def test_batch_is_a_run_time_argument():
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_baseline_reads_weights_at_call_time():
     spec = CASES["dilation2_m64"]
-    kernel = conv_cuda.build_kernel(spec, "baseline", None)
+    kernel = families.build_kernel(spec, "baseline", None)
     for _ in range(2):  # new weights each call: nothing may be cached from the first
         seed, x, w, b = random_problem(spec)
         [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
@@ -202,12 +195,11 @@ def test_baseline_reads_weights_at_call_time():
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", ["const", "const_mo"])
 def test_nodes_of_one_shape_keep_their_own_constant_weights(variant):
     spec = CASES["lenet86.conv1"]
     first, second = random_problem(spec), random_problem(spec)
-    kernels = [conv_cuda.build_kernel(spec, variant, (w, b)) for _, _, w, b in (first, second)]
+    kernels = [families.build_kernel(spec, variant, (w, b)) for _, _, w, b in (first, second)]
     # run after both uploads: a shared module would hold the second node's filters
     for kernel, (seed, x, w, b) in zip(kernels, (first, second)):
         [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
@@ -215,51 +207,47 @@ def test_nodes_of_one_shape_keep_their_own_constant_weights(variant):
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_kernel_names_say_the_variant():
     spec = CASES["lenet86.conv1"]
     _, _, w, b = random_problem(spec)
-    names = {v: conv_cuda.build_kernel(spec, v, (w, b)).name for v in ("baseline", "const", "const_mo", "const_mo2")}
+    names = {v: families.build_kernel(spec, v, (w, b)).name for v in ("baseline", "const", "const_mo", "const_mo2")}
     assert names == {
         "baseline": "conv.baseline",
         "const": "conv.const",
-        "const_mo": f"conv.const_mo{conv_cuda.default_maps_per_thread(4)}",
+        "const_mo": f"conv.const_mo{families.default_maps_per_thread(4)}",
         "const_mo2": "conv.const_mo2",
     }
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_fastest_returns_one_of_the_candidates():
     spec = conv(16, 4, 16, (40, 40), (7, 7))
     _, _, w, b = random_problem(spec)
-    candidates = [conv_cuda.build_kernel(spec, v, (w, b)) for v in conv_cuda.usable_families(spec, (w, b))]
-    chosen = conv_cuda.fastest(candidates, spec)
+    candidates = [families.build_kernel(spec, v, (w, b)) for v in families.usable_families(spec, (w, b))]
+    chosen = families.fastest(candidates, spec)
     assert any(chosen is c for c in candidates)
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_filters_over_64_kib_leave_only_the_baseline():
     spec = conv(2, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters
     seed, x, w, b = random_problem(spec)
-    offered = conv_cuda.usable_families(spec, (w, b))
-    assert "baseline" in offered and not any(conv_cuda.FAMILIES[v].constant_weights for v in offered)
+    offered = families.usable_families(spec, (w, b))
+    assert "baseline" in offered and not any(families.FAMILIES[v].constant_weights for v in offered)
     with pytest.raises(PluginError, match="64 KiB"):
-        conv_cuda.build_kernel(spec, "const", (w, b))
-    kernel = conv_cuda.fastest([conv_cuda.build_kernel(spec, v, (w, b)) for v in offered], spec)
+        families.build_kernel(spec, "const", (w, b))
+    kernel = families.fastest([families.build_kernel(spec, v, (w, b)) for v in offered], spec)
     [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
     assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} with large filters (seed {seed})")
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_bad_inputs_raise_plugin_errors():
     import cupy
 
     spec = CASES["lenet86.conv1"]
     _, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, "baseline", None)
+    kernel = families.build_kernel(spec, "baseline", None)
     good = device_inputs(x, w, b)
     with pytest.raises(PluginError, match="shape"):
         kernel([cupy.zeros((2, 3, 86, 86), cupy.float32), *good[1:]])  # wrong C
@@ -288,93 +276,93 @@ def test_group_and_depthwise_run_on_cuda_variants():
         spec = ConvSpec(1, 4, maps, (10, 10), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), group, True)
         weights = (np.ones(spec.weight_shape, np.float32), np.ones(maps, np.float32))
         for variant in ("baseline", "const", "const_mo", "const_rb"):
-            assert conv_cuda.unsupported_reason(spec, variant, weights) is None, (group, variant)
+            assert families.unsupported_reason(spec, variant, weights) is None, (group, variant)
     spec = ConvSpec(1, 4, 8, (10, 10), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 2, True)
     weights = (np.ones(spec.weight_shape, np.float32), np.ones(8, np.float32))
-    assert "one group" in conv_cuda.unsupported_reason(spec, "const_mo3", weights)  # 3 does not divide 4 maps a group
+    assert "one group" in families.unsupported_reason(spec, "const_mo3", weights)  # 3 does not divide 4 maps a group
 
 
 def test_only_2d_convolution_is_supported():
     spec = ConvSpec(1, 4, 8, (10,), (3,), (1,), (1,), (0, 0), 1, False)
-    for variant in conv_cuda.VARIANTS:
-        assert "2-D" in conv_cuda.unsupported_reason(spec, variant, (np.ones((8, 4, 3), np.float32), None))
+    for variant in families.VARIANTS:
+        assert "2-D" in families.unsupported_reason(spec, variant, (np.ones((8, 4, 3), np.float32), None))
 
 
 def test_constant_variants_need_constant_weights():
     spec = conv(1, 4, 8, (10, 10), (3, 3))
-    assert conv_cuda.unsupported_reason(spec, "baseline", None) is None
+    assert families.unsupported_reason(spec, "baseline", None) is None
     for variant in ("const", "const_mo", "const_mo4"):
-        assert "not constant" in conv_cuda.unsupported_reason(spec, variant, None)
-        assert conv_cuda.unsupported_reason(spec, variant, WEIGHTS_3x3) is None
+        assert "not constant" in families.unsupported_reason(spec, variant, None)
+        assert families.unsupported_reason(spec, variant, WEIGHTS_3x3) is None
 
 
 def test_constant_variants_are_not_offered_past_64_kib():
     spec = conv(1, 64, 64, (10, 10), (3, 3))
     weights = (np.ones(spec.weight_shape, np.float32), np.ones(64, np.float32))
-    assert conv_cuda.unsupported_reason(spec, "baseline", weights) is None
+    assert families.unsupported_reason(spec, "baseline", weights) is None
     for variant in ("const", "const_mo", "const_mo8"):
-        assert "64 KiB" in conv_cuda.unsupported_reason(spec, variant, weights)
+        assert "64 KiB" in families.unsupported_reason(spec, variant, weights)
     # exactly 64 KiB of filters leaves no room for the bias
     spec = conv(1, 16, 64, (10, 10), (4, 4), bias=True)
-    assert "64 KiB" in conv_cuda.unsupported_reason(spec, "const", (np.ones(spec.weight_shape, np.float32), None))
+    assert "64 KiB" in families.unsupported_reason(spec, "const", (np.ones(spec.weight_shape, np.float32), None))
     spec = conv(1, 16, 64, (10, 10), (4, 4), bias=False)
-    assert conv_cuda.unsupported_reason(spec, "const", (np.ones(spec.weight_shape, np.float32), None)) is None
+    assert families.unsupported_reason(spec, "const", (np.ones(spec.weight_shape, np.float32), None)) is None
 
 
 def test_maps_per_thread_must_fit_the_node():
     spec = conv(1, 4, 8, (10, 10), (3, 3))
-    assert conv_cuda.unsupported_reason(spec, "const_mo8", WEIGHTS_3x3) is None
-    assert "maps per thread" in conv_cuda.unsupported_reason(spec, "const_mo16", WEIGHTS_3x3)
-    assert "maps per thread" in conv_cuda.unsupported_reason(spec, "const_mo0", WEIGHTS_3x3)
+    assert families.unsupported_reason(spec, "const_mo8", WEIGHTS_3x3) is None
+    assert "maps per thread" in families.unsupported_reason(spec, "const_mo16", WEIGHTS_3x3)
+    assert "maps per thread" in families.unsupported_reason(spec, "const_mo0", WEIGHTS_3x3)
 
 
 def test_unknown_variants():
     spec = conv(1, 4, 8, (10, 10), (3, 3))
-    assert "unknown" in conv_cuda.unsupported_reason(spec, "winograd", WEIGHTS_3x3)
+    assert "unknown" in families.unsupported_reason(spec, "winograd", WEIGHTS_3x3)
     with pytest.raises(PluginError, match="unknown"):
-        conv_cuda.build_kernel(spec, "winograd", WEIGHTS_3x3)
+        families.build_kernel(spec, "winograd", WEIGHTS_3x3)
 
 
 def test_variant_names_and_default_maps_per_thread():
-    assert conv_cuda.family_of("const_mo8").name == "const_mo"
-    assert conv_cuda.family_of("const_rb_r8m4").name == "const_rb"
-    assert [conv_cuda.default_maps_per_thread(m) for m in (1, 4, 16, 50, 64, 17)] == [1, 4, 16, 10, 16, 8]
-    assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "const_mo4"
-    assert conv_cuda.resolve(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "const_mo5"
-    assert conv_cuda.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb") == "const_rb_r4m4"
+    assert families.family_of("const_mo8").name == "const_mo"
+    assert families.family_of("const_rb_r8m4").name == "const_rb"
+    assert [families.default_maps_per_thread(m) for m in (1, 4, 16, 50, 64, 17)] == [1, 4, 16, 10, 16, 8]
+    assert families.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "const_mo4"
+    assert families.resolve(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "const_mo5"
+    assert families.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb") == "const_rb_r4m4"
 
 
 def test_fused_tiles_cover_whole_pool_windows():
     spec = conv(1, 1, 4, (86, 86), (7, 7))
     pooled = Epilogue("Relu", (2, 2))
-    assert "pool" in conv_cuda.unsupported_reason(spec, "const_rb_r3m4", WEIGHTS_1x4, pooled)
-    assert conv_cuda.unsupported_reason(spec, "const_rb_r4m4", WEIGHTS_1x4, pooled) is None
-    assert "epilogue" in conv_cuda.unsupported_reason(spec, "const_mo", WEIGHTS_1x4, pooled)
-    blocked = conv_cuda.FAMILIES["const_rb"]
-    configs = [v for v in conv_cuda.tuning_configs(spec, WEIGHTS_1x4, pooled) if blocked.owns(v)]
+    assert "pool" in families.unsupported_reason(spec, "const_rb_r3m4", WEIGHTS_1x4, pooled)
+    assert families.unsupported_reason(spec, "const_rb_r4m4", WEIGHTS_1x4, pooled) is None
+    assert "epilogue" in families.unsupported_reason(spec, "const_mo", WEIGHTS_1x4, pooled)
+    blocked = families.FAMILIES["const_rb"]
+    configs = [v for v in families.tuning_configs(spec, WEIGHTS_1x4, pooled) if blocked.owns(v)]
     assert configs and all(blocked.tile(v)[0] % 2 == 0 for v in configs)
 
 
 def test_tiles_cover_pool_windows_or_split_them_over_a_power_of_2_lanes():
     spec = conv(1, 1, 4, (86, 86), (7, 7))
     pool2, pool3 = Epilogue("Relu", (2, 2)), Epilogue("Relu", (3, 3))
-    assert conv_cuda.unsupported_reason(spec, "const_tile_r4c2m4", WEIGHTS_1x4, pool2) is None  # within a thread
-    assert conv_cuda.unsupported_reason(spec, "const_tile_r1c1m4", WEIGHTS_1x4, pool2) is None  # over 4 lanes
-    assert "pool" in conv_cuda.unsupported_reason(spec, "const_tile_r3c2m4", WEIGHTS_1x4, pool2)
-    assert "power of 2" in conv_cuda.unsupported_reason(spec, "const_tile_r1c3m4", WEIGHTS_1x4, pool3)
-    assert conv_cuda.resolve(spec, "const_tile", pool2) == "const_tile_r2c4m4"
-    tile = conv_cuda.FAMILIES["const_tile"]
+    assert families.unsupported_reason(spec, "const_tile_r4c2m4", WEIGHTS_1x4, pool2) is None  # within a thread
+    assert families.unsupported_reason(spec, "const_tile_r1c1m4", WEIGHTS_1x4, pool2) is None  # over 4 lanes
+    assert "pool" in families.unsupported_reason(spec, "const_tile_r3c2m4", WEIGHTS_1x4, pool2)
+    assert "power of 2" in families.unsupported_reason(spec, "const_tile_r1c3m4", WEIGHTS_1x4, pool3)
+    assert families.resolve(spec, "const_tile", pool2) == "const_tile_r2c4m4"
+    tile = families.FAMILIES["const_tile"]
     assert all(tile.reason(spec, v, pool2) is None for v in tile.configs(spec, pool2))
 
 
 def test_costs_delegate_to_the_spec():
     spec = conv(10, 4, 16, (40, 40), (7, 7))
-    kernel = GridKernel(spec, "conv.baseline", None, threads_per_image=1, grid_y=1, reads_weights=True)
+    kernel = GridKernel(spec, "baseline", None, threads_per_image=1, grid_y=1, reads_weights=True)
     assert kernel.flops(10000) == spec.flops(10000)
     assert kernel.bytes_moved(3) == spec.bytes_moved(3)
-    fused = GridKernel(spec, "conv.x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (2, 2)))
+    fused = GridKernel(spec, "x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (2, 2)))
     assert fused.output_shape(3) == (3, 16, 17, 17)
     assert fused.bytes_moved(3) == spec.bytes_moved(3) - 4 * 3 * 16 * (34 * 34 - 17 * 17)
     assert fused.flops(3) == spec.flops(3)  # a 2x2 pool reads all 34x34 outputs
-    pool4 = GridKernel(spec, "conv.x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (4, 4)))
+    pool4 = GridKernel(spec, "x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (4, 4)))
     assert pool4.flops(3) == spec.flops(3) * (32 * 32) // (34 * 34)  # a 4x4 pool reads 32x32 of them

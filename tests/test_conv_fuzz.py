@@ -15,19 +15,19 @@ from hypothesis import HealthCheck, event, given, settings
 
 from conv_strategies import REAL_MODEL_CONFIGS, ConvConfig, conv_configs, exceeds_constant_memory
 from onnx_builders import conv_model
-from opplugin import nvrtc_check
+from opplugin.lab import nvrtc_check
 from opplugin.model import Model
-from opplugin.ops import conv_cuda
-from opplugin.ops.choice import choose_variant
-from opplugin.ops.epilogue import NONE
+from opplugin.ops.conv import families
+from opplugin.ops.conv.choice import choose_variant
+from opplugin.ops.conv.epilogue import NONE
 from opplugin.plan import make_plan
-from opplugin.registry import Device
+from opplugin.device import Device
 from opplugin.tuning_cache import CACHE_DIR_ENV
 
 # A plan only asks the device whether it is CUDA; nothing here touches a GPU.
 GPU = Device("cuda", "fuzz test GPU", "9.0")
-EXACT = [name for name, family in conv_cuda.FAMILIES.items() if family.exact]
-CONSTANT = [name for name, family in conv_cuda.FAMILIES.items() if family.constant_weights]
+EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
+CONSTANT = [name for name, family in families.FAMILIES.items() if family.constant_weights]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,7 +47,7 @@ def weights_of(config: ConvConfig):
 def reasons(config: ConvConfig) -> dict[str, str | None]:
     """Every family's answer for this node; none may raise, every refusal is a sentence."""
     spec, weights = config.spec, weights_of(config)
-    answers = {name: conv_cuda.unsupported_reason(spec, name, weights) for name in conv_cuda.FAMILIES}
+    answers = {name: families.unsupported_reason(spec, name, weights) for name in families.FAMILIES}
     for name, reason in answers.items():
         assert reason is None or (isinstance(reason, str) and reason.strip()), f"{name} on {config}: {reason!r}"
     return answers
@@ -76,8 +76,8 @@ def test_every_drawn_configuration_gets_a_cuda_variant_or_a_reason(config: ConvC
     if not usable:  # only then may the plugin leave the node to onnxruntime
         return
     chosen = plugin_choice(config)
-    assert answers[conv_cuda.family_of(chosen).name] is None and conv_cuda.unsupported_reason(spec, chosen, weights_of(config)) is None
-    event(f"heuristic picks {conv_cuda.family_of(chosen).name}")
+    assert answers[families.family_of(chosen).name] is None and families.unsupported_reason(spec, chosen, weights_of(config)) is None
+    event(f"heuristic picks {families.family_of(chosen).name}")
 
 
 LARGE = [name for name, config in REAL_MODEL_CONFIGS.items() if exceeds_constant_memory(config)]
@@ -91,7 +91,7 @@ def test_most_real_model_shapes_exceed_constant_memory():
 def test_real_model_shapes_run_on_a_cuda_variant(name):
     config = REAL_MODEL_CONFIGS[name]
     answers = reasons(config)
-    chosen = conv_cuda.family_of(plugin_choice(config))
+    chosen = families.family_of(plugin_choice(config))
     assert answers[chosen.name] is None
     if name in LARGE:
         for family in CONSTANT:
@@ -109,15 +109,29 @@ COMPILED = [
 ]
 
 
+def compiled_variants(name: str) -> list[str]:
+    """The heuristic's pick for a real-model node, and every other exact family that takes it."""
+    config = REAL_MODEL_CONFIGS[name]
+    answers = reasons(config)
+    return list(dict.fromkeys([plugin_choice(config), *(v for v in EXACT if answers[v] is None)]))
+
+
+@pytest.fixture(scope="module")
+def compiled_up_front():
+    """Every compile of the test below, done once in a pool of processes."""
+    nvrtc_check.precompile(
+        (unit.source, unit.defines, "sm_90")
+        for name in COMPILED
+        for variant in compiled_variants(name)
+        for unit in nvrtc_check.variant_units(REAL_MODEL_CONFIGS[name].spec, variant)
+    )
+
+
 @pytest.mark.skipif(not nvrtc_check.nvrtc_available(), reason="cuda-bindings' NVRTC is not importable")
 @pytest.mark.parametrize("name", COMPILED)
-def test_real_model_kernels_compile_for_hopper(name):
+def test_real_model_kernels_compile_for_hopper(name, compiled_up_front):
     from test_kernel_compile import assert_clean
 
-    config = REAL_MODEL_CONFIGS[name]
-    chosen = plugin_choice(config)
-    answers = reasons(config)
-    # the heuristic's pick, and every other exact family that takes the node
-    for variant in dict.fromkeys([chosen, *(v for v in EXACT if answers[v] is None)]):
-        for usage in nvrtc_check.check_variant(config.spec, variant, "sm_90"):
-            assert_clean(usage, conv_cuda.family_of(variant).name)
+    for variant in compiled_variants(name):
+        for usage in nvrtc_check.check_variant(REAL_MODEL_CONFIGS[name].spec, variant, "sm_90"):
+            assert_clean(usage, families.family_of(variant).name)

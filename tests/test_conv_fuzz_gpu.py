@@ -39,12 +39,12 @@ from conv_strategies import (
 from onnx_builders import conv_model
 from opplugin import cuda
 from opplugin.model import Model
-from opplugin.ops import conv_cuda
+from opplugin.ops.conv import families
 from opplugin.tuning_cache import CACHE_DIR_ENV
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")]
+pytestmark = pytest.mark.gpu
 
-EXACT = [name for name, family in conv_cuda.FAMILIES.items() if family.exact]
+EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
 BUILD_THREADS = min(8, os.cpu_count() or 1)
 # Sized (times the three layouts) for about a minute and a half on an H200, where
 # NVRTC compiles (about ten kernels an example) take most of the time: a grouped
@@ -108,11 +108,11 @@ class Problem:
 def run_like_opplugin(problem: Problem) -> tuple[str | None, str | None]:
     """(chosen variant, None) or (None, fallback reason), after checking the result
     host to host and the chosen kernel into a poisoned output."""
-    from opplugin.runner import Runner
+    from opplugin.runtime import Runner
 
     runner = Runner(problem.model, problem.spec.batch, "cuda")
     result = runner.run({"x": problem.x})
-    problem.check(result.outputs["y"], f"Runner ({runner.implementation('conv')})")
+    problem.check(result.outputs["y"], f"Runner ({runner.kernels['conv'].name})")
     if "conv" in runner.plan.fallbacks:
         return None, runner.plan.fallbacks["conv"]
     kernel = runner.kernels["conv"]
@@ -122,14 +122,14 @@ def run_like_opplugin(problem: Problem) -> tuple[str | None, str | None]:
 
 def run_every_exact_family(problem: Problem) -> dict[str, str]:
     """Runs each exact family that accepts the node; returns the refusals (family -> reason)."""
-    answers = {name: conv_cuda.unsupported_reason(problem.spec, name, problem.weights) for name in EXACT}
+    answers = {name: families.unsupported_reason(problem.spec, name, problem.weights) for name in EXACT}
     refused = {name: reason for name, reason in answers.items() if reason is not None}
     for name, reason in refused.items():
         assert reason.strip(), f"{name} refuses {problem.config} without a reason"
     accepted = [name for name in EXACT if name not in refused]
     # NVRTC releases the GIL: compiling the families side by side saves most of the wait
     with ThreadPoolExecutor(BUILD_THREADS) as pool:
-        kernels = list(pool.map(lambda name: conv_cuda.build_kernel(problem.spec, name, problem.weights), accepted))
+        kernels = list(pool.map(lambda name: families.build_kernel(problem.spec, name, problem.weights), accepted))
     cuda.synchronize()  # the constant uploads ran on the builder threads
     for kernel in kernels:
         problem.check(problem.run_poisoned(kernel), kernel.name)
@@ -154,12 +154,12 @@ def test_drawn_configurations_run_on_cuda_and_match_onnxruntime(layout: str, dat
     refused = run_every_exact_family(problem)  # first: compiles in parallel what the runner will reuse
     variant, fallback = run_like_opplugin(problem)
     if variant is not None:
-        event(f"plugin ran: {conv_cuda.family_of(variant).name}")
+        event(f"plugin ran: {families.family_of(variant).name}")
     else:
         event("plugin fell back to onnxruntime")
         assert fallback and fallback.strip(), f"{config}: fell back without a reason"
         assert spec.group == 1 and max(spec.dilations) == 1, f"{config}: group/dilation fell back: {fallback}"
-        accepted = [v for v in conv_cuda.FAMILIES if conv_cuda.unsupported_reason(spec, v, problem.weights) is None]
+        accepted = [v for v in families.FAMILIES if families.unsupported_reason(spec, v, problem.weights) is None]
         assert not accepted, f"{config}: fell back ({fallback}) though {accepted} accept it"
 
     event(f"exact families run: {len(EXACT) - len(refused)} of {len(EXACT)}")
@@ -175,10 +175,10 @@ def test_real_model_shapes_run_on_cuda_and_match_onnxruntime(name):
     refused = run_every_exact_family(problem)
     variant, fallback = run_like_opplugin(problem)
     assert fallback is None, f"{name} fell back to onnxruntime: {fallback}"
-    family = conv_cuda.family_of(variant)
+    family = families.family_of(variant)
     if large:
         assert not family.constant_weights, f"{name}: filters past 64 KiB, yet the plugin chose {variant}"
-        for constant_family in (v for v in EXACT if conv_cuda.FAMILIES[v].constant_weights):
+        for constant_family in (v for v in EXACT if families.FAMILIES[v].constant_weights):
             reason = refused.get(constant_family, "")
             assert "64 KiB" in reason and "constant" in reason, f"{constant_family} on {name}: {reason or 'accepted'}"
     print(f"{name}: plugin ran {variant}; exact families run: {[v for v in EXACT if v not in refused]}; refused: {refused}")

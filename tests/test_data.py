@@ -154,7 +154,7 @@ def test_random_inputs_fill_a_given_array():
 
 
 def test_make_inputs_random_for_a_batch_beyond_the_test_set():
-    from opplugin.inputs import make_inputs
+    from opplugin.data import make_inputs
     from opplugin.model import load_model
 
     inputs = make_inputs(load_model("ece408_high"), 12000, "random", seed=3)

@@ -8,10 +8,10 @@ import pytest
 
 from onnx_builders import conv_spec as conv
 from opplugin import cuda
-from opplugin.ops import conv_cuda
-from opplugin.ops.conv_cuda import gemm
-from opplugin.ops.epilogue import Epilogue
-from opplugin.registry import PluginError
+from opplugin.ops.conv import families
+from opplugin.ops.conv.families import gemm
+from opplugin.ops.conv.epilogue import Epilogue
+from opplugin.errors import PluginError
 
 LENET1 = conv(10000, 1, 4, (86, 86), (7, 7))
 LENET2 = conv(10000, 4, 16, (40, 40), (7, 7))
@@ -21,13 +21,13 @@ FAMILY_NAMES = ("im2col_gemm", "implicit_gemm")
 
 def test_both_families_are_registered_exact_and_read_weights_at_call_time():
     for name in FAMILY_NAMES:
-        family = conv_cuda.FAMILIES[name]
+        family = families.FAMILIES[name]
         assert family.exact and not family.constant_weights and not family.fuses
-        assert conv_cuda.unsupported_reason(LENET2, name, None) is None  # no constant weights needed
-    assert conv_cuda.family_of("im2col_gemm_64x64").name == "im2col_gemm"
-    assert conv_cuda.family_of("implicit_gemm_128x64").name == "implicit_gemm"
+        assert families.unsupported_reason(LENET2, name, None) is None  # no constant weights needed
+    assert families.family_of("im2col_gemm_64x64").name == "im2col_gemm"
+    assert families.family_of("implicit_gemm_128x64").name == "implicit_gemm"
     with pytest.raises(PluginError, match="unknown"):
-        conv_cuda.family_of("implicit_gemm_64")
+        families.family_of("implicit_gemm_64")
 
 
 @pytest.mark.parametrize(
@@ -40,15 +40,15 @@ def test_both_families_are_registered_exact_and_read_weights_at_call_time():
 )
 def test_configs_fit_the_maps_of_a_group(spec, tiles):
     for name in FAMILY_NAMES:
-        configs = conv_cuda.FAMILIES[name].configs(spec)
+        configs = families.FAMILIES[name].configs(spec)
         assert configs == [f"{name}_{tile}" for tile in tiles]
-        assert conv_cuda.resolve(spec, name) == configs[0]
-        assert all(conv_cuda.unsupported_reason(spec, c, None) is None for c in configs)
+        assert families.resolve(spec, name) == configs[0]
+        assert all(families.unsupported_reason(spec, c, None) is None for c in configs)
 
 
 def test_configs_of_a_large_grouped_conv():
     spec = conv(2, 256, 256, (14, 14), (3, 3), pads=(1, 1, 1, 1), group=2)  # 128 maps a group
-    assert conv_cuda.FAMILIES["implicit_gemm"].configs(spec) == [
+    assert families.FAMILIES["implicit_gemm"].configs(spec) == [
         "implicit_gemm_128x32",
         "implicit_gemm_128x64",
         "implicit_gemm_128x16",
@@ -66,12 +66,12 @@ def test_configs_of_a_large_grouped_conv():
     ],
 )
 def test_tiles_that_cannot_run_say_why(variant, words):
-    assert words in conv_cuda.unsupported_reason(LENET2, variant, None)
+    assert words in families.unsupported_reason(LENET2, variant, None)
 
 
 def test_no_fused_epilogue():
     for name in FAMILY_NAMES:
-        assert "epilogue" in conv_cuda.unsupported_reason(LENET1, name, None, Epilogue("Relu", (2, 2)))
+        assert "epilogue" in families.unsupported_reason(LENET1, name, None, Epilogue("Relu", (2, 2)))
 
 
 @pytest.mark.parametrize(("bm", "bn", "tm", "tn"), [(64, 64, 4, 4), (128, 64, 8, 4), (4, 1024, 4, 4), (4, 512, 4, 2), (16, 512, 8, 4)])
@@ -87,19 +87,19 @@ def test_k_step_avoids_a_padded_tail_within_shared_memory_and_registers(k, bm, b
 
 
 def test_compile_units_carry_the_tile_macros():
-    unroll, multiply = conv_cuda.compile_units(LENET1, "im2col_gemm")
+    unroll, multiply = families.compile_units(LENET1, "im2col_gemm")
     assert (unroll.source, unroll.function) == ("conv_im2col.cu", "conv_im2col")
     assert (multiply.source, multiply.function) == ("conv_gemm.cu", "conv_gemm")
-    [implicit] = conv_cuda.compile_units(LENET1, "implicit_gemm_64x64")
+    [implicit] = families.compile_units(LENET1, "implicit_gemm_64x64")
     assert implicit.function == "conv_implicit_gemm"
     assert {k: implicit.defines[k] for k in ("BM", "BN", "BK", "TM", "TN")} == {"BM": 64, "BN": 64, "BK": 13, "TM": 4, "TN": 4}
     assert implicit.defines["C"] == 1 and implicit.defines["KH"] == 7
 
 
 def _im2col_kernel(spec, budget=gemm.WORKSPACE_BUDGET):
-    variant = conv_cuda.resolve(spec, "im2col_gemm")
-    tile = conv_cuda.FAMILIES["im2col_gemm"].tile(spec, variant)
-    return gemm.Im2colGemmKernel(spec, f"conv.{variant}", tile, None, None, workspace_budget=budget)
+    variant = families.resolve(spec, "im2col_gemm")
+    tile = families.FAMILIES["im2col_gemm"].tile(spec, variant)
+    return gemm.Im2colGemmKernel(spec, variant, tile, None, None, workspace_budget=budget)
 
 
 def test_workspace_is_whole_images_within_the_budget():
@@ -117,12 +117,11 @@ def test_workspace_is_whole_images_within_the_budget():
 
 def test_implicit_gemm_needs_no_workspace():
     tile = gemm.gemm_tile(LENET1, 4, 1024)
-    assert gemm.ImplicitGemmKernel(LENET1, "conv.implicit_gemm_4x1024", tile, None).workspace_bytes(10000) == 0
+    assert gemm.ImplicitGemmKernel(LENET1, "implicit_gemm_4x1024", tile, None).workspace_bytes(10000) == 0
 
 
 # ---- GPU ----
 
-needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 MAX_RELATIVE_L2 = 1e-5
 
 GPU_CASES = {
@@ -151,23 +150,22 @@ def _run(kernel, spec, x, w, b):
 
 
 def _assert_matches_reference(got, spec, x, w, b, context):
-    from opplugin.ops import reference
+    from opplugin.ops.conv import reference
+    from opplugin.ops.conv.epilogue import NONE
 
-    bias = None if b is None else b.astype(np.float64)
-    expected = reference.conv(x.astype(np.float64), w.astype(np.float64), bias, spec.strides, spec.pads, spec.dilations, spec.group)
+    expected = reference.expected(spec, NONE, x, w, b)
     assert not np.isnan(got).any(), f"{context}: output elements never written"
     error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g}"
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("case", list(GPU_CASES))
 def test_chunks_of_a_small_workspace_give_the_one_chunk_result(case):
     spec = GPU_CASES[case]
     seed = np.random.SeedSequence().entropy
     x, w, b = _problem(spec, np.random.default_rng(seed))
-    kernel = conv_cuda.build_kernel(spec, "im2col_gemm", None)
+    kernel = families.build_kernel(spec, "im2col_gemm", None)
     whole = _run(kernel, spec, x, w, b)
     image = kernel.image_workspace_bytes()
     for budget in (3 * image, 1):  # chunks of 3 images (a short last one), then of one image
@@ -178,23 +176,21 @@ def test_chunks_of_a_small_workspace_give_the_one_chunk_result(case):
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_every_tile_shape_matches_the_reference(family, tile):
     for case, spec in GPU_CASES.items():
         seed = np.random.SeedSequence().entropy
         x, w, b = _problem(spec, np.random.default_rng(seed))
-        kernel = conv_cuda.build_kernel(spec, f"{family}_{tile}", None)
+        kernel = families.build_kernel(spec, f"{family}_{tile}", None)
         _assert_matches_reference(_run(kernel, spec, x, w, b), spec, x, w, b, f"{kernel.name} on {case} (seed {seed})")
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_new_weights_each_call(family):
     spec = GPU_CASES["stride2_asym_pads"]
-    kernel = conv_cuda.build_kernel(spec, family, None)
+    kernel = families.build_kernel(spec, family, None)
     rng = np.random.default_rng()
     for _ in range(2):
         x, w, b = _problem(spec, rng)

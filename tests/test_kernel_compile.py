@@ -2,17 +2,20 @@
 
 Runs in CI: cuda-bindings' NVRTC turns each specialised source into a cubin and
 ptxas -v reports its resources. The constant-memory variants must not spill.
+Every distinct compile the tests below ask for is done once, up front, in a
+pool of processes (`compiled_up_front`); each test then reads its reports.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from opplugin import cuda, nvrtc_check
-from opplugin.ops import conv_cuda
-from opplugin.ops.choice import heuristic_variant
+from opplugin import cuda
+from opplugin.lab import nvrtc_check
+from opplugin.ops.conv import families
+from opplugin.ops.conv.choice import heuristic_variant
 from onnx_builders import conv_spec as conv
-from opplugin.ops.epilogue import NONE, Epilogue
+from opplugin.ops.conv.epilogue import NONE, Epilogue
 
 pytestmark = pytest.mark.skipif(
     not nvrtc_check.nvrtc_available(),
@@ -34,7 +37,7 @@ SHAPES = {
     "depthwise": conv(4, 8, 8, (19, 21), (3, 3), pads=(1, 1, 1, 1), group=8),
 }
 
-CONSTANT_FAMILIES = [name for name, family in conv_cuda.FAMILIES.items() if family.constant_weights]
+CONSTANT_FAMILIES = [name for name, family in families.FAMILIES.items() if family.constant_weights]
 
 # The shipped models' Conv nodes with the epilogues their plans fuse: tuning may pick any of these.
 SHIPPED_STEPS = {
@@ -54,8 +57,27 @@ def _ones(spec):
 TUNING_CASES = [
     (step, config)
     for step, (spec, epilogue) in SHIPPED_STEPS.items()
-    for config in conv_cuda.tuning_configs(spec, _ones(spec), epilogue)
+    for config in families.tuning_configs(spec, _ones(spec), epilogue)
 ]
+
+
+def compile_jobs():
+    """(source, defines, arch) of every compile the tests of this module make."""
+    for spec in SHAPES.values():
+        for variant in families.FAMILIES:
+            if families.unsupported_reason(spec, variant, _ones(spec)) is None:
+                for arch in ARCHS:
+                    yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, variant))
+    for step, config in TUNING_CASES:
+        spec, epilogue = SHIPPED_STEPS[step]
+        yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(spec, config, epilogue))
+    for variant in EXPLICIT_MAPS:
+        yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(SHAPES["lenet86.conv2"], variant))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_up_front():
+    nvrtc_check.precompile(compile_jobs())
 
 
 def assert_clean(usage, family: str) -> None:
@@ -67,18 +89,18 @@ def assert_clean(usage, family: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("variant", list(conv_cuda.FAMILIES))
+@pytest.mark.parametrize("variant", list(families.FAMILIES))
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_variant_compiles(shape, variant, arch):
     spec = SHAPES[shape]
-    reason = conv_cuda.unsupported_reason(spec, variant, _ones(spec))
+    reason = families.unsupported_reason(spec, variant, _ones(spec))
     if reason:
         pytest.skip(reason)
     for usage in nvrtc_check.check_variant(spec, variant, arch):
         assert_clean(usage, variant)
         # ptxas for sm_80 reports the __constant__ arrays as bank 3; sm_90's omits them
         if variant in CONSTANT_FAMILIES and 3 in usage.constant_memory:
-            assert usage.constant_memory[3] == conv_cuda.constant_bytes(spec)
+            assert usage.constant_memory[3] == families.constant_bytes(spec)
 
 
 @pytest.mark.parametrize(("step", "config"), TUNING_CASES)
@@ -99,12 +121,15 @@ def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
 
 
 def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
-    covered = {conv_cuda.family_of(config).name for _, config in TUNING_CASES}
-    exact = {name for name, family in conv_cuda.FAMILIES.items() if family.exact}
+    covered = {families.family_of(config).name for _, config in TUNING_CASES}
+    exact = {name for name, family in families.FAMILIES.items() if family.exact}
     assert covered == exact
 
 
-@pytest.mark.parametrize("variant", ["const_mo1", "const_mo3", "const_mo16"])
+EXPLICIT_MAPS = ["const_mo1", "const_mo3", "const_mo16"]
+
+
+@pytest.mark.parametrize("variant", EXPLICIT_MAPS)
 def test_explicit_maps_per_thread_compile_without_spills(variant):
     # 16 is not a multiple of 3: the last map group is shorter
     [usage] = nvrtc_check.check_variant(SHAPES["lenet86.conv2"], variant, "sm_90")

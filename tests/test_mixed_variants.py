@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 
 from opplugin import cuda
-from opplugin.ops import conv_cuda
-from opplugin.ops.choice import heuristic_variant
-from opplugin.ops.conv_cuda import mixed
-from opplugin.ops.conv_cuda.common import constant_bytes
-from opplugin.ops.epilogue import NONE, Epilogue
+from opplugin.ops.conv import families
+from opplugin.ops.conv.choice import heuristic_variant
+from opplugin.ops.conv.families import mixed
+from opplugin.ops.conv.families.common import constant_bytes
+from opplugin.ops.conv.epilogue import NONE, Epilogue
 from onnx_builders import conv_spec as conv
 from test_conv_cuda_gpu import CASES as FP32_CASES
 from test_conv_cuda_gpu import expected_output, random_problem
 
-needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 
 INEXACT = ("fp16", "tf32", "3xtf32")
 
@@ -44,12 +43,12 @@ def ones(spec):
 
 def test_the_families_are_registered_and_inexact():
     for name in INEXACT:
-        family = conv_cuda.FAMILIES[name]
+        family = families.FAMILIES[name]
         assert family.exact is False
         assert 0 < family.expected_relative_error < family.max_relative_error
     # 3xTF32 is held to the bar of the FP32-exact variants, yet stays opt-in by its name
-    assert conv_cuda.FAMILIES["3xtf32"].max_relative_error <= 1e-5
-    assert conv_cuda.FAMILIES["fp16"].max_relative_error <= 5e-3
+    assert families.FAMILIES["3xtf32"].max_relative_error <= 1e-5
+    assert families.FAMILIES["fp16"].max_relative_error <= 5e-3
 
 
 @pytest.mark.parametrize("shape", list(SHIPPED))
@@ -57,55 +56,55 @@ def test_neither_the_heuristic_nor_tuning_picks_them(shape):
     spec = SHIPPED[shape]
     weights = ones(spec)
     for epilogue in (NONE, Epilogue("Relu", (2, 2))):
-        assert not set(INEXACT) & set(conv_cuda.usable_families(spec, weights, epilogue))
-        assert not any(conv_cuda.family_of(v).name in INEXACT for v in conv_cuda.tuning_configs(spec, weights, epilogue))
-        assert conv_cuda.family_of(heuristic_variant(spec, weights, epilogue)).exact
+        assert not set(INEXACT) & set(families.usable_families(spec, weights, epilogue))
+        assert not any(families.family_of(v).name in INEXACT for v in families.tuning_configs(spec, weights, epilogue))
+        assert families.family_of(heuristic_variant(spec, weights, epilogue)).exact
     # asked for explicitly, all three run the plain conv
-    assert set(INEXACT) <= set(conv_cuda.usable_families(spec, weights, NONE, exact_only=False))
+    assert set(INEXACT) <= set(families.usable_families(spec, weights, NONE, exact_only=False))
 
 
 @pytest.mark.parametrize("shape", list(SHIPPED))
 def test_at_most_three_configurations_each_and_all_compile_units_resolve(shape):
     spec = SHIPPED[shape]
     for name in INEXACT:
-        configs = conv_cuda.FAMILIES[name].configs(spec)
+        configs = families.FAMILIES[name].configs(spec)
         assert 1 <= len(configs) <= 3 and len(set(configs)) == len(configs)
-        assert conv_cuda.resolve(spec, name) == configs[0]
+        assert families.resolve(spec, name) == configs[0]
         for variant in configs:
-            assert conv_cuda.family_of(variant).name == name
-            assert conv_cuda.unsupported_reason(spec, variant, ones(spec)) is None
-            [unit] = conv_cuda.compile_units(spec, variant)
+            assert families.family_of(variant).name == name
+            assert families.unsupported_reason(spec, variant, ones(spec)) is None
+            [unit] = families.compile_units(spec, variant)
             assert unit.defines["C"] == spec.in_channels
 
 
 def test_configured_names():
-    assert conv_cuda.resolve(SHIPPED["lenet86.conv2"], "fp16") == "fp16_m16"
-    assert conv_cuda.resolve(SHIPPED["lenet86.conv2"], "tf32") == "tf32_n4"
-    assert conv_cuda.resolve(SHIPPED["lenet86.conv2"], "3xtf32") == "3xtf32_n2"  # 25 k-steps x 3 MMAs: fewer pixel tiles
-    assert conv_cuda.resolve(SHIPPED["ece408_high.conv"], "tf32") == "tf32_n4"  # 4 map tiles: 64 accumulators
-    assert conv_cuda.family_of("3xtf32_n8").name == "3xtf32"
-    assert conv_cuda.family_of("tf32_n8").name == "tf32"
-    assert conv_cuda.family_of("fp16_m5").name == "fp16"
+    assert families.resolve(SHIPPED["lenet86.conv2"], "fp16") == "fp16_m16"
+    assert families.resolve(SHIPPED["lenet86.conv2"], "tf32") == "tf32_n4"
+    assert families.resolve(SHIPPED["lenet86.conv2"], "3xtf32") == "3xtf32_n2"  # 25 k-steps x 3 MMAs: fewer pixel tiles
+    assert families.resolve(SHIPPED["ece408_high.conv"], "tf32") == "tf32_n4"  # 4 map tiles: 64 accumulators
+    assert families.family_of("3xtf32_n8").name == "3xtf32"
+    assert families.family_of("tf32_n8").name == "tf32"
+    assert families.family_of("fp16_m5").name == "fp16"
 
 
 def test_tensor_core_variants_decline_groups_and_oversized_weights():
     grouped = CASES["group2_stride2"]
     for name in ("tf32", "3xtf32"):
-        assert "group=1 only" in conv_cuda.unsupported_reason(grouped, name, ones(grouped))
-    assert conv_cuda.unsupported_reason(grouped, "fp16", ones(grouped)) is None
-    assert "one group" in conv_cuda.unsupported_reason(grouped, "fp16_m4", ones(grouped))  # 2 maps a group
+        assert "group=1 only" in families.unsupported_reason(grouped, name, ones(grouped))
+    assert families.unsupported_reason(grouped, "fp16", ones(grouped)) is None
+    assert "one group" in families.unsupported_reason(grouped, "fp16_m4", ones(grouped))  # 2 maps a group
     big = conv(1, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters
     for name in ("tf32", "3xtf32"):
-        assert "shared memory" in conv_cuda.unsupported_reason(big, name, ones(big))
-    assert "64 KiB" in conv_cuda.unsupported_reason(big, "fp16", ones(big))
+        assert "shared memory" in families.unsupported_reason(big, name, ones(big))
+    assert "64 KiB" in families.unsupported_reason(big, "fp16", ones(big))
 
 
 def test_fp16_needs_constant_weights_but_tensor_cores_read_them_at_call_time():
     spec = CASES["lenet86.conv2"]
-    assert "not constant" in conv_cuda.unsupported_reason(spec, "fp16", None)
-    assert conv_cuda.unsupported_reason(spec, "tf32", None) is None
-    assert conv_cuda.unsupported_reason(spec, "3xtf32", None) is None
-    assert "epilogue" in conv_cuda.unsupported_reason(spec, "tf32", None, Epilogue("Relu", (2, 2)))
+    assert "not constant" in families.unsupported_reason(spec, "fp16", None)
+    assert families.unsupported_reason(spec, "tf32", None) is None
+    assert families.unsupported_reason(spec, "3xtf32", None) is None
+    assert "epilogue" in families.unsupported_reason(spec, "tf32", None, Epilogue("Relu", (2, 2)))
 
 
 def test_fp16_filters_are_half2_pairs_the_size_of_the_fp32_bank():
@@ -132,7 +131,7 @@ def relative_l2(spec, x, w, b, got) -> float:
 def run_variant(spec, variant, x, w, b, *, weights_at_build=True):
     import cupy
 
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b) if weights_at_build else None)
+    kernel = families.build_kernel(spec, variant, (w, b) if weights_at_build else None)
     out = cupy.full(kernel.output_shape(spec.batch), cupy.nan, dtype=cupy.float32)
     inputs = [cupy.asarray(a) for a in (x, w, b) if a is not None]
     [y] = kernel(inputs, None, out=out)
@@ -144,23 +143,21 @@ VARIANTS = [*INEXACT, "fp16_m4", "tf32_n8", "3xtf32_n8"]
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_error_within_the_stated_bound(case, variant):
     spec = CASES[case]
     seed, x, w, b = random_problem(spec)
-    reason = conv_cuda.unsupported_reason(spec, variant, (w, b))
+    reason = families.unsupported_reason(spec, variant, (w, b))
     if reason:
         pytest.skip(reason)
     kernel, y = run_variant(spec, variant, x, w, b)
     error = relative_l2(spec, x, w, b, y)
-    bound = conv_cuda.family_of(variant).max_relative_error
+    bound = families.family_of(variant).max_relative_error
     assert error <= bound, f"{kernel.name} on {case} (seed {seed}): relative L2 error {error:.3g} > {bound}"
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("name", ["tf32", "3xtf32"])
 def test_tensor_cores_take_new_weights_on_every_call(name):
     spec = CASES["dilation2_m64"]
@@ -172,13 +169,12 @@ def test_tensor_cores_take_new_weights_on_every_call(name):
 
 
 def kernel_bound(name: str) -> float:
-    return conv_cuda.FAMILIES[name].max_relative_error
+    return families.FAMILIES[name].max_relative_error
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("name", INEXACT)
 def test_kernel_names_say_the_configuration(name):
     spec = CASES["lenet86.conv2"]
     _, _, w, b = random_problem(spec)
-    assert conv_cuda.build_kernel(spec, name, (w, b)).name == f"conv.{conv_cuda.resolve(spec, name)}"
+    assert families.build_kernel(spec, name, (w, b)).name == f"conv.{families.resolve(spec, name)}"

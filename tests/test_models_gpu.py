@@ -4,12 +4,12 @@ import pytest
 
 from opplugin import cuda
 from opplugin.check import check
-from opplugin.inputs import make_inputs
+from opplugin.data import make_inputs
 from opplugin.model import load_model
-from opplugin.ops import conv_cuda
-from opplugin.runner import Runner
+from opplugin.ops.conv import families
+from opplugin.runtime import Runner
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
@@ -19,21 +19,26 @@ def test_shipped_model_on_all_test_images_matches_onnxruntime(name):
     runner = Runner(model, 10000, "cuda")
     assert runner.device.is_cuda
     assert all(k.name.startswith("conv.") and k.name != "conv.reference" for k in runner.kernels.values())
-    result = check(runner, inputs.feeds, inputs.labels)
+    result = check(runner.run, runner.describe(10000), inputs.feeds, inputs.labels)
     failing = [r for r in result.records if not r["passed"]]
     assert not failing, failing
     assert result.top1_agreement == 1.0
     assert result.accuracy == result.reference_accuracy
 
 
-@pytest.mark.parametrize("variant", [name for name, family in conv_cuda.FAMILIES.items() if family.exact])
+@pytest.mark.parametrize("variant", [name for name, family in families.FAMILIES.items() if family.exact])
 def test_every_variant_runs_the_tiny_model(variant, tiny_model_path):
     model = load_model(tiny_model_path)
     runner = Runner(model, 9, "cuda", variants={"Conv": variant})
     feeds = {"x": np.random.default_rng(11).uniform(-1, 1, (9, 3, 12, 12)).astype(np.float32)}
-    result = check(runner, feeds)
+    result = check(runner.run, runner.describe(9), feeds)
     assert result.passed, result.records
     assert all(variant in k.name for k in runner.kernels.values())
+
+
+# Host-clock spans (onnxruntime on the CPU) and CUDA-event spans share one time line
+# to within tens of microseconds (see runtime/timeline.py).
+CLOCK_SLACK_MS = 0.1
 
 
 def test_timings_on_the_gpu_come_from_events(tiny_model_path):
@@ -42,4 +47,11 @@ def test_timings_on_the_gpu_come_from_events(tiny_model_path):
     profile = runner.profile(feeds, warmup=1, repeat=3)
     names = list(profile.step_ms)
     assert names[0] == "copy H2D x" and "conv1" in names
-    assert all(min(v) >= 0 for v in profile.step_ms.values())
+    # one chunk on one stream: every kernel took time, and the steps and copies ran one
+    # after another, inside the run's host-to-host time
+    result = profile.result
+    assert result.chunks == 1
+    spans = result.spans
+    assert all(span.ms > 0 for span in spans if span.kind == "plugin")
+    assert all(a.end_ms <= b.start_ms + CLOCK_SLACK_MS for a, b in zip(spans, spans[1:])), spans
+    assert 0 <= spans[0].start_ms and spans[-1].end_ms <= result.total_ms + CLOCK_SLACK_MS

@@ -9,12 +9,12 @@ import pytest
 from opplugin import cuda
 from opplugin.check import compare
 from opplugin.errors import KernelCompileError, OutOfDeviceMemory
-from opplugin.inputs import make_inputs
+from opplugin.data import make_inputs
 from opplugin.model import load_model
-from opplugin.ops.conv import ConvPlugin
-from opplugin.runner import Runner
+from opplugin.runtime import Runner
+from test_exact import _poisoned, _UnfusedConv
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
@@ -112,20 +112,6 @@ def test_out_of_memory_halves_the_chunk_then_fails_clearly(lenet):
     _assert_same_run(runner, runner.run(feeds).outputs["probabilities"], expected)
 
 
-class _UnfusedConv(ConvPlugin):
-    fuse = None
-
-
-def _poisoned(x):
-    x = x.copy()
-    x[0, 0, 5, 5] = np.nan
-    x[1, 0, 3:6, 3:6] = np.inf
-    x[2] = -np.inf
-    x[3, 0, 0, 0] = np.nan
-    x[3, 0, 9, 9] = np.inf
-    return x
-
-
 def _nan_check(registry):
     model = load_model("lenet86")
     x = _poisoned(make_inputs(model, 64, "random", seed=5).feeds["input"])
@@ -153,15 +139,16 @@ def test_nan_and_inf_through_fused_cuda_steps_as_in_onnxruntime():
     runner, result = _nan_check(None)
     assert any(step.fused for step in runner.plan.plugin_steps)
     assert result.exact_reruns == 1  # images 0..3, all in the first chunk of 16
-    for step in runner._exact.plan.plugin_steps:  # the same variants, built without the epilogue
-        assert runner._exact.kernels[step.name].variant == runner.kernels[step.name].variant
+    exact = runner.exact.split_executor()
+    for step in exact.plan.plugin_steps:  # the same variants, built without the epilogue
+        assert exact.kernels[step.name].variant == runner.kernels[step.name].variant
 
 
 def test_finite_inputs_on_the_gpu_never_take_the_exact_path(lenet):
     model, runner = lenet
     runner.chunk = 512
     result = runner.run(make_inputs(model, 3000, "random", seed=3).feeds)
-    assert result.chunks == 6 and result.exact_reruns == 0 and runner._exact is None
+    assert result.chunks == 6 and result.exact_reruns == 0 and not runner.exact.built
 
 
 @pytest.mark.parametrize("activation", ["Relu", "Tanh"])
@@ -169,7 +156,7 @@ def test_finite_inputs_on_the_gpu_never_take_the_exact_path(lenet):
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_nan_and_inf_inside_pool_windows_on_the_gpu_as_in_onnxruntime(activation, pool, chunk, tmp_path):
     from onnx_builders import save
-    from test_errors import _poisoned_batch, _pool_net, _same_as_onnxruntime
+    from test_exact import _poisoned_batch, _pool_net, _same_as_onnxruntime
 
     size = (12, 10)
     model = load_model(save(_pool_net(activation, pool, size), tmp_path / "pool_net.onnx"))

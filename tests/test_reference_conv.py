@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from conv_strategies import ConvConfig, assert_within_bound, conv_configs, error_bound
 from onnx_builders import single_conv
-from opplugin.ops.conv import ConvSpec
-from opplugin.ops.reference import conv
+from opplugin.ops.conv.spec import ConvSpec
+from opplugin.ops.conv.reference import conv
 from opplugin.errors import PluginError
 
 

@@ -10,7 +10,7 @@ from opplugin import registry
 from opplugin.errors import PluginError
 from opplugin.model import load_model
 from opplugin.plan import PluginStep
-from opplugin.runner import Runner
+from opplugin.runtime import Runner
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def test_a_registered_plugin_takes_its_nodes(clean_registry, tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 3, "cpu")
     swapped = [s.name for s in runner.plan.steps if isinstance(s, PluginStep)]
     assert swapped == ["conv1", "relu1", "conv2", "relu2"]
-    assert runner.implementation("relu1") == "relu.example"
+    assert {s.name: s.implementation for s in runner.describe().steps}["relu1"] == "relu.example"
     x = np.random.default_rng(2).standard_normal((3, 3, 12, 12)).astype(np.float32)
     expected = ort.InferenceSession(tiny_model_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], expected, rtol=1e-5, atol=1e-6)

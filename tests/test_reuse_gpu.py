@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from opplugin import cuda
-from opplugin.inputs import make_inputs
+from opplugin.data import make_inputs
 from opplugin.model import load_model
-from opplugin.runner import Runner
+from opplugin.runtime import Runner
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.gpu
 
 RUNS = 1000
 

@@ -5,7 +5,8 @@ import pytest
 
 from opplugin.errors import DeviceError, InputError, PluginError
 from opplugin.model import load_model
-from opplugin.runner import Runner, select_device
+from opplugin.device import select_device
+from opplugin.runtime import Runner
 from opplugin import cuda
 
 
@@ -23,12 +24,18 @@ def test_swapped_model_matches_onnxruntime(tiny_model_path):
     first = runner.plan.plugin_steps[0]  # conv1, with the Relu and MaxPool the plan fuses into it
     result = runner.run(feeds, keep=tuple(first.outputs))
     np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
-    assert result.kept[first.outputs[0]].shape == runner.shape_at(first.outputs[0], 6)
+    record = runner.describe(6)
+    assert result.kept[first.outputs[0]].shape == record.shapes[first.outputs[0]] == (6, 4, 6, 6)
     assert [t.name for t in result.times] == [step.name for step in runner.plan.steps]  # no copies on the CPU
-    assert all(t.ms >= 0 and t.kind in ("plugin", "onnxruntime") for t in result.times)
-    assert runner.implementation("conv1").startswith("conv.reference")
-    ort_step = next(step.name for step in runner.plan.steps if step.kind == "onnxruntime")
-    assert runner.implementation(ort_step) == "onnxruntime CPU"
+    assert all(t.kind in ("plugin", "onnxruntime") for t in result.times)
+    # one lane on the CPU: the steps ran one after another, each taking time, within the run
+    spans = result.spans
+    assert all(span.ms > 0 for span in spans)
+    assert all(a.end_ms <= b.start_ms for a, b in zip(spans, spans[1:]))
+    assert sum(t.ms for t in result.times) <= result.total_ms
+    implementations = {step.name: step.implementation for step in record.steps}
+    assert implementations["conv1"].startswith("conv.reference")
+    assert implementations["onnxruntime1"] == "onnxruntime CPU"
 
 
 def test_profile_keeps_every_timed_reading(tiny_model_path):
@@ -51,36 +58,6 @@ def test_one_runner_takes_any_batch(tiny_model_path):
         assert result.batch == batch and result.outputs["y"].shape == (batch, 5)
         np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
     assert runner.run(_inputs(9)).chunks == 3  # chunks of the runner's batch
-
-
-def test_nan_chunks_rerun_on_the_exact_path_built_once_and_kept_tensors_follow(tiny_model_path):
-    runner = Runner(load_model(tiny_model_path), 8, "cpu", chunk=2)
-    fused = [step.name for step in runner.plan.plugin_steps]
-    assert runner.executor.watched_outputs == 2 and runner._exact is None
-    feeds = _inputs(8)
-    feeds["x"][5, 1, 6, 7] = np.nan  # chunk 2 (images 4 and 5)
-    keep = ("p1", "r2")  # the fused steps' outputs
-    first = runner.run(feeds, keep=keep)
-    exact = runner._exact
-    assert first.exact_reruns == 1 and exact is not None
-    assert [s.name for s in exact.plan.plugin_steps] == fused and all(not s.fused for s in exact.plan.plugin_steps)
-    second = runner.run(feeds, keep=keep)
-    assert runner._exact is exact and second.exact_reruns == 1  # built once, reused
-    y, p1, r2 = _onnxruntime_with(tiny_model_path, feeds, ["y", "p1", "r2"])
-    for result in (first, second):
-        np.testing.assert_allclose(result.outputs["y"], y, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(result.kept["p1"], p1, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(result.kept["r2"], r2, rtol=1e-5, atol=1e-6)
-    assert np.isnan(y[5]).all() and not np.isnan(np.delete(y, 5, axis=0)).any()
-
-
-def _onnxruntime_with(path, feeds, names):
-    """onnxruntime's values of `names`, intermediate tensors included."""
-    import onnx
-
-    model = onnx.load(path)
-    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in {o.name for o in model.graph.output})
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(names, feeds)
 
 
 def test_keep_names_only_tensors_that_cross_steps(tiny_model_path):

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from opplugin import resources
-from opplugin.ops import conv_cuda
-from opplugin.ops.conv_cuda.common import BLOCK
-from opplugin.ops.conv_cuda.reduction import SlicedKernel
-from opplugin.ops.conv_cuda.tiled import TiledKernel
+from opplugin.ops.conv import families
+from opplugin.ops.conv.families.common import BLOCK
+from opplugin.ops.conv.families.reduction import SlicedKernel
+from opplugin.ops.conv.families.tiled import TiledKernel
 from onnx_builders import conv_spec as conv
-from test_conv_cuda_gpu import assert_close, device_inputs, expected_output, needs_gpu, poisoned_output, random_problem
+from test_conv_cuda_gpu import assert_close, device_inputs, expected_output, poisoned_output, random_problem
 
 SEED_FAMILIES = ("unrolled", "tiled", "reduce_tree", "reduce_atomic")
 LENET_CONV1 = conv(10000, 1, 4, (86, 86), (7, 7))
@@ -36,20 +36,20 @@ def ones(spec):
 
 
 def test_families_are_registered_in_the_seeds_order():
-    assert conv_cuda.FAMILY_MODULES[:4] == ("direct", "unrolled", "tiled", "reduction")
+    assert families.FAMILY_MODULES[:4] == ("direct", "unrolled", "tiled", "reduction")
     for name in SEED_FAMILIES:
-        family = conv_cuda.FAMILIES[name]
+        family = families.FAMILIES[name]
         assert family.exact and family.summary
         assert family.constant_weights == (name != "unrolled")
-    assert conv_cuda.family_of("tiled_t32").name == "tiled"
-    assert conv_cuda.family_of("reduce_tree_s4").name == "reduce_tree"
-    assert conv_cuda.family_of("reduce_atomic_s2").name == "reduce_atomic"
+    assert families.family_of("tiled_t32").name == "tiled"
+    assert families.family_of("reduce_tree_s4").name == "reduce_tree"
+    assert families.family_of("reduce_atomic_s2").name == "reduce_atomic"
 
 
 def test_unrolled_serves_run_time_weights_like_the_baseline():
     spec = conv(1, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters: no constant memory
-    assert conv_cuda.unsupported_reason(spec, "unrolled", None) is None
-    assert "64 KiB" in conv_cuda.unsupported_reason(spec, "tiled", ones(spec))
+    assert families.unsupported_reason(spec, "unrolled", None) is None
+    assert "64 KiB" in families.unsupported_reason(spec, "tiled", ones(spec))
 
 
 def test_baseline_is_the_plain_kernel_and_unrolled_adds_exactly_restrict_and_unrolling():
@@ -67,30 +67,30 @@ def test_baseline_is_the_plain_kernel_and_unrolled_adds_exactly_restrict_and_unr
 @pytest.mark.parametrize("spec", [LENET_CONV1, LENET_CONV2, ECE408_CONV], ids=["lenet86.conv1", "lenet86.conv2", "ece408"])
 def test_configuration_lists_are_short_and_valid(spec):
     for name in SEED_FAMILIES:
-        configs = conv_cuda.FAMILIES[name].configs(spec)
+        configs = families.FAMILIES[name].configs(spec)
         assert len(configs) <= 4
         for config in configs:
-            assert conv_cuda.unsupported_reason(spec, config, ones(spec)) is None, config
+            assert families.unsupported_reason(spec, config, ones(spec)) is None, config
 
 
 def test_tiled_prefers_whole_warp_rows_unless_they_overhang_too_far():
-    assert conv_cuda.resolve(LENET_CONV1, "tiled") == "tiled_t16"  # 80 x 80 out: 96 columns of t32 tiles, 20% more
-    assert conv_cuda.resolve(LENET_CONV2, "tiled") == "tiled_t32"  # 34 x 34: 64 x 40 vs 48 x 48, 11% more
-    assert conv_cuda.resolve(ECE408_CONV, "tiled") == "tiled_t32"  # 24 x 24: 32 x 24 vs 32 x 32
-    assert conv_cuda.FAMILIES["tiled"].configs(LENET_CONV1) == ["tiled_t16", "tiled_t32"]
+    assert families.resolve(LENET_CONV1, "tiled") == "tiled_t16"  # 80 x 80 out: 96 columns of t32 tiles, 20% more
+    assert families.resolve(LENET_CONV2, "tiled") == "tiled_t32"  # 34 x 34: 64 x 40 vs 48 x 48, 11% more
+    assert families.resolve(ECE408_CONV, "tiled") == "tiled_t32"  # 24 x 24: 32 x 24 vs 32 x 32
+    assert families.FAMILIES["tiled"].configs(LENET_CONV1) == ["tiled_t16", "tiled_t32"]
 
 
 def test_tiled_limits():
     spec = conv(1, 2, 3, (20, 20), (3, 3))
-    assert "tile width" in conv_cuda.unsupported_reason(spec, "tiled_t12", ones(spec))
-    assert "tile width" in conv_cuda.unsupported_reason(spec, "tiled_t128", ones(spec))
-    assert conv_cuda.unsupported_reason(spec, "tiled_t8", ones(spec)) is None
-    assert "not constant" in conv_cuda.unsupported_reason(spec, "tiled_t16", None)
+    assert "tile width" in families.unsupported_reason(spec, "tiled_t12", ones(spec))
+    assert "tile width" in families.unsupported_reason(spec, "tiled_t128", ones(spec))
+    assert families.unsupported_reason(spec, "tiled_t8", ones(spec)) is None
+    assert "not constant" in families.unsupported_reason(spec, "tiled_t16", None)
     # stride 8: the input tile of any width is over 48 KiB
     wide = conv(1, 1, 1, (600, 600), (3, 3), strides=(8, 8))
-    assert "shared memory" in conv_cuda.unsupported_reason(wide, "tiled_t32", ones(wide))
-    assert "shared memory" in conv_cuda.unsupported_reason(wide, "tiled", ones(wide))
-    assert "tiled" not in conv_cuda.usable_families(wide, ones(wide))
+    assert "shared memory" in families.unsupported_reason(wide, "tiled_t32", ones(wide))
+    assert "shared memory" in families.unsupported_reason(wide, "tiled", ones(wide))
+    assert "tiled" not in families.usable_families(wide, ones(wide))
 
 
 @pytest.mark.parametrize("family", ["reduce_tree", "reduce_atomic"])
@@ -98,33 +98,33 @@ def test_one_channel_per_group_has_nothing_to_reduce(family):
     depthwise = conv(1, 8, 8, (19, 21), (3, 3), group=8)
     for spec in (LENET_CONV1, ECE408_CONV, depthwise):
         for variant in (family, f"{family}_s2"):
-            assert "nothing to reduce" in conv_cuda.unsupported_reason(spec, variant, ones(spec))
-        assert conv_cuda.resolve(spec, family) == family  # no configuration to stand for
-        assert family not in conv_cuda.usable_families(spec, ones(spec))
-        assert not any(v.startswith(family) for v in conv_cuda.tuning_configs(spec, ones(spec)))
+            assert "nothing to reduce" in families.unsupported_reason(spec, variant, ones(spec))
+        assert families.resolve(spec, family) == family  # no configuration to stand for
+        assert family not in families.usable_families(spec, ones(spec))
+        assert not any(v.startswith(family) for v in families.tuning_configs(spec, ones(spec)))
 
 
 @pytest.mark.parametrize("family", ["reduce_tree", "reduce_atomic"])
 def test_slice_counts(family):
-    configs = lambda c, g=1: conv_cuda.FAMILIES[family].configs(conv(1, c, 2 * g, (9, 9), (3, 3), group=g))
+    configs = lambda c, g=1: families.FAMILIES[family].configs(conv(1, c, 2 * g, (9, 9), (3, 3), group=g))
     assert configs(4) == [f"{family}_s2", f"{family}_s4"]  # fewest slices first
     assert configs(3) == [f"{family}_s2"]  # 2 channels + 1
     assert configs(16) == [f"{family}_s2", f"{family}_s4", f"{family}_s8"]
     assert configs(8, g=4) == [f"{family}_s2"]  # 2 channels a group
-    assert conv_cuda.resolve(LENET_CONV2, family) == f"{family}_s2"
+    assert families.resolve(LENET_CONV2, family) == f"{family}_s2"
     spec = conv(1, 3, 4, (9, 9), (3, 3))
-    assert "idle" in conv_cuda.unsupported_reason(spec, f"{family}_s4", ones(spec))
+    assert "idle" in families.unsupported_reason(spec, f"{family}_s4", ones(spec))
     big = conv(1, 32, 4, (9, 9), (3, 3))
-    assert "one of 2, 4, 8" in conv_cuda.unsupported_reason(big, f"{family}_s16", ones(big))
+    assert "one of 2, 4, 8" in families.unsupported_reason(big, f"{family}_s16", ones(big))
 
 
 def test_atomic_variant_initialises_its_output_in_its_own_launch_sequence():
-    units = conv_cuda.compile_units(LENET_CONV2, "reduce_atomic_s2")
+    units = families.compile_units(LENET_CONV2, "reduce_atomic_s2")
     assert [u.function for u in units] == ["conv_reduce_atomic_init", "conv_reduce_atomic"]
     assert units[0].defines == units[1].defines and units[0].defines["SL"] == 2
-    [tree] = conv_cuda.compile_units(LENET_CONV2, "reduce_tree_s4")
+    [tree] = families.compile_units(LENET_CONV2, "reduce_tree_s4")
     assert tree.defines["SL"] == 4 and tree.defines["UNROLL_K"] == 1  # one channel per slice
-    [tree] = conv_cuda.compile_units(LENET_CONV2, "reduce_tree")
+    [tree] = families.compile_units(LENET_CONV2, "reduce_tree")
     assert tree.defines["SL"] == 2 and tree.defines["UNROLL_K"] == 2  # both passes unrolled
 
 
@@ -141,7 +141,7 @@ class RecordingFunction:
 def test_tiled_launch_geometry_covers_ragged_edges():
     spec = conv(3, 2, 5, (37, 71), (3, 3))  # 35 x 69 out
     calls = []
-    kernel = TiledKernel(spec, "conv.tiled_t32", RecordingFunction(calls), (8, 32))
+    kernel = TiledKernel(spec, "tiled_t32", RecordingFunction(calls), (8, 32))
     kernel._launch("x", (), "y", 3)
     [(_, grid, block, args)] = calls
     assert block == (32, 8, 1) and grid == (3 * 5 * 3, 5, 1)  # ceil(35/8) x ceil(69/32) tiles per image
@@ -152,7 +152,7 @@ def test_atomic_launch_sets_the_output_before_adding_into_it():
     spec = conv(3, 4, 6, (12, 12), (3, 3))  # 10 x 10 out
     calls = []
     init, summed = RecordingFunction(calls), RecordingFunction(calls)
-    SlicedKernel(spec, "conv.reduce_atomic_s4", summed, 4, init=init)._launch("x", (), "y", 3)
+    SlicedKernel(spec, "reduce_atomic_s4", summed, 4, init=init)._launch("x", (), "y", 3)
     assert [c[0] for c in calls] == [init, summed]
     assert calls[0][1:3] == ((-(-300 // BLOCK), 6, 1), (BLOCK, 1, 1)) and calls[0][3][0] == "y"
     assert calls[1][1:3] == ((-(-300 // 64), 6, 1), (64, 4, 1)) and calls[1][3][:2] == ("x", "y")
@@ -170,13 +170,12 @@ RAGGED = {
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", ["tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64"])
 @pytest.mark.parametrize("case", list(RAGGED))
 def test_tiles_at_ragged_edges(case, variant):
     spec = RAGGED[case]
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    kernel = families.build_kernel(spec, variant, (w, b))
     [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
     assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} on {case} (seed {seed})")
 
@@ -185,24 +184,22 @@ UNEVEN = conv(2, 13, 5, (9, 10), (3, 3), pads=(1, 0, 0, 1))  # 13 channels: ever
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", ["reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s8"])
 def test_uneven_channel_slices(variant):
     seed, x, w, b = random_problem(UNEVEN)
-    kernel = conv_cuda.build_kernel(UNEVEN, variant, (w, b))
+    kernel = families.build_kernel(UNEVEN, variant, (w, b))
     [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(UNEVEN))
     assert_close(y, expected_output(UNEVEN, x, w, b), f"{kernel.name} (seed {seed})")
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("bias", [True, False])
 def test_atomic_output_is_initialised_on_every_call(bias):
     import cupy
 
     spec = conv(3, 4, 6, (15, 14), (3, 3), pads=(1, 1, 1, 1), bias=bias)
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, "reduce_atomic_s2", (w, b))
+    kernel = families.build_kernel(spec, "reduce_atomic_s2", (w, b))
     expected = expected_output(spec, x, w, b)
     out = cupy.full(spec.output_shape(), 1e6, dtype=cupy.float32)  # stale values must not leak in
     inputs = device_inputs(x, w, b)
@@ -212,13 +209,12 @@ def test_atomic_output_is_initialised_on_every_call(bias):
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_atomic_init_and_sum_run_on_the_callers_stream():
     import cupy
 
     spec = conv(64, 4, 16, (40, 40), (7, 7))
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, "reduce_atomic_s4", (w, b))
+    kernel = families.build_kernel(spec, "reduce_atomic_s4", (w, b))
     inputs = device_inputs(x, w, b)
     cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -230,39 +226,36 @@ def test_atomic_init_and_sum_run_on_the_callers_stream():
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", ["tiled_t16", "reduce_tree_s2", "reduce_atomic_s4"])
 def test_batch_is_a_run_time_argument(variant):
     spec = dataclasses.replace(conv(6, 4, 16, (40, 40), (7, 7)), batch=6)
     seed, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    kernel = families.build_kernel(spec, variant, (w, b))
     for batch in (1, 5, 6):
         [y] = kernel(device_inputs(x[:batch], w, b), None, out=poisoned_output(spec, batch))
         assert_close(y, expected_output(spec, x[:batch], w, b), f"{kernel.name}, batch {batch} (seed {seed})")
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("variant", ["unrolled", "tiled_t32", "reduce_tree_s4"])
 def test_deterministic_variants_repeat_bit_for_bit(variant):
     import cupy
 
     spec = conv(8, 4, 16, (40, 40), (7, 7))
     _, x, w, b = random_problem(spec)
-    kernel = conv_cuda.build_kernel(spec, variant, (w, b))
+    kernel = families.build_kernel(spec, variant, (w, b))
     inputs = device_inputs(x, w, b)
     first = cupy.asnumpy(kernel(inputs)[0])
     assert np.array_equal(first, cupy.asnumpy(kernel(inputs)[0]))
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_unrolled_matches_the_plain_baseline_bit_for_bit_and_reads_weights_per_call():
     import cupy
 
     spec = conv(4, 3, 8, (17, 23), (3, 3), strides=(2, 2), pads=(1, 0, 2, 1))
-    unrolled = conv_cuda.build_kernel(spec, "unrolled", None)
-    baseline = conv_cuda.build_kernel(spec, "baseline", None)
+    unrolled = families.build_kernel(spec, "unrolled", None)
+    baseline = families.build_kernel(spec, "baseline", None)
     for _ in range(2):  # new weights each call
         seed, x, w, b = random_problem(spec)
         inputs = device_inputs(x, w, b)

@@ -1,7 +1,7 @@
 """The time line of a run: copy time, and how much of it hid behind compute."""
 import pytest
 
-from opplugin.timeline import Span, Timeline, copy_figures
+from opplugin.runtime.timeline import Span, Timeline, copy_figures
 
 
 def _span(name, kind, start, end, chunk=0, order=0):

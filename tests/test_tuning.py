@@ -17,21 +17,22 @@ import numpy as np
 import pytest
 
 import opplugin
-from opplugin import cli, cuda, tuning, tuning_cache
+from opplugin import cli, cuda, files, tuning_cache
+from opplugin.lab import tune as tuning
+from opplugin.lab.trial import EXACT_TOLERANCE, Trial, local_memory_bytes
 from opplugin.errors import DeviceError, InputError
 from opplugin.model import load_model
-from opplugin.ops import conv_cuda
-from opplugin.ops.choice import choose_variant, heuristic_variant
-from opplugin.ops.conv import constant_weights
-from opplugin.ops.epilogue import NONE, Epilogue
-from opplugin.registry import Device
+from opplugin.ops.conv import families
+from opplugin.ops.conv.choice import choose_variant, heuristic_variant
+from opplugin.ops.conv.plugin import constant_weights
+from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.device import Device
 from onnx_builders import conv_spec
 
 FAKE_GPU = Device("cuda", "Test GPU 80GB", "9.0")
 LENET_CONV1 = conv_spec(10000, 1, 4, (86, 86), (7, 7))
 RELU_POOL2 = Epilogue("Relu", (2, 2))
 
-needs_gpu = pytest.mark.skipif(not cuda.is_available(), reason="no CUDA device (CuPy missing or no GPU visible)")
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +119,7 @@ def test_write_is_atomic_and_leaves_no_temporary_file(cache_dir, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tuning_cache.os, "replace", failing_replace)
+    monkeypatch.setattr(files.os, "replace", failing_replace)
     with pytest.raises(OSError):
         tuning_cache.store({key: a_choice("const_rb_r16m4")})
     assert path.read_text() == before  # the old file is whole
@@ -185,7 +186,7 @@ def test_lookup_takes_the_nearest_tuned_bucket_within_a_factor_of_16():
 def test_choice_takes_a_usable_cached_variant():
     weights = ones_weights(LENET_CONV1)
     heuristic = heuristic_variant(LENET_CONV1, weights, RELU_POOL2)
-    other = next(c for c in conv_cuda.tuning_configs(LENET_CONV1, weights, RELU_POOL2) if c != heuristic)
+    other = next(c for c in families.tuning_configs(LENET_CONV1, weights, RELU_POOL2) if c != heuristic)
     tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(other)})
     assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == other
     another_gpu = Device("cuda", "Another GPU", "8.0")
@@ -196,7 +197,7 @@ def test_choice_takes_a_usable_cached_variant():
 def test_choice_falls_back_to_the_heuristic_when_the_cached_variant_cannot_run(cached):
     weights = ones_weights(LENET_CONV1)
     tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(cached)})
-    assert conv_cuda.unsupported_reason(LENET_CONV1, cached, weights, RELU_POOL2) is not None
+    assert families.unsupported_reason(LENET_CONV1, cached, weights, RELU_POOL2) is not None
     assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_variant(LENET_CONV1, weights, RELU_POOL2)
 
 
@@ -213,8 +214,8 @@ def test_the_heuristic_picks_a_usable_variant_for_the_shipped_steps(model):
     for step, spec, epilogue in steps:
         weights = constant_weights(step.node)
         variant = heuristic_variant(spec, weights, epilogue)
-        assert conv_cuda.unsupported_reason(spec, variant, weights, epilogue) is None, (step.name, variant)
-        assert variant in conv_cuda.tuning_configs(spec, weights, epilogue)  # tuning times the heuristic's pick too
+        assert families.unsupported_reason(spec, variant, weights, epilogue) is None, (step.name, variant)
+        assert variant in families.tuning_configs(spec, weights, epilogue)  # tuning times the heuristic's pick too
 
 
 # --- tuning, its GPU work replaced by a stand-in -----------------------------------------
@@ -239,18 +240,18 @@ def test_cli_tune_without_a_cuda_device_exits_2_with_one_line(monkeypatch, capsy
 
 def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monkeypatch, cache_dir):
     def fake_problem(spec, weights, epilogue):
-        return None
+        return dataclasses.make_dataclass("FakeProblem", ["spec", "weights", "epilogue"])(spec, weights, epilogue)
 
-    def fake_evaluate(spec, variant, weights, epilogue, problem, warmup, repeat):
-        configs = conv_cuda.tuning_configs(spec, weights, epilogue)
+    def fake_evaluate(problem, variant, warmup, repeat):
+        configs = families.tuning_configs(problem.spec, problem.weights, problem.epilogue)
         position = configs.index(variant)
         if position == 0:
-            return tuning.ConfigResult(variant, "fail", "rel L2 1.0e-02 > 1e-05", kernel_name=f"conv.{variant}")
+            return Trial(variant, "incorrect", "relative error 0.01 > 1e-05", kernel_name=f"conv.{variant}", rel_error=1e-2)
         if position == 1:
-            return tuning.ConfigResult(variant, "skip", "spills: 16 bytes of local memory per thread", local_bytes=16)
+            return Trial(variant, "spills", "spills: 16 bytes of local memory per thread", local_bytes=16)
         if position == 2:
-            return tuning.ConfigResult(variant, "error", "build failed: KernelCompileError: boom")
-        return tuning.ConfigResult(variant, "pass", "rel L2 1.0e-08", median_ms=float(position), kernel_name=f"conv.{variant}", relative_l2=1e-8)
+            return Trial(variant, "failed", "build failed: KernelCompileError: boom")
+        return Trial(variant, "ok", ms=float(position), kernel_name=f"conv.{variant}", rel_error=1e-8)
 
     monkeypatch.setattr(tuning, "make_problem", fake_problem)
     monkeypatch.setattr(tuning, "evaluate_config", fake_evaluate)
@@ -259,7 +260,7 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
     assert [t.step for t in report.steps] == ["conv1", "conv2"]
     assert report.cache_path == cache_dir / "tuning.json"
     for tuned in report.steps:
-        configs = conv_cuda.tuning_configs(tuned.spec, constant_weights(tuned_node(tuned)), tuned.epilogue)
+        configs = families.tuning_configs(tuned.spec, constant_weights(tuned_node(tuned)), tuned.epilogue)
         assert [r.variant for r in tuned.results] == configs
         if len(configs) > 3:
             assert tuned.chosen.variant == configs[3]
@@ -270,7 +271,8 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
             assert tuned.chosen is None
     assert sum(1 for line in lines if line.startswith("[conv")) == sum(len(t.results) for t in report.steps)
     text = tuning.format_report(report)
-    assert "median ms" in text and "skip: spills" in text and "error: build failed" in text
+    assert "median ms" in text and "skip: spills" in text and "error: build failed" in text and "fail: relative error" in text
+    assert "pass: rel L2 1.0e-08" in text
     assert str(report.cache_path) in text
 
 
@@ -285,27 +287,18 @@ def tuned_node(tuned):
     return _NODES[tuned.step]
 
 
-def test_kernel_functions_are_found_on_a_grid_kernel_or_through_an_accessor():
+def test_local_memory_is_the_most_any_function_of_the_kernel_uses():
     class Function:
         def __init__(self, local):
             self.attributes = {"local_size_bytes": local, "num_regs": 40}
 
-    class Grid:
-        def __init__(self):
-            self.name = "conv.x"
-            self._function = Function(0)
-            self._helpers = (Function(24), "not a function")
+    class Kernel:
+        def __init__(self, *locals_):
+            self.functions = [Function(n) for n in locals_]
 
-    class Listed:
-        def functions(self):
-            return [Function(8)]
-
-    class Opaque:
-        pass
-
-    assert tuning.local_memory_bytes(Grid()) == 24
-    assert tuning.local_memory_bytes(Listed()) == 8
-    assert tuning.local_memory_bytes(Opaque()) is None
+    assert local_memory_bytes(Kernel(0, 24, 8)) == 24
+    assert local_memory_bytes(Kernel(0)) == 0
+    assert local_memory_bytes(Kernel()) is None
 
 
 # --- on the GPU ----------------------------------------------------------------------------
@@ -316,20 +309,19 @@ def assert_kept_configs_passed(report):
         assert tuned.results, tuned.step
         assert tuned.chosen is not None, [(r.variant, r.status, r.detail) for r in tuned.results]
         for r in tuned.passed:
-            assert r.relative_l2 is not None and r.relative_l2 <= tuning.MAX_RELATIVE_L2
-            assert r.median_ms > 0 and r.local_bytes in (0, None)
-        assert all(r.status in ("pass", "fail", "skip", "error") for r in tuned.results)
+            assert r.rel_error is not None and r.rel_error <= EXACT_TOLERANCE
+            assert r.ms > 0 and r.local_bytes in (0, None)
+        assert all(r.status in ("ok", "incorrect", "spills", "failed") for r in tuned.results)
 
 
 def runner_kernel_names(model, batch):
-    from opplugin.runner import Runner
+    from opplugin.runtime import Runner
 
     runner = Runner(model, batch, "cuda")
     return {name: kernel.name for name, kernel in runner.kernels.items()}
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("which", ["tiny", "lenet86"])
 def test_tuning_drives_the_runner(which, tiny_model_path, cache_dir):
     model = load_model(tiny_model_path if which == "tiny" else "lenet86")

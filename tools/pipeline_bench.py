@@ -24,15 +24,16 @@ import time
 import numpy as np
 
 from opplugin import cuda
-from opplugin.check import compare
-from opplugin.inputs import make_inputs
+from opplugin.check import agreement
+from opplugin.data import make_inputs
+from opplugin.device import current_cuda_device
 from opplugin.model import load_model
 from opplugin.ops.conv import ConvPlugin
-from opplugin.ort_reference import reference_outputs
-from opplugin.runner import Runner
+from opplugin.registry import Kernel, Plugin
+from opplugin.runtime import Runner
 
 
-class _CupyKernel:
+class _CupyKernel(Kernel):
     def __init__(self, name, fn):
         self.name, self._fn = name, fn
 
@@ -49,7 +50,7 @@ class _CupyKernel:
             return [cupy.ascontiguousarray(self._fn(*inputs))]
 
 
-class _CupyOp:
+class _CupyOp(Plugin):
     """A plugin running one ONNX op with CuPy array operations (any batch)."""
 
     def __init__(self, op_type, make):
@@ -58,7 +59,7 @@ class _CupyOp:
     def supports(self, node, device):
         return None if device.is_cuda else "CuPy ops need a GPU"
 
-    def build(self, node, device, variant=None, **options):
+    def build(self, node, device, variant=None, fused=()):
         return _CupyKernel(f"cupy.{self.op_type.lower()}", self._make(node))
 
 
@@ -196,7 +197,7 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=100000)
     args = parser.parse_args()
     model = load_model("lenet86")
-    report: dict = {"device": cuda.device().name}
+    report: dict = {"device": current_cuda_device().name}
     report["copy"] = copy_bandwidth(10000 * 86 * 86 * 4)
     print("copy", report["copy"], flush=True)
     report["overlap_probe"] = overlap_probe(10000 * 86 * 86 * 4)
@@ -204,24 +205,27 @@ def main() -> None:
 
     pageable = make_inputs(model, 10000)
     pinned = make_inputs(model, 10000, pinned=True)
-    reference = reference_outputs(model, pageable.feeds, {"input"})["probabilities"]
-
     default = Runner(model, 10000, "cuda")
+    plan = default.describe(10000)
+
+    def agrees(result) -> bool:
+        return agreement(plan, pageable.feeds, result.outputs["probabilities"])["passed"]
+
     figures, last = host_to_host(default, pinned.feeds, repeat=3)
-    figures["agreement"] = compare(last.outputs["probabilities"], reference)["passed"]
+    figures["agreement"] = agrees(last)
     report["default_plan_10k_pinned"] = figures
     print("default plan, 10k pinned", json.dumps(figures), flush=True)
 
     registry = all_gpu_registry()
     gpu = Runner(model, 10000, "cuda", registry=registry)
-    report["all_gpu_plan"] = [f"{s.name}: {' > '.join(s.ops)} ({gpu.implementation(s.name)})" for s in gpu.plan.steps]
+    report["all_gpu_plan"] = [f"{s.name}: {' > '.join(s.ops)} ({s.implementation})" for s in gpu.describe().steps]
     auto_chunk = gpu.chunk
     runs = {}
     for chunk in (auto_chunk, 10000, 1134):
         for label, feeds in (("pinned", pinned.feeds), ("pageable", pageable.feeds)):
             gpu.chunk = chunk
             figures, last = host_to_host(gpu, feeds)
-            figures["agreement"] = compare(last.outputs["probabilities"], reference)["passed"]
+            figures["agreement"] = agrees(last)
             if chunk == auto_chunk:
                 report[f"spans_{label}"] = spans_of(last)
             runs[f"chunk{chunk}_{label}"] = figures

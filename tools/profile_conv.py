@@ -16,10 +16,12 @@ import dataclasses
 import statistics
 
 from opplugin import cuda
-from opplugin.bench import conv_cases
-from opplugin.ops import conv_cuda
-from opplugin.ops.choice import choose_variant
-from opplugin.ops.epilogue import NONE
+from opplugin.device import current_cuda_device
+from opplugin.lab.bench import conv_cases
+from opplugin.lab.trial import Problem
+from opplugin.ops.conv import families
+from opplugin.ops.conv.choice import choose_variant
+from opplugin.ops.conv.epilogue import NONE
 
 
 def main() -> None:
@@ -39,12 +41,12 @@ def main() -> None:
     spec = dataclasses.replace(case.spec, batch=args.batch)
     epilogue = case.epilogue if args.fused and case.epilogue else NONE
     weights = (case.w, case.b)
-    variant = args.variant or choose_variant(spec, weights, epilogue, cuda.device())
-    kernel = conv_cuda.build_kernel(spec, variant, weights, epilogue)
-    # the model's own weights: variants with a constant bank ignore them, the others read them
-    inputs = [conv_cuda.random_inputs(spec)[0], cuda.to_device(case.w)] + ([cuda.to_device(case.b)] if case.b is not None else [])
+    variant = args.variant or choose_variant(spec, weights, epilogue, current_cuda_device())
+    kernel = families.build_kernel(spec, variant, weights, epilogue)
+    # a random input and the model's own weights: variants with a constant bank ignore them, the others read them
+    problem = Problem.random(spec, epilogue, weights)
     out = cuda.empty(kernel.output_shape(args.batch), "float32")
-    times = cuda.time_ms(lambda: kernel(inputs, None, out=out), warmup=0, repeat=args.launches)
+    times = cuda.time_ms(lambda: kernel(problem.inputs, None, out=out), warmup=0, repeat=args.launches)
     print(f"{kernel.name}: {args.model} {args.conv}, batch {args.batch}, median {statistics.median(times):.3f} ms "
           f"over {args.launches} launches")
 

@@ -1,0 +1,14 @@
+"""The kernel lab: measuring kernels, apart from the runtime that runs them.
+
+trial        the one loop bench and tune share: build, screen for spills, run into a
+             poisoned output, check against float64, time with CUDA events
+bench        `opplugin bench`: every family and the peers, with the roofline
+tune         `opplugin tune`: every configuration of each Conv step, the fastest kept
+peers        cuDNN through PyTorch, onnxruntime's CUDA provider
+streams      one Conv host to host, serial and over several streams
+bench_text   the bench's tables
+roofline     this device's measured copy bandwidth and FP32 rate
+nvrtc_check  compiling without a GPU, and ptxas's resource report
+
+The runtime never imports the lab.
+"""

@@ -1,0 +1,498 @@
+"""`opplugin bench`: every Conv variant of the shipped models and its peers, timed in
+one process on this GPU, with this device's roofline beside each figure.
+
+For each Conv step (and each fused Conv > activation > MaxPool chain) of the
+chosen models, at each batch: every family registered in `families.FAMILIES`
+(discovered at run time) with its heuristic configuration, and with
+`all_configs` every configuration it offers; then the peers (cuDNN FP32 and
+TF32 through PyTorch, onnxruntime's CUDA provider) when they are installed.
+Every candidate goes through one trial (see trial.py): its output is checked
+against the float64 oracle on images from both ends and the middle of the batch
+(and for unwritten elements over the whole output, which starts as NaN) before
+it is timed; one that fails is marked and never timed. The peers are checked
+and timed the same way.
+
+Ratios: x_floor = ms / floor (1.0 is the roofline), vs_baseline and
+vs_cudnn_fp32 are speed-ups (reference ms / ms).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import __version__, cuda
+from ..device import CPU, current_cuda_device
+from ..errors import DeviceError, InputError, first_line, positive_int
+from ..files import write_atomic
+from ..ops.conv import families
+from ..ops.conv.epilogue import NONE, Epilogue
+from ..ops.conv.families.common import ConvKernel
+from ..ops.conv.plugin import constant_weights, epilogue_of
+from ..ops.conv.spec import ConvSpec
+from . import peers as peer_module
+from . import roofline
+from .bench_text import format_text
+from .streams import host_to_host
+from .trial import EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, run_trial
+
+SCHEMA = "opplugin-bench/1"
+DEFAULT_BATCHES = (100, 1000, 10000)
+DEFAULT_WARMUP = 3
+DEFAULT_REPEAT = 20
+FP32_PEER_TOLERANCE = 1e-4  # cuDNN may pick Winograd or FFT algorithms, which round differently
+INEXACT_TOLERANCE = 1e-2  # fp16 / tf32 arithmetic: its error is reported, and must still be small
+# "all fused steps of the model together" targets (ms) at TARGET_BATCH, from the issue
+FUSED_TOTAL_TARGETS_MS = {"lenet86": 2.0}
+TARGET_BATCH = 10000
+
+ROW_KEYS = (
+    "step",
+    "batch",
+    "name",
+    "kind",
+    "family",
+    "implementation",
+    "exact",
+    "heuristic",
+    "status",
+    "reason",
+    "ms",
+    "calls_per_sample",
+    "timer",
+    "gflops_per_s",
+    "gb_per_s",
+    "bytes",
+    "floor_ms",
+    "x_floor",
+    "vs_baseline",
+    "vs_cudnn_fp32",
+    "rel_error",
+    "tolerance",
+)
+PAYLOAD_KEYS = ("schema", "complete", "opplugin_version", "device", "versions", "settings", "roofline", "peers", "steps", "rows", "fused_totals", "streams")
+STEP_KEYS = ("step", "model", "conv", "fused", "epilogue", "batch", "shape", "flops", "bytes", "floor_ms", "bound", "baseline_ms", "cudnn_fp32_ms", "best", "best_ms")
+
+
+@dataclass
+class Options:
+    batches: Sequence[int] = DEFAULT_BATCHES
+    warmup: int = DEFAULT_WARMUP
+    repeat: int = DEFAULT_REPEAT
+    all_configs: bool = False
+    models: Sequence[str] = ("lenet86", "ece408_high")
+    streams: bool = True  # the host-to-host streams comparison
+
+    def validate(self) -> None:
+        if not self.batches:
+            raise InputError("--batches needs at least one batch size")
+        for batch in self.batches:
+            positive_int(batch, "--batches")
+        positive_int(self.repeat, "--repeat")
+        positive_int(self.warmup, "--warmup", allow_zero=True)
+        if not self.models:
+            raise InputError("--models needs at least one model")
+
+
+@dataclass(frozen=True)
+class ConvCase:
+    """One Conv node of a model, its constant weights, and the epilogue a plan fuses into it."""
+
+    model: str
+    conv: str
+    spec: ConvSpec  # at batch 1
+    w: np.ndarray
+    b: np.ndarray | None
+    epilogue: Epilogue | None  # None: the plan fuses nothing into this Conv
+
+    def label(self, fused: bool) -> str:
+        return f"{self.model} {self.conv}{self.epilogue.suffix if fused and self.epilogue else ''}"
+
+
+def conv_cases(models: Sequence[str]) -> list[ConvCase]:
+    """The Conv nodes of the models, with the fusion `make_plan` gives them (CPU plan:
+    fusion there depends on the graph alone)."""
+    from ..model import load_model
+    from ..plan import make_plan
+
+    cases = []
+    for name in models:
+        model = load_model(name)
+        plan = make_plan(model, 1, CPU)
+        for step in plan.plugin_steps:
+            if step.node.op_type != "Conv":
+                continue
+            weights = constant_weights(step.node)
+            if weights is None:
+                continue  # weights computed at run time: nothing to benchmark with fixed filters
+            spec = ConvSpec.from_node(step.node)
+            epilogue = epilogue_of(step.fused) if step.fused else None
+            cases.append(ConvCase(model.name, step.node.name, spec, weights[0], weights[1], epilogue))
+    if not cases:
+        raise InputError(f"no Conv node with constant weights in {', '.join(models)}")
+    return cases
+
+
+def describe_spec(spec: ConvSpec) -> str:
+    """"1->4 maps, 7x7, 86x86 in" (plus stride/pad/group when not plain)."""
+    text = f"{spec.in_channels}->{spec.out_channels} maps, {'x'.join(map(str, spec.kernel))}, {'x'.join(map(str, spec.in_size))} in"
+    if any(s != 1 for s in spec.strides):
+        text += f", stride {'x'.join(map(str, spec.strides))}"
+    if any(spec.pads):
+        text += f", pads {list(spec.pads)}"
+    if spec.group != 1:
+        text += f", group {spec.group}"
+    return text
+
+
+def step_cost(spec: ConvSpec, epilogue: Epilogue, batch: int) -> tuple[int, int]:
+    """The fewest FLOPs and bytes of the step: the conv outputs its result depends
+    on, input and weights read once, the written (pooled) output once."""
+    least = ConvKernel(spec, "minimum", [], epilogue)
+    return least.flops(batch), least.bytes_moved(batch)
+
+
+# --- records --------------------------------------------------------------------------
+
+
+def make_row(step: dict[str, Any], name: str, kind: str, **fields: Any) -> dict[str, Any]:
+    """A row with every ROW_KEY, filled from the step and `fields`; throughput and the
+    floor ratio follow from ms."""
+    row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
+    row.update(step=step["step"], batch=step["batch"], name=name, kind=kind, exact=True, heuristic=False, status="ok")
+    row.update(fields)
+    row["bytes"] = row["bytes"] if row["bytes"] is not None else step["bytes"]
+    row["floor_ms"] = step["floor_ms"]
+    ms = row["ms"]
+    if ms:
+        row["gflops_per_s"] = step["flops"] / ms / 1e6
+        row["gb_per_s"] = row["bytes"] / ms / 1e6
+        if step["floor_ms"]:
+            row["x_floor"] = ms / step["floor_ms"]
+    return row
+
+
+def reference_rows(rows: list[dict[str, Any]], step: dict[str, Any]) -> None:
+    """Fill the step's baseline and cuDNN FP32 times and each row's speed-ups over them."""
+    mine = [r for r in rows if r["step"] == step["step"] and r["batch"] == step["batch"]]
+
+    def ms_of(predicate) -> float | None:
+        found = [r["ms"] for r in mine if predicate(r) and r["status"] == "ok" and r["ms"]]
+        return min(found) if found else None
+
+    step["baseline_ms"] = ms_of(lambda r: r["kind"] == "variant" and r["family"] == "baseline" and r["heuristic"])
+    step["cudnn_fp32_ms"] = ms_of(lambda r: r["kind"] == "peer" and r["name"] == "cudnn_fp32")
+    exact_ok = [r for r in mine if r["kind"] == "variant" and r["exact"] and r["status"] == "ok" and r["ms"]]
+    step["best"] = min(exact_ok, key=lambda r: r["ms"])["name"] if exact_ok else None
+    for row in mine:
+        if row["status"] == "ok" and row["ms"]:
+            row["vs_baseline"] = step["baseline_ms"] / row["ms"] if step["baseline_ms"] else None
+            row["vs_cudnn_fp32"] = step["cudnn_fp32_ms"] / row["ms"] if step["cudnn_fp32_ms"] else None
+
+
+def fused_totals(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and batch: all its fused steps, each by its fastest exact variant, added up."""
+    totals = []
+    keys = dict.fromkeys((s["model"], s["batch"]) for s in steps if s["fused"])
+    for model, batch in keys:
+        parts = [s for s in steps if s["fused"] and s["model"] == model and s["batch"] == batch]
+        best = [s.get("best_ms") for s in parts]
+        cudnn = [s["cudnn_fp32_ms"] for s in parts]
+        target = FUSED_TOTAL_TARGETS_MS.get(model) if batch == TARGET_BATCH else None
+        ms = sum(best) if all(best) else None
+        totals.append(
+            {
+                "model": model,
+                "batch": batch,
+                "steps": [s["step"] for s in parts],
+                "variants": [s["best"] for s in parts],
+                "ms": ms,
+                "cudnn_fp32_ms": sum(cudnn) if all(cudnn) else None,
+                "target_ms": target,
+                "met": (ms is not None and ms < target) if target else None,
+            }
+        )
+    return totals
+
+
+class Bench:
+    """One bench run: the device, the roofline, the peers, and the rows as they come."""
+
+    def __init__(
+        self,
+        options: Options,
+        progress: Callable[[str], None] | None = None,
+        checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.options = options
+        # given the payload so far after each step: a long run cut short still leaves its rows
+        self.checkpoint = checkpoint
+        self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.steps: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []
+        self.peers: list[Any] = []
+        self.peer_notes: dict[str, str] = {}
+        self.torch = None
+
+    # the run -----------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.options.validate()
+        if not cuda.is_available():
+            raise DeviceError("bench needs a CUDA device, and CuPy sees none (is CuPy installed and a GPU visible?)")
+        cases = conv_cases(self.options.models)
+        device = current_cuda_device()
+        self.progress(f"bench: {device.name}: measuring copy bandwidth and FP32 rate")
+        self.roof = roofline.measure()
+        self._find_peers()
+        work = [(case, fused, batch) for case in cases for fused in (False, True) if not fused or case.epilogue for batch in self.options.batches]
+        for index, (case, fused, batch) in enumerate(work, 1):
+            self.progress(f"bench: [{index}/{len(work)}] {case.label(fused)}, batch {batch}")
+            self._bench_step(case, fused, batch)
+            if self.checkpoint:
+                self.checkpoint(self.payload(device, None, complete=False))
+        streams = self._bench_streams(cases[0]) if self.options.streams else None
+        return self.payload(device, streams)
+
+    def payload(self, device, streams, complete: bool = True) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "complete": complete,
+            "opplugin_version": __version__,
+            "device": {"name": device.name, "compute_capability": device.compute_capability},
+            "versions": self._versions(),
+            "settings": {
+                "batches": list(self.options.batches),
+                "warmup": self.options.warmup,
+                "repeat": self.options.repeat,
+                "all_configs": self.options.all_configs,
+                "models": list(self.options.models),
+                "min_sample_ms": MIN_SAMPLE_MS,
+                "tolerances": {"exact": EXACT_TOLERANCE, "fp32_peer": FP32_PEER_TOLERANCE, "inexact": INEXACT_TOLERANCE},
+            },
+            "roofline": self.roof.record(),
+            "peers": {peer.name: "available" for peer in self.peers} | self.peer_notes,
+            "steps": self.steps,
+            "rows": self.rows,
+            "fused_totals": fused_totals(self.steps),
+            "streams": streams,
+        }
+
+    def _versions(self) -> dict[str, Any]:
+        import cupy
+        import onnxruntime
+
+        runtime = cupy.cuda.runtime
+        versions = {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "cupy": cupy.__version__,
+            "cuda_runtime": runtime.runtimeGetVersion(),
+            "cuda_driver": runtime.driverGetVersion(),
+            "onnxruntime": onnxruntime.__version__,
+            "onnxruntime_providers": list(onnxruntime.get_available_providers()),
+            "torch": None,
+            "cudnn": None,
+        }
+        if self.torch is not None:
+            versions["torch"] = self.torch.__version__
+            versions["cudnn"] = self.torch.backends.cudnn.version()
+        return versions
+
+    def _find_peers(self) -> None:
+        torch, reason = peer_module.torch_or_reason()
+        if torch is None:
+            self.peer_notes["cudnn_fp32"] = self.peer_notes["cudnn_tf32"] = reason
+        else:
+            self.torch = torch
+            torch.backends.cudnn.benchmark = True
+            self.peers += [peer_module.cudnn_peer(torch, tf32=False), peer_module.cudnn_peer(torch, tf32=True)]
+        reason = peer_module.onnxruntime_cuda_reason()
+        if reason:
+            self.peer_notes["onnxruntime_cuda"] = reason
+        else:
+            self.peers.append(peer_module.onnxruntime_peer(cuda.device_id()))
+
+    # one step at one batch -----------------------------------------------------------
+
+    def _bench_step(self, case: ConvCase, fused: bool, batch: int) -> None:
+        spec = dataclasses.replace(case.spec, batch=batch)
+        epilogue = case.epilogue if fused else NONE
+        flops, nbytes = step_cost(spec, epilogue, batch)
+        step = dict.fromkeys(STEP_KEYS)
+        step.update(
+            step=case.label(fused),
+            model=case.model,
+            conv=case.conv,
+            fused=fused,
+            epilogue=epilogue.suffix.lstrip("+"),
+            batch=batch,
+            shape=describe_spec(spec),
+            flops=flops,
+            bytes=nbytes,
+            floor_ms=self.roof.floor_ms(flops, nbytes),
+            bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s),
+        )
+        self.steps.append(step)
+        problem = Problem.random(spec, epilogue, (case.w, case.b))
+        for name, family, heuristic in self._candidates(spec, epilogue):
+            self._add(self._bench_variant(step, problem, name, family, heuristic))
+        for peer in self.peers:
+            if fused and peer.name != "cudnn_fp32":
+                continue  # a fused step is compared with the FP32 chain only
+            self._add(self._bench_peer(step, problem, peer))
+        reference_rows(self.rows, step)
+        best = [r for r in self.rows if r["step"] == step["step"] and r["batch"] == batch and r["name"] == step["best"]]
+        step["best_ms"] = best[0]["ms"] if best else None
+        del problem
+        self._release()
+
+    def _add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        figure = f"{row['ms']:.4g} ms" if row["ms"] else row["status"] + (f" ({row['reason']})" if row["reason"] else "")
+        self.progress(f"bench:     {row['name']:<28} {figure}")
+
+    def _candidates(self, spec: ConvSpec, epilogue: Epilogue) -> list[tuple[str, Any, bool]]:
+        """(variant name, family, is the heuristic pick) for every family that applies."""
+        candidates = []
+        for family in families.FAMILIES.values():
+            if epilogue != NONE and not family.fuses:
+                continue
+            try:
+                heuristic = families.resolve(spec, family.name, epilogue)
+            except Exception:  # a family with no configuration for this shape: its plain name says why below
+                heuristic = family.name
+            names = [heuristic]
+            if self.options.all_configs:
+                try:
+                    names += family.configs(spec, epilogue)
+                except Exception:
+                    pass
+            candidates += [(name, family, name == heuristic) for name in dict.fromkeys(names)]
+        return candidates
+
+    def _bench_variant(self, step, problem: Problem, name: str, family, heuristic: bool) -> dict[str, Any]:
+        tolerance = EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
+        trial = run_trial(problem, name, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat)
+        return variant_row(step, trial, problem.epilogue, family, heuristic, tolerance)
+
+    def _bench_peer(self, step, problem: Problem, peer) -> dict[str, Any]:
+        tolerance = FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
+        common = dict(family=None, exact=peer.exact, implementation=peer.implementation, tolerance=tolerance, timer=peer.timer)
+        try:
+            run = peer.prepare(problem.spec, problem.epilogue, problem.x, *problem.weights)
+            rel_error, unwritten = problem.error(run())
+            if unwritten or not rel_error <= tolerance:
+                why = f"{unwritten} NaN outputs" if unwritten else f"relative error {rel_error:.3g} > {tolerance:g}"
+                return make_row(step, peer.name, "peer", status="incorrect", reason=why, rel_error=rel_error, **common)
+            ms, calls = median_ms(run, self.options.warmup, self.options.repeat, host_clock=peer.timer == "host")
+        except peer_module.PeerUnavailable as err:
+            return make_row(step, peer.name, "peer", status="unsupported", reason=str(err), **common)
+        except Exception as err:
+            if cuda.is_out_of_memory(err):
+                self._release()
+            return make_row(step, peer.name, "peer", status="failed", reason=first_line(err, named=True), **common)
+        return make_row(step, peer.name, "peer", ms=ms, calls_per_sample=calls, rel_error=rel_error, **common)
+
+    def _release(self) -> None:
+        cuda.release_cached_memory()
+        if self.torch is not None:
+            self.torch.cuda.empty_cache()
+
+    # streams -------------------------------------------------------------------------
+
+    def _bench_streams(self, case: ConvCase) -> dict[str, Any] | None:
+        batch = max(self.options.batches)
+        label = case.label(False)
+        rows = [r for r in self.rows if r["step"] == label and r["batch"] == batch]
+        best = min((r for r in rows if r["kind"] == "variant" and r["exact"] and r["status"] == "ok"), key=lambda r: r["ms"], default=None)
+        if best is None:
+            return {"step": label, "batch": batch, "status": "skipped", "reason": "no correct exact variant to run"}
+        self.progress(f"bench: streams: {label}, batch {batch}, {best['name']}, host to host")
+        try:
+            result = host_to_host(case, batch, best["name"], self.options.warmup, self.options.repeat)
+        except Exception as err:
+            self._release()
+            return {"step": label, "batch": batch, "variant": best["name"], "status": "failed", "reason": first_line(err, named=True)}
+        self._release()
+        return result
+
+
+def variant_row(step: dict[str, Any], trial: Trial, epilogue: Epilogue, family, heuristic: bool, tolerance: float) -> dict[str, Any]:
+    """A trial as a bench row."""
+    common = dict(family=family.name, exact=family.exact, heuristic=heuristic, tolerance=tolerance, rel_error=trial.rel_error)
+    if trial.kernel_name:
+        common.update(implementation=trial.kernel_name, bytes=trial.bytes)
+    label = trial.variant + epilogue.suffix
+    if trial.status != "ok":
+        return make_row(step, label, "variant", status=trial.status, reason=trial.reason, **common)
+    return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer="cuda-events", **common)
+
+
+def run_bench(
+    options: Options,
+    progress: Callable[[str], None] | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the whole benchmark; the payload is what `--json` writes."""
+    return Bench(options, progress, checkpoint).run()
+
+
+# --- the command ----------------------------------------------------------------------
+
+
+def options_from_args(args: Any) -> Options:
+    words = [b for item in (args.batches or DEFAULT_BATCHES) for b in str(item).replace(",", " ").split()]
+    try:
+        batches = [int(b) for b in words]
+    except ValueError:
+        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
+    return Options(
+        batches=batches,
+        warmup=DEFAULT_WARMUP if args.warmup is None else args.warmup,
+        repeat=DEFAULT_REPEAT if args.repeat is None else args.repeat,
+        all_configs=bool(args.all_configs),
+        models=list(args.models or Options.models),
+    )
+
+
+def json_safe(value: Any) -> Any:
+    """The payload with non-finite floats as null, so the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    return value
+
+
+def wrong_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in payload["rows"] if r["status"] == "incorrect"]
+
+
+def main_from_args(args: Any) -> int:
+    """`opplugin bench`: 0 when every measured candidate was correct, 1 when some was not."""
+    options = options_from_args(args)
+    options.validate()
+
+    def write(payload: dict[str, Any]) -> None:
+        write_atomic(args.json, json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n")
+
+    payload = json_safe(run_bench(options, checkpoint=write if args.json else None))
+    print(format_text(payload), end="")
+    if args.json:
+        write(payload)
+    wrong = wrong_rows(payload)
+    if wrong:
+        names = ", ".join(f"{r['name']} on {r['step']} @{r['batch']}" for r in wrong[:5])
+        print(f"opplugin: {len(wrong)} candidate(s) gave wrong results and were not timed: {names}", file=sys.stderr)
+    return 1 if wrong else 0

@@ -1,0 +1,115 @@
+"""The bench payload as plain text: a header with the device and its roofline, one
+table per step and batch, then the fused totals and the streams row."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..texttable import text_table
+
+COLUMNS = ("variant", "exact", "ms", "GFLOP/s", "GB/s", "x floor", "vs base", "vs cuDNN", "rel err", "status")
+NOTE_WIDTH = 70
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _status(row: dict[str, Any]) -> str:
+    if row["status"] == "ok":
+        return "ok" + ("" if row["heuristic"] or row["kind"] == "peer" else " (config)")
+    note = (row["reason"] or "")[:NOTE_WIDTH]
+    return f"{row['status'].upper()}: {note}" if row["status"] in ("incorrect", "failed") else f"n/a: {note}"
+
+
+def row_cells(row: dict[str, Any]) -> list[str]:
+    name = row["name"] if row["kind"] == "variant" else f"[{row['name']}]"
+    return [
+        name,
+        "yes" if row["exact"] else "NO",
+        _num(row["ms"], 4),
+        _num(row["gflops_per_s"]),
+        _num(row["gb_per_s"]),
+        _num(row["x_floor"]),
+        _ratio(row["vs_baseline"]),
+        _ratio(row["vs_cudnn_fp32"]),
+        "-" if row["rel_error"] is None else f"{row['rel_error']:.1e}",
+        _status(row),
+    ]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    numbers = range(1, len(COLUMNS) - 1)  # between the name and the status
+    return "\n".join(text_table(COLUMNS, [row_cells(r) for r in rows], right=numbers, rule=False))
+
+
+def header(payload: dict[str, Any]) -> list[str]:
+    device, versions, roof, settings = payload["device"], payload["versions"], payload["roofline"], payload["settings"]
+    torch = f"torch {versions['torch']} (cuDNN {versions['cudnn']})" if versions.get("torch") else "no torch"
+    lines = [
+        f"opplugin {payload['opplugin_version']} bench on {device['name']} (compute capability {device['compute_capability']})",
+        f"CuPy {versions['cupy']}, CUDA runtime {versions['cuda_runtime']}, driver {versions['cuda_driver']}, {torch}, "
+        f"onnxruntime {versions['onnxruntime']}",
+        f"roofline: copy {roof['copy_gb_per_s'] / 1000:.2f} TB/s ({roof['copy_bytes'] / 2**30:.0f} GiB read+written, device to device), "
+        f"FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s ({roof['matmul_n']}^3 matmul, TF32 off; small-product error "
+        f"{roof['matmul_rel_error']:.1e}{', TF32 SUSPECTED' if roof['tf32_suspected'] else ''})",
+        f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; "
+        f"vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor",
+    ]
+    for peer, note in payload["peers"].items():
+        if note != "available":
+            lines.append(f"peer {peer}: not measured: {note}")
+    return lines
+
+
+def step_title(step: dict[str, Any]) -> str:
+    return (
+        f"{step['step']} ({step['shape']}), batch {step['batch']:,}: {step['flops'] / 1e9:.3g} GFLOP, "
+        f"{step['bytes'] / 1e6:,.0f} MB, floor {step['floor_ms']:.3g} ms ({step['bound']}-bound)"
+    )
+
+
+def totals_lines(payload: dict[str, Any]) -> list[str]:
+    lines = []
+    for total in payload["fused_totals"]:
+        parts = " + ".join(f"{s} [{v}]" for s, v in zip(total["steps"], total["variants"]))
+        ms = "-" if total["ms"] is None else f"{total['ms']:.3f} ms"
+        cudnn = "" if total["cudnn_fp32_ms"] is None else f" (torch/cuDNN FP32 chain {total['cudnn_fp32_ms']:.3f} ms)"
+        target = ""
+        if total["target_ms"]:
+            target = f"; target < {total['target_ms']:g} ms: {'met' if total['met'] else 'MISSED'}"
+        lines.append(f"{total['model']}: all fused stages, batch {total['batch']:,}: {ms}{cudnn}{target}; {parts}")
+    return lines
+
+
+def streams_lines(streams: dict[str, Any] | None) -> list[str]:
+    if not streams:
+        return []
+    head = f"streams: {streams['step']}, batch {streams['batch']:,}, host to host (pinned)"
+    if streams.get("status") in ("skipped", "failed") or streams.get("serial_ms") is None:
+        return [f"{head}: {streams.get('status')}: {streams.get('reason')}"]
+    lines = [f"{head}, {streams['variant']}: serial (1 stream) {streams['serial_ms']:.2f} ms"]
+    for entry in streams["chunked"]:
+        figure = f"{entry['ms']:.2f} ms ({entry['speedup']:.2f}x)" if entry["ms"] else "WRONG OUTPUT, not timed"
+        lines.append(f"  {entry['streams']} streams, {entry['chunks']} chunks: {figure}")
+    if streams.get("speedup"):
+        lines.append(f"  best: {streams['best_streams']} streams, {streams['speedup']:.2f}x over serial")
+    return lines
+
+
+def format_text(payload: dict[str, Any]) -> str:
+    out = header(payload)
+    for step in payload["steps"]:
+        rows = [r for r in payload["rows"] if r["step"] == step["step"] and r["batch"] == step["batch"]]
+        out += ["", step_title(step), table(rows)]
+    extra = totals_lines(payload) + streams_lines(payload.get("streams"))
+    if extra:
+        out += ["", *extra]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,187 @@
+"""One trial of a Conv configuration: the loop `opplugin bench` and `opplugin tune`
+share. A trial builds the configuration (compiled by NVRTC, weights uploaded),
+optionally screens it for spills (local memory), runs it once into an output
+poisoned with NaN, checks the images it wrote against the float64 oracle, and
+only then times it with CUDA events. A configuration that fails any step is
+recorded with the reason, never timed, and never raises.
+
+Times are medians of samples after warm-up. A sample covers enough back-to-back
+calls to last about a millisecond (MIN_SAMPLE_MS), so at small batches the
+figure is the launch-bound rate a caller really gets rather than a single
+launch's latency.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import cuda
+from ..errors import first_line
+from ..ops.conv import families, reference
+from ..ops.conv.epilogue import Epilogue
+from ..ops.conv.families.common import Weights
+from ..ops.conv.spec import ConvSpec
+
+# relative L2 error against float64 a result may have and still count as correct
+EXACT_TOLERANCE = 1e-5  # the bound every FP32-exact kernel is held to
+CHECKED_IMAGES_PER_END = 4
+MIN_SAMPLE_MS = 1.0  # one timing sample spans at least this much work
+MAX_CALLS_PER_SAMPLE = 256
+
+
+def check_indices(batch: int) -> list[int]:
+    """Images checked against float64: a few at each end of the batch and the middle one."""
+    ends = list(range(min(batch, CHECKED_IMAGES_PER_END))) + list(range(max(0, batch - CHECKED_IMAGES_PER_END), batch))
+    return sorted(set(ends + [batch // 2]))
+
+
+class Problem:
+    """One Conv step's test data on the device (x, and the weights for families that
+    read them at call time) and the float64 oracle's answer on the checked images."""
+
+    def __init__(self, spec: ConvSpec, epilogue: Epilogue, x: Any, w: np.ndarray, b: np.ndarray | None):
+        import cupy
+
+        self.spec, self.epilogue = spec, epilogue
+        self.weights: Weights = (w, b)
+        self.x = x
+        self.inputs = [x, cupy.asarray(w)] + ([cupy.asarray(b)] if b is not None else [])
+        self.indices = check_indices(int(x.shape[0]))
+        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b)
+
+    @classmethod
+    def random(cls, spec: ConvSpec, epilogue: Epilogue, weights: Weights | None = None) -> "Problem":
+        """Fresh standard-normal input of the spec's shape; the node's weights, or
+        standard-normal ones when it has none (weights computed at run time)."""
+        import cupy
+
+        x = cupy.random.standard_normal(spec.input_shape(), dtype=cupy.float32)
+        if weights is None:
+            rng = np.random.default_rng()
+            w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+            b = rng.standard_normal(spec.out_channels, dtype=np.float32) if spec.has_bias else None
+        else:
+            w = np.asarray(weights[0], np.float32)
+            b = None if weights[1] is None else np.asarray(weights[1], np.float32)
+        return cls(spec, epilogue, x, w, b)
+
+    def error(self, out: Any) -> tuple[float, int]:
+        """(relative L2 error on the checked images, elements that are NaN anywhere).
+        `out` is a CuPy array, a host array, or a torch tensor (taken through DLPack)."""
+        if isinstance(out, np.ndarray):
+            unwritten = int(np.isnan(out).sum())
+            got = out[self.indices].astype(np.float64)
+        else:
+            import cupy
+
+            if not isinstance(out, cupy.ndarray):
+                out = cupy.from_dlpack(out)  # a torch tensor, without a copy
+            unwritten = int(cupy.isnan(out).sum())
+            got = cupy.asnumpy(out[self.indices]).astype(np.float64)
+        if got.shape != self.expected.shape:
+            return math.inf, unwritten
+        scale = np.linalg.norm(self.expected) or 1.0
+        return float(np.linalg.norm(np.nan_to_num(got, nan=0.0) - self.expected) / scale), unwritten
+
+
+def _host_clock_ms(fn: Callable[[], Any], warmup: int, repeat: int, calls: int) -> list[float]:
+    """Per-call ms of samples timed by the host clock around a device sync: for calls
+    that wait for their own device work before returning (onnxruntime's run)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1e3 / calls)
+    return samples
+
+
+def median_ms(fn: Callable[[], Any], warmup: int, repeat: int, *, stream: Any = None, host_clock: bool = False) -> tuple[float, int]:
+    """(median ms per call, calls per sample). One untimed call runs first (compiles,
+    cuDNN's algorithm search), then one timed call sizes the samples to about
+    MIN_SAMPLE_MS, then `warmup` more untimed ones and `repeat` samples. CUDA events
+    on `stream` time the samples, or the host clock for calls that synchronise."""
+    def samples(warm: int, count: int, calls: int) -> list[float]:
+        if host_clock:
+            return _host_clock_ms(fn, warm, count, calls)
+        return cuda.time_ms(fn, warm, count, stream, calls)
+
+    fn()
+    [once] = samples(0, 1, 1)
+    calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_MS / max(once, 1e-6))))
+    return statistics.median(samples(warmup, repeat, calls)), calls
+
+
+@dataclass
+class Trial:
+    """How one configuration fared. status: "ok" (correct, timed), "unsupported" (it
+    cannot run this node), "spills" (screened out), "incorrect" or "failed"."""
+
+    variant: str
+    status: str
+    reason: str | None = None
+    kernel_name: str | None = None
+    bytes: int | None = None  # the kernel's own count of bytes it moves
+    rel_error: float | None = None
+    local_bytes: int | None = None  # local memory per thread, when screened
+    ms: float | None = None
+    calls: int | None = None
+
+
+def local_memory_bytes(kernel: Any) -> int | None:
+    """The most local memory per thread any CUDA function of the kernel uses (spills,
+    or arrays the compiler could not keep in registers); None for a kernel with none."""
+    if not kernel.functions:
+        return None
+    return max(int(f.attributes["local_size_bytes"]) for f in kernel.functions)
+
+
+def run_trial(problem: Problem, variant: str, *, tolerance: float, warmup: int, repeat: int,
+              screen_spills: bool = False) -> Trial:
+    """Build, (screen,) check and time `variant` on `problem`; never raises for a
+    failure of the configuration itself."""
+    spec, epilogue = problem.spec, problem.epilogue
+    reason = families.unsupported_reason(spec, variant, problem.weights, epilogue)
+    if reason:
+        return Trial(variant, "unsupported", reason)
+    try:
+        kernel = families.build_kernel(spec, variant, problem.weights, epilogue)
+    except Exception as err:  # a compile or build failure rules out this configuration only
+        return _failed(Trial(variant, "failed"), "build failed", err)
+    trial = Trial(variant, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(spec.batch))
+    if screen_spills:
+        try:
+            trial.local_bytes = local_memory_bytes(kernel)
+        except Exception as err:
+            return _failed(trial, "cannot read the kernel's attributes", err)
+        if trial.local_bytes:
+            return dataclasses.replace(trial, status="spills", reason=f"spills: {trial.local_bytes} bytes of local memory per thread")
+    try:
+        import cupy
+
+        out = cupy.full(kernel.output_shape(spec.batch), cupy.nan, dtype=cupy.float32)
+        kernel(problem.inputs, None, out=out)
+        trial.rel_error, unwritten = problem.error(out)
+        if unwritten or not trial.rel_error <= tolerance:
+            why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
+            return dataclasses.replace(trial, status="incorrect", reason=why)
+        trial.ms, trial.calls = median_ms(lambda: kernel(problem.inputs, None, out=out), warmup, repeat)
+    except Exception as err:  # a launch failure: resources, or an error the kernel raised
+        return _failed(trial, "run failed", err)
+    return trial
+
+
+def _failed(trial: Trial, what: str, err: BaseException) -> Trial:
+    if cuda.is_out_of_memory(err):
+        cuda.release_cached_memory()
+    return dataclasses.replace(trial, status="failed", reason=f"{what}: {first_line(err, named=True)}")

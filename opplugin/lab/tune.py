@@ -1,0 +1,208 @@
+"""`opplugin tune`: time every FP32-exact configuration of each Conv step on this GPU.
+
+For each plugin step of the plan whose op is Conv (with its fused epilogue),
+every configuration `families.tuning_configs` offers goes through one trial
+(see trial.py): built (a failure is recorded, not fatal), skipped if a compiled
+function uses local memory (the registers spilled, and a spilling kernel is
+slower and its timing misleading), run on a fresh standard-normal input into
+an output poisoned with NaN and checked against the float64 oracle (relative
+L2 error at most 1e-5, nothing left unwritten), and only then timed.
+
+The fastest configuration that passed is the step's choice and goes into the
+tuning cache (`opplugin.tuning_cache`), which `choose_variant` reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import cuda, tuning_cache
+from ..device import Device, current_cuda_device
+from ..errors import DeviceError, positive_int
+from ..model import Model, load_model
+from ..ops.conv import families
+from ..ops.conv.epilogue import NONE, Epilogue
+from ..ops.conv.plugin import constant_weights, epilogue_of
+from ..ops.conv.spec import ConvSpec
+from ..plan import PluginStep, make_plan
+from ..texttable import text_table
+from .trial import EXACT_TOLERANCE, Problem, Trial, run_trial
+
+DEFAULT_WARMUP = 3
+DEFAULT_REPEAT = 10
+RUNNERS_UP_KEPT = 5
+# the words the tuning table uses for a trial's status
+RESULT_WORDS = {"ok": "pass", "incorrect": "fail", "spills": "skip", "unsupported": "skip", "failed": "error"}
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class StepTuning:
+    step: str
+    ops: list[str]
+    spec: ConvSpec
+    epilogue: Epilogue
+    results: list[Trial] = field(default_factory=list)
+
+    @property
+    def passed(self) -> list[Trial]:
+        """Configurations that passed, fastest first."""
+        return sorted((r for r in self.results if r.status == "ok"), key=lambda r: r.ms)
+
+    @property
+    def chosen(self) -> Trial | None:
+        passed = self.passed
+        return passed[0] if passed else None
+
+    def cache_choice(self) -> tuning_cache.Choice | None:
+        passed = self.passed
+        if not passed:
+            return None
+        best, rest = passed[0], passed[1 : 1 + RUNNERS_UP_KEPT]
+        return tuning_cache.Choice(
+            variant=best.variant,
+            median_ms=best.ms,
+            batch=self.spec.batch,
+            runners_up=[{"variant": r.variant, "median_ms": r.ms} for r in rest],
+            date=tuning_cache.Choice.now(),
+        )
+
+
+@dataclass
+class TuneReport:
+    model: str
+    batch: int
+    device: Device
+    steps: list[StepTuning]
+    cache_path: Path | None = None  # where the choices were written; None when nothing was
+    cache_error: str | None = None
+
+
+def cuda_device(device: Device | str | None) -> Device:
+    """The CUDA device to tune on; DeviceError when there is none."""
+    if isinstance(device, Device):
+        if not device.is_cuda:
+            raise DeviceError("tuning times kernels on a GPU; the CPU device has none")
+        return device
+    if device not in (None, "auto", "cuda"):
+        raise DeviceError(f"tuning needs a CUDA device; got --device {device}")
+    if not cuda.is_available():
+        raise DeviceError("tuning needs a CUDA device, and none is usable (is CuPy installed and a GPU visible?)")
+    return current_cuda_device()
+
+
+def conv_steps(model: Model, batch: int, device: Device) -> list[tuple[PluginStep, ConvSpec, Epilogue]]:
+    """The plan's Conv steps with their shape at this batch and their fused epilogue."""
+    plan = make_plan(model, batch, device)
+    found = []
+    for step in plan.plugin_steps:
+        if step.node.op_type != "Conv":
+            continue
+        epilogue = epilogue_of(step.fused) if step.fused else NONE
+        found.append((step, ConvSpec.from_node(step.node), epilogue or NONE))
+    return found
+
+
+def tune(
+    model: Model | str,
+    batch: int,
+    device: Device | str | None = "auto",
+    progress: Progress | None = None,
+    *,
+    warmup: int = DEFAULT_WARMUP,
+    repeat: int = DEFAULT_REPEAT,
+    write_cache: bool = True,
+) -> TuneReport:
+    """Tune every Conv step of `model` at `batch` and (by default) write the choices
+    to the tuning cache. `progress`, when given, receives one line per configuration."""
+    batch = positive_int(batch, "batch")
+    warmup = positive_int(warmup, "warm-up", allow_zero=True)
+    repeat = positive_int(repeat, "repeat")
+    device = cuda_device(device)
+    model = model if isinstance(model, Model) else load_model(model)
+    say = progress or (lambda line: None)
+    report = TuneReport(model.name, batch, device, [])
+    for step, spec, epilogue in conv_steps(model, batch, device):
+        report.steps.append(tune_step(step, spec, epilogue, say, warmup, repeat))
+    choices = {
+        tuning_cache.key_for(t.spec, t.epilogue, device.name): t.cache_choice() for t in report.steps if t.chosen
+    }
+    if write_cache and choices:
+        try:
+            report.cache_path = tuning_cache.store(choices)
+        except OSError as err:
+            report.cache_error = f"could not write {tuning_cache.cache_path()}: {err}"
+    return report
+
+
+def tune_step(step: PluginStep, spec: ConvSpec, epilogue: Epilogue, say: Progress, warmup: int, repeat: int) -> StepTuning:
+    tuned = StepTuning(step.name, step.ops, spec, epilogue)
+    weights = constant_weights(step.node)
+    configs = families.tuning_configs(spec, weights, epilogue)
+    if not configs:
+        say(f"{step.name}: no FP32-exact configuration runs this Conv{epilogue.suffix}; the heuristic stays")
+        return tuned
+    say(f"{step.name} ({' > '.join(step.ops)}): {len(configs)} configurations at batch {spec.batch}")
+    problem = make_problem(spec, weights, epilogue)
+    for index, variant in enumerate(configs, 1):
+        result = evaluate_config(problem, variant, warmup, repeat)
+        tuned.results.append(result)
+        timing = f"{result.ms:.4f} ms" if result.ms is not None else "-"
+        say(f"[{step.name} {index}/{len(configs)}] {variant:<20} {RESULT_WORDS[result.status]:<5} {timing:>12}  {detail(result)}".rstrip())
+    return tuned
+
+
+def make_problem(spec: ConvSpec, weights, epilogue: Epilogue) -> Problem:
+    """The step's test data: the node's weights (drawn when it has none) and a fresh input."""
+    return Problem.random(spec, epilogue, weights)
+
+
+def evaluate_config(problem: Problem, variant: str, warmup: int, repeat: int) -> Trial:
+    """One configuration's trial, spills screened out."""
+    return run_trial(problem, variant, tolerance=EXACT_TOLERANCE, warmup=warmup, repeat=repeat, screen_spills=True)
+
+
+def detail(result: Trial) -> str:
+    """What the table says beside a configuration's status: the check's figure for a pass, else why."""
+    if result.status == "ok":
+        return f"rel L2 {result.rel_error:.1e}"
+    return result.reason or ""
+
+
+# --- the text table ---------------------------------------------------------------------
+
+
+def format_report(report: TuneReport) -> str:
+    lines = [f"Tuned {report.model} at batch {report.batch} on {report.device.name}", ""]
+    for tuned in report.steps:
+        spec = tuned.spec
+        shape = f"{spec.in_channels}x{'x'.join(map(str, spec.in_size))} -> {spec.out_channels} maps, {'x'.join(map(str, spec.kernel))} filter"
+        bucket = tuning_cache.batch_bucket(spec.batch)
+        lines.append(f"{tuned.step}  ({' > '.join(tuned.ops)}; {shape}; batch {spec.batch}, bucket {bucket})")
+        if not tuned.results:
+            lines += ["  no FP32-exact configuration runs this step; it keeps the heuristic's variant", ""]
+            continue
+        chosen = tuned.chosen
+        rows = []
+        for r in sorted(tuned.results, key=_table_order):
+            ms = f"{r.ms:.4f}" if r.ms is not None else "-"
+            word, why = RESULT_WORDS[r.status], detail(r)
+            rows.append((r.variant, ms, f"{word}: {why}" if why else word, "*" if r is chosen else ""))
+        lines += text_table(("config", "median ms", "result", "chosen"), rows, right=(1,), indent="  ")
+        if chosen is None:
+            lines.append("  no configuration passed: the heuristic's variant stays")
+        lines.append("")
+    if report.cache_path:
+        lines.append(f"Tuning cache written: {report.cache_path}")
+    elif report.cache_error:
+        lines.append(f"Tuning cache NOT written: {report.cache_error}")
+    else:
+        lines.append("Tuning cache unchanged (no configuration passed)")
+    return "\n".join(lines)
+
+
+def _table_order(result: Trial):
+    """Passing configurations fastest first, then the others in the order tried."""
+    return (0, result.ms) if result.status == "ok" else (1, 0.0)

@@ -1,0 +1,313 @@
+"""What every CUDA Conv variant shares: the -D shape macros, the family
+interface, constant-memory upload and the kernel object that checks its
+arguments and launches.
+
+A *family* is one optimisation (one source in kernels/, or a pair); a
+*variant* is a family with its configuration spelt out in the name, e.g.
+"const_rb_r8m4" (8 output rows x 4 maps per thread). The family's plain name
+("const_rb") picks its configuration by a heuristic.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .... import cuda
+from ....errors import PluginError
+from ....registry import Kernel
+from ..epilogue import NONE, Epilogue
+from ..spec import ConvSpec
+
+CONSTANT_MEMORY_BYTES = 64 * 1024  # the __constant__ space of every CUDA device so far
+BLOCK = 256  # threads per block: 8 warps, enough to hide load latency at these small per-thread costs
+INT32_MAX = 2**31 - 1
+# Most multiply-adds per tap-loop body for which the channel loop is unrolled too:
+# past this, ptxas time grows fast (seconds) while a channel loop costs little,
+# since its index is uniform across the warp.
+UNROLL_BUDGET = 1024
+
+Weights = tuple[np.ndarray, "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class CompileUnit:
+    """One kernel function of a variant: kernels/<source>, specialised by `defines`."""
+
+    source: str
+    function: str
+    defines: dict[str, int | str] = field(default_factory=dict)
+
+
+def constant_bytes(spec: ConvSpec) -> int:
+    """Bytes of __constant__ memory the filters and bias of this node need."""
+    return 4 * (int(np.prod(spec.weight_shape)) + (spec.out_channels if spec.has_bias else 0))
+
+
+ACTIVATION_CODES = {None: 0, "Relu": 1, "Tanh": 2}
+
+
+def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | str]:
+    """The -D macros every variant is specialised with (all but the batch).
+
+    OH, OW are the conv's output size; POH, POW the size written (after the
+    fused pool, if any); ACT and PKH, PKW describe the epilogue.
+    """
+    (h, w), (kh, kw), (sh, sw), (dh, dw) = spec.in_size, spec.kernel, spec.strides, spec.dilations
+    oh, ow = spec.out_size
+    poh, pow_ = epilogue.output_size((oh, ow))
+    pkh, pkw = epilogue.pool or (1, 1)
+    return {
+        "C": spec.in_channels,
+        "M": spec.out_channels,
+        "G": spec.group,
+        "H": h,
+        "W": w,
+        "KH": kh,
+        "KW": kw,
+        "SH": sh,
+        "SW": sw,
+        "PH": spec.pads[0],
+        "PW": spec.pads[1],
+        "DH": dh,
+        "DW": dw,
+        "OH": oh,
+        "OW": ow,
+        "POH": poh,
+        "POW": pow_,
+        "ACT": ACTIVATION_CODES[epilogue.activation],
+        "PKH": pkh,
+        "PKW": pkw,
+        # without pads every tap of every output lies inside the image: skip the bounds tests
+        "PADDED": int(any(spec.pads)),
+        "HAS_BIAS": int(spec.has_bias),
+        "BLOCK": BLOCK,
+    }
+
+
+# The map-group kernels (const_mo, const_rb, const_tile) compile one copy of
+# their tile loop per group of maps a thread computes, chained as templates:
+# NVRTC stops at about 200 and compile time grows with each, so cap it.
+MAX_MAP_GROUPS = 64
+
+
+def map_groups_reason(spec: ConvSpec, variant: str, maps: int) -> str | None:
+    groups = -(-spec.out_channels // maps)
+    if groups > MAX_MAP_GROUPS:
+        return (
+            f"{variant}: {spec.out_channels} maps at {maps} per thread make {groups} map groups, each a compiled "
+            f"copy of the kernel's loop; at most {MAX_MAP_GROUPS}"
+        )
+    return None
+
+
+def unroll_channels(spec: ConvSpec, multiply_adds_per_tap: int) -> int:
+    """Unroll the channel loop fully when the unrolled body stays small, else not at all."""
+    taps = (spec.in_channels // spec.group) * int(np.prod(spec.kernel))
+    return spec.in_channels // spec.group if taps * multiply_adds_per_tap <= UNROLL_BUDGET else 1
+
+
+def filter_constants(weights: Weights, arrange: Callable[[np.ndarray], np.ndarray] = np.asarray) -> dict[str, np.ndarray]:
+    """The __constant__ arrays of a constant-memory family: `filters` (the weights in
+    the layout its source reads, `arrange`d) and `bias` when the node has one."""
+    w, b = weights
+    return {"filters": arrange(w)} | ({} if b is None else {"bias": b})
+
+
+def load_functions(units: Sequence[CompileUnit], constants: Mapping[str, np.ndarray] | None = None) -> list[Any]:
+    """The loaded CUDA functions of `units`, in their order: each source compiled with
+    its unit's defines (units with equal ones share a module), and `constants`
+    (name -> values of a __constant__ array the source declares) uploaded into it.
+
+    With constants, the module is also specialised by a digest of their values:
+    CuPy shares one loaded module, and so one constant bank, between equal
+    compiles, and two nodes with different weights must not share one."""
+    extra = {"OPPLUGIN_WEIGHTS_DIGEST": _digest(constants)} if constants else {}
+    modules, functions = {}, []
+    for unit in units:
+        module = cuda.compile_module(unit.source, unit.defines | extra)
+        functions.append(module.get_function(unit.function))  # compiles and loads the module
+        modules[id(module)] = module
+    for module in modules.values():
+        for name, values in (constants or {}).items():
+            _upload_constant(module, name, values)
+    return functions
+
+
+def _digest(constants: Mapping[str, np.ndarray]) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    for name, values in constants.items():
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(values, dtype=np.float32).tobytes())
+    return f"0x{digest.hexdigest()}"
+
+
+def _upload_constant(module: Any, name: str, values: np.ndarray) -> None:
+    """Copy host values into the module's __constant__ array `name` (synchronously)."""
+    import cupy
+
+    host = np.ascontiguousarray(values, dtype=np.float32).ravel()
+    pointer = module.get_global(name)
+    pointer.copy_from_host(host.ctypes.data_as(ctypes.c_void_p), host.nbytes)
+    cupy.cuda.runtime.deviceSynchronize()  # a pageable copy may still be in flight when memcpy returns
+
+
+def filters_maps_last(w: np.ndarray) -> np.ndarray:
+    """[M][C/G][KH][KW] -> [C/G][KH][KW][M]: the maps of one tap side by side."""
+    return np.moveaxis(np.asarray(w, dtype=np.float32), 0, -1)
+
+
+class Family:
+    """One optimisation. Subclasses set the class attributes and implement
+    `configs`, `compile_units` and `build`; `reason` adds their own limits."""
+
+    name: str = ""
+    summary: str = ""  # what it does and why it should be faster
+    exact: bool = True  # False: fp16/tf32 arithmetic, opt-in only, never auto-picked
+    constant_weights: bool = False  # filters go into __constant__ memory at build time
+    fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
+
+    def owns(self, variant: str) -> bool:
+        return variant == self.name
+
+    def configs(self, spec: ConvSpec, epilogue: Epilogue = NONE) -> list[str]:
+        """The variant names tuning tries for this node; the first is the heuristic's pick."""
+        return [self.name]
+
+    def resolve(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> str:
+        """The configured name a plain family name stands for on this node."""
+        if variant != self.name:
+            return variant
+        configs = self.configs(spec, epilogue)
+        return configs[0] if configs else variant  # none fits: reason() says why
+
+    def reason(self, spec: ConvSpec, variant: str, epilogue: Epilogue) -> str | None:
+        """Why this variant cannot run this shape (beyond the shared limits); None if it can."""
+        return None
+
+    def compile_units(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> list[CompileUnit]:
+        raise NotImplementedError
+
+    def build(self, spec: ConvSpec, variant: str, weights: Weights | None, epilogue: Epilogue = NONE) -> "ConvKernel":
+        raise NotImplementedError
+
+
+class ConvKernel(Kernel):
+    """A built variant for one node. Call it with the node's inputs (CuPy arrays):
+    [x] for the constant-weight variants (extra inputs ignored), [x, w, b?] for
+    those that read the weights at call time. Subclasses implement `_launch`.
+
+    `variant` is the configured name ("const_rb_r8m4"); `functions` are the
+    compiled CUDA functions it launches, whose attributes (registers, local
+    memory) the lab reads."""
+
+    reads_weights = False
+    alignment = 4  # bytes the kernel needs x and y aligned to (16 for float4 loads and stores)
+
+    def __init__(self, spec: ConvSpec, variant: str, functions: Sequence[Any], epilogue: Epilogue = NONE):
+        self.spec = spec
+        self.variant = variant
+        self.name = f"conv.{variant}{epilogue.suffix}"
+        self.functions = list(functions)
+        self.epilogue = epilogue
+
+    def flops(self, batch: int) -> int:
+        """With a fused pool, only the conv outputs the pool reads are computed."""
+        return self.spec.flops(batch, self.epilogue.conv_size_read(self.spec.out_size))
+
+    def bytes_moved(self, batch: int) -> int:
+        """Fewest bytes: input and weights read once, the (pooled) output written once."""
+        conv_out = int(np.prod(self.spec.output_shape(batch))) * 4
+        return self.spec.bytes_moved(batch) - conv_out + int(np.prod(self.output_shape(batch))) * 4
+
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.spec.out_channels, *self.epilogue.output_size(self.spec.out_size))
+
+    def workspace_bytes(self, batch: int) -> int:
+        """Scratch device memory a call of this batch allocates besides its output."""
+        return 0
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        """[y] for the node's inputs; y is `out` when given (written in full), else a new array."""
+        import cupy
+
+        spec = self.spec
+        if not inputs:
+            raise PluginError(f"{self.name}: no inputs given")
+        x = checked_array(cupy, inputs[0], "input X", self.name)
+        if x.ndim != 4 or tuple(x.shape[1:]) != (spec.in_channels, *spec.in_size):
+            raise PluginError(
+                f"{self.name}: input X has shape {tuple(x.shape)}, expected (N, {spec.in_channels}, "
+                f"{spec.in_size[0]}, {spec.in_size[1]})"
+            )
+        batch = int(x.shape[0])
+        if batch * int(np.prod(spec.out_size)) > INT32_MAX:
+            raise PluginError(f"{self.name}: batch {batch} is too large for 32-bit indexing; split the batch")
+        with cuda.on_stream(stream):
+            x = cupy.ascontiguousarray(x)
+            if x.data.ptr % self.alignment:
+                x = x.copy()  # a fresh allocation is aligned for the kernel's vector loads
+            weights = self._weight_args(cupy, inputs) if self.reads_weights else ()
+            y = self._output(cupy, out, batch)
+            target = y if y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
+            if batch:
+                self._launch(x, weights, target, batch)
+            if target is not y:
+                y[...] = target
+        return [y]
+
+    def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+        raise NotImplementedError
+
+    def _weight_args(self, cupy: Any, inputs: Sequence[Any]) -> tuple:
+        """(w, b) as contiguous device arrays; b is a null pointer without a bias."""
+        spec = self.spec
+        if len(inputs) < 2:
+            raise PluginError(f"{self.name}: the weights W are missing from the inputs")
+        w = checked_array(cupy, inputs[1], "weights W", self.name)
+        if tuple(w.shape) != spec.weight_shape:
+            raise PluginError(f"{self.name}: weights W have shape {tuple(w.shape)}, expected {spec.weight_shape}")
+        if not spec.has_bias:
+            return cupy.ascontiguousarray(w), np.uint64(0)  # null bias pointer: the kernel never reads it
+        if len(inputs) < 3 or inputs[2] is None:
+            raise PluginError(f"{self.name}: the bias B is missing from the inputs")
+        b = checked_array(cupy, inputs[2], "bias B", self.name)
+        if tuple(b.shape) != (spec.out_channels,):
+            raise PluginError(f"{self.name}: bias B has shape {tuple(b.shape)}, expected ({spec.out_channels},)")
+        return cupy.ascontiguousarray(w), cupy.ascontiguousarray(b)
+
+    def _output(self, cupy: Any, out: Any, batch: int) -> Any:
+        shape = self.output_shape(batch)
+        if out is None:
+            return cupy.empty(shape, dtype=cupy.float32)
+        out = checked_array(cupy, out, "output", self.name)
+        if tuple(out.shape) != shape or not out.flags.c_contiguous:
+            raise PluginError(f"{self.name}: output must be a C-contiguous float32 array of shape {shape}")
+        return out
+
+
+class GridKernel(ConvKernel):
+    """A variant that is one kernel function over a 2-D grid: x covers
+    `threads(batch)` threads in blocks of BLOCK, y the map groups."""
+
+    def __init__(self, spec, variant, function, *, threads_per_image: int, grid_y: int, reads_weights: bool, epilogue=NONE):
+        super().__init__(spec, variant, [function], epilogue)
+        self._function = function
+        self._threads_per_image = threads_per_image
+        self._grid_y = grid_y
+        self.reads_weights = reads_weights
+
+    def _launch(self, x, weights, y, batch):
+        grid = (-(-batch * self._threads_per_image // BLOCK), self._grid_y, 1)
+        self._function(grid, (BLOCK, 1, 1), (x, *weights, y, np.int32(batch)))
+
+
+def checked_array(cupy: Any, array: Any, what: str, kernel: str) -> Any:
+    if not isinstance(array, cupy.ndarray):
+        raise PluginError(f"{kernel}: {what} must be a CuPy array on the GPU, got {type(array).__name__}")
+    if array.dtype != cupy.float32:
+        raise PluginError(f"{kernel}: {what} must be float32, got {array.dtype}")
+    return array

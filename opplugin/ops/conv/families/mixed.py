@@ -1,0 +1,231 @@
+"""Reduced-precision and tensor-core Conv variants. None is FP32-exact
+(exact=False): they run only when named, never by the heuristic or tuning.
+
+- `fp16_m<MO>`: FP16 arithmetic, two pixels per thread as a half2, MO maps per
+  thread, filters in __constant__ memory as half2 {w, w}; FP32 in and out.
+- `tf32_n<NT>`: implicit GEMM on the tensor cores (mma.sync m16n8k8 TF32, sm_80+),
+  one warp computes 16*ceil(M/16) maps x 8*NT pixels per step.
+- `3xtf32_n<NT>`: the same GEMM with each operand split into two TF32 parts and
+  three MMAs per tile: about FP32 accuracy, still opt-in because of its name.
+
+Each family states its accuracy as `expected_relative_error` (the relative L2
+error against a float64 reference one should see on standard-normal data) and
+`max_relative_error` (the bound the GPU tests hold it to).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..epilogue import NONE
+from ..spec import ConvSpec
+from .common import BLOCK, CompileUnit, ConvKernel, Family, GridKernel, filter_constants, load_functions, shape_defines
+from .common import unroll_channels
+from .direct import default_maps_per_thread
+
+# ---- fp16 ----
+
+FP16_MAX_MAPS = 32  # three registers per map (two FP32 sums, one half2 partial)
+FLUSH_TAPS = 16  # half2 partial sums cover about this many taps before going to FP32
+
+
+def half2_pairs(w: np.ndarray) -> np.ndarray:
+    """Filters [M][C/G][KH][KW] -> uint32 [C/G][KH][KW][M], each the half2 {w, w}."""
+    half = np.moveaxis(np.asarray(w, dtype=np.float32), 0, -1).astype(np.float16).view(np.uint16).astype(np.uint32)
+    return (half << 16) | half
+
+
+class Fp16(Family):
+    name = "fp16"
+    summary = (
+        "FP16 arithmetic (opt-in, not exact): half2 pairs of pixels, inputs converted on load, filters as half2 "
+        "in __constant__ memory, FP32 sums every ~16 taps and FP32 output; relative L2 error ~6e-4"
+    )
+    exact = False
+    constant_weights = True
+    # measured on an H200, standard-normal data, batch 10000: 6.0e-4 to 6.3e-4 on the shipped convs
+    # (flushing to FP32 once per channel instead of every ~16 taps: 1.1e-3, 3-8% faster)
+    expected_relative_error = 7e-4
+    max_relative_error = 4e-3
+    _CONFIG = re.compile(r"fp16_m(\d+)")
+
+    def owns(self, variant):
+        return variant == self.name or self._CONFIG.fullmatch(variant) is not None
+
+    def maps(self, spec: ConvSpec, variant: str) -> int:
+        match = self._CONFIG.fullmatch(variant)
+        return int(match.group(1)) if match else default_maps_per_thread(spec.out_channels // spec.group)
+
+    def configs(self, spec, epilogue=NONE):
+        maps_per_group = spec.out_channels // spec.group
+        counts = dict.fromkeys([min(default_maps_per_thread(maps_per_group), FP16_MAX_MAPS), 8, 4])
+        names = [f"fp16_m{n}" for n in counts if n <= maps_per_group]
+        return [v for v in names if self.reason(spec, v, epilogue) is None] or [f"fp16_m{min(maps_per_group, FP16_MAX_MAPS)}"]
+
+    def reason(self, spec, variant, epilogue):
+        if variant == self.name:
+            variant = self.configs(spec, epilogue)[0]
+        maps = self.maps(spec, variant)
+        maps_per_group = spec.out_channels // spec.group
+        if not 1 <= maps <= min(spec.out_channels, FP16_MAX_MAPS):
+            return f"{variant} computes {maps} maps per thread; this Conv has {spec.out_channels} and at most {FP16_MAX_MAPS} fit in registers"
+        if spec.group > 1 and maps_per_group % maps:
+            return f"{variant}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
+        return None
+
+    def compile_units(self, spec, variant, epilogue=NONE):
+        maps = self.maps(spec, variant)
+        defines = shape_defines(spec) | {
+            "MO": maps,
+            "UNROLL_C": unroll_channels(spec, spec.out_channels),
+            "FLUSH_ROWS": max(1, FLUSH_TAPS // spec.kernel[1]),
+        }
+        return [CompileUnit("conv_fp16.cu", "conv_fp16", defines)]
+
+    def build(self, spec, variant, weights, epilogue=NONE):
+        maps = self.maps(spec, variant)
+        # the half2 bits travel unchanged through the upload's float32 view
+        constants = filter_constants(weights, lambda w: half2_pairs(w).view(np.float32))
+        [function] = load_functions(self.compile_units(spec, variant), constants)
+        oh, ow = spec.out_size
+        return GridKernel(
+            spec,
+            f"fp16_m{maps}",
+            function,
+            threads_per_image=oh * -(-ow // 2),
+            grid_y=-(-spec.out_channels // maps),
+            reads_weights=False,
+        )
+
+
+# ---- tf32 and 3xtf32 on the tensor cores ----
+
+MMA_TILES = (4, 2, 8)  # 8-pixel tiles per warp step (NT): the pick's candidates, then 8 (spills at 128 registers)
+MMA_ACCUMULATORS = 64  # 4 per 16x8 tile: the pick keeps MTILES x NT tiles within this
+# The pick also keeps a warp step at most this many MMAs (k-steps x tiles x 1 or 3): on an
+# H200 at batch 10000 the larger steps of lenet86.conv2 (tf32_n8, 3xtf32_n4) ran 15-30% slower.
+MMA_STEP_BUDGET = 192
+MMA_SHARED_BYTES = 48 * 1024  # static shared memory of one block
+MMA_UNROLL_BUDGET = 512  # MMAs in the fully unrolled k-step loop, past which it stays rolled
+BLOCKS_PER_SM = 8  # grid cap of the grid-stride loop: 8 blocks of 256 threads fill an SM
+
+
+def map_tiles(spec: ConvSpec) -> int:
+    return -(-spec.out_channels // 16)
+
+
+def k_steps(spec: ConvSpec) -> int:
+    return -(-(spec.in_channels // spec.group) * int(np.prod(spec.kernel)) // 8)
+
+
+class TensorCoreGemm(Family):
+    """Implicit GEMM with mma.sync m16n8k8 TF32; `split` picks the 3xTF32 form."""
+
+    split = False
+    exact = False
+    fuses = False
+
+    def owns(self, variant):
+        return variant == self.name or self._config.fullmatch(variant) is not None
+
+    @property
+    def _config(self) -> re.Pattern:
+        return re.compile(re.escape(self.name) + r"_n(\d+)")
+
+    def tiles(self, spec: ConvSpec, variant: str) -> int:
+        return int(self._config.fullmatch(self.resolve(spec, variant)).group(1))
+
+    def shared_bytes(self, spec: ConvSpec) -> int:
+        return map_tiles(spec) * k_steps(spec) * 32 * 16 * (2 if self.split else 1)
+
+    def step_mmas(self, spec: ConvSpec, tiles: int) -> int:
+        """MMA instructions of one warp step over the whole K."""
+        return k_steps(spec) * map_tiles(spec) * tiles * (3 if self.split else 1)
+
+    def configs(self, spec, epilogue=NONE):
+        fitting = [n for n in MMA_TILES if map_tiles(spec) * n * 4 <= MMA_ACCUMULATORS]
+        pick = next((n for n in fitting if n < 8 and self.step_mmas(spec, n) <= MMA_STEP_BUDGET), 1)
+        return [f"{self.name}_n{n}" for n in dict.fromkeys([pick, *fitting])][:3]
+
+    def reason(self, spec, variant, epilogue):
+        if spec.group != 1:
+            return f"{self.name} implements group=1 only (this Conv has group={spec.group}); fp16 or the FP32 variants run grouped convs"
+        if self.shared_bytes(spec) > MMA_SHARED_BYTES:
+            return (
+                f"{self.name}: the padded {16 * map_tiles(spec)} x {8 * k_steps(spec)} weight fragments need "
+                f"{self.shared_bytes(spec)} bytes of shared memory, more than {MMA_SHARED_BYTES}"
+            )
+        tiles = self.tiles(spec, variant)
+        if not 1 <= tiles <= 8 or map_tiles(spec) * tiles * 4 > 2 * MMA_ACCUMULATORS:
+            return (
+                f"{variant}: {map_tiles(spec)} map tiles x {tiles} pixel tiles need {map_tiles(spec) * tiles * 4} "
+                f"accumulators per lane; at most {2 * MMA_ACCUMULATORS} (and 1..8 pixel tiles) fit in registers"
+            )
+        return None
+
+    def compile_units(self, spec, variant, epilogue=NONE):
+        tiles = self.tiles(spec, variant)
+        defines = shape_defines(spec) | {
+            "NT": tiles,
+            "SPLIT": int(self.split),
+            "UNROLL_K": k_steps(spec) if self.step_mmas(spec, tiles) <= MMA_UNROLL_BUDGET else 1,
+            # two resident blocks (at most 128 registers) paid off with one or two map tiles;
+            # with four (ece408_high) the register cap cost more than the occupancy gained
+            "MIN_BLOCKS": 2 if map_tiles(spec) <= 2 else 1,
+        }
+        return [CompileUnit("conv_tf32_mma.cu", "conv_3xtf32" if self.split else "conv_tf32", defines)]
+
+    def build(self, spec, variant, weights, epilogue=NONE):
+        import cupy
+
+        [function] = load_functions(self.compile_units(spec, variant))
+        processors = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        return MmaKernel(spec, variant, function, pixel_tiles=self.tiles(spec, variant), max_blocks=BLOCKS_PER_SM * processors)
+
+
+class Tf32(TensorCoreGemm):
+    name = "tf32"
+    summary = (
+        "tensor cores (opt-in, not exact, sm_80+): implicit GEMM with mma.sync m16n8k8 TF32, operands rounded with "
+        "cvt.rna; relative L2 error ~3e-4 (cuDNN's TF32 mode gives the same); group 1; weights read at call time"
+    )
+    # measured on an H200, standard-normal data: 2.8e-4 to 2.9e-4 on the shipped convs
+    expected_relative_error = 3e-4
+    max_relative_error = 2e-3
+
+
+class Split3xTf32(TensorCoreGemm):
+    name = "3xtf32"
+    summary = (
+        "tensor cores (opt-in, sm_80+): implicit GEMM with each FP32 operand split into big + small TF32 parts and "
+        "three MMAs (big*big + big*small + small*big): relative L2 error ~1e-6, near FP32; group 1"
+    )
+    split = True
+    # measured on an H200: 2.4e-7 (K=25), 4.3e-7 (K=49), 1.4e-6 (K=196) on the shipped convs;
+    # FP32 kernels give 1e-7 to 3e-7: the MMA's own FP32 accumulation rounds less carefully
+    expected_relative_error = 1e-6
+    max_relative_error = 1e-5
+
+
+class MmaKernel(ConvKernel):
+    """A tensor-core variant: a grid-stride loop over warp tiles of NT x 8 pixels,
+    at most `max_blocks` blocks so that each block's weight staging is amortised."""
+
+    reads_weights = True
+
+    def __init__(self, spec, variant, function, *, pixel_tiles: int, max_blocks: int):
+        super().__init__(spec, variant, [function])
+        self._function = function
+        self._pixel_tiles = pixel_tiles
+        self._max_blocks = max_blocks
+
+    def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+        columns = batch * int(np.prod(self.spec.out_size))
+        warp_tiles = -(-columns // (8 * self._pixel_tiles))
+        blocks = min(-(-warp_tiles // (BLOCK // 32)), self._max_blocks)
+        self._function((blocks, 1, 1), (BLOCK, 1, 1), (x, *weights, y, np.int32(batch)))
+
+
+FAMILIES: list[Family] = [Fp16(), Tf32(), Split3xTf32()]

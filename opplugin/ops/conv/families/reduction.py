@@ -1,0 +1,127 @@
+"""Input-channel reduction: the C/G channels of one output are split over SL
+threads (channel slices), each summing its channels' KH x KW windows.
+`reduce_tree_s<SL>` adds the partial sums by a tree in shared memory;
+`reduce_atomic_s<SL>` adds them into the output with atomicAdd, after a first
+kernel has set the output to the bias (the order of the additions then varies
+from run to run). Filters in __constant__ memory. With one channel per group
+there is nothing to split, and neither family is offered."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..epilogue import NONE
+from ..spec import ConvSpec
+from .common import BLOCK, UNROLL_BUDGET, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines
+from .direct import pixels
+
+# 2, 4 or 8 slices: a block row of BLOCK/SL >= 32 threads is whole warps, so each
+# warp belongs to one slice and reads one filter address at a time (a broadcast)
+SLICES = (2, 4, 8)
+
+
+def channels_per_group(spec: ConvSpec) -> int:
+    return spec.in_channels // spec.group
+
+
+def unroll_passes(spec: ConvSpec, slices: int) -> int:
+    """Unroll a slice's channel loop fully when its body stays small, else not at all."""
+    passes = -(-channels_per_group(spec) // slices)
+    return passes if passes * int(np.prod(spec.kernel)) <= UNROLL_BUDGET else 1
+
+
+class ChannelReduction(Family):
+    """Shared by the two ways of adding the slices' partial sums."""
+
+    source = ""
+    constant_weights = True
+
+    def _pattern(self) -> re.Pattern:
+        return re.compile(rf"{self.name}_s(\d+)")
+
+    def owns(self, variant):
+        return variant == self.name or self._pattern().fullmatch(variant) is not None
+
+    def slices(self, variant: str) -> int:
+        return int(self._pattern().fullmatch(variant).group(1))
+
+    def configs(self, spec, epilogue=NONE):
+        """Every slice count that fits, fewest first: splitting only adds parallelism, which a
+        large batch already has (lenet86 conv2 at batch 10000: s2 faster than s4 for both families)."""
+        return [f"{self.name}_s{s}" for s in SLICES if s <= channels_per_group(spec)]
+
+    def reason(self, spec, variant, epilogue):
+        channels = channels_per_group(spec)
+        if channels < 2:
+            return f"{self.name}: C/G = {channels} input channel per output map, nothing to reduce"
+        if variant == self.name:
+            return None
+        slices = self.slices(variant)
+        if slices not in SLICES:
+            return f"{variant}: the channel slices must be one of {', '.join(map(str, SLICES))}"
+        if slices > channels:
+            return f"{variant}: {slices} slices for {channels} input channels per group leave slices idle"
+        return None
+
+    def defines(self, spec: ConvSpec, variant: str) -> dict[str, int | str]:
+        slices = self.slices(variant)
+        return shape_defines(spec) | {"SL": slices, "UNROLL_K": unroll_passes(spec, slices)}
+
+
+class ReduceTree(ChannelReduction):
+    name = "reduce_tree"
+    summary = (
+        "input channels of one output split over thread slices, partial sums added by a tree in shared "
+        "memory; filters in __constant__ memory (needs C/G >= 2)"
+    )
+    source = "conv_reduce_tree.cu"
+
+    def compile_units(self, spec, variant, epilogue=NONE):
+        return [CompileUnit(self.source, "conv_reduce_tree", self.defines(spec, variant))]
+
+    def build(self, spec, variant, weights, epilogue=NONE):
+        [summed] = load_functions(self.compile_units(spec, variant), filter_constants(weights))
+        return SlicedKernel(spec, variant, summed, self.slices(variant))
+
+
+class ReduceAtomic(ChannelReduction):
+    name = "reduce_atomic"
+    summary = (
+        "input channels of one output split over thread slices, partial sums atomicAdd-ed into the output "
+        "(set to the bias first); FP32 but the summation order varies run to run (needs C/G >= 2)"
+    )
+    source = "conv_reduce_atomic.cu"
+
+    def compile_units(self, spec, variant, epilogue=NONE):
+        defines = self.defines(spec, variant)
+        return [
+            CompileUnit(self.source, "conv_reduce_atomic_init", defines),
+            CompileUnit(self.source, "conv_reduce_atomic", defines),
+        ]
+
+    def build(self, spec, variant, weights, epilogue=NONE):
+        init, summed = load_functions(self.compile_units(spec, variant), filter_constants(weights))
+        return SlicedKernel(spec, variant, summed, self.slices(variant), init=init)
+
+
+class SlicedKernel(ConvKernel):
+    """Blocks of (BLOCK/SL pixels) x (SL channel slices), one output map per grid row;
+    `init`, when given, first sets every output element to its bias (same stream)."""
+
+    def __init__(self, spec, variant, function, slices: int, init=None):
+        super().__init__(spec, variant, [function] + ([init] if init is not None else []))
+        self._function = function
+        self._slices = slices
+        self._init = init
+
+    def _launch(self, x, weights, y, batch):
+        outputs = batch * pixels(self.spec)
+        maps = self.spec.out_channels
+        if self._init is not None:
+            self._init((-(-outputs // BLOCK), maps, 1), (BLOCK, 1, 1), (y, np.int32(batch)))
+        per_block = BLOCK // self._slices
+        self._function((-(-outputs // per_block), maps, 1), (per_block, self._slices, 1), (x, y, np.int32(batch)))
+
+
+FAMILIES: list[Family] = [ReduceTree(), ReduceAtomic()]

@@ -1,0 +1,185 @@
+"""The Conv plugin: the numpy reference on the CPU device, a CUDA family on a GPU,
+with the activation and max pool that follow a Conv fused into its kernel."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...device import Device
+from ...errors import PluginError
+from ...registry import Kernel, NodeInfo, Plugin
+from . import reference
+from .epilogue import ACTIVATIONS, NONE, Epilogue
+from .spec import ConvSpec
+
+
+class ReferenceConvKernel(Kernel):
+    """The numpy reference, run as the Conv kernel of the CPU device (with its epilogue, if fused)."""
+
+    def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE):
+        self.spec = spec
+        self.epilogue = epilogue
+        self.name = f"conv.reference{epilogue.suffix}"
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        x, w = inputs[0], inputs[1]
+        b = inputs[2] if len(inputs) > 2 else None
+        y = reference.conv(x, w, b, self.spec.strides, self.spec.pads, self.spec.dilations, self.spec.group)
+        return [self.epilogue.apply(y.astype(np.float32, copy=False))]
+
+
+class UnfusedEpilogueKernel(Kernel):
+    """A CUDA variant without a fused epilogue, followed by the epilogue as CuPy
+    array operations: what a chosen variant that cannot fuse still runs as."""
+
+    def __init__(self, conv_kernel: Kernel, epilogue: Epilogue):
+        self.conv = conv_kernel
+        self.spec = conv_kernel.spec
+        self.epilogue = epilogue
+        self.name = f"{conv_kernel.name}, then cupy{epilogue.suffix}"
+        self.variant = conv_kernel.variant
+
+    def flops(self, batch: int) -> int:
+        return self.conv.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.conv.bytes_moved(batch)
+
+    def workspace_bytes(self, batch: int) -> int:
+        return self.conv.workspace_bytes(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        from ... import cuda
+
+        [y] = self.conv(inputs, stream)
+        with cuda.on_stream(stream):
+            return [self.epilogue.apply_cupy(y)]
+
+
+class ConvPlugin(Plugin):
+    """Runs ONNX Conv nodes: the numpy reference on the CPU device, a CUDA variant on a GPU.
+
+    Without an explicit variant, the choice comes from `choose_variant`: the tuning
+    cache when `opplugin tune` has run for this GPU and shape, else a heuristic."""
+
+    op_type = "Conv"
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        if any(t.dtype != np.float32 for t in node.inputs if t.name):
+            return "only float32 tensors are supported"
+        try:
+            ConvSpec.from_node(node)  # attributes and shapes a Conv kernel can take
+        except PluginError as err:
+            return str(err)
+        if not device.is_cuda:
+            return None
+        notes = self.variant_notes(node, device)
+        if all(notes.values()):
+            return "; ".join(f"{v}: {r}" for v, r in notes.items())
+        return None
+
+    def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
+        """Per CUDA variant family, why it is not offered for this node (None = offered)."""
+        if not device.is_cuda:
+            return {}
+        from . import families
+
+        spec = ConvSpec.from_node(node)
+        return {v: families.unsupported_reason(spec, v, constant_weights(node)) for v in families.FAMILIES}
+
+    def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
+        """How many of `followers` (the nodes after this Conv, each the only reader
+        of the one before) this plugin runs in the Conv's own kernel."""
+        for count in range(min(2, len(followers)), 0, -1):
+            epilogue = epilogue_of(followers[:count])
+            if epilogue is None:
+                continue
+            if not device.is_cuda:
+                return count
+            from . import families
+
+            spec = ConvSpec.from_node(node)
+            if families.usable_families(spec, constant_weights(node), epilogue):
+                return count
+        return 0
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec = ConvSpec.from_node(node)
+        epilogue = epilogue_of(fused) if fused else NONE
+        if epilogue is None:
+            raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
+        if not device.is_cuda:
+            if variant not in (None, "reference"):
+                from .families import family_of
+
+                family_of(variant)  # an unknown name says so before the missing device does
+                raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
+            return ReferenceConvKernel(spec, epilogue)
+        from . import families
+        from .choice import choose_variant
+
+        weights = constant_weights(node)
+        if variant is None:
+            variant = choose_variant(spec, weights, epilogue, device)
+        family = families.family_of(variant)  # an unknown name raises a PluginError listing the choices
+        if epilogue != NONE and not family.fuses:
+            reason = families.unsupported_reason(spec, variant, weights)
+            if reason:
+                raise PluginError(f"variant {variant!r} cannot run Conv {node.name}: {reason}")
+            return UnfusedEpilogueKernel(families.build_kernel(spec, variant, weights), epilogue)
+        reason = families.unsupported_reason(spec, variant, weights, epilogue)
+        if reason:
+            raise PluginError(f"variant {variant!r} cannot run Conv {node.name}{epilogue.suffix}: {reason}")
+        return families.build_kernel(spec, variant, weights, epilogue)
+
+
+def epilogue_of(followers: Sequence[NodeInfo]) -> Epilogue | None:
+    """The Epilogue that `followers` (activation, then max pool; either may be
+    absent) compute, or None when a Conv kernel cannot run them."""
+    ops = [n.op_type for n in followers]
+    activation = ops[0] if ops and ops[0] in ACTIVATIONS else None
+    rest = list(followers[1:] if activation else followers)
+    if not rest:
+        return Epilogue(activation) if activation else None
+    if len(rest) != 1 or rest[0].op_type != "MaxPool":
+        return None
+    pool = _fusable_pool(rest[0])
+    return Epilogue(activation, pool) if pool else None
+
+
+def _fusable_pool(node: NodeInfo) -> tuple[int, int] | None:
+    """(kh, kw) for a 2-D MaxPool whose stride is its window, without pads,
+    dilation, ceil mode or an Indices output; else None."""
+    a = node.attributes
+    kernel = tuple(int(k) for k in a.get("kernel_shape", ()))
+    if len(kernel) != 2 or len([o for o in node.node.output if o]) != 1:
+        return None
+    auto_pad = a.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    plain = (
+        tuple(int(s) for s in a.get("strides", (1, 1))) == kernel
+        and not any(int(p) for p in a.get("pads", ()))
+        and auto_pad in ("NOTSET", "VALID", "")
+        and all(int(d) == 1 for d in a.get("dilations", ()))
+        and int(a.get("ceil_mode", 0)) == 0
+    )
+    return kernel if plain else None
+
+
+def constant_weights(node: NodeInfo) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(W, B) when the weights (and bias, if any) are initializers, else None."""
+    w = node.constants.get(node.inputs[1].name)
+    if w is None:
+        return None
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2].name)
+    b = node.constants.get(node.inputs[2].name) if has_bias else None
+    if has_bias and b is None:
+        return None
+    return w, b

@@ -1,0 +1,143 @@
+"""How a batch is cut into chunks: which tensors scale with the batch, how many
+bytes one image keeps alive, how many images fit in a budget, and the row ranges.
+
+A model can be chunked when every tensor that crosses a step boundary (and every
+graph output) has the batch as its first axis and the same per-image shape at any
+batch, so that running rows [a, b) alone gives rows [a, b) of the whole result.
+Shape inference at two batch sizes tells which tensors do; a Reshape that bakes
+in the batch, say, makes a model unchunkable, and it then runs in one piece.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..errors import InputError, positive_int
+from ..model import Model
+
+# Chunks of about this much input keep several in flight, so that one chunk's
+# copy to the device overlaps the previous chunk's compute. Each chunk costs the
+# host about half a millisecond of Python to enqueue; at 64 MiB (2,268 lenet86
+# images, over a millisecond of copying at 55 GB/s) that stays off the critical path.
+PIPELINE_CHUNK_INPUT_BYTES = 64 << 20
+# Below this much input in all, a single chunk is faster than a pipeline.
+MIN_PIPELINED_INPUT_BYTES = 16 << 20
+# A pipelined batch is cut into at least this many chunks.
+MIN_PIPELINE_CHUNKS = 4
+# Share of the free device memory the chunks of all streams may take together;
+# the rest is headroom for the allocator's rounding and onnxruntime's arena.
+DEVICE_MEMORY_SHARE = 0.5
+# Host memory one chunk may keep alive on the CPU device.
+HOST_CHUNK_BYTES = 2 << 30
+
+
+@dataclass
+class BatchLayout:
+    """Per-image shapes of the tensors whose first axis is the batch."""
+
+    batched_inputs: frozenset[str]
+    sample_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    itemsizes: dict[str, int] = field(default_factory=dict)
+    # None when the model can be chunked, else why not
+    unchunkable: str | None = None
+
+    @property
+    def chunkable(self) -> bool:
+        return self.unchunkable is None
+
+    def is_batched(self, name: str) -> bool:
+        return name in self.sample_shapes
+
+    def shape_at(self, name: str, batch: int) -> tuple[int, ...]:
+        return (batch, *self.sample_shapes[name])
+
+    def image_bytes(self, name: str) -> int:
+        """Bytes of one image's slice of a tensor; 0 for tensors that do not scale with the batch."""
+        if name not in self.sample_shapes:
+            return 0
+        return int(np.prod(self.sample_shapes[name], dtype=np.int64)) * self.itemsizes[name]
+
+    def input_image_bytes(self) -> int:
+        return sum(self.image_bytes(name) for name in self.batched_inputs)
+
+
+def probe_layout(model: Model) -> BatchLayout:
+    """The layout from shape inference at batch 1 and 2 (a fixed-batch model gets an unchunkable layout)."""
+    try:
+        one, two = model.infer(1), model.infer(2)
+    except InputError:  # a fixed first axis: the model runs only at its own batch
+        first = model.inputs[0]
+        fixed = first.type.tensor_type.shape.dim[0].dim_value
+        return BatchLayout(frozenset(), unchunkable=f"input {first.name!r} has a fixed batch of {fixed}")
+    shapes, sizes = {}, {}
+    for name, a in one.items():
+        b = two.get(name)
+        if name in model.initializers or b is None or not a.shape or -1 in a.shape or -1 in b.shape:
+            continue
+        if a.shape[0] == 1 and b.shape[0] == 2 and a.shape[1:] == b.shape[1:]:
+            shapes[name] = tuple(a.shape[1:])
+            sizes[name] = np.dtype(a.dtype).itemsize
+    batched = frozenset(i.name for i in model.inputs if i.name in shapes and not i.type.tensor_type.shape.dim[0].HasField("dim_value"))
+    return BatchLayout(batched, shapes, sizes)
+
+
+def check_steps(layout: BatchLayout, boundary_tensors: Iterable[str], passed_whole: Iterable[str]) -> BatchLayout:
+    """The layout, marked unchunkable when a tensor crossing a step boundary does not
+    scale with the batch. `passed_whole` are weights and inputs with a fixed first axis:
+    every chunk gets all of them."""
+    if not layout.chunkable:
+        return layout
+    whole = set(passed_whole)
+    for name in boundary_tensors:
+        if name and name not in whole and not layout.is_batched(name):
+            layout.unchunkable = f"tensor {name!r} does not have the batch as its first axis"
+            break
+    return layout
+
+
+def peak_image_bytes(model: Model, layout: BatchLayout) -> int:
+    """The most bytes per image alive at once when the graph runs node by node:
+    an upper bound on what one chunk keeps on the device, whatever the partition."""
+    nodes = model.nodes
+    last_use: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            last_use[name] = index
+    outputs = set(model.outputs)
+    live = set(layout.batched_inputs)
+    peak = sum(layout.image_bytes(n) for n in live)
+    for index, node in enumerate(nodes):
+        live.update(o for o in node.output if o)
+        peak = max(peak, sum(layout.image_bytes(n) for n in live))
+        live = {n for n in live if last_use.get(n, -1) > index or n in outputs}
+    return max(peak, 1)
+
+
+def pipeline_chunk(batch: int, input_image_bytes: int) -> int:
+    """Images per chunk for overlap: the whole batch when its input is small, else chunks
+    of about PIPELINE_CHUNK_INPUT_BYTES, and at least MIN_PIPELINE_CHUNKS of them."""
+    if batch * input_image_bytes <= MIN_PIPELINED_INPUT_BYTES or input_image_bytes <= 0:
+        return batch
+    by_bytes = max(1, PIPELINE_CHUNK_INPUT_BYTES // input_image_bytes)
+    by_count = math.ceil(batch / MIN_PIPELINE_CHUNKS)
+    return max(1, min(by_bytes, by_count))
+
+
+def memory_chunk(budget_bytes: int, image_bytes: int, workspace: Callable[[int], int] = lambda n: 0) -> int:
+    """The most images whose live tensors plus kernel workspace fit in `budget_bytes` (at least 1)."""
+    images = max(1, budget_bytes // max(1, image_bytes))
+    while images > 1:
+        needed = images * image_bytes + workspace(images)
+        if needed <= budget_bytes:
+            break
+        images = min(images - 1, max(1, images * budget_bytes // needed))
+    return images
+
+
+def split_rows(batch: int, chunk: int) -> list[slice]:
+    """Consecutive row ranges of at most `chunk` rows covering [0, batch)."""
+    batch, chunk = positive_int(batch, "batch"), positive_int(chunk, "chunk")
+    return [slice(start, min(start + chunk, batch)) for start in range(0, batch, chunk)]

@@ -1,0 +1,166 @@
+"""The exact path for NaN and Inf: which chunks of a run saw them after a fused
+plugin step, and running those chunks again without the fusion.
+
+A fused Conv > activation > MaxPool kernel propagates NaN and +inf through its
+pool windows (see ops/conv/epilogue.py), but onnxruntime's MaxPool keeps or
+drops a NaN depending on where it sits in the window, a rule no fixed kernel
+can copy. So every fused output gets one flag per chunk, set on the device by a
+single reduction on the chunk's stream (no host wait), and read once, after the
+run has finished anyway. A chunk with a flag set runs again on the exact path:
+the same plan with each fused step split into its plugin's node alone and
+onnxruntime's own nodes for the rest, on onnxruntime's CPU provider (the
+reference `check` uses; its CUDA provider's pooling has NaN rules of its own).
+Its results replace the chunk's. Finite inputs never take it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from .. import cuda
+from ..device import Device
+from ..errors import PluginError
+from ..plan import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
+from ..registry import Kernel
+from .chunking import BatchLayout
+from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
+from .timeline import Timeline
+
+
+@functools.cache
+def _any_nonfinite_kernel():
+    """A CuPy reduction: true when any element is NaN or +-inf (one pass, one launch)."""
+    import cupy
+
+    return cupy.ReductionKernel(
+        "T x", "bool flag", "!isfinite(x)", "a || b", "flag = a", "false", "opplugin_any_nonfinite", reduce_type="bool"
+    )
+
+
+class NonFiniteFlags:
+    """flags[chunk, slot]: did fused output `slot` of this chunk hold a NaN or an Inf?"""
+
+    def __init__(self, chunks: int, slots: int, on_device: bool):
+        self.on_device = on_device
+        if on_device:
+            import cupy
+
+            # every entry is written by its chunk, so no fill (which would run on
+            # another stream than the chunks' and could land after their writes)
+            self._flags = cupy.empty((chunks, slots), dtype=cupy.bool_)
+        else:
+            self._flags = np.zeros((chunks, slots), dtype=bool)
+
+    def record(self, chunk: int, slot: int, value: Any) -> None:
+        """Flag this output; on a device, enqueued on the current stream."""
+        if isinstance(value, np.ndarray) or not self.on_device:
+            self._flags[chunk, slot] = not bool(np.isfinite(np.asarray(value)).all())
+        elif value.size == 0:
+            self._flags[chunk, slot] = False
+        else:
+            _any_nonfinite_kernel()(value, out=self._flags[chunk, slot])
+
+    def raised(self) -> list[int]:
+        """The chunks with any flag set. On a device, call once every chunk's stream has finished."""
+        flags = self._flags.get() if self.on_device else self._flags
+        return [int(i) for i in np.flatnonzero(flags.any(axis=1))]
+
+
+def watched_outputs(plan: Plan) -> dict[int, list[int]]:
+    """Step index -> the flag columns of its outputs, for every fused plugin step."""
+    watched: dict[int, list[int]] = {}
+    for index, step in enumerate(plan.steps):
+        if isinstance(step, PluginStep) and step.fused:
+            first = sum(len(slots) for slots in watched.values())
+            watched[index] = list(range(first, first + len(step.outputs)))
+    return watched
+
+
+def split_fused(plan: Plan) -> Plan:
+    """The same plan with every fused plugin step split back into its own node (a
+    plugin step without epilogue, same name) followed by an onnxruntime step that
+    runs the nodes it had fused. Steps that fused nothing are shared."""
+    steps: list[Step] = []
+    for step in plan.steps:
+        if not isinstance(step, PluginStep) or not step.fused:
+            steps.append(step)
+            continue
+        own_outputs = [o for o in step.node.node.output if o]
+        steps.append(PluginStep(step.name, step.node, step.plugin, list(step.inputs), own_outputs))
+        nodes = [info.node for info in step.fused]
+        inputs = outside_inputs(nodes, plan.model)
+        sub = sub_model(plan.model, f"{plan.model.name}_{step.name}_epilogue", nodes, inputs, list(step.outputs), plan.tensors)
+        steps.append(OrtStep(f"{step.name} epilogue", nodes, inputs, list(step.outputs), sub))
+    return Plan(plan.model, plan.batch, plan.device, steps, plan.tensors, dict(plan.fallbacks))
+
+
+class ExactPath:
+    """Flags for a run of `plan`, and the rerun of flagged chunks. The split plan's
+    kernels and sessions are built when a chunk first needs them; kernels of steps
+    that fused nothing are the fast plan's own."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        layout: BatchLayout,
+        device: Device,
+        kernels: dict[str, Kernel],
+        constants: dict[str, Any],
+        requested_variants: dict[str, str],
+        cpu_session: Callable[[OrtStep], ort.InferenceSession],
+    ):
+        self.plan, self.layout, self.device = plan, layout, device
+        self.kernels, self.constants = kernels, constants
+        self.requested_variants, self.cpu_session = requested_variants, cpu_session
+        self.watched = watched_outputs(plan)
+        self._executor: PlanExecutor | None = None
+
+    @property
+    def built(self) -> bool:
+        return self._executor is not None
+
+    def flags(self, chunks: int) -> NonFiniteFlags | None:
+        """Flags for a run of `chunks` chunks; None when no step is fused."""
+        columns = sum(len(slots) for slots in self.watched.values())
+        return NonFiniteFlags(chunks, columns, self.device.is_cuda) if columns else None
+
+    def rerun(self, scheduler: ChunkScheduler, inputs: ChunkInputs, chunks: list[slice], flagged: list[int]) -> None:
+        """Runs the flagged chunks again; their rows of the outputs and kept tensors
+        are overwritten. Its timings are not step times of the plan."""
+        executor = self.split_executor()
+        again = dataclasses.replace(inputs, flags=None)
+        timeline = Timeline(self.device.is_cuda)
+        scheduler.run(
+            [chunks[i] for i in flagged],
+            lambda lane, position, rows: executor.run_chunk(lane, timeline, flagged[position], rows, again),
+        )
+
+    def split_executor(self) -> PlanExecutor:
+        """The executor of the split plan (see split_fused), built at the first call."""
+        if self._executor is None:
+            split = split_fused(self.plan)
+            kernels = {step.name: self._unfused_kernel(step) for step in split.plugin_steps}
+            sessions = {step.name: self.cpu_session(step) for step in split.steps if isinstance(step, OrtStep)}
+            if self.device.is_cuda:
+                cuda.synchronize()  # a kernel build may upload constants on the default stream
+            self._executor = PlanExecutor(split, self.layout, kernels, sessions, self.constants, ort_on_gpu=False)
+        return self._executor
+
+    def _unfused_kernel(self, step: PluginStep) -> Kernel:
+        """The fast plan's kernel when its step fused nothing, else the same variant
+        built without the followers (the plugin's own choice if it cannot be)."""
+        kernel = self.kernels[step.name]
+        if not any(s.name == step.name and s.fused for s in self.plan.plugin_steps):
+            return kernel
+        requested = self.requested_variants.get(step.node.op_type)
+        variant = kernel.variant or requested
+        try:
+            return step.build(self.device, variant)
+        except PluginError:
+            if variant == requested:
+                raise
+            return step.build(self.device, requested)

@@ -1,0 +1,300 @@
+"""Running a plan over the chunks of one batch: each chunk goes through every step
+on one lane (PlanExecutor), several lanes at a time (ChunkScheduler, which owns
+the lanes' threads), and its outputs land in their rows of the result arrays.
+
+A chunk's tensors live only as long as a later step reads them, so one chunk
+keeps little more than its largest step's inputs and outputs alive. Runs of
+consecutive plugin steps are enqueued together (their inputs uploaded first),
+so the kernels of one chunk follow each other on the device without a gap.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from .. import cuda
+from ..errors import PluginError
+from ..plan import OrtStep, Plan, PluginStep
+from ..registry import Kernel
+from . import hostwork
+from .chunking import BatchLayout
+from .timeline import Timeline
+
+Progress = Callable[[str, int, int], None]
+
+
+class FlagSink(Protocol):
+    """Where a chunk's watched outputs are checked for NaN and Inf (exact.NonFiniteFlags)."""
+
+    def record(self, chunk: int, slot: int, value: Any) -> None: ...
+
+
+class Results:
+    """The host arrays a run returns, filled chunk by chunk (from several threads)."""
+
+    def __init__(self, batch: int, chunked: bool, single: bool):
+        self.batch, self.chunked, self.single = batch, chunked, single
+        self.arrays: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def _target(self, name: str, rows: slice, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        with self._lock:
+            array = self.arrays.get(name)
+            if array is None:
+                full = (self.batch, *shape[1:]) if self.chunked else tuple(shape)
+                array = self.arrays[name] = np.empty(full, dtype)
+        return array[rows] if self.chunked else array
+
+    def place(self, name: str, rows: slice, value: Any, lane: Any, staged: bool) -> None:
+        if isinstance(value, np.ndarray):
+            if self.single:  # the chunk is the whole batch: keep the array itself
+                with self._lock:
+                    self.arrays[name] = value
+                return
+            hostwork.copy(self._target(name, rows, value.shape, value.dtype), value)
+            return
+        lane.download(name, value, self._target(name, rows, tuple(value.shape), value.dtype), staged)
+
+
+class _Values:
+    """Where each tensor of one chunk is: on the host, on the device, or both."""
+
+    def __init__(self, lane: Any):
+        self.lane = lane
+        self.host: dict[str, Any] = {}
+        self.device: dict[str, Any] = {}
+        self.pinned_feeds: dict[str, bool] = {}
+
+    def put(self, name: str, value: Any) -> None:
+        self.drop(name)
+        if self.lane.on_device and not isinstance(value, np.ndarray):
+            self.device[name] = value
+        else:
+            self.host[name] = value
+
+    def put_feed(self, name: str, rows: np.ndarray, pinned: bool) -> None:
+        self.put(name, rows)
+        self.pinned_feeds[name] = pinned
+
+    def get(self, name: str) -> Any:
+        return self.device[name] if name in self.device else self.host[name]
+
+    def on_host(self, name: str) -> np.ndarray:
+        if name not in self.host:
+            self.host[name] = self.lane.to_host(name, self.device[name])
+        return self.host[name]
+
+    def on_device(self, name: str) -> Any:
+        if not self.lane.on_device:
+            return self.on_host(name)
+        if name not in self.device:
+            if name in self.pinned_feeds:
+                self.device[name] = self.lane.upload(name, self.host[name], self.pinned_feeds[name])
+            else:
+                self.device[name] = self.lane.to_device(name, self.host[name])
+        return self.device[name]
+
+    def drop(self, name: str) -> None:
+        self.host.pop(name, None)
+        self.device.pop(name, None)
+
+
+@dataclass
+class ChunkInputs:
+    """What every chunk of one run reads."""
+
+    feeds: dict[str, np.ndarray]
+    pinned: dict[str, bool]
+    keep: tuple[str, ...]
+    outputs: Results
+    kept: Results
+    # where fused steps flag NaN or Inf per chunk (None: no fused steps, or not watched)
+    flags: FlagSink | None = None
+
+
+class PlanExecutor:
+    """Runs every step of a plan on one chunk of rows, on one lane.
+
+    `watched` maps a step's index to the NonFiniteFlags columns of its outputs:
+    those are checked for NaN and Inf as the chunk runs (see exact.py)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        layout: BatchLayout,
+        kernels: dict[str, Kernel],
+        sessions: dict[str, ort.InferenceSession],
+        constants: dict[str, Any],
+        ort_on_gpu: bool,
+        watched: dict[int, list[int]] | None = None,
+    ):
+        self.plan, self.layout, self.kernels, self.sessions = plan, layout, kernels, sessions
+        self.constants, self.ort_on_gpu = constants, ort_on_gpu
+        self.watched = watched or {}
+        # after which step each tensor is read for the last time
+        self.last_use: dict[str, int] = {}
+        for index, step in enumerate(plan.steps):
+            for name in step.inputs:
+                self.last_use[name] = index
+
+    def run_chunk(self, lane: Any, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
+        lane.start_chunk(timeline, chunk)
+        values = _Values(lane)
+        for name, array in inputs.feeds.items():
+            values.put_feed(name, array[rows] if name in self.layout.batched_inputs else array, inputs.pinned[name])
+        for name, value in self.constants.items():
+            values.put(name, value)
+        batch = rows.stop - rows.start
+        held = set(self.plan.model.outputs) | set(inputs.keep)
+        steps = self.plan.steps
+        index = 0
+        while index < len(steps):
+            if isinstance(steps[index], PluginStep):
+                end = index
+                while end < len(steps) and isinstance(steps[end], PluginStep):
+                    end += 1
+                self._plugin_run(lane, values, range(index, end), held, chunk, inputs.flags)
+                index = end
+            else:
+                self._ort(lane, values, steps[index], batch)
+                self._drop_dead(values, index, held)
+                index += 1
+        for name in self.plan.model.outputs:
+            inputs.outputs.place(name, rows, values.get(name), lane, staged=True)
+        for name in inputs.keep:
+            inputs.kept.place(name, rows, values.get(name), lane, staged=False)
+        lane.finish_chunk()
+
+    def _drop_dead(self, values: _Values, index: int, held: set[str]) -> None:
+        for name in self.plan.steps[index].inputs:
+            if self.last_use.get(name) == index and name not in held and name not in self.constants:
+                values.drop(name)
+
+    def _plugin_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int,
+                    flags: FlagSink | None) -> None:
+        """Consecutive plugin steps: inputs from outside the run go to the device first,
+        then the kernels are enqueued back to back. A fused step's output is checked
+        for NaN and Inf right after its kernel, on the same stream and untimed."""
+        produced: set[str] = set()
+        for index in indices:
+            step = self.plan.steps[index]
+            for name in step.inputs:
+                if name and name not in produced:
+                    values.on_device(name)
+            produced.update(step.outputs)
+        with lane.segment():
+            for index in indices:
+                step = self.plan.steps[index]
+                kernel = self.kernels[step.name]
+                args = [values.on_device(n) if n else None for n in step.inputs]
+                outs = lane.run_kernel(step.name, "plugin", lambda k=kernel, a=args: k(a, lane.stream))
+                if len(outs) != len(step.outputs):
+                    raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
+                for name, value in zip(step.outputs, outs):
+                    values.put(name, value)
+                if flags is not None and index in self.watched:
+                    for slot, value in zip(self.watched[index], outs):
+                        flags.record(chunk, slot, value)
+                self._drop_dead(values, index, held)
+
+    def _ort(self, lane: Any, values: _Values, step: OrtStep, batch: int) -> None:
+        session = self.sessions[step.name]
+        if self.ort_on_gpu and lane.on_device:
+            self._ort_bound(lane, values, step, session, batch)
+            return
+        feeds = {name: values.on_host(name) for name in step.inputs}
+        outs = lane.run_blocking(step.name, "onnxruntime", lambda: session.run(step.outputs, feeds))
+        for name, value in zip(step.outputs, outs):
+            values.put(name, value)
+
+    def _ort_bound(self, lane: Any, values: _Values, step: OrtStep, session: ort.InferenceSession, batch: int) -> None:
+        """CUDA provider with IOBinding: inputs and outputs stay in device memory."""
+        binding = session.io_binding()
+        device_id = lane.device_id
+        for name in step.inputs:
+            array = values.on_device(name)
+            binding.bind_input(name, "cuda", device_id, array.dtype, list(array.shape), array.data.ptr)
+        outputs = {}
+        for name in step.outputs:
+            info = self.plan.tensors[name]
+            shape = self.layout.shape_at(name, batch) if self.layout.chunkable and self.layout.is_batched(name) else info.shape
+            outputs[name] = cuda.empty(shape, info.dtype)
+            binding.bind_output(name, "cuda", device_id, info.dtype, list(shape), outputs[name].data.ptr)
+        lane.run_blocking(step.name, "onnxruntime", lambda: session.run_with_iobinding(binding))
+        for name, value in outputs.items():
+            values.put(name, value)
+
+
+class ChunkScheduler:
+    """Hands the chunks of a run to the lanes: one thread per lane, each taking the
+    next chunk as soon as its lane is free. The threads are made at first need and
+    live as long as the scheduler."""
+
+    def __init__(self, lanes: Sequence[Any]):
+        self.lanes = list(lanes)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=len(self.lanes), thread_name_prefix="opplugin-lane")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
+        return self._pool
+
+    def run(self, chunks: Sequence[slice], work: Callable[[Any, int, slice], None], progress: Progress | None = None) -> None:
+        """Calls work(lane, index, rows) for every chunk. With one chunk or one lane the
+        calling thread does it all. The first error stops the hand-out and is raised
+        once every lane has finished the chunk it had."""
+        total = chunks[-1].stop if chunks else 0
+        done = [0]
+        progress_lock = threading.Lock()
+
+        def report(rows: slice) -> None:
+            if progress:
+                with progress_lock:
+                    done[0] += rows.stop - rows.start
+                    progress("run", done[0], total)
+
+        if len(chunks) == 1 or len(self.lanes) == 1:
+            with self.lanes[0].activate():
+                for index, rows in enumerate(chunks):
+                    work(self.lanes[0], index, rows)
+                    report(rows)
+            return
+
+        queue = iter(list(enumerate(chunks)))
+        queue_lock = threading.Lock()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def lane_loop(lane: Any) -> None:
+            with lane.activate():
+                while not stop.is_set():
+                    with queue_lock:
+                        item = next(queue, None)
+                    if item is None:
+                        return
+                    try:
+                        work(lane, *item)
+                    except BaseException as err:  # handed to the caller below
+                        stop.set()
+                        errors.append(err)
+                        return
+                    report(item[1])
+
+        futures = [self._threads().submit(lane_loop, lane) for lane in self.lanes[: len(chunks)]]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # an interrupt in the caller: let the lanes finish their chunk, then go
+            stop.set()
+            for future in futures:
+                future.exception()
+            raise
+        if errors:
+            raise errors[0]

@@ -1,0 +1,257 @@
+"""Lanes: where the work of one chunk runs, with its copies and timings.
+
+A `HostLane` runs everything on the CPU in the calling thread. A `CudaLane` owns
+a CUDA stream and pinned staging buffers: a chunk's input goes up by DMA (from
+the caller's array when it is already pinned, else through a staging buffer
+filled by a few threads), its kernels run on the lane's stream, and its outputs
+come down into a staging buffer that is copied out once the lane has waited
+for its stream. Several lanes work at once, each on its own chunk, so one
+chunk's copies overlap another's compute.
+
+Copies in one direction go through one copy engine in enqueue order anyway;
+`Chains` makes that order explicit across lanes (each copy waits for the one
+enqueued before it), so the events around a copy time that copy alone. Each
+lane's run of kernels waits for the previous run likewise, so a kernel's events
+do not count time it spent queued behind another lane's kernels.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .. import cuda
+from . import hostwork
+from .timeline import COPY, Timeline
+
+# Pageable inputs below this size go up directly: the driver's own staging is as quick.
+STAGE_MIN_BYTES = 1 << 20
+
+
+class Chains:
+    """Per kind of work ("h2d", "d2h", "compute"), the event of the last item any lane enqueued."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        with self._lock:
+            self._last.clear()
+
+    @contextlib.contextmanager
+    def ordered(self, chain: str, stream: Any) -> Iterator[None]:
+        """Work enqueued inside starts after the previous item of `chain` has finished."""
+        with self._lock:
+            previous = self._last.get(chain)
+            if previous is not None:
+                stream.wait_event(previous)
+            yield
+            self._last[chain] = stream.record()
+
+
+class _Recording:
+    """The run and chunk a lane is working on, and the position of its next span."""
+
+    def __init__(self) -> None:
+        self.timeline: Timeline | None = None
+        self.chunk = 0
+        self.order = 0
+
+    def start(self, timeline: Timeline, chunk: int) -> None:
+        self.timeline, self.chunk, self.order = timeline, chunk, 0
+
+    def next(self) -> int:
+        self.order += 1
+        return self.order
+
+    def host_timed(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        order = self.next()
+        begin = self.timeline.now()
+        out = fn()
+        self.timeline.host(name, kind, self.chunk, order, begin, self.timeline.now())
+        return out
+
+
+class HostLane:
+    """Runs a chunk on the CPU: no copies, host-clock timings."""
+
+    on_device = False
+    stream = None
+
+    def __init__(self) -> None:
+        self.recording = _Recording()
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def start_chunk(self, timeline: Timeline, chunk: int) -> None:
+        self.recording.start(timeline, chunk)
+
+    def upload(self, name: str, rows: np.ndarray, pinned: bool) -> np.ndarray:
+        return rows
+
+    def to_host(self, name: str, value: np.ndarray) -> np.ndarray:
+        return value
+
+    def to_device(self, name: str, value: np.ndarray) -> np.ndarray:
+        return value
+
+    def download(self, name: str, value: np.ndarray, target: np.ndarray, staged: bool) -> None:
+        hostwork.copy(target, np.asarray(value))
+
+    def segment(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def run_kernel(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        # NaN and Inf in the data are results to pass on, as onnxruntime does, not warnings
+        with np.errstate(all="ignore"):
+            return self.recording.host_timed(name, kind, fn)
+
+    def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        return self.recording.host_timed(name, kind, fn)
+
+    def finish_chunk(self) -> None:
+        pass
+
+    def staging_bytes(self) -> int:
+        return 0
+
+
+class PinnedStaging:
+    """Named page-locked buffers of one lane, grown to the largest chunk seen and then reused."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def view(self, key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.nbytes < nbytes:
+            self._buffers.pop(key, None)  # free the smaller one first: pinned memory is scarce
+            buffer = cuda.pinned_empty((max(nbytes, 1),), np.uint8)
+            self._buffers[key] = buffer
+        return buffer[:nbytes].view(dtype).reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
+
+
+class CudaLane:
+    """Runs a chunk on one CUDA stream, with its own pinned staging buffers."""
+
+    on_device = True
+
+    def __init__(self, device_id: int, chains: Chains):
+        self.device_id = device_id
+        self.stream = cuda.new_stream()
+        self.chains = chains
+        self.staging = PinnedStaging()
+        self.recording = _Recording()
+        self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        """Makes this lane's device and stream current in the calling thread."""
+        import cupy
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(cupy.cuda.Device(self.device_id))
+        stack.enter_context(self.stream)
+        return stack
+
+    def start_chunk(self, timeline: Timeline, chunk: int) -> None:
+        self.recording.start(timeline, chunk)
+        self._unstage.clear()
+
+    # --- timing ---------------------------------------------------------------------
+
+    def _event_timed(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        order = self.recording.next()
+        start = self.stream.record()
+        out = fn()
+        end = self.stream.record()
+        self.recording.timeline.device(name, kind, self.recording.chunk, order, start, end)
+        return out
+
+    def _chained_copy(self, chain: str, name: str, fn: Callable[[], Any]) -> None:
+        with self.chains.ordered(chain, self.stream):
+            self._event_timed(name, COPY, fn)
+
+    def segment(self) -> contextlib.AbstractContextManager:
+        """A run of kernels that starts after the previous lane's run has finished."""
+        return self.chains.ordered("compute", self.stream)
+
+    def run_kernel(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        return self._event_timed(name, kind, fn)
+
+    def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        """Host work that reads this lane's device results (onnxruntime): wait for them first."""
+        self.stream.synchronize()
+        return self.recording.host_timed(name, kind, fn)
+
+    # --- copies ---------------------------------------------------------------------
+
+    def upload(self, name: str, rows: np.ndarray, pinned: bool) -> Any:
+        """A device copy of input rows: by DMA straight from pinned rows, else through
+        this lane's staging buffer (filled by a few threads), small ones directly."""
+        import cupy
+
+        source = rows
+        if not rows.flags.c_contiguous or (not pinned and rows.nbytes >= STAGE_MIN_BYTES):
+            source = self.staging.view(f"in {name}", rows.shape, rows.dtype)
+            self.recording.host_timed(f"stage H2D {name}", COPY, lambda: hostwork.copy(source, rows))
+        device = cupy.empty(rows.shape, rows.dtype)
+        if rows.nbytes:
+            self._chained_copy("h2d", f"copy H2D {name}",
+                               lambda: device.data.copy_from_host_async(source.ctypes.data, rows.nbytes, self.stream))
+        return device
+
+    def to_host(self, name: str, value: Any) -> np.ndarray:
+        """A host copy of a device tensor for host work (onnxruntime's CPU provider).
+        It lands in this lane's pinned staging buffer, which the host work reads in
+        place: valid until the lane's next chunk."""
+        import cupy
+
+        value = cupy.ascontiguousarray(value)
+        host = self.staging.view(f"host {name}", value.shape, value.dtype)
+        if value.nbytes:
+            self._chained_copy("d2h", f"copy D2H {name}",
+                               lambda: value.data.copy_to_host_async(host.ctypes.data, value.nbytes, self.stream))
+            self.stream.synchronize()
+        return host
+
+    def to_device(self, name: str, value: np.ndarray) -> Any:
+        """A device copy of a host result (onnxruntime's CPU provider), staged like an input."""
+        return self.upload(name, np.ascontiguousarray(value), pinned=False)
+
+    def download(self, name: str, value: Any, target: np.ndarray, staged: bool) -> None:
+        """Copy a device tensor into `target` (a host view), complete after finish_chunk()."""
+        import cupy
+
+        value = cupy.ascontiguousarray(value)
+        if tuple(value.shape) != tuple(target.shape) or not target.flags.c_contiguous:
+            raise ValueError(f"download of {name}: device shape {value.shape} does not fit the host view {target.shape}")
+        if not value.nbytes:
+            return
+        if staged:
+            stage = self.staging.view(f"out {name}", value.shape, value.dtype)
+            self._chained_copy("d2h", f"copy D2H {name}",
+                               lambda: value.data.copy_to_host_async(stage.ctypes.data, value.nbytes, self.stream))
+            self._unstage.append((name, stage, target))
+        else:
+            self._event_timed(f"copy D2H {name}", COPY,
+                              lambda: value.data.copy_to_host_async(target.ctypes.data, value.nbytes, self.stream))
+
+    def finish_chunk(self) -> None:
+        """Wait for the lane's stream, then copy staged outputs to their targets."""
+        self.stream.synchronize()
+        for name, stage, target in self._unstage:
+            self.recording.host_timed(f"stage D2H {name}", COPY, lambda s=stage, t=target: hostwork.copy(t, s))
+        self._unstage.clear()
+
+    def staging_bytes(self) -> int:
+        return self.staging.nbytes

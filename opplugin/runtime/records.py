@@ -1,0 +1,121 @@
+"""The plain records a runner hands out: what it runs (PlanRecord, StepRecord), what
+one run did (RunResult, StepTime) and what repeated runs measured (Profile).
+
+report.py and check.py read these and nothing else of the runtime.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..device import Device
+from ..model import Model
+from .chunking import BatchLayout
+from .timeline import Span
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step of a plan at one batch."""
+
+    name: str
+    kind: str  # "plugin" or "onnxruntime"
+    ops: tuple[str, ...]
+    implementation: str  # the kernel's name, or "onnxruntime CPU" / "onnxruntime CUDA"
+    inputs: tuple[str, ...]  # the tensors it reads, weights left out
+    outputs: tuple[str, ...]
+    flops: int | None = None  # plugin steps: the kernel's count at the record's batch
+    bytes_moved: int | None = None
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """What a runner runs, at one batch: its steps and the shape of every tensor
+    that crosses a step boundary, with what it needs to cut a batch into chunks."""
+
+    model: Model
+    device: Device
+    onnxruntime_provider: str  # "CUDAExecutionProvider" or "CPUExecutionProvider"
+    batch: int
+    chunk: int  # images per chunk the runner's kernels were chosen for
+    steps: tuple[StepRecord, ...]
+    shapes: dict[str, tuple[int, ...]]
+    layout: BatchLayout
+    peak_image_bytes: int
+    fallbacks: dict[str, str]  # node -> why its plugin left it to onnxruntime
+
+    @property
+    def plugin_steps(self) -> tuple[StepRecord, ...]:
+        return tuple(step for step in self.steps if step.kind == "plugin")
+
+
+@dataclass
+class StepTime:
+    """One step or copy in one run, summed over the run's chunks."""
+
+    name: str
+    kind: str  # "plugin", "onnxruntime" or "copy"
+    ms: float
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    kept: dict[str, np.ndarray]
+    times: list[StepTime]
+    total_ms: float  # host to host: from the caller's arrays to the returned ones
+    batch: int = 0
+    chunks: int = 1
+    chunk_size: int = 0
+    streams: int = 1
+    input_pinned: bool = False
+    copy_ms: float = 0.0  # summed duration of every copy
+    copy_hidden_ms: float = 0.0  # copy time that overlapped compute
+    copy_exposed_ms: float = 0.0  # copy time with nothing computing
+    # chunks that held NaN or Inf after a fused step and ran again on the exact path
+    # (fused steps split into Conv + onnxruntime's own nodes); its time is in total_ms only
+    exact_reruns: int = 0
+    exact_ms: float = 0.0
+    spans: list[Span] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class Profile:
+    """Every timed run of one input set, the plan they ran, and medians for the report."""
+
+    plan: PlanRecord  # at the runs' batch
+    result: RunResult  # the last run's outputs
+    step_ms: dict[str, list[float]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    total_ms: list[float] = field(default_factory=list)
+    copy_ms: list[float] = field(default_factory=list)
+    copy_hidden_ms: list[float] = field(default_factory=list)
+    copy_exposed_ms: list[float] = field(default_factory=list)
+
+    @property
+    def batch(self) -> int:
+        return self.result.batch
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.step_ms[name])
+
+    def add(self, result: RunResult) -> None:
+        self.result = result
+        self.total_ms.append(result.total_ms)
+        self.copy_ms.append(result.copy_ms)
+        self.copy_hidden_ms.append(result.copy_hidden_ms)
+        self.copy_exposed_ms.append(result.copy_exposed_ms)
+        for reading in result.times:
+            self.step_ms.setdefault(reading.name, []).append(reading.ms)
+            self.kinds[reading.name] = reading.kind
+
+
+def sum_by_step(spans: list[Span]) -> list[StepTime]:
+    """Per step name, the time summed over chunks, in the order the first chunk ran them."""
+    times: dict[str, StepTime] = {}
+    for span in spans:
+        entry = times.setdefault(span.name, StepTime(span.name, span.kind, 0.0))
+        entry.ms += span.ms
+    return list(times.values())

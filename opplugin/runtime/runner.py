@@ -1,0 +1,361 @@
+"""Executing a plan on a device: batches of any size, in chunks, with timings.
+
+On a CUDA device, plugin steps read and write CuPy arrays, so tensors stay on
+the GPU between them. An onnxruntime step uses the CUDA execution provider
+through IOBinding on device pointers when the installed onnxruntime has it;
+otherwise it runs on the CPU provider, and the copies this needs are timed and
+reported as steps of their own. Without a device, plugin steps run their numpy
+reference kernels.
+
+A batch is cut into chunks (see chunking.py) sized from the free device memory
+and for overlap; several CUDA streams ("lanes", see lanes.py) work on different
+chunks at once, so copies hide behind compute (executor.py). Kernels and
+onnxruntime sessions take any chunk size, so one runner serves any batch. When
+the device runs out of memory, the run starts again with chunks half as large.
+A chunk in which a fused step saw NaN or Inf runs again on the exact path
+(exact.py).
+
+What the runner ran and measured comes back as plain records (records.py).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from .. import cuda, sessions
+from ..device import Device, select_device
+from ..errors import InputError, OutOfDeviceMemory, PluginError, first_line, positive_int
+from ..model import Model
+from ..plan import OrtStep, Plan, PluginStep, make_plan
+from ..registry import Kernel, Plugin
+from . import chunking
+from .exact import ExactPath
+from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
+from .lanes import Chains, CudaLane, HostLane
+from .records import PlanRecord, Profile, RunResult, StepRecord, sum_by_step
+from .timeline import Timeline, copy_figures
+
+# Streams working on chunks at once: one uploading, one computing, one downloading.
+DEFAULT_STREAMS = 3
+
+
+class Runner:
+    """Runs one model on one device, plugins swapped in, at any batch size.
+
+    `batch` is the largest batch you expect; kernels are chosen and timed at the
+    chunk size it leads to. `device` is "auto" (the GPU when CuPy sees one),
+    "cpu", "cuda" or a Device. `variants` names a variant per op type
+    ({"Conv": "const_tile"}); `registry` replaces the registered plugins.
+    `chunk` fixes the images per chunk (default: from the free device memory and
+    the pipeline's needs); `streams` the chunks in flight at once on a GPU
+    (default 3).
+
+    `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
+    and `describe(batch)` the plan as a PlanRecord: what report.py and
+    check.py read.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        batch: int,
+        device: Device | str | None = "auto",
+        variants: dict[str, str] | None = None,
+        registry: dict[str, Plugin] | None = None,
+        *,
+        chunk: int | None = None,
+        streams: int | None = None,
+    ):
+        self.batch = positive_int(batch, "batch")
+        if chunk is not None:
+            chunk = positive_int(chunk, "chunk")
+        self.device = device if isinstance(device, Device) else select_device(device)
+        self.streams = positive_int(streams, "streams") if streams is not None else (DEFAULT_STREAMS if self.device.is_cuda else 1)
+        self.layout = chunking.probe_layout(model)
+        self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
+        plan_batch = min(self.batch, chunk or self._chunk_for(self.batch)) if self.layout.chunkable else self.batch
+        self.plan: Plan = make_plan(model, plan_batch, self.device, registry)
+        self._check_plan_chunkable(model)
+        if not self.layout.chunkable and plan_batch != self.batch:
+            plan_batch = self.batch
+            self.plan = make_plan(model, plan_batch, self.device, registry)
+        self.chunk = plan_batch
+        self.chunk_retries = 0  # times an out-of-memory halved the chunk
+
+        self.variants = dict(variants or {})
+        self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
+        self.providers = self._providers()
+        self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
+        # weights feeding plugin steps go to the device once, not on every run
+        self.constants = {
+            name: (cuda.to_device(value) if self.device.is_cuda else value)
+            for step in self.plan.plugin_steps
+            for name, value in step.node.constants.items()
+        }
+        if self.device.is_cuda:
+            # the uploads above ran on the default stream, which the lanes' streams do not wait for
+            cuda.synchronize()
+            if self.layout.chunkable and chunk is None:
+                self.chunk = min(self.chunk, self._chunk_for_workspaces())
+
+        self.exact = ExactPath(self.plan, self.layout, self.device, self.kernels, self.constants, self.variants,
+                               lambda step: self._session(step, [sessions.CPU_PROVIDER]))
+        self.executor = PlanExecutor(self.plan, self.layout, self.kernels, self.sessions, self.constants, self.ort_on_gpu,
+                                     self.exact.watched)
+        if self.device.is_cuda:
+            self._chains: Chains | None = Chains()
+            device_id = cuda.device_id()
+            lanes: list[Any] = [CudaLane(device_id, self._chains) for _ in range(self.streams)]
+        else:
+            self._chains = None
+            lanes = [HostLane() for _ in range(self.streams)]
+        self.scheduler = ChunkScheduler(lanes)
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _build(self, step: PluginStep) -> Kernel:
+        kernel = step.build(self.device, self.variants.get(step.node.op_type))
+        if not isinstance(kernel, Kernel):
+            raise PluginError(
+                f"the {step.node.op_type} plugin built {type(kernel).__name__} for step {step.name}, which is not a Kernel "
+                "(it needs name, variant, flops, bytes_moved, workspace_bytes and __call__; subclass opplugin.registry.Kernel)"
+            )
+        return kernel
+
+    def _chunk_for(self, batch: int) -> int:
+        """Images per chunk: what the memory budget allows, and on a GPU no more than overlap wants."""
+        if not self.device.is_cuda:
+            return min(batch, chunking.memory_chunk(chunking.HOST_CHUNK_BYTES, self.peak_image_bytes))
+        budget = int(cuda.free_device_bytes() * chunking.DEVICE_MEMORY_SHARE / self.streams)
+        by_memory = chunking.memory_chunk(budget, self.peak_image_bytes)
+        return max(1, min(batch, by_memory, chunking.pipeline_chunk(batch, self.layout.input_image_bytes())))
+
+    def _chunk_for_workspaces(self) -> int:
+        """The chunk, shrunk if the kernels' workspaces (im2col and the like) would not fit beside it."""
+
+        def workspace(images: int) -> int:
+            return sum(kernel.workspace_bytes(images) for kernel in self.kernels.values())
+
+        if not workspace(self.chunk):
+            return self.chunk
+        budget = int(cuda.free_device_bytes() * chunking.DEVICE_MEMORY_SHARE / self.streams)
+        return chunking.memory_chunk(budget, self.peak_image_bytes, workspace)
+
+    def _check_plan_chunkable(self, model: Model) -> None:
+        boundary = [n for step in self.plan.steps for n in [*step.inputs, *step.outputs]] + list(model.outputs)
+        whole = set(model.initializers) | {i.name for i in model.inputs if i.name not in self.layout.batched_inputs}
+        chunking.check_steps(self.layout, boundary, whole)
+
+    def _providers(self) -> list:
+        if self.device.is_cuda and sessions.has_cuda():
+            return [sessions.cuda_provider(cuda.device_id()), sessions.CPU_PROVIDER]
+        return [sessions.CPU_PROVIDER]
+
+    @property
+    def ort_on_gpu(self) -> bool:
+        return self.providers[0] != sessions.CPU_PROVIDER
+
+    def _session(self, step: OrtStep, providers: list | None = None) -> ort.InferenceSession:
+        return sessions.session(self._any_batch(step.model), providers or self.providers)
+
+    def _any_batch(self, sub_model: onnx.ModelProto) -> onnx.ModelProto:
+        """The sub-model with a symbolic first axis on its batched inputs and outputs,
+        so that one session serves every chunk size."""
+        if not self.layout.chunkable:
+            return sub_model
+        proto = copy.deepcopy(sub_model)
+        for value in [*proto.graph.input, *proto.graph.output]:
+            dims = value.type.tensor_type.shape.dim
+            if self.layout.is_batched(value.name) and dims:
+                dims[0].Clear()
+                dims[0].dim_param = "N"
+        return proto
+
+    # --- what it runs, as records ---------------------------------------------------------
+
+    def describe(self, batch: int | None = None) -> PlanRecord:
+        """The plan as plain data at `batch` (default: the runner's): each step's ops,
+        implementation, tensors and cost, and the shape of every tensor crossing a step."""
+        batch = self.batch if batch is None else positive_int(batch, "batch")
+        initializers = self.plan.model.initializers
+        names = {n for step in self.plan.steps for n in [*step.inputs, *step.outputs]} | set(self.plan.model.outputs)
+        shapes = {n: self._shape_at(n, batch) for n in names if n and n not in initializers}
+        steps = []
+        for step in self.plan.steps:
+            kernel = self.kernels.get(step.name)
+            steps.append(StepRecord(
+                name=step.name,
+                kind=step.kind,
+                ops=tuple(step.ops),
+                implementation=kernel.name if kernel else f"onnxruntime {'CUDA' if self.ort_on_gpu else 'CPU'}",
+                inputs=tuple(n for n in step.inputs if n and n not in initializers),
+                outputs=tuple(step.outputs),
+                flops=kernel.flops(batch) if kernel else None,
+                bytes_moved=kernel.bytes_moved(batch) if kernel else None,
+            ))
+        provider = sessions.CUDA_PROVIDER if self.ort_on_gpu else sessions.CPU_PROVIDER
+        return PlanRecord(self.plan.model, self.device, provider, batch, self.chunk, tuple(steps), shapes,
+                          self.layout, self.peak_image_bytes, dict(self.plan.fallbacks))
+
+    def _shape_at(self, name: str, batch: int) -> tuple[int, ...]:
+        if self.layout.chunkable and self.layout.is_batched(name):
+            return self.layout.shape_at(name, batch)
+        return self.plan.shape_of(name)
+
+    def memory(self) -> dict[str, int]:
+        """Device and pinned memory figures (zeros on the CPU), and this runner's staging buffers."""
+        figures = cuda.memory_figures() if self.device.is_cuda else {}
+        figures["staging_bytes"] = sum(lane.staging_bytes() for lane in self.scheduler.lanes)
+        return figures
+
+    def chunks_for(self, batch: int) -> int:
+        """How many chunks a run of `batch` images takes now."""
+        return -(-batch // self.chunk) if self.layout.chunkable else 1
+
+    # --- checking inputs ----------------------------------------------------------------
+
+    def check_feeds(self, feeds: dict[str, np.ndarray]) -> int:
+        """The batch of these feeds; InputError naming the first thing that does not match."""
+        model = self.plan.model
+        if not isinstance(feeds, dict):
+            raise InputError(f"feeds must be a dict of input name to numpy array, got {type(feeds).__name__}")
+        expected = {i.name for i in model.inputs}
+        if set(feeds) != expected:
+            raise InputError(f"inputs {sorted(feeds)} do not match the model's inputs {sorted(expected)}")
+        batches = set()
+        for name, value in feeds.items():
+            want = self.plan.shape_of(name)
+            if not isinstance(value, np.ndarray):
+                raise InputError(f"input {name!r} must be a numpy array, got {type(value).__name__}")
+            if value.dtype != np.float32:
+                raise InputError(f"input {name!r} is {value.dtype}; the model takes float32")
+            if value.ndim != len(want):
+                raise InputError(f"input {name!r} has rank {value.ndim}; the model takes rank {len(want)} {list(want)}")
+            if self.layout.chunkable and name in self.layout.batched_inputs:
+                if tuple(value.shape[1:]) != tuple(want[1:]):
+                    raise InputError(f"input {name!r} has shape {list(value.shape)}; the model takes [N, {', '.join(map(str, want[1:]))}]")
+                if value.shape[0] < 1:
+                    raise InputError(f"input {name!r} has batch {value.shape[0]}; the batch must be at least 1")
+                batches.add(value.shape[0])
+            elif tuple(value.shape) != tuple(want):
+                why = f" ({self.layout.unchunkable})" if not self.layout.chunkable else ""
+                raise InputError(f"input {name!r} has shape {list(value.shape)}; this runner takes {list(want)} (batch {self.batch}){why}")
+        if len(batches) > 1:
+            raise InputError(f"the batched inputs have different batch sizes {sorted(batches)}")
+        return batches.pop() if batches else self.batch
+
+    # --- running ------------------------------------------------------------------------
+
+    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None) -> RunResult:
+        """One pass over the batch (any size). Returns host copies of the graph outputs and of `keep`.
+        `progress(label, images_done, images)` is called as chunks finish."""
+        batch = self.check_feeds(feeds)
+        crossing = set(feeds) | {name for step in self.plan.steps for name in step.outputs}
+        hidden = [name for name in keep if name not in crossing]
+        if hidden:
+            raise InputError(f"cannot keep {hidden}: only inputs and tensors that leave a step can be kept "
+                             f"({', '.join(sorted(crossing))})")
+        feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+        while True:
+            chunks = chunking.split_rows(batch, self.chunk) if self.layout.chunkable else [slice(0, batch)]
+            try:
+                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress)
+            except Exception as err:
+                if not cuda.is_out_of_memory(err):
+                    raise
+                self._after_out_of_memory()
+                if not self.layout.chunkable or self.chunk == 1:
+                    raise self._out_of_memory_error(batch, err) from None
+                self.chunk = max(1, self.chunk // 2)
+                self.chunk_retries += 1
+
+    def _after_out_of_memory(self) -> None:
+        if self.device.is_cuda:
+            cuda.synchronize()
+            cuda.release_cached_memory()
+
+    def _out_of_memory_error(self, batch: int, err: BaseException) -> OutOfDeviceMemory:
+        where = "device" if self.device.is_cuda else "host"
+        cause = first_line(err)
+        if not self.layout.chunkable:
+            return OutOfDeviceMemory(f"out of {where} memory at batch {batch}, and this model cannot run in chunks "
+                                     f"because {self.layout.unchunkable}: {cause}")
+        return OutOfDeviceMemory(f"out of {where} memory even with chunks of 1 image "
+                                 f"(about {self.peak_image_bytes} bytes per image live): {cause}")
+
+    def _run_chunks(self, feeds: dict[str, np.ndarray], batch: int, chunks: list[slice], keep: tuple[str, ...],
+                    progress: Progress | None) -> RunResult:
+        on_gpu = self.device.is_cuda
+        pinned = {name: on_gpu and cuda.is_pinned(value) for name, value in feeds.items()}
+        single = len(chunks) == 1
+        inputs = ChunkInputs(feeds, pinned, keep, Results(batch, self.layout.chunkable, single),
+                             Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)))
+        if self._chains:
+            self._chains.reset()
+        started = time.perf_counter()
+        timeline = Timeline(on_gpu)
+        self.scheduler.run(
+            chunks, lambda lane, index, rows: self.executor.run_chunk(lane, timeline, index, rows, inputs), progress
+        )
+        flagged = inputs.flags.raised() if inputs.flags else []
+        exact_started = time.perf_counter()
+        if flagged:
+            self.exact.rerun(self.scheduler, inputs, chunks, flagged)
+        exact_ms = (time.perf_counter() - exact_started) * 1e3 if flagged else 0.0
+        total = (time.perf_counter() - started) * 1e3
+        spans = timeline.spans()
+        copied, hidden, exposed = copy_figures(spans)
+        batched = [name for name in feeds if name in self.layout.batched_inputs] or list(feeds)
+        return RunResult(
+            outputs={name: inputs.outputs.arrays[name] for name in self.plan.model.outputs},
+            kept={name: inputs.kept.arrays[name] for name in keep},
+            times=sum_by_step(spans),
+            total_ms=total,
+            batch=batch,
+            chunks=len(chunks),
+            chunk_size=max(c.stop - c.start for c in chunks),
+            streams=min(len(self.scheduler.lanes), len(chunks)),
+            input_pinned=all(pinned[name] for name in batched),
+            copy_ms=copied,
+            copy_hidden_ms=hidden,
+            copy_exposed_ms=exposed,
+            exact_reruns=len(flagged),
+            exact_ms=exact_ms,
+            spans=spans,
+        )
+
+    def profile(
+        self,
+        feeds: dict[str, np.ndarray],
+        warmup: int = 2,
+        repeat: int = 5,
+        keep: tuple[str, ...] = (),
+        progress: Progress | None = None,
+    ) -> Profile:
+        """Runs warm-up passes, then `repeat` timed passes; keeps every reading.
+        `progress(label, images_done, images)` counts images over all passes;
+        the label says "warm-up" or "timed run"."""
+        repeat = positive_int(repeat, "repeat")
+        warmup = positive_int(warmup, "warm-up", allow_zero=True)
+        batch = self.check_feeds(feeds)
+        passes = warmup + repeat
+        profile = None
+        for number in range(passes):
+            label = "warm-up" if number < warmup else "timed run"
+
+            def report(_label: str, done: int, total: int, offset: int = number * batch, label: str = label) -> None:
+                if progress:
+                    progress(label, offset + done, passes * batch)
+
+            result = self.run(feeds, keep if number >= warmup else (), report)
+            if number < warmup:
+                continue
+            if profile is None:
+                profile = Profile(self.describe(batch), result)
+            profile.add(result)
+        return profile

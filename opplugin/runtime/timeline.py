@@ -1,0 +1,115 @@
+"""When each step and copy of one run happened, on one clock, and how much of the
+copy time was hidden behind compute.
+
+On a GPU, kernels and copies are timed by CUDA events and host work (onnxruntime
+on the CPU, copies into pinned buffers) by the host clock; both are placed on
+one time line that starts at an event the host waited for, so they line up to
+within tens of microseconds. Readings are taken after the run has finished.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import cuda
+
+COPY = "copy"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One step or copy of one chunk, in milliseconds from the start of the run."""
+
+    name: str
+    kind: str  # "plugin", "onnxruntime" or "copy"
+    chunk: int
+    order: int  # position within its chunk
+    start_ms: float
+    end_ms: float
+
+    @property
+    def ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+
+class Timeline:
+    """Collects the spans of one run from every stream and thread."""
+
+    def __init__(self, on_gpu: bool):
+        self.on_gpu = on_gpu
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str, int, int, Any, Any]] = []
+        self._origin_event = None
+        if on_gpu:
+            self._origin_event = cuda.event()
+            self._origin_event.record()
+            self._origin_event.synchronize()
+        self._origin_host = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def host(self, name: str, kind: str, chunk: int, order: int, start: float, end: float) -> None:
+        """A span timed by the host clock (perf_counter readings)."""
+        with self._lock:
+            self._pending.append((name, kind, chunk, order, start, end))
+
+    def device(self, name: str, kind: str, chunk: int, order: int, start: Any, end: Any) -> None:
+        """A span timed by two recorded CUDA events."""
+        with self._lock:
+            self._pending.append((name, kind, chunk, order, start, end))
+
+    def spans(self) -> list[Span]:
+        """Every span, in chunk order and within a chunk in execution order (waits for the device)."""
+        if self.on_gpu:
+            cuda.synchronize()
+        spans = []
+        for name, kind, chunk, order, start, end in self._pending:
+            if isinstance(start, float):
+                begin_ms, end_ms = (start - self._origin_host) * 1e3, (end - self._origin_host) * 1e3
+            else:
+                begin_ms = cuda.elapsed_ms(self._origin_event, start)
+                end_ms = cuda.elapsed_ms(self._origin_event, end)
+            spans.append(Span(name, kind, chunk, order, begin_ms, max(begin_ms, end_ms)))
+        return sorted(spans, key=lambda s: (s.chunk, s.order))
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the overlap of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def copy_figures(spans: list[Span]) -> tuple[float, float, float]:
+    """(copy, hidden, exposed) in ms. copy: the summed duration of every copy (what the
+    copy rows add up to). hidden: time during which some copy ran while a step computed.
+    exposed: time during which some copy ran and no step did, which adds to the run's
+    wall time. hidden + exposed is less than copy when copies overlapped each other."""
+    copies = [(s.start_ms, s.end_ms) for s in spans if s.kind == COPY]
+    compute = _union([(s.start_ms, s.end_ms) for s in spans if s.kind != COPY])
+    copying = _union(copies)
+    hidden = _intersection(copying, compute)
+    return sum(end - start for start, end in copies), hidden, max(0.0, _length(copying) - hidden)

@@ -1,0 +1,51 @@
+"""onnxruntime sessions: the one quiet set-up every session shares, the CUDA
+provider's options, and the reference (the unmodified model on the CPU provider)."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def session(model: onnx.ModelProto, providers: Sequence[Any] = (CPU_PROVIDER,), *, arena: bool = True) -> ort.InferenceSession:
+    """A session that logs errors only. `arena=False` stops the CPU provider keeping
+    (and rounding up to a power of two) its largest allocation for good."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.enable_cpu_mem_arena = arena
+    return ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+
+
+def has_cuda() -> bool:
+    """Whether the installed onnxruntime build has the CUDA provider."""
+    return CUDA_PROVIDER in ort.get_available_providers()
+
+
+def cuda_provider(device_id: int) -> tuple[str, dict[str, str]]:
+    """The CUDA provider on this device with TF32 off, so that the steps onnxruntime
+    runs stay FP32-exact like ours."""
+    return CUDA_PROVIDER, {"device_id": str(device_id), "use_tf32": "0"}
+
+
+class Reference:
+    """The unmodified model on onnxruntime's CPU provider, also returning
+    `extra_outputs` (intermediate tensors); one session serves every call."""
+
+    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = ()):
+        proto = copy.deepcopy(model)
+        existing = {o.name for o in proto.graph.output}
+        for name in extra_outputs:
+            if name not in existing:
+                proto.graph.output.append(helper.make_empty_tensor_value_info(name))
+        self.session = session(proto, arena=False)
+        self.names = [o.name for o in proto.graph.output]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.session.run(self.names, feeds)))

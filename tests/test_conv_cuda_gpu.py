@@ -220,15 +220,6 @@ def test_kernel_names_say_the_variant():
 
 
 @pytest.mark.gpu
-def test_fastest_returns_one_of_the_candidates():
-    spec = conv(16, 4, 16, (40, 40), (7, 7))
-    _, _, w, b = random_problem(spec)
-    candidates = [families.build_kernel(spec, v, (w, b)) for v in families.usable_families(spec, (w, b))]
-    chosen = families.fastest(candidates, spec)
-    assert any(chosen is c for c in candidates)
-
-
-@pytest.mark.gpu
 def test_filters_over_64_kib_leave_only_the_baseline():
     spec = conv(2, 64, 64, (10, 10), (3, 3), pads=(1, 1, 1, 1))  # 147 KiB of filters
     seed, x, w, b = random_problem(spec)
@@ -236,9 +227,10 @@ def test_filters_over_64_kib_leave_only_the_baseline():
     assert "baseline" in offered and not any(families.FAMILIES[v].constant_weights for v in offered)
     with pytest.raises(PluginError, match="64 KiB"):
         families.build_kernel(spec, "const", (w, b))
-    kernel = families.fastest([families.build_kernel(spec, v, (w, b)) for v in offered], spec)
-    [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
-    assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} with large filters (seed {seed})")
+    for variant in offered:
+        kernel = families.build_kernel(spec, variant, (w, b))
+        [y] = kernel(device_inputs(x, w, b), None, out=poisoned_output(spec))
+        assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} with large filters (seed {seed})")
 
 
 @pytest.mark.gpu

@@ -307,7 +307,7 @@ def test_local_memory_is_the_most_any_function_of_the_kernel_uses():
 def assert_kept_configs_passed(report):
     for tuned in report.steps:
         assert tuned.results, tuned.step
-        assert tuned.chosen is not None, [(r.variant, r.status, r.detail) for r in tuned.results]
+        assert tuned.chosen is not None, [(r.variant, r.status, r.reason) for r in tuned.results]
         for r in tuned.passed:
             assert r.rel_error is not None and r.rel_error <= EXACT_TOLERANCE
             assert r.ms > 0 and r.local_bytes in (0, None)

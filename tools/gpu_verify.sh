@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU verification of a change, in one go (see ../shared/GPU.md): the GPU test
 # suite (SKIP_TESTS=1 leaves it out), `opplugin check` on both shipped models,
-# `opplugin run` at batch 100, 1000 and 10000, and lenet86 on 100,000 random
-# images. Run from the checkout on the GPU machine; logs and JSON go to $RESULTS
-# (default ./out). Exits non-zero if any step failed, after running them all.
+# `opplugin run` at batch 100, 1000 and 10000, lenet86 on 100,000 random images,
+# and with BENCH=1 `opplugin bench` (bench.json, bench.txt). Run from the checkout
+# on the GPU machine; logs and JSON go to $RESULTS (default ./out). Exits non-zero
+# if any step failed, after running them all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${RESULTS:-out}
@@ -22,4 +23,9 @@ for model in lenet86 ece408_high; do
 done
 # issue 4's throughput target: 100,000 images at (close to) the rate of 10,000
 step run-lenet86-100000.log python3 -m opplugin.cli run lenet86 --batch 100000 --data random --json "$out/run-lenet86-100000.json"
+if [ -n "${BENCH:-}" ]; then
+    echo "== opplugin bench"
+    python3 -m opplugin.cli bench --json "$out/bench.json" > "$out/bench.txt" 2> "$out/bench.log" || failed=1
+    tail -5 "$out/bench.log"
+fi
 exit $failed

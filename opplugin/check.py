@@ -188,18 +188,24 @@ def kept_tensors(plan: PlanRecord) -> tuple[str, ...]:
     return tuple(name for step in plan.plugin_steps for name in step.outputs if name not in outputs)
 
 
-def check_image_bytes(plan: PlanRecord) -> int:
-    """Host bytes one image costs a check chunk: its slice of every compared tensor, held twice
-    (ours and onnxruntime's), plus onnxruntime's working set while it runs the chunk. For the
-    latter we count every tensor of the graph as if none shared memory (inputs are views of the
-    caller's arrays): the planner of either side reuses buffers, so this bounds both. (Measured
-    on lenet86, onnxruntime's blocked-channel layouts take about a quarter more than the bound.)"""
+def onnxruntime_image_bytes(plan: PlanRecord) -> int:
+    """Host bytes one image costs onnxruntime while it runs the whole model on a chunk. We
+    count every tensor of the graph as if none shared memory (inputs are views of the
+    caller's arrays): the planner of either side reuses buffers, so this bounds both.
+    (Measured on lenet86, onnxruntime's blocked-channel layouts take about a quarter more
+    than the bound.)"""
     layout = plan.layout
-    compared = [*kept_tensors(plan), *plan.model.outputs]
-    held = sum(layout.image_bytes(name) for name in compared)
     inputs = {i.name for i in plan.model.inputs}
     working = sum(layout.image_bytes(name) for name in layout.sample_shapes if name not in inputs)
-    return max(1, 2 * held + max(working, plan.peak_image_bytes))
+    return max(1, working, plan.peak_image_bytes)
+
+
+def check_image_bytes(plan: PlanRecord) -> int:
+    """Host bytes one image costs a check chunk: its slice of every compared tensor, held twice
+    (ours and onnxruntime's), plus onnxruntime's working set while it runs the chunk."""
+    compared = [*kept_tensors(plan), *plan.model.outputs]
+    held = sum(plan.layout.image_bytes(name) for name in compared)
+    return 2 * held + onnxruntime_image_bytes(plan)
 
 
 def check_chunks(plan: PlanRecord, batch: int, budget_bytes: int = DEFAULT_CHECK_BYTES, chunk: int | None = None) -> list[slice]:
@@ -284,9 +290,9 @@ def check(
     return result
 
 
-# Rows of the batch `agreement` hands onnxruntime at a time, so that comparing a run
-# of 200,000 images needs no more memory than its outputs.
-AGREEMENT_ROWS = 4096
+# Host memory onnxruntime may use at a time while `agreement` runs the model on slices
+# of the batch, so that comparing a run of 200,000 images needs little beyond its outputs.
+AGREEMENT_BYTES = 256 << 20
 
 
 def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray,
@@ -298,7 +304,8 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     reference = Reference(model.proto)
     first = model.outputs[0]
     figures, tally = ErrorStats(atol, rtol), Top1Tally()
-    slices = chunking.split_rows(batch, AGREEMENT_ROWS) if batched else [slice(0, batch)]
+    rows_at_once = max(1, AGREEMENT_BYTES // onnxruntime_image_bytes(plan))
+    slices = chunking.split_rows(batch, rows_at_once) if batched else [slice(0, batch)]
     for rows in slices:
         piece = {name: (value[rows] if name in batched else value) for name, value in feeds.items()}
         ours = output[rows] if batched else output

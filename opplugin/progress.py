@@ -2,8 +2,9 @@
 
 On a terminal it redraws one line in place, and only once the work has taken
 longer than a moment (short runs print nothing). Into a file or a pipe it never
-writes carriage returns: it prints a plain line at each quarter, and only when
-asked to (a run of many chunks), so logs stay readable.
+writes carriage returns: it prints a plain line at each quarter, when asked to
+(a run of many chunks) or once the work has gone on for a while, so logs of
+short runs stay quiet and long ones show they are moving.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ BAR_WIDTH = 24
 # A terminal gets no bar for work that ends sooner than this.
 SHOW_AFTER_S = 0.5
 REDRAW_EVERY_S = 0.1
+# Into a log, quarter lines start once the work has taken this long, even unasked.
+LOG_AFTER_S = 5.0
 
 
 class ProgressBar:
@@ -36,7 +39,7 @@ class ProgressBar:
         now = self.clock()
         if self.tty:
             self._redraw(label, done, total, now)
-        elif self.plain_lines:
+        elif self.plain_lines or now - self.started >= LOG_AFTER_S:
             self._quarter_lines(label, done, total, now)
 
     def _rate(self, done: int, now: float) -> str:

@@ -165,7 +165,7 @@ def format_text(report: dict[str, Any]) -> str:
     where = device["name"] if device["kind"] == "cuda" else "CPU — no CUDA device, plugin steps ran the numpy reference"
     lines = [
         f"opplugin {report['opplugin_version']}: {report['model']}, batch {report['batch']}, on {where}",
-        f"onnxruntime steps on {report['onnxruntime_provider']}; times are medians of {report['repeat']} runs after {report['warmup']} warm-up",
+        f"onnxruntime steps on {report['onnxruntime_provider']}; times are {_timed_runs(report['repeat'])} after {report['warmup']} warm-up",
         "",
     ]
     for step, ms in report["op_times_ms"].items():
@@ -215,3 +215,7 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         writer.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in row.items()})
     return buffer.getvalue()
+
+
+def _timed_runs(repeat: int) -> str:
+    return "from one run" if repeat == 1 else f"medians of {repeat} runs"

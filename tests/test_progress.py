@@ -42,7 +42,7 @@ def test_a_log_gets_plain_quarter_lines_only_when_asked():
     for stream, plain in ((quiet, False), (chatty, True)):
         bar = ProgressBar(stream, plain_lines=plain, clock=clock)
         for done in range(0, 1001, 100):
-            clock.now += 1
+            clock.now += 0.2  # two seconds in all: too short to report unasked
             bar("timed run", done, 1000)
         bar.close()
     assert quiet.getvalue() == ""
@@ -58,3 +58,15 @@ def test_close_ends_a_bar_left_mid_line():
     bar("run", 3, 10)
     bar.close()
     assert stream.getvalue().endswith("\n")
+
+
+def test_a_log_gets_quarter_lines_unasked_once_the_work_has_gone_on_for_a_while():
+    stream, clock = io.StringIO(), _Clock()
+    bar = ProgressBar(stream, clock=clock)
+    for done in range(0, 1001, 100):
+        clock.now += 1.0  # 10 s in all: the quarters reached after 5 s get a line
+        bar("run", done, 1000)
+    lines = stream.getvalue().splitlines()
+    # nothing in the first five seconds (400 images), then the quarters as they pass
+    images = [int(line.split("(")[1].split("/")[0].replace(",", "")) for line in lines]
+    assert len(lines) >= 3 and min(images) >= 400 and images[-1] == 1000, lines

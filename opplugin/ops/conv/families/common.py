@@ -170,6 +170,12 @@ class Family:
     constant_weights: bool = False  # filters go into __constant__ memory at build time
     fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # help(family) shows what the family does: its summary is its docstring
+        if not cls.__doc__ and cls.summary:
+            cls.__doc__ = f"`{cls.name}`: {cls.summary}."
+
     def owns(self, variant: str) -> bool:
         return variant == self.name
 

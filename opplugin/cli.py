@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from . import __version__
@@ -89,8 +88,9 @@ def _progress(runner, batch: int, passes: int):
 
 def _write_json(path: str, payload: dict) -> None:
     from .files import write_atomic
+    from .jsonout import dumps
 
-    write_atomic(path, json.dumps(payload, indent=2) + "\n")
+    write_atomic(path, dumps(payload))
 
 
 def cmd_run(args) -> int:
@@ -136,7 +136,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .check import DEFAULT_ATOL, DEFAULT_RTOL, check, check_chunks, format_check
+    from .check import DEFAULT_ATOL, DEFAULT_RTOL, build_check_report, check, check_chunks, format_check
     from .data import make_inputs
     from .errors import positive_int
     from .progress import ProgressBar
@@ -163,20 +163,7 @@ def cmd_check(args) -> int:
         bar.close()
     print(format_check(result, atol, rtol))
     if args.json:
-        _write_json(args.json, {
-            "model": model.name,
-            "batch": args.batch,
-            "device": runner.device.name,
-            "atol": atol,
-            "rtol": rtol,
-            "passed": result.passed,
-            "check_chunks": result.chunks,
-            "check_chunk_size": result.chunk_size,
-            "records": result.records,
-            "top1_agreement": result.top1_agreement,
-            "accuracy": result.accuracy,
-            "reference_accuracy": result.reference_accuracy,
-        })
+        _write_json(args.json, build_check_report(result, plan, atol, rtol, inputs.source))
     return 0 if result.passed else 1
 
 

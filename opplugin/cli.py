@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
     _add_common(plan, batch=1)
+    plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON (kernels are built to name them)")
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
     bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
@@ -178,7 +179,18 @@ def cmd_plan(args) -> int:
     plan = make_plan(model, positive_int(args.batch, "--batch"), device)
     notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
     print(describe(plan, {k: v for k, v in notes.items() if v}))
+    if args.json:
+        _write_plan_json(args)
     return 0
+
+
+def _write_plan_json(args) -> None:
+    """The plan as `run` would run it: a runner names each step's kernel."""
+    from .plan_report import build_plan_report
+
+    _, runner = _runner(args)
+    notes = {step.name: step.plugin.variant_notes(step.node, runner.device) for step in runner.plan.plugin_steps}
+    _write_json(args.json, build_plan_report(runner.describe(args.batch), notes))
 
 
 def cmd_tune(args) -> int:

@@ -197,6 +197,7 @@ class Runner:
                 outputs=tuple(step.outputs),
                 flops=kernel.flops(batch) if kernel else None,
                 bytes_moved=kernel.bytes_moved(batch) if kernel else None,
+                nodes=tuple(step.node_names),
             ))
         provider = sessions.CUDA_PROVIDER if self.ort_on_gpu else sessions.CPU_PROVIDER
         return PlanRecord(self.plan.model, self.device, provider, batch, self.chunk, tuple(steps), shapes,

@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
+    run.add_argument("--trace", metavar="FILE",
+                     help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
     _add_common(check, batch=10000)
@@ -133,6 +135,10 @@ def cmd_run(args) -> int:
         _write_json(args.json, result)
     if args.csv:
         write_atomic(args.csv, reports.to_csv(result["steps"]))
+    if args.trace:
+        from . import trace
+
+        write_atomic(args.trace, trace.dumps(trace.build_trace(profile)))
     return 0
 
 

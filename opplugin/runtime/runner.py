@@ -110,10 +110,10 @@ class Runner:
         if self.device.is_cuda:
             self._chains: Chains | None = Chains()
             device_id = cuda.device_id()
-            lanes: list[Any] = [CudaLane(device_id, self._chains) for _ in range(self.streams)]
+            lanes: list[Any] = [CudaLane(device_id, self._chains, index) for index in range(self.streams)]
         else:
             self._chains = None
-            lanes = [HostLane() for _ in range(self.streams)]
+            lanes = [HostLane(index) for index in range(self.streams)]
         self.scheduler = ChunkScheduler(lanes)
 
     # --- set-up -------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
     tune.add_argument("--batch", type=int, default=10000, help="images per kernel call while timing (default 10000)")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
+    tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
     return parser
 
 
@@ -200,13 +201,15 @@ def _write_plan_json(args) -> None:
 
 
 def cmd_tune(args) -> int:
-    from .lab.tune import format_report, tune
+    from .lab.tune import build_tune_report, format_report, tune
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     report = tune(args.model, args.batch, args.device, progress=say)
     print(format_report(report))
+    if args.json:
+        _write_json(args.json, build_tune_report(report))
     return 0
 
 

@@ -15,7 +15,9 @@ holds the whole run, host to host. Only tracks with events appear.
 
 The trace is of one run: the last timed run of a Profile, so a step's durations
 in it add up to that run's time for the step (the report gives medians over
-runs). It is built from the runtime's plain records, never from a runner.
+runs). Chunks run again on the exact path (NaN or Inf after a fused step) are
+left out, as they are from the step times; the run's own event includes them.
+It is built from the runtime's plain records, never from a runner.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import InputError
+from .jsonout import header
 from .runtime import chunking
 from .runtime.records import PlanRecord, RunResult
 from .sessions import Reference
@@ -333,3 +334,31 @@ def format_check(result: CheckResult, atol: float, rtol: float) -> str:
     verdict = "PASS" if result.passed else "FAIL"
     lines.append(f"{verdict} at atol {atol:g}, rtol {rtol:g}")
     return "\n".join(lines)
+
+
+# --- the JSON of `check --json` ----------------------------------------------------------
+
+CHECK_SCHEMA = "opplugin-check/1"
+# every comparison record carries these keys; those with no value are null ("error"
+# when the tensors could be compared, the figures when they could not)
+CHECK_RECORD_KEYS = ("tensor", "step", "implementation", "passed", "error", "max_abs_error", "max_rel_error", "rel_l2",
+                     "mismatches", "elements")
+
+
+def build_check_report(result: CheckResult, plan: PlanRecord, atol: float, rtol: float,
+                       data: str | None = None) -> dict[str, Any]:
+    """The comparison as plain data for `check --json`: the shared header (jsonout.py), the
+    tolerances, and one record per compared tensor. `plan` is the record the check ran."""
+    return header(CHECK_SCHEMA, plan.device, plan.model.name, plan.batch) | {
+        "onnxruntime_provider": plan.onnxruntime_provider,
+        "data": data,
+        "atol": atol,
+        "rtol": rtol,
+        "passed": result.passed,
+        "check_chunks": result.chunks,
+        "check_chunk_size": result.chunk_size,
+        "records": [dict.fromkeys(CHECK_RECORD_KEYS) | record for record in result.records],
+        "top1_agreement": result.top1_agreement,
+        "accuracy": result.accuracy,
+        "reference_accuracy": result.reference_accuracy,
+    }

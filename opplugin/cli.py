@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from . import __version__
@@ -34,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
+    run.add_argument("--trace", metavar="FILE",
+                     help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
     _add_common(check, batch=10000)
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
     _add_common(plan, batch=1)
+    plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON (kernels are built to name them)")
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
     bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
     tune.add_argument("--batch", type=int, default=10000, help="images per kernel call while timing (default 10000)")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
+    tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
     return parser
 
 
@@ -89,8 +92,9 @@ def _progress(runner, batch: int, passes: int):
 
 def _write_json(path: str, payload: dict) -> None:
     from .files import write_atomic
+    from .jsonout import dumps
 
-    write_atomic(path, json.dumps(payload, indent=2) + "\n")
+    write_atomic(path, dumps(payload))
 
 
 def cmd_run(args) -> int:
@@ -132,11 +136,15 @@ def cmd_run(args) -> int:
         _write_json(args.json, result)
     if args.csv:
         write_atomic(args.csv, reports.to_csv(result["steps"]))
+    if args.trace:
+        from . import trace
+
+        write_atomic(args.trace, trace.dumps(trace.build_trace(profile)))
     return 0
 
 
 def cmd_check(args) -> int:
-    from .check import DEFAULT_ATOL, DEFAULT_RTOL, check, check_chunks, format_check
+    from .check import DEFAULT_ATOL, DEFAULT_RTOL, build_check_report, check, check_chunks, format_check
     from .data import make_inputs
     from .errors import positive_int
     from .progress import ProgressBar
@@ -163,20 +171,7 @@ def cmd_check(args) -> int:
         bar.close()
     print(format_check(result, atol, rtol))
     if args.json:
-        _write_json(args.json, {
-            "model": model.name,
-            "batch": args.batch,
-            "device": runner.device.name,
-            "atol": atol,
-            "rtol": rtol,
-            "passed": result.passed,
-            "check_chunks": result.chunks,
-            "check_chunk_size": result.chunk_size,
-            "records": result.records,
-            "top1_agreement": result.top1_agreement,
-            "accuracy": result.accuracy,
-            "reference_accuracy": result.reference_accuracy,
-        })
+        _write_json(args.json, build_check_report(result, plan, atol, rtol, inputs.source))
     return 0 if result.passed else 1
 
 
@@ -191,17 +186,30 @@ def cmd_plan(args) -> int:
     plan = make_plan(model, positive_int(args.batch, "--batch"), device)
     notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
     print(describe(plan, {k: v for k, v in notes.items() if v}))
+    if args.json:
+        _write_plan_json(args)
     return 0
 
 
+def _write_plan_json(args) -> None:
+    """The plan as `run` would run it: a runner names each step's kernel."""
+    from .plan_report import build_plan_report
+
+    _, runner = _runner(args)
+    notes = {step.name: step.plugin.variant_notes(step.node, runner.device) for step in runner.plan.plugin_steps}
+    _write_json(args.json, build_plan_report(runner.describe(args.batch), notes))
+
+
 def cmd_tune(args) -> int:
-    from .lab.tune import format_report, tune
+    from .lab.tune import build_tune_report, format_report, tune
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     report = tune(args.model, args.batch, args.device, progress=say)
     print(format_report(report))
+    if args.json:
+        _write_json(args.json, build_tune_report(report))
     return 0
 
 

@@ -45,6 +45,13 @@ def current_properties() -> tuple[str, str]:
     return name, f"{props['major']}.{props['minor']}"
 
 
+def total_memory_bytes() -> int:
+    """Total memory of the current CUDA device."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["totalGlobalMem"])
+
+
 def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
     """The NVRTC options for a source specialised by `defines` (name -> value).
 

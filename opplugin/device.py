@@ -10,12 +10,13 @@ from .errors import DeviceError
 
 @dataclass(frozen=True)
 class Device:
-    """"cpu" (numpy reference kernels) or "cuda" (CuPy), with the GPU's name and
-    compute capability ("9.0") for a CUDA device."""
+    """"cpu" (numpy reference kernels) or "cuda" (CuPy), with the GPU's name,
+    compute capability ("9.0") and total memory for a CUDA device."""
 
     kind: str
     name: str = "cpu"
     compute_capability: str = ""
+    memory_bytes: int | None = None  # a GPU's total memory, for reports
 
     @property
     def is_cuda(self) -> bool:
@@ -28,7 +29,7 @@ CPU = Device("cpu")
 def current_cuda_device() -> Device:
     """The current CUDA device (CuPy must see one)."""
     name, capability = cuda.current_properties()
-    return Device("cuda", name, capability)
+    return Device("cuda", name, capability, cuda.total_memory_bytes())
 
 
 def select_device(requested: str | None = "auto") -> Device:

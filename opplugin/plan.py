@@ -11,7 +11,7 @@ from onnx import helper
 
 from .device import Device
 from .model import Model
-from .registry import Kernel, NodeInfo, Plugin, TensorInfo, plugins
+from .registry import Kernel, NodeInfo, Plugin, TensorInfo, node_name, plugins
 
 
 @dataclass
@@ -30,6 +30,10 @@ class PluginStep:
     def ops(self) -> list[str]:
         return [self.node.op_type, *(n.op_type for n in self.fused)]
 
+    @property
+    def node_names(self) -> list[str]:
+        return [self.node.name, *(n.name for n in self.fused)]
+
     def build(self, device: Device, variant: str | None = None) -> Kernel:
         return self.plugin.build(self.node, device, variant, fused=self.fused)
 
@@ -47,6 +51,10 @@ class OrtStep:
     @property
     def ops(self) -> list[str]:
         return [n.op_type for n in self.nodes]
+
+    @property
+    def node_names(self) -> list[str]:
+        return [node_name(n) for n in self.nodes]
 
 
 Step = PluginStep | OrtStep

@@ -31,6 +31,11 @@ from .errors import PluginError
 BUILTINS = {"Conv": "opplugin.ops.conv:ConvPlugin"}
 
 
+def node_name(node: onnx.NodeProto) -> str:
+    """How opplugin names a node: its own name, else its first output's."""
+    return node.name or node.output[0]
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -52,7 +57,7 @@ class NodeInfo:
 
     @property
     def name(self) -> str:
-        return self.node.name or self.node.output[0]
+        return node_name(self.node)
 
     @property
     def op_type(self) -> str:

@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from .jsonout import header
 from .runtime.records import Profile
 from .texttable import text_table
 
 # 2: end_to_end_ms, always equal to host_to_host_ms, left out
-SCHEMA = "opplugin-run/2"
+# 3: the header every report shares (jsonout.py), the device's memory_bytes; data,
+#    accuracy and agreement always present (null when there is none)
+SCHEMA = "opplugin-run/3"
 
 ROW_KEYS = (
     "step",
@@ -99,12 +101,7 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
     last = profile.result
     host_to_host = _median(profile.total_ms)
     batch = profile.batch
-    report = {
-        "schema": SCHEMA,
-        "opplugin_version": __version__,
-        "model": plan.model.name,
-        "batch": batch,
-        "device": {"kind": device.kind, "name": device.name, "compute_capability": device.compute_capability},
+    report = header(SCHEMA, device, plan.model.name, batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
         "warmup": warmup,
         "repeat": len(profile.total_ms),
@@ -124,6 +121,11 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
         "copy_hidden_ms": _median(profile.copy_hidden_ms),
         "copy_exposed_ms": _median(profile.copy_exposed_ms),
         "exact_reruns": last.exact_reruns,  # chunks with NaN/Inf after a fused step, rerun on onnxruntime's nodes
+        # what the caller knows and the runtime does not: where the inputs came from, the
+        # accuracy against labels, agreement with onnxruntime (null when not measured)
+        "data": None,
+        "accuracy": None,
+        "agreement": None,
     }
     report.update(extra or {})
     return report

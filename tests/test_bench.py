@@ -176,7 +176,10 @@ def synthetic_payload(monkeypatch=None):
 def test_payload_has_stable_keys_and_is_strict_json():
     payload = synthetic_payload()
     assert tuple(payload) == bench.PAYLOAD_KEYS
-    assert payload["schema"] == bench.SCHEMA
+    assert payload["schema"] == bench.SCHEMA == "opplugin-bench/2"
+    # the header every report shares; bench covers several models and batches: their lists
+    assert payload["model"] == ["lenet86"] and payload["batch"] == [10000]
+    assert payload["device"] == {"kind": "cuda", "name": "NVIDIA H200", "compute_capability": "9.0", "memory_bytes": None}
     assert all(tuple(row) == bench.ROW_KEYS for row in payload["rows"])
     assert all(set(bench.STEP_KEYS) <= set(step) for step in payload["steps"])
     assert set(payload["roofline"]) >= {"copy_bytes", "copy_ms", "copy_gb_per_s", "matmul_n", "matmul_ms", "fp32_tflop_per_s", "tf32_suspected"}

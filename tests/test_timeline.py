@@ -44,3 +44,12 @@ def test_host_spans_come_back_in_chunk_and_execution_order():
     spans = timeline.spans()
     assert [(s.chunk, s.order, s.name) for s in spans] == [(0, 1, "c"), (0, 2, "a"), (1, 1, "b")]
     assert spans[1].ms == pytest.approx(2.0)
+
+
+def test_spans_carry_their_lane_and_clock():
+    timeline = Timeline(on_gpu=False)
+    t = timeline.now()
+    timeline.host("conv", "plugin", 0, 1, t, t + 0.001, lane=2)
+    timeline.host("relu", "plugin", 0, 2, t + 0.001, t + 0.002)
+    first, second = timeline.spans()
+    assert (first.lane, first.clock) == (2, "host") and (second.lane, second.clock) == (0, "host")

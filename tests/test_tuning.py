@@ -276,6 +276,43 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
     assert str(report.cache_path) in text
 
 
+def test_tune_json_has_the_header_and_every_configuration(monkeypatch, cache_dir, tmp_path, capsys):
+    outcomes = {}
+
+    def fake_evaluate(problem, variant, warmup, repeat):
+        # the first configuration fails the check, the others pass, slower the later they come
+        position = outcomes.setdefault(problem.spec, []).__len__()
+        outcomes[problem.spec].append(variant)
+        if position == 0:
+            return Trial(variant, "incorrect", "relative error 0.01 > 1e-05", kernel_name=f"conv.{variant}", rel_error=1e-2)
+        return Trial(variant, "ok", ms=float(position), kernel_name=f"conv.{variant}", rel_error=1e-8, calls=4)
+
+    monkeypatch.setattr(tuning, "cuda_device", lambda device: FAKE_GPU)
+    monkeypatch.setattr(tuning, "make_problem", lambda spec, weights, epilogue: dataclasses.make_dataclass("P", ["spec"])(spec))
+    monkeypatch.setattr(tuning, "evaluate_config", fake_evaluate)
+    path = tmp_path / "tune.json"
+    assert cli.main(["tune", "lenet86", "--batch", "16", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert list(data)[:5] == ["schema", "opplugin_version", "device", "model", "batch"]
+    assert data["schema"] == tuning.SCHEMA == "opplugin-tune/1" and data["model"] == "lenet86" and data["batch"] == 16
+    assert data["device"] == {"kind": "cuda", "name": FAKE_GPU.name, "compute_capability": "9.0", "memory_bytes": None}
+    assert data["repeat"] == tuning.DEFAULT_REPEAT and data["tolerance"] == EXACT_TOLERANCE
+    assert data["cache_path"] == str(cache_dir / "tuning.json") and data["cache_error"] is None
+    assert [step["step"] for step in data["steps"]] == ["conv1", "conv2"]
+    assert [step["epilogue"] for step in data["steps"]] == ["+relu+maxpool2", "+relu+maxpool4"]
+    for step, (spec, tried) in zip(data["steps"], outcomes.items()):
+        assert step["conv"]["in_channels"] == spec.in_channels and step["conv"]["kernel"] == list(spec.kernel)
+        configs = step["configs"]
+        assert sorted(c["variant"] for c in configs) == sorted(tried)
+        assert all(list(c) == [*tuning.CONFIG_KEYS, "chosen"] for c in configs)
+        failed = next(c for c in configs if c["variant"] == tried[0])
+        assert failed["result"] == "fail" and failed["ms"] is None and failed["chosen"] is False
+        if len(tried) > 1:  # the fastest pass is chosen, and comes first
+            assert step["chosen"] == tried[1] and configs[0]["variant"] == tried[1] and configs[0]["chosen"] is True
+            assert configs[0]["result"] == "pass" and configs[0]["ms"] == 1.0 and configs[0]["calls"] == 4
+    assert "config" in capsys.readouterr().out  # the table is still printed
+
+
 _NODES = {}
 
 

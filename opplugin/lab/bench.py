@@ -18,8 +18,6 @@ vs_cudnn_fp32 are speed-ups (reference ms / ms).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import platform
 import sys
 from dataclasses import dataclass
@@ -27,10 +25,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import __version__, cuda
+from .. import cuda
 from ..device import CPU, current_cuda_device
 from ..errors import DeviceError, InputError, first_line, positive_int
 from ..files import write_atomic
+from ..jsonout import dumps, header, json_safe
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.families.common import ConvKernel
@@ -42,7 +41,9 @@ from .bench_text import format_text
 from .streams import host_to_host
 from .trial import EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, run_trial
 
-SCHEMA = "opplugin-bench/1"
+# 2: the header every report shares (jsonout.py): device gains kind and memory_bytes;
+#    model and batch are the lists of models and batch sizes measured
+SCHEMA = "opplugin-bench/2"
 DEFAULT_BATCHES = (100, 1000, 10000)
 DEFAULT_WARMUP = 3
 DEFAULT_REPEAT = 20
@@ -76,7 +77,7 @@ ROW_KEYS = (
     "rel_error",
     "tolerance",
 )
-PAYLOAD_KEYS = ("schema", "complete", "opplugin_version", "device", "versions", "settings", "roofline", "peers", "steps", "rows", "fused_totals", "streams")
+PAYLOAD_KEYS = ("schema", "opplugin_version", "device", "model", "batch", "complete", "versions", "settings", "roofline", "peers", "steps", "rows", "fused_totals", "streams")
 STEP_KEYS = ("step", "model", "conv", "fused", "epilogue", "batch", "shape", "flops", "bytes", "floor_ms", "bound", "baseline_ms", "cudnn_fp32_ms", "best", "best_ms")
 
 
@@ -261,11 +262,8 @@ class Bench:
         return self.payload(device, streams)
 
     def payload(self, device, streams, complete: bool = True) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
+        return header(SCHEMA, device, list(self.options.models), list(self.options.batches)) | {
             "complete": complete,
-            "opplugin_version": __version__,
-            "device": {"name": device.name, "compute_capability": device.compute_capability},
             "versions": self._versions(),
             "settings": {
                 "batches": list(self.options.batches),
@@ -462,19 +460,6 @@ def options_from_args(args: Any) -> Options:
     )
 
 
-def json_safe(value: Any) -> Any:
-    """The payload with non-finite floats as null, so the file is strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return json_safe(value.item())
-    return value
-
-
 def wrong_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in payload["rows"] if r["status"] == "incorrect"]
 
@@ -485,7 +470,7 @@ def main_from_args(args: Any) -> int:
     options.validate()
 
     def write(payload: dict[str, Any]) -> None:
-        write_atomic(args.json, json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n")
+        write_atomic(args.json, dumps(payload))
 
     payload = json_safe(run_bench(options, checkpoint=write if args.json else None))
     print(format_text(payload), end="")

@@ -13,13 +13,15 @@ tuning cache (`opplugin.tuning_cache`), which `choose_variant` reads.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .. import cuda, tuning_cache
 from ..device import Device, current_cuda_device
 from ..errors import DeviceError, positive_int
+from ..jsonout import header
 from ..model import Model, load_model
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
@@ -29,6 +31,7 @@ from ..plan import PluginStep, make_plan
 from ..texttable import text_table
 from .trial import EXACT_TOLERANCE, Problem, Trial, run_trial
 
+SCHEMA = "opplugin-tune/1"
 DEFAULT_WARMUP = 3
 DEFAULT_REPEAT = 10
 RUNNERS_UP_KEPT = 5
@@ -78,6 +81,8 @@ class TuneReport:
     steps: list[StepTuning]
     cache_path: Path | None = None  # where the choices were written; None when nothing was
     cache_error: str | None = None
+    warmup: int = DEFAULT_WARMUP
+    repeat: int = DEFAULT_REPEAT
 
 
 def cuda_device(device: Device | str | None) -> Device:
@@ -123,7 +128,7 @@ def tune(
     device = cuda_device(device)
     model = model if isinstance(model, Model) else load_model(model)
     say = progress or (lambda line: None)
-    report = TuneReport(model.name, batch, device, [])
+    report = TuneReport(model.name, batch, device, [], warmup=warmup, repeat=repeat)
     for step, spec, epilogue in conv_steps(model, batch, device):
         report.steps.append(tune_step(step, spec, epilogue, say, warmup, repeat))
     choices = {
@@ -201,6 +206,42 @@ def format_report(report: TuneReport) -> str:
     else:
         lines.append("Tuning cache unchanged (no configuration passed)")
     return "\n".join(lines)
+
+
+# --- the JSON of `tune --json` --------------------------------------------------------
+
+# what each configuration's entry carries (from its Trial); null where the trial did not get that far
+CONFIG_KEYS = ("variant", "status", "result", "reason", "ms", "rel_error", "kernel_name", "local_bytes", "calls")
+
+
+def config_entry(trial: Trial, chosen: bool) -> dict[str, Any]:
+    fields = dataclasses.asdict(trial)
+    return {key: fields.get(key) for key in CONFIG_KEYS} | {"result": RESULT_WORDS[trial.status], "chosen": chosen}
+
+
+def build_tune_report(report: TuneReport) -> dict[str, Any]:
+    """The tuning as plain data: the shared header (jsonout.py), how trials ran, and per Conv
+    step every configuration tried, passing ones fastest first as in the table."""
+    steps = []
+    for tuned in report.steps:
+        chosen = tuned.chosen
+        steps.append({
+            "step": tuned.step,
+            "ops": list(tuned.ops),
+            "conv": dataclasses.asdict(tuned.spec),
+            "epilogue": tuned.epilogue.suffix or None,
+            "batch_bucket": tuning_cache.batch_bucket(tuned.spec.batch),
+            "chosen": chosen.variant if chosen else None,
+            "configs": [config_entry(r, r is chosen) for r in sorted(tuned.results, key=_table_order)],
+        })
+    return header(SCHEMA, report.device, report.model, report.batch) | {
+        "warmup": report.warmup,
+        "repeat": report.repeat,
+        "tolerance": EXACT_TOLERANCE,
+        "steps": steps,
+        "cache_path": str(report.cache_path) if report.cache_path else None,
+        "cache_error": report.cache_error,
+    }
 
 
 def _table_order(result: Trial):

@@ -55,7 +55,8 @@ class Chains:
 class _Recording:
     """The run and chunk a lane is working on, and the position of its next span."""
 
-    def __init__(self) -> None:
+    def __init__(self, lane: int = 0) -> None:
+        self.lane = lane  # the lane's number, which names its track in a trace
         self.timeline: Timeline | None = None
         self.chunk = 0
         self.order = 0
@@ -71,7 +72,7 @@ class _Recording:
         order = self.next()
         begin = self.timeline.now()
         out = fn()
-        self.timeline.host(name, kind, self.chunk, order, begin, self.timeline.now())
+        self.timeline.host(name, kind, self.chunk, order, begin, self.timeline.now(), self.lane)
         return out
 
 
@@ -81,8 +82,8 @@ class HostLane:
     on_device = False
     stream = None
 
-    def __init__(self) -> None:
-        self.recording = _Recording()
+    def __init__(self, index: int = 0) -> None:
+        self.recording = _Recording(index)
 
     def activate(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -146,12 +147,12 @@ class CudaLane:
 
     on_device = True
 
-    def __init__(self, device_id: int, chains: Chains):
+    def __init__(self, device_id: int, chains: Chains, index: int = 0):
         self.device_id = device_id
         self.stream = cuda.new_stream()
         self.chains = chains
         self.staging = PinnedStaging()
-        self.recording = _Recording()
+        self.recording = _Recording(index)
         self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
 
     def activate(self) -> contextlib.AbstractContextManager:
@@ -174,7 +175,7 @@ class CudaLane:
         start = self.stream.record()
         out = fn()
         end = self.stream.record()
-        self.recording.timeline.device(name, kind, self.recording.chunk, order, start, end)
+        self.recording.timeline.device(name, kind, self.recording.chunk, order, start, end, self.recording.lane)
         return out
 
     def _chained_copy(self, chain: str, name: str, fn: Callable[[], Any]) -> None:

@@ -28,6 +28,7 @@ class StepRecord:
     outputs: tuple[str, ...]
     flops: int | None = None  # plugin steps: the kernel's count at the record's batch
     bytes_moved: int | None = None
+    nodes: tuple[str, ...] = ()  # the names of the ONNX nodes it runs, one per op
 
 
 @dataclass(frozen=True)

@@ -110,10 +110,10 @@ class Runner:
         if self.device.is_cuda:
             self._chains: Chains | None = Chains()
             device_id = cuda.device_id()
-            lanes: list[Any] = [CudaLane(device_id, self._chains) for _ in range(self.streams)]
+            lanes: list[Any] = [CudaLane(device_id, self._chains, index) for index in range(self.streams)]
         else:
             self._chains = None
-            lanes = [HostLane() for _ in range(self.streams)]
+            lanes = [HostLane(index) for index in range(self.streams)]
         self.scheduler = ChunkScheduler(lanes)
 
     # --- set-up -------------------------------------------------------------------------
@@ -197,6 +197,7 @@ class Runner:
                 outputs=tuple(step.outputs),
                 flops=kernel.flops(batch) if kernel else None,
                 bytes_moved=kernel.bytes_moved(batch) if kernel else None,
+                nodes=tuple(step.node_names),
             ))
         provider = sessions.CUDA_PROVIDER if self.ort_on_gpu else sessions.CPU_PROVIDER
         return PlanRecord(self.plan.model, self.device, provider, batch, self.chunk, tuple(steps), shapes,

@@ -16,6 +16,7 @@ from typing import Any
 from .. import cuda
 
 COPY = "copy"
+HOST, DEVICE = "host", "device"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class Span:
     order: int  # position within its chunk
     start_ms: float
     end_ms: float
+    lane: int = 0  # the lane (stream) that ran it
+    clock: str = HOST  # HOST (timed by the host clock) or DEVICE (by CUDA events on the lane's stream)
 
     @property
     def ms(self) -> float:
@@ -40,7 +43,7 @@ class Timeline:
     def __init__(self, on_gpu: bool):
         self.on_gpu = on_gpu
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, str, int, int, Any, Any]] = []
+        self._pending: list[tuple[str, str, int, int, Any, Any, int]] = []
         self._origin_event = None
         if on_gpu:
             self._origin_event = cuda.event()
@@ -51,28 +54,30 @@ class Timeline:
     def now(self) -> float:
         return time.perf_counter()
 
-    def host(self, name: str, kind: str, chunk: int, order: int, start: float, end: float) -> None:
+    def host(self, name: str, kind: str, chunk: int, order: int, start: float, end: float, lane: int = 0) -> None:
         """A span timed by the host clock (perf_counter readings)."""
         with self._lock:
-            self._pending.append((name, kind, chunk, order, start, end))
+            self._pending.append((name, kind, chunk, order, start, end, lane))
 
-    def device(self, name: str, kind: str, chunk: int, order: int, start: Any, end: Any) -> None:
+    def device(self, name: str, kind: str, chunk: int, order: int, start: Any, end: Any, lane: int = 0) -> None:
         """A span timed by two recorded CUDA events."""
         with self._lock:
-            self._pending.append((name, kind, chunk, order, start, end))
+            self._pending.append((name, kind, chunk, order, start, end, lane))
 
     def spans(self) -> list[Span]:
         """Every span, in chunk order and within a chunk in execution order (waits for the device)."""
         if self.on_gpu:
             cuda.synchronize()
         spans = []
-        for name, kind, chunk, order, start, end in self._pending:
+        for name, kind, chunk, order, start, end, lane in self._pending:
             if isinstance(start, float):
+                clock = HOST
                 begin_ms, end_ms = (start - self._origin_host) * 1e3, (end - self._origin_host) * 1e3
             else:
+                clock = DEVICE
                 begin_ms = cuda.elapsed_ms(self._origin_event, start)
                 end_ms = cuda.elapsed_ms(self._origin_event, end)
-            spans.append(Span(name, kind, chunk, order, begin_ms, max(begin_ms, end_ms)))
+            spans.append(Span(name, kind, chunk, order, begin_ms, max(begin_ms, end_ms), lane, clock))
         return sorted(spans, key=lambda s: (s.chunk, s.order))
 
 

@@ -26,7 +26,7 @@ from .errors import InputError
 from .runtime import chunking
 from .runtime.records import PlanRecord, RunResult
 from .sessions import Reference
-from .texttable import text_table
+from .texttable import LINE_WIDTH, text_table
 
 # runner.run: (feeds, keep) -> RunResult
 RunFunction = Callable[..., RunResult]
@@ -308,7 +308,9 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else 1.0}
 
 
-def format_check(result: CheckResult, atol: float, rtol: float) -> str:
+def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = False) -> str:
+    """The comparison as text: a row per compared tensor, top-1 and accuracy where there are
+    any, and the verdict. Unless `wide`, long names are cut in the middle to fit LINE_WIDTH."""
     rows = []
     for r in result.records:
         if "error" in r:  # nothing to measure: the tensors do not even line up
@@ -317,7 +319,7 @@ def format_check(result: CheckResult, atol: float, rtol: float) -> str:
         errors = [f"{r[key]:.2e}" for key in ("max_abs_error", "max_rel_error", "rel_l2")]
         rows.append([r["tensor"], r["step"], r["implementation"], *errors, "pass" if r["passed"] else "FAIL"])
     header = ["tensor", "step", "implementation", "max abs", "max rel", "rel L2", "result"]
-    lines = text_table(header, rows, right=(3, 4, 5))
+    lines = text_table(header, rows, right=(3, 4, 5), width=None if wide else LINE_WIDTH)
     lines.append("")
     if result.top1_agreement is not None:
         lines.append(f"Top-1 agreement with onnxruntime: {result.top1_agreement:.4f}")

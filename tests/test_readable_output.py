@@ -1,6 +1,12 @@
 """Text output that fits a terminal on networks with long names and long op chains,
 and --wide for everything in full."""
-from opplugin.texttable import elide_middle, summarise_ops, text_table
+import json
+
+import pytest
+
+from onnx_builders import long_named_chain, save
+from opplugin.cli import main
+from opplugin.texttable import LINE_WIDTH, elide_middle, summarise_ops, text_table
 
 
 def test_a_run_of_one_op_is_counted():
@@ -31,3 +37,47 @@ def test_a_table_narrows_its_text_columns_to_fit_and_keeps_numbers_whole():
     assert max(len(line) for line in lines) <= 60
     assert lines[2].endswith("12345.678") and lines[3].startswith("short ")
     assert text_table(["name", "what", "ms"], rows, right=[2])[2].startswith("n" * 300)
+
+
+@pytest.fixture
+def long_model(tmp_path):
+    return save(long_named_chain(), tmp_path / "long.onnx")
+
+
+COMMANDS = {
+    "plan": ["plan"],
+    "run": ["run", "--repeat", "1"],
+    "check": ["check"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_line_is_wider_than_a_terminal_by_default(command, long_model, capsys):
+    assert main([*COMMANDS[command], long_model, "--batch", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    widest = max(out.splitlines(), key=len)
+    assert len(widest) <= LINE_WIDTH, widest
+    assert "..." in out  # the names were long enough to be cut
+    if command != "check":  # check's table shows tensors, not op chains
+        assert "Relu x" in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_wide_prints_every_name_and_op_in_full(command, long_model, capsys):
+    model = long_named_chain()
+    assert main([*COMMANDS[command], long_model, "--batch", "2", "--device", "cpu", "--wide"]) == 0
+    out = capsys.readouterr().out
+    assert model.graph.node[0].name in out and model.graph.node[-1].name in out
+    # the plan lists the last Conv's input; check compares the first Conv's fused step at its Relu's output
+    tensor = {"plan": model.graph.node[-1].input[0], "check": model.graph.node[1].output[0]}.get(command)
+    assert tensor is None or tensor in out
+    if command != "check":
+        assert " > ".join(["Relu"] * 199) in out
+
+
+def test_json_carries_full_names_and_chains(long_model, tmp_path, capsys):
+    assert main(["run", long_model, "--batch", "2", "--device", "cpu", "--repeat", "1", "--json", str(tmp_path / "r.json")]) == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["steps"]
+    model = long_named_chain()
+    assert rows[0]["step"] == model.graph.node[0].name
+    assert rows[1]["ops"] == " > ".join(["Relu"] * 199 + ["Neg", "Abs"] * 100)

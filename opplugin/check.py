@@ -26,10 +26,15 @@ from .errors import InputError
 from .runtime import chunking
 from .runtime.records import PlanRecord, RunResult
 from .sessions import Reference
-from .texttable import LINE_WIDTH, text_table
+from .texttable import LINE_WIDTH, elide_middle, text_table
 
 # runner.run: (feeds, keep) -> RunResult
 RunFunction = Callable[..., RunResult]
+
+# The rule every element of a compared tensor meets to pass (a: ours, b: onnxruntime's).
+PASS_RULE = "|a - b| <= atol + rtol * |b|"
+# ErrorStats.specials: NaN and Inf counts on each side of a comparison (keys of check's records too)
+SPECIAL_COUNT_KEYS = ("nan_ours", "nan_onnxruntime", "inf_ours", "inf_onnxruntime")
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -67,6 +72,8 @@ class ErrorStats:
         self.max_rel: float | None = None
         self.diff_squares = 0.0
         self.expected_squares = 0.0
+        # NaN and +-Inf on each side, counted so that the report can say where they are
+        self.specials = dict.fromkeys(SPECIAL_COUNT_KEYS, 0)
 
     def add(self, actual: np.ndarray, expected: np.ndarray) -> ErrorStats:
         if self.error is not None:
@@ -84,10 +91,11 @@ class ErrorStats:
 
     def _add_block(self, actual: np.ndarray, expected: np.ndarray) -> None:
         a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-        nan_e = np.isnan(e)
+        nan_a, nan_e = np.isnan(a), np.isnan(e)
         finite = np.isfinite(e)
         infinite = ~finite & ~nan_e
-        self.same_specials &= bool(np.array_equal(np.isnan(a), nan_e) and np.array_equal(a[infinite], e[infinite]))
+        self._count_specials(nan_a, a, nan_e, infinite)
+        self.same_specials &= bool(np.array_equal(nan_a, nan_e) and np.array_equal(a[infinite], e[infinite]))
         if finite.all():  # the usual case: no copies through a mask
             a, e = a.ravel(), e.ravel()
         else:
@@ -106,6 +114,12 @@ class ErrorStats:
         self.diff_squares += float(diff.dot(diff))
         self.expected_squares += float(e.dot(e))
         self.elements += int(expected.size)
+
+    def _count_specials(self, nan_a: np.ndarray, a: np.ndarray, nan_e: np.ndarray, inf_e: np.ndarray) -> None:
+        self.specials["nan_ours"] += int(np.count_nonzero(nan_a))
+        self.specials["nan_onnxruntime"] += int(np.count_nonzero(nan_e))
+        self.specials["inf_ours"] += int(np.count_nonzero(np.isinf(a)))
+        self.specials["inf_onnxruntime"] += int(np.count_nonzero(inf_e))
 
     @property
     def passed(self) -> bool:
@@ -276,10 +290,10 @@ def check(
     implementations = {step.name: step.implementation for step in plan.steps}
     for (step_name, name), figures in stats.items():
         record = {"tensor": name, "step": step_name, "implementation": implementations[step_name]}
-        result.records.append(record | figures.result())
+        result.records.append(record | figures.result() | figures.specials)
     for name, figures in output_stats.items():
         record = {"tensor": name, "step": "model output", "implementation": "whole model"}
-        result.records.append(record | figures.result())
+        result.records.append(record | figures.result() | figures.specials)
     tally.fill(result)
     return result
 
@@ -308,9 +322,14 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else 1.0}
 
 
+# Without --wide: the most characters a name in a line of prose under the table takes.
+NAME_WIDTH = 60
+
+
 def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = False) -> str:
-    """The comparison as text: a row per compared tensor, top-1 and accuracy where there are
-    any, and the verdict. Unless `wide`, long names are cut in the middle to fit LINE_WIDTH."""
+    """The comparison as text: a row per compared tensor, NaN/Inf counts where there are any,
+    the pass rule, top-1 and accuracy where the output is a classifier's, and the verdict.
+    Unless `wide`, long names are cut in the middle to keep lines near LINE_WIDTH."""
     rows = []
     for r in result.records:
         if "error" in r:  # nothing to measure: the tensors do not even line up
@@ -320,7 +339,9 @@ def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = Fal
         rows.append([r["tensor"], r["step"], r["implementation"], *errors, "pass" if r["passed"] else "FAIL"])
     header = ["tensor", "step", "implementation", "max abs", "max rel", "rel L2", "result"]
     lines = text_table(header, rows, right=(3, 4, 5), width=None if wide else LINE_WIDTH)
-    lines.append("")
+    lines += _special_lines(result.records, None if wide else NAME_WIDTH)
+    lines += ["", f"Pass rule: every element meets {PASS_RULE} (a: opplugin, b: onnxruntime), and NaN and Inf sit where onnxruntime has them;",
+              "max rel is the largest |a - b| / |b| where |b| > atol, so it may exceed rtol where atol covers the difference."]
     if result.top1_agreement is not None:
         lines.append(f"Top-1 agreement with onnxruntime: {result.top1_agreement:.4f}")
     if result.accuracy is not None:
@@ -328,3 +349,15 @@ def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = Fal
     verdict = "PASS" if result.passed else "FAIL"
     lines.append(f"{verdict} at atol {atol:g}, rtol {rtol:g}")
     return "\n".join(lines)
+
+
+def _special_lines(records: list[dict[str, Any]], name_width: int | None) -> list[str]:
+    """A line per compared tensor where either side holds NaN or Inf, with the counts."""
+    lines = []
+    for r in records:
+        if not any(r.get(key) for key in SPECIAL_COUNT_KEYS):
+            continue
+        lines.append(f"{elide_middle(r['tensor'], name_width)} ({elide_middle(r['step'], name_width)}): "
+                     f"NaN {r['nan_ours']:,} ours, {r['nan_onnxruntime']:,} onnxruntime's; "
+                     f"Inf {r['inf_ours']:,} ours, {r['inf_onnxruntime']:,} onnxruntime's")
+    return ["", "NaN and Inf:", *("  " + line for line in lines)] if lines else []

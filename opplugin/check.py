@@ -159,9 +159,10 @@ class CheckResult:
         return all(r["passed"] for r in self.records)
 
 
-def top1(probabilities: np.ndarray) -> np.ndarray | None:
-    """Predicted classes when the output looks like (batch, classes), else None."""
-    if probabilities.ndim != 2 or probabilities.shape[1] < 2:
+def top1(probabilities: np.ndarray, images: int) -> np.ndarray | None:
+    """Predicted classes when the output is a classifier's, (images, classes) with more than one
+    class, else None: top-1 of any other tensor would be a figure with no meaning."""
+    if probabilities.ndim != 2 or probabilities.shape[0] != images or probabilities.shape[1] < 2:
         return None
     return probabilities.argmax(axis=1)
 
@@ -174,8 +175,8 @@ class Top1Tally:
         self.classifier = True
         self.labelled = True
 
-    def add(self, ours: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> None:
-        ours_top1, ref_top1 = top1(ours), top1(reference)
+    def add(self, ours: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, images: int) -> None:
+        ours_top1, ref_top1 = top1(ours, images), top1(reference, images)
         if ours_top1 is None:
             self.classifier = False
             return
@@ -281,7 +282,7 @@ def check(
         for name, figures in output_stats.items():
             figures.add(ours.outputs[name], theirs[name])
         first = model.outputs[0]
-        tally.add(ours.outputs[first], theirs[first], None if labels is None else labels[rows])
+        tally.add(ours.outputs[first], theirs[first], None if labels is None else labels[rows], rows.stop - rows.start)
         del ours, theirs, piece  # free this chunk's tensors before the next one is made
         if progress and len(rows_list) > 1:
             progress("check", rows.stop, batch)
@@ -306,7 +307,7 @@ AGREEMENT_ROWS = 4096
 def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray,
               atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> dict[str, Any]:
     """How a run's first graph output agrees with onnxruntime's on the same feeds:
-    compare()'s figures plus "top1_agreement" (1.0 when the output is no classifier's)."""
+    compare()'s figures plus "top1_agreement" (None when the output is no classifier's)."""
     model, batched = plan.model, _batched(plan)
     batch = _rows_of(plan, feeds)
     reference = Reference(model.proto)
@@ -318,8 +319,8 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
         ours = output[rows] if batched else output
         theirs = reference(piece)[first]
         figures.add(ours, theirs)
-        tally.add(ours, theirs, None)
-    return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else 1.0}
+        tally.add(ours, theirs, None, rows.stop - rows.start)
+    return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else None}
 
 
 # Without --wide: the most characters a name in a line of prose under the table takes.

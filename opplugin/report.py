@@ -187,8 +187,10 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
     agreement = report.get("agreement")
     if agreement:
         verdict = "PASS" if agreement["passed"] else "FAIL"
+        # top-1 only where the output is a classifier's (see check.top1)
+        top1 = "" if agreement.get("top1_agreement") is None else f"top-1 agreement {agreement['top1_agreement']:.4f}, "
         lines.append(
-            f"Against onnxruntime CPU: {verdict}  top-1 agreement {agreement['top1_agreement']:.4f}, "
+            f"Against onnxruntime CPU: {verdict}  {top1}"
             f"max abs error {agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"
         )
     if report.get("exact_reruns"):

@@ -307,3 +307,33 @@ def test_check_states_its_pass_rule(tiny_model_path):
     text = format_check(_check(Runner(load_model(tiny_model_path), 2, "cpu"), _feeds(2)), 1e-4, 1e-3)
     assert "|a - b| <= atol + rtol * |b|" in text
 
+
+def test_top1_only_for_a_classifiers_output():
+    from opplugin.check import top1
+
+    assert list(top1(np.array([[0.1, 0.9], [0.8, 0.2]]), 2)) == [1, 0]
+    assert top1(np.zeros((2, 1)), 2) is None  # one column: no classes to choose from
+    assert top1(np.zeros((3, 5)), 2) is None  # not one row per image
+    assert top1(np.zeros((2, 3, 4)), 2) is None
+
+
+def test_run_gives_no_top1_for_an_output_that_is_no_classifiers(tmp_path):
+    from onnx_builders import save, single_conv
+    from opplugin.check import agreement
+
+    path = save(single_conv((2, 3, 6, 6), (4, 3, 3, 3), {}, bias=True), tmp_path / "conv.onnx")
+    runner = Runner(load_model(path), 2, "cpu")
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (2, 3, 6, 6)).astype(np.float32)}
+    figures = agreement(runner.describe(2), feeds, runner.run(feeds).outputs["y"])
+    assert figures["passed"] and figures["top1_agreement"] is None
+
+
+def test_checks_json_records_carry_the_nan_and_inf_counts(tiny_model_path, tmp_path, capsys):
+    import json
+
+    from opplugin.check import SPECIAL_COUNT_KEYS
+    from opplugin.cli import main
+
+    assert main(["check", tiny_model_path, "--batch", "2", "--device", "cpu", "--json", str(tmp_path / "c.json")]) == 0
+    records = json.loads((tmp_path / "c.json").read_text())["records"]
+    assert records and all(r[key] == 0 for r in records for key in SPECIAL_COUNT_KEYS)

@@ -60,6 +60,8 @@ def test_no_line_is_wider_than_a_terminal_by_default(command, long_model, capsys
     assert "..." in out  # the names were long enough to be cut
     if command != "check":  # check's table shows tensors, not op chains
         assert "Relu x" in out
+    if command == "run":  # the output is a feature map, no classifier's: no top-1 figure
+        assert "Against onnxruntime CPU: PASS  max abs error" in out and "top-1" not in out
 
 
 @pytest.mark.parametrize("command", COMMANDS)

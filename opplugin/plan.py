@@ -12,7 +12,7 @@ from onnx import helper
 from .device import Device
 from .model import Model
 from .registry import Kernel, NodeInfo, Plugin, TensorInfo, plugins
-from .texttable import LINE_WIDTH, elide_middle, summarise_ops
+from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops
 
 
 @dataclass
@@ -62,6 +62,8 @@ class Plan:
     tensors: dict[str, TensorInfo]
     # node name -> why its plugin does not run it (only nodes some plugin claims)
     fallbacks: dict[str, str] = field(default_factory=dict)
+    # plugin node name -> why a fusion its plugin would make was given up
+    fusions_given_up: dict[str, str] = field(default_factory=dict)
 
     @property
     def plugin_steps(self) -> list[PluginStep]:
@@ -76,6 +78,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     tensors = model.infer(batch)
     infos = model.node_infos(batch, tensors)
     fallbacks: dict[str, str] = {}
+    given_up: dict[str, str] = {}
 
     # Group nodes in graph order: a plugin node is a step of its own, the others
     # gather into runs that become one onnxruntime sub-model each.
@@ -90,7 +93,9 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         reason = _support(plugin, info, device) if plugin else "no plugin"
         if plugin and reason is None:
             groups.append(info)
-            fused[info.name] = _fusion(plugin, info, readers, set(model.outputs), device, registry)
+            fused[info.name], why = _fusion(plugin, info, readers, set(model.outputs), device, registry)
+            if why:
+                given_up[info.name] = why
             taken.update(f.name for f in fused[info.name])
             continue
         if plugin:
@@ -115,7 +120,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         inputs = outside_inputs(nodes, model)
         sub = sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{ort_count}", nodes, inputs, outputs, sub))
-    return Plan(model, batch, device, steps, tensors, fallbacks)
+    return Plan(model, batch, device, steps, tensors, fallbacks, given_up)
 
 
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
@@ -133,11 +138,26 @@ def _fusion(
     graph_outputs: set[str],
     device: Device,
     registry: dict[str, Plugin],
-) -> list[NodeInfo]:
+) -> tuple[list[NodeInfo], str | None]:
     """The nodes after `info` that its plugin runs in the same kernel: a chain in
     which each node is the only reader of the one-output node before it, and no
     intermediate tensor is a graph output (the fused kernel never writes it).
-    A node whose op type has a plugin of its own is left to that plugin."""
+    A node whose op type has a plugin of its own is left to that plugin; when that
+    cuts short a fusion the plugin would make, the second item says so (else None)."""
+    chain = _fusable_chain(info, readers, graph_outputs)
+    mine = next((i for i, follower in enumerate(chain) if follower.op_type in registry), len(chain))
+    count = _fuse_count(plugin, info, chain[:mine], device)
+    possible = _fuse_count(plugin, info, chain, device) if mine < len(chain) else 0
+    if possible > mine:
+        follower = chain[mine]
+        would = OP_SEPARATOR.join([info.op_type, *(f.op_type for f in chain[:possible])])
+        return chain[:count], (f"{would} not fused: a plugin is registered for {follower.op_type}, "
+                               f"so {follower.name} runs as a step of its own")
+    return chain[:count], None
+
+
+def _fusable_chain(info: NodeInfo, readers: dict[str, list[NodeInfo]], graph_outputs: set[str]) -> list[NodeInfo]:
+    """Up to two nodes after `info`, each the only reader of the one-output node before it."""
     chain: list[NodeInfo] = []
     current = info
     while len(chain) < 2:
@@ -145,15 +165,18 @@ def _fusion(
         if len(outputs) != 1 or outputs[0] in graph_outputs or len(readers.get(outputs[0], [])) != 1:
             break
         follower = readers[outputs[0]][0]
-        if [i for i in follower.node.input if i] != outputs or follower.op_type in registry:
+        if [i for i in follower.node.input if i] != outputs:
             break
         chain.append(follower)
         current = follower
+    return chain
+
+
+def _fuse_count(plugin: Plugin, info: NodeInfo, chain: list[NodeInfo], device: Device) -> int:
     try:
-        count = plugin.fuse(info, chain, device) if chain else 0
+        return plugin.fuse(info, chain, device) if chain else 0
     except Exception:  # a plugin that cannot judge a chain does not fuse it
-        count = 0
-    return chain[:count]
+        return 0
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
@@ -205,8 +228,8 @@ OPS_WIDTH = 72
 
 
 def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None = None, wide: bool = False) -> str:
-    """The plan as text: one line per step, then why claimed nodes stay in onnxruntime.
-    Long names and op chains are shortened unless `wide`."""
+    """The plan as text: one line per step, then why claimed nodes stay in onnxruntime and
+    why fusions were given up. Long names and op chains are shortened unless `wide`."""
     device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
     line_width, name_width = (None, None) if wide else (LINE_WIDTH, NAME_WIDTH)
     lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
@@ -227,6 +250,9 @@ def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None 
     if plan.fallbacks:
         lines += ["", "Left to onnxruntime:"]
         lines += [elide_middle(f"  {elide_middle(node, name_width)}: {reason}", line_width) for node, reason in plan.fallbacks.items()]
+    if plan.fusions_given_up:
+        lines += ["", "Fusions given up:"]
+        lines += [elide_middle(f"  {elide_middle(node, name_width)}: {why}", line_width) for node, why in plan.fusions_given_up.items()]
     for node, notes in (variant_notes or {}).items():
         offered = [v for v, reason in notes.items() if reason is None]
         lines += ["", f"{elide_middle(node, name_width)}: CUDA variants offered: {', '.join(offered) or 'none'}"]

@@ -83,3 +83,24 @@ def test_json_carries_full_names_and_chains(long_model, tmp_path, capsys):
     model = long_named_chain()
     assert rows[0]["step"] == model.graph.node[0].name
     assert rows[1]["ops"] == " > ".join(["Relu"] * 199 + ["Neg", "Abs"] * 100)
+
+
+def test_a_step_reading_many_long_named_tensors_lists_those_that_fit_and_counts_the_rest(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    from onnx_builders import finish
+
+    names = [f"input_{i}_" + "very_long_activation_name_" * 4 for i in range(12)]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", names, ["y"], name="sum")],
+        "many_inputs",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    path = save(finish(graph), tmp_path / "many.onnx")
+    assert main(["plan", path, "--device", "cpu"]) == 0
+    inputs_line = next(line for line in capsys.readouterr().out.splitlines() if "in: " in line)
+    assert len(inputs_line) <= LINE_WIDTH and inputs_line.endswith("more") and "input_0_" in inputs_line
+    assert main(["plan", path, "--device", "cpu", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert all(n in wide for n in names)

@@ -28,15 +28,20 @@ def elide_middle(text: str, width: int | None) -> str:
     return text[:head] + ELLIPSIS + text[len(text) - (kept - head):]
 
 
-def _runs(ops: Sequence[str]) -> list[str]:
-    """Repeats of one op type in a row as one entry: ["Relu", "Relu"] -> ["Relu x2"]."""
-    runs: list[list] = []
+def _runs(ops: Sequence[str]) -> list[tuple[str, int]]:
+    """Repeats of one op type in a row as one (op, count): ["Relu", "Relu"] -> [("Relu", 2)]."""
+    runs: list[tuple[str, int]] = []
     for op in ops:
         if runs and runs[-1][0] == op:
-            runs[-1][1] += 1
+            runs[-1] = (op, runs[-1][1] + 1)
         else:
-            runs.append([op, 1])
-    return [op if count == 1 else f"{op} x{count}" for op, count in runs]
+            runs.append((op, 1))
+    return runs
+
+
+def _label(run: tuple[str, int]) -> str:
+    op, count = run
+    return op if count == 1 else f"{op} x{count}"
 
 
 def summarise_ops(ops: Sequence[str], width: int | None = 60) -> str:
@@ -46,29 +51,25 @@ def summarise_ops(ops: Sequence[str], width: int | None = 60) -> str:
     if width is None:
         return OP_SEPARATOR.join(ops)
     runs = _runs(ops)
-    text = OP_SEPARATOR.join(runs)
+    text = OP_SEPARATOR.join(map(_label, runs))
     if len(text) <= width or len(runs) < 3:
         return elide_middle(text, width)
-    head, tail = [runs[0]], [runs[-1]]
+    head, middle, tail = runs[:1], runs[1:-1], runs[-1:]
     # take runs from both ends in turn while the summary still fits
-    for step in range(len(runs) - 2):
-        candidate = runs[1 + step // 2] if step % 2 == 0 else runs[len(runs) - 2 - step // 2]
-        trial = (head + [candidate], tail) if step % 2 == 0 else (head, [candidate] + tail)
+    while middle:
+        front = len(head) <= len(tail)
+        trial = (head + middle[:1], tail) if front else (head, middle[-1:] + tail)
         if len(_with_gap(*trial, len(ops))) > width:
             break
         head, tail = trial
+        middle = middle[1:] if front else middle[:-1]
     return _with_gap(head, tail, len(ops))
 
 
-def _with_gap(head: list[str], tail: list[str], total: int) -> str:
-    shown = sum(_count(run) for run in head + tail)
-    return OP_SEPARATOR.join([*head, f"... {total - shown} more", *tail])
-
-
-def _count(run: str) -> int:
-    """Ops in one entry of _runs: "Relu x3" -> 3, "Relu" -> 1."""
-    op, _, count = run.rpartition(" x")
-    return int(count) if op and count.isdigit() else 1
+def _with_gap(head: list[tuple[str, int]], tail: list[tuple[str, int]], total: int) -> str:
+    """The runs at both ends, and between them how many ops are left out."""
+    shown = sum(count for _, count in head + tail)
+    return OP_SEPARATOR.join([*map(_label, head), f"... {total - shown} more", *map(_label, tail)])
 
 
 def _fitted_widths(widths: list[int], right: set[int], indent: str, width: int) -> list[int]:

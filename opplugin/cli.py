@@ -121,7 +121,7 @@ def cmd_run(args) -> int:
 
     extra = {"data": inputs.source}
     ours = profile.result.outputs[model.outputs[0]]
-    predicted = top1(ours, args.batch)
+    predicted = top1(ours, profile.batch)
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if not args.no_compare:

@@ -27,10 +27,15 @@ from .jsonout import header
 from .runtime import chunking
 from .runtime.records import PlanRecord, RunResult
 from .sessions import Reference
-from .texttable import text_table
+from .texttable import LINE_WIDTH, elide_middle, text_table
 
 # runner.run: (feeds, keep) -> RunResult
 RunFunction = Callable[..., RunResult]
+
+# The rule every element of a compared tensor meets to pass (a: ours, b: onnxruntime's).
+PASS_RULE = "|a - b| <= atol + rtol * |b|"
+# ErrorStats.specials: NaN and Inf counts on each side of a comparison (keys of check's records too)
+SPECIAL_COUNT_KEYS = ("nan_ours", "nan_onnxruntime", "inf_ours", "inf_onnxruntime")
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -68,6 +73,8 @@ class ErrorStats:
         self.max_rel: float | None = None
         self.diff_squares = 0.0
         self.expected_squares = 0.0
+        # NaN and +-Inf on each side, counted so that the report can say where they are
+        self.specials = dict.fromkeys(SPECIAL_COUNT_KEYS, 0)
 
     def add(self, actual: np.ndarray, expected: np.ndarray) -> ErrorStats:
         if self.error is not None:
@@ -85,10 +92,11 @@ class ErrorStats:
 
     def _add_block(self, actual: np.ndarray, expected: np.ndarray) -> None:
         a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-        nan_e = np.isnan(e)
+        nan_a, nan_e = np.isnan(a), np.isnan(e)
         finite = np.isfinite(e)
         infinite = ~finite & ~nan_e
-        self.same_specials &= bool(np.array_equal(np.isnan(a), nan_e) and np.array_equal(a[infinite], e[infinite]))
+        self._count_specials(nan_a, a, nan_e, infinite)
+        self.same_specials &= bool(np.array_equal(nan_a, nan_e) and np.array_equal(a[infinite], e[infinite]))
         if finite.all():  # the usual case: no copies through a mask
             a, e = a.ravel(), e.ravel()
         else:
@@ -107,6 +115,12 @@ class ErrorStats:
         self.diff_squares += float(diff.dot(diff))
         self.expected_squares += float(e.dot(e))
         self.elements += int(expected.size)
+
+    def _count_specials(self, nan_a: np.ndarray, a: np.ndarray, nan_e: np.ndarray, inf_e: np.ndarray) -> None:
+        self.specials["nan_ours"] += int(np.count_nonzero(nan_a))
+        self.specials["nan_onnxruntime"] += int(np.count_nonzero(nan_e))
+        self.specials["inf_ours"] += int(np.count_nonzero(np.isinf(a)))
+        self.specials["inf_onnxruntime"] += int(np.count_nonzero(inf_e))
 
     @property
     def passed(self) -> bool:
@@ -146,9 +160,10 @@ class CheckResult:
         return all(r["passed"] for r in self.records)
 
 
-def top1(probabilities: np.ndarray) -> np.ndarray | None:
-    """Predicted classes when the output looks like (batch, classes), else None."""
-    if probabilities.ndim != 2 or probabilities.shape[1] < 2:
+def top1(probabilities: np.ndarray, images: int) -> np.ndarray | None:
+    """Predicted classes when the output is a classifier's, (images, classes) with more than one
+    class, else None: top-1 of any other tensor would be a figure with no meaning."""
+    if probabilities.ndim != 2 or probabilities.shape[0] != images or probabilities.shape[1] < 2:
         return None
     return probabilities.argmax(axis=1)
 
@@ -161,8 +176,8 @@ class Top1Tally:
         self.classifier = True
         self.labelled = True
 
-    def add(self, ours: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> None:
-        ours_top1, ref_top1 = top1(ours), top1(reference)
+    def add(self, ours: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, images: int) -> None:
+        ours_top1, ref_top1 = top1(ours, images), top1(reference, images)
         if ours_top1 is None:
             self.classifier = False
             return
@@ -274,7 +289,7 @@ def check(
         for name, figures in output_stats.items():
             figures.add(ours.outputs[name], theirs[name])
         first = model.outputs[0]
-        tally.add(ours.outputs[first], theirs[first], None if labels is None else labels[rows])
+        tally.add(ours.outputs[first], theirs[first], None if labels is None else labels[rows], rows.stop - rows.start)
         del ours, theirs, piece  # free this chunk's tensors before the next one is made
         if progress and len(rows_list) > 1:
             progress("check", rows.stop, batch)
@@ -283,10 +298,10 @@ def check(
     implementations = {step.name: step.implementation for step in plan.steps}
     for (step_name, name), figures in stats.items():
         record = {"tensor": name, "step": step_name, "implementation": implementations[step_name]}
-        result.records.append(record | figures.result())
+        result.records.append(record | figures.result() | figures.specials)
     for name, figures in output_stats.items():
         record = {"tensor": name, "step": "model output", "implementation": "whole model"}
-        result.records.append(record | figures.result())
+        result.records.append(record | figures.result() | figures.specials)
     tally.fill(result)
     return result
 
@@ -299,7 +314,7 @@ AGREEMENT_BYTES = 256 << 20
 def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray,
               atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> dict[str, Any]:
     """How a run's first graph output agrees with onnxruntime's on the same feeds:
-    compare()'s figures plus "top1_agreement" (1.0 when the output is no classifier's)."""
+    compare()'s figures plus "top1_agreement" (None when the output is no classifier's)."""
     model, batched = plan.model, _batched(plan)
     batch = _rows_of(plan, feeds)
     reference = Reference(model.proto)
@@ -312,11 +327,18 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
         ours = output[rows] if batched else output
         theirs = reference(piece)[first]
         figures.add(ours, theirs)
-        tally.add(ours, theirs, None)
-    return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else 1.0}
+        tally.add(ours, theirs, None, rows.stop - rows.start)
+    return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else None}
 
 
-def format_check(result: CheckResult, atol: float, rtol: float) -> str:
+# Without --wide: the most characters a name in a line of prose under the table takes.
+NAME_WIDTH = 60
+
+
+def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = False) -> str:
+    """The comparison as text: a row per compared tensor, NaN/Inf counts where there are any,
+    the pass rule, top-1 and accuracy where the output is a classifier's, and the verdict.
+    Unless `wide`, long names are cut in the middle to keep lines near LINE_WIDTH."""
     rows = []
     for r in result.records:
         if "error" in r:  # nothing to measure: the tensors do not even line up
@@ -325,8 +347,10 @@ def format_check(result: CheckResult, atol: float, rtol: float) -> str:
         errors = [f"{r[key]:.2e}" for key in ("max_abs_error", "max_rel_error", "rel_l2")]
         rows.append([r["tensor"], r["step"], r["implementation"], *errors, "pass" if r["passed"] else "FAIL"])
     header = ["tensor", "step", "implementation", "max abs", "max rel", "rel L2", "result"]
-    lines = text_table(header, rows, right=(3, 4, 5))
-    lines.append("")
+    lines = text_table(header, rows, right=(3, 4, 5), width=None if wide else LINE_WIDTH)
+    lines += _special_lines(result.records, None if wide else NAME_WIDTH)
+    lines += ["", f"Pass rule: every element meets {PASS_RULE} (a: opplugin, b: onnxruntime), and NaN and Inf sit where onnxruntime has them;",
+              "max rel is the largest |a - b| / |b| where |b| > atol, so it may exceed rtol where atol covers the difference."]
     if result.top1_agreement is not None:
         lines.append(f"Top-1 agreement with onnxruntime: {result.top1_agreement:.4f}")
     if result.accuracy is not None:
@@ -336,13 +360,25 @@ def format_check(result: CheckResult, atol: float, rtol: float) -> str:
     return "\n".join(lines)
 
 
+def _special_lines(records: list[dict[str, Any]], name_width: int | None) -> list[str]:
+    """A line per compared tensor where either side holds NaN or Inf, with the counts."""
+    lines = []
+    for r in records:
+        if not any(r.get(key) for key in SPECIAL_COUNT_KEYS):
+            continue
+        lines.append(f"{elide_middle(r['tensor'], name_width)} ({elide_middle(r['step'], name_width)}): "
+                     f"NaN {r['nan_ours']:,} ours, {r['nan_onnxruntime']:,} onnxruntime's; "
+                     f"Inf {r['inf_ours']:,} ours, {r['inf_onnxruntime']:,} onnxruntime's")
+    return ["", "NaN and Inf:", *("  " + line for line in lines)] if lines else []
+
+
 # --- the JSON of `check --json` ----------------------------------------------------------
 
 CHECK_SCHEMA = "opplugin-check/1"
 # every comparison record carries these keys; those with no value are null ("error"
 # when the tensors could be compared, the figures when they could not)
 CHECK_RECORD_KEYS = ("tensor", "step", "implementation", "passed", "error", "max_abs_error", "max_rel_error", "rel_l2",
-                     "mismatches", "elements")
+                     "mismatches", "elements", *SPECIAL_COUNT_KEYS)
 
 
 def build_check_report(result: CheckResult, plan: PlanRecord, atol: float, rtol: float,

@@ -19,6 +19,7 @@ def _add_common(parser: argparse.ArgumentParser, batch: int) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for --data random")
     parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
     parser.add_argument("--streams", type=int, help="chunks in flight at once on a GPU (default 3)")
+    parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,14 +125,14 @@ def cmd_run(args) -> int:
 
     extra = {"data": inputs.source}
     ours = profile.result.outputs[model.outputs[0]]
-    predicted = top1(ours)
+    predicted = top1(ours, profile.batch)
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if not args.no_compare:
         extra["agreement"] = agreement(profile.plan, inputs.feeds, ours)
 
     result = reports.build_report(profile, warmup, extra)
-    print(reports.format_text(result))
+    print(reports.format_text(result, args.wide))
     if args.json:
         _write_json(args.json, result)
     if args.csv:
@@ -169,7 +170,7 @@ def cmd_check(args) -> int:
         result = check(runner.run, plan, inputs.feeds, inputs.labels, atol, rtol, chunk=passes[0].stop, progress=bar)
     finally:
         bar.close()
-    print(format_check(result, atol, rtol))
+    print(format_check(result, atol, rtol, args.wide))
     if args.json:
         _write_json(args.json, build_check_report(result, plan, atol, rtol, inputs.source))
     return 0 if result.passed else 1
@@ -185,7 +186,7 @@ def cmd_plan(args) -> int:
     device = select_device(args.device)
     plan = make_plan(model, positive_int(args.batch, "--batch"), device)
     notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
-    print(describe(plan, {k: v for k, v in notes.items() if v}))
+    print(describe(plan, {k: v for k, v in notes.items() if v}, args.wide))
     if args.json:
         _write_plan_json(args)
     return 0

@@ -12,6 +12,7 @@ from onnx import helper
 from .device import Device
 from .model import Model
 from .registry import Kernel, NodeInfo, Plugin, TensorInfo, node_name, plugins
+from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops
 
 
 @dataclass
@@ -69,6 +70,8 @@ class Plan:
     tensors: dict[str, TensorInfo]
     # node name -> why its plugin does not run it (only nodes some plugin claims)
     fallbacks: dict[str, str] = field(default_factory=dict)
+    # plugin node name -> why a fusion its plugin would make was given up
+    fusions_given_up: dict[str, str] = field(default_factory=dict)
 
     @property
     def plugin_steps(self) -> list[PluginStep]:
@@ -83,6 +86,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     tensors = model.infer(batch)
     infos = model.node_infos(batch, tensors)
     fallbacks: dict[str, str] = {}
+    given_up: dict[str, str] = {}
 
     # Group nodes in graph order: a plugin node is a step of its own, the others
     # gather into runs that become one onnxruntime sub-model each.
@@ -97,7 +101,9 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         reason = _support(plugin, info, device) if plugin else "no plugin"
         if plugin and reason is None:
             groups.append(info)
-            fused[info.name] = _fusion(plugin, info, readers, set(model.outputs), device, registry)
+            fused[info.name], why = _fusion(plugin, info, readers, set(model.outputs), device, registry)
+            if why:
+                given_up[info.name] = why
             taken.update(f.name for f in fused[info.name])
             continue
         if plugin:
@@ -122,7 +128,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         inputs = outside_inputs(nodes, model)
         sub = sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{ort_count}", nodes, inputs, outputs, sub))
-    return Plan(model, batch, device, steps, tensors, fallbacks)
+    return Plan(model, batch, device, steps, tensors, fallbacks, given_up)
 
 
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
@@ -140,11 +146,26 @@ def _fusion(
     graph_outputs: set[str],
     device: Device,
     registry: dict[str, Plugin],
-) -> list[NodeInfo]:
+) -> tuple[list[NodeInfo], str | None]:
     """The nodes after `info` that its plugin runs in the same kernel: a chain in
     which each node is the only reader of the one-output node before it, and no
     intermediate tensor is a graph output (the fused kernel never writes it).
-    A node whose op type has a plugin of its own is left to that plugin."""
+    A node whose op type has a plugin of its own is left to that plugin; when that
+    cuts short a fusion the plugin would make, the second item says so (else None)."""
+    chain = _fusable_chain(info, readers, graph_outputs)
+    mine = next((i for i, follower in enumerate(chain) if follower.op_type in registry), len(chain))
+    count = _fuse_count(plugin, info, chain[:mine], device)
+    possible = _fuse_count(plugin, info, chain, device) if mine < len(chain) else 0
+    if possible > mine:
+        follower = chain[mine]
+        would = OP_SEPARATOR.join([info.op_type, *(f.op_type for f in chain[:possible])])
+        return chain[:count], (f"{would} not fused: a plugin is registered for {follower.op_type}, "
+                               f"so {follower.name} runs as a step of its own")
+    return chain[:count], None
+
+
+def _fusable_chain(info: NodeInfo, readers: dict[str, list[NodeInfo]], graph_outputs: set[str]) -> list[NodeInfo]:
+    """Up to two nodes after `info`, each the only reader of the one-output node before it."""
     chain: list[NodeInfo] = []
     current = info
     while len(chain) < 2:
@@ -152,15 +173,18 @@ def _fusion(
         if len(outputs) != 1 or outputs[0] in graph_outputs or len(readers.get(outputs[0], [])) != 1:
             break
         follower = readers[outputs[0]][0]
-        if [i for i in follower.node.input if i] != outputs or follower.op_type in registry:
+        if [i for i in follower.node.input if i] != outputs:
             break
         chain.append(follower)
         current = follower
+    return chain
+
+
+def _fuse_count(plugin: Plugin, info: NodeInfo, chain: list[NodeInfo], device: Device) -> int:
     try:
-        count = plugin.fuse(info, chain, device) if chain else 0
+        return plugin.fuse(info, chain, device) if chain else 0
     except Exception:  # a plugin that cannot judge a chain does not fuse it
-        count = 0
-    return chain[:count]
+        return 0
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
@@ -206,23 +230,52 @@ def sub_model(
     return sub
 
 
-def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None = None) -> str:
-    """The plan as text: one line per step, then why claimed nodes stay in onnxruntime."""
+# Without --wide: the most characters a step or tensor name, and an op chain, take in the plan's text.
+NAME_WIDTH = 40
+OPS_WIDTH = 72
+
+
+def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None = None, wide: bool = False) -> str:
+    """The plan as text: one line per step, then why claimed nodes stay in onnxruntime and
+    why fusions were given up. Long names and op chains are shortened unless `wide`."""
     device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
+    line_width, name_width = (None, None) if wide else (LINE_WIDTH, NAME_WIDTH)
     lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
-    width = max(len(s.name) for s in plan.steps)
+    names = {step.name: elide_middle(step.name, name_width) for step in plan.steps}
+    width = max(len(name) for name in names.values())
     for number, step in enumerate(plan.steps, 1):
         runs_on = f"plugin {step.node.op_type}" if isinstance(step, PluginStep) else "onnxruntime"
         if isinstance(step, PluginStep) and step.fused:
             runs_on += " (fused)"
-        shapes = ", ".join(f"{n} {list(plan.shape_of(n))}" for n in step.inputs if n in plan.tensors and n not in plan.model.initializers)
-        lines.append(f"  {number:>2}  {step.name:<{width}}  {runs_on:<20}  {' > '.join(step.ops)}")
-        lines.append(f"      {'':<{width}}  in: {shapes or '-'}")
+        first = f"  {number:>2}  {names[step.name]:<{width}}  {runs_on:<20}  "
+        ops_width = None if wide else min(LINE_WIDTH - len(first), OPS_WIDTH)
+        lines.append(first + summarise_ops(step.ops, ops_width))
+        inputs = [n for n in step.inputs if n in plan.tensors and n not in plan.model.initializers]
+        prefix = f"      {'':<{width}}  in: "
+        shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shape_of(n))}" for n in inputs],
+                         None if wide else LINE_WIDTH - len(prefix))
+        lines.append(prefix + (shapes or "-"))
     if plan.fallbacks:
         lines += ["", "Left to onnxruntime:"]
-        lines += [f"  {node}: {reason}" for node, reason in plan.fallbacks.items()]
+        lines += [elide_middle(f"  {elide_middle(node, name_width)}: {reason}", line_width) for node, reason in plan.fallbacks.items()]
+    if plan.fusions_given_up:
+        lines += ["", "Fusions given up:"]
+        lines += [elide_middle(f"  {elide_middle(node, name_width)}: {why}", line_width) for node, why in plan.fusions_given_up.items()]
     for node, notes in (variant_notes or {}).items():
         offered = [v for v, reason in notes.items() if reason is None]
-        lines += ["", f"{node}: CUDA variants offered: {', '.join(offered) or 'none'}"]
+        lines += ["", f"{elide_middle(node, name_width)}: CUDA variants offered: {', '.join(offered) or 'none'}"]
         lines += [f"  {v} not offered: {reason}" for v, reason in notes.items() if reason]
     return "\n".join(lines)
+
+
+def _listed(items: list[str], width: int | None) -> str:
+    """`items` joined by commas in at most `width` characters: as many as fit, then how many more."""
+    text = ", ".join(items)
+    if width is None or len(text) <= width:
+        return text
+    for shown in range(len(items) - 1, 0, -1):
+        text = ", ".join(items[:shown]) + f", and {len(items) - shown} more"
+        if len(text) <= width:
+            return text
+    return elide_middle(f"{items[0]}, and {len(items) - 1} more", width)
+

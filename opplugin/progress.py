@@ -60,10 +60,14 @@ class ProgressBar:
         self.last_draw, self.drawn = now, not finished
 
     def _quarter_lines(self, label: str, done: int, total: int, now: float) -> None:
+        """A line when `done` passes the next quarter. The line gives `done`'s own share, rounded
+        down: a pass of many images may cross a quarter well before its end, or two at once."""
+        if self.next_quarter > 4 or done * 4 < total * self.next_quarter:
+            return
         while self.next_quarter <= 4 and done * 4 >= total * self.next_quarter:
-            self.stream.write(f"progress: {25 * self.next_quarter}% ({done:,}/{total:,} images, {label}, {self._rate(done, now)})\n")
-            self.stream.flush()
             self.next_quarter += 1
+        self.stream.write(f"progress: {100 * done // total}% ({done:,}/{total:,} images, {label}, {self._rate(done, now)})\n")
+        self.stream.flush()
 
     def close(self) -> None:
         """End a bar that was left mid-line (an error, an interrupt)."""

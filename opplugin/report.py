@@ -15,7 +15,7 @@ import numpy as np
 
 from .jsonout import header
 from .runtime.records import Profile
-from .texttable import text_table
+from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops, text_table
 
 # 2: end_to_end_ms, always equal to host_to_host_ms, left out
 # 3: the header every report shares (jsonout.py), the device's memory_bytes; data,
@@ -143,12 +143,19 @@ def _shapes(shapes: list[list[int]]) -> str:
     return " ".join("x".join(str(d) for d in s) for s in shapes)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+# Without --wide: the most characters the ops column and a step's name in a line of prose take.
+OPS_WIDTH = 48
+NAME_WIDTH = 60
+
+
+def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
+    """The step table; unless `wide`, op chains summarised and the table fitted to LINE_WIDTH."""
     header = ["step", "ops", "implementation", "input", "time ms", "GFLOP/s", "GB/s", "share"]
+    ops_width = None if wide else OPS_WIDTH
     body = [
         [
             r["step"],
-            r["ops"],
+            summarise_ops(r["ops"].split(OP_SEPARATOR), ops_width),
             r["implementation"],
             _shapes(r["input_shapes"]),
             _fmt(r["time_ms"]),
@@ -158,11 +165,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    return "\n".join(text_table(header, body, right=(4, 5, 6, 7)))
+    return "\n".join(text_table(header, body, right=(4, 5, 6, 7), width=None if wide else LINE_WIDTH))
 
 
-def format_text(report: dict[str, Any]) -> str:
-    """The whole report as a person reads it: the seeds' lines, then the table."""
+def format_text(report: dict[str, Any], wide: bool = False) -> str:
+    """The whole report as a person reads it: the seeds' lines, then the table.
+    Unless `wide`, long names and op chains are shortened to keep lines near LINE_WIDTH."""
+    name_width = None if wide else NAME_WIDTH
     device = report["device"]
     where = device["name"] if device["kind"] == "cuda" else "CPU — no CUDA device, plugin steps ran the numpy reference"
     lines = [
@@ -171,24 +180,27 @@ def format_text(report: dict[str, Any]) -> str:
         "",
     ]
     for step, ms in report["op_times_ms"].items():
-        lines.append(f"Op Time: {ms:.4f} ms  ({step})")
+        lines.append(f"Op Time: {ms:.4f} ms  ({elide_middle(step, name_width)})")
     if report.get("accuracy") is not None:
         lines.append(f"Test Accuracy: {report['accuracy']:.4f}")
-    lines += ["", format_table(report["steps"]), ""]
+    lines += ["", format_table(report["steps"], wide), ""]
     lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['host_to_host_ms']:.3f} ms")
     lines.extend(_throughput_lines(report))
     agreement = report.get("agreement")
     if agreement:
         verdict = "PASS" if agreement["passed"] else "FAIL"
+        # top-1 only where the output is a classifier's (see check.top1)
+        top1 = "" if agreement.get("top1_agreement") is None else f"top-1 agreement {agreement['top1_agreement']:.4f}, "
         lines.append(
-            f"Against onnxruntime CPU: {verdict}  top-1 agreement {agreement['top1_agreement']:.4f}, "
+            f"Against onnxruntime CPU: {verdict}  {top1}"
             f"max abs error {agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"
         )
     if report.get("exact_reruns"):
         lines.append(f"Exact path: {report['exact_reruns']} of {report.get('chunks', 1)} chunks held NaN or Inf after a fused step "
                      "and ran again as Conv, then onnxruntime's own activation and MaxPool")
     for node, reason in report.get("fallbacks", {}).items():
-        lines.append(f"Note: {node} ran in onnxruntime: {reason}")
+        note = f"Note: {elide_middle(node, name_width)} ran in onnxruntime: {reason}"
+        lines.append(elide_middle(note, None if wide else LINE_WIDTH))
     return "\n".join(lines)
 
 

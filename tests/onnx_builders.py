@@ -95,3 +95,28 @@ def conv_model(x_shape, w: np.ndarray, b: np.ndarray | None, attributes: dict, b
         initializer=initializers,
     )
     return finish(graph)
+
+
+def long_named_chain(name_length: int = 200, relus: int = 200, pairs: int = 100) -> onnx.ModelProto:
+    """Conv > Relu x`relus` > (Neg > Abs) x`pairs` > Conv, every node and tensor named with
+    about `name_length` characters: a network whose names and op chains outgrow a terminal."""
+    rng = np.random.default_rng(2)
+    stem = "features_denseblock_denselayer_" * (name_length // 31 + 1)
+
+    def name(kind: str, index: int) -> str:
+        return f"{kind}_{stem[:name_length]}_{index}"
+
+    ops = ["Relu"] * relus + ["Neg", "Abs"] * pairs
+    tensors = [name("tensor", i) for i in range(len(ops) + 2)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], [tensors[0]], name=name("conv_first", 0), pads=[1, 1, 1, 1])]
+    nodes += [helper.make_node(op, [tensors[i]], [tensors[i + 1]], name=name(op.lower(), i)) for i, op in enumerate(ops)]
+    nodes.append(helper.make_node("Conv", [tensors[-2], "w2"], ["y"], name=name("conv_last", 1), pads=[1, 1, 1, 1]))
+    graph = helper.make_graph(
+        nodes,
+        "long_named_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8, 8])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3, "w1"),
+                     numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3, "w2")],
+    )
+    return finish(graph)

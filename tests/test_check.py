@@ -282,3 +282,58 @@ def test_a_shape_mismatch_in_any_piece_is_reported():
     stats = ErrorStats().add(np.zeros((2, 3)), np.zeros((2, 3))).add(np.zeros((1, 4)), np.zeros((1, 3)))
     result = stats.result()
     assert not result["passed"] and "shape [1, 4]" in result["error"]
+
+
+def test_nan_and_inf_are_counted_on_each_side_and_listed_where_there_are_any(tiny_model_path):
+    from opplugin.check import CheckResult, ErrorStats, format_check
+
+    expected = np.array([[np.nan, np.inf, 1.0], [-np.inf, 2.0, 3.0]], np.float32)
+    actual = np.array([[np.nan, np.inf, 1.0], [np.nan, np.nan, 3.0]], np.float32)
+    stats = ErrorStats().add(actual[:1], expected[:1]).add(actual[1:], expected[1:])
+    assert stats.specials == {"nan_ours": 3, "nan_onnxruntime": 1, "inf_ours": 1, "inf_onnxruntime": 2}
+
+    result = _check(Runner(load_model(tiny_model_path), 4, "cpu"), _feeds(4))
+    assert all(r["nan_ours"] == r["nan_onnxruntime"] == r["inf_ours"] == r["inf_onnxruntime"] == 0 for r in result.records)
+    assert "NaN and Inf:" not in format_check(result, 1e-4, 1e-3)
+    result.records[0] |= {"nan_ours": 2, "nan_onnxruntime": 2}
+    text = format_check(result, 1e-4, 1e-3)
+    assert "NaN and Inf:" in text and "p1 (conv1): NaN 2 ours, 2 onnxruntime's; Inf 0 ours, 0 onnxruntime's" in text
+    assert "r2 (" not in text.split("NaN and Inf:")[1]
+
+
+def test_check_states_its_pass_rule(tiny_model_path):
+    from opplugin.check import format_check
+
+    text = format_check(_check(Runner(load_model(tiny_model_path), 2, "cpu"), _feeds(2)), 1e-4, 1e-3)
+    assert "|a - b| <= atol + rtol * |b|" in text
+
+
+def test_top1_only_for_a_classifiers_output():
+    from opplugin.check import top1
+
+    assert list(top1(np.array([[0.1, 0.9], [0.8, 0.2]]), 2)) == [1, 0]
+    assert top1(np.zeros((2, 1)), 2) is None  # one column: no classes to choose from
+    assert top1(np.zeros((3, 5)), 2) is None  # not one row per image
+    assert top1(np.zeros((2, 3, 4)), 2) is None
+
+
+def test_run_gives_no_top1_for_an_output_that_is_no_classifiers(tmp_path):
+    from onnx_builders import save, single_conv
+    from opplugin.check import agreement
+
+    path = save(single_conv((2, 3, 6, 6), (4, 3, 3, 3), {}, bias=True), tmp_path / "conv.onnx")
+    runner = Runner(load_model(path), 2, "cpu")
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (2, 3, 6, 6)).astype(np.float32)}
+    figures = agreement(runner.describe(2), feeds, runner.run(feeds).outputs["y"])
+    assert figures["passed"] and figures["top1_agreement"] is None
+
+
+def test_checks_json_records_carry_the_nan_and_inf_counts(tiny_model_path, tmp_path, capsys):
+    import json
+
+    from opplugin.check import SPECIAL_COUNT_KEYS
+    from opplugin.cli import main
+
+    assert main(["check", tiny_model_path, "--batch", "2", "--device", "cpu", "--json", str(tmp_path / "c.json")]) == 0
+    records = json.loads((tmp_path / "c.json").read_text())["records"]
+    assert records and all(r[key] == 0 for r in records for key in SPECIAL_COUNT_KEYS)

@@ -95,3 +95,21 @@ def test_plan_says_which_variants_a_large_filter_bank_rules_out(tmp_path):
     assert "64 KiB" in notes["conv"]["const"] and "64 KiB" in notes["conv"]["const_mo"]
     text = describe(plan, notes)
     assert "CUDA variants offered: baseline" in text and "const not offered" in text
+
+
+def test_a_plugin_for_an_op_inside_a_fused_chain_says_the_fusion_was_given_up():
+    from example_plugin import ReluPlugin
+    from opplugin.registry import plugins
+
+    model = load_model("lenet86")
+    fused = make_plan(model, 1, CPU)
+    assert fused.steps[0].ops == ["Conv", "Relu", "MaxPool"] and fused.fusions_given_up == {}
+
+    with_relu = make_plan(model, 1, CPU, registry={**plugins(), "Relu": ReluPlugin()})
+    # the Relu plugin takes its nodes, so each Conv runs alone, and the plan says why
+    assert [s.ops for s in with_relu.plugin_steps][:2] == [["Conv"], ["Relu"]]
+    assert set(with_relu.fusions_given_up) == {"conv1", "conv2"}
+    why = with_relu.fusions_given_up["conv1"]
+    assert why == "Conv > Relu > MaxPool not fused: a plugin is registered for Relu, so relu1 runs as a step of its own"
+    text = describe(with_relu)
+    assert "Fusions given up:" in text and f"conv1: {why}" in text

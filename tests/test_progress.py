@@ -47,7 +47,9 @@ def test_a_log_gets_plain_quarter_lines_only_when_asked():
         bar.close()
     assert quiet.getvalue() == ""
     lines = chatty.getvalue().splitlines()
-    assert [line.split()[1] for line in lines] == ["25%", "50%", "75%", "100%"]
+    # a line as each quarter is passed, giving the share of images actually done
+    assert [line.split()[1] for line in lines] == ["30%", "50%", "80%", "100%"]
+    assert "(300/1,000 images" in lines[0]
     assert "\r" not in chatty.getvalue()
 
 
@@ -70,3 +72,13 @@ def test_a_log_gets_quarter_lines_unasked_once_the_work_has_gone_on_for_a_while(
     # nothing in the first five seconds (400 images), then the quarters as they pass
     images = [int(line.split("(")[1].split("/")[0].replace(",", "")) for line in lines]
     assert len(lines) >= 3 and min(images) >= 400 and images[-1] == 1000, lines
+
+
+def test_a_jump_over_quarters_gives_one_line_whose_share_matches_its_count():
+    stream, clock = io.StringIO(), _Clock()
+    bar = ProgressBar(stream, plain_lines=True, clock=clock)
+    for done in (2405, 4810, 9620, 10000):  # check passes of 2,405 images: the second ends at 48%
+        clock.now += 1
+        bar("check", done, 10000)
+    assert [line.split()[1:3] for line in stream.getvalue().splitlines()] == [
+        ["48%", "(4,810/10,000"], ["96%", "(9,620/10,000"], ["100%", "(10,000/10,000"]]

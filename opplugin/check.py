@@ -148,6 +148,10 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float = DEFAULT_ATOL
 
 @dataclass
 class CheckResult:
+    """What `check` found: one record per compared tensor (its step, implementation, error
+    figures, NaN/Inf counts, pass or fail), top-1 agreement and accuracy where the output is
+    a classifier's, and the passes it was compared in."""
+
     records: list[dict[str, Any]] = field(default_factory=list)
     top1_agreement: float | None = None
     accuracy: float | None = None

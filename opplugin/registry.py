@@ -38,6 +38,9 @@ def node_name(node: onnx.NodeProto) -> str:
 
 @dataclass(frozen=True)
 class TensorInfo:
+    """A tensor of a node after shape inference: name, shape at the plan's batch, dtype,
+    and its value where it is a constant (weights)."""
+
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -118,6 +121,8 @@ _entry_points_loaded = False
 
 
 def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
+    """Make `plugin` run its op type in every plan made from now on; `replace` to take the
+    place of one already registered (a built-in, say)."""
     if isinstance(plugin, type) or not isinstance(plugin, Plugin):
         raise TypeError(
             f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, fuse and variant_notes "
@@ -130,6 +135,7 @@ def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
 
 
 def unregister(op_type: str) -> None:
+    """Forget the plugin registered for `op_type`: its nodes go back to onnxruntime."""
     _registry.pop(op_type, None)
 
 
@@ -162,4 +168,5 @@ def plugins() -> dict[str, Plugin]:
 
 
 def plugin_for(op_type: str) -> Plugin | None:
+    """The plugin that runs `op_type`, or None when onnxruntime does."""
     return plugins().get(op_type)

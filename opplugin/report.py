@@ -95,6 +95,9 @@ def _median(values: list[float]) -> float:
 
 
 def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The timing report of a profiled run as plain data (run's JSON): the shared header,
+    a row per step and per copy with medians, the host-to-host time and the chunking;
+    `extra` adds keys such as the data source, accuracy and agreement."""
     rows = step_rows(profile)
     plan = profile.plan
     device = plan.device
@@ -223,6 +226,7 @@ def _throughput_lines(report: dict[str, Any]) -> list[str]:
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
+    """The step rows of a report as CSV, every key a column."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=ROW_KEYS, lineterminator="\n")
     writer.writeheader()

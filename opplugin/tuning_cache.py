@@ -92,6 +92,9 @@ def shape_signature(spec: "ConvSpec", epilogue: "Epilogue") -> str:
 
 @dataclass(frozen=True)
 class CacheKey:
+    """What a tuned choice holds for: the GPU, the step's shape and epilogue, the batch bucket
+    and the opplugin version (a new release tunes afresh)."""
+
     gpu: str
     signature: str
     bucket: int
@@ -113,6 +116,8 @@ def key_for(spec: "ConvSpec", epilogue: "Epilogue", gpu: str, version: str | Non
 
 @dataclass
 class Choice:
+    """The fastest configuration that passed for one key, and its measured time."""
+
     variant: str  # a configured name, e.g. "const_rb_r8m4"
     median_ms: float
     batch: int  # the batch it was timed at

@@ -63,6 +63,9 @@ class StepTime:
 
 @dataclass
 class RunResult:
+    """One run of a batch: the graph outputs, the intermediate tensors asked to be kept,
+    each step's time, the spans of the timeline, and how the batch was cut into chunks."""
+
     outputs: dict[str, np.ndarray]
     kept: dict[str, np.ndarray]
     times: list[StepTime]
@@ -100,9 +103,11 @@ class Profile:
         return self.result.batch
 
     def median(self, name: str) -> float:
+        """The median time of a step over the timed runs, in ms."""
         return statistics.median(self.step_ms[name])
 
     def add(self, result: RunResult) -> None:
+        """Count one timed run; the last one's outputs and spans are kept."""
         self.result = result
         self.total_ms.append(result.total_ms)
         self.copy_ms.append(result.copy_ms)

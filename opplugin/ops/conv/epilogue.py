@@ -17,6 +17,9 @@ ACTIVATIONS = ("Relu", "Tanh")
 
 @dataclass(frozen=True)
 class Epilogue:
+    """What a Conv kernel applies to its output before storing it: an activation, then a
+    non-overlapping max pool (window = stride); the empty one (NONE) does nothing."""
+
     activation: str | None = None  # "Relu" or "Tanh"
     pool: tuple[int, int] | None = None  # max pool window = stride (kh, kw), no pads
 

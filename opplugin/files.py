@@ -59,6 +59,8 @@ def check_writable(path: str, flag: str) -> Path:
     if target.exists() and not target.is_file():
         raise InputError(f"{flag} {path} is not a regular file; give a file path")
     folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{flag} {path}: {folder} is not a folder")
     if not folder.is_dir():
         raise InputError(f"{flag} {path}: folder {folder} does not exist")
     try:

@@ -59,11 +59,18 @@ class Model:
     @property
     def fixed_batch(self) -> int | None:
         """The batch the model runs at when every graph input's first axis is a fixed
-        number (that of the first input); None when some input's batch is free."""
+        number (that of the first input that is not a Conv's weights); None when some
+        input's batch is free."""
         dims = [v.type.tensor_type.shape.dim for v in self.inputs]
         if not dims or any(not d or not d[0].HasField("dim_value") for d in dims):
             return None
-        return int(dims[0][0].dim_value)
+        return int(self.batch_input.type.tensor_type.shape.dim[0].dim_value)
+
+    @property
+    def batch_input(self) -> onnx.ValueInfoProto:
+        """The input whose first axis is the batch: the first one that is not a Conv's weights."""
+        weights = set(self.weight_inputs())
+        return next((v for v in self.inputs if v.name not in weights), self.inputs[0])
 
     def weight_inputs(self) -> list[str]:
         """Graph inputs that a Conv reads as its weights or bias: a run fills them with data too."""
@@ -103,10 +110,9 @@ class Model:
         proto = copy.deepcopy(self.proto)
         inputs = [v for v in proto.graph.input if v.name not in self.initializers]
         batched = [v for v in inputs if not v.type.tensor_type.shape.dim[0].HasField("dim_value")]
-        if not batched:
-            fixed = inputs[0].type.tensor_type.shape.dim[0].dim_value
-            if fixed != batch:
-                raise InputError(f"{self.name}: input {inputs[0].name!r} has a fixed batch of {fixed}; run it with batch {fixed}")
+        if not batched and self.fixed_batch != batch:
+            fixed = self.fixed_batch
+            raise InputError(f"{self.name}: input {self.batch_input.name!r} has a fixed batch of {fixed}; run it with batch {fixed}")
         for value in batched:
             value.type.tensor_type.shape.dim[0].dim_value = batch
         return proto
@@ -192,9 +198,9 @@ def choose_batch(model: Model, requested: int | None, device, *, default: int | 
         return fixed if fixed is not None else (default if default is not None else default_batch(model, device))
     requested = positive_int(requested, "--batch")
     if fixed is not None and requested != fixed:
-        shape = list(model.input_shape())
-        raise InputError(f"--batch {requested}: {model.name} has a fixed batch of {fixed} (input {model.inputs[0].name!r} is "
-                         f"{shape}); leave --batch out or give {fixed}")
+        name = model.batch_input.name
+        raise InputError(f"--batch {requested}: {model.name} has a fixed batch of {fixed} (input {name!r} is "
+                         f"{list(model.input_shape(name))}); leave --batch out or give {fixed}")
     return requested
 
 

@@ -49,6 +49,7 @@ def test_checking_a_path_creates_and_touches_nothing(tmp_path):
     ("/dev/null", "--json /dev/null is not a regular file; give a file path"),
     ("/proc/r.json", "--json /proc/r.json: cannot create a file in /proc ("),
     ("/no/such/folder/r.json", "--json /no/such/folder/r.json: folder /no/such/folder does not exist"),
+    ("/dev/null/r.json", "--json /dev/null/r.json: /dev/null is not a folder"),
 ])
 def test_paths_that_cannot_be_written_are_refused(path, message):
     with pytest.raises(InputError) as info:

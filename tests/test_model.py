@@ -185,3 +185,16 @@ def test_fixed_batch_and_the_default_batch(tmp_path):
     assert choose_batch(dynamic, None, CPU, default=1) == 1 and choose_batch(dynamic, 5, CPU) == 5
     with pytest.raises(InputError, match=r"--batch 4: fixed has a fixed batch of 3 .*leave --batch out or give 3"):
         choose_batch(fixed, 4, CPU)
+
+
+def test_the_batch_of_a_fixed_model_is_its_data_input_s_even_after_weight_inputs(tmp_path):
+    from onnx_builders import single_conv
+
+    proto = single_conv((2, 2, 7, 7), (3, 2, 3, 3), {}, bias=False, weights_as_input=True)
+    proto.graph.input.insert(0, proto.graph.input.pop(1))  # the weights first: [w (3, ...), x (2, ...)]
+    model = load_model(save(proto, tmp_path / "conv.onnx"))
+    assert [v.name for v in model.inputs] == ["w", "x"] and model.weight_inputs() == ["w"]
+    assert model.fixed_batch == 2 and model.batch_input.name == "x"
+    assert model.infer(2)["y"].shape == (2, 3, 5, 5)
+    with pytest.raises(InputError, match="input 'x' has a fixed batch of 2"):
+        model.infer(3)

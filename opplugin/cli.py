@@ -2,21 +2,75 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 from . import __version__
-from .errors import OpPluginError
+from .errors import InputError, OpPluginError
 
 DEFAULT_MODEL = "lenet86"
 
+# --- checks of the parsed flags, made before any work ------------------------------------
+# Each table names flags by their argparse dest; a subcommand without the flag skips it,
+# so run, check, plan, tune and bench validate alike, and a new option joins by its dest.
 
-def _add_common(parser: argparse.ArgumentParser, batch: int) -> None:
+# dest: (flag, whether 0 is allowed)
+COUNT_FLAGS = {
+    "batch": ("--batch", False),
+    "chunk": ("--chunk", False),
+    "streams": ("--streams", False),
+    "repeat": ("--repeat", False),
+    "warmup": ("--warmup", True),
+    "check_chunk": ("--check-chunk", False),
+}
+TOLERANCE_FLAGS = {"atol": "--atol", "rtol": "--rtol"}
+# options naming a file the command writes
+OUTPUT_FILE_FLAGS = {"json": "--json", "csv": "--csv", "trace": "--trace"}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """InputError for the first flag whose value cannot work, naming its own value."""
+    from .errors import positive_int
+
+    for dest, (flag, allow_zero) in COUNT_FLAGS.items():
+        if getattr(args, dest, None) is not None:
+            positive_int(getattr(args, dest), flag, allow_zero=allow_zero)
+    for dest, flag in TOLERANCE_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise InputError(f"{flag} must be a finite number of at least 0, got {value:g}")
+    check_output_files(args)
+
+
+def check_output_files(args: argparse.Namespace) -> None:
+    """Every file option must name a writable file, no two the same, none the model."""
+    from .files import check_writable
+
+    seen: dict[str, str] = {}
+    model = getattr(args, "model", None)
+    if model and os.path.isfile(model):
+        seen[os.path.realpath(model)] = "the model"
+    for dest, flag in OUTPUT_FILE_FLAGS.items():
+        path = getattr(args, dest, None)
+        if path is None:
+            continue
+        where = os.path.realpath(check_writable(path, flag))
+        if where in seen:
+            raise InputError(f"{flag} {path} is the same file as {seen[where]}; give each output its own file")
+        seen[where] = flag
+
+
+RUN_BATCH_HELP = "the model's own fixed batch; 10000 for the shipped models; else 32 on a GPU, 8 on the CPU"
+
+
+def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
-    parser.add_argument("--batch", type=int, default=batch, help=f"images per run (default {batch})")
+    parser.add_argument("--batch", type=int, help=f"images per run (default: {batch_help})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
     parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
     parser.add_argument("--data", default="auto", help="auto | fashion-mnist | random (auto: the bundled test set for shipped models)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --data random")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default 0)")
     parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
     parser.add_argument("--streams", type=int, help="chunks in flight at once on a GPU (default 3)")
     parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
@@ -28,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the swapped model and print the per-op timing report")
-    _add_common(run, batch=10000)
+    _add_common(run, RUN_BATCH_HELP)
     run.add_argument("--repeat", type=int, help="timed runs; the report gives medians (default 5 on a GPU, 1 on the CPU)")
     run.add_argument("--warmup", type=int, help="untimed runs first (default 2 on a GPU, 0 on the CPU)")
     run.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
@@ -38,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
-    _add_common(check, batch=10000)
+    _add_common(check, RUN_BATCH_HELP)
     check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-4)")
     check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-3)")
     check.add_argument("--check-chunk", type=int, metavar="N",
@@ -46,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
 
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
-    _add_common(plan, batch=1)
+    _add_common(plan, "the model's own fixed batch, else 1")
     plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON (kernels are built to name them)")
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
@@ -59,24 +113,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
     tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
-    tune.add_argument("--batch", type=int, default=10000, help="images per kernel call while timing (default 10000)")
+    tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {RUN_BATCH_HELP})")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
     return parser
 
 
-def _runner(args):
-    from .errors import positive_int
-    from .model import load_model
-    from .runtime import Runner
+def _load(args, free_batch_default: int | None = None):
+    """The model and its device, with args.batch set to the batch the command runs
+    (see model.choose_batch); a stderr line says where that batch came from when the
+    user gave none and the model is not a shipped one."""
+    from .device import select_device
+    from .model import SHIPPED_MODELS, choose_batch, load_model
 
     model = load_model(args.model)
-    batch = positive_int(args.batch, "--batch")
-    for flag, value in (("--chunk", args.chunk), ("--streams", args.streams)):
-        if value is not None:
-            positive_int(value, flag)
+    device = select_device(args.device)
+    asked = args.batch
+    args.batch = choose_batch(model, asked, device, default=free_batch_default)
+    if asked is None and model.fixed_batch is not None:
+        print(f"Batch {args.batch}: {model.name}'s fixed batch", file=sys.stderr)
+    elif asked is None and model.name not in SHIPPED_MODELS:
+        print(f"Batch {args.batch}: the default for a model with a free batch (--batch N to choose)", file=sys.stderr)
+    return model, device
+
+
+def _runner(args):
+    from .runtime import Runner
+
+    model, device = _load(args)
     variants = {"Conv": args.variant} if args.variant else None
-    return model, Runner(model, batch, args.device, variants, chunk=args.chunk, streams=args.streams)
+    return model, Runner(model, args.batch, device, variants, chunk=args.chunk, streams=args.streams)
 
 
 # Runs of at least this many chunks in all report progress even when stderr is not a terminal.
@@ -102,19 +168,16 @@ def cmd_run(args) -> int:
     from . import report as reports
     from .check import agreement, top1
     from .data import make_inputs
-    from .errors import positive_int
     from .files import write_atomic
 
-    if args.repeat is not None:
-        positive_int(args.repeat, "--repeat")
-    if args.warmup is not None:
-        positive_int(args.warmup, "--warmup", allow_zero=True)
     model, runner = _runner(args)
     on_gpu = runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
     inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=on_gpu)
     if not on_gpu:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
+    if inputs.random_weights:
+        print(f"Conv weights {', '.join(inputs.random_weights)} are graph inputs: this run fills them with random data", file=sys.stderr)
     warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 0)
     repeat = args.repeat if args.repeat is not None else (5 if on_gpu else 1)  # the CPU backend is for correctness; one timing will do
     bar = _progress(runner, args.batch, warmup + repeat)
@@ -141,19 +204,17 @@ def cmd_run(args) -> int:
         from . import trace
 
         write_atomic(args.trace, trace.dumps(trace.build_trace(profile)))
-    return 0
+    compared = extra.get("agreement")
+    return 1 if compared is not None and not compared["passed"] else 0  # exit status 1 is for a failed comparison alone
 
 
 def cmd_check(args) -> int:
     from .check import DEFAULT_ATOL, DEFAULT_RTOL, build_check_report, check, check_chunks, format_check
     from .data import make_inputs
-    from .errors import positive_int
     from .progress import ProgressBar
 
     atol = DEFAULT_ATOL if args.atol is None else args.atol
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
-    if args.check_chunk is not None:
-        positive_int(args.check_chunk, "--check-chunk")
     model, runner = _runner(args)
     inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=runner.device.is_cuda)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
@@ -177,14 +238,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .device import select_device
-    from .errors import positive_int
-    from .model import load_model
     from .plan import describe, make_plan
 
-    model = load_model(args.model)
-    device = select_device(args.device)
-    plan = make_plan(model, positive_int(args.batch, "--batch"), device)
+    model, device = _load(args, free_batch_default=1)
+    plan = make_plan(model, args.batch, device)
     notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
     print(describe(plan, {k: v for k, v in notes.items() if v}, args.wide))
     if args.json:
@@ -207,7 +264,8 @@ def cmd_tune(args) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    report = tune(args.model, args.batch, args.device, progress=say)
+    model, _ = _load(args)
+    report = tune(model, args.batch, args.device, progress=say)
     print(format_report(report))
     if args.json:
         _write_json(args.json, build_tune_report(report))
@@ -225,10 +283,11 @@ COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "tune": cmd_tu
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    import onnxruntime
-
-    onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business
     try:
+        check_args(args)
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business
         return COMMANDS[args.command](args)
     except OpPluginError as err:
         # the first line says it all; what follows (a compiler's log) is detail

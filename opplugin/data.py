@@ -144,10 +144,17 @@ def to_model_input(images: np.ndarray, input_shape: tuple[int, int, int]) -> np.
 RANDOM_BLOCK_ELEMENTS = 1 << 20
 
 
+def numpy_seed(seed: int) -> int:
+    """Any integer as a seed numpy takes (it refuses negative ones): a seed in
+    [0, 2**64) is itself, a negative one its 64-bit two's complement (-1 is 2**64 - 1)."""
+    return int(seed) % 2**64
+
+
 def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 [batch, *input_shape], uniform in (0, 1), reproducible by seed; the first
-    n images are the same for every batch >= n. Fills `out` (a float32 array of that
-    shape, pinned memory say) when given. Large batches are filled by several threads."""
+    """float32 [batch, *input_shape], uniform in (0, 1), reproducible by seed (any
+    integer); the first n images are the same for every batch >= n. Fills `out` (a
+    float32 array of that shape, pinned memory say) when given. Large batches are
+    filled by several threads."""
     from .runtime import hostwork
 
     shape = (int(batch), *(int(d) for d in input_shape))
@@ -157,6 +164,7 @@ def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0, out: 
         raise ValueError(f"random_inputs: out must be a C-contiguous float32 array of shape {shape}")
     flat = out.reshape(-1)
     blocks = -(-flat.size // RANDOM_BLOCK_ELEMENTS)
+    seed = numpy_seed(seed)
 
     def fill(part: slice) -> None:
         for block in range(part.start, part.stop):
@@ -181,6 +189,8 @@ class Inputs:
     labels: np.ndarray | None
     source: str
     pinned: bool = False
+    # graph inputs holding a Conv's weights that these feeds fill with random data
+    random_weights: tuple[str, ...] = ()
 
 
 def _empty(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
@@ -200,7 +210,11 @@ def make_inputs(model: Model, batch: int, source: str = "auto", seed: int = 0, p
             name: random_inputs(shape[0], shape[1:], seed=seed + n, out=_empty(shape, pinned))
             for n, (name, shape) in enumerate(shapes.items())
         }
-        return Inputs(feeds, None, f"random uniform [0, 1), seed {seed}", pinned)
+        source = f"random uniform [0, 1), seed {seed}"
+        weights = model.weight_inputs()
+        if weights:  # the Conv's weights are graph inputs: the run makes them up too
+            source += f"; Conv weights {', '.join(weights)} are graph inputs, filled with random data too"
+        return Inputs(feeds, None, source, pinned, tuple(weights))
 
     if len(model.inputs) != 1:
         raise InputError(f"{model.name} has {len(model.inputs)} inputs; the Fashion-MNIST data feeds models with one image input")

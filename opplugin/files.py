@@ -1,9 +1,29 @@
-"""Writing files so that a reader never sees half of one."""
+"""Writing files so that a reader never sees half of one, and checking, before any
+work, that a file the user named can be written."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from .errors import InputError
+
+
+def _umask() -> int:
+    # the only portable way to read the umask is to set it and put it back
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The mode the written file gets: an existing file's own, else what open() would
+    give a new file (0666 less the umask), not mkstemp's 0600."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
 
 
 def write_atomic(path: str | Path, text: str) -> None:
@@ -14,6 +34,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, _mode_for(path))
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
@@ -22,3 +43,30 @@ def write_atomic(path: str | Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: str, flag: str) -> Path:
+    """InputError naming `flag` unless write_atomic can write `path`: not empty, not a
+    folder or a special file, in an existing folder where a file can be created.
+    The folder is probed by creating a temporary file there and removing it at once,
+    which is the only test that /proc, read-only mounts and permissions all answer
+    truthfully; nothing is left behind and an existing file is not touched."""
+    if not path or not path.strip():
+        raise InputError(f"{flag} needs a file path, got an empty one")
+    target = Path(path)
+    if target.is_dir():
+        raise InputError(f"{flag} {path} is a folder; give a file path")
+    if target.exists() and not target.is_file():
+        raise InputError(f"{flag} {path} is not a regular file; give a file path")
+    folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{flag} {path}: {folder} is not a folder")
+    if not folder.is_dir():
+        raise InputError(f"{flag} {path}: folder {folder} does not exist")
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".probe")
+    except OSError as err:
+        raise InputError(f"{flag} {path}: cannot create a file in {folder} ({err.strerror or err})") from None
+    os.close(handle)
+    os.unlink(probe)
+    return target

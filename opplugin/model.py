@@ -15,6 +15,16 @@ from .resources import models_dir
 
 SHIPPED_MODELS = ("lenet86", "ece408_high")
 
+# Batches a run takes when none is asked for: the whole bundled test set for the
+# shipped models; for another model with a dynamic batch, a quick first run (the
+# CPU runs plugin steps through the numpy reference, so it gets fewer images).
+SHIPPED_BATCH = 10000
+DYNAMIC_BATCH_GPU = 32
+DYNAMIC_BATCH_CPU = 8
+
+# File names (without .onnx) that say nothing about the model; the graph's name says more.
+GENERIC_NAMES = {"model", "graph", "network", "net", "main_graph", "torch_jit", "torch-jit-export", "inference", "export"}
+
 
 def resolve_model_path(model: str | Path) -> Path:
     """A path, or the name of a shipped model ("lenet86")."""
@@ -33,6 +43,7 @@ class Model:
 
     def __post_init__(self) -> None:
         graph = self.proto.graph
+        name_unnamed_nodes(graph)
         self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         self.inputs: list[onnx.ValueInfoProto] = [i for i in graph.input if i.name not in self.initializers]
         self.outputs: list[str] = [o.name for o in graph.output]
@@ -44,6 +55,28 @@ class Model:
                 )
             if not value.type.tensor_type.HasField("shape"):
                 raise ModelError(f"{self.name}: input {value.name!r} has no shape")
+
+    @property
+    def fixed_batch(self) -> int | None:
+        """The batch the model runs at when every graph input's first axis is a fixed
+        number (that of the first input that is not a Conv's weights); None when some
+        input's batch is free."""
+        dims = [v.type.tensor_type.shape.dim for v in self.inputs]
+        if not dims or any(not d or not d[0].HasField("dim_value") for d in dims):
+            return None
+        return int(self.batch_input.type.tensor_type.shape.dim[0].dim_value)
+
+    @property
+    def batch_input(self) -> onnx.ValueInfoProto:
+        """The input whose first axis is the batch: the first one that is not a Conv's weights."""
+        weights = set(self.weight_inputs())
+        return next((v for v in self.inputs if v.name not in weights), self.inputs[0])
+
+    def weight_inputs(self) -> list[str]:
+        """Graph inputs that a Conv reads as its weights or bias: a run fills them with data too."""
+        names = {v.name for v in self.inputs}
+        read = [n for node in self.proto.graph.node if node.op_type == "Conv" for n in node.input[1:3]]
+        return [n for n in dict.fromkeys(read) if n in names]
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
@@ -77,10 +110,9 @@ class Model:
         proto = copy.deepcopy(self.proto)
         inputs = [v for v in proto.graph.input if v.name not in self.initializers]
         batched = [v for v in inputs if not v.type.tensor_type.shape.dim[0].HasField("dim_value")]
-        if not batched:
-            fixed = inputs[0].type.tensor_type.shape.dim[0].dim_value
-            if fixed != batch:
-                raise InputError(f"{self.name}: input {inputs[0].name!r} has a fixed batch of {fixed}; run it with batch {fixed}")
+        if not batched and self.fixed_batch != batch:
+            fixed = self.fixed_batch
+            raise InputError(f"{self.name}: input {self.batch_input.name!r} has a fixed batch of {fixed}; run it with batch {fixed}")
         for value in batched:
             value.type.tensor_type.shape.dim[0].dim_value = batch
         return proto
@@ -125,6 +157,74 @@ class Model:
         return infos
 
 
+def name_unnamed_nodes(graph: onnx.GraphProto) -> None:
+    """Give each unnamed node a readable name, its op type and index ("Conv_3"), so a
+    step is not called by its output tensor (often a bare number)."""
+    taken = {node.name for node in graph.node if node.name}
+    for index, node in enumerate(graph.node):
+        if node.name:
+            continue
+        name, suffix = f"{node.op_type}_{index}", 1
+        while name in taken:
+            name, suffix = f"{node.op_type}_{index}_{suffix}", suffix + 1
+        node.name = name
+        taken.add(name)
+
+
+def display_name(path: Path, proto: onnx.ModelProto) -> str:
+    """The file's name, unless it says nothing ("model.onnx"): then the graph's name,
+    else the folder's (model zoos ship "resnet50/model.onnx")."""
+    for candidate in (path.stem, proto.graph.name, path.resolve().parent.name):
+        if candidate and candidate.strip().lower() not in GENERIC_NAMES:
+            return candidate.strip()
+    return path.stem
+
+
+def default_batch(model: Model, device) -> int:
+    """The batch a run takes when none is asked for (see SHIPPED_BATCH)."""
+    if model.fixed_batch is not None:
+        return model.fixed_batch
+    if model.name in SHIPPED_MODELS:
+        return SHIPPED_BATCH
+    return DYNAMIC_BATCH_GPU if device.is_cuda else DYNAMIC_BATCH_CPU
+
+
+def choose_batch(model: Model, requested: int | None, device, *, default: int | None = None) -> int:
+    """`requested`, or when None `default` (else default_batch) for a model with a free
+    batch and the model's own for a fixed one. InputError when a fixed-batch model
+    is asked for another batch."""
+    fixed = model.fixed_batch
+    if requested is None:
+        return fixed if fixed is not None else (default if default is not None else default_batch(model, device))
+    requested = positive_int(requested, "--batch")
+    if fixed is not None and requested != fixed:
+        name = model.batch_input.name
+        raise InputError(f"--batch {requested}: {model.name} has a fixed batch of {fixed} (input {name!r} is "
+                         f"{list(model.input_shape(name))}); leave --batch out or give {fixed}")
+    return requested
+
+
+def _checker_message(err: Exception) -> str:
+    """onnx's checker puts what is wrong on the first line and which node on a later
+    "==> Context:" line; both, as one line."""
+    lines = [line.strip().removeprefix("==> Context:").strip() for line in str(err).splitlines()]
+    return "; ".join(line for line in lines if line) or type(err).__name__
+
+
+def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Read tensors kept in external data files, found beside the model file whatever
+    the working directory, into the proto: the sub-models handed to onnxruntime then
+    carry their weights inline."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    if not any(uses_external_data(t) for t in proto.graph.initializer):
+        return
+    try:
+        load_external_data_for_model(proto, str(path.resolve().parent))
+    except Exception as err:  # onnx raises FileNotFoundError, ValidationError, ... here
+        raise ModelError(f"{path}: cannot read its external data: {first_line(err)}") from None
+
+
 def load_model(model: str | Path) -> Model:
     """Load and check an ONNX model file (or a shipped model by name); ModelError says what is wrong."""
     path = resolve_model_path(model)
@@ -142,8 +242,9 @@ def load_model(model: str | Path) -> Model:
         raise ModelError(f"{path} is not an ONNX model (or is truncated): {type(err).__name__}: {err}") from None
     if not proto.graph.node:
         raise ModelError(f"{path} is not an ONNX model: its graph has no nodes")
+    _load_external_data(proto, path)
     try:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as err:
-        raise ModelError(f"{path} fails onnx's checker: {first_line(err)}") from None
-    return Model(proto, path.stem)
+        raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
+    return Model(proto, display_name(path, proto))

@@ -180,3 +180,11 @@ def test_shipped_model_accuracy(test_set, name):
     assert probs.shape == (1000, 10)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     assert (probs.argmax(axis=1) == labels).mean() >= MODEL_FLOORS[name]
+
+
+def test_random_inputs_take_any_integer_seed():
+    negative = data.random_inputs(3, (2, 5), seed=-1)
+    np.testing.assert_array_equal(negative, data.random_inputs(3, (2, 5), seed=-1))
+    np.testing.assert_array_equal(negative, data.random_inputs(3, (2, 5), seed=2**64 - 1))  # its two's complement
+    assert not np.array_equal(negative, data.random_inputs(3, (2, 5), seed=1))
+    assert np.all(negative > 0.0) and np.all(negative < 1.0)

@@ -106,3 +106,95 @@ def test_shipped_models_resolve_by_name():
         model = load_model(name)
         assert model.name == name
         assert len(model.sample_shape()) == 3
+
+
+def _save_with_external_data(proto, folder):
+    folder.mkdir()
+    onnx.save_model(proto, str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    return folder / "model.onnx"
+
+
+def test_external_data_loads_from_any_working_directory(tmp_path, monkeypatch):
+    path = _save_with_external_data(tiny_cnn(), tmp_path / "tiny")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    model = load_model(path)
+    # the weights are in the proto itself now: sub-models handed to onnxruntime carry them
+    np.testing.assert_array_equal(model.initializers["w1"], onnx.numpy_helper.to_array(tiny_cnn().graph.initializer[0]))
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in model.proto.graph.initializer)
+
+
+def test_missing_external_data_is_a_model_error(tmp_path):
+    path = _save_with_external_data(tiny_cnn(), tmp_path / "tiny")
+    (tmp_path / "tiny" / "weights.bin").unlink()
+    with pytest.raises(ModelError, match="external data"):
+        load_model(path)
+
+
+def test_checker_message_names_the_node(tmp_path):
+    proto = tiny_cnn()
+    proto.graph.node[0].attribute.append(helper.make_attribute("bogus", 1))
+    path = tmp_path / "bad.onnx"
+    onnx.save(proto, str(path))
+    with pytest.raises(ModelError) as info:
+        load_model(path)
+    message = str(info.value)
+    assert "Unrecognized attribute: bogus" in message and "Name: conv1" in message and "\n" not in message
+
+
+def test_unnamed_nodes_get_op_type_and_index(tmp_path):
+    proto = tiny_cnn()
+    for node in proto.graph.node:
+        node.name = ""
+    proto.graph.node[1].name = "Relu_3"  # a name already taken is not given twice
+    model = load_model(save(proto, tmp_path / "tiny.onnx"))
+    names = [node.name for node in model.nodes]
+    assert names[:4] == ["Conv_0", "Relu_3", "MaxPool_2", "Conv_3"]
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("file_name, graph_name, expected", [
+    ("tiny.onnx", "tiny_cnn", "tiny"),
+    ("model.onnx", "tiny_cnn", "tiny_cnn"),
+    ("model.onnx", "main_graph", "zoo_net"),  # both generic: the folder's name
+])
+def test_display_name_comes_from_the_graph_when_the_file_name_says_nothing(tmp_path, file_name, graph_name, expected):
+    proto = tiny_cnn()
+    proto.graph.name = graph_name
+    folder = tmp_path / "zoo_net"
+    folder.mkdir()
+    assert load_model(save(proto, folder / file_name)).name == expected
+
+
+def test_fixed_batch_and_the_default_batch(tmp_path):
+    from opplugin.device import CPU, Device
+    from opplugin.model import choose_batch, default_batch
+
+    gpu = Device("cuda", "Test GPU", "9.0")
+    dynamic = load_model(save(tiny_cnn(), tmp_path / "tiny.onnx"))
+    assert dynamic.fixed_batch is None
+    assert (default_batch(dynamic, gpu), default_batch(dynamic, CPU)) == (32, 8)
+    assert default_batch(load_model("lenet86"), CPU) == 10000
+    proto = tiny_cnn()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
+    fixed = load_model(save(proto, tmp_path / "fixed.onnx"))
+    assert fixed.fixed_batch == 3 and default_batch(fixed, gpu) == 3
+    assert choose_batch(fixed, None, CPU, default=1) == 3 and choose_batch(fixed, 3, CPU) == 3
+    assert choose_batch(dynamic, None, CPU, default=1) == 1 and choose_batch(dynamic, 5, CPU) == 5
+    with pytest.raises(InputError, match=r"--batch 4: fixed has a fixed batch of 3 .*leave --batch out or give 3"):
+        choose_batch(fixed, 4, CPU)
+
+
+def test_the_batch_of_a_fixed_model_is_its_data_input_s_even_after_weight_inputs(tmp_path):
+    from onnx_builders import single_conv
+
+    proto = single_conv((2, 2, 7, 7), (3, 2, 3, 3), {}, bias=False, weights_as_input=True)
+    proto.graph.input.insert(0, proto.graph.input.pop(1))  # the weights first: [w (3, ...), x (2, ...)]
+    model = load_model(save(proto, tmp_path / "conv.onnx"))
+    assert [v.name for v in model.inputs] == ["w", "x"] and model.weight_inputs() == ["w"]
+    assert model.fixed_batch == 2 and model.batch_input.name == "x"
+    assert model.infer(2)["y"].shape == (2, 3, 5, 5)
+    with pytest.raises(InputError, match="input 'x' has a fixed batch of 2"):
+        model.infer(3)

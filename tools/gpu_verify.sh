@@ -16,7 +16,7 @@ step() { local log=$1; shift; echo "== $*"; "$@" 2>&1 | tee "$out/$log" || faile
 python3 -c 'import onnxruntime as o, cupy; print("onnxruntime", o.__version__, o.get_available_providers()); print("cupy", cupy.__version__)'
 # The suite is mostly NVRTC compiles, which are CPU-bound: spread it over workers where pytest-xdist is installed.
 workers=()
-python3 -c 'import xdist' 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-8}")
+python3 -c 'import xdist' 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-14}")
 [ -n "${SKIP_TESTS:-}" ] || step gpu-tests.log python3 -m pytest -m gpu -q -p no:cacheprovider --durations=25 "${workers[@]}"
 for model in lenet86 ece408_high; do
     step "check-$model.log" python3 -m opplugin.cli check "$model" --batch 10000 --json "$out/check-$model.json"

@@ -185,6 +185,9 @@ DATA_CHOICES = ("auto", "fashion-mnist", "random")
 
 @dataclass
 class Inputs:
+    """Feeds for a run: `feeds` maps each graph input to its array, `labels` holds the
+    test set's labels (None for random data), `source` says where the data came from."""
+
     feeds: dict[str, np.ndarray]
     labels: np.ndarray | None
     source: str
@@ -198,6 +201,9 @@ def _empty(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
 
 
 def make_inputs(model: Model, batch: int, source: str = "auto", seed: int = 0, pinned: bool = False) -> Inputs:
+    """`batch` images for `model`: the bundled Fashion-MNIST test set resized to the input
+    (source "fashion-mnist", the default for shipped models) or seeded random data
+    ("random"); `pinned` puts them in page-locked memory when there is a GPU."""
     if source not in DATA_CHOICES:
         raise InputError(f"unknown data source {source!r}; choose from {', '.join(DATA_CHOICES)}")
     batch = positive_int(batch, "batch")

@@ -17,6 +17,8 @@ from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops
 
 @dataclass
 class PluginStep:
+    """One node (or a fused chain led by one) that a plugin runs."""
+
     kind: ClassVar[str] = "plugin"
 
     name: str
@@ -41,6 +43,8 @@ class PluginStep:
 
 @dataclass
 class OrtStep:
+    """A maximal run of nodes no plugin claims: one onnxruntime sub-model and session."""
+
     kind: ClassVar[str] = "onnxruntime"
 
     name: str
@@ -63,6 +67,9 @@ Step = PluginStep | OrtStep
 
 @dataclass
 class Plan:
+    """The model split into plugin and onnxruntime steps in graph order, at one batch,
+    with the shape of every tensor."""
+
     model: Model
     batch: int
     device: Device

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper, shape_inference
 from .errors import InputError, ModelError, first_line, positive_int
 from .registry import NodeInfo, TensorInfo
 from .resources import models_dir
+from .simplify import Simplification, simplify
 
 SHIPPED_MODELS = ("lenet86", "ece408_high")
 
@@ -36,12 +37,19 @@ def resolve_model_path(model: str | Path) -> Path:
 
 @dataclass
 class Model:
-    """A validated ONNX model. The batch is the first axis of every graph input."""
+    """A validated ONNX model. The batch is the first axis of every graph input.
+    `proto` is what runs (simplified at load); `original` is the graph as the file
+    gave it, which `check` runs in onnxruntime as the reference (the same as `proto`
+    when none is given)."""
 
     proto: onnx.ModelProto
     name: str
+    original: onnx.ModelProto | None = None
+    simplification: Simplification = field(default_factory=Simplification)
 
     def __post_init__(self) -> None:
+        if self.original is None:
+            self.original = self.proto
         graph = self.proto.graph
         name_unnamed_nodes(graph)
         self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -247,4 +255,5 @@ def load_model(model: str | Path) -> Model:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as err:
         raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
-    return Model(proto, display_name(path, proto))
+    simplified, done = simplify(proto)
+    return Model(simplified, display_name(path, proto), original=proto, simplification=done)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,5 +256,24 @@ def load_model(model: str | Path) -> Model:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as err:
         raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
-    simplified, done = simplify(proto)
+    name_unnamed_nodes(proto.graph)  # before simplifying, so a node has the same name in both graphs
+    simplified, done = _simplified(proto, path)
     return Model(simplified, display_name(path, proto), original=proto, simplification=done)
+
+
+class SimplificationWarning(UserWarning):
+    """Load-time simplification failed; the model runs as loaded."""
+
+
+def _simplified(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, Simplification]:
+    """The simplified graph, checked by onnx's checker; the graph as loaded (after one
+    warning) if simplifying fails: a model that runs unsimplified beats one that cannot load."""
+    try:
+        simplified, done = simplify(proto)
+        if done.changed:
+            onnx.checker.check_model(simplified, full_check=False)
+        return simplified, done
+    except Exception as err:  # any failure here is ours, not the model's
+        warnings.warn(f"opplugin: {path}: graph simplification failed, running the graph as loaded: {first_line(err)}",
+                      SimplificationWarning, stacklevel=3)
+        return proto, Simplification()

@@ -212,3 +212,25 @@ def test_light_resnet50_keeps_only_sums_and_the_stem_pool_in_onnxruntime():
     ort = [s for s in plan.steps if isinstance(s, OrtStep)]
     assert len(plan.plugin_steps) == 53 and len(ort) == 17
     assert {op for step in ort for op in step.ops} == {"MaxPool", "Sum", "Relu", "AveragePool", "Reshape", "Gemm", "Softmax"}
+
+
+def test_a_failing_simplification_warns_and_runs_the_graph_as_loaded(tmp_path, monkeypatch):
+    import opplugin.model as model_module
+
+    def broken(proto):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(model_module, "simplify", broken)
+    with pytest.warns(model_module.SimplificationWarning, match="graph simplification failed.*boom"):
+        model = load_model(save(conv_bn_relu(), tmp_path / "m.onnx"))
+    assert not model.simplification.changed
+    assert "BatchNormalization" in [n.op_type for n in model.proto.graph.node]
+
+
+def test_unnamed_nodes_keep_their_names_through_simplification(tmp_path):
+    proto = conv_bn_relu()
+    for node in proto.graph.node:
+        node.name = ""
+    model = load_model(save(proto, tmp_path / "unnamed.onnx"))
+    assert [n.name for n in model.proto.graph.node] == ["Conv_0", "Relu_2", "MaxPool_3"]
+    assert [n.name for n in model.original.graph.node] == ["Conv_0", "BatchNormalization_1", "Relu_2", "MaxPool_3"]

@@ -21,6 +21,10 @@ from opplugin.simplify import fold_batchnorm, simplify
 
 CPU = Device("cpu", "cpu")
 
+# A simplification that fails falls back to the graph as loaded with a warning: here that is an error,
+# so a broken pass cannot hide behind the fallback.
+pytestmark = pytest.mark.filterwarnings("error::opplugin.model.SimplificationWarning")
+
 
 def _feeds(shape, seed=3):
     return {"x": np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)}
@@ -234,3 +238,38 @@ def test_unnamed_nodes_keep_their_names_through_simplification(tmp_path):
     model = load_model(save(proto, tmp_path / "unnamed.onnx"))
     assert [n.name for n in model.proto.graph.node] == ["Conv_0", "Relu_2", "MaxPool_3"]
     assert [n.name for n in model.original.graph.node] == ["Conv_0", "BatchNormalization_1", "Relu_2", "MaxPool_3"]
+
+
+def test_runs_agreement_compares_with_the_original_graph(tmp_path, monkeypatch):
+    model = load_model(save(conv_bn_relu(seed=5), tmp_path / "conv_bn.onnx"))
+    runner = Runner(model, 3, "cpu")
+    feeds = _feeds((3, 3, 10, 10))
+    references = []
+
+    class Recording(Reference):
+        def __init__(self, model_proto, extra_outputs=()):
+            references.append(model_proto)
+            super().__init__(model_proto, extra_outputs)
+
+    monkeypatch.setattr(check_module, "Reference", Recording)
+    figures = check_module.agreement(runner.describe(3), feeds, runner.run(feeds).outputs["y"])
+    assert figures["passed"]
+    assert "BatchNormalization" in [n.op_type for n in references[0].graph.node]
+
+
+def test_shape_of_a_tensor_with_a_free_batch_is_not_folded():
+    """Shape > Gather(0) reads the batch, which is only known at run time."""
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+         helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+         helper.make_node("Unsqueeze", ["n", "axes"], ["n1"], name="unsqueeze"),
+         helper.make_node("Concat", ["n1", "minus_one"], ["target"], name="concat", axis=0),
+         helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")],
+        "free_batch", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 6])],
+        initializer=[numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                     numpy_helper.from_array(np.array([0], np.int64), "axes"),
+                     numpy_helper.from_array(np.array([-1], np.int64), "minus_one")])
+    simplified, done = simplify(finish(graph))
+    assert not done.changed
+    assert [n.op_type for n in simplified.graph.node] == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]

@@ -279,7 +279,7 @@ def check(
     kept = kept_tensors(plan)
     rows_list = check_chunks(plan, batch, budget_bytes, chunk)
     batched = _batched(plan)
-    reference = Reference(model.proto, kept)
+    reference = Reference(model.original, kept)  # the graph as loaded, before simplification
 
     stats = {(step.name, name): ErrorStats(atol, rtol) for step in plan.plugin_steps for name in step.outputs}
     output_stats = {name: ErrorStats(atol, rtol) for name in model.outputs}
@@ -321,7 +321,7 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     compare()'s figures plus "top1_agreement" (None when the output is no classifier's)."""
     model, batched = plan.model, _batched(plan)
     batch = _rows_of(plan, feeds)
-    reference = Reference(model.proto)
+    reference = Reference(model.original)
     first = model.outputs[0]
     figures, tally = ErrorStats(atol, rtol), Top1Tally()
     rows_at_once = max(1, AGREEMENT_BYTES // onnxruntime_image_bytes(plan))

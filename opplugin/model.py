@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from onnx import helper, numpy_helper, shape_inference
 from .errors import InputError, ModelError, first_line, positive_int
 from .registry import NodeInfo, TensorInfo
 from .resources import models_dir
+from .simplify import Simplification, simplify
 
 SHIPPED_MODELS = ("lenet86", "ece408_high")
 
@@ -36,12 +38,19 @@ def resolve_model_path(model: str | Path) -> Path:
 
 @dataclass
 class Model:
-    """A validated ONNX model. The batch is the first axis of every graph input."""
+    """A validated ONNX model. The batch is the first axis of every graph input.
+    `proto` is what runs (simplified at load); `original` is the graph as the file
+    gave it, which `check` runs in onnxruntime as the reference (the same as `proto`
+    when none is given)."""
 
     proto: onnx.ModelProto
     name: str
+    original: onnx.ModelProto | None = None
+    simplification: Simplification = field(default_factory=Simplification)
 
     def __post_init__(self) -> None:
+        if self.original is None:
+            self.original = self.proto
         graph = self.proto.graph
         name_unnamed_nodes(graph)
         self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -247,4 +256,24 @@ def load_model(model: str | Path) -> Model:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as err:
         raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
-    return Model(proto, display_name(path, proto))
+    name_unnamed_nodes(proto.graph)  # before simplifying, so a node has the same name in both graphs
+    simplified, done = _simplified(proto, path)
+    return Model(simplified, display_name(path, proto), original=proto, simplification=done)
+
+
+class SimplificationWarning(UserWarning):
+    """Load-time simplification failed; the model runs as loaded."""
+
+
+def _simplified(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, Simplification]:
+    """The simplified graph, checked by onnx's checker; the graph as loaded (after one
+    warning) if simplifying fails: a model that runs unsimplified beats one that cannot load."""
+    try:
+        simplified, done = simplify(proto)
+        if done.changed:
+            onnx.checker.check_model(simplified, full_check=False)
+        return simplified, done
+    except Exception as err:  # any failure here is ours, not the model's
+        warnings.warn(f"opplugin: {path}: graph simplification failed, running the graph as loaded: {first_line(err)}",
+                      SimplificationWarning, stacklevel=3)
+        return proto, Simplification()

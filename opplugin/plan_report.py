@@ -5,6 +5,9 @@ One entry per step, in execution order: its name, kind, ops, implementation (as
 `run` reports it), the tensors it reads and writes with their shapes at the
 record's batch, and its ONNX nodes. A node left to onnxruntime carries the
 reason: the answer of the plugin for its op type, or that there is none.
+"simplified" says what load-time simplification did (simplify.py): "constants_folded"
+and "dropped" map op types to counts, "batchnorms_folded" counts BatchNormalization
+nodes folded into their Conv.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 from .jsonout import header
 from .runtime.records import PlanRecord, StepRecord
 
-SCHEMA = "opplugin-plan/1"
+SCHEMA = "opplugin-plan/2"
 STEP_KEYS = ("name", "kind", "ops", "implementation", "inputs", "outputs", "nodes", "flops", "bytes_moved", "variants")
 
 # variant -> None when a plugin offers it for a step, else why not (Plugin.variant_notes)
@@ -57,4 +60,5 @@ def build_plan_report(plan: PlanRecord, variant_notes: VariantNotes | None = Non
         "chunk": plan.chunk,
         "steps": [step_entry(plan, step, notes.get(step.name) or None) for step in plan.steps],
         "fallbacks": dict(plan.fallbacks),
+        "simplified": plan.model.simplification.as_json(),
     }

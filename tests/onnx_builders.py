@@ -120,3 +120,80 @@ def long_named_chain(name_length: int = 200, relus: int = 200, pairs: int = 100)
                      numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3, "w2")],
     )
     return finish(graph)
+
+
+def batchnorm_params(rng, maps: int) -> dict[str, np.ndarray]:
+    """Inference BatchNormalization parameters far from the identity: scale, bias, mean, var."""
+    return {
+        "scale": rng.uniform(0.5, 2.0, maps).astype(np.float32) * rng.choice([-1, 1], maps).astype(np.float32),
+        "bias": rng.standard_normal(maps).astype(np.float32),
+        "mean": rng.standard_normal(maps).astype(np.float32),
+        "var": rng.uniform(0.05, 3.0, maps).astype(np.float32),
+    }
+
+
+def conv_bn_relu(seed: int = 0, channels: int = 3, size: int = 10, maps: int = 6, bias: bool = True,
+                 extra_reader: bool = False, epsilon: float = 1e-3) -> onnx.ModelProto:
+    """Conv > BatchNormalization > Relu > MaxPool, batch axis "N", random BatchNormalization
+    parameters. With `extra_reader` the Conv's output also feeds an Abs, whose result is a
+    second graph output: the BatchNormalization then cannot be folded."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((maps, channels, 3, 3)).astype(np.float32) * 0.3
+    bn = batchnorm_params(rng, maps)
+    initializers = [numpy_helper.from_array(w, "w")]
+    initializers += [numpy_helper.from_array(value, f"bn_{key}") for key, value in bn.items()]
+    conv_inputs = ["x", "w"]
+    if bias:
+        initializers.append(numpy_helper.from_array(rng.standard_normal(maps).astype(np.float32), "b"))
+        conv_inputs.append("b")
+    nodes = [
+        helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n"], name="bn",
+                         epsilon=epsilon),
+        helper.make_node("Relu", ["n"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", maps, size // 2, size // 2])]
+    if extra_reader:
+        nodes.append(helper.make_node("Abs", ["c"], ["a"], name="abs"))
+        outputs.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", maps, size, size]))
+    graph = helper.make_graph(nodes, "conv_bn_relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, size, size])],
+                              outputs, initializer=initializers)
+    return finish(graph)
+
+
+def identities_and_constants(seed: int = 0) -> onnx.ModelProto:
+    """x > Identity > Conv (weights from ConstantOfShape, bias from a Constant) > Dropout >
+    Relu > Identity > y (a graph output), plus a Shape > Gather > Unsqueeze > Concat >
+    Reshape flattening `y` into a second output `flat`."""
+    rng = np.random.default_rng(seed)
+    value = numpy_helper.from_array(np.array([0.25], np.float32))
+    bias = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "bias_value")
+    nodes = [
+        helper.make_node("Identity", ["x"], ["x_same"], name="identity_in"),
+        helper.make_node("Constant", [], ["w_shape"], name="w_shape_const",
+                         value=numpy_helper.from_array(np.array([4, 2, 3, 3], np.int64))),
+        helper.make_node("ConstantOfShape", ["w_shape"], ["w"], name="weights", value=value),
+        helper.make_node("Constant", [], ["b"], name="bias", value=bias),
+        helper.make_node("Conv", ["x_same", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Dropout", ["c", "ratio"], ["d"], name="dropout"),
+        helper.make_node("Relu", ["d"], ["r"], name="relu"),
+        helper.make_node("Identity", ["r"], ["y"], name="identity_out"),
+        helper.make_node("Shape", ["y"], ["y_shape"], name="shape"),
+        helper.make_node("Gather", ["y_shape", "zero"], ["batch"], name="gather", axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch_1d"], name="unsqueeze"),
+        helper.make_node("Concat", ["batch_1d", "minus_one"], ["flat_shape"], name="concat", axis=0),
+        helper.make_node("Reshape", ["y", "flat_shape"], ["flat"], name="reshape"),
+    ]
+    graph = helper.make_graph(
+        nodes, "identities_and_constants",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 6, 6]),
+         helper.make_tensor_value_info("flat", TensorProto.FLOAT, [2, 144])],
+        initializer=[numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                     numpy_helper.from_array(np.array([0], np.int64), "axes"),
+                     numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+                     numpy_helper.from_array(np.array(0.5, np.float32), "ratio")],
+    )
+    return finish(graph)

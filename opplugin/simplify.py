@@ -1,0 +1,344 @@
+"""Load-time graph simplification: constant subgraphs folded into initializers,
+inference BatchNormalization folded into the Conv before it, Identity and
+inference Dropout dropped.
+
+Why a hand pass and not onnxsim, onnxoptimizer or onnxscript's optimizer: the job
+is small, and each of those is a large dependency (onnxsim and onnxoptimizer are
+C++ extensions without wheels for every Python, onnxscript brings its own IR)
+whose rewrites would also rename or drop tensors that `check` compares with the
+original graph. The folding itself is not hand-written: onnx's own
+ReferenceEvaluator evaluates each constant node, and onnx's shape inference gives
+the static shapes that Shape nodes fold to.
+
+Rules that keep `check` meaningful: graph inputs and outputs keep their names, and
+every tensor a remaining node writes exists, with the same values, in the original
+graph (a Conv with a BatchNormalization folded in writes the BatchNormalization's
+output name).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+# Ops whose value is not a function of their inputs, and ops with subgraphs: never folded.
+NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+                "If", "Loop", "Scan", "SequenceMap"}
+
+# Constants with more elements than this are weights, not shape arithmetic.
+SMALL_CONSTANT = 1024
+
+
+@dataclass(frozen=True)
+class Simplification:
+    """What simplification did, counted by op type."""
+
+    constants_folded: dict[str, int] = field(default_factory=dict)  # op type -> nodes evaluated into initializers
+    batchnorms_folded: int = 0  # BatchNormalization nodes folded into the Conv before them
+    dropped: dict[str, int] = field(default_factory=dict)  # op type -> identities removed (Identity, Dropout)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.constants_folded or self.batchnorms_folded or self.dropped)
+
+    def describe(self) -> str:
+        """One line, e.g. "53 BatchNormalization folded into Conv, 239 ConstantOfShape folded"."""
+        parts = [f"{self.batchnorms_folded} BatchNormalization folded into Conv"] if self.batchnorms_folded else []
+        parts += [f"{count} {op} folded" for op, count in self.constants_folded.items()]
+        parts += [f"{count} {op} dropped" for op, count in self.dropped.items()]
+        return ", ".join(parts) or "nothing to simplify"
+
+    def as_json(self) -> dict:
+        return {"constants_folded": dict(self.constants_folded), "batchnorms_folded": self.batchnorms_folded,
+                "dropped": dict(self.dropped)}
+
+
+def simplify(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Simplification]:
+    """A simplified copy of `model` (left untouched) and what was done. A model with
+    nothing to simplify comes back as an unchanged copy."""
+    proto = copy.deepcopy(model)
+    graph = _Graph(proto)
+    dropped = graph.drop_identities()
+    folded = graph.fold_constants()
+    batchnorms = graph.fold_batchnorms()
+    done = Simplification(folded, batchnorms, dropped)
+    if done.changed:
+        graph.write_back()  # constants that only fed folded nodes go too
+    return proto, done
+
+
+def _count(counts: dict[str, int], op: str) -> None:
+    counts[op] = counts.get(op, 0) + 1
+
+
+class _Graph:
+    """The graph being simplified: its nodes as a list, its constants as arrays."""
+
+    def __init__(self, proto: onnx.ModelProto):
+        self.proto = proto
+        graph = proto.graph
+        self.nodes: list[onnx.NodeProto] = list(graph.node)
+        self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.added: set[str] = set()  # constants this pass made, to write as initializers
+        self.inputs = {i.name for i in graph.input if i.name not in self.constants}
+        self.outputs = {o.name for o in graph.output}
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def readers(self, name: str) -> list[onnx.NodeProto]:
+        return [n for n in self.nodes if name in n.input]
+
+    def rename_reads(self, old: str, new: str) -> None:
+        for node in self.nodes:
+            for index, name in enumerate(node.input):
+                if name == old:
+                    node.input[index] = new
+
+    def used(self, name: str) -> bool:
+        return name in self.outputs or any(name in n.input for n in self.nodes)
+
+    def new_name(self, base: str) -> str:
+        taken = set(self.constants) | self.inputs | {o for n in self.nodes for o in n.output}
+        name, suffix = base, 1
+        while name in taken:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        return name
+
+    # --- Identity and Dropout ---------------------------------------------------------------
+
+    def drop_identities(self) -> dict[str, int]:
+        dropped: dict[str, int] = {}
+        for node in list(self.nodes):
+            if node.domain not in ("", "ai.onnx") or not self._is_identity(node):
+                continue
+            source, result = node.input[0], node.output[0]
+            if result not in self.outputs:
+                self.nodes.remove(node)
+                self.rename_reads(result, source)
+            elif self._can_take_name(source):
+                # the graph output keeps its name: the producer writes it directly
+                producer = next(n for n in self.nodes if source in n.output)
+                self.nodes.remove(node)
+                producer.output[list(producer.output).index(source)] = result
+                self.rename_reads(source, result)
+            else:
+                continue
+            _count(dropped, node.op_type)
+        return dropped
+
+    def _is_identity(self, node: onnx.NodeProto) -> bool:
+        """Identity, or a Dropout in inference mode whose mask nobody reads."""
+        if node.op_type == "Identity":
+            return len(node.input) == 1 and len(node.output) == 1
+        if node.op_type != "Dropout" or not node.input or not node.input[0]:
+            return False
+        if any(a.name == "is_test" and a.i == 0 for a in node.attribute):  # opset < 7: training
+            return False
+        if len(node.input) > 2 and node.input[2]:  # training_mode (opset 12+): only a constant false
+            mode = self.constants.get(node.input[2])
+            if mode is None or bool(np.asarray(mode).any()):
+                return False
+        mask = node.output[1] if len(node.output) > 1 else ""
+        return not (mask and self.used(mask))
+
+    def _can_take_name(self, source: str) -> bool:
+        """Whether the node writing `source` can write a graph output's name instead."""
+        producers = [n for n in self.nodes if source in n.output]
+        return bool(producers) and source not in self.outputs and source not in self.inputs
+
+    # --- constant folding -------------------------------------------------------------------
+
+    def fold_constants(self) -> dict[str, int]:
+        """Evaluate every node whose inputs are all constant (and Shape or Size of a tensor
+        whose shape is static) into initializers, until a pass folds nothing more."""
+        folded: dict[str, int] = {}
+        while True:
+            before = sum(folded.values())
+            shapes = self._static_shapes() if any(n.op_type in ("Shape", "Size") for n in self.nodes) else {}
+            known = set(self.constants)
+            batch: list[onnx.NodeProto] = []
+            for node in list(self.nodes):
+                if not self._foldable(node):
+                    continue
+                if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+                    self._fold(node, [_shape_value(node, shapes[node.input[0]])], folded)
+                    known.add(node.output[0])
+                elif all(name in known for name in node.input if name):
+                    batch.append(node)
+                    known.update(o for o in node.output if o)
+            values = self._evaluate(batch) if batch else {}
+            for node in batch:
+                if all(o in values for o in node.output if o):
+                    self._fold(node, [values.get(o) for o in node.output], folded)
+            if sum(folded.values()) == before:
+                return folded
+
+    def _foldable(self, node: onnx.NodeProto) -> bool:
+        if node.domain not in ("", "ai.onnx") or node.op_type in NOT_FOLDABLE:
+            return False
+        return not any(o in self.outputs for o in node.output)  # a graph output stays the output of a node
+
+    def _fold(self, node: onnx.NodeProto, values: list, folded: dict[str, int]) -> None:
+        self.nodes.remove(node)
+        for name, value in zip(node.output, values):
+            if name:
+                self.constants[name] = value
+                self.added.add(name)
+        _count(folded, node.op_type)
+
+    def _evaluate(self, nodes: list[onnx.NodeProto]) -> dict[str, np.ndarray]:
+        """The outputs of `nodes` (constant inputs only), evaluated by onnxruntime, the
+        engine the reference runs: folded values are the ones the original graph has.
+        Nodes onnxruntime cannot run as a group are tried one by one; those that still
+        fail stay in the graph."""
+        values = self._run(nodes)
+        if values is not None or len(nodes) == 1:
+            return values or {}
+        values = {}
+        for node in nodes:
+            if all(name in self.constants or name in values for name in node.input if name):
+                values.update(self._run([node], values) or {})
+        return values
+
+    def _run(self, nodes: list[onnx.NodeProto], extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
+        from .sessions import session
+
+        available = {**self.constants, **(extra or {})}
+        produced = {o for n in nodes for o in n.output if o}
+        read = dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced)
+        outputs = [o for n in nodes for o in n.output if o]
+        graph = helper.make_graph(nodes, "constants", [], [helper.make_empty_tensor_value_info(o) for o in outputs],
+                                  initializer=[numpy_helper.from_array(np.asarray(available[i]), i) for i in read])
+        model = helper.make_model(graph, opset_imports=list(self.proto.opset_import))
+        model.ir_version = max(self.proto.ir_version, 4)
+        try:
+            results = session(model, arena=False).run(outputs, {})
+        except Exception:  # an op onnxruntime cannot run on its own: it stays in the graph
+            return None
+        if not all(isinstance(r, np.ndarray) for r in results):  # sequences and maps stay too
+            return None
+        return dict(zip(outputs, results))
+
+    def _static_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensors whose every dimension is a known number, from onnx's shape inference.
+        Large constants (weights) go in as typed inputs: their values change no shape."""
+        small = {k: v for k, v in self.constants.items() if v.size <= SMALL_CONSTANT}
+        large = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+                 for k, v in self.constants.items() if k not in small]
+        inputs = [i for i in self.proto.graph.input if i.name in self.inputs]
+        probe = helper.make_model(
+            helper.make_graph(self.nodes, "probe", inputs + large, list(self.proto.graph.output),
+                              initializer=[numpy_helper.from_array(v, k) for k, v in small.items()]),
+            opset_imports=list(self.proto.opset_import))
+        probe.ir_version = max(self.proto.ir_version, 4)
+        try:
+            inferred = shape_inference.infer_shapes(probe, data_prop=True)
+        except Exception:  # no shapes: Shape nodes simply stay
+            return {}
+        shapes = {}
+        for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+            dims = value.type.tensor_type.shape.dim
+            if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                shapes[value.name] = tuple(d.dim_value for d in dims)
+        return shapes
+
+    # --- BatchNormalization into Conv -------------------------------------------------------
+
+    def fold_batchnorms(self) -> int:
+        folded = 0
+        for bn in list(self.nodes):
+            conv = self._foldable_conv(bn)
+            if conv is None:
+                continue
+            weights, bias = fold_batchnorm(
+                self.constants[conv.input[1]],
+                self.constants[conv.input[2]] if len(conv.input) > 2 and conv.input[2] else None,
+                *(self.constants[name] for name in bn.input[1:5]),
+                epsilon=_attribute(bn, "epsilon", 1e-5),
+            )
+            names = [self.new_name(f"{conv.input[1]}_bn"), self.new_name(f"{bn.input[2]}_conv")]
+            for name, value in zip(names, (weights, bias)):
+                self.constants[name] = value
+                self.added.add(name)
+            data = conv.input[0]
+            del conv.input[:]
+            conv.input.extend([data, *names])
+            conv.output[0] = bn.output[0]  # the folded Conv writes what the BatchNormalization wrote
+            self.nodes.remove(bn)
+            folded += 1
+        return folded
+
+    def _foldable_conv(self, bn: onnx.NodeProto) -> onnx.NodeProto | None:
+        """The Conv that `bn` can fold into, or None: an inference BatchNormalization with
+        constant parameters, after a float32 Conv with constant weights whose output
+        nobody else reads."""
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+            return None
+        if len(bn.input) != 5 or [o for o in bn.output if o] != [bn.output[0]]:
+            return None
+        if _attribute(bn, "training_mode", 0) or _attribute(bn, "spatial", 1) != 1 or _attribute(bn, "is_test", 1) == 0:
+            return None
+        if not all(name in self.constants for name in bn.input[1:5]):
+            return None
+        source = bn.input[0]
+        conv = next((n for n in self.nodes if source in n.output), None)
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
+            return None
+        if source in self.outputs or len(self.readers(source)) != 1:
+            return None
+        constant_inputs = [n for n in conv.input[1:] if n]
+        if not all(name in self.constants for name in constant_inputs):
+            return None
+        weights = self.constants[conv.input[1]]
+        if weights.dtype != np.float32 or any(self.constants[n].shape != (weights.shape[0],) for n in bn.input[1:5]):
+            return None
+        return conv
+
+    # --- writing back -----------------------------------------------------------------------
+
+    def write_back(self) -> None:
+        graph = self.proto.graph
+        graph.ClearField("node")
+        graph.node.extend(self.nodes)
+        kept = [t for t in graph.initializer if t.name in self.constants and self.used(t.name)]
+        added = [numpy_helper.from_array(self.constants[n], n) for n in sorted(self.added) if self.used(n)]
+        graph.ClearField("initializer")
+        graph.initializer.extend([*kept, *added])
+        # IR 3 lists every initializer among the graph inputs too
+        names = {t.name for t in graph.initializer}
+        inputs = [i for i in graph.input if i.name in self.inputs or i.name in names]
+        if self.proto.ir_version < 4:
+            listed = {i.name for i in inputs}
+            inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in added if t.name not in listed]
+        graph.ClearField("input")
+        graph.input.extend(inputs)
+        graph.ClearField("value_info")  # stale after renames: shape inference makes them again
+
+
+def fold_batchnorm(weights: np.ndarray, bias: np.ndarray | None, scale: np.ndarray, offset: np.ndarray,
+                   mean: np.ndarray, var: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """A Conv's weights and bias with the inference BatchNormalization after it folded in,
+    computed in float64 and stored as float32:
+    W' = W * scale / sqrt(var + eps) per output channel, b' = (b - mean) * scale / sqrt(var + eps) + B."""
+    factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + np.float64(epsilon))
+    b = np.zeros(weights.shape[0]) if bias is None else bias.astype(np.float64)
+    folded_weights = weights.astype(np.float64) * factor.reshape(-1, *([1] * (weights.ndim - 1)))
+    folded_bias = (b - mean.astype(np.float64)) * factor + offset.astype(np.float64)
+    return folded_weights.astype(np.float32), folded_bias.astype(np.float32)
+
+
+def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    if node.op_type == "Size":
+        return np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+    start, end = _attribute(node, "start", 0), _attribute(node, "end", None)
+    return np.array(shape[start:end], dtype=np.int64)
+
+
+def _attribute(node: onnx.NodeProto, name: str, default):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return helper.get_attribute_value(attribute)
+    return default

@@ -6,9 +6,10 @@ Why a hand pass and not onnxsim, onnxoptimizer or onnxscript's optimizer: the jo
 is small, and each of those is a large dependency (onnxsim and onnxoptimizer are
 C++ extensions without wheels for every Python, onnxscript brings its own IR)
 whose rewrites would also rename or drop tensors that `check` compares with the
-original graph. The folding itself is not hand-written: onnx's own
-ReferenceEvaluator evaluates each constant node, and onnx's shape inference gives
-the static shapes that Shape nodes fold to.
+original graph. The folding itself is not hand-written: onnxruntime, the engine
+the reference runs on, evaluates the constant nodes (onnx's ReferenceEvaluator
+fails on opset-9 Unsqueeze, which DenseNet and Inception exports use), and onnx's
+shape inference gives the static shapes that Shape nodes fold to.
 
 Rules that keep `check` meaningful: graph inputs and outputs keep their names, and
 every tensor a remaining node writes exists, with the same values, in the original

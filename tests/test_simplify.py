@@ -19,6 +19,20 @@ from opplugin.runtime import Runner
 from opplugin.sessions import Reference
 from opplugin.simplify import fold_batchnorm, simplify
 
+
+@pytest.fixture
+def references(monkeypatch):
+    """The models check's onnxruntime reference sessions are built from, in order."""
+    built = []
+
+    class Recording(Reference):
+        def __init__(self, model_proto, extra_outputs=()):
+            built.append(model_proto)
+            super().__init__(model_proto, extra_outputs)
+
+    monkeypatch.setattr(check_module, "Reference", Recording)
+    return built
+
 CPU = Device("cpu", "cpu")
 
 # A simplification that fails falls back to the graph as loaded with a warning: here that is an error,
@@ -101,7 +115,7 @@ def test_plan_shows_the_fold_and_fuses_conv_relu_maxpool(tmp_path):
     assert data["simplified"] == {"constants_folded": {}, "batchnorms_folded": 1, "dropped": {}}
 
 
-def test_folded_model_matches_float64_and_check_uses_the_original(tmp_path, monkeypatch):
+def test_folded_model_matches_float64_and_check_uses_the_original(tmp_path, references):
     proto = conv_bn_relu(seed=1, bias=True)
     model = load_model(save(proto, tmp_path / "conv_bn.onnx"))
     runner = Runner(model, 4, "cpu")
@@ -112,14 +126,6 @@ def test_folded_model_matches_float64_and_check_uses_the_original(tmp_path, monk
                                           init["bn_mean"], init["bn_var"], np.float64(np.float32(1e-3)))
     assert np.abs(ours - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max())
 
-    references = []
-
-    class Recording(Reference):
-        def __init__(self, model_proto, extra_outputs=()):
-            references.append(model_proto)
-            super().__init__(model_proto, extra_outputs)
-
-    monkeypatch.setattr(check_module, "Reference", Recording)
     result = check(runner.run, runner.describe(4), feeds)
     assert result.passed
     assert [n.op_type for n in references[0].graph.node] == ["Conv", "BatchNormalization", "Relu", "MaxPool"]
@@ -240,18 +246,10 @@ def test_unnamed_nodes_keep_their_names_through_simplification(tmp_path):
     assert [n.name for n in model.original.graph.node] == ["Conv_0", "BatchNormalization_1", "Relu_2", "MaxPool_3"]
 
 
-def test_runs_agreement_compares_with_the_original_graph(tmp_path, monkeypatch):
+def test_runs_agreement_compares_with_the_original_graph(tmp_path, references):
     model = load_model(save(conv_bn_relu(seed=5), tmp_path / "conv_bn.onnx"))
     runner = Runner(model, 3, "cpu")
     feeds = _feeds((3, 3, 10, 10))
-    references = []
-
-    class Recording(Reference):
-        def __init__(self, model_proto, extra_outputs=()):
-            references.append(model_proto)
-            super().__init__(model_proto, extra_outputs)
-
-    monkeypatch.setattr(check_module, "Reference", Recording)
     figures = check_module.agreement(runner.describe(3), feeds, runner.run(feeds).outputs["y"])
     assert figures["passed"]
     assert "BatchNormalization" in [n.op_type for n in references[0].graph.node]

@@ -298,13 +298,26 @@ def main(argv: list[str] | None = None) -> int:
         from .errors import first_line
 
         if not is_out_of_memory(err):
-            raise
+            return _internal_error()
         # an allocation outside a run (the input arrays, pinned or not)
         print(f"opplugin: error: out of memory: {first_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("opplugin: interrupted", file=sys.stderr)
         return 130
+
+
+# Exit status of a failure opplugin did not foresee: not 1, which scripts read as a failed comparison.
+INTERNAL_ERROR = 3
+
+
+def _internal_error() -> int:
+    """A bug, not the user's input: the traceback for the report, then a line that says so."""
+    import traceback
+
+    traceback.print_exc()
+    print("opplugin: internal error (a bug in opplugin; the traceback above helps to report it)", file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

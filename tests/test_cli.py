@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from opplugin import cuda
+from opplugin import cli, cuda
 from opplugin.cli import main
 from opplugin.runtime import Runner
 
@@ -374,3 +374,15 @@ def test_run_exits_1_when_its_comparison_fails(monkeypatch, capsys):
     assert main(["run", "ece408_high", "--batch", "2", "--device", "cpu", "--repeat", "1"]) == 1
     assert "Against onnxruntime CPU: FAIL" in capsys.readouterr().out
     assert main(["run", "ece408_high", "--batch", "2", "--device", "cpu", "--repeat", "1", "--no-compare"]) == 0
+
+
+def test_an_unforeseen_error_exits_3_with_its_traceback_not_1(monkeypatch, capsys):
+    # 1 means a failed comparison to scripts; a bug must not look like one
+    def broken(args):
+        raise RuntimeError("something opplugin did not foresee")
+
+    monkeypatch.setitem(cli.COMMANDS, "plan", broken)
+    assert main(["plan", "lenet86", "--device", "cpu"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: something opplugin did not foresee" in err
+    assert err.strip().splitlines()[-1].startswith("opplugin: internal error")

@@ -59,15 +59,17 @@ class Simplification:
 
 def simplify(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Simplification]:
     """A simplified copy of `model` (left untouched) and what was done. A model with
-    nothing to simplify comes back as an unchanged copy."""
-    proto = copy.deepcopy(model)
+    nothing to simplify comes back itself, so that a caller keeping both the original
+    and the simplified graph does not hold its weights twice."""
+    proto = copy.deepcopy(model)  # the passes edit nodes in place
     graph = _Graph(proto)
     dropped = graph.drop_identities()
     folded = graph.fold_constants()
     batchnorms = graph.fold_batchnorms()
     done = Simplification(folded, batchnorms, dropped)
-    if done.changed:
-        graph.write_back()  # constants that only fed folded nodes go too
+    if not done.changed:
+        return model, done
+    graph.write_back()  # constants that only fed folded nodes go too
     return proto, done
 
 
@@ -304,8 +306,9 @@ class _Graph:
         graph = self.proto.graph
         graph.ClearField("node")
         graph.node.extend(self.nodes)
-        kept = [t for t in graph.initializer if t.name in self.constants and self.used(t.name)]
-        added = [numpy_helper.from_array(self.constants[n], n) for n in sorted(self.added) if self.used(n)]
+        used = self.outputs | {name for node in self.nodes for name in node.input}  # once, not per initializer
+        kept = [t for t in graph.initializer if t.name in self.constants and t.name in used]
+        added = [numpy_helper.from_array(self.constants[n], n) for n in sorted(self.added) if n in used]
         graph.ClearField("initializer")
         graph.initializer.extend([*kept, *added])
         # IR 3 lists every initializer among the graph inputs too

@@ -138,11 +138,16 @@ def _load(args, free_batch_default: int | None = None):
 
 
 def _runner(args):
+    model, device = _load(args)
+    return model, _make_runner(args, model, device)
+
+
+def _make_runner(args, model, device):
+    """A runner of a loaded model, with the flags' variant, chunk and streams."""
     from .runtime import Runner
 
-    model, device = _load(args)
     variants = {"Conv": args.variant} if args.variant else None
-    return model, Runner(model, args.batch, device, variants, chunk=args.chunk, streams=args.streams)
+    return Runner(model, args.batch, device, variants, chunk=args.chunk, streams=args.streams)
 
 
 # Runs of at least this many chunks in all report progress even when stderr is not a terminal.
@@ -245,15 +250,15 @@ def cmd_plan(args) -> int:
     notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
     print(describe(plan, {k: v for k, v in notes.items() if v}, args.wide))
     if args.json:
-        _write_plan_json(args)
+        _write_plan_json(args, model, device)
     return 0
 
 
-def _write_plan_json(args) -> None:
+def _write_plan_json(args, model, device) -> None:
     """The plan as `run` would run it: a runner names each step's kernel."""
     from .plan_report import build_plan_report
 
-    _, runner = _runner(args)
+    runner = _make_runner(args, model, device)
     notes = {step.name: step.plugin.variant_notes(step.node, runner.device) for step in runner.plan.plugin_steps}
     _write_json(args.json, build_plan_report(runner.describe(args.batch), notes))
 

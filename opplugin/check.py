@@ -27,7 +27,7 @@ from .jsonout import header
 from .runtime import chunking
 from .runtime.records import PlanRecord, RunResult
 from .sessions import Reference
-from .texttable import LINE_WIDTH, elide_middle, text_table
+from .texttable import LINE_WIDTH, NAME_WIDTH, elide_middle, text_table
 
 # runner.run: (feeds, keep) -> RunResult
 RunFunction = Callable[..., RunResult]
@@ -335,8 +335,6 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else None}
 
 
-# Without --wide: the most characters a name in a line of prose under the table takes.
-NAME_WIDTH = 60
 
 
 def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = False) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .jsonout import header
 from .runtime.records import Profile
-from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops, text_table
+from .texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops, text_table
 
 # 2: end_to_end_ms, always equal to host_to_host_ms, left out
 # 3: the header every report shares (jsonout.py), the device's memory_bytes; data,
@@ -146,9 +146,8 @@ def _shapes(shapes: list[list[int]]) -> str:
     return " ".join("x".join(str(d) for d in s) for s in shapes)
 
 
-# Without --wide: the most characters the ops column and a step's name in a line of prose take.
+# Without --wide: the most characters the ops column takes.
 OPS_WIDTH = 48
-NAME_WIDTH = 60
 
 
 def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:

@@ -10,6 +10,8 @@ from typing import Iterable, Sequence
 
 # The widest line the text output aims for by default (`--wide` lifts it).
 LINE_WIDTH = 160
+# The most characters a name in a line of prose under a table takes (`--wide` lifts it).
+NAME_WIDTH = 60
 ELLIPSIS = "..."
 # A narrowed column keeps at least this many characters.
 MIN_CELL = 12

@@ -238,7 +238,7 @@ def sub_model(
 
 
 # Without --wide: the most characters a step or tensor name, and an op chain, take in the plan's text.
-NAME_WIDTH = 40
+PLAN_NAME_WIDTH = 40
 OPS_WIDTH = 72
 
 
@@ -246,7 +246,7 @@ def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None 
     """The plan as text: one line per step, then why claimed nodes stay in onnxruntime and
     why fusions were given up. Long names and op chains are shortened unless `wide`."""
     device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
-    line_width, name_width = (None, None) if wide else (LINE_WIDTH, NAME_WIDTH)
+    line_width, name_width = (None, None) if wide else (LINE_WIDTH, PLAN_NAME_WIDTH)
     lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
     if plan.model.simplification.changed:
         lines[1:1] = [elide_middle(f"Simplified at load: {plan.model.simplification.describe()}", line_width)]

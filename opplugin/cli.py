@@ -105,10 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
     bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
-    bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000)")
+    bench.add_argument(
+        "--suite", choices=("models", "cnn"), default="models",
+        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2 at batch 1 and 32",
+    )
+    bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000; 1 32 with --suite cnn)")
     bench.add_argument("--warmup", type=int, help="untimed calls before timing (default 3)")
     bench.add_argument("--repeat", type=int, help="timed samples; the tables give medians (default 20)")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
+    bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")

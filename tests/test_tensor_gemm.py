@@ -51,6 +51,8 @@ def test_limits_are_stated():
 def test_small_outputs_split_k_to_fill_the_gpu_and_large_ones_do_not():
     assert families.resolve(VGG_512, "tc_3xtf32") == "tc_3xtf32_128x64_k8"  # 196 pixels x 512 maps: 16 tiles of 128x64
     assert families.resolve(RESNET_64, "tc_3xtf32") == "tc_3xtf32_64x128"
+    short_k = conv(32, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))  # K = 288: a smaller tile, unsplit
+    assert families.resolve(short_k, "tc_3xtf32") == "tc_3xtf32_32x64"
     few_maps = conv(32, 96, 24, (56, 56), (1, 1))
     assert families.resolve(few_maps, "tc_3xtf32") == "tc_3xtf32_32x128"
 

@@ -81,4 +81,5 @@ def raise_for_log(source: KernelSource, log: str, defines: Mapping[str, int]) ->
     first = next((m for m in messages if m.group(1) != CONTRACT_FILE), None)
     where = f"{source.path}:{first.group(2)}: {first.group(3)}" if first else f"{source.path}: NVRTC failed"
     macros = " ".join(f"{k}={v}" for k, v in defines.items())
-    raise UserKernelError(f"{where}\nNVRTC's log (macros {macros}):\n{log.strip()}")
+    log = re.sub(r'compilation of "[^"]*"', f'compilation of "{source.path}"', log.strip())  # not CuPy's temporary file
+    raise UserKernelError(f"{where}\nNVRTC's log (macros {macros}):\n{log}")

@@ -110,7 +110,8 @@ def test_watch_picks_up_an_edit(starter):
 
 
 def test_a_hanging_kernel_stops_with_a_clear_message(starter, tmp_path):
-    hang = edited(starter, "    float acc = 0.0f;", "    float acc = 0.0f;\n    for (volatile const float* p = x; p[0] == p[0];) { }  // spins: the input is finite", "hang.cu")
+    spin = "    float acc = 0.0f;\n    for (volatile const float* p = x; p[0] == p[0];) { }  // spins: the input is finite"
+    hang = edited(starter, "    float acc = 0.0f;", spin, "hang.cu")
     done = subprocess.run([sys.executable, "-m", "opplugin", "check", "lenet86", "--batch", "8", "--kernel", f"Conv={hang}"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2

@@ -5,7 +5,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from opplugin.cli import main
@@ -18,25 +17,9 @@ from opplugin.user_kernels import KernelSource, UserKernelError, UserPlugin, sta
 from opplugin.user_kernels.source import evaluate, parse_directives
 from opplugin.user_kernels.sanitize import format_findings, parse_findings, sanitize
 from opplugin.user_kernels.watch import StepResult, describe, watch
+from user_kernel_fixtures import FUSED, edited, new_starter
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_check.nvrtc_available(), reason="NVRTC (cuda-bindings) is not installed")
-FUSED = Path(__file__).parent / "user_kernels" / "conv_fused.cu"
-
-
-@pytest.fixture
-def starter(tmp_path, capsys):
-    path = tmp_path / "my_conv.cu"
-    assert main(["new", "conv", str(path)]) == 0
-    capsys.readouterr()
-    return path
-
-
-def edited(path: Path, old: str, new: str, name: str) -> Path:
-    text = path.read_text()
-    assert old in text
-    target = path.with_name(name)
-    target.write_text(text.replace(old, new))
-    return target
 
 
 def line_of(path: Path, fragment: str) -> int:
@@ -53,7 +36,8 @@ def test_new_lists_the_op_types_with_starters(capsys):
     assert 'extern "C" __global__ void conv(const float* x, const float* w, const float* b, float* y, int batch)' in out
 
 
-def test_the_conv_starter_states_the_contract(starter):
+def test_the_conv_starter_states_the_contract(tmp_path):
+    starter = new_starter(tmp_path)
     text = starter.read_text()
     for fact in ("extern \"C\" __global__ void conv(", "HAS_BIAS", "KH, KW", "SH, SW", "PH, PW", "DH, DW", "C, M, G",
                  "weights=constant", "W_CONST", "grid=", "block=", "#error reject:", "fuses=epilogue"):
@@ -62,7 +46,12 @@ def test_the_conv_starter_states_the_contract(starter):
     assert parse_directives(str(starter), text).block == 256
 
 
-def test_new_refuses_to_overwrite_and_an_unknown_op_type(starter, capsys):
+def test_new_writes_the_starter_and_refuses_to_overwrite_it_or_an_unknown_op_type(tmp_path, capsys):
+    written = tmp_path / "mine.cu"
+    assert main(["new", "Conv", str(written)]) == 0
+    assert capsys.readouterr().out == f"Wrote {written}: a Conv kernel, one thread per output. Try: opplugin check --kernel Conv={written}\n"
+    assert written.read_text() == starter_text("Conv").replace("THIS_FILE.cu", "mine.cu")
+    starter = new_starter(tmp_path)
     assert main(["new", "conv", str(starter)]) == 2
     assert "exists; pass --force" in capsys.readouterr().err
     assert main(["new", "gemm", str(starter.with_name("g.cu"))]) == 2
@@ -75,7 +64,8 @@ def test_new_refuses_to_overwrite_and_an_unknown_op_type(starter, capsys):
 
 @needs_nvrtc
 @pytest.mark.parametrize("model", ["lenet86", "ece408_high"])
-def test_plan_compiles_the_starter_without_a_gpu(starter, model, capsys):
+def test_plan_compiles_the_starter_without_a_gpu(tmp_path, model, capsys):
+    starter = new_starter(tmp_path)
     assert main(["plan", model, "--device", "cpu", "--kernel", f"Conv={starter}"]) == 0
     out = capsys.readouterr().out
     assert "User kernels (compiled for sm_90 with NVRTC" in out
@@ -90,7 +80,8 @@ def test_plan_says_where_a_fused_kernel_runs_its_epilogue(capsys):
 
 
 @needs_nvrtc
-def test_a_compile_error_names_the_users_line_then_nvrtcs_log(starter, capsys):
+def test_a_compile_error_names_the_users_line_then_nvrtcs_log(tmp_path, capsys):
+    starter = new_starter(tmp_path)
     bad = edited(starter, "acc += b[m];", "acc += b[m] + oops;", "bad.cu")
     assert main(["plan", "lenet86", "--kernel", f"Conv={bad}"]) == 2
     out, err = capsys.readouterr()
@@ -103,7 +94,8 @@ def test_a_compile_error_names_the_users_line_then_nvrtcs_log(starter, capsys):
 
 
 @needs_nvrtc
-def test_a_rejected_shape_falls_back_with_the_reason_in_the_plan(starter, capsys):
+def test_a_rejected_shape_falls_back_with_the_reason_in_the_plan(tmp_path, capsys):
+    starter = new_starter(tmp_path)
     picky = edited(starter, "#if G != 1\n#error reject: grouped convolution is not handled by this starter",
                    "#if C == 1\n#error reject: one input channel: the built-in kernel is better", "picky.cu")
     assert main(["plan", "lenet86", "--kernel", f"Conv={picky}"]) == 0
@@ -119,7 +111,8 @@ def test_a_rejected_shape_falls_back_with_the_reason_in_the_plan(starter, capsys
     ("float* y, int batch)\n{", "float* y)\n{", ": wrong signature for conv"),
     ('extern "C" __global__', "__global__", ': the entry point conv must be declared extern "C" __global__'),
 ])
-def test_contract_errors_are_one_line_with_exit_status_2(starter, old, new, message, capsys):
+def test_contract_errors_are_one_line_with_exit_status_2(tmp_path, old, new, message, capsys):
+    starter = new_starter(tmp_path)
     bad = edited(starter, old, new, "bad.cu")
     assert main(["plan", "--kernel", f"Conv={bad}"]) == 2
     err = capsys.readouterr().err
@@ -159,14 +152,16 @@ def test_grid_expressions_are_integer_arithmetic_on_the_macros():
 
 
 @needs_nvrtc
-def test_check_on_the_cpu_says_once_that_the_reference_runs_instead(starter, capsys):
+def test_check_on_the_cpu_says_once_that_the_reference_runs_instead(tmp_path, capsys):
+    starter = new_starter(tmp_path)
     assert main(["check", "lenet86", "--batch", "16", "--device", "cpu", "--kernel", f"Conv={starter}"]) == 0
     out, err = capsys.readouterr()
     assert err.count("The user kernel cannot run without a GPU: the numpy reference backend runs its nodes instead.") == 1
     assert "PASS" in out
 
 
-def test_the_api_takes_kernels_by_op_type(starter):
+def test_the_api_takes_kernels_by_op_type(tmp_path):
+    starter = new_starter(tmp_path)
     model = load_model("lenet86")
     runner = Runner(model, 4, CPU, kernels={"Conv": str(starter)})
     plugin = runner.plan.plugin_steps[0].plugin
@@ -253,7 +248,8 @@ def test_sanitizer_findings_in_the_users_file_become_a_table_with_source_lines(t
     assert "Invalid __global__ write of size 4 bytes" in table and "oob.cu:70" in table and "y[index + 64] = acc;" in table
 
 
-def test_sanitize_says_in_one_line_when_compute_sanitizer_is_missing(starter, monkeypatch):
+def test_sanitize_says_in_one_line_when_compute_sanitizer_is_missing(tmp_path, monkeypatch):
+    starter = new_starter(tmp_path)
     monkeypatch.setattr("opplugin.user_kernels.sanitize.find_sanitizer", lambda: None)
     said = []
     sanitize("lenet86", [KernelSource(str(starter))], say=said.append)

@@ -10,31 +10,16 @@ from pathlib import Path
 import pytest
 
 from opplugin.cli import main
+from user_kernel_fixtures import FUSED, edited, new_starter
 
 pytestmark = pytest.mark.gpu
-FUSED = Path(__file__).parent / "user_kernels" / "conv_fused.cu"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def starter(tmp_path, capsys):
-    path = tmp_path / "my_conv.cu"
-    assert main(["new", "conv", str(path)]) == 0
-    capsys.readouterr()
-    return path
-
-
-def edited(path: Path, old: str, new: str, name: str) -> Path:
-    text = path.read_text()
-    assert old in text
-    target = path.with_name(name)
-    target.write_text(text.replace(old, new))
-    return target
 
 
 @pytest.mark.parametrize("model", ["lenet86", "ece408_high"])
 @pytest.mark.parametrize("kernel", ["starter", "fused"])
-def test_user_kernels_pass_check_on_the_shipped_models(starter, model, kernel, capsys):
+def test_user_kernels_pass_check_on_the_shipped_models(tmp_path, model, kernel, capsys):
+    starter = new_starter(tmp_path)
     path = starter if kernel == "starter" else FUSED
     assert main(["check", model, "--batch", "1000", "--kernel", f"Conv={path}"]) == 0
     out = capsys.readouterr().out
@@ -52,22 +37,21 @@ def test_the_relu_starter_passes_check(tmp_path, capsys):
     assert "my_relu.cu" in out and "PASS at atol" in out
 
 
-def test_a_wrong_kernel_fails_check_and_is_named_the_first_bad_node(starter, capsys):
+@pytest.mark.parametrize("old, new, named", [
     # forgetting the bias is wrong for every node; conv1 comes first
-    wrong = edited(starter, "acc += b[m];", "", "wrong.cu")
+    ("acc += b[m];", "", "First bad node: conv1 (wrong.cu, then cupy+relu+maxpool2)"),
+    # half the outputs never written: the NaN poison shows through
+    ("    y[index] = acc;", "    if (index % 2) y[index] = acc;", "First bad node: conv1 (wrong.cu"),
+])
+def test_a_wrong_kernel_fails_check_and_is_named_the_first_bad_node(tmp_path, old, new, named, capsys):
+    wrong = edited(new_starter(tmp_path), old, new, "wrong.cu")
     assert main(["check", "lenet86", "--batch", "300", "--kernel", f"Conv={wrong}"]) == 1
     out = capsys.readouterr().out
-    assert "First bad node: conv1 (wrong.cu, then cupy+relu+maxpool2)" in out
+    assert named in out and "FAIL" in out
 
 
-def test_an_unwritten_output_fails_check_through_the_poison(starter, capsys):
-    lazy = edited(starter, "    y[index] = acc;", "    if (index % 2) y[index] = acc;", "lazy.cu")
-    assert main(["check", "lenet86", "--batch", "200", "--kernel", f"Conv={lazy}"]) == 1
-    out = capsys.readouterr().out
-    assert "First bad node: conv1" in out and "FAIL" in out
-
-
-def test_sanitize_finds_a_planted_out_of_bounds_write(starter, capsys):
+def test_sanitize_finds_a_planted_out_of_bounds_write(tmp_path, capsys):
+    starter = new_starter(tmp_path)
     planted = edited(starter, "    y[index] = acc;", "    y[index + OH * OW] = acc;  // one map too far", "oob.cu")
     line = next(n for n, text in enumerate(planted.read_text().splitlines(), 1) if "one map too far" in text)
     assert main(["check", "lenet86", "--batch", "4", "--kernel", f"Conv={planted}", "--sanitize"]) == 2
@@ -77,12 +61,14 @@ def test_sanitize_finds_a_planted_out_of_bounds_write(starter, capsys):
     assert err.startswith(f"{planted}: compute-sanitizer found") and err.count("\n") == 1
 
 
-def test_sanitize_passes_the_starter(starter, capsys):
+def test_sanitize_passes_the_starter(tmp_path, capsys):
+    starter = new_starter(tmp_path)
     assert main(["check", "lenet86", "--batch", "4", "--kernel", f"Conv={starter}", "--sanitize"]) == 0
     assert "--sanitize: memcheck, initcheck found nothing in my_conv.cu" in capsys.readouterr().out
 
 
-def test_watch_picks_up_an_edit(starter):
+def test_watch_picks_up_an_edit(tmp_path):
+    starter = new_starter(tmp_path)
     from opplugin import cli
     from opplugin.user_kernels.cli_support import watch_kernels
 
@@ -109,7 +95,8 @@ def test_watch_picks_up_an_edit(starter):
     assert "-> " in second and "FAIL" in second  # the edit made it wrong, and the diff shows it
 
 
-def test_a_hanging_kernel_stops_with_a_clear_message(starter, tmp_path):
+def test_a_hanging_kernel_stops_with_a_clear_message(tmp_path):
+    starter = new_starter(tmp_path)
     spin = "    float acc = 0.0f;\n    for (volatile const float* p = x; p[0] == p[0];) { }  // spins: the input is finite"
     hang = edited(starter, "    float acc = 0.0f;", spin, "hang.cu")
     done = subprocess.run([sys.executable, "-m", "opplugin", "check", "lenet86", "--batch", "8", "--kernel", f"Conv={hang}"],

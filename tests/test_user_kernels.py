@@ -9,11 +9,12 @@ import pytest
 
 from opplugin.cli import main
 from opplugin.device import CPU
+from opplugin.errors import PluginError
 from opplugin.lab import nvrtc_check
 from opplugin.model import load_model
 from opplugin.registry import Kernel, Plugin, plugins
 from opplugin.runtime import Runner
-from opplugin.user_kernels import KernelSource, UserKernelError, UserPlugin, starter_text, user_registry
+from opplugin.user_kernels import CudaSourcePlugin, KernelSource, UserKernelError, UserPlugin, starter_text, user_registry
 from opplugin.user_kernels.source import evaluate, parse_directives
 from opplugin.user_kernels.sanitize import format_findings, parse_findings, sanitize
 from opplugin.user_kernels.watch import StepResult, describe, watch
@@ -288,3 +289,49 @@ def test_the_starters_ship_as_package_data():
     assert "opplugin.user_kernels" in config["tool"]["setuptools"]["packages"]
     assert "*.cu" in config["tool"]["setuptools"]["package-data"]["opplugin.starters"]
     assert "extern \"C\" __global__ void relu(" in starter_text("Relu")
+
+
+# --- the CudaSourcePlugin helper ---------------------------------------------------------
+
+SCALE_SOURCE = """// scales every element by SCALE
+extern "C" __global__ void scale(const float* x, float* y, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * SCALE;
+}
+"""
+
+
+class Doubler(CudaSourcePlugin):
+    op_type = "Relu"
+    entry = "scale"
+    source_path = "scale.cu"
+    source_text = SCALE_SOURCE
+
+    def defines(self, node):
+        return {"SCALE": 2}
+
+
+def test_a_cuda_source_plugin_needs_a_gpu_and_says_so():
+    model = load_model("lenet86")
+    plan_step = Runner(model, 2, CPU).plan.plugin_steps[0]
+    plugin = Doubler()
+    assert plugin.supports(plan_step.node, CPU) == "Doubler runs CUDA source only, and there is no GPU"
+    with pytest.raises(PluginError, match="Doubler needs a CUDA device"):
+        plugin.build(plan_step.node, CPU)
+
+
+@needs_nvrtc
+def test_a_cuda_source_plugins_compile_errors_name_its_own_lines():
+    from opplugin.user_kernels.compiler import compile_node
+
+    source = Doubler()._source()
+    assert compile_node(source, {"SCALE": 2}, on_gpu=False).options  # compiles with its macros, no signature check
+    broken = Doubler()
+    broken.source_text = SCALE_SOURCE.replace("x[i] * SCALE", "x[i] * SCALE * k")
+    with pytest.raises(UserKernelError, match=r'^scale.cu:5: identifier "k" is undefined'):
+        compile_node(broken._source(), {"SCALE": 2}, on_gpu=False)
+    missing = Doubler()
+    missing.entry = "shrink"
+    with pytest.raises(UserKernelError, match="scale.cu: no entry point"):
+        missing._source()

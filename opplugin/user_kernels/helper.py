@@ -44,10 +44,6 @@ class _FreeSource(KernelSource):
         self.launch = parse_directives(path, text)
         check_entry_point(path, text, self.contract)
 
-    def generated(self, defines):
-        text = super().generated(defines)
-        return text[: text.index('\n#line 1 "<opplugin contract>"')]  # no parameter list to check against
-
 
 class SourceKernel(Kernel):
     """A node's build of a CudaSourcePlugin: allocates the outputs, then the plugin's launch."""

@@ -112,6 +112,8 @@ class KernelSource:
             macros += f"__constant__ float W_CONST[{weights}];\n__constant__ float B_CONST[{defines['M'] if defines['HAS_BIAS'] else 1}];\n"
         quoted = self.path.replace("\\", "\\\\").replace('"', '\\"')
         contract = self.contract
+        if not contract.parameters:  # a CudaSourcePlugin's own entry point: no parameter list to hold it to
+            return f'{macros}#line 1 "{quoted}"\n{self.text}\n'
         check = (
             f'\n#line 1 "{CONTRACT_FILE}"\n'
             "template <class A, class B> struct opplugin_same_ { static constexpr bool value = false; };\n"

@@ -100,6 +100,7 @@ class Options:
     streams: bool = True  # the host-to-host streams comparison
     suite: str = "models"  # "models": the Conv steps of `models`; "cnn": the real-CNN layer set (cnn_layers.py)
     families: Sequence[str] | None = None  # time only these families (and the peers); None: all
+    kernels: Sequence[str] = ()  # --kernel Conv=FILE files (any number), benched beside the families
 
     def validate(self) -> None:
         if not self.batches:
@@ -309,6 +310,7 @@ class Bench:
         self.peers: list[Any] = []
         self.peer_notes: dict[str, str] = {}
         self.torch = None
+        self.user_sources = _user_sources(options.kernels)
 
     # the run -----------------------------------------------------------------------
 
@@ -414,6 +416,8 @@ class Bench:
         problem = Problem.random(spec, epilogue, (case.w, case.b))
         for name, family, heuristic in self._candidates(spec, epilogue, step["default"]):
             self._add(self._bench_variant(step, problem, name, family, heuristic))
+        for source in self.user_sources:
+            self._add(self._bench_user(step, problem, source))
         for peer in self.peers:
             if fused and peer.name != "cudnn_fp32":
                 continue  # a fused step is compared with the FP32 chain only
@@ -454,6 +458,19 @@ class Bench:
         tolerance = EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
         trial = run_trial(problem, name, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat)
         return variant_row(step, trial, problem.epilogue, family, heuristic, tolerance)
+
+    def _bench_user(self, step, problem: Problem, source) -> dict[str, Any]:
+        """A --kernel file's row: checked and timed like a family, under the file's name."""
+        from ..user_kernels.trial import user_trial
+
+        trial = user_trial(problem, source, EXACT_TOLERANCE, self.options.warmup, self.options.repeat)
+        # FP32 as far as its check against float64 shows: exact by measurement, never by construction
+        common = dict(family="user", exact=True, exact_by="measurement", heuristic=True, tolerance=EXACT_TOLERANCE, rel_error=trial.rel_error,
+                      implementation=trial.kernel_name, bytes=trial.bytes)
+        label = source.label + problem.epilogue.suffix
+        if trial.status != "ok":
+            return make_row(step, label, "variant", status=trial.status, reason=trial.reason, **common)
+        return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer="cuda-events", **common)
 
     def _bench_peer(self, step, problem: Problem, peer) -> dict[str, Any]:
         tolerance = FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
@@ -507,6 +524,13 @@ def runner_default(spec: ConvSpec, weights, epilogue: Epilogue) -> str | None:
         return None
 
 
+def _user_sources(paths: Sequence[str]) -> list[Any]:
+    """KernelSources of the --kernel Conv files (read now: a missing file stops the bench first)."""
+    from ..user_kernels import KernelSource
+
+    return [KernelSource(path, "Conv") for path in paths]
+
+
 def variant_row(step: dict[str, Any], trial: Trial, epilogue: Epilogue, family, heuristic: bool, tolerance: float) -> dict[str, Any]:
     """A trial as a bench row."""
     exact_by = family.exact_by if family.exact else None
@@ -546,7 +570,20 @@ def options_from_args(args: Any) -> Options:
         models=list(args.models or Options.models),
         suite=getattr(args, "suite", None) or "models",
         families=getattr(args, "families", None),
+        kernels=_kernel_flags(args),
     )
+
+
+def _kernel_flags(args: Any) -> list[str]:
+    """The files of --kernel Conv=FILE flags; the bench may compare several."""
+    from ..user_kernels.cli_support import parse_kernels
+
+    flags = getattr(args, "kernel", None) or []
+    found = [parse_kernels([flag]) for flag in flags]
+    others = [op for kernels in found for op in kernels if op != "Conv"]
+    if others:
+        raise InputError(f"bench times Conv steps; --kernel {others[0]}=... has nothing to run here")
+    return [kernels["Conv"] for kernels in found]
 
 
 def wrong_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -201,6 +201,7 @@ def cmd_run(args) -> int:
 
     result = reports.build_report(profile, warmup, extra)
     print(reports.format_text(result, args.wide))
+    _warn_cpu_provider(profile)
     if args.json:
         _write_json(args.json, result)
     if args.csv:
@@ -211,6 +212,16 @@ def cmd_run(args) -> int:
         write_atomic(args.trace, trace.dumps(trace.build_trace(profile)))
     compared = extra.get("agreement")
     return 1 if compared is not None and not compared["passed"] else 0  # exit status 1 is for a failed comparison alone
+
+
+def _warn_cpu_provider(profile) -> None:
+    """One line when plugin steps ran on the GPU but onnxruntime's on the CPU: what it cost, and the fix."""
+    from .cuda import runtime_major
+    from .ort_builds import cpu_provider_warning
+
+    line = cpu_provider_warning(profile, runtime_major() if profile.plan.device.is_cuda else None)
+    if line:
+        print(f"opplugin: {line}", file=sys.stderr)
 
 
 def cmd_check(args) -> int:
@@ -290,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        from .ort_builds import both_builds_warning, require_onnxruntime
+
+        require_onnxruntime()
+        if (both := both_builds_warning()) is not None:
+            print(f"opplugin: warning: {both}", file=sys.stderr)
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business

@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, help="timed samples; the tables give medians (default 20)")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    bench.add_argument("--e2e", nargs="+", metavar="MODEL",
+                       help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead (batches default 1 32)")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
     tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
@@ -289,6 +291,10 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.e2e:
+        from .lab import e2e
+
+        return e2e.main_from_args(args)
     from .lab.bench import main_from_args
 
     return main_from_args(args)

@@ -103,11 +103,12 @@ def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repea
 
 
 def time_onnxruntime_cuda(model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int) -> dict[str, Any]:
-    import cupy
     import onnxruntime
 
     if not sessions.has_cuda():
         raise Unavailable(f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider (the CPU build is installed)")
+    import cupy
+
     device_id = cuda.device_id()
     session = sessions.session(model.original, [sessions.cuda_provider(device_id), sessions.CPU_PROVIDER])
     if sessions.CUDA_PROVIDER not in session.get_providers():

@@ -56,6 +56,22 @@ def export(model, path: Path) -> str:
     return "torchscript"
 
 
+def drop_foreign_attributes(graph) -> None:
+    """onnx's converter from opset 18 leaves ReduceMean's noop_with_empty_axes (0, its default) in
+    place, which opset 17 does not have; an attribute unknown to the node's opset-17 schema goes
+    when it holds 0, the value that changes nothing; any other is an error."""
+    from onnx import defs, helper
+
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        known = defs.get_schema(node.op_type, OPSET).attributes
+        for attribute in [a for a in node.attribute if a.name not in known]:
+            if helper.get_attribute_value(attribute) != 0:
+                raise ValueError(f"{node.op_type} {node.name}: attribute {attribute.name} has no opset-{OPSET} meaning")
+            node.attribute.remove(attribute)
+
+
 def settle(path: Path) -> str:
     """Opset 17 and a free batch axis, whatever the exporter wrote; one line describing the file."""
     import onnx
@@ -65,6 +81,7 @@ def settle(path: Path) -> str:
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if opset != OPSET:
         model = version_converter.convert_version(model, OPSET)
+        drop_foreign_attributes(model.graph)
     for value in [*model.graph.input, *model.graph.output]:
         dim = value.type.tensor_type.shape.dim[0]
         if dim.HasField("dim_value"):

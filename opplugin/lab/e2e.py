@@ -78,12 +78,13 @@ def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repea
     from ..runtime import Runner
 
     batch = next(iter(feeds.values())).shape[0]
-    runner = Runner(model, batch, "cuda")
-    profile = runner.profile(feeds, warmup, repeat)
+    profile = Runner(model, batch, "cuda").profile(feeds, warmup, repeat)
+    # Device-resident: a runner that takes the batch in one chunk on one stream, so that the copies of
+    # the graph's inputs and outputs overlap nothing and the rest of each run is what they leave
+    whole = Runner(model, batch, "cuda", chunk=batch, streams=1).profile(feeds, warmup, repeat)
     graph_tensors = {value.name for value in model.inputs} | set(model.outputs)
-    io_copies = [name for name, kind in profile.kinds.items() if kind == "copy" and name.split(" ", 2)[-1] in graph_tensors]
-    # one chunk runs its steps one after another, so the input and output copies overlap nothing
-    resident = [total - sum(profile.step_ms[name][run] for name in io_copies) for run, total in enumerate(profile.total_ms)]
+    io_copies = [name for name, kind in whole.kinds.items() if kind == "copy" and name.split(" ", 2)[-1] in graph_tensors]
+    resident = [total - sum(whole.step_ms[name][run] for name in io_copies) for run, total in enumerate(whole.total_ms)]
     steps = {name: statistics.median(readings) for name, readings in profile.step_ms.items()}
     by_kind: dict[str, float] = {}
     for name, ms in steps.items():
@@ -92,7 +93,7 @@ def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repea
     kernels = sorted({step.implementation for step in plan.plugin_steps})
     return {
         "host_to_host_ms": statistics.median(profile.total_ms),
-        "device_ms": statistics.median(resident) if profile.result.chunks == 1 else None,
+        "device_ms": statistics.median(resident) if whole.result.chunks == 1 else None,
         "output": profile.result.outputs[model.outputs[0]],
         "implementation": f"{len(plan.plugin_steps)} plugin steps ({', '.join(kernels)}), "
                           f"{len(plan.steps) - len(plan.plugin_steps)} onnxruntime steps on {plan.onnxruntime_provider}",
@@ -217,9 +218,22 @@ def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, s
     return rows
 
 
+def load_torch_cudnn_first() -> None:
+    """Let PyTorch load its own cuDNN before onnxruntime's CUDA provider loads one: the process
+    keeps the first library of that name, and PyTorch refuses one older than it was built with."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.nn.functional.conv2d(torch.ones(1, 1, 3, 3, device="cuda"), torch.ones(1, 1, 3, 3, device="cuda"))
+        torch.cuda.synchronize()
+
+
 def run_e2e(models: list[str], batches: list[int], warmup: int, repeat: int,
             checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     device = select_device("cuda")
+    load_torch_cudnn_first()
     loaded = [(Path(name), load_model(name)) for name in models]
     payload = header(SCHEMA, device, [m.name for _, m in loaded], list(batches))
     payload.update(warmup=warmup, repeat=repeat, tolerance=FP32_TOLERANCE, rows=[])

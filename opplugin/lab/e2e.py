@@ -14,7 +14,8 @@ For each model and batch (default 1 and 32), on the same seeded random input:
 Every figure is a median after warm-up: host to host by the host clock (it includes the
 copies); device-resident by CUDA events for PyTorch, by the host clock around a call that
 returns once its work is done for onnxruntime, and for opplugin from the runs' own
-timelines. Every candidate's output is compared with onnxruntime's CPU provider on the
+timelines. Each row also gives `device_free_bytes`: the device's free memory right after the
+candidate, before its caches are released for the next. Every candidate's output is compared with onnxruntime's CPU provider on the
 original graph first; one that differs is marked "incorrect" and counts as a failure.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..errors import DeviceError, InputError, first_line, positive_int
 from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..model import Model, load_model
+from ..texttable import elide_middle
 
 SCHEMA = "opplugin-bench-e2e/1"
 DEFAULT_BATCHES = (1, 32)
@@ -42,6 +44,7 @@ DEFAULT_REPEAT = 20
 # relative L2 error against onnxruntime CPU that an FP32 result must stay within
 FP32_TOLERANCE = 1e-4
 PEERS = ("opplugin", "onnxruntime_cuda", "pytorch")
+NOTE_WIDTH = 200  # characters of a failed candidate's reason in the table's notes
 
 
 class Unavailable(Exception):
@@ -180,6 +183,21 @@ def time_pytorch(path: Path, model: Model, feeds: dict[str, np.ndarray], warmup:
             "implementation": f"PyTorch {torch.__version__} eager, cuDNN {torch.backends.cudnn.version()} FP32, {source}"}
 
 
+def release_device_memory() -> int:
+    """Free what the last candidate left cached (CuPy's pool, PyTorch's allocator, onnxruntime's sessions
+    once collected), so the next one finds the device empty; returns the free bytes before that."""
+    import gc
+
+    import cupy
+
+    free_before = int(cupy.cuda.runtime.memGetInfo()[0])
+    gc.collect()
+    cuda.release_cached_memory()
+    if "torch" in sys.modules:
+        sys.modules["torch"].cuda.empty_cache()
+    return free_before
+
+
 # --- one run over models and batches ------------------------------------------------------------
 
 
@@ -196,19 +214,20 @@ def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, s
     for peer, timer in timers.items():
         row: dict[str, Any] = {"model": model.name, "batch": batch, "peer": peer, "status": "ok", "reason": None,
                                "host_to_host_ms": None, "device_ms": None, "rel_l2": None, "top1_agreement": None,
-                               "implementation": None}
+                               "implementation": None, "device_free_bytes": None}
         try:
             measured = timer()
         except Unavailable as why:
+            release_device_memory()
             row.update(status="unavailable", reason=str(why))
             rows.append(row)
             continue
         except Exception as err:  # a peer that breaks is a row that says so; the others still run
-            row.update(status="error", reason=f"{type(err).__name__}: {first_line(err)}")
+            row.update(status="error", reason=f"{type(err).__name__}: {first_line(err)}", device_free_bytes=release_device_memory())
             rows.append(row)
             continue
         output = measured.pop("output")
-        row.update(measured)
+        row.update(measured, device_free_bytes=release_device_memory())
         row.update(agreement(output, reference))
         if not row["rel_l2"] <= FP32_TOLERANCE:
             row.update(status="incorrect", reason=f"relative L2 error {row['rel_l2']:.3g} against onnxruntime CPU")
@@ -271,9 +290,11 @@ def format_markdown(payload: dict[str, Any]) -> str:
         lines.append(f"| {model} | {batch} | {cell(peers.get('opplugin'))} | {cell(peers.get('onnxruntime_cuda'))} | "
                      f"{cell(peers.get('pytorch'))} | {ratio(h2h.get('opplugin'), h2h.get('pytorch'))} | "
                      f"{ratio(h2h.get('opplugin'), h2h.get('onnxruntime_cuda'))} |")
-    notes = [f"- {row['model']} batch {row['batch']} {row['peer']}: {row['status']}: {row['reason']}"
+    notes = [f"- {row['model']} batch {row['batch']} {row['peer']}: {row['status']}: {elide_middle(row['reason'], NOTE_WIDTH)}"
              for row in payload["rows"] if row["status"] != "ok"]
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+    how = ("", "opplugin's host-to-host figure is its default runner (chunks on several streams); its device-resident one is a "
+           "runner taking the batch in one chunk on one stream, less the copies of the graph's inputs and outputs.")
+    return "\n".join(lines + list(how) + ([""] + notes if notes else [])) + "\n"
 
 
 def main_from_args(args: Any) -> int:

@@ -90,5 +90,5 @@ def cpu_provider_warning(profile, cuda_major: int | None) -> str | None:
     copy_ms = round_trip_copy_ms(profile.step_ms, profile.kinds, plan.steps, graph_tensors)
     count = len(ort_steps)
     return (f"warning: onnxruntime has no CUDA provider, so its {count} step{'s' if count != 1 else ''} ran on the CPU and "
-            f"copies to and from them took {copy_ms:.3f} ms of each run (median); to run them on the GPU: "
+            f"copies to and from them added up to {copy_ms:.3f} ms per run (median); to run them on the GPU: "
             f"{gpu_install_command(cuda_major)}")

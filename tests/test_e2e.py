@@ -55,3 +55,15 @@ def test_bench_e2e_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):
 def test_bench_e2e_refuses_a_batch_below_one(capsys):
     assert cli.main(["bench", "--e2e", "lenet86", "--batches", "0"]) == 2
     assert "--batches" in capsys.readouterr().err
+
+
+def test_the_committed_e2e_run_has_the_shared_header_and_a_row_per_peer():
+    import json
+    from pathlib import Path
+
+    payload = json.loads((Path(__file__).resolve().parents[1] / "tools" / "benchmark" / "e2e.json").read_text())
+    assert list(payload)[:5] == ["schema", "opplugin_version", "device", "model", "batch"]
+    assert payload["schema"] == e2e.SCHEMA and payload["device"]["kind"] == "cuda"
+    cases = {(r["model"], r["batch"]) for r in payload["rows"]}
+    assert len(payload["rows"]) == len(cases) * len(e2e.PEERS)
+    assert all(r["status"] != "incorrect" for r in payload["rows"])

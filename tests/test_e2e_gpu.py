@@ -40,7 +40,8 @@ def test_bench_e2e_measures_opplugin_and_says_why_a_peer_is_missing(tmp_path):
     by_peer = {row["peer"]: row for row in rows}
     ours = by_peer["opplugin"]
     assert ours["status"] == "ok" and ours["rel_l2"] <= e2e.FP32_TOLERANCE and ours["top1_agreement"] == 1.0
-    assert 0 < ours["device_ms"] <= ours["host_to_host_ms"]
+    # two runners give the two figures (see e2e.time_opplugin), so neither bounds the other
+    assert ours["host_to_host_ms"] > 0 and ours["device_ms"] > 0 and ours["device_free_bytes"] > 0
     assert by_peer["onnxruntime_cuda"]["status"] == ("ok" if sessions.has_cuda() else "unavailable")
     # no block.pt beside the file: PyTorch needs onnx2torch, which may or may not be installed
     assert by_peer["pytorch"]["status"] in ("ok", "unavailable")

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
     bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    bench.add_argument("--e2e", nargs="+", metavar="MODEL",
+                       help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead (batches default 1 32)")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
     tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
@@ -253,6 +255,7 @@ def cmd_run(args) -> int:
 
     result = reports.build_report(profile, warmup, extra)
     print(reports.format_text(result, args.wide))
+    _warn_cpu_provider(profile)
     if args.json:
         _write_json(args.json, result)
     if args.csv:
@@ -263,6 +266,16 @@ def cmd_run(args) -> int:
         write_atomic(args.trace, trace.dumps(trace.build_trace(profile)))
     compared = extra.get("agreement")
     return 1 if compared is not None and not compared["passed"] else 0  # exit status 1 is for a failed comparison alone
+
+
+def _warn_cpu_provider(profile) -> None:
+    """One line when plugin steps ran on the GPU but onnxruntime's on the CPU: what it cost, and the fix."""
+    from .cuda import runtime_major
+    from .ort_builds import cpu_provider_warning
+
+    line = cpu_provider_warning(profile, runtime_major() if profile.plan.device.is_cuda else None)
+    if line:
+        print(f"opplugin: {line}", file=sys.stderr)
 
 
 def cmd_check(args) -> int:
@@ -345,6 +358,10 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.e2e:
+        from .lab import e2e
+
+        return e2e.main_from_args(args)
     from .lab.bench import main_from_args
 
     return main_from_args(args)
@@ -363,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        from .ort_builds import both_builds_warning, require_onnxruntime
+
+        require_onnxruntime()
+        if (both := both_builds_warning()) is not None:
+            print(f"opplugin: warning: {both}", file=sys.stderr)
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business

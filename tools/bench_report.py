@@ -3,6 +3,8 @@
 
     python tools/bench_report.py BENCH.json [--out tools/benchmark] [--batch 10000]
 
+    python tools/bench_report.py BENCH.json --e2e E2E.json     # also the whole-model table
+
 writes OUT/BENCHMARK.md (one row per optimisation, one column per conv, each cell
 the measured ms and the speed-up over the baseline variant, beside the effect the
 seeds' reasoning predicts) and OUT/variants.png (time per variant per conv, log
@@ -261,13 +263,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bench_json", help="the file `opplugin bench --json` wrote")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for BENCHMARK.md and variants.png (default tools/benchmark)")
     parser.add_argument("--batch", type=int, help="the batch the tables show (default 10000, else the largest)")
+    parser.add_argument("--e2e", metavar="E2E_JSON", help="also the table of an `opplugin bench --e2e --json` run")
     args = parser.parse_args(argv)
     payload = json.loads(Path(args.bench_json).read_text())
     batch = pick_batch(payload, args.batch)
     out = Path(args.out)
     problem = draw_chart(payload, batch, out / "variants.png")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "BENCHMARK.md").write_text(render_markdown(payload, batch, None if problem else "variants.png"))
+    page = render_markdown(payload, batch, None if problem else "variants.png")
+    if args.e2e:
+        from opplugin.lab.e2e import format_markdown  # the table `bench --e2e` prints, so both read alike
+
+        page += "\n## Whole models end to end\n\n" + format_markdown(json.loads(Path(args.e2e).read_text()))
+    (out / "BENCHMARK.md").write_text(page)
     print(f"wrote {out / 'BENCHMARK.md'}" + ("" if problem else f" and {out / 'variants.png'}"))
     if problem:
         print(f"bench_report: {problem}", file=sys.stderr)

@@ -120,3 +120,22 @@ def test_suite_summary_compares_best_default_and_tf32_with_cudnn():
     assert summary["geomean_best_vs_cudnn_fp32"] == pytest.approx(1.5)
     text = "\n".join(summary_lines(summary))
     assert "geometric mean 1.50x" in text and "default pick at most 1.25x" in text
+
+
+def test_report_tool_adds_the_layer_table(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_report", root / "tools" / "bench_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    step = dict.fromkeys(bench.STEP_KEYS)
+    step.update(step="cnn vgg 64->64 3x3 224", batch=32, floor_ms=2.3, bytes=10, flops=10, default="tc_3xtf32_64x128")
+    rows = [bench.make_row(step, "tc_3xtf32_64x128", "variant", family="tc_3xtf32", ms=2.9), bench.make_row(step, "cudnn_fp32", "peer", ms=3.2)]
+    cnn = tmp_path / "cnn.json"
+    cnn.write_text(json.dumps({"device": {"name": "NVIDIA H100"}, "suite_summary": bench.suite_summary([step], rows)}))
+    report.main([str(root / "tools" / "benchmark" / "bench.json"), "--out", str(tmp_path), "--cnn", str(cnn)])
+    page = (tmp_path / "BENCHMARK.md").read_text()
+    assert "## Real-CNN layers" in page and "| vgg 64->64 3x3 224 | 32 | 3.2 |" in page and "1.10x" in page

@@ -104,6 +104,24 @@ __device__ __forceinline__ unsigned int to_tf32(float v)
     return r;
 }
 
+// v = big + small: big rounded to TF32, small the exact FP32 rest, left for the MMA to truncate
+__device__ __forceinline__ void split_tf32(float v, unsigned int& big, unsigned int& small)
+{
+    big = to_tf32(v);
+    small = __float_as_uint(v - __uint_as_float(big));
+}
+
+template <int ROWS, int COLS>
+__device__ __forceinline__ void zero_tiles(float (&tiles)[ROWS][COLS][4])
+{
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) tiles[i][j][r] = 0.0f;
+}
+
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
 {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -214,12 +232,7 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
     const int t = lane % 4;
 #if SPLIT
     float part[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) part[mt][nt][r] = 0.0f;
+    zero_tiles(part);
 #else
     float (&part)[MT][NT][4] = acc;  // plain TF32 is inexact anyway: no second sum
 #endif
@@ -235,9 +248,10 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
             const float v[4] = {row[0], row[8 * A_STRIDE], row[4], row[8 * A_STRIDE + 4]};
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                a_big[mt][r] = to_tf32(v[r]);
 #if SPLIT
-                a_small[mt][r] = __float_as_uint(v[r] - __uint_as_float(a_big[mt][r]));
+                split_tf32(v[r], a_big[mt][r], a_small[mt][r]);
+#else
+                a_big[mt][r] = to_tf32(v[r]);
 #endif
             }
         }
@@ -247,9 +261,10 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
             const float v[2] = {col[0], col[4 * B_STRIDE]};
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                b_big[nt][r] = to_tf32(v[r]);
 #if SPLIT
-                b_small[nt][r] = __float_as_uint(v[r] - __uint_as_float(b_big[nt][r]));
+                split_tf32(v[r], b_big[nt][r], b_small[nt][r]);
+#else
+                b_big[nt][r] = to_tf32(v[r]);
 #endif
             }
         }
@@ -297,12 +312,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
     const int warp_m = warp / WARPS_N;
     const int warp_n = warp % WARPS_N;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
+    zero_tiles(acc);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {

@@ -26,8 +26,8 @@ from .common import CompileUnit, ConvKernel, Family, load_functions, shape_defin
 
 TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB
 NO_TAP = 0x3FFF  # must match the source: marks the table rows past K
-SLICE_DEPTH = 16  # BK: two m16n8k8 steps per pipeline stage
-STAGES = 4
+SLICE_DEPTH = 32  # BK: four m16n8k8 steps per pipeline stage
+STAGES = 3
 MIN_SLICES_PER_BLOCK = 4  # split K only while each block keeps this many BK slices (the pipeline's depth)
 MAX_K_SPLITS = 16
 SHORT_K = 512  # up to this GEMM K, an unsplit smaller tile beats a split larger one

@@ -224,7 +224,7 @@ class Split3xTf32Gemm(PipelinedTensorGemm):
     name = "tc_3xtf32"
     summary = (
         "tensor cores, FP32-exact by measurement (sm_80+): implicit GEMM with each operand split into big + small "
-        "TF32 parts (three mma.sync per tile), tiles streamed through a 4-stage cp.async pipeline, split K for small "
+        "TF32 parts (three mma.sync per tile), tiles streamed through a 3-stage cp.async pipeline, split K for small "
         "outputs; weights read at call time; fuses bias and activation"
     )
     exact = True

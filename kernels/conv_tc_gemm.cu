@@ -27,7 +27,8 @@
 //   split K over KSLICES blocks (grid z); conv_tc_reduce then adds the slices in
 //   a fixed order, with the bias and activation: the same result on every run.
 //
-// Arithmetic (SPLIT): 1 is 3xTF32: each operand a = big + small, big = tf32(a)
+// Arithmetic: HALF 1 (FP16) or 2 (BF16) rounds both operands to 16 bits and runs
+// m16n8k16 MMAs with FP32 accumulation (opt-in, inexact). Otherwise SPLIT 1 is 3xTF32: each operand a = big + small, big = tf32(a)
 // rounded to nearest, small = a - big (exact in FP32), handed to the MMA as it is
 // (the tensor core drops its low 13 bits), and the MMAs add small*big + big*small +
 // big*big; only small*small (~2^-22 relative) and small's truncation (~2^-21,
@@ -43,7 +44,7 @@
 // C c0, c1 = [g][2t], [g][2t+1], c2, c3 = [g+8][2t], [g+8][2t+1].
 //
 // Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
-// HAS_BIAS, ACT) plus BM, BN, BK, WM, WN, STAGES, SPLIT, KSLICES, A_VEC, B_VEC,
+// HAS_BIAS, ACT) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
 // TAP_MASK, KPAD (rows of `taps`: KDIM rounded up to BK) and MIN_BLOCKS.
 // Launch: block (NTHREADS), grid (ceil(batch*OH*OW / BN), ceil(M / BM), KSLICES),
 // dynamic shared memory STAGES * (BM*(BK+4) + BK*(BN+8)) * 4 bytes.
@@ -221,6 +222,64 @@ __device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __
     }
 }
 
+#if HALF
+// two floats as one register of 16-bit values {lo, hi} (FP16 or BF16), rounded to nearest
+__device__ __forceinline__ unsigned int pack_pair(float lo, float hi)
+{
+    unsigned int r;
+#if HALF == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// d += a * b on one 16x8x16 tile, FP32 accumulation
+__device__ __forceinline__ void mma_half(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
+{
+#if HALF == 1
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#endif
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc += the warp's part of As x Bs for one BK slice, operands rounded to 16 bits on the
+// way from shared memory (m16n8k16: A a0 = [g][2t, 2t+1], a1 = [g+8][2t, 2t+1],
+// a2 = [g][2t+8, 2t+9], a3 = [g+8][2t+8, 2t+9]; B b0 = [2t, 2t+1][g], b1 = [2t+8, 2t+9][g])
+__device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const float* As, const float* Bs, int warp_m, int warp_n)
+{
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+        unsigned int a[MT][4], b[NT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float* row = As + (warp_m * WM + mt * 16 + g) * A_STRIDE + kk + 2 * t;
+            a[mt][0] = pack_pair(row[0], row[1]);
+            a[mt][1] = pack_pair(row[8 * A_STRIDE], row[8 * A_STRIDE + 1]);
+            a[mt][2] = pack_pair(row[8], row[9]);
+            a[mt][3] = pack_pair(row[8 * A_STRIDE + 8], row[8 * A_STRIDE + 9]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float* col = Bs + (kk + 2 * t) * B_STRIDE + warp_n * WN + nt * 8 + g;
+            b[nt][0] = pack_pair(col[0], col[B_STRIDE]);
+            b[nt][1] = pack_pair(col[8 * B_STRIDE], col[9 * B_STRIDE]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_half(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+    }
+}
+#else
 // acc += the warp's part of As x Bs for one BK slice. The tensor cores add into their
 // FP32 accumulator with truncation, so over a long K a running sum drifts (3xTF32
 // measured 1e-5 relative at K = 1440, past the exact bound); with SPLIT each slice
@@ -289,6 +348,8 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
             for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
 #endif
 }
+
+#endif  // HALF
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,

@@ -29,6 +29,11 @@ def test_3xtf32_is_exact_by_measurement_and_tf32_opt_in():
     assert exact.exact and exact.exact_by == "measurement" and exact.max_relative_error <= 1e-5
     assert not tf32.exact and tf32.expected_relative_error < tf32.max_relative_error
     assert families.FAMILIES["const_tile"].exact_by == "construction"
+    for name in ("tc_fp16", "tc_bf16"):  # 16-bit operands, FP32 accumulation: opt-in, their error stated
+        family = families.FAMILIES[name]
+        assert not family.exact and family.expected_relative_error < family.max_relative_error <= 1e-2
+        assert families.family_of(f"{name}_64x64_k2").name == name
+    assert families.FAMILIES["tc_fp16"].max_relative_error < families.FAMILIES["tc_bf16"].max_relative_error
 
 
 def test_configuration_names_parse_and_belong_to_their_family():

@@ -6,6 +6,8 @@ layers of real CNNs: weights in global memory, so no filter bank is too big.
   meets the bound every exact family is held to (relative L2 <= 1e-5), so the
   heuristic and `opplugin tune` may pick it.
 - `tc_tf32_<BM>x<BN>[_k<S>]`: one TF32 MMA per tile, opt-in (~3e-4 relative error).
+- `tc_fp16_...`, `tc_bf16_...`: operands rounded to FP16 or BF16, m16n8k16 MMAs with FP32
+  accumulation, opt-in (~3e-4 and ~2e-3).
 
 BM x BN is the block's output tile (maps x pixels of the batch); `_k<S>` splits
 the K loop over S blocks whose partial sums a second kernel adds in a fixed
@@ -135,9 +137,10 @@ def split_for(spec: ConvSpec, tile: Tile, sms: int) -> int:
 
 
 class PipelinedTensorGemm(Family):
-    """kernels/conv_tc_gemm.cu; `split` picks 3xTF32."""
+    """kernels/conv_tc_gemm.cu; `split` picks 3xTF32, `half` 1 FP16 and 2 BF16 operands."""
 
     split = True
+    half = 0
     fuses = True  # bias and activation; not the max pool
     _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
 
@@ -200,6 +203,7 @@ class PipelinedTensorGemm(Family):
             "WN": tile.wn,
             "STAGES": STAGES,
             "SPLIT": int(self.split),
+            "HALF": self.half,
             "KSLICES": splits,
             "A_VEC": 4 if k_dim(spec) % 4 == 0 else 1,
             "B_VEC": 4 if pointwise_vectors else 1,
@@ -245,6 +249,32 @@ class Tf32Gemm(PipelinedTensorGemm):
     max_relative_error = 2e-3
 
 
+class Fp16Gemm(PipelinedTensorGemm):
+    name = "tc_fp16"
+    summary = (
+        "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with both operands rounded to FP16 and "
+        "m16n8k16 MMAs accumulating in FP32; relative L2 error ~3e-4; inputs beyond FP16's range (65504) overflow"
+    )
+    split = False
+    half = 1
+    exact = False
+    expected_relative_error = 3e-4
+    max_relative_error = 2e-3
+
+
+class Bf16Gemm(PipelinedTensorGemm):
+    name = "tc_bf16"
+    summary = (
+        "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with both operands rounded to BF16 "
+        "(FP32's range, 8-bit mantissa) and m16n8k16 MMAs accumulating in FP32; relative L2 error ~2e-3"
+    )
+    split = False
+    half = 2
+    exact = False
+    expected_relative_error = 2e-3
+    max_relative_error = 1e-2
+
+
 class TensorGemmKernel(ConvKernel):
     reads_weights = True
 
@@ -281,4 +311,4 @@ class TensorGemmKernel(ConvKernel):
             self._reduce((blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, y, np.int32(batch)))
 
 
-FAMILIES: list[Family] = [Split3xTf32Gemm(), Tf32Gemm()]
+FAMILIES: list[Family] = [Split3xTf32Gemm(), Tf32Gemm(), Fp16Gemm(), Bf16Gemm()]

@@ -65,7 +65,7 @@ RUN_BATCH_HELP = "the model's own fixed batch; 10000 for the shipped models; els
 
 
 def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
-    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
     parser.add_argument("--batch", type=int, help=f"images per run (default: {batch_help})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
     parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
@@ -110,9 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, help="timed samples; the tables give medians (default 20)")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    bench.add_argument("--suite", choices=("models", "gemm"), default="models",
+                       help="models: the Conv steps of --models (default); gemm: the seeds' fully connected layers against cuBLAS")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
-    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
+    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
     tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {RUN_BATCH_HELP})")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
@@ -278,7 +280,10 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .lab.bench import main_from_args
+    if args.suite == "gemm":
+        from .lab.gemm_bench import main_from_args
+    else:
+        from .lab.bench import main_from_args
 
     return main_from_args(args)
 

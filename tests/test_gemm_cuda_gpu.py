@@ -29,7 +29,7 @@ ATOL = 1e-6
 GPU_SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
 
 # explicit configurations beyond the heuristic's, so that every code path of each source runs
-CONFIGS = ["gemv_b1o1w1", "gemv_b2o2w4", "gemv_b4o1w32", "gemv_b16o2w1", "gemv_b8o4w2",
+CONFIGS = ["gemv_b1o1w1", "gemv_b2o2w4", "gemv_b4o1w16", "gemv_b16o2w1", "gemv_b8o4w2", "gemv_b16o1w16",
            "tiled_128x128", "tiled_128x64", "tiled_64x64", "tiled_64x32", "tiled_32x32",
            "rowwarp_r1", "rowwarp_r3", "rowwarp_r4"]
 

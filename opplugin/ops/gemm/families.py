@@ -28,6 +28,7 @@ SMS = 132  # streaming multiprocessors of an H100 SXM: what the block counts bel
 MAX_GEMV_BATCH = 16  # past this, a weight load feeding every row costs more registers than it saves
 MAX_ROWWARP_N = 32  # a lane per output of the row
 GEMV_MAX_RESULTS = 32  # MB * OPW sums per warp: each reduced by its own shuffles
+MAX_WPR = 16  # warps per output: one block holds them all, and past 512 threads the registers run short
 GRID_Y_LIMIT = 65535
 INT32_MAX = 2**31 - 1
 
@@ -114,7 +115,7 @@ def gemv_default(spec: GemmSpec) -> tuple[int, int, int]:
     mb = min(MAX_GEMV_BATCH, _power_of_two_at_least(max(1, spec.m)))
     opw = 2 if mb >= 4 and spec.n >= 2 * 8 * SMS else 1
     wpr = 1
-    while wpr < 32 and spec.k >= (2 * wpr) * 128 * 4 and (spec.n // opw) * wpr < 8192:
+    while wpr < MAX_WPR and spec.k >= (2 * wpr) * 128 * 4 and (spec.n // opw) * wpr < 8192:
         wpr *= 2
     return mb, opw, wpr
 
@@ -188,8 +189,10 @@ def unsupported_reason(spec: GemmSpec, config: Config, epilogue: GemmEpilogue = 
     if config.family == "gemv":
         if d["MB"] < 1 or d["MB"] > MAX_GEMV_BATCH or d["OPW"] < 1 or d["MB"] * d["OPW"] > GEMV_MAX_RESULTS:
             return f"{config.name}: MB x OPW must be within 1..{GEMV_MAX_RESULTS} and MB at most {MAX_GEMV_BATCH}"
-        if d["WPR"] not in (1, 2, 4, 8, 16, 32):
-            return f"{config.name}: WPR must be a power of two up to 32"
+        if d["WPR"] not in (1, 2, 4, 8, 16):
+            return f"{config.name}: WPR must be a power of two up to 16 (a block of at most 512 threads)"
+        if d["MB"] * d["OPW"] > 16 and d["WARPS"] > 8:
+            return f"{config.name}: {d['MB'] * d['OPW']} sums a warp in blocks of {d['WARPS']} warps would spill; at most 8 warps"
     if config.family == "rowwarp":
         if spec.n > MAX_ROWWARP_N:
             return f"rowwarp needs N <= {MAX_ROWWARP_N} (a lane per output); this Gemm has N = {spec.n}"

@@ -8,11 +8,14 @@ from .spec import GemmSpec
 
 
 def gemm(spec: GemmSpec, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
-    """ONNX Gemm in the dtype of the inputs: alpha * A' B' + beta * C, C broadcast to Y.
-    Like onnxruntime, beta * C is formed first and the product added to it."""
+    """ONNX Gemm in the dtype of the inputs (the arithmetic's too: float64 operands for an oracle):
+    alpha * A' B' + beta * C, C broadcast to Y. Like onnxruntime, beta * C is formed first and
+    the product added to it."""
     a = a.T if spec.trans_a else a
     b = b.T if spec.trans_b else b
-    product = a @ b
+    # one product of the same shape per row: BLAS picks its blocking, and so its rounding, by the
+    # matrix size, and a row's result must not depend on how many rows share the call (chunked runs)
+    product = np.matmul(a[:, None, :], b)[:, 0, :]
     if spec.alpha != 1.0:
         product = product * product.dtype.type(spec.alpha)
     if c is None or spec.beta == 0.0:

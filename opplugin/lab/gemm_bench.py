@@ -53,12 +53,15 @@ def layer_spec(k: int, n: int, batch: int) -> GemmSpec:
 
 
 def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray) -> list[Candidate]:
-    """The heuristic's choice first, then every other family's default configuration that runs the layer."""
+    """The heuristic's choice first, then every other family's default configuration that runs the layer
+    (gemv only up to its batch of 16)."""
     chosen = families.heuristic_variant(spec)
     names = [chosen] + [families.configure(spec, f).name for f in families.FAMILIES]
     found = []
     for name in dict.fromkeys(names):
         config = families.configure(spec, name)
+        if config.family == "gemv" and spec.m > families.MAX_GEMV_BATCH:
+            continue  # built for batch <= 16: at 10,000 it would reread the weights 625 times
         if families.unsupported_reason(spec, config) is None:
             kernel = GemmKernel(spec, config, NONE, w, b)
             found.append(Candidate(kernel.name + (" (heuristic)" if name == chosen else ""), lambda k=kernel: k([a])[0]))

@@ -16,12 +16,18 @@ __device__ __forceinline__ float gemm_output(float acc, const float* __restrict_
     return opplugin_activation(acc);
 }
 
-// four consecutive elements k..k+3 of row `row` of A (row length K): one float4 load
-// when rows are 16-byte aligned (K % 4 == 0), else four loads, zero past the row's end
+// four consecutive elements k..k+3 (k a multiple of 4) of row `row` of A (row length K):
+// one float4 load when rows are 16-byte aligned (K % 4 == 0), two float2 loads when they
+// are 8-byte aligned, else four loads; zero past the row's end
 __device__ __forceinline__ float4 load_a4(const float* __restrict__ a, size_t row, int k)
 {
 #if K % 4 == 0
     return __ldg(reinterpret_cast<const float4*>(a + row * K + k));
+#elif K % 2 == 0
+    const float2* p = reinterpret_cast<const float2*>(a + row * K + k);
+    const float2 lo = __ldg(p);
+    const float2 hi = k + 2 < K ? __ldg(p + 1) : make_float2(0.0f, 0.0f);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
 #else
     const float* p = a + row * K + k;
     return make_float4(__ldg(p), k + 1 < K ? __ldg(p + 1) : 0.0f, k + 2 < K ? __ldg(p + 2) : 0.0f, k + 3 < K ? __ldg(p + 3) : 0.0f);

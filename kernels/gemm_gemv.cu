@@ -37,7 +37,12 @@ gemm_gemv(const float* __restrict__ a, const float* __restrict__ w, const float*
         for (int o = 0; o < OPW; ++o)
             acc[m][o] = 0.0f;
 
+    // four loads in flight per lane; two where 32 sums already fill the registers
+#if RESULTS <= 16
 #pragma unroll 4
+#else
+#pragma unroll 2
+#endif
     for (int g = slice * 32 + lane; g < KP / 4; g += WPR * 32) {
         float4 wv[OPW];
 #pragma unroll

@@ -28,6 +28,7 @@ SMS = 132  # streaming multiprocessors of an H100 SXM: what the block counts bel
 MAX_GEMV_BATCH = 16  # past this, a weight load feeding every row costs more registers than it saves
 MAX_ROWWARP_N = 32  # a lane per output of the row
 GEMV_MAX_RESULTS = 32  # MB * OPW sums per warp: each reduced by its own shuffles
+MIN_GEMV_WARPS = 1024  # about 8 per SM: fewer leave the memory system idle
 MAX_WPR = 16  # warps per output: one block holds them all, and past 512 threads the registers run short
 GRID_Y_LIMIT = 65535
 INT32_MAX = 2**31 - 1
@@ -111,12 +112,16 @@ def gemv_default(spec: GemmSpec) -> tuple[int, int, int]:
     """(MB, OPW, WPR) for this node: MB covers the batch; two outputs per warp when
     there are several rows (each A load then feeds two weight rows); as many warps
     per output as keep each lane at least 4 float4 loads, until some 8,000 warps are
-    in flight (about 60 per SM, enough to cover the memory latency)."""
+    in flight (about 60 per SM, enough to cover the memory latency). Where that still
+    leaves fewer than 1,024 warps (a narrow layer), MB shrinks: the weights, small
+    then, are read once per group of MB rows, from L2 after the first."""
     mb = min(MAX_GEMV_BATCH, _power_of_two_at_least(max(1, spec.m)))
     opw = 2 if mb >= 4 and spec.n >= 2 * 8 * SMS else 1
     wpr = 1
     while wpr < MAX_WPR and spec.k >= (2 * wpr) * 128 * 4 and (spec.n // opw) * wpr < 8192:
         wpr *= 2
+    while mb > 1 and -(-spec.n // opw) * wpr * -(-spec.m // mb) < MIN_GEMV_WARPS:
+        mb //= 2
     return mb, opw, wpr
 
 

@@ -75,6 +75,12 @@ class GemmKernel(Kernel):
         self._c = None
         if self.bias_mode == BIAS_COLUMN and c is not None:
             self._c = column_bias(cupy, cupy.asarray(c), spec)
+        # the common call (constant operands, a plain contiguous A) skips the general path's
+        # checks and copies: at batch 1 the host's time per call is what the layer costs
+        self._ready = self._w is not None and (self.bias_mode == BIAS_NONE or self._c is not None) and not spec.trans_a
+        self._c_arg = self._c if self._c is not None else np.uint64(0)
+        self._block = (config.threads, 1, 1)
+        self._grids: dict[int, tuple[int, int, int]] = {}
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -108,6 +114,15 @@ class GemmKernel(Kernel):
 
         if not inputs:
             raise PluginError(f"{self.name}: no inputs given")
+        a = inputs[0]
+        if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == np.float32 and a.ndim == 2 \
+                and a.shape[1] == self.spec.k and a.flags.c_contiguous and a.data.ptr % 16 == 0 and 0 < a.shape[0] <= self.config.max_batch():
+            batch = a.shape[0]
+            grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
+            with cuda.on_stream(stream):
+                y = cupy.empty((batch, self.spec.n), dtype=cupy.float32)
+                self.function(grid, self._block, (a, self._w, self._c_arg, y, np.int32(batch)))
+            return [y]
         with cuda.on_stream(stream):
             a = self._operand_a(cupy, _checked(cupy, inputs[0], "A", self.name))
             batch = int(a.shape[0])

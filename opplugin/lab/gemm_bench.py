@@ -61,11 +61,15 @@ def layer_spec(k: int, n: int, batch: int) -> GemmSpec:
 
 def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray, all_configs: bool = False) -> list[Candidate]:
     """The heuristic's choice first, then every other family's default configuration that runs the layer
-    (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled family."""
+    (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled family and, for
+    batches gemv serves, its configurations with the default rows per block (and a quarter of them)."""
     chosen = families.heuristic_variant(spec)
     names = [chosen] + [families.configure(spec, f).name for f in families.FAMILIES]
     if all_configs:
         names += [f"tiled_{bm}x{bn}" for bm, bn in families.TILES]
+        if spec.m <= families.MAX_GEMV_BATCH:
+            rows = {families.gemv_default(spec)[0], max(1, families.gemv_default(spec)[0] // 4)}
+            names += [f"gemv_b{mb}o{opw}w{wpr}" for mb in sorted(rows) for opw in (1, 2) for wpr in (1, 2, 4, 8, 16)]
     found = []
     for name in dict.fromkeys(names):
         config = families.configure(spec, name)

@@ -3,6 +3,7 @@ table against onnxruntime's ops (NaN and Inf too), the plan's fusions and views,
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
@@ -25,7 +26,7 @@ from opplugin.registry import plugin_for
 CPU = select_device("cpu")
 
 
-def gemm_model(p, followers=(), constant_b=True) -> "onnx.ModelProto":  # noqa: F821
+def gemm_model(p, followers=(), constant_b=True) -> onnx.ModelProto:
     """One Gemm node (then `followers`: (op type, attributes, extra constant inputs)) with p's operands."""
     s = p.spec
     inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(s.a_shape()))]

@@ -29,6 +29,8 @@ MAX_GEMV_BATCH = 16  # past this, a weight load feeding every row costs more reg
 MAX_ROWWARP_N = 32  # a lane per output of the row
 GEMV_MAX_RESULTS = 32  # MB * OPW sums per warp: each reduced by its own shuffles
 MIN_GEMV_WARPS = 1024  # about 8 per SM: fewer leave the memory system idle
+MAX_GEMV_WARPS = 16384  # past this, with several rows a block, more warps only add A loads and partial sums
+L2_RESIDENT_BYTES = 24 << 20  # weights up to this stay in an H100's 50 MB L2 between the blocks that read them
 MAX_WPR = 16  # warps per output: one block holds them all, and past 512 threads the registers run short
 GRID_Y_LIMIT = 65535
 INT32_MAX = 2**31 - 1
@@ -109,20 +111,30 @@ def gemv_config(spec: GemmSpec, mb: int, opw: int, wpr: int) -> Config:
 
 
 def gemv_default(spec: GemmSpec) -> tuple[int, int, int]:
-    """(MB, OPW, WPR) for this node: MB covers the batch; two outputs per warp when
-    there are several rows (each A load then feeds two weight rows); as many warps
-    per output as keep each lane at least 4 float4 loads, until some 8,000 warps are
-    in flight (about 60 per SM, enough to cover the memory latency). Where that still
-    leaves fewer than 1,024 warps (a narrow layer), MB shrinks: the weights, small
-    then, are read once per group of MB rows, from L2 after the first."""
+    """(MB, OPW, WPR) for this node, from a sweep of every configuration on an H100
+    (bench --suite gemm --all-configs, batches 1 and 16, the six seed layers):
+
+    - MB covers the batch, but only 4 rows a block where the weights fit in L2: they are
+      then read from DRAM once and from L2 by the other blocks, and four blocks in place of
+      one per output quarter the A loads each warp makes (3-7x faster at batch 16 there).
+      Weights larger than L2 are read once, by blocks of 16 rows (b16o2w8: 1.3x cuBLAS).
+    - Two outputs per warp with several rows: each A load then feeds two weight rows.
+    - As many warps per output as give each lane at least one float4 of K (up to 16): at
+      batch 1 the most warps in flight won on every layer; with rows per block, at most
+      16,384 warps in all and 8 a block where 32 sums fill the registers.
+    - Fewer rows a block while that leaves under 1,024 warps (a narrow layer)."""
     mb = min(MAX_GEMV_BATCH, _power_of_two_at_least(max(1, spec.m)))
-    opw = 2 if mb >= 4 and spec.n >= 2 * 8 * SMS else 1
-    wpr = 1
-    while wpr < MAX_WPR and spec.k >= (2 * wpr) * 128 * 4 and (spec.n // opw) * wpr < 8192:
-        wpr *= 2
-    while mb > 1 and -(-spec.n // opw) * wpr * -(-spec.m // mb) < MIN_GEMV_WARPS:
+    if 4 * spec.n * spec.k <= L2_RESIDENT_BYTES:
+        mb = min(mb, 4)
+    while True:
+        opw = 2 if mb >= 2 and spec.n >= 2 else 1
+        wpr = MAX_WPR
+        while wpr > 1 and (spec.k < wpr * 128 or (mb * opw > 16 and wpr > 8)
+                           or (mb > 1 and -(-spec.n // opw) * wpr * -(-spec.m // mb) > MAX_GEMV_WARPS)):
+            wpr //= 2
+        if mb == 1 or -(-spec.n // opw) * wpr * -(-spec.m // mb) >= MIN_GEMV_WARPS:
+            return mb, opw, wpr
         mb //= 2
-    return mb, opw, wpr
 
 
 def tiled_config(spec: GemmSpec, tile: Tile) -> Config:

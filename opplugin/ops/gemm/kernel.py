@@ -16,6 +16,7 @@ import numpy as np
 from ... import cuda
 from ...errors import PluginError
 from ...registry import Kernel
+from ..conv.families.common import checked_array  # the same operand check as the Conv kernels
 from . import reference
 from .epilogue import NONE, GemmEpilogue
 from .families import Config, defines, effective_bias
@@ -102,7 +103,7 @@ class GemmKernel(Kernel):
             return self._c
         if len(inputs) < 3 or inputs[2] is None:
             raise PluginError(f"{self.name}: the bias C is missing from the inputs")
-        c = _checked(cupy, inputs[2], "C", self.name)
+        c = checked_array(cupy, inputs[2], "C", self.name)
         if self.bias_mode == BIAS_COLUMN:
             return column_bias(cupy, c, self.spec)
         scaled = c * np.float32(self.spec.beta) if self.spec.beta != 1.0 else c
@@ -124,14 +125,14 @@ class GemmKernel(Kernel):
                 self.function(grid, self._block, (a, self._w, self._c_arg, y, np.int32(batch)))
             return [y]
         with cuda.on_stream(stream):
-            a = self._operand_a(cupy, _checked(cupy, inputs[0], "A", self.name))
+            a = self._operand_a(cupy, checked_array(cupy, inputs[0], "A", self.name))
             batch = int(a.shape[0])
             if self._w is not None:
                 w = self._w
             elif len(inputs) < 2 or inputs[1] is None:
                 raise PluginError(f"{self.name}: the weights B are missing from the inputs")
             else:
-                b = _checked(cupy, inputs[1], "B", self.name)
+                b = checked_array(cupy, inputs[1], "B", self.name)
                 if tuple(b.shape) != self.spec.b_shape:
                     raise PluginError(f"{self.name}: B has shape {tuple(b.shape)}, expected {self.spec.b_shape}")
                 w = padded_weights(cupy, b, self.spec, self.config)
@@ -147,11 +148,3 @@ class GemmKernel(Kernel):
                     self.function(self.config.grid(self.spec, rows), (self.config.threads, 1, 1),
                                   (a[start:start + rows], w, c_rows, y[start:start + rows], np.int32(rows)))
         return [y]
-
-
-def _checked(cupy: Any, array: Any, what: str, kernel: str) -> Any:
-    if not isinstance(array, cupy.ndarray):
-        raise PluginError(f"{kernel}: {what} must be a CuPy array on the GPU, got {type(array).__name__}")
-    if array.dtype != cupy.float32:
-        raise PluginError(f"{kernel}: {what} must be float32, got {array.dtype}")
-    return array

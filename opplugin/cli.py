@@ -1,4 +1,4 @@
-"""The command line: opplugin run | check | plan | tune | bench."""
+"""The command line: opplugin run | check | plan | tune | bench | new."""
 from __future__ import annotations
 
 import argparse
@@ -105,20 +105,69 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
     bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
-    bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000)")
+    bench.add_argument(
+        "--suite", choices=("models", "cnn", "gemm"), default="models",
+        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2 at batch 1 and 32; "
+        "gemm: the seeds' fully connected layers against cuBLAS at batch 1, 16 and 10000",
+    )
+    bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000; 1 32 with --suite cnn)")
     bench.add_argument("--warmup", type=int, help="untimed calls before timing (default 3)")
     bench.add_argument("--repeat", type=int, help="timed samples; the tables give medians (default 20)")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
+    bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
-    bench.add_argument("--suite", choices=("models", "gemm"), default="models",
-                       help="models: the Conv steps of --models (default); gemm: the seeds' fully connected layers against cuBLAS")
+    bench.add_argument("--e2e", nargs="+", metavar="MODEL",
+                       help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead (batches default 1 32)")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
     tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
     tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {RUN_BATCH_HELP})")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
+    _add_user_kernel_options(commands, run=run, check=check, plan=plan, bench=bench, tune=tune)
     return parser
+
+
+def _add_user_kernel_options(commands, **parsers) -> None:
+    """--kernel on every command that runs kernels, --sanitize and --watch on run and check, and `opplugin new`."""
+    from .user_kernels.cli_support import add_kernel_flag, add_loop_flags, add_new_command
+
+    for name, parser in parsers.items():
+        add_kernel_flag(parser)
+        if name in ("run", "check"):
+            add_loop_flags(parser)
+    add_new_command(commands)
+
+
+def _user_registry(args, device):
+    """The registry with the --kernel files in place of the built-in plugins (None without --kernel)."""
+    from .user_kernels import user_registry
+    from .user_kernels.cli_support import parse_kernels, say_cpu_note, user_sources
+
+    kernels = parse_kernels(getattr(args, "kernel", None))
+    if not kernels:
+        return None
+    registry = user_registry(user_sources(kernels), poison=args.command == "check")
+    if args.command in ("run", "check"):
+        say_cpu_note(registry, device)
+    return registry
+
+
+def _kernel_loops(args) -> int | None:
+    """--sanitize runs first; --watch takes the place of the command's single pass (None: go on with it)."""
+    if not (getattr(args, "sanitize", False) or getattr(args, "watch", False)):
+        return None
+    from .user_kernels.cli_support import parse_kernels, sanitize_kernels, watch_kernels
+
+    kernels = parse_kernels(args.kernel)
+    if not kernels:
+        raise InputError("--sanitize and --watch need --kernel OP=FILE.cu")
+    if args.sanitize:
+        sanitize_kernels(args, kernels)
+    if not args.watch:
+        return None
+    model, device = _load(args)
+    return watch_kernels(args, model, device, lambda: _make_runner(args, model, device), kernels)
 
 
 def _load(args, free_batch_default: int | None = None):
@@ -149,7 +198,8 @@ def _make_runner(args, model, device):
     from .runtime import Runner
 
     variants = {"Conv": args.variant} if args.variant else None
-    return Runner(model, args.batch, device, variants, chunk=args.chunk, streams=args.streams)
+    registry = _user_registry(args, device)
+    return Runner(model, args.batch, device, variants, registry, chunk=args.chunk, streams=args.streams)
 
 
 # Runs of at least this many chunks in all report progress even when stderr is not a terminal.
@@ -177,6 +227,9 @@ def cmd_run(args) -> int:
     from .data import make_inputs
     from .files import write_atomic
 
+    looped = _kernel_loops(args)
+    if looped is not None:
+        return looped
     model, runner = _runner(args)
     on_gpu = runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
@@ -203,6 +256,7 @@ def cmd_run(args) -> int:
 
     result = reports.build_report(profile, warmup, extra)
     print(reports.format_text(result, args.wide))
+    _warn_cpu_provider(profile)
     if args.json:
         _write_json(args.json, result)
     if args.csv:
@@ -215,6 +269,16 @@ def cmd_run(args) -> int:
     return 1 if compared is not None and not compared["passed"] else 0  # exit status 1 is for a failed comparison alone
 
 
+def _warn_cpu_provider(profile) -> None:
+    """One line when plugin steps ran on the GPU but onnxruntime's on the CPU: what it cost, and the fix."""
+    from .cuda import runtime_major
+    from .ort_builds import cpu_provider_warning
+
+    line = cpu_provider_warning(profile, runtime_major() if profile.plan.device.is_cuda else None)
+    if line:
+        print(f"opplugin: {line}", file=sys.stderr)
+
+
 def cmd_check(args) -> int:
     from .check import DEFAULT_ATOL, DEFAULT_RTOL, build_check_report, check, check_chunks, format_check
     from .data import make_inputs
@@ -222,6 +286,9 @@ def cmd_check(args) -> int:
 
     atol = DEFAULT_ATOL if args.atol is None else args.atol
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
+    looped = _kernel_loops(args)
+    if looped is not None:
+        return looped
     model, runner = _runner(args)
     inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=runner.device.is_cuda)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
@@ -239,6 +306,11 @@ def cmd_check(args) -> int:
     finally:
         bar.close()
     print(format_check(result, atol, rtol, args.wide))
+    if not result.passed:
+        from .first_bad import ISOLATION_IMAGES, format_verdicts, isolate_steps
+
+        print()
+        print(format_verdicts(isolate_steps(runner, inputs.feeds, result, atol, rtol), min(ISOLATION_IMAGES, args.batch)))
     if args.json:
         _write_json(args.json, build_check_report(result, plan, atol, rtol, inputs.source))
     return 0 if result.passed else 1
@@ -246,11 +318,16 @@ def cmd_check(args) -> int:
 
 def cmd_plan(args) -> int:
     from .plan import describe, make_plan
+    from .user_kernels.cli_support import plan_lines
 
     model, device = _load(args, free_batch_default=1)
-    plan = make_plan(model, args.batch, device)
+    registry = _user_registry(args, device)
+    plan = make_plan(model, args.batch, device, registry)
+    user_lines = plan_lines(plan, registry or {})  # compiles the --kernel files: their errors come before any output
     notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
     print(describe(plan, {k: v for k, v in notes.items() if v}, args.wide))
+    if user_lines:
+        print("\n".join(user_lines))
     if args.json:
         _write_plan_json(args, model, device)
     return 0
@@ -271,8 +348,10 @@ def cmd_tune(args) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    from .user_kernels.cli_support import parse_kernels
+
     model, _ = _load(args)
-    report = tune(model, args.batch, args.device, progress=say)
+    report = tune(model, args.batch, args.device, progress=say, kernels=parse_kernels(args.kernel))
     print(format_report(report))
     if args.json:
         _write_json(args.json, build_tune_report(report))
@@ -280,6 +359,10 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.e2e:
+        from .lab import e2e
+
+        return e2e.main_from_args(args)
     if args.suite == "gemm":
         from .lab.gemm_bench import main_from_args
     else:
@@ -288,20 +371,34 @@ def cmd_bench(args) -> int:
     return main_from_args(args)
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "tune": cmd_tune, "bench": cmd_bench}
+def cmd_new(args) -> int:
+    from .user_kernels.cli_support import cmd_new as new
+
+    return new(args)
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "tune": cmd_tune, "bench": cmd_bench, "new": cmd_new}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        from .ort_builds import both_builds_warning, require_onnxruntime
+
+        require_onnxruntime()
+        if (both := both_builds_warning()) is not None:
+            print(f"opplugin: warning: {both}", file=sys.stderr)
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business
         return COMMANDS[args.command](args)
     except OpPluginError as err:
         # the first line says it all; what follows (a compiler's log) is detail
-        print(f"opplugin: error: {err}", file=sys.stderr)
+        print(err if getattr(err, "located", False) else f"opplugin: error: {err}", file=sys.stderr)
+        if getattr(err, "abandon_process", False):  # a hung kernel: exiting normally would wait for the GPU forever
+            sys.stderr.flush()
+            os._exit(2)
         return 2
     except Exception as err:
         from .cuda import is_out_of_memory

@@ -151,6 +151,13 @@ def on_stream(stream: Any):
 # --- streams, pinned host memory, device memory ------------------------------------------
 
 
+def runtime_major() -> int:
+    """The major version of the CUDA runtime CuPy was built for (12, 13, ...)."""
+    import cupy
+
+    return cupy.cuda.runtime.runtimeGetVersion() // 1000
+
+
 def device_id() -> int:
     """The id of the current CUDA device."""
     import cupy

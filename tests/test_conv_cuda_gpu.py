@@ -36,11 +36,17 @@ CASES = {
     "pointwise": conv(3, 7, 3, (5, 5), (1, 1)),
     "group2_stride2": conv(3, 6, 4, (11, 13), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
     "depthwise_dilation2": conv(2, 8, 8, (14, 15), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=8),
+    # the tensor-core GEMM's paths: 16-byte weight rows (K % 4 == 0) and pixel groups (1x1, P % 4 == 0),
+    # a K that ends inside a slice, maps and pixels that end inside a tile, and split K
+    "pointwise_vectors_k16": conv(3, 16, 40, (8, 12), (1, 1)),
+    "k333_m70_tile_tails": conv(2, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),
+    "deep_k_small_output": conv(1, 160, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)),
 }
 # the plain names plus explicit configurations: 3 maps leave a short last group for most M
 # FP32-exact families only: fp16/tf32 are held to their own bounds in test_mixed_variants.py
 EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
-VARIANTS = [*EXACT, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64", "reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s2", "reduce_atomic_s4", "reduce_atomic_s8"]
+VARIANTS = [*EXACT, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64", "reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s2", "reduce_atomic_s4", "reduce_atomic_s8",
+            "tc_3xtf32_128x128", "tc_3xtf32_64x128", "tc_3xtf32_32x64", "tc_3xtf32_64x64_k4", "tc_3xtf32_128x64_k16"]
 
 
 def random_problem(spec: ConvSpec):
@@ -107,12 +113,16 @@ FUSED_CASES = {
     "ece408_high.conv+tanh+pool2": (CASES["ece408_high.conv"], Epilogue("Tanh", (2, 2))),
     "pads_pool2x4_no_bias": (conv(3, 3, 8, (17, 23), (3, 3), pads=(1, 2, 0, 1), bias=False), Epilogue("Relu", (2, 4))),
     "ragged_pool2_group2": (conv(5, 4, 6, (15, 15), (3, 3), group=2), Epilogue("Tanh", (2, 2))),
+    # an activation alone (the tensor-core GEMM fuses no pool), also after split K
+    "relu_only_k333": (conv(2, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)), Epilogue("Relu")),
+    "tanh_only_deep_k": (conv(1, 160, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)), Epilogue("Tanh")),
 }
 # every fusing family by its plain name, plus tiles that pool within a thread,
 # across 2 and 4 lanes, and in both at once
 FUSED_VARIANTS = [
-    *(name for name, family in families.FAMILIES.items() if family.fuses),
+    *(name for name, family in families.FAMILIES.items() if family.fuses and family.exact),
     "const_tile_r4c4m4", "const_tile_r2c2m16", "const_tile_r1c4m8", "const_tile_r2c1m4", "const_tile_r4c1m2",
+    "tc_3xtf32_64x64_k4",
 ]
 
 

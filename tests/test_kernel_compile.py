@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from opplugin import cuda
-from opplugin.lab import nvrtc_check
+from opplugin.lab import cnn_layers, nvrtc_check
 from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_variant
 from onnx_builders import conv_spec as conv
@@ -58,10 +58,21 @@ def _ones(spec):
     return np.ones(spec.weight_shape, np.float32), np.ones(spec.out_channels, np.float32) if spec.has_bias else None
 
 
+CNN_SPECS = {layer.name: layer.spec(32) for layer in cnn_layers.LAYERS}
 TUNING_CASES = [
     (step, config)
     for step, (spec, epilogue) in SHIPPED_STEPS.items()
     for config in families.tuning_configs(spec, _ones(spec), epilogue)
+]
+
+
+# The tensor-core GEMM's every configuration on each layer of `bench --suite cnn` (batch 32)
+# that it runs, for Ampere and Hopper: what tuning may pick on a real CNN.
+CNN_TENSOR_CORE_CASES = [
+    (layer.name, config)
+    for layer in cnn_layers.LAYERS
+    if families.unsupported_reason(layer.spec(32), "tc_3xtf32", None) is None
+    for config in families.FAMILIES["tc_3xtf32"].configs(layer.spec(32))
 ]
 
 
@@ -102,6 +113,10 @@ GEMM_CASES = list(_gemm_cases())
 
 def compile_jobs():
     """(source, defines, arch) of every compile the tests of this module make."""
+    for name, config in CNN_TENSOR_CORE_CASES:
+        spec = CNN_SPECS[name]
+        for arch in ARCHS:
+            yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, config))
     for spec in SHAPES.values():
         for variant in families.FAMILIES:
             if families.unsupported_reason(spec, variant, _ones(spec)) is None:
@@ -164,6 +179,14 @@ def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
     covered = {families.family_of(config).name for _, config in TUNING_CASES}
     exact = {name for name, family in families.FAMILIES.items() if family.exact}
     assert covered == exact
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("layer", "config"), CNN_TENSOR_CORE_CASES)
+def test_tensor_core_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
+    for usage in nvrtc_check.check_variant(CNN_SPECS[layer], config, arch):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 
 
 EXPLICIT_MAPS = ["const_mo1", "const_mo3", "const_mo16"]

@@ -139,7 +139,7 @@ def run_variant(spec, variant, x, w, b, *, weights_at_build=True):
     return kernel, y
 
 
-VARIANTS = [*INEXACT, "fp16_m4", "tf32_n8", "3xtf32_n8"]
+VARIANTS = [*INEXACT, "fp16_m4", "tf32_n8", "3xtf32_n8", "tc_tf32", "tc_tf32_64x64_k4"]
 
 
 @pytest.mark.gpu

@@ -3,6 +3,9 @@
 
     python tools/bench_report.py BENCH.json [--out tools/benchmark] [--batch 10000]
 
+    python tools/bench_report.py BENCH.json --e2e E2E.json     # also the whole-model table
+    python tools/bench_report.py BENCH.json --cnn CNN.json     # also the real-CNN layer table (bench --suite cnn)
+
 writes OUT/BENCHMARK.md (one row per optimisation, one column per conv, each cell
 the measured ms and the speed-up over the baseline variant, beside the effect the
 seeds' reasoning predicts) and OUT/variants.png (time per variant per conv, log
@@ -256,18 +259,96 @@ def draw_chart(payload: dict[str, Any], batch: int, path: Path) -> str | None:
     return None
 
 
+def cnn_markdown(payload: dict[str, Any], chart: str | None) -> list[str]:
+    """The `bench --suite cnn` summary: per layer and batch, cuDNN, the best exact variant, the default pick, TF32."""
+    summary, device = payload["suite_summary"], payload["device"]
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    def ratio(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
+    out = [
+        f"One `opplugin bench --suite cnn` run on **{device['name']}**: medians of CUDA-event samples; cuDNN through PyTorch with "
+        "`cudnn.benchmark` on. \"best exact\" is the fastest FP32-exact variant (3xTF32 counts as exact by measurement: "
+        "relative L2 <= 1e-5 against float64); \"default\" is the runner's pick without a tuning cache, and /best its time "
+        "over the best's. At batch 1 most layers take a few microseconds of GPU time, so the figures there are mostly the "
+        "per-call host cost of each implementation.",
+        "",
+        "| layer | batch | cuDNN FP32 ms | cuDNN TF32 ms | best exact | ms | vs cuDNN FP32 | default | /best | TF32 ms | vs cuDNN TF32 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for line in summary["layers"]:
+        out.append(
+            f"| {line['step'].removeprefix('cnn ')} | {line['batch']} | {ms(line['cudnn_fp32_ms'])} | {ms(line['cudnn_tf32_ms'])} | "
+            f"`{line['best'] or '-'}` | {ms(line['best_ms'])} | {ratio(line['best_vs_cudnn_fp32'])} | `{line['default'] or '-'}` | "
+            f"{ratio(line['default_vs_best'])} | {ms(line['tf32_ms'])} | {ratio(line['tf32_vs_cudnn_tf32'])} |"
+        )
+    out += [
+        "",
+        f"Best exact vs cuDNN FP32: geometric mean {ratio(summary['geomean_best_vs_cudnn_fp32'])}, lowest "
+        f"{ratio(summary['min_best_vs_cudnn_fp32'])}. Default pick: at most {ratio(summary['max_default_vs_best'])} the best exact. "
+        f"TF32 vs cuDNN TF32: geometric mean {ratio(summary['geomean_tf32_vs_cudnn_tf32'])}.",
+    ]
+    if chart:
+        out += ["", f"![speed-up over cuDNN per layer]({chart})"]
+    return out
+
+
+def draw_cnn_chart(payload: dict[str, Any], path: Path) -> str | None:
+    """Speed-up over cuDNN FP32 of the best exact variant and of the default pick, per layer and batch."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib): the chart was not drawn"
+    lines = payload["suite_summary"]["layers"]
+    labels = [f"{line['step'].removeprefix('cnn ')}, batch {line['batch']}" for line in lines]
+    best = [line["best_vs_cudnn_fp32"] or 0 for line in lines]
+    default = [(line["best_vs_cudnn_fp32"] or 0) / (line["default_vs_best"] or float("inf")) for line in lines]
+    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.32 * len(lines)))
+    ys = range(len(lines))
+    ax.barh([y - 0.2 for y in ys], best, height=0.4, color="tab:blue", label="best FP32-exact variant")
+    ax.barh([y + 0.2 for y in ys], default, height=0.4, color="tab:cyan", label="default pick")
+    ax.axvline(1.0, color="tab:orange", linewidth=1.5, label="cuDNN FP32")
+    ax.set_yticks(list(ys), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up over cuDNN FP32 (higher is better; 0: no exact variant runs the layer)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bench_json", help="the file `opplugin bench --json` wrote")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for BENCHMARK.md and variants.png (default tools/benchmark)")
     parser.add_argument("--batch", type=int, help="the batch the tables show (default 10000, else the largest)")
+    parser.add_argument("--e2e", metavar="E2E_JSON", help="also the table of an `opplugin bench --e2e --json` run")
+    parser.add_argument("--cnn", metavar="CNN_JSON", help="also the table and chart of an `opplugin bench --suite cnn --json` run")
     args = parser.parse_args(argv)
     payload = json.loads(Path(args.bench_json).read_text())
     batch = pick_batch(payload, args.batch)
     out = Path(args.out)
     problem = draw_chart(payload, batch, out / "variants.png")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "BENCHMARK.md").write_text(render_markdown(payload, batch, None if problem else "variants.png"))
+    page = render_markdown(payload, batch, None if problem else "variants.png")
+    if args.e2e:
+        from opplugin.lab.e2e import format_markdown  # the table `bench --e2e` prints, so both read alike
+
+        page += "\n## Whole models end to end\n\n" + format_markdown(json.loads(Path(args.e2e).read_text()))
+    if args.cnn:
+        cnn = json.loads(Path(args.cnn).read_text())
+        cnn_problem = draw_cnn_chart(cnn, out / "cnn_layers.png")
+        problem = problem or cnn_problem
+        page += "\n## Real-CNN layers\n\n" + "\n".join(cnn_markdown(cnn, None if cnn_problem else "cnn_layers.png")) + "\n"
+    (out / "BENCHMARK.md").write_text(page)
     print(f"wrote {out / 'BENCHMARK.md'}" + ("" if problem else f" and {out / 'variants.png'}"))
     if problem:
         print(f"bench_report: {problem}", file=sys.stderr)

@@ -3,6 +3,9 @@
     PYTHONPATH=$PWD ncu --kernel-name regex:^conv_ --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
         python3 tools/profile_conv.py lenet86 conv2 [--variant const_tile] [--fused] [--batch 10000]
 
+The model `cnn` stands for the layer set of `opplugin bench --suite cnn`, its layers
+named as there: `tools/profile_conv.py cnn "vgg 512->512 3x3 14" --batch 32`.
+
 Without --variant the runner's own choice is taken (the tuning cache, else the
 heuristic). Every kernel of the variants is named conv_<family>; the filter
 matters, since the random input comes from cuRAND kernels that launch first.
@@ -17,7 +20,7 @@ import statistics
 
 from opplugin import cuda
 from opplugin.device import current_cuda_device
-from opplugin.lab.bench import conv_cases
+from opplugin.lab.bench import conv_cases, suite_cases
 from opplugin.lab.trial import Problem
 from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import choose_variant
@@ -34,7 +37,7 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=5)
     args = parser.parse_args()
 
-    cases = {c.conv: c for c in conv_cases([args.model])}
+    cases = {c.conv: c for c in (suite_cases() if args.model == "cnn" else conv_cases([args.model]))}
     if args.conv not in cases:
         parser.error(f"{args.model} has no Conv named {args.conv!r}; it has {', '.join(cases)}")
     case = cases[args.conv]

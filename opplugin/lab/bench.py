@@ -38,6 +38,7 @@ from ..ops.conv.spec import ConvSpec
 from . import peers as peer_module
 from . import roofline
 from .bench_text import format_text
+from .cnn_layers import LAYERS, SUITE_BATCHES, layer_weights
 from .streams import host_to_host
 from .trial import EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, run_trial
 
@@ -45,6 +46,7 @@ from .trial import EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, ru
 #    model and batch are the lists of models and batch sizes measured
 SCHEMA = "opplugin-bench/2"
 DEFAULT_BATCHES = (100, 1000, 10000)
+SUITES = ("models", "cnn")
 DEFAULT_WARMUP = 3
 DEFAULT_REPEAT = 20
 FP32_PEER_TOLERANCE = 1e-4  # cuDNN may pick Winograd or FFT algorithms, which round differently
@@ -61,6 +63,7 @@ ROW_KEYS = (
     "family",
     "implementation",
     "exact",
+    "exact_by",
     "heuristic",
     "status",
     "reason",
@@ -77,8 +80,14 @@ ROW_KEYS = (
     "rel_error",
     "tolerance",
 )
-PAYLOAD_KEYS = ("schema", "opplugin_version", "device", "model", "batch", "complete", "versions", "settings", "roofline", "peers", "steps", "rows", "fused_totals", "streams")
-STEP_KEYS = ("step", "model", "conv", "fused", "epilogue", "batch", "shape", "flops", "bytes", "floor_ms", "bound", "baseline_ms", "cudnn_fp32_ms", "best", "best_ms")
+PAYLOAD_KEYS = (
+    "schema", "opplugin_version", "device", "model", "batch", "complete", "versions", "settings", "roofline", "peers", "steps", "rows",
+    "fused_totals", "suite_summary", "streams",
+)
+STEP_KEYS = (
+    "step", "model", "conv", "fused", "epilogue", "batch", "shape", "flops", "bytes", "floor_ms", "bound", "baseline_ms", "cudnn_fp32_ms",
+    "best", "best_ms", "default",
+)
 
 
 @dataclass
@@ -89,6 +98,9 @@ class Options:
     all_configs: bool = False
     models: Sequence[str] = ("lenet86", "ece408_high")
     streams: bool = True  # the host-to-host streams comparison
+    suite: str = "models"  # "models": the Conv steps of `models`; "cnn": the real-CNN layer set (cnn_layers.py)
+    families: Sequence[str] | None = None  # time only these families (and the peers); None: all
+    kernels: Sequence[str] = ()  # --kernel Conv=FILE files (any number), benched beside the families
 
     def validate(self) -> None:
         if not self.batches:
@@ -99,6 +111,11 @@ class Options:
         positive_int(self.warmup, "--warmup", allow_zero=True)
         if not self.models:
             raise InputError("--models needs at least one model")
+        unknown = [name for name in self.families or () if name not in families.FAMILIES]
+        if unknown:
+            raise InputError(f"--families: unknown family {', '.join(unknown)}; choose from {', '.join(families.FAMILIES)}")
+        if self.suite not in SUITES:
+            raise InputError(f"--suite must be one of {', '.join(SUITES)}, got {self.suite!r}")
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,11 @@ def conv_cases(models: Sequence[str]) -> list[ConvCase]:
     if not cases:
         raise InputError(f"no Conv node with constant weights in {', '.join(models)}")
     return cases
+
+
+def suite_cases() -> list[ConvCase]:
+    """The real-CNN layer set, each layer a case of its own (no fused epilogue)."""
+    return [ConvCase("cnn", layer.name, layer.spec(), *layer_weights(layer), None) for layer in LAYERS]
 
 
 def describe_spec(spec: ConvSpec) -> str:
@@ -197,6 +219,54 @@ def reference_rows(rows: list[dict[str, Any]], step: dict[str, Any]) -> None:
             row["vs_cudnn_fp32"] = step["cudnn_fp32_ms"] / row["ms"] if step["cudnn_fp32_ms"] else None
 
 
+def geometric_mean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v]
+    return float(np.exp(np.mean(np.log(values)))) if values else None
+
+
+def suite_summary(steps: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per layer and batch: cuDNN FP32 and TF32, the best FP32-exact variant, the runner's
+    default pick, the best TF32 variant; then the geometric means of the ratios."""
+    lines = []
+    for step in steps:
+        mine = [r for r in rows if r["step"] == step["step"] and r["batch"] == step["batch"] and r["status"] == "ok" and r["ms"]]
+
+        def fastest(predicate):
+            return min((r for r in mine if predicate(r)), key=lambda r: r["ms"], default=None)
+
+        cudnn = fastest(lambda r: r["name"] == "cudnn_fp32")
+        cudnn_tf32 = fastest(lambda r: r["name"] == "cudnn_tf32")
+        best = fastest(lambda r: r["kind"] == "variant" and r["exact"])
+        default = fastest(lambda r: r["kind"] == "variant" and r["name"] == step["default"])
+        tf32 = fastest(lambda r: r["kind"] == "variant" and r["family"] in ("tc_tf32", "tf32"))
+        best_ms = best["ms"] if best else None
+        lines.append(
+            {
+                "step": step["step"],
+                "batch": step["batch"],
+                "floor_ms": step["floor_ms"],
+                "cudnn_fp32_ms": cudnn and cudnn["ms"],
+                "cudnn_tf32_ms": cudnn_tf32 and cudnn_tf32["ms"],
+                "best": best and best["name"],
+                "best_ms": best_ms,
+                "best_vs_cudnn_fp32": cudnn["ms"] / best_ms if cudnn and best_ms else None,
+                "default": step["default"],
+                "default_ms": default and default["ms"],
+                "default_vs_best": default["ms"] / best_ms if default and best_ms else None,
+                "tf32": tf32 and tf32["name"],
+                "tf32_ms": tf32 and tf32["ms"],
+                "tf32_vs_cudnn_tf32": cudnn_tf32["ms"] / tf32["ms"] if cudnn_tf32 and tf32 else None,
+            }
+        )
+    return {
+        "layers": lines,
+        "geomean_best_vs_cudnn_fp32": geometric_mean([line["best_vs_cudnn_fp32"] for line in lines]),
+        "min_best_vs_cudnn_fp32": min((line["best_vs_cudnn_fp32"] for line in lines if line["best_vs_cudnn_fp32"]), default=None),
+        "max_default_vs_best": max((line["default_vs_best"] for line in lines if line["default_vs_best"]), default=None),
+        "geomean_tf32_vs_cudnn_tf32": geometric_mean([line["tf32_vs_cudnn_tf32"] for line in lines]),
+    }
+
+
 def fused_totals(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model and batch: all its fused steps, each by its fastest exact variant, added up."""
     totals = []
@@ -240,6 +310,7 @@ class Bench:
         self.peers: list[Any] = []
         self.peer_notes: dict[str, str] = {}
         self.torch = None
+        self.user_sources = _user_sources(options.kernels)
 
     # the run -----------------------------------------------------------------------
 
@@ -247,7 +318,7 @@ class Bench:
         self.options.validate()
         if not cuda.is_available():
             raise DeviceError("bench needs a CUDA device, and CuPy sees none (is CuPy installed and a GPU visible?)")
-        cases = conv_cases(self.options.models)
+        cases = suite_cases() if self.options.suite == "cnn" else conv_cases(self.options.models)
         device = current_cuda_device()
         self.progress(f"bench: {device.name}: measuring copy bandwidth and FP32 rate")
         self.roof = roofline.measure()
@@ -258,7 +329,7 @@ class Bench:
             self._bench_step(case, fused, batch)
             if self.checkpoint:
                 self.checkpoint(self.payload(device, None, complete=False))
-        streams = self._bench_streams(cases[0]) if self.options.streams else None
+        streams = self._bench_streams(cases[0]) if self.options.streams and self.options.suite == "models" else None
         return self.payload(device, streams)
 
     def payload(self, device, streams, complete: bool = True) -> dict[str, Any]:
@@ -271,6 +342,8 @@ class Bench:
                 "repeat": self.options.repeat,
                 "all_configs": self.options.all_configs,
                 "models": list(self.options.models),
+                "suite": self.options.suite,
+                "families": list(self.options.families or families.FAMILIES),
                 "min_sample_ms": MIN_SAMPLE_MS,
                 "tolerances": {"exact": EXACT_TOLERANCE, "fp32_peer": FP32_PEER_TOLERANCE, "inexact": INEXACT_TOLERANCE},
             },
@@ -279,6 +352,7 @@ class Bench:
             "steps": self.steps,
             "rows": self.rows,
             "fused_totals": fused_totals(self.steps),
+            "suite_summary": suite_summary(self.steps, self.rows) if self.options.suite == "cnn" else None,
             "streams": streams,
         }
 
@@ -337,10 +411,13 @@ class Bench:
             floor_ms=self.roof.floor_ms(flops, nbytes),
             bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s),
         )
+        step["default"] = runner_default(spec, (case.w, case.b), epilogue)
         self.steps.append(step)
         problem = Problem.random(spec, epilogue, (case.w, case.b))
-        for name, family, heuristic in self._candidates(spec, epilogue):
+        for name, family, heuristic in self._candidates(spec, epilogue, step["default"]):
             self._add(self._bench_variant(step, problem, name, family, heuristic))
+        for source in self.user_sources:
+            self._add(self._bench_user(step, problem, source))
         for peer in self.peers:
             if fused and peer.name != "cudnn_fp32":
                 continue  # a fused step is compared with the FP32 chain only
@@ -356,11 +433,11 @@ class Bench:
         figure = f"{row['ms']:.4g} ms" if row["ms"] else row["status"] + (f" ({row['reason']})" if row["reason"] else "")
         self.progress(f"bench:     {row['name']:<28} {figure}")
 
-    def _candidates(self, spec: ConvSpec, epilogue: Epilogue) -> list[tuple[str, Any, bool]]:
+    def _candidates(self, spec: ConvSpec, epilogue: Epilogue, default: str | None) -> list[tuple[str, Any, bool]]:
         """(variant name, family, is the heuristic pick) for every family that applies."""
         candidates = []
         for family in families.FAMILIES.values():
-            if epilogue != NONE and not family.fuses:
+            if epilogue != NONE and not family.fuses or self.options.families and family.name not in self.options.families:
                 continue
             try:
                 heuristic = families.resolve(spec, family.name, epilogue)
@@ -373,12 +450,27 @@ class Bench:
                 except Exception:
                     pass
             candidates += [(name, family, name == heuristic) for name in dict.fromkeys(names)]
+        if default and not self.options.families and all(name != default for name, _, _ in candidates):
+            candidates.append((default, families.family_of(default), False))  # the runner's pick is always timed
         return candidates
 
     def _bench_variant(self, step, problem: Problem, name: str, family, heuristic: bool) -> dict[str, Any]:
         tolerance = EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
         trial = run_trial(problem, name, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat)
         return variant_row(step, trial, problem.epilogue, family, heuristic, tolerance)
+
+    def _bench_user(self, step, problem: Problem, source) -> dict[str, Any]:
+        """A --kernel file's row: checked and timed like a family, under the file's name."""
+        from ..user_kernels.trial import user_trial
+
+        trial = user_trial(problem, source, EXACT_TOLERANCE, self.options.warmup, self.options.repeat)
+        # FP32 as far as its check against float64 shows: exact by measurement, never by construction
+        common = dict(family="user", exact=True, exact_by="measurement", heuristic=True, tolerance=EXACT_TOLERANCE, rel_error=trial.rel_error,
+                      implementation=trial.kernel_name, bytes=trial.bytes)
+        label = source.label + problem.epilogue.suffix
+        if trial.status != "ok":
+            return make_row(step, label, "variant", status=trial.status, reason=trial.reason, **common)
+        return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer="cuda-events", **common)
 
     def _bench_peer(self, step, problem: Problem, peer) -> dict[str, Any]:
         tolerance = FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
@@ -422,9 +514,27 @@ class Bench:
         return result
 
 
+def runner_default(spec: ConvSpec, weights, epilogue: Epilogue) -> str | None:
+    """The variant the runner picks for this step without a tuning cache (None: none runs it)."""
+    from ..ops.conv.choice import heuristic_variant
+
+    try:
+        return heuristic_variant(spec, weights, epilogue)
+    except Exception:
+        return None
+
+
+def _user_sources(paths: Sequence[str]) -> list[Any]:
+    """KernelSources of the --kernel Conv files (read now: a missing file stops the bench first)."""
+    from ..user_kernels import KernelSource
+
+    return [KernelSource(path, "Conv") for path in paths]
+
+
 def variant_row(step: dict[str, Any], trial: Trial, epilogue: Epilogue, family, heuristic: bool, tolerance: float) -> dict[str, Any]:
     """A trial as a bench row."""
-    common = dict(family=family.name, exact=family.exact, heuristic=heuristic, tolerance=tolerance, rel_error=trial.rel_error)
+    exact_by = family.exact_by if family.exact else None
+    common = dict(family=family.name, exact=family.exact, exact_by=exact_by, heuristic=heuristic, tolerance=tolerance, rel_error=trial.rel_error)
     if trial.kernel_name:
         common.update(implementation=trial.kernel_name, bytes=trial.bytes)
     label = trial.variant + epilogue.suffix
@@ -446,7 +556,8 @@ def run_bench(
 
 
 def options_from_args(args: Any) -> Options:
-    words = [b for item in (args.batches or DEFAULT_BATCHES) for b in str(item).replace(",", " ").split()]
+    default_batches = SUITE_BATCHES if getattr(args, "suite", None) == "cnn" else DEFAULT_BATCHES
+    words = [b for item in (args.batches or default_batches) for b in str(item).replace(",", " ").split()]
     try:
         batches = [int(b) for b in words]
     except ValueError:
@@ -457,7 +568,22 @@ def options_from_args(args: Any) -> Options:
         repeat=DEFAULT_REPEAT if args.repeat is None else args.repeat,
         all_configs=bool(args.all_configs),
         models=list(args.models or Options.models),
+        suite=getattr(args, "suite", None) or "models",
+        families=getattr(args, "families", None),
+        kernels=_kernel_flags(args),
     )
+
+
+def _kernel_flags(args: Any) -> list[str]:
+    """The files of --kernel Conv=FILE flags; the bench may compare several."""
+    from ..user_kernels.cli_support import parse_kernels
+
+    flags = getattr(args, "kernel", None) or []
+    found = [parse_kernels([flag]) for flag in flags]
+    others = [op for kernels in found for op in kernels if op != "Conv"]
+    if others:
+        raise InputError(f"bench times Conv steps; --kernel {others[0]}=... has nothing to run here")
+    return [kernels["Conv"] for kernels in found]
 
 
 def wrong_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,18 +22,29 @@ def _ratio(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _status(row: dict[str, Any]) -> str:
+def _status(row: dict[str, Any], step: dict[str, Any] | None = None) -> str:
     if row["status"] == "ok":
-        return "ok" + ("" if row["heuristic"] or row["kind"] == "peer" else " (config)")
+        marks = [] if row["heuristic"] or row["kind"] == "peer" else ["config"]
+        if step and row["name"] == step.get("best"):
+            marks.append("best exact")
+        if step and row["kind"] == "variant" and row["name"] == step.get("default"):
+            marks.append("default pick")
+        return "ok" + (f" ({', '.join(marks)})" if marks else "")
     note = (row["reason"] or "")[:NOTE_WIDTH]
     return f"{row['status'].upper()}: {note}" if row["status"] in ("incorrect", "failed") else f"n/a: {note}"
 
 
-def row_cells(row: dict[str, Any]) -> list[str]:
+def _exact(row: dict[str, Any]) -> str:
+    if not row["exact"]:
+        return "NO"
+    return "measured" if row.get("exact_by") == "measurement" else "yes"
+
+
+def row_cells(row: dict[str, Any], step: dict[str, Any] | None = None) -> list[str]:
     name = row["name"] if row["kind"] == "variant" else f"[{row['name']}]"
     return [
         name,
-        "yes" if row["exact"] else "NO",
+        _exact(row),
         _num(row["ms"], 4),
         _num(row["gflops_per_s"]),
         _num(row["gb_per_s"]),
@@ -41,13 +52,13 @@ def row_cells(row: dict[str, Any]) -> list[str]:
         _ratio(row["vs_baseline"]),
         _ratio(row["vs_cudnn_fp32"]),
         "-" if row["rel_error"] is None else f"{row['rel_error']:.1e}",
-        _status(row),
+        _status(row, step),
     ]
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], step: dict[str, Any] | None = None) -> str:
     numbers = range(1, len(COLUMNS) - 1)  # between the name and the status
-    return "\n".join(text_table(COLUMNS, [row_cells(r) for r in rows], right=numbers, rule=False))
+    return "\n".join(text_table(COLUMNS, [row_cells(r, step) for r in rows], right=numbers, rule=False))
 
 
 def header(payload: dict[str, Any]) -> list[str]:
@@ -62,6 +73,8 @@ def header(payload: dict[str, Any]) -> list[str]:
         f"{roof['matmul_rel_error']:.1e}{', TF32 SUSPECTED' if roof['tf32_suspected'] else ''})",
         f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; "
         f"vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor",
+        "exact: yes = FP32 multiply-adds (exact by construction); measured = other arithmetic (3xTF32) whose measured "
+        "error against float64 meets the same bound; NO = opt-in reduced precision",
     ]
     for peer, note in payload["peers"].items():
         if note != "available":
@@ -104,12 +117,38 @@ def streams_lines(streams: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+SUMMARY_COLUMNS = ("layer", "batch", "floor", "cuDNN", "cuDNN TF32", "best exact", "ms", "vs cuDNN", "default pick", "/best", "TF32 ms", "vs cuDNN TF32")
+
+
+def summary_lines(summary: dict[str, Any] | None) -> list[str]:
+    """The layer set at a glance: the targets are >= 1x cuDNN FP32 (geomean 1.5x) for the best
+    exact variant, the default pick within 1.25x of it, TF32 geomean >= 1x cuDNN TF32."""
+    if not summary:
+        return []
+    cells = [
+        [
+            line["step"], str(line["batch"]), _num(line["floor_ms"], 3), _num(line["cudnn_fp32_ms"], 4), _num(line["cudnn_tf32_ms"], 4),
+            line["best"] or "-", _num(line["best_ms"], 4), _ratio(line["best_vs_cudnn_fp32"]), line["default"] or "-",
+            _ratio(line["default_vs_best"]), _num(line["tf32_ms"], 4), _ratio(line["tf32_vs_cudnn_tf32"]),
+        ]
+        for line in summary["layers"]
+    ]
+    right = (1, 2, 3, 4, 6, 7, 9, 10, 11)
+    return [
+        "layer set summary (ms; ratios are speed-ups, /best is the default pick's time over the best exact one's)",
+        *text_table(SUMMARY_COLUMNS, cells, right=right, rule=False),
+        f"best exact vs cuDNN FP32: geometric mean {_ratio(summary['geomean_best_vs_cudnn_fp32'])}, "
+        f"lowest {_ratio(summary['min_best_vs_cudnn_fp32'])}; default pick at most {_ratio(summary['max_default_vs_best'])} "
+        f"the best exact; TF32 vs cuDNN TF32: geometric mean {_ratio(summary['geomean_tf32_vs_cudnn_tf32'])}",
+    ]
+
+
 def format_text(payload: dict[str, Any]) -> str:
     out = header(payload)
     for step in payload["steps"]:
         rows = [r for r in payload["rows"] if r["step"] == step["step"] and r["batch"] == step["batch"]]
-        out += ["", step_title(step), table(rows)]
-    extra = totals_lines(payload) + streams_lines(payload.get("streams"))
+        out += ["", step_title(step), table(rows, step)]
+    extra = totals_lines(payload) + streams_lines(payload.get("streams")) + summary_lines(payload.get("suite_summary"))
     if extra:
         out += ["", *extra]
     return "\n".join(out) + "\n"

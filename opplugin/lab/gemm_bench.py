@@ -196,13 +196,18 @@ def format_text(payload: dict[str, Any]) -> str:
 
 def main_from_args(args: Any) -> int:
     """`opplugin bench --suite gemm`: 0 when every candidate was correct, 1 when some was not."""
+    from ..errors import positive_int
     from ..files import write_atomic
     from ..jsonout import dumps
-    from .bench import options_from_args
 
-    options = options_from_args(args)  # the same validation of --batches, --warmup and --repeat as the Conv bench
-    options.validate()
-    payload = run_gemm_bench(options.batches if args.batches else BATCHES, options.warmup, options.repeat, options.all_configs)
+    words = [w for item in (args.batches or BATCHES) for w in str(item).replace(",", " ").split()]
+    try:
+        batches = [positive_int(int(w), "--batches") for w in words]
+    except ValueError:
+        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
+    warmup = 3 if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)
+    repeat = 20 if args.repeat is None else positive_int(args.repeat, "--repeat")
+    payload = run_gemm_bench(batches, warmup, repeat, bool(args.all_configs))
     print(format_text(payload), end="")
     if args.json:
         write_atomic(args.json, dumps(payload))

@@ -48,6 +48,7 @@ class StepTuning:
     spec: ConvSpec
     epilogue: Epilogue
     results: list[Trial] = field(default_factory=list)
+    user: list[Trial] = field(default_factory=list)  # --kernel files: timed beside the configurations, never cached
 
     @property
     def passed(self) -> list[Trial]:
@@ -119,6 +120,7 @@ def tune(
     warmup: int = DEFAULT_WARMUP,
     repeat: int = DEFAULT_REPEAT,
     write_cache: bool = True,
+    kernels: dict[str, str] | None = None,
 ) -> TuneReport:
     """Tune every Conv step of `model` at `batch` and (by default) write the choices
     to the tuning cache. `progress`, when given, receives one line per configuration."""
@@ -129,8 +131,9 @@ def tune(
     model = model if isinstance(model, Model) else load_model(model)
     say = progress or (lambda line: None)
     report = TuneReport(model.name, batch, device, [], warmup=warmup, repeat=repeat)
+    sources = _user_sources(kernels)
     for step, spec, epilogue in conv_steps(model, batch, device):
-        report.steps.append(tune_step(step, spec, epilogue, say, warmup, repeat))
+        report.steps.append(tune_step(step, spec, epilogue, say, warmup, repeat, sources))
     choices = {
         tuning_cache.key_for(t.spec, t.epilogue, device.name): t.cache_choice() for t in report.steps if t.chosen
     }
@@ -142,7 +145,14 @@ def tune(
     return report
 
 
-def tune_step(step: PluginStep, spec: ConvSpec, epilogue: Epilogue, say: Progress, warmup: int, repeat: int) -> StepTuning:
+def _user_sources(kernels: dict[str, str] | None) -> list[Any]:
+    from ..user_kernels import KernelSource
+
+    return [KernelSource(path, "Conv") for op, path in (kernels or {}).items() if op == "Conv"]
+
+
+def tune_step(step: PluginStep, spec: ConvSpec, epilogue: Epilogue, say: Progress, warmup: int, repeat: int,
+              sources: list[Any] = ()) -> StepTuning:
     tuned = StepTuning(step.name, step.ops, spec, epilogue)
     weights = constant_weights(step.node)
     configs = families.tuning_configs(spec, weights, epilogue)
@@ -156,6 +166,10 @@ def tune_step(step: PluginStep, spec: ConvSpec, epilogue: Epilogue, say: Progres
         tuned.results.append(result)
         timing = f"{result.ms:.4f} ms" if result.ms is not None else "-"
         say(f"[{step.name} {index}/{len(configs)}] {variant:<20} {RESULT_WORDS[result.status]:<5} {timing:>12}  {detail(result)}".rstrip())
+    if sources:
+        from ..user_kernels.trial import user_trial
+
+        tuned.user = [user_trial(problem, source, EXACT_TOLERANCE, warmup, repeat) for source in sources]
     return tuned
 
 
@@ -198,6 +212,10 @@ def format_report(report: TuneReport) -> str:
         lines += text_table(("config", "median ms", "result", "chosen"), rows, right=(1,), indent="  ")
         if chosen is None:
             lines.append("  no configuration passed: the heuristic's variant stays")
+        for r in tuned.user:
+            against = f", {r.ms / chosen.ms:.2f}x the time of {chosen.variant}" if r.ms and chosen else ""
+            figure = f"{r.ms:.4f} ms{against}" if r.ms is not None else RESULT_WORDS[r.status]
+            lines.append(f"  your kernel {r.variant}: {figure}" + (f" ({detail(r)})" if detail(r) else ""))
         lines.append("")
     if report.cache_path:
         lines.append(f"Tuning cache written: {report.cache_path}")

@@ -50,7 +50,9 @@ class Runner:
     `batch` is the largest batch you expect; kernels are chosen and timed at the
     chunk size it leads to. `device` is "auto" (the GPU when CuPy sees one),
     "cpu", "cuda" or a Device. `variants` names a variant per op type
-    ({"Conv": "const_tile"}); `registry` replaces the registered plugins.
+    ({"Conv": "const_tile"}); `registry` replaces the registered plugins; `kernels`
+    runs your own CUDA source per op type in place of its plugin ({"Conv": "my_conv.cu"},
+    or a user_kernels.KernelSource; see `opplugin new conv FILE`).
     `chunk` fixes the images per chunk (default: from the free device memory and
     the pipeline's needs); `streams` the chunks in flight at once on a GPU
     (default 3).
@@ -70,8 +72,13 @@ class Runner:
         *,
         chunk: int | None = None,
         streams: int | None = None,
+        kernels: dict[str, Any] | None = None,
     ):
         self.batch = positive_int(batch, "batch")
+        if kernels:
+            from ..user_kernels import user_registry
+
+            registry = user_registry(kernels, registry)
         if chunk is not None:
             chunk = positive_int(chunk, "chunk")
         self.device = device if isinstance(device, Device) else select_device(device)

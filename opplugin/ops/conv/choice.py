@@ -12,14 +12,20 @@
    takes the first one that can run the node with its fused epilogue, if any:
    register tiles of rows x columns x maps (`const_tile`), then of rows x
    maps (`const_rb`), then several maps per thread (`const_mo`),
-   then one output per thread from constant memory (`const`), then `baseline`,
-   which runs every 2-D Conv (also with weights computed at run time). A family
+   then one output per thread from constant memory (`const`), then the
+   tensor-core implicit GEMM (`tc_3xtf32`, FP32-exact by measurement, weights
+   in global memory), then `baseline`, which runs every 2-D Conv (also with
+   weights computed at run time). A layer with many maps and a long K (see
+   `prefers_tensor_cores`) tries `tc_3xtf32` first: there the GEMM's reuse
+   beats the constant-memory families, whose strength is few maps. A family
    name stands for the configuration its `configs()` lists first: the one its
    author expects to be fastest without spilling. When no family fuses the
    epilogue, the same order picks a plain kernel and the epilogue follows as
    CuPy array operations.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ...device import Device
 from ...errors import PluginError
@@ -28,14 +34,29 @@ from . import families
 from .epilogue import Epilogue
 from .spec import ConvSpec
 
-PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "baseline")
+PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
+# the tensor-core GEMM comes first from this many output maps (per group) and GEMM K up
+TENSOR_CORE_MIN_MAPS = 32
+TENSOR_CORE_MIN_K = 64
+
+
+def prefers_tensor_cores(spec: ConvSpec) -> bool:
+    k = (spec.in_channels // spec.group) * int(np.prod(spec.kernel))
+    return spec.group == 1 and spec.out_channels >= TENSOR_CORE_MIN_MAPS and k >= TENSOR_CORE_MIN_K
+
+
+def preference(spec: ConvSpec) -> tuple[str, ...]:
+    if prefers_tensor_cores(spec):
+        return ("tc_3xtf32", *(name for name in PREFERENCE if name != "tc_3xtf32"))
+    return PREFERENCE
 
 
 def heuristic_variant(spec: ConvSpec, weights, epilogue: Epilogue) -> str:
-    for name in PREFERENCE:
+    order = preference(spec)
+    for name in order:
         if families.unsupported_reason(spec, name, weights, epilogue) is None:
             return families.resolve(spec, name, epilogue)
-    for name in PREFERENCE:  # none fuses: the plain kernel runs, the epilogue follows in CuPy
+    for name in order:  # none fuses: the plain kernel runs, the epilogue follows in CuPy
         if families.unsupported_reason(spec, name, weights) is None:
             return families.resolve(spec, name)
     raise PluginError(f"no CUDA variant can run this Conv ({spec})")

@@ -167,6 +167,9 @@ class Family:
     name: str = ""
     summary: str = ""  # what it does and why it should be faster
     exact: bool = True  # False: fp16/tf32 arithmetic, opt-in only, never auto-picked
+    # how an exact family earns the name: "construction" (FP32 multiply-adds, in some order) or
+    # "measurement" (other arithmetic whose measured error meets the same bound, e.g. 3xTF32)
+    exact_by: str = "construction"
     constant_weights: bool = False  # filters go into __constant__ memory at build time
     fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
 

@@ -1,0 +1,390 @@
+// conv_tc_gemm: 2-D convolution (ONNX Conv, group 1) as an implicit GEMM on the
+// tensor cores, with the tiles streamed through a multi-stage shared-memory
+// pipeline by cp.async. FP32 in and out; the weights are read from global memory
+// at call time, so no layer is too big for it.
+//
+// The product: Y[m][col] = sum_k W[m][k] * X[k][col], m an output map, col an
+// output pixel of the batch (n, oh, ow), k = (c, kh, kw) over KDIM = C*KH*KW.
+// X is never built: each B-tile element is copied straight from the image.
+//
+// What makes it fast:
+// - A block computes a BM x BN tile of Y; each of its warps a WM x WN part of it
+//   as (WM/16) x (WN/8) tensor-core tiles, mma.sync m16n8k8 TF32 (sm_80+): one
+//   warp instruction does 1024 multiply-adds, so the FP32 pipe is not the limit.
+// - The K loop walks BK-deep slices. STAGES slices are in flight at once:
+//   cp.async copies slice i + STAGES - 1 from global to shared memory while the
+//   warps multiply slice i, so load latency hides behind the MMAs, and the copies
+//   bypass the registers.
+// - Weight rows are copied 16 bytes at a time when KDIM is a multiple of 4
+//   (A_VEC 4). A 1x1 stride-1 unpadded conv reads four neighbouring pixels of a
+//   channel as one 16-byte copy too (B_VEC 4).
+// - Each im2col index comes from compile-time shape constants: the (c, kh, kw)
+//   split of a k is a lookup in the __constant__ table `taps`, the same k for
+//   the whole warp (a broadcast), and a thread's columns are worked out once.
+// - Rows padded by 4 (A) and 8 (B) floats make every fragment load of a warp hit
+//   32 different shared-memory banks.
+// - Layers whose output is too small to fill the GPU (512->512 at 7x7, batch 1)
+//   split K over KSLICES blocks (grid z); conv_tc_reduce then adds the slices in
+//   a fixed order, with the bias and activation: the same result on every run.
+//
+// Arithmetic (SPLIT): 1 is 3xTF32: each operand a = big + small, big = tf32(a)
+// rounded to nearest, small = a - big (exact in FP32), handed to the MMA as it is
+// (the tensor core drops its low 13 bits), and the MMAs add small*big + big*small +
+// big*big; only small*small (~2^-22 relative) and small's truncation (~2^-21,
+// random in sign) are lost: an error of FP32's order, measured against float64
+// (see the family's docstring). 0 is plain TF32 (opt-in, ~3e-4 relative error, as
+// cuDNN's TF32 mode).
+// The instruction mix, not memory, limits these kernels (ncu on VGG 512->512 at
+// batch 32: the ALU pipe busiest at 53%, issue slots 67% busy), so the small parts
+// skip a conversion and the window bounds become one bit test per copy.
+//
+// Fragment layouts of m16n8k8 (lane = 4*g + t): A a0 = [g][t], a1 = [g+8][t],
+// a2 = [g][t+4], a3 = [g+8][t+4]; B b0 = [t][g], b1 = [t+4][g];
+// C c0, c1 = [g][2t], [g][2t+1], c2, c3 = [g+8][2t], [g+8][2t+1].
+//
+// Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
+// HAS_BIAS, ACT) plus BM, BN, BK, WM, WN, STAGES, SPLIT, KSLICES, A_VEC, B_VEC,
+// TAP_MASK, KPAD (rows of `taps`: KDIM rounded up to BK) and MIN_BLOCKS.
+// Launch: block (NTHREADS), grid (ceil(batch*OH*OW / BN), ceil(M / BM), KSLICES),
+// dynamic shared memory STAGES * (BM*(BK+4) + BK*(BN+8)) * 4 bytes.
+// With KSLICES > 1 the partial sums go to `partial` ([KSLICES][M][batch*OH*OW])
+// and conv_tc_reduce (one thread per output) writes y.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the tensor-core implicit GEMM needs sm_80 or newer (mma.sync TF32, cp.async)"
+#endif
+
+#include "conv_epilogue.cuh"
+
+#define KDIM (C * KH * KW)
+#define P (OH * OW)
+#define KTILES ((KDIM + BK - 1) / BK)
+#define WARPS_M (BM / WM)
+#define WARPS_N (BN / WN)
+#define NTHREADS (WARPS_M * WARPS_N * 32)
+#define MT (WM / 16)  // 16-row MMA tiles per warp
+#define NT (WN / 8)   // 8-column MMA tiles per warp
+#define A_STRIDE (BK + 4)
+#define B_STRIDE (BN + 8)
+#define A_STAGE (BM * A_STRIDE)
+#define B_STAGE (BK * B_STRIDE)
+#define NO_TAP 0x3fff  // kh*DH of a k past KDIM: no pixel row is that far down
+
+// k -> {c*H*W + kh*DH*W + kw*DW, the tap's place}; filled by the host. The place is
+// kh*KW + kw with TAP_MASK (windows of at most 63 taps: a thread keeps a bit per tap
+// saying whether it lies inside the image for its column; rows past K get KH*KW, a
+// bit that is never set), else (kh*DH << 16) | kw*DW for a bounds test (rows past K:
+// NO_TAP << 16).
+__constant__ int2 taps[KPAD];
+
+__device__ __forceinline__ void copy_async4(float* shared, const float* global, bool valid)
+{
+    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void copy_async16(float* shared, const float* global, bool valid)
+{
+    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int PENDING>
+__device__ __forceinline__ void wait_copies()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+__device__ __forceinline__ unsigned int to_tf32(float v)
+{
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// v = big + small: big rounded to TF32, small the exact FP32 rest, left for the MMA to truncate
+__device__ __forceinline__ void split_tf32(float v, unsigned int& big, unsigned int& small)
+{
+    big = to_tf32(v);
+    small = __float_as_uint(v - __uint_as_float(big));
+}
+
+template <int ROWS, int COLS>
+__device__ __forceinline__ void zero_tiles(float (&tiles)[ROWS][COLS][4])
+{
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) tiles[i][j][r] = 0.0f;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The B columns this thread copies: the same for every k slice.
+struct Columns {
+#if TAP_MASK
+    unsigned long long inside;  // bit kh*KW + kw: that tap of this column's window lies inside the image
+#endif
+#if B_VEC == 4
+    static constexpr int GROUPS = BN / 4;  // 4-pixel groups per tile row
+#else
+    static constexpr int GROUPS = BN;
+#endif
+    static constexpr int ROW_STEP = NTHREADS / GROUPS;
+    static constexpr int ROWS = BK / ROW_STEP;  // rows of a slice this thread copies
+    int first_row;
+    int column;          // within the tile
+    long long origin;    // x offset of (image, channel 0, ih0, iw0); ih0, iw0 may be negative (pads)
+    int ih0, iw0;
+    bool live;           // column inside the batch
+
+    __device__ __forceinline__ Columns(int col0, int total)
+    {
+        const int group = threadIdx.x % GROUPS;
+        first_row = threadIdx.x / GROUPS;
+#if B_VEC == 4
+        column = group * 4;
+#else
+        column = group;
+#endif
+        const int col = col0 + column;
+        live = col < total;
+        const int q = live ? col : 0;
+        const int n = q / P;
+        const int p = q % P;
+        ih0 = (p / OW) * SH - PH;
+        iw0 = (p % OW) * SW - PW;
+        origin = (long long)n * (C * H * W) + (long long)ih0 * W + iw0;
+#if TAP_MASK
+        inside = 0;
+#pragma unroll
+        for (int j = 0; j < KH * KW; ++j) {
+            const bool in = (unsigned)(ih0 + (j / KW) * DH) < (unsigned)H && (unsigned)(iw0 + (j % KW) * DW) < (unsigned)W;
+            inside |= (unsigned long long)(in && live) << j;
+        }
+#endif
+    }
+};
+
+__device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __restrict__ x, const float* __restrict__ w,
+                                           const Columns& cols, int m0, int k0)
+{
+    // A: BM weight rows x BK k's, row-major in shared memory
+#if A_VEC == 4
+    constexpr int A_COPIES = BM * BK / 4 / NTHREADS;
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+        const int v = threadIdx.x + i * NTHREADS;
+        const int row = v / (BK / 4);
+        const int kq = (v % (BK / 4)) * 4;
+        const bool valid = m0 + row < M && k0 + kq < KDIM;
+        copy_async16(As + row * A_STRIDE + kq, valid ? w + (size_t)(m0 + row) * KDIM + k0 + kq : w, valid);
+    }
+#else
+    constexpr int A_COPIES = BM * BK / NTHREADS;
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+        const int v = threadIdx.x + i * NTHREADS;
+        const int row = v / BK;
+        const int kk = v % BK;
+        const bool valid = m0 + row < M && k0 + kk < KDIM;
+        copy_async4(As + row * A_STRIDE + kk, valid ? w + (size_t)(m0 + row) * KDIM + k0 + kk : w, valid);
+    }
+#endif
+    // B: BK rows x BN pixels, gathered from the image
+#pragma unroll
+    for (int i = 0; i < Columns::ROWS; ++i) {
+        const int row = cols.first_row + i * Columns::ROW_STEP;
+        const int2 tap = taps[k0 + row];
+#if TAP_MASK
+        const bool valid = (cols.inside >> tap.y) & 1;  // tap.y: the tap's index in the window, KH*KW past K
+#else
+        const int dh = tap.y >> 16;
+        const int dw = tap.y & 0xffff;
+        const bool valid = cols.live && (unsigned)(cols.ih0 + dh) < (unsigned)H && (unsigned)(cols.iw0 + dw) < (unsigned)W;
+#endif
+#if B_VEC == 4
+        copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+#else
+        copy_async4(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+#endif
+    }
+}
+
+// acc += the warp's part of As x Bs for one BK slice. The tensor cores add into their
+// FP32 accumulator with truncation, so over a long K a running sum drifts (3xTF32
+// measured 1e-5 relative at K = 1440, past the exact bound); with SPLIT each slice
+// is summed in `part` by the MMAs, then added to acc with a correctly rounded add.
+__device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const float* As, const float* Bs, int warp_m, int warp_n)
+{
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+#if SPLIT
+    float part[MT][NT][4];
+    zero_tiles(part);
+#else
+    float (&part)[MT][NT][4] = acc;  // plain TF32 is inexact anyway: no second sum
+#endif
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 8) {
+        unsigned int a_big[MT][4], b_big[NT][2];
+#if SPLIT
+        unsigned int a_small[MT][4], b_small[NT][2];
+#endif
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float* row = As + (warp_m * WM + mt * 16 + g) * A_STRIDE + kk + t;
+            const float v[4] = {row[0], row[8 * A_STRIDE], row[4], row[8 * A_STRIDE + 4]};
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+#if SPLIT
+                split_tf32(v[r], a_big[mt][r], a_small[mt][r]);
+#else
+                a_big[mt][r] = to_tf32(v[r]);
+#endif
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float* col = Bs + (kk + t) * B_STRIDE + warp_n * WN + nt * 8 + g;
+            const float v[2] = {col[0], col[4 * B_STRIDE]};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+#if SPLIT
+                split_tf32(v[r], b_big[nt][r], b_small[nt][r]);
+#else
+                b_big[nt][r] = to_tf32(v[r]);
+#endif
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#if SPLIT
+                mma_tf32(part[mt][nt], a_small[mt], b_big[nt][0], b_big[nt][1]);
+                mma_tf32(part[mt][nt], a_big[mt], b_small[nt][0], b_small[nt][1]);
+#endif
+                mma_tf32(part[mt][nt], a_big[mt], b_big[nt][0], b_big[nt][1]);
+            }
+        }
+    }
+#if SPLIT
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+             float* __restrict__ y, float* __restrict__ partial, int batch)
+{
+    extern __shared__ float4 shared_tiles[];
+    float* As = reinterpret_cast<float*>(shared_tiles);
+    float* Bs = As + STAGES * A_STAGE;
+
+    const int total = batch * P;
+    const int col0 = blockIdx.x * BN;
+    const int m0 = blockIdx.y * BM;
+    const Columns cols(col0, total);
+
+    // this block's share of the k slices
+    constexpr int SLICES_PER_BLOCK = (KTILES + KSLICES - 1) / KSLICES;
+    const int first = blockIdx.z * SLICES_PER_BLOCK;
+    const int count = min(KTILES - first, SLICES_PER_BLOCK);
+
+    const int warp = threadIdx.x / 32;
+    const int warp_m = warp / WARPS_N;
+    const int warp_n = warp % WARPS_N;
+    float acc[MT][NT][4];
+    zero_tiles(acc);
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < count) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, x, w, cols, m0, (first + s) * BK);
+        commit_copies();  // an empty group keeps the count of groups in step
+    }
+    for (int i = 0; i < count; ++i) {
+        wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
+        __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
+        const int next = i + STAGES - 1;
+        if (next < count) {
+            const int stage = next % STAGES;
+            copy_slice(As + stage * A_STAGE, Bs + stage * B_STAGE, x, w, cols, m0, (first + next) * BK);
+        }
+        commit_copies();
+        const int stage = i % STAGES;
+        multiply_slice(acc, As + stage * A_STAGE, Bs + stage * B_STAGE, warp_m, warp_n);
+    }
+    wait_copies<0>();
+
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int col = col0 + warp_n * WN + nt * 8 + 2 * t + half;
+            if (col >= total) continue;
+#if KSLICES == 1
+            float* out = y + (size_t)(col / P) * (M * P) + col % P;
+#else
+            float* out = partial + (size_t)blockIdx.z * M * total + col;
+#endif
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int upper = 0; upper < 2; ++upper) {
+                    const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
+                    if (m >= M) continue;
+                    float v = acc[mt][nt][2 * upper + half];
+#if KSLICES == 1
+#if HAS_BIAS
+                    v += b[m];
+#endif
+                    out[(size_t)m * P] = activate(v);
+#else
+                    out[(size_t)m * total] = v;
+#endif
+                }
+            }
+        }
+    }
+}
+
+// y[n][m][p] = activate(sum of the KSLICES partial sums + bias), slices added in order
+extern "C" __global__ void __launch_bounds__(256)
+conv_tc_reduce(const float* __restrict__ partial, const float* __restrict__ b, float* __restrict__ y, int batch)
+{
+    const int total = batch * P;
+    const size_t outputs = (size_t)batch * M * P;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < outputs; i += (size_t)gridDim.x * blockDim.x) {
+        const int n = (int)(i / (M * P));
+        const int m = (int)(i / P % M);
+        const int p = (int)(i % P);
+        const float* sums = partial + (size_t)m * total + n * P + p;
+        float v = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < KSLICES; ++s) v += sums[(size_t)s * M * total];
+#if HAS_BIAS
+        v += b[m];
+#endif
+        y[i] = activate(v);
+    }
+}

@@ -1,0 +1,284 @@
+"""The pipelined tensor-core implicit GEMM (kernels/conv_tc_gemm.cu), for the
+layers of real CNNs: weights in global memory, so no filter bank is too big.
+
+- `tc_3xtf32_<BM>x<BN>[_k<S>]`: each FP32 operand split into two TF32 parts,
+  three MMAs per tile. FP32-exact *by measurement*: its error against float64
+  meets the bound every exact family is held to (relative L2 <= 1e-5), so the
+  heuristic and `opplugin tune` may pick it.
+- `tc_tf32_<BM>x<BN>[_k<S>]`: one TF32 MMA per tile, opt-in (~3e-4 relative error).
+
+BM x BN is the block's output tile (maps x pixels of the batch); `_k<S>` splits
+the K loop over S blocks whose partial sums a second kernel adds in a fixed
+order, for layers with too few output tiles to fill the GPU. The block's warp
+layout, K depth and pipeline depth follow from the tile (`TILES`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..epilogue import NONE
+from ..spec import ConvSpec
+from .common import CompileUnit, ConvKernel, Family, load_functions, shape_defines
+
+TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB
+NO_TAP = 0x3FFF  # must match the source: marks the table rows past K
+SLICE_DEPTH = 32  # BK: four m16n8k8 steps per pipeline stage
+STAGES = 3
+MIN_SLICES_PER_BLOCK = 4  # split K only while each block keeps this many BK slices (the pipeline's depth)
+MAX_K_SPLITS = 16
+SHORT_K = 512  # up to this GEMM K, an unsplit smaller tile beats a split larger one
+DEFAULT_SMS = 132  # an H100 SXM; the configs use the real count when a device is present
+WAVE_SHARE = 0.8  # a grid of fewer blocks than this share of the SMs leaves too much idle: split K
+REDUCE_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A block's output tile and how its warps share it."""
+
+    bm: int
+    bn: int
+    wm: int  # rows (maps) per warp: a multiple of 16
+    wn: int  # columns (pixels) per warp: a multiple of 8
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    def shared_bytes(self, depth: int = SLICE_DEPTH, stages: int = STAGES) -> int:
+        return stages * (self.bm * (depth + 4) + depth * (self.bn + 8)) * 4
+
+
+# A warp's part is 64x32, 32x64 or 32x32: 64 or 32 accumulators a lane (and as many
+# for the slice's partial sums), the most that leave room for the split operands.
+TILES = {
+    (128, 128): Tile(128, 128, 64, 32),
+    (128, 64): Tile(128, 64, 64, 32),
+    (64, 128): Tile(64, 128, 32, 64),
+    (64, 64): Tile(64, 64, 32, 32),
+    (32, 128): Tile(32, 128, 32, 32),
+    (32, 64): Tile(32, 64, 32, 16),
+}
+
+
+# The order the heuristic tries tiles in, by the layer's maps: on an H100 at batch 32 the
+# deep 3x3 layers with 128 maps or more ran fastest on 128x64 tiles, those with 64 maps on
+# 64x128 (bench --suite cnn); the rest are what `opplugin tune` also tries.
+TILE_ORDER = (
+    (128, ((128, 64), (64, 128), (64, 64), (128, 128), (32, 128), (32, 64))),
+    (48, ((64, 128), (64, 64), (128, 64), (32, 128), (128, 128), (32, 64))),
+    (0, ((32, 128), (32, 64), (64, 64), (64, 128), (128, 64), (128, 128))),
+)
+
+
+def k_dim(spec: ConvSpec) -> int:
+    return spec.in_channels * int(np.prod(spec.kernel))
+
+
+def k_slices(spec: ConvSpec) -> int:
+    return -(-k_dim(spec) // SLICE_DEPTH)
+
+
+def columns(spec: ConvSpec, batch: int | None = None) -> int:
+    return (spec.batch if batch is None else batch) * int(np.prod(spec.out_size))
+
+
+def is_pointwise(spec: ConvSpec) -> bool:
+    """1x1, stride 1, no pads: a B row is a channel's pixels, contiguous in the image."""
+    return spec.kernel == (1, 1) and spec.strides == (1, 1) and not any(spec.pads)
+
+
+def masks_taps(spec: ConvSpec) -> bool:
+    """Whether a thread can keep one bit per window tap (and one more that is never set)."""
+    return int(np.prod(spec.kernel)) < 64
+
+
+def tap_table(spec: ConvSpec) -> np.ndarray:
+    """k -> (c*H*W + kh*DH*W + kw*DW, the tap's place), as int32 pairs, for K rounded up to
+    whole BK slices. The place is kh*KW + kw when `masks_taps`, with KH*KW for the rows
+    past K; else kh*DH << 16 | kw*DW, with NO_TAP << 16 past K (a row outside every image)."""
+    (h, w), (kh, kw), (dh, dw) = spec.in_size, spec.kernel, spec.dilations
+    c, i, j = np.meshgrid(np.arange(spec.in_channels), np.arange(kh), np.arange(kw), indexing="ij")
+    offsets = (c * h * w + i * dh * w + j * dw).ravel()
+    if masks_taps(spec):
+        places, past_k = (i * kw + j).ravel(), kh * kw
+    else:
+        places, past_k = ((i * dh) << 16 | (j * dw)).ravel(), NO_TAP << 16
+    table = np.zeros((k_slices(spec) * SLICE_DEPTH, 2), dtype=np.int32)
+    table[:, 1] = past_k
+    table[: offsets.size, 0] = offsets
+    table[: offsets.size, 1] = places
+    return table
+
+
+def multiprocessors() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    except Exception:  # no CuPy or no device (the offline compile check): assume an H100
+        return DEFAULT_SMS
+
+
+def split_for(spec: ConvSpec, tile: Tile, sms: int) -> int:
+    """Blocks to split K over so that the grid covers about the SMs, each keeping
+    MIN_SLICES_PER_BLOCK slices; 1 when the output tiles alone are enough."""
+    blocks = -(-columns(spec) // tile.bn) * -(-spec.out_channels // tile.bm)
+    split = 1
+    while blocks * split < WAVE_SHARE * sms and split * 2 <= MAX_K_SPLITS and k_slices(spec) >= 2 * split * MIN_SLICES_PER_BLOCK:
+        split *= 2
+    return split
+
+
+class PipelinedTensorGemm(Family):
+    """kernels/conv_tc_gemm.cu; `split` picks 3xTF32."""
+
+    split = True
+    fuses = True  # bias and activation; not the max pool
+    _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
+
+    def owns(self, variant):
+        return variant == self.name or (variant.startswith(self.name) and self._parse(variant) is not None)
+
+    def _parse(self, variant: str) -> tuple[int, int, int] | None:
+        match = self._NAME.fullmatch(variant[len(self.name) :])
+        if not match:
+            return None
+        bm, bn, splits = match.groups()
+        return int(bm), int(bn), int(splits or 1)
+
+    def config_name(self, tile: Tile, splits: int) -> str:
+        return f"{self.name}_{tile.bm}x{tile.bn}" + (f"_k{splits}" if splits > 1 else "")
+
+    def configs(self, spec, epilogue=NONE):
+        """Every tile, the heuristic's pick first (TILE_ORDER), each with the K split that
+        fills the GPU. With a short K, a smaller tile that fills the GPU unsplit goes first:
+        splitting costs a second kernel that a few slices per block do not repay (the
+        MNIST 32->64 layer at batch 32 ran 1.5x faster on 32x64 tiles than on 64x128 split 4)."""
+        sms = multiprocessors()
+        order = list(next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels >= least_maps))
+        if k_dim(spec) <= SHORT_K:
+            unsplit = [t for t in order if split_for(spec, TILES[t], sms) == 1]
+            order = unsplit[:1] + [t for t in order if t not in unsplit[:1]]
+        return [self.config_name(TILES[t], split_for(spec, TILES[t], sms)) for t in order]
+
+    def reason(self, spec, variant, epilogue):
+        if spec.group != 1:
+            return f"{self.name} implements group=1 only (this Conv has group={spec.group})"
+        if epilogue.pool:
+            return f"{self.name} fuses the bias and an activation, not a max pool"
+        if k_slices(spec) * SLICE_DEPTH > TAP_TABLE_ROWS:
+            return f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table in __constant__ memory"
+        if spec.in_size[0] >= NO_TAP or spec.in_size[1] > 0xFFFF:
+            return f"images of {spec.in_size} pixels are too large for the packed tap table"
+        parsed = self._parse(variant)
+        if parsed is None:
+            return None if variant == self.name else f"{variant!r} is not a {self.name} configuration"
+        bm, bn, splits = parsed
+        if (bm, bn) not in TILES:
+            return f"{variant}: the tiles are {', '.join(f'{a}x{b}' for a, b in TILES)}"
+        if not 1 <= splits <= min(MAX_K_SPLITS, k_slices(spec)):
+            return f"{variant}: K has {k_slices(spec)} slices of {SLICE_DEPTH}; split it 1 to {min(MAX_K_SPLITS, k_slices(spec))} ways"
+        return None
+
+    def tile_and_split(self, spec: ConvSpec, variant: str) -> tuple[Tile, int]:
+        bm, bn, splits = self._parse(self.resolve(spec, variant))
+        return TILES[(bm, bn)], splits
+
+    def compile_units(self, spec, variant, epilogue=NONE):
+        tile, splits = self.tile_and_split(spec, variant)
+        pointwise_vectors = is_pointwise(spec) and int(np.prod(spec.out_size)) % 4 == 0
+        defines = shape_defines(spec, epilogue) | {
+            "BM": tile.bm,
+            "BN": tile.bn,
+            "BK": SLICE_DEPTH,
+            "WM": tile.wm,
+            "WN": tile.wn,
+            "STAGES": STAGES,
+            "SPLIT": int(self.split),
+            "KSLICES": splits,
+            "A_VEC": 4 if k_dim(spec) % 4 == 0 else 1,
+            "B_VEC": 4 if pointwise_vectors else 1,
+            "TAP_MASK": int(masks_taps(spec)),
+            "KPAD": k_slices(spec) * SLICE_DEPTH,
+            # one block of 256 threads, or two of 128, per SM leaves each thread up to 255 registers
+            "MIN_BLOCKS": 1 if tile.threads >= 256 else 2,
+        }
+        units = [CompileUnit("conv_tc_gemm.cu", "conv_tc_gemm", defines)]
+        if splits > 1:
+            units.append(CompileUnit("conv_tc_gemm.cu", "conv_tc_reduce", defines))
+        return units
+
+    def build(self, spec, variant, weights, epilogue=NONE):
+        tile, splits = self.tile_and_split(spec, variant)
+        units = self.compile_units(spec, variant, epilogue)
+        functions = load_functions(units, {"taps": tap_table(spec).view(np.float32)})
+        return TensorGemmKernel(spec, self.config_name(tile, splits), functions, tile, splits, epilogue)
+
+
+class Split3xTf32Gemm(PipelinedTensorGemm):
+    name = "tc_3xtf32"
+    summary = (
+        "tensor cores, FP32-exact by measurement (sm_80+): implicit GEMM with each operand split into big + small "
+        "TF32 parts (three mma.sync per tile), tiles streamed through a 3-stage cp.async pipeline, split K for small "
+        "outputs; weights read at call time; fuses bias and activation"
+    )
+    exact = True
+    exact_by = "measurement"
+    expected_relative_error = 1e-6
+    max_relative_error = 1e-5
+
+
+class Tf32Gemm(PipelinedTensorGemm):
+    name = "tc_tf32"
+    summary = (
+        "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with one TF32 mma.sync per tile; "
+        "relative L2 error ~3e-4, as cuDNN's TF32 mode"
+    )
+    split = False
+    exact = False
+    expected_relative_error = 3e-4
+    max_relative_error = 2e-3
+
+
+class TensorGemmKernel(ConvKernel):
+    reads_weights = True
+
+    def __init__(self, spec: ConvSpec, variant: str, functions, tile: Tile, splits: int, epilogue=NONE):
+        super().__init__(spec, variant, functions, epilogue)
+        self.tile = tile
+        self.splits = splits
+        self._shared = tile.shared_bytes()
+        self._gemm = functions[0]
+        self._reduce = functions[1] if splits > 1 else None
+        if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
+            self._gemm.max_dynamic_shared_size_bytes = self._shared
+        # the 16-byte weight copies need W's rows 16-byte aligned
+        self.weight_alignment = 16 if k_dim(spec) % 4 == 0 else 4
+        self.alignment = 16 if is_pointwise(spec) else 4
+
+    def workspace_bytes(self, batch: int) -> int:
+        return 4 * self.splits * self.spec.out_channels * columns(self.spec, batch) if self.splits > 1 else 0
+
+    def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+        import cupy
+
+        w, b = weights
+        if w.data.ptr % self.weight_alignment:
+            w = w.copy()
+        cols = columns(self.spec, batch)
+        grid = (-(-cols // self.tile.bn), -(-self.spec.out_channels // self.tile.bm), self.splits)
+        partial = cupy.empty(self.workspace_bytes(batch) // 4, dtype=cupy.float32) if self.splits > 1 else None
+        target = np.uint64(0) if partial is None else partial
+        self._gemm(grid, (self.tile.threads, 1, 1), (x, w, b, y, target, np.int32(batch)), shared_mem=self._shared)
+        if partial is not None:
+            outputs = y.size
+            blocks = min(-(-outputs // REDUCE_BLOCK), 65535)
+            self._reduce((blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, y, np.int32(batch)))
+
+
+FAMILIES: list[Family] = [Split3xTf32Gemm(), Tf32Gemm()]

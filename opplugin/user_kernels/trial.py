@@ -1,0 +1,55 @@
+"""A user's Conv kernel through the lab's trial: built for a bench or tune problem,
+run once into a poisoned output and checked against float64, then timed with CUDA
+events like every built-in variant, so that it sits in the same table."""
+from __future__ import annotations
+
+import dataclasses
+
+from .compiler import Rejected, compile_node
+from .plugin import UserKernel, _digest
+from .source import KernelSource
+
+
+def build_for_problem(source: KernelSource, spec, weights, epilogue):
+    """The user kernel for a Conv spec and epilogue (its epilogue as a CuPy step when the source does not fuse it)."""
+    from ..ops.conv.epilogue import NONE
+    from ..ops.conv.families.common import _upload_constant, shape_defines
+    from ..ops.conv.plugin import UnfusedEpilogueKernel
+
+    fuses = source.launch.fuses_epilogue
+    defines = shape_defines(spec, epilogue if fuses else NONE)
+    defines.pop("BLOCK")
+    constant = source.launch.constant_weights
+    present = [a for a in weights if a is not None]
+    compiled = compile_node(source, defines, True, _digest(present) if constant else None)
+    if constant:
+        for name, values in zip(("W_CONST", "B_CONST"), present):
+            _upload_constant(compiled.module, name, values)
+    kernel = UserKernel(source, "bench", spec.input_shape()[1:], compiled, defines, poison=True, spec=spec)
+    return kernel if fuses or epilogue == NONE else UnfusedEpilogueKernel(kernel, epilogue)
+
+
+def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, repeat: int):
+    """A lab Trial of `source` on `problem`; never raises for a failure of the kernel itself."""
+    from ..lab.trial import Trial, _failed, median_ms
+
+    label = source.label
+    try:
+        kernel = build_for_problem(source, problem.spec, problem.weights, problem.epilogue)
+    except Rejected as reason:
+        return Trial(label, "unsupported", f"rejected: {reason}")
+    except Exception as err:
+        return _failed(Trial(label, "failed"), "build failed", err)
+    trial = Trial(label, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(problem.spec.batch))
+    user = getattr(kernel, "conv", kernel)
+    try:
+        [out] = kernel(problem.inputs, None)
+        trial.rel_error, unwritten = problem.error(out)
+        if unwritten or not trial.rel_error <= tolerance:
+            why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
+            return dataclasses.replace(trial, status="incorrect", reason=why)
+        user.poison = False  # timed as it runs in `run`
+        trial.ms, trial.calls = median_ms(lambda: kernel(problem.inputs, None), warmup, repeat)
+    except Exception as err:
+        return _failed(trial, "run failed", err)
+    return trial

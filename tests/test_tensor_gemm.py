@@ -1,0 +1,141 @@
+"""The pipelined tensor-core implicit GEMM (tc_3xtf32, tc_tf32) and the layer set of
+`opplugin bench --suite cnn`, on the CPU: names and limits, the tap table the kernel
+indexes, the default choice, and the suite summary. The GPU tests that hold the
+kernels to float64 are in test_conv_cuda_gpu.py and test_mixed_variants.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnx_builders import conv_spec as conv
+from opplugin.cli import build_parser
+from opplugin.lab import bench, cnn_layers
+from opplugin.lab.bench_text import summary_lines
+from opplugin.ops.conv import families
+from opplugin.ops.conv.choice import heuristic_variant, prefers_tensor_cores
+from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.ops.conv.families import tensor_gemm
+
+VGG_512 = conv(1, 512, 512, (14, 14), (3, 3), pads=(1, 1, 1, 1))
+RESNET_64 = conv(32, 64, 64, (56, 56), (3, 3), pads=(1, 1, 1, 1))
+
+
+def ones(spec):
+    return np.ones(spec.weight_shape, np.float32), np.ones(spec.out_channels, np.float32)
+
+
+def test_3xtf32_is_exact_by_measurement_and_tf32_opt_in():
+    exact, tf32 = families.FAMILIES["tc_3xtf32"], families.FAMILIES["tc_tf32"]
+    assert exact.exact and exact.exact_by == "measurement" and exact.max_relative_error <= 1e-5
+    assert not tf32.exact and tf32.expected_relative_error < tf32.max_relative_error
+    assert families.FAMILIES["const_tile"].exact_by == "construction"
+
+
+def test_configuration_names_parse_and_belong_to_their_family():
+    assert families.family_of("tc_3xtf32_64x64_k4").name == "tc_3xtf32"
+    assert families.family_of("tc_tf32_128x128").name == "tc_tf32"
+    assert families.unsupported_reason(VGG_512, "tc_3xtf32_64x64_k4", None) is None
+    assert "tiles are" in families.unsupported_reason(VGG_512, "tc_3xtf32_48x64", None)
+    assert "split it 1 to 16 ways" in families.unsupported_reason(VGG_512, "tc_3xtf32_64x64_k32", None)
+
+
+def test_limits_are_stated():
+    grouped = conv(1, 8, 8, (9, 9), (3, 3), group=2)
+    assert "group=1 only" in families.unsupported_reason(grouped, "tc_3xtf32", None)
+    assert "not a max pool" in families.unsupported_reason(RESNET_64, "tc_3xtf32", None, Epilogue("Relu", (2, 2)))
+    assert families.unsupported_reason(RESNET_64, "tc_3xtf32", None, Epilogue("Relu")) is None
+    huge_k = conv(1, 1024, 16, (5, 5), (3, 3))  # K = 9216 > the 8192-row tap table
+    assert "tap table" in families.unsupported_reason(huge_k, "tc_3xtf32", None)
+
+
+def test_small_outputs_split_k_to_fill_the_gpu_and_large_ones_do_not():
+    assert families.resolve(VGG_512, "tc_3xtf32") == "tc_3xtf32_128x64_k8"  # 196 pixels x 512 maps: 16 tiles of 128x64
+    assert families.resolve(RESNET_64, "tc_3xtf32") == "tc_3xtf32_64x128"
+    short_k = conv(32, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))  # K = 288: a smaller tile, unsplit
+    assert families.resolve(short_k, "tc_3xtf32") == "tc_3xtf32_32x64"
+    few_maps = conv(32, 96, 24, (56, 56), (1, 1))
+    assert families.resolve(few_maps, "tc_3xtf32") == "tc_3xtf32_32x128"
+
+
+def test_tap_table_gives_each_k_its_offset_and_place_in_the_window():
+    spec = conv(1, 3, 4, (10, 12), (2, 3), pads=(1, 1, 1, 1), dilations=(2, 1))
+    table = tensor_gemm.tap_table(spec)
+    assert table.shape == (32, 2)  # K = 3 * 2 * 3 = 18, rounded up to two slices of 16
+    k = 1 * 6 + 1 * 3 + 2  # c=1, kh=1, kw=2
+    assert table[k, 0] == 1 * 120 + 1 * 2 * 12 + 2 and table[k, 1] == 1 * 3 + 2
+    assert (table[18:, 1] == 6).all()  # past K: the bit after the window's 6 taps, never set
+    # a window of 64 taps or more has no spare bit: the table holds the steps for a bounds test
+    wide = conv(1, 2, 4, (20, 20), (9, 9), pads=(4, 4, 4, 4))
+    wide_table = tensor_gemm.tap_table(wide)
+    assert wide_table[9 + 2, 1] == (1 << 16) | 2 and (wide_table[162:, 1] >> 16 == tensor_gemm.NO_TAP).all()
+
+
+def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few():
+    assert prefers_tensor_cores(RESNET_64) and not prefers_tensor_cores(conv(1, 4, 16, (40, 40), (7, 7)))
+    assert heuristic_variant(RESNET_64, ones(RESNET_64), NONE) == "tc_3xtf32_64x128"
+    # past 64 KiB of filters the default is no longer the baseline
+    mnist = conv(32, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))
+    assert families.FAMILIES["tc_3xtf32"].owns(heuristic_variant(mnist, ones(mnist), NONE))
+    # the shipped convs keep their fused constant-memory kernels
+    lenet_conv2 = conv(10000, 4, 16, (40, 40), (7, 7))
+    assert heuristic_variant(lenet_conv2, ones(lenet_conv2), Epilogue("Relu", (4, 4))).startswith("const_tile")
+    # a pool the GEMM cannot fuse: it runs plain and the epilogue follows
+    assert heuristic_variant(RESNET_64, ones(RESNET_64), Epilogue("Relu", (2, 2))) == "tc_3xtf32_64x128"
+
+
+def test_the_layer_set_is_the_issues():
+    names = [layer.name for layer in cnn_layers.LAYERS]
+    assert len(names) == len(set(names)) == 14
+    shapes = {layer.name: layer.spec(32) for layer in cnn_layers.LAYERS}
+    assert shapes["resnet stem 3->64 7x7 s2 224"].out_size == (112, 112)
+    assert shapes["resnet 1x1 s2 256->512 56"].out_size == (28, 28)
+    assert shapes["mobilenetv2 dw 3x3 s2 144ch 56"].group == 144
+    assert families.constant_bytes(shapes["mnist 32->64 3x3 14"]) > families.CONSTANT_MEMORY_BYTES
+    w, b = cnn_layers.layer_weights(cnn_layers.LAYERS[0])
+    w2, _ = cnn_layers.layer_weights(cnn_layers.LAYERS[0])
+    assert np.array_equal(w, w2) and w.shape == (64, 64, 3, 3) and 0 < np.std(w) < 1
+
+
+def test_suite_option_defaults_to_batch_1_and_32():
+    options = bench.options_from_args(build_parser().parse_args(["bench", "--suite", "cnn", "--families", "tc_3xtf32"]))
+    assert options.suite == "cnn" and list(options.batches) == [1, 32] and list(options.families) == ["tc_3xtf32"]
+    cases = bench.suite_cases()
+    assert len(cases) == 14 and all(case.epilogue is None and case.model == "cnn" for case in cases)
+
+
+def test_suite_summary_compares_best_default_and_tf32_with_cudnn():
+    step = dict.fromkeys(bench.STEP_KEYS)
+    step.update(step="cnn resnet 64->64 3x3 56", batch=32, floor_ms=0.1, bytes=10, flops=10, default="tc_3xtf32_64x64")
+    rows = [
+        bench.make_row(step, "tc_3xtf32_64x64", "variant", family="tc_3xtf32", exact=True, ms=0.2),
+        bench.make_row(step, "tc_3xtf32_32x128", "variant", family="tc_3xtf32", exact=True, ms=0.16),
+        bench.make_row(step, "tc_tf32_64x64", "variant", family="tc_tf32", exact=False, ms=0.1),
+        bench.make_row(step, "cudnn_fp32", "peer", ms=0.24),
+        bench.make_row(step, "cudnn_tf32", "peer", exact=False, ms=0.12),
+    ]
+    summary = bench.suite_summary([step], rows)
+    [line] = summary["layers"]
+    assert line["best"] == "tc_3xtf32_32x128" and line["best_vs_cudnn_fp32"] == pytest.approx(1.5)
+    assert line["default_vs_best"] == pytest.approx(1.25) and line["tf32_vs_cudnn_tf32"] == pytest.approx(1.2)
+    assert summary["geomean_best_vs_cudnn_fp32"] == pytest.approx(1.5)
+    text = "\n".join(summary_lines(summary))
+    assert "geometric mean 1.50x" in text and "default pick at most 1.25x" in text
+
+
+def test_report_tool_adds_the_layer_table(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_report", root / "tools" / "bench_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    step = dict.fromkeys(bench.STEP_KEYS)
+    step.update(step="cnn vgg 64->64 3x3 224", batch=32, floor_ms=2.3, bytes=10, flops=10, default="tc_3xtf32_64x128")
+    rows = [bench.make_row(step, "tc_3xtf32_64x128", "variant", family="tc_3xtf32", ms=2.9), bench.make_row(step, "cudnn_fp32", "peer", ms=3.2)]
+    cnn = tmp_path / "cnn.json"
+    cnn.write_text(json.dumps({"device": {"name": "NVIDIA H100"}, "suite_summary": bench.suite_summary([step], rows)}))
+    report.main([str(root / "tools" / "benchmark" / "bench.json"), "--out", str(tmp_path), "--cnn", str(cnn)])
+    page = (tmp_path / "BENCHMARK.md").read_text()
+    assert "## Real-CNN layers" in page and "| vgg 64->64 3x3 224 | 32 | 3.2 |" in page and "1.10x" in page

@@ -1,0 +1,123 @@
+"""Export torchvision CNNs to ONNX for end-to-end runs: random weights (seeded), eval mode,
+a dynamic batch axis, opset 17. Made on demand, never committed (VGG-16 alone is half a GB).
+
+    python3 tools/export_models.py --out /tmp/cnn                   # all four
+    python3 tools/export_models.py --out /tmp/cnn resnet18 vgg16
+
+Each MODEL.onnx gets a MODEL.pt beside it: the torchvision architecture's name and the
+same weights, which `opplugin bench --e2e` loads as its PyTorch eager peer. Besides the
+random convolution and linear weights, each BatchNormalization gets random running
+statistics and affine parameters, so folding it into the Conv is exercised on numbers
+that are not 0 and 1. Needs torch, torchvision and onnx (and onnxscript for torch's
+dynamo exporter, which is tried first; the TorchScript exporter is the fallback).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+MODELS = ("resnet18", "resnet50", "mobilenet_v2", "vgg16")
+OPSET = 17
+IMAGE = (3, 224, 224)
+
+
+def build(name: str, seed: int):
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = getattr(torchvision.models, name)(weights=None)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.1, 0.1)
+    return model.eval()
+
+
+def export(model, path: Path) -> str:
+    """Writes the ONNX file; returns which exporter did it."""
+    import torch
+
+    example = torch.randn(2, *IMAGE)
+    names = {"input_names": ["input"], "output_names": ["logits"]}
+    try:
+        torch.onnx.export(model, (example,), str(path), dynamo=True, opset_version=OPSET, external_data=False,
+                          dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, **names)
+        return "dynamo"
+    except Exception as err:  # the TorchScript exporter handles what the dynamo one cannot
+        print(f"  dynamo exporter failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); using the TorchScript one",
+              file=sys.stderr)
+    torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=OPSET, do_constant_folding=True,
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, **names)
+    return "torchscript"
+
+
+def drop_foreign_attributes(graph) -> None:
+    """onnx's converter from opset 18 leaves ReduceMean's noop_with_empty_axes (0, its default) in
+    place, which opset 17 does not have; an attribute unknown to the node's opset-17 schema goes
+    when it holds 0, the value that changes nothing; any other is an error."""
+    from onnx import defs, helper
+
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        known = defs.get_schema(node.op_type, OPSET).attributes
+        for attribute in [a for a in node.attribute if a.name not in known]:
+            if helper.get_attribute_value(attribute) != 0:
+                raise ValueError(f"{node.op_type} {node.name}: attribute {attribute.name} has no opset-{OPSET} meaning")
+            node.attribute.remove(attribute)
+
+
+def settle(path: Path) -> str:
+    """Opset 17 and a free batch axis, whatever the exporter wrote; one line describing the file."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(path))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset != OPSET:
+        model = version_converter.convert_version(model, OPSET)
+        drop_foreign_attributes(model.graph)
+    for value in [*model.graph.input, *model.graph.output]:
+        dim = value.type.tensor_type.shape.dim[0]
+        if dim.HasField("dim_value"):
+            dim.Clear()
+            dim.dim_param = "batch"
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return f"opset {OPSET}, {len(model.graph.node)} nodes: " + ", ".join(f"{n} {op}" for op, n in sorted(ops.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"which ones (default all): {', '.join(MODELS)}")
+    parser.add_argument("--out", type=Path, required=True, help="folder for MODEL.onnx and MODEL.pt")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.models if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    try:
+        import torch
+    except ImportError:
+        print("export_models: error: needs torch and torchvision (the GPU machine has them)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models or MODELS:
+        model = build(name, args.seed)
+        path = args.out / f"{name}.onnx"
+        how = export(model, path)
+        torch.save({"arch": name, "state_dict": model.state_dict()}, path.with_suffix(".pt"))
+        print(f"{path}: {how} exporter, {settle(path)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

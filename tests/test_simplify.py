@@ -199,7 +199,7 @@ def test_identity_from_a_graph_input_to_a_graph_output_stays():
     assert [n.op_type for n in simplified.graph.node] == ["Identity", "Dropout", "Relu"]
 
 
-@pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
+@pytest.mark.parametrize("name", ["lenet86", "ece408_high", "mlp_onehidden"])
 def test_shipped_models_are_not_changed(name):
     model = load_model(name)
     assert not model.simplification.changed

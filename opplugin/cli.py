@@ -65,7 +65,7 @@ RUN_BATCH_HELP = "the model's own fixed batch; 10000 for the shipped models; els
 
 
 def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
-    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
     parser.add_argument("--batch", type=int, help=f"images per run (default: {batch_help})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
     parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
     bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
     bench.add_argument(
-        "--suite", choices=("models", "cnn"), default="models",
-        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2 at batch 1 and 32",
+        "--suite", choices=("models", "cnn", "gemm"), default="models",
+        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2 at batch 1 and 32; "
+        "gemm: the seeds' fully connected layers against cuBLAS at batch 1, 16 and 10000",
     )
     bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000; 1 32 with --suite cnn)")
     bench.add_argument("--warmup", type=int, help="untimed calls before timing (default 3)")
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead (batches default 1 32)")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
-    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high (default lenet86)")
+    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
     tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {RUN_BATCH_HELP})")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
@@ -362,7 +363,10 @@ def cmd_bench(args) -> int:
         from .lab import e2e
 
         return e2e.main_from_args(args)
-    from .lab.bench import main_from_args
+    if args.suite == "gemm":
+        from .lab.gemm_bench import main_from_args
+    else:
+        from .lab.bench import main_from_args
 
     return main_from_args(args)
 

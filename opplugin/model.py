@@ -15,7 +15,7 @@ from .registry import NodeInfo, TensorInfo
 from .resources import models_dir
 from .simplify import Simplification, simplify
 
-SHIPPED_MODELS = ("lenet86", "ece408_high")
+SHIPPED_MODELS = ("lenet86", "ece408_high", "mlp_onehidden")
 
 # Batches a run takes when none is asked for: the whole bundled test set for the
 # shipped models; for another model with a dynamic batch, a quick first run (the

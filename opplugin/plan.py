@@ -172,7 +172,8 @@ def _fusion(
 
 
 def _fusable_chain(info: NodeInfo, readers: dict[str, list[NodeInfo]], graph_outputs: set[str]) -> list[NodeInfo]:
-    """Up to two nodes after `info`, each the only reader of the one-output node before it."""
+    """Up to two nodes after `info`, each the only reader of the one-output node before it
+    and reading nothing else but constants."""
     chain: list[NodeInfo] = []
     current = info
     while len(chain) < 2:
@@ -180,7 +181,9 @@ def _fusable_chain(info: NodeInfo, readers: dict[str, list[NodeInfo]], graph_out
         if len(outputs) != 1 or outputs[0] in graph_outputs or len(readers.get(outputs[0], [])) != 1:
             break
         follower = readers[outputs[0]][0]
-        if [i for i in follower.node.input if i] != outputs:
+        inputs = [i for i in follower.node.input if i]
+        # the output, then only constants (a Clip's bounds), which the fused kernel compiles in
+        if inputs[:1] != outputs or any(i not in follower.constants for i in inputs[1:]):
             break
         chain.append(follower)
         current = follower

@@ -28,7 +28,13 @@ from .device import Device
 from .errors import PluginError
 
 # op type -> "module:attribute" of the built-in plugin class
-BUILTINS = {"Conv": "opplugin.ops.conv:ConvPlugin"}
+BUILTINS = {
+    "Conv": "opplugin.ops.conv:ConvPlugin",
+    "Gemm": "opplugin.ops.gemm:GemmPlugin",
+    "MatMul": "opplugin.ops.gemm:MatMulPlugin",
+    "Flatten": "opplugin.ops.view:FlattenPlugin",
+    "Reshape": "opplugin.ops.view:ReshapePlugin",
+}
 
 
 def node_name(node: onnx.NodeProto) -> str:

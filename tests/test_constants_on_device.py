@@ -25,7 +25,8 @@ def test_every_tensor_a_plugin_step_reads_is_per_run_or_a_constant_held_by_the_r
     # the Identity copies of the shared bias are gone, so no onnxruntime step computes a constant each run
     assert not {"onnx::Conv_1", "onnx::Conv_2"} & made
     biases = [step.inputs[2] for step in runner.plan.plugin_steps if len(step.inputs) > 2]
-    assert len(biases) == 2 and set(biases) <= set(runner.constants)  # conv1 and conv2: folded biases, on the device
+    # conv1 and conv2: folded biases, and the fc Gemm's C, all on the device
+    assert len(biases) == 3 and set(biases) <= set(runner.constants)
 
 
 def test_no_onnxruntime_step_computes_from_constants_alone(tmp_path):

@@ -16,6 +16,10 @@ from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_variant
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.ops.activation import KINDS as ACTIVATION_KINDS, Activation
+from opplugin.ops.gemm import families as gemm_families
+from opplugin.ops.gemm.epilogue import NONE as GEMM_NONE, GemmEpilogue
+from opplugin.ops.gemm.spec import GemmSpec
 
 pytestmark = pytest.mark.skipif(
     not nvrtc_check.nvrtc_available(),
@@ -72,6 +76,41 @@ CNN_TENSOR_CORE_CASES = [
 ]
 
 
+# --- Gemm: every family's configurations on the shipped models' Gemm steps and the bench layers ---
+
+GEMM_STEPS = {  # name -> (spec at the batch the plan or bench uses, the epilogue its plan fuses)
+    "lenet86.fc1": (GemmSpec(10000, 32, 1024, trans_b=True, bias="column"), GemmEpilogue(Activation.plain("Relu"))),
+    "lenet86.fc2": (GemmSpec(10000, 10, 32, trans_b=True, bias="column"), GemmEpilogue(softmax=True)),
+    "ece408_high.fc1": (GemmSpec(10000, 128, 7200, trans_b=True, bias="column"), GemmEpilogue(Activation.plain("Tanh"))),
+    "ece408_high.fc2": (GemmSpec(10000, 10, 128, trans_b=True, bias="column"), GemmEpilogue(softmax=True)),
+    "mlp_onehidden.fc1": (GemmSpec(10000, 128, 784, trans_b=True, bias="column"), GemmEpilogue(Activation.plain("Sigmoid"))),
+    "odd": (GemmSpec(7, 33, 13, trans_a=True, alpha=0.5, bias="full"), GemmEpilogue(Activation("Clip", 0.0, 6.0))),
+    **{f"bench {k}->{n} @{m}": (GemmSpec(m, n, k, trans_b=True, bias="column"), GEMM_NONE)
+       for k, n in ((25088, 4096), (4096, 1024), (32754, 128), (128, 4), (1024, 32), (7200, 128)) for m in (1, 16, 10000)},
+}
+GEMM_CONFIGS = ["gemv_b1o1w1", "gemv_b2o2w4", "gemv_b4o1w16", "gemv_b16o2w1", "gemv_b8o4w2", "gemv_b16o2w8",
+                *(f"tiled_{bm}x{bn}" for bm, bn in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4"]
+GEMM_ACTIVATIONS = [Activation.plain(op) for op in ACTIVATION_KINDS] + [Activation("LeakyRelu", 0.3), Activation("Clip", -1.0)]
+
+
+def _gemm_cases():
+    """(label, spec, config, epilogue, arch) of every Gemm compile the tests ask for."""
+    for step, (spec, epilogue) in GEMM_STEPS.items():
+        for variant in [*gemm_families.FAMILIES, *GEMM_CONFIGS]:
+            config = gemm_families.configure(spec, variant)
+            if gemm_families.unsupported_reason(spec, config, epilogue) is None:
+                for arch in ARCHS if variant in gemm_families.FAMILIES else ("sm_90",):
+                    yield f"{step} {config.name} {arch}", spec, config, epilogue, arch
+    spec = GemmSpec(9, 10, 50, bias="column")
+    for activation in GEMM_ACTIVATIONS:
+        for variant in gemm_families.FAMILIES:
+            epilogue = GemmEpilogue(activation, softmax=variant == "rowwarp")
+            yield f"{activation.suffix} {variant}", spec, gemm_families.configure(spec, variant), epilogue, "sm_90"
+
+
+GEMM_CASES = list(_gemm_cases())
+
+
 def compile_jobs():
     """(source, defines, arch) of every compile the tests of this module make."""
     for name, config in CNN_TENSOR_CORE_CASES:
@@ -88,6 +127,7 @@ def compile_jobs():
         yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(spec, config, epilogue))
     for variant in EXPLICIT_MAPS:
         yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(SHAPES["lenet86.conv2"], variant))
+    yield from ((config.source, gemm_families.defines(spec, config, epilogue), arch) for _, spec, config, epilogue, arch in GEMM_CASES)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -150,6 +190,21 @@ def test_tensor_core_configurations_for_real_cnn_layers_compile_without_spills(l
 
 
 EXPLICIT_MAPS = ["const_mo1", "const_mo3", "const_mo16"]
+
+
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[case[0] for case in GEMM_CASES])
+def test_every_gemm_configuration_compiles_without_spills(case):
+    _, spec, config, epilogue, arch = case
+    usage = nvrtc_check.check_source(config.source, gemm_families.defines(spec, config, epilogue), f"gemm_{config.family}", arch)
+    assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+    assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log
+
+
+def test_every_gemm_family_and_heuristic_pick_is_compiled():
+    compiled = {(label.split()[0], config.name) for label, _, config, _, _ in GEMM_CASES}
+    for step, (spec, epilogue) in GEMM_STEPS.items():
+        assert (step.split()[0], gemm_families.heuristic_variant(spec, epilogue)) in compiled or step.startswith("bench")
+    assert {case[2].family for case in GEMM_CASES} == set(gemm_families.FAMILIES)
 
 
 @pytest.mark.parametrize("variant", EXPLICIT_MAPS)

@@ -6,7 +6,7 @@ from onnx import TensorProto, helper
 
 from onnx_builders import finish, save, tiny_cnn
 from opplugin.errors import InputError, ModelError
-from opplugin.model import load_model
+from opplugin.model import SHIPPED_MODELS, load_model
 
 
 def test_loads_and_infers_shapes_for_a_batch(tiny_model_path):
@@ -102,7 +102,7 @@ def test_fixed_batch_must_match(tmp_path):
 
 
 def test_shipped_models_resolve_by_name():
-    for name in ("lenet86", "ece408_high"):
+    for name in SHIPPED_MODELS:
         model = load_model(name)
         assert model.name == name
         assert len(model.sample_shape()) == 3

@@ -1,4 +1,4 @@
-"""The shipped models end to end on the GPU: every Conv on a CUDA variant, same top-1 as onnxruntime."""
+"""The shipped models end to end on the GPU: every plugin step on a CUDA kernel, same top-1 as onnxruntime."""
 import numpy as np
 import pytest
 
@@ -12,13 +12,14 @@ from opplugin.runtime import Runner
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
+@pytest.mark.parametrize("name", ["lenet86", "ece408_high", "mlp_onehidden"])
 def test_shipped_model_on_all_test_images_matches_onnxruntime(name):
     model = load_model(name)
     inputs = make_inputs(model, 10000)
     runner = Runner(model, 10000, "cuda")
     assert runner.device.is_cuda
-    assert all(k.name.startswith("conv.") and k.name != "conv.reference" for k in runner.kernels.values())
+    assert all(step.kind == "plugin" for step in runner.plan.steps)  # Conv, the Flatten view and the Gemms
+    assert all(k.name.split(".")[0] in ("conv", "view", "gemm") and ".reference" not in k.name for k in runner.kernels.values())
     result = check(runner.run, runner.describe(10000), inputs.feeds, inputs.labels)
     failing = [r for r in result.records if not r["passed"]]
     assert not failing, failing
@@ -33,7 +34,7 @@ def test_every_variant_runs_the_tiny_model(variant, tiny_model_path):
     feeds = {"x": np.random.default_rng(11).uniform(-1, 1, (9, 3, 12, 12)).astype(np.float32)}
     result = check(runner.run, runner.describe(9), feeds)
     assert result.passed, result.records
-    assert all(variant in k.name for k in runner.kernels.values())
+    assert all(variant in runner.kernels[s.name].name for s in runner.plan.plugin_steps if s.node.op_type == "Conv")
 
 
 # Host-clock spans (onnxruntime on the CPU) and CUDA-event spans share one time line

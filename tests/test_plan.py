@@ -7,19 +7,25 @@ from opplugin.model import load_model
 from opplugin.plan import OrtStep, describe, make_plan
 from opplugin.device import Device
 from opplugin.device import CPU
+from opplugin.registry import plugins
 
 
-def test_convs_and_their_epilogues_become_plugin_steps_and_the_rest_maximal_onnxruntime_runs(tiny_model_path):
+def test_convs_gemms_and_their_epilogues_become_plugin_steps_and_the_rest_maximal_onnxruntime_runs(tiny_model_path):
     plan = make_plan(load_model(tiny_model_path), 4, CPU)
     kinds = [(type(s).__name__, s.ops) for s in plan.steps]
     assert kinds == [
         ("PluginStep", ["Conv", "Relu", "MaxPool"]),
         ("PluginStep", ["Conv", "Relu"]),
-        ("OrtStep", ["Flatten", "Gemm", "Softmax"]),
+        ("PluginStep", ["Flatten"]),
+        ("PluginStep", ["Gemm", "Softmax"]),
     ]
     assert plan.steps[0].outputs == ["p1"] and plan.steps[1].inputs == ["p1", "w2"]
-    assert plan.steps[2].inputs == ["r2"] and plan.steps[2].outputs == ["y"]
+    assert plan.steps[2].inputs == ["r2"] and plan.steps[3].outputs == ["y"]
     assert plan.fallbacks == {}
+    # with the Conv plugin alone, what follows the Convs is one onnxruntime run
+    conv_only = make_plan(load_model(tiny_model_path), 4, CPU, registry={"Conv": plugins()["Conv"]})
+    assert [(type(s).__name__, s.ops) for s in conv_only.steps][2:] == [("OrtStep", ["Flatten", "Gemm", "Softmax"])]
+    assert conv_only.steps[2].inputs == ["r2"] and conv_only.steps[2].outputs == ["y"]
 
 
 def test_a_tensor_read_twice_is_not_fused_away(tmp_path):
@@ -49,7 +55,7 @@ def onnx_helper():
 
 
 def test_onnxruntime_step_sub_models_run_on_their_own(tiny_model_path):
-    plan = make_plan(load_model(tiny_model_path), 2, CPU)
+    plan = make_plan(load_model(tiny_model_path), 2, CPU, registry={"Conv": plugins()["Conv"]})
     step = plan.steps[2]
     assert isinstance(step, OrtStep)
     session = ort.InferenceSession(step.model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -78,7 +84,7 @@ def test_on_a_gpu_device_unsupported_convs_fall_back_with_a_reason(tmp_path):
 
 def test_describe_lists_every_step(tiny_model_path):
     text = describe(make_plan(load_model(tiny_model_path), 3, CPU))
-    for name in ("conv1", "conv2", "onnxruntime1", "Conv > Relu > MaxPool", "(fused)", "x [3, 3, 12, 12]"):
+    for name in ("conv1", "conv2", "flatten", "Conv > Relu > MaxPool", "Gemm > Softmax", "(fused)", "x [3, 3, 12, 12]"):
         assert name in text
 
 
@@ -108,7 +114,7 @@ def test_a_plugin_for_an_op_inside_a_fused_chain_says_the_fusion_was_given_up():
     with_relu = make_plan(model, 1, CPU, registry={**plugins(), "Relu": ReluPlugin()})
     # the Relu plugin takes its nodes, so each Conv runs alone, and the plan says why
     assert [s.ops for s in with_relu.plugin_steps][:2] == [["Conv"], ["Relu"]]
-    assert set(with_relu.fusions_given_up) == {"conv1", "conv2"}
+    assert set(with_relu.fusions_given_up) == {"conv1", "conv2", "fc1"}
     why = with_relu.fusions_given_up["conv1"]
     assert why == "Conv > Relu > MaxPool not fused: a plugin is registered for Relu, so relu1 runs as a step of its own"
     text = describe(with_relu)

@@ -14,7 +14,10 @@ from opplugin.runtime import Runner
 
 @pytest.fixture
 def built(tiny_model_path):
-    runner = Runner(load_model(tiny_model_path), 4, "cpu")
+    from opplugin.registry import plugins
+
+    # the Conv plugin alone, so that the Flatten > Gemm > Softmax tail is an onnxruntime row
+    runner = Runner(load_model(tiny_model_path), 4, "cpu", registry={"Conv": plugins()["Conv"]})
     feeds = {"x": np.random.default_rng(0).uniform(0, 1, (4, 3, 12, 12)).astype(np.float32)}
     profile = runner.profile(feeds, warmup=1, repeat=3)
     return runner, report.build_report(profile, warmup=1, extra={"accuracy": 0.5})

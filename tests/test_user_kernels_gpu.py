@@ -114,7 +114,7 @@ def test_the_api_runs_a_kernel_source_with_constant_weights():
 
     source = KernelSource(str(FUSED), "Conv")
     runner = Runner(load_model("lenet86"), 64, "cuda", kernels={"Conv": source})
-    assert [step.name for step in runner.plan.plugin_steps] == ["conv1", "conv2"]
+    assert [step.name for step in runner.plan.plugin_steps if step.node.op_type == "Conv"] == ["conv1", "conv2"]
     assert runner.kernels["conv1"].name == "conv_fused.cu"
     feeds = {"input": np.random.default_rng(1).standard_normal((64, 1, 86, 86), dtype=np.float32)}
     from opplugin.check import check

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..activation import Activation
+
+# the activations the Conv kernels compile in (kernels/conv_epilogue.cuh); their meaning is ops/activation.py's
 ACTIVATIONS = ("Relu", "Tanh")
 
 
@@ -59,10 +62,8 @@ class Epilogue:
         MaxPool treats a NaN differently by its place in the window, so no fixed
         rule matches it; instead every NaN or +inf that reaches a window shows in
         this output, and the runner reruns such chunks on onnxruntime's nodes."""
-        if self.activation == "Relu":
-            y = xp.maximum(y, 0)  # numpy's and CuPy's maximum both return NaN for a NaN operand
-        elif self.activation == "Tanh":
-            y = xp.tanh(y)
+        if self.activation:
+            y = Activation.plain(self.activation).apply(y, xp)
         if self.pool:
             kh, kw = self.pool
             oh, ow = y.shape[2] // kh, y.shape[3] // kw

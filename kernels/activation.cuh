@@ -1,0 +1,27 @@
+// An activation applied to a kernel's output, whatever the op. The meaning
+// arrives as the function-like macro ACTIVATION(v), an expression written by
+// opplugin/ops/activation.py (its table gives each activation's numpy meaning
+// and this CUDA expression side by side); without it the activation is the
+// identity. The helpers below are what those expressions call.
+
+// lo <= v <= hi by comparisons, so that a NaN compares false and stays NaN
+// (fminf/fmaxf would replace it by a bound; onnxruntime's Clip keeps it)
+__device__ __forceinline__ float opplugin_clamp(float v, float lo, float hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// 1 / (1 + e^-v): exactly 0 and 1 at -inf and +inf, NaN for NaN
+__device__ __forceinline__ float opplugin_sigmoid(float v)
+{
+    return 1.0f / (1.0f + expf(-v));
+}
+
+#ifndef ACTIVATION
+#define ACTIVATION(v) (v)
+#endif
+
+__device__ __forceinline__ float opplugin_activation(float v)
+{
+    return ACTIVATION(v);
+}

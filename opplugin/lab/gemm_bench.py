@@ -1,0 +1,214 @@
+"""`opplugin bench --suite gemm`: the seeds' fully connected layers, each Gemm family against
+cuBLAS (PyTorch's `torch.nn.functional.linear`, FP32 with TF32 off) in the same run.
+
+Per layer and batch: the median device time per call over CUDA events after warm-up
+(the host enqueues ten calls behind a 2 GiB fill, so that Python's launch overhead,
+~20 us a call for opplugin and PyTorch alike, hides behind the GPU's work and the
+events time the kernels), the median time of one call alone (that overhead included:
+what a lone batch-1 call costs from Python), GB/s (the fewest bytes
+over the time), the memory floor (the weight bytes over this device's measured copy
+bandwidth: what a batch-1 layer cannot beat), and each candidate's ratio to cuBLAS
+(cuBLAS ms / ours: above 1 is faster). Every candidate's output is checked first: a
+few rows against float64 on the host, with the output poisoned (NaN) before the call.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import cuda
+from ..device import current_cuda_device
+from ..jsonout import header
+from ..errors import InputError
+from ..ops.gemm import families
+from ..ops.gemm.epilogue import NONE
+from ..ops.gemm.kernel import GemmKernel
+from ..ops.gemm.spec import BIAS_COLUMN, GemmSpec
+from ..texttable import text_table
+from . import roofline
+
+# (label, K, N): the CS259 classifier, the one-hidden-layer report's network, lenet86's and ece408_high's first Gemm
+LAYERS = (
+    ("cs259 fc1", 25088, 4096),
+    ("cs259 fc2", 4096, 1024),
+    ("onehidden fc1", 32754, 128),
+    ("onehidden fc2", 128, 4),
+    ("lenet86 fc1", 1024, 32),
+    ("ece408_high fc1", 7200, 128),
+)
+BATCHES = (1, 16, 10000)
+SCHEMA = "opplugin-bench-gemm/1"
+BALLAST_BYTES = 2 << 30  # ~0.7 ms of fill on a Hopper GPU: longer than the host takes to enqueue the timed calls
+CALLS = 10  # calls per sample behind the fill, for kernels shorter than HOST_BOUND_MS
+HOST_BOUND_MS = 0.5
+FIT_SHARE = 0.5  # a layer runs at a batch when its operands take at most this share of the free device memory
+CHECKED_ROWS = 4  # rows per candidate compared with float64 on the host
+TOLERANCE = 1e-4  # max |ours - exact| / max |exact| over the checked rows
+
+
+@dataclass
+class Candidate:
+    name: str
+    run: Callable[[], Any]  # the layer's output on the device
+
+
+def layer_spec(k: int, n: int, batch: int) -> GemmSpec:
+    return GemmSpec(batch, n, k, trans_b=True, bias=BIAS_COLUMN, bias_shape=(n,))
+
+
+def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray, all_configs: bool = False) -> list[Candidate]:
+    """The heuristic's choice first, then every other family's default configuration that runs the layer
+    (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled family and, for
+    batches gemv serves, its configurations with the default rows per block (and a quarter of them)."""
+    chosen = families.heuristic_variant(spec)
+    names = [chosen] + [families.configure(spec, f).name for f in families.FAMILIES]
+    if all_configs:
+        names += [f"tiled_{bm}x{bn}" for bm, bn in families.TILES]
+        if spec.m <= families.MAX_GEMV_BATCH:
+            rows = {families.gemv_default(spec)[0], max(1, families.gemv_default(spec)[0] // 4)}
+            names += [f"gemv_b{mb}o{opw}w{wpr}" for mb in sorted(rows) for opw in (1, 2) for wpr in (1, 2, 4, 8, 16)]
+    found = []
+    for name in dict.fromkeys(names):
+        config = families.configure(spec, name)
+        if config.family == "gemv" and spec.m > families.MAX_GEMV_BATCH:
+            continue  # built for batch <= 16: at 10,000 it would reread the weights 625 times
+        if families.unsupported_reason(spec, config) is None:
+            kernel = GemmKernel(spec, config, NONE, w, b)
+            found.append(Candidate(kernel.name + (" (heuristic)" if name == chosen else ""), lambda k=kernel: k([a])[0]))
+    return found
+
+
+def cublas_candidate(torch: Any, a: Any, w: np.ndarray, b: np.ndarray) -> Candidate:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ta = torch.from_dlpack(a)
+    tw, tb = torch.from_numpy(w).cuda(), torch.from_numpy(b).cuda()
+    return Candidate("cuBLAS (torch linear, FP32)", lambda: torch.nn.functional.linear(ta, tw, tb))
+
+
+def checked_error(output: Any, a_rows: np.ndarray, rows: np.ndarray, w: np.ndarray, b: np.ndarray) -> float:
+    import cupy
+
+    got = cupy.asnumpy(cupy.asarray(output)[cupy.asarray(rows)]).astype(np.float64)
+    exact = a_rows.astype(np.float64) @ w.astype(np.float64).T + b
+    return float(np.abs(got - exact).max() / max(1e-30, np.abs(exact).max()))
+
+
+def device_ms(fn: Callable[[], Any], warmup: int, repeat: int, ballast: Any) -> float:
+    """Median device time of one call: short calls are timed CALLS at a time behind a fill of
+    `ballast`, which keeps the GPU busy while the host enqueues them."""
+    alone = statistics.median(cuda.time_ms(fn, warmup=warmup, repeat=3))
+    if alone >= HOST_BOUND_MS:
+        return statistics.median(cuda.time_ms(fn, warmup=0, repeat=repeat))
+    start, end = cuda.event(), cuda.event()
+    samples = []
+    for _ in range(repeat):
+        ballast.fill(0)
+        start.record()
+        for _ in range(CALLS):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(cuda.elapsed_ms(start, end) / CALLS)
+    return statistics.median(samples)
+
+
+def bench_layer(label: str, k: int, n: int, batch: int, bandwidth: float, torch: Any, warmup: int, repeat: int,
+                ballast: Any, all_configs: bool = False) -> list[dict]:
+    import cupy
+
+    rng = np.random.default_rng(batch * 7 + k)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    a = cupy.random.standard_normal((batch, k), dtype=cupy.float32)
+    rows = np.unique(np.array([0, batch // 2, batch - 1, rng.integers(batch)]))[:CHECKED_ROWS]
+    a_rows = cupy.asnumpy(a[cupy.asarray(rows)])
+    spec = layer_spec(k, n, batch)
+    weight_floor = 1e3 * 4 * (n * k + n) / bandwidth
+    found = candidates(spec, a, w, b, all_configs) + ([cublas_candidate(torch, a, w, b)] if torch is not None else [])
+    results = []
+    for candidate in found:
+        error = checked_error(candidate.run(), a_rows, rows, w, b)
+        ms = device_ms(candidate.run, warmup, repeat, ballast) if error <= TOLERANCE else None
+        call_ms = statistics.median(cuda.time_ms(candidate.run, warmup=0, repeat=repeat)) if ms is not None and ms < HOST_BOUND_MS else ms
+        results.append({"layer": label, "k": k, "n": n, "batch": batch, "name": candidate.name, "ms": ms, "call_ms": call_ms,
+                        "rel_error": error,
+                        "gb_per_s": spec.bytes_moved() / (ms * 1e-3) / 1e9 if ms else None,
+                        "weight_floor_ms": weight_floor, "x_floor": ms / weight_floor if ms else None})
+    cublas = next((r["ms"] for r in results if r["name"].startswith("cuBLAS")), None)
+    for r in results:
+        r["vs_cublas"] = cublas / r["ms"] if cublas and r["ms"] else None
+    del a
+    cupy.get_default_memory_pool().free_all_blocks()
+    return results
+
+
+def fits(k: int, n: int, batch: int) -> bool:
+    import cupy
+
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    return 4 * (batch * k + n * k + batch * n) * 3 <= FIT_SHARE * free  # ours, cuBLAS's and a spare output
+
+
+def run_gemm_bench(batches: Sequence[int] = BATCHES, warmup: int = 3, repeat: int = 20, all_configs: bool = False,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    if not cuda.is_available():
+        raise InputError("bench --suite gemm needs a CUDA device")
+    from .peers import torch_or_reason
+
+    torch, why = torch_or_reason()
+    import cupy
+
+    roof = roofline.measure()
+    ballast = cupy.empty(BALLAST_BYTES // 4, dtype=cupy.float32)
+    rows = []
+    for label, k, n in LAYERS:
+        for batch in batches:
+            if not fits(k, n, batch):
+                rows.append({"layer": label, "k": k, "n": n, "batch": batch, "name": "-", "ms": None, "reason": "does not fit"})
+                continue
+            if progress:
+                progress(f"bench gemm: {label} ({k} -> {n}) at batch {batch}")
+            rows += bench_layer(label, k, n, batch, roof.bytes_per_s, torch, warmup, repeat, ballast, all_configs)
+    device = current_cuda_device()
+    return header(SCHEMA, device, [label for label, _, _ in LAYERS], list(batches)) | {"roofline": roof.record(),
+            "cublas": "torch.nn.functional.linear, FP32, TF32 off" if torch is not None else f"unavailable: {why}", "rows": rows}
+
+
+def format_text(payload: dict[str, Any]) -> str:
+    def figure(value: float | None, digits: int = 3) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    roof = payload["roofline"]
+    table = [[r["layer"], f"{r['k']}->{r['n']}", str(r["batch"]), r["name"], figure(r["ms"], 4), figure(r.get("call_ms"), 4),
+              figure(r.get("gb_per_s"), 0),
+              figure(r.get("weight_floor_ms"), 4), figure(r.get("x_floor"), 2), figure(r.get("vs_cublas"), 2)]
+             for r in payload["rows"]]
+    head = (f"Gemm layers on {payload['device']['name']}; copy bandwidth {roof['copy_gb_per_s']:.0f} GB/s, FP32 {roof['fp32_tflop_per_s']:.1f} "
+            f"TFLOP/s; cuBLAS: {payload['cublas']}\n"
+            "device ms: median per call, launch overhead hidden; one call ms: a call alone, host overhead included;\n"
+            "floor: weight bytes / copy bandwidth; x floor: device ms / floor; vs cuBLAS: cuBLAS device ms / device ms (above 1: faster)\n\n")
+    header = ["layer", "shape", "batch", "implementation", "device ms", "one call ms", "GB/s", "floor ms", "x floor", "vs cuBLAS"]
+    return head + "\n".join(text_table(header, table, right=(2, 4, 5, 6, 7, 8, 9))) + "\n"
+
+
+def main_from_args(args: Any) -> int:
+    """`opplugin bench --suite gemm`: 0 when every candidate was correct, 1 when some was not."""
+    from ..errors import positive_int
+    from ..files import write_atomic
+    from ..jsonout import dumps
+
+    words = [w for item in (args.batches or BATCHES) for w in str(item).replace(",", " ").split()]
+    try:
+        batches = [positive_int(int(w), "--batches") for w in words]
+    except ValueError:
+        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
+    warmup = 3 if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)
+    repeat = 20 if args.repeat is None else positive_int(args.repeat, "--repeat")
+    payload = run_gemm_bench(batches, warmup, repeat, bool(args.all_configs))
+    print(format_text(payload), end="")
+    if args.json:
+        write_atomic(args.json, dumps(payload))
+    return 1 if any(r.get("rel_error", 0) > TOLERANCE for r in payload["rows"]) else 0

@@ -1,0 +1,122 @@
+"""Elementwise activations a kernel may apply to its output: one table, any op.
+
+Each entry gives an ONNX activation's meaning twice: as array code (numpy, or CuPy
+through `xp`) for the references, and as a CUDA expression that a kernel receives
+as the function-like macro ACTIVATION(v) (see kernels/activation.cuh, which holds
+the helpers the expressions call). Parameters (LeakyRelu's alpha, Clip's bounds,
+...) are read from the node once and compiled in as exact hexadecimal floats.
+
+NaN propagates through every entry, as it does in onnxruntime's kernels: the
+clamps compare (`v < lo ? lo : v`) rather than call fminf/fmaxf, which would drop it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..registry import NodeInfo
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One activation op: its array meaning f(xp, v, a, b), its CUDA expression over
+    `v` with {a} and {b} for the parameters, and the ONNX attribute defaults of a, b."""
+
+    meaning: Callable[[Any, Any, float, float], Any]
+    cuda: str
+    defaults: tuple[float, float] = (0.0, 0.0)
+
+
+def _clamp(xp: Any, v: Any, lo: float, hi: float) -> Any:
+    """lo <= v <= hi, NaN kept: where() picks by comparison, so a NaN compares false and stays."""
+    v = xp.where(v < lo, xp.asarray(lo, v.dtype), v)
+    return xp.where(v > hi, xp.asarray(hi, v.dtype), v)
+
+
+KINDS: dict[str, Kind] = {
+    "Relu": Kind(lambda xp, v, a, b: xp.where(v < 0, xp.zeros((), v.dtype), v), "((v) < 0.0f ? 0.0f : (v))"),
+    "Tanh": Kind(lambda xp, v, a, b: xp.tanh(v), "tanhf(v)"),
+    "Sigmoid": Kind(lambda xp, v, a, b: 1 / (1 + xp.exp(-v)), "opplugin_sigmoid(v)"),
+    "LeakyRelu": Kind(lambda xp, v, a, b: xp.where(v < 0, a * v, v), "((v) < 0.0f ? {a} * (v) : (v))", (0.01, 0.0)),
+    # bounds default to none: +-inf, which the clamp never applies
+    "Clip": Kind(lambda xp, v, a, b: _clamp(xp, v, a, b), "opplugin_clamp(v, {a}, {b})", (-math.inf, math.inf)),
+    "HardSigmoid": Kind(lambda xp, v, a, b: _clamp(xp, a * v + b, 0.0, 1.0), "opplugin_clamp({a} * (v) + {b}, 0.0f, 1.0f)", (0.2, 0.5)),
+    "HardSwish": Kind(lambda xp, v, a, b: v * _clamp(xp, a * v + b, 0.0, 1.0), "((v) * opplugin_clamp({a} * (v) + {b}, 0.0f, 1.0f))",
+                      (1 / 6, 0.5)),
+}
+
+
+def cuda_float(value: float) -> str:
+    """`value` rounded to float32, as an exact CUDA literal (hexadecimal); infinities by their bits."""
+    value = float(np.float32(value))
+    if math.isinf(value):
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    return f"{value.hex()}f" if value else "0.0f"
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation with its parameters resolved (a: alpha or the lower bound, b: beta or the upper)."""
+
+    op: str
+    a: float = 0.0
+    b: float = 0.0
+
+    def __post_init__(self):
+        if self.op not in KINDS:
+            raise ValueError(f"unsupported activation {self.op!r}; supported: {', '.join(KINDS)}")
+
+    @classmethod
+    def plain(cls, op: str) -> "Activation":
+        """The op with ONNX's default parameters."""
+        return cls(op, *KINDS[op].defaults)
+
+    @property
+    def suffix(self) -> str:
+        """For kernel names: "+relu", "+leakyrelu", "+clip0_6"."""
+        if self.op == "Clip":
+            bounds = [f"{x:g}".replace("inf", "") for x in (self.a, self.b)]
+            return f"+clip{bounds[0]}_{bounds[1]}".replace("-", "m").replace(".", "p")
+        return f"+{self.op.lower()}"
+
+    def apply(self, y: Any, xp: Any = np) -> Any:
+        """The meaning on an array of any shape, in its dtype (float64 for an oracle)."""
+        dtype = y.dtype
+        return xp.asarray(KINDS[self.op].meaning(xp, y, dtype.type(self.a), dtype.type(self.b)), dtype)
+
+    def cuda_expression(self) -> str:
+        """The expression over `v` that the ACTIVATION(v) macro stands for."""
+        return KINDS[self.op].cuda.format(a=cuda_float(self.a), b=cuda_float(self.b))
+
+    def define(self) -> dict[str, str]:
+        """The NVRTC -D option that compiles this activation into a kernel including activation.cuh."""
+        return {"ACTIVATION(v)": self.cuda_expression()}
+
+
+def from_node(node: NodeInfo) -> Activation | None:
+    """The Activation a node computes, or None when it is no activation of the table
+    (or a Clip whose bounds are not constants)."""
+    kind = KINDS.get(node.op_type)
+    if kind is None or len([o for o in node.node.output if o]) != 1:
+        return None
+    a, b = kind.defaults
+    if node.op_type == "Clip":
+        if node.attributes.keys() & {"min", "max"}:  # opset < 11: bounds are attributes
+            a, b = float(node.attributes.get("min", a)), float(node.attributes.get("max", b))
+        bounds = []
+        for index, default in ((1, a), (2, b)):
+            name = node.node.input[index] if len(node.node.input) > index else ""
+            if not name:
+                bounds.append(default)
+            elif name in node.constants:
+                bounds.append(float(np.asarray(node.constants[name]).reshape(())))
+            else:
+                return None  # a bound computed at run time cannot be compiled in
+        a, b = bounds
+    else:
+        a = float(node.attributes.get("alpha", a))
+        b = float(node.attributes.get("beta", b))
+    return Activation(node.op_type, a, b)

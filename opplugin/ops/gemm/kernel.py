@@ -1,0 +1,150 @@
+"""Built Gemm kernels: the numpy reference (CPU device) and a compiled CUDA family.
+
+The CUDA families all read A as batch x K and W as N x K, both K-contiguous, with
+W's rows and columns padded with zeros to what the family's tiles need, and C as
+beta * C in one value per column or one per element. The kernel object puts the
+node's operands in that form: constant weights (and C) once, at build, so a call
+only launches; operands computed at run time on every call, on the call's stream
+(transA/transB then cost a transposing copy).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import cuda
+from ...errors import PluginError
+from ...registry import Kernel
+from ..conv.families.common import checked_array  # the same operand check as the Conv kernels
+from . import reference
+from .epilogue import NONE, GemmEpilogue
+from .families import Config, defines, effective_bias
+from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
+
+
+class ReferenceGemmKernel(Kernel):
+    """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused)."""
+
+    def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm"):
+        self.spec, self.epilogue = spec, epilogue
+        self.name = f"{op}.reference{epilogue.suffix}"
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        c = inputs[2] if len(inputs) > 2 else None
+        y = reference.run(self.spec, self.epilogue, inputs[0], inputs[1], c)
+        return [np.asarray(y, np.float32)]
+
+
+def padded_weights(xp: Any, b: Any, spec: GemmSpec, config: Config) -> Any:
+    """B' as N x K rows (B transposed unless transB), padded with zeros to the family's multiples."""
+    w = b if spec.trans_b else b.T
+    rows, cols = -(-spec.n // config.row_pad) * config.row_pad, -(-spec.k // config.col_pad) * config.col_pad
+    out = xp.zeros((rows, cols), dtype=np.float32)
+    out[: spec.n, : spec.k] = w
+    return out
+
+
+def column_bias(xp: Any, c: Any, spec: GemmSpec) -> Any:
+    """beta * C as N floats (C of shape (), (1,), (N,) or (1, N)), rounded to float32 as onnxruntime forms it."""
+    scaled = xp.asarray(c, dtype=np.float32) * np.float32(spec.beta) if spec.beta != 1.0 else xp.asarray(c, dtype=np.float32)
+    return xp.ascontiguousarray(xp.broadcast_to(scaled.reshape(-1) if scaled.size > 1 else scaled.reshape(()), (spec.n,)))
+
+
+class GemmKernel(Kernel):
+    """A compiled family for one node. Call it with the node's inputs [A, B, C?] (CuPy arrays);
+    B and C are ignored when they were constants at build."""
+
+    def __init__(self, spec: GemmSpec, config: Config, epilogue: GemmEpilogue, b: np.ndarray | None, c: np.ndarray | None,
+                 op: str = "gemm"):
+        import cupy
+
+        self.spec, self.config, self.epilogue = spec, config, epilogue
+        self.variant = config.name
+        self.name = f"{op}.{config.name}{epilogue.suffix}"
+        module = cuda.compile_module(config.source, defines(spec, config, epilogue))
+        self.function = module.get_function(f"gemm_{config.family}")
+        self.functions = [self.function]
+        self.bias_mode = effective_bias(spec)
+        self._w = None if b is None else padded_weights(cupy, cupy.asarray(b, dtype=cupy.float32), spec, config)
+        self._c = None
+        if self.bias_mode == BIAS_COLUMN and c is not None:
+            self._c = column_bias(cupy, cupy.asarray(c), spec)
+        # the common call (constant operands, a plain contiguous A) skips the general path's
+        # checks and copies: at batch 1 the host's time per call is what the layer costs
+        self._ready = self._w is not None and (self.bias_mode == BIAS_NONE or self._c is not None) and not spec.trans_a
+        self._c_arg = self._c if self._c is not None else np.uint64(0)
+        self._block = (config.threads, 1, 1)
+        self._grids: dict[int, tuple[int, int, int]] = {}
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def _operand_a(self, cupy: Any, a: Any) -> Any:
+        a = a.T if self.spec.trans_a else a
+        if a.ndim != 2 or a.shape[1] != self.spec.k:
+            raise PluginError(f"{self.name}: A' has shape {tuple(a.shape)}, expected (batch, {self.spec.k})")
+        a = cupy.ascontiguousarray(a)
+        return a if a.data.ptr % 16 == 0 else a.copy()  # float4 loads need 16-byte rows; a fresh array has them
+
+    def _operand_c(self, cupy: Any, inputs: Sequence[Any], batch: int) -> Any:
+        if self.bias_mode == BIAS_NONE:
+            return np.uint64(0)  # a null pointer the kernel never reads
+        if self._c is not None:
+            return self._c
+        if len(inputs) < 3 or inputs[2] is None:
+            raise PluginError(f"{self.name}: the bias C is missing from the inputs")
+        c = checked_array(cupy, inputs[2], "C", self.name)
+        if self.bias_mode == BIAS_COLUMN:
+            return column_bias(cupy, c, self.spec)
+        scaled = c * np.float32(self.spec.beta) if self.spec.beta != 1.0 else c
+        return cupy.ascontiguousarray(cupy.broadcast_to(scaled, (batch, self.spec.n)))
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        """[Y] for the node's inputs; Y is `out` when given (a C-contiguous float32 array, written in full)."""
+        import cupy
+
+        if not inputs:
+            raise PluginError(f"{self.name}: no inputs given")
+        a = inputs[0]
+        if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == np.float32 and a.ndim == 2 \
+                and a.shape[1] == self.spec.k and a.flags.c_contiguous and a.data.ptr % 16 == 0 and 0 < a.shape[0] <= self.config.max_batch():
+            batch = a.shape[0]
+            grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
+            with cuda.on_stream(stream):
+                y = cupy.empty((batch, self.spec.n), dtype=cupy.float32)
+                self.function(grid, self._block, (a, self._w, self._c_arg, y, np.int32(batch)))
+            return [y]
+        with cuda.on_stream(stream):
+            a = self._operand_a(cupy, checked_array(cupy, inputs[0], "A", self.name))
+            batch = int(a.shape[0])
+            if self._w is not None:
+                w = self._w
+            elif len(inputs) < 2 or inputs[1] is None:
+                raise PluginError(f"{self.name}: the weights B are missing from the inputs")
+            else:
+                b = checked_array(cupy, inputs[1], "B", self.name)
+                if tuple(b.shape) != self.spec.b_shape:
+                    raise PluginError(f"{self.name}: B has shape {tuple(b.shape)}, expected {self.spec.b_shape}")
+                w = padded_weights(cupy, b, self.spec, self.config)
+            c = self._operand_c(cupy, inputs, batch)
+            y = cupy.empty((batch, self.spec.n), dtype=cupy.float32) if out is None else out
+            if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != cupy.float32 or tuple(out.shape) != (batch, self.spec.n)
+                                    or not out.flags.c_contiguous):
+                raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {(batch, self.spec.n)}")
+            if batch:
+                for start in range(0, batch, self.config.max_batch()):  # a grid's y extent is limited
+                    rows = min(self.config.max_batch(), batch - start)
+                    c_rows = c[start:start + rows] if self.bias_mode == BIAS_FULL else c
+                    self.function(self.config.grid(self.spec, rows), (self.config.threads, 1, 1),
+                                  (a[start:start + rows], w, c_rows, y[start:start + rows], np.int32(rows)))
+        return [y]

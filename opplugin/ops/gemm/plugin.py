@@ -1,0 +1,106 @@
+"""The Gemm and MatMul plugins: the numpy reference on the CPU device, a CUDA family on a GPU,
+with the activation and row Softmax that follow fused into the kernel where they can be."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...device import Device
+from ...errors import PluginError
+from ...registry import Kernel, NodeInfo, Plugin
+from .. import activation
+from . import families
+from .epilogue import NONE, GemmEpilogue
+from .kernel import GemmKernel, ReferenceGemmKernel
+from .spec import BIAS_FULL, GemmSpec
+
+
+class GemmPlugin(Plugin):
+    """Runs ONNX Gemm nodes (float32, any transA/transB/alpha/beta, C broadcast as ONNX allows).
+
+    Without an explicit variant the heuristic of `families.heuristic_variant` picks one."""
+
+    op_type = "Gemm"
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        if any(t.dtype != np.float32 for t in node.inputs if t.name):
+            return "only float32 tensors are supported"
+        try:
+            spec = GemmSpec.from_node(node)
+        except PluginError as err:
+            return str(err)
+        if spec.bias == BIAS_FULL and spec.beta != 0.0 and _constant(node, 2) is not None:
+            return "a constant C with one row per batch row does not follow the batch through chunked runs"
+        return None
+
+    def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
+        if not device.is_cuda:
+            return {}
+        spec = GemmSpec.from_node(node)
+        return {name: families.unsupported_reason(spec, families.configure(spec, name)) for name in families.FAMILIES}
+
+    def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
+        """An activation, then a Softmax over the rows; or a Softmax alone. On a GPU the Softmax
+        fuses only where a family can run it (N <= 32); the activation always can."""
+        spec = GemmSpec.from_node(node)
+        for count in range(min(2, len(followers)), 0, -1):
+            epilogue = epilogue_of(followers[:count])
+            if epilogue is None:
+                continue
+            if not device.is_cuda or families.unsupported_reason(spec, families.configure(spec, families.heuristic_variant(spec, epilogue)),
+                                                                 epilogue) is None:
+                return count
+        return 0
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec = GemmSpec.from_node(node)
+        epilogue = epilogue_of(fused) if fused else NONE
+        if epilogue is None:
+            raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
+        op = node.op_type.lower()
+        if not device.is_cuda:
+            if variant not in (None, "reference"):
+                families.configure(spec, variant)  # an unknown name says so before the missing device does
+                raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
+            return ReferenceGemmKernel(spec, epilogue, op)
+        config = families.configure(spec, variant or families.heuristic_variant(spec, epilogue))
+        reason = families.unsupported_reason(spec, config, epilogue)
+        if reason:
+            raise PluginError(f"variant {config.name!r} cannot run {node.op_type} {node.name}{epilogue.suffix}: {reason}")
+        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2), op)
+
+
+class MatMulPlugin(GemmPlugin):
+    """ONNX MatMul on 2-D operands: a Gemm without C, alpha or transposes."""
+
+    op_type = "MatMul"
+
+
+def epilogue_of(followers: Sequence[NodeInfo]) -> GemmEpilogue | None:
+    """The GemmEpilogue that `followers` (an activation of ops/activation.py's table, then a row
+    Softmax; either may be absent) compute, or None when a Gemm kernel cannot run them."""
+    rest = list(followers)
+    act = activation.from_node(rest[0]) if rest else None
+    if act:
+        rest = rest[1:]
+    if not rest:
+        return GemmEpilogue(act) if act else None
+    if len(rest) != 1 or not _row_softmax(rest[0]):
+        return None
+    return GemmEpilogue(act, softmax=True)
+
+
+def _row_softmax(node: NodeInfo) -> bool:
+    """A Softmax over the last axis of a 2-D tensor (whatever the opset, that is one row)."""
+    if node.op_type != "Softmax" or len(node.inputs[0].shape) != 2:
+        return False
+    # the default axis, 1 before opset 13 and -1 since, is the row either way
+    return int(node.attributes.get("axis", -1)) in (1, -1)
+
+
+def _constant(node: NodeInfo, index: int) -> np.ndarray | None:
+    """The input at `index` when it is an initializer, else None (absent or computed at run time)."""
+    if len(node.inputs) <= index or not node.inputs[index].name:
+        return None
+    return node.constants.get(node.inputs[index].name)

@@ -1,0 +1,76 @@
+"""Flatten and Reshape as views: no copy, no kernel, no onnxruntime step.
+
+Between a Conv step and a Gemm step, a Flatten left to onnxruntime would take the
+tensor to the host and back (onnxruntime's CPU provider) or cost a session call; as a
+plugin step it is the same device memory seen with another shape (CuPy's reshape of a
+contiguous array), so the plugin steps on either side run back to back on the device.
+Reshape needs its target shape as a constant; 0 copies the input's dimension unless
+`allowzero`, -1 takes what is left, as in ONNX.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import cuda
+from ..device import Device
+from ..registry import Kernel, NodeInfo, Plugin
+
+
+class ViewKernel(Kernel):
+    """The input, reshaped: zero FLOPs and zero bytes, whatever the batch."""
+
+    def __init__(self, op: str, target: Any):
+        self.name = f"view.{op.lower()}"
+        self._target = target  # input shape -> output shape
+
+    def flops(self, batch: int) -> int:
+        return 0
+
+    def bytes_moved(self, batch: int) -> int:
+        return 0
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        x = inputs[0]
+        # a view of a contiguous array; a strided one is copied, on the caller's stream
+        with cuda.on_stream(None if isinstance(x, np.ndarray) else stream):
+            return [x.reshape(self._target(tuple(x.shape)))]
+
+
+def flatten_shape(axis: int, shape: tuple[int, ...]) -> tuple[int, int]:
+    axis = axis + len(shape) if axis < 0 else axis
+    return int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))
+
+
+def reshape_shape(target: Sequence[int], allowzero: bool, shape: tuple[int, ...]) -> tuple[int, ...]:
+    dims = [shape[i] if d == 0 and not allowzero else int(d) for i, d in enumerate(target)]
+    if -1 in dims:
+        known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+        dims[dims.index(-1)] = int(np.prod(shape, dtype=np.int64)) // max(1, known)
+    return tuple(dims)
+
+
+class FlattenPlugin(Plugin):
+    op_type = "Flatten"
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        return None
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        axis = int(node.attributes.get("axis", 1))
+        return ViewKernel("Flatten", lambda shape: flatten_shape(axis, shape))
+
+
+class ReshapePlugin(Plugin):
+    op_type = "Reshape"
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        if len(node.inputs) < 2 or node.inputs[1].name not in node.constants:
+            return "the target shape is computed at run time (a view needs it as a constant)"
+        return None
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        target = [int(d) for d in np.asarray(node.constants[node.inputs[1].name]).reshape(-1)]
+        allowzero = bool(node.attributes.get("allowzero", 0))
+        return ViewKernel("Reshape", lambda shape: reshape_shape(target, allowzero, shape))

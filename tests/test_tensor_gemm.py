@@ -84,6 +84,12 @@ def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few()
     # the shipped convs keep their fused constant-memory kernels
     lenet_conv2 = conv(10000, 4, 16, (40, 40), (7, 7))
     assert heuristic_variant(lenet_conv2, ones(lenet_conv2), Epilogue("Relu", (4, 4))).startswith("const_tile")
+    # too little work at the planned batch: the one-launch constant-memory kernels
+    pointwise = conv(1, 96, 24, (56, 56), (1, 1))
+    assert not prefers_tensor_cores(pointwise) and prefers_tensor_cores(conv(32, 96, 24, (56, 56), (1, 1)))
+    # depthwise: const_rb's row tiles first
+    depthwise = conv(32, 32, 32, (112, 112), (3, 3), pads=(1, 1, 1, 1), group=32)
+    assert heuristic_variant(depthwise, ones(depthwise), NONE).startswith("const_rb")
     # a pool the GEMM cannot fuse: it runs plain and the epilogue follows
     assert heuristic_variant(RESNET_64, ones(RESNET_64), Epilogue("Relu", (2, 2))) == "tc_3xtf32_64x128"
 

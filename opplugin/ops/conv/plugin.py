@@ -129,7 +129,9 @@ class ConvPlugin(Plugin):
         if variant is None:
             variant = choose_variant(spec, weights, epilogue, device)
         family = families.family_of(variant)  # an unknown name raises a PluginError listing the choices
-        if epilogue != NONE and not family.fuses:
+        # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel too
+        fuses_this = family.fuses and families.unsupported_reason(spec, variant, weights, epilogue) is None
+        if epilogue != NONE and not fuses_this:
             reason = families.unsupported_reason(spec, variant, weights)
             if reason:
                 raise PluginError(f"variant {variant!r} cannot run Conv {node.name}: {reason}")

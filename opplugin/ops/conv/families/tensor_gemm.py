@@ -237,40 +237,41 @@ class Split3xTf32Gemm(PipelinedTensorGemm):
     max_relative_error = 1e-5
 
 
-class Tf32Gemm(PipelinedTensorGemm):
+class ReducedPrecisionGemm(PipelinedTensorGemm):
+    """One rounding of each operand to a narrower type: opt-in, never picked by the runner."""
+
+    split = False
+    exact = False
+
+
+class Tf32Gemm(ReducedPrecisionGemm):
     name = "tc_tf32"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with one TF32 mma.sync per tile; "
         "relative L2 error ~3e-4, as cuDNN's TF32 mode"
     )
-    split = False
-    exact = False
     expected_relative_error = 3e-4
     max_relative_error = 2e-3
 
 
-class Fp16Gemm(PipelinedTensorGemm):
+class Fp16Gemm(ReducedPrecisionGemm):
     name = "tc_fp16"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with both operands rounded to FP16 and "
         "m16n8k16 MMAs accumulating in FP32; relative L2 error ~3e-4; inputs beyond FP16's range (65504) overflow"
     )
-    split = False
     half = 1
-    exact = False
     expected_relative_error = 3e-4
     max_relative_error = 2e-3
 
 
-class Bf16Gemm(PipelinedTensorGemm):
+class Bf16Gemm(ReducedPrecisionGemm):
     name = "tc_bf16"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with both operands rounded to BF16 "
         "(FP32's range, 8-bit mantissa) and m16n8k16 MMAs accumulating in FP32; relative L2 error ~2e-3"
     )
-    split = False
     half = 2
-    exact = False
     expected_relative_error = 2e-3
     max_relative_error = 1e-2
 

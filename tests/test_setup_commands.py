@@ -27,3 +27,12 @@ def test_ci_runs_both_commands_as_written():
     assert any(line.endswith(install) for line in lines)
     assert tests in lines
     assert '-eq 5' in ci  # pytest's "no tests collected" fails CI rather than passing it
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "opplugin").rglob("__init__.py")}
+    assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"

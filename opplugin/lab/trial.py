@@ -157,13 +157,13 @@ def run_trial(problem: Problem, variant: str, *, tolerance: float, warmup: int, 
     try:
         kernel = families.build_kernel(spec, variant, problem.weights, epilogue)
     except Exception as err:  # a compile or build failure rules out this configuration only
-        return _failed(Trial(variant, "failed"), "build failed", err)
+        return failed_trial(Trial(variant, "failed"), "build failed", err)
     trial = Trial(variant, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(spec.batch))
     if screen_spills:
         try:
             trial.local_bytes = local_memory_bytes(kernel)
         except Exception as err:
-            return _failed(trial, "cannot read the kernel's attributes", err)
+            return failed_trial(trial, "cannot read the kernel's attributes", err)
         if trial.local_bytes:
             return dataclasses.replace(trial, status="spills", reason=f"spills: {trial.local_bytes} bytes of local memory per thread")
     try:
@@ -177,11 +177,11 @@ def run_trial(problem: Problem, variant: str, *, tolerance: float, warmup: int, 
             return dataclasses.replace(trial, status="incorrect", reason=why)
         trial.ms, trial.calls = median_ms(lambda: kernel(problem.inputs, None, out=out), warmup, repeat)
     except Exception as err:  # a launch failure: resources, or an error the kernel raised
-        return _failed(trial, "run failed", err)
+        return failed_trial(trial, "run failed", err)
     return trial
 
 
-def _failed(trial: Trial, what: str, err: BaseException) -> Trial:
+def failed_trial(trial: Trial, what: str, err: BaseException) -> Trial:
     if cuda.is_out_of_memory(err):
         cuda.release_cached_memory()
     return dataclasses.replace(trial, status="failed", reason=f"{what}: {first_line(err, named=True)}")

@@ -159,7 +159,7 @@ class UserPlugin(Plugin):
         """The node's compile (cached): Rejected for a shape the source turns down."""
         defines = self.defines(node, fused)
         weights = self._constant_weights(node)
-        digest = _digest(weights) if weights is not None and on_gpu else None
+        digest = weights_digest(weights) if weights is not None and on_gpu else None
         key = (tuple(defines.items()), on_gpu, digest, self.source.text)
         if key not in self._compiled:
             try:
@@ -188,10 +188,7 @@ class UserPlugin(Plugin):
             self.rejections[node.name] = str(reason)
             return self._fallback_build(node, device, variant, fused, str(reason))
         if weights is not None:
-            from ..ops.conv.families.common import _upload_constant
-
-            for name, values in zip(("W_CONST", "B_CONST"), weights):
-                _upload_constant(compiled.module, name, values)
+            upload_weights(compiled, weights)
         kernel: Kernel = UserKernel.for_node(self.source, node, compiled, self.defines(node, fused), self.poison)
         if self.probe:
             kernel.probe(probe_inputs(node))
@@ -208,10 +205,18 @@ class UserPlugin(Plugin):
         return self.fallback.build(node, device, variant, fused)
 
 
-def _digest(weights: list[np.ndarray]) -> str:
-    from ..ops.conv.families.common import _digest as digest
+def weights_digest(weights: list[np.ndarray]) -> str:
+    from ..ops.conv.families.common import constants_digest
 
-    return digest({f"w{i}": w for i, w in enumerate(weights)})
+    return constants_digest({f"w{i}": w for i, w in enumerate(weights)})
+
+
+def upload_weights(compiled: Compiled, weights: list[np.ndarray]) -> None:
+    """W (and B) into the __constant__ arrays W_CONST, B_CONST the runner declares for `weights=constant`."""
+    from ..ops.conv.families.common import upload_constant
+
+    for name, values in zip(("W_CONST", "B_CONST"), weights):
+        upload_constant(compiled.module, name, values)
 
 
 def probe_inputs(node: NodeInfo, images: int = 1) -> list[Any]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from .compiler import Rejected, compile_node
-from .plugin import UserKernel, _digest
+from .plugin import UserKernel, upload_weights, weights_digest
 from .source import KernelSource
 
 
 def build_for_problem(source: KernelSource, spec, weights, epilogue):
     """The user kernel for a Conv spec and epilogue (its epilogue as a CuPy step when the source does not fuse it)."""
     from ..ops.conv.epilogue import NONE
-    from ..ops.conv.families.common import _upload_constant, shape_defines
+    from ..ops.conv.families.common import shape_defines
     from ..ops.conv.plugin import UnfusedEpilogueKernel
 
     fuses = source.launch.fuses_epilogue
@@ -21,17 +21,16 @@ def build_for_problem(source: KernelSource, spec, weights, epilogue):
     defines.pop("BLOCK")
     constant = source.launch.constant_weights
     present = [a for a in weights if a is not None]
-    compiled = compile_node(source, defines, True, _digest(present) if constant else None)
+    compiled = compile_node(source, defines, True, weights_digest(present) if constant else None)
     if constant:
-        for name, values in zip(("W_CONST", "B_CONST"), present):
-            _upload_constant(compiled.module, name, values)
+        upload_weights(compiled, present)
     kernel = UserKernel(source, "bench", spec.input_shape()[1:], compiled, defines, poison=True, spec=spec)
     return kernel if fuses or epilogue == NONE else UnfusedEpilogueKernel(kernel, epilogue)
 
 
 def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, repeat: int):
     """A lab Trial of `source` on `problem`; never raises for a failure of the kernel itself."""
-    from ..lab.trial import Trial, _failed, median_ms
+    from ..lab.trial import Trial, failed_trial, median_ms
 
     label = source.label
     try:
@@ -39,7 +38,7 @@ def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, rep
     except Rejected as reason:
         return Trial(label, "unsupported", f"rejected: {reason}")
     except Exception as err:
-        return _failed(Trial(label, "failed"), "build failed", err)
+        return failed_trial(Trial(label, "failed"), "build failed", err)
     trial = Trial(label, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(problem.spec.batch))
     user = getattr(kernel, "conv", kernel)
     try:
@@ -51,5 +50,5 @@ def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, rep
         user.poison = False  # timed as it runs in `run`
         trial.ms, trial.calls = median_ms(lambda: kernel(problem.inputs, None), warmup, repeat)
     except Exception as err:
-        return _failed(trial, "run failed", err)
+        return failed_trial(trial, "run failed", err)
     return trial

@@ -125,7 +125,7 @@ def load_functions(units: Sequence[CompileUnit], constants: Mapping[str, np.ndar
     With constants, the module is also specialised by a digest of their values:
     CuPy shares one loaded module, and so one constant bank, between equal
     compiles, and two nodes with different weights must not share one."""
-    extra = {"OPPLUGIN_WEIGHTS_DIGEST": _digest(constants)} if constants else {}
+    extra = {"OPPLUGIN_WEIGHTS_DIGEST": constants_digest(constants)} if constants else {}
     modules, functions = {}, []
     for unit in units:
         module = cuda.compile_module(unit.source, unit.defines | extra)
@@ -133,11 +133,11 @@ def load_functions(units: Sequence[CompileUnit], constants: Mapping[str, np.ndar
         modules[id(module)] = module
     for module in modules.values():
         for name, values in (constants or {}).items():
-            _upload_constant(module, name, values)
+            upload_constant(module, name, values)
     return functions
 
 
-def _digest(constants: Mapping[str, np.ndarray]) -> str:
+def constants_digest(constants: Mapping[str, np.ndarray]) -> str:
     digest = hashlib.blake2b(digest_size=8)
     for name, values in constants.items():
         digest.update(name.encode())
@@ -145,7 +145,7 @@ def _digest(constants: Mapping[str, np.ndarray]) -> str:
     return f"0x{digest.hexdigest()}"
 
 
-def _upload_constant(module: Any, name: str, values: np.ndarray) -> None:
+def upload_constant(module: Any, name: str, values: np.ndarray) -> None:
     """Copy host values into the module's __constant__ array `name` (synchronously)."""
     import cupy
 

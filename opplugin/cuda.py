@@ -8,6 +8,7 @@ need a device import it. Which device a run uses is device.py's business.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from typing import Any, Callable, Mapping, Sequence
@@ -149,6 +150,18 @@ def on_stream(stream: Any):
 
 
 # --- streams, pinned host memory, device memory ------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])  # reads every attribute: once per device
+
+
+def multiprocessor_count() -> int:
+    """Streaming multiprocessors of the current CUDA device."""
+    return _multiprocessors(device_id())
 
 
 def runtime_major() -> int:

@@ -26,13 +26,12 @@
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ...device import Device
 from ...errors import PluginError
 from ...tuning_cache import key_for, lookup
 from . import families
 from .epilogue import Epilogue
+from .families.gemm import k_dim
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
@@ -48,7 +47,7 @@ DEPTHWISE_PREFERENCE = ("const_rb", "const_tile", "const_mo", "const", "baseline
 
 
 def prefers_tensor_cores(spec: ConvSpec) -> bool:
-    k = (spec.in_channels // spec.group) * int(np.prod(spec.kernel))
+    k = k_dim(spec)
     big_enough = spec.flops() >= TENSOR_CORE_MIN_FLOPS
     return spec.group == 1 and spec.out_channels >= TENSOR_CORE_MIN_MAPS and k >= TENSOR_CORE_MIN_K and big_enough
 

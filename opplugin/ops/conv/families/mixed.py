@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .... import cuda
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import BLOCK, CompileUnit, ConvKernel, Family, GridKernel, filter_constants, load_functions, shape_defines
@@ -178,10 +179,8 @@ class TensorCoreGemm(Family):
         return [CompileUnit("conv_tf32_mma.cu", "conv_3xtf32" if self.split else "conv_tf32", defines)]
 
     def build(self, spec, variant, weights, epilogue=NONE):
-        import cupy
-
         [function] = load_functions(self.compile_units(spec, variant))
-        processors = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        processors = cuda.multiprocessor_count()
         return MmaKernel(spec, variant, function, pixel_tiles=self.tiles(spec, variant), max_blocks=BLOCKS_PER_SM * processors)
 
 

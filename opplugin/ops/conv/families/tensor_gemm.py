@@ -24,7 +24,9 @@ import numpy as np
 
 from ..epilogue import NONE
 from ..spec import ConvSpec
+from .... import cuda
 from .common import CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .gemm import k_dim, pixels  # group 1 here: K = C * KH * KW
 
 TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB
 NO_TAP = 0x3FFF  # must match the source: marks the table rows past K
@@ -77,16 +79,12 @@ TILE_ORDER = (
 )
 
 
-def k_dim(spec: ConvSpec) -> int:
-    return spec.in_channels * int(np.prod(spec.kernel))
-
-
 def k_slices(spec: ConvSpec) -> int:
     return -(-k_dim(spec) // SLICE_DEPTH)
 
 
 def columns(spec: ConvSpec, batch: int | None = None) -> int:
-    return (spec.batch if batch is None else batch) * int(np.prod(spec.out_size))
+    return (spec.batch if batch is None else batch) * pixels(spec)
 
 
 def is_pointwise(spec: ConvSpec) -> bool:
@@ -119,9 +117,7 @@ def tap_table(spec: ConvSpec) -> np.ndarray:
 
 def multiprocessors() -> int:
     try:
-        import cupy
-
-        return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        return cuda.multiprocessor_count()
     except Exception:  # no CuPy or no device (the offline compile check): assume an H100
         return DEFAULT_SMS
 
@@ -194,7 +190,7 @@ class PipelinedTensorGemm(Family):
 
     def compile_units(self, spec, variant, epilogue=NONE):
         tile, splits = self.tile_and_split(spec, variant)
-        pointwise_vectors = is_pointwise(spec) and int(np.prod(spec.out_size)) % 4 == 0
+        pointwise_vectors = is_pointwise(spec) and pixels(spec) % 4 == 0
         defines = shape_defines(spec, epilogue) | {
             "BM": tile.bm,
             "BN": tile.bn,

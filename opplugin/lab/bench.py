@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import cuda
 from ..device import CPU, current_cuda_device
-from ..errors import DeviceError, InputError, first_line, positive_int
+from ..errors import DeviceError, InputError, PluginError, first_line, positive_int
 from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..ops.conv import families
@@ -520,7 +520,7 @@ def runner_default(spec: ConvSpec, weights, epilogue: Epilogue) -> str | None:
 
     try:
         return heuristic_variant(spec, weights, epilogue)
-    except Exception:
+    except PluginError:  # no variant runs this Conv
         return None
 
 

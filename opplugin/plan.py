@@ -11,7 +11,7 @@ from onnx import helper
 
 from .device import Device
 from .model import Model
-from .registry import Kernel, NodeInfo, Plugin, TensorInfo, node_name, plugins
+from .registry import Kernel, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops
 
 
@@ -157,10 +157,13 @@ def _fusion(
     """The nodes after `info` that its plugin runs in the same kernel: a chain in
     which each node is the only reader of the one-output node before it, and no
     intermediate tensor is a graph output (the fused kernel never writes it).
-    A node whose op type has a plugin of its own is left to that plugin; when that
-    cuts short a fusion the plugin would make, the second item says so (else None)."""
+    A built-in plugin for a follower's op type never stops the fusion (a MaxPool the Conv
+    kernel can pool stays inside it; one it cannot runs as the pool plugin's own step). A
+    user's or third party's plugin does: a kernel someone registered for an op runs that
+    op's nodes. When that cuts short a fusion, the second item says so (else None)."""
     chain = _fusable_chain(info, readers, graph_outputs)
-    mine = next((i for i, follower in enumerate(chain) if follower.op_type in registry), len(chain))
+    mine = next((i for i, follower in enumerate(chain) if follower.op_type in registry and not is_builtin(registry[follower.op_type])),
+                len(chain))
     count = _fuse_count(plugin, info, chain[:mine], device)
     possible = _fuse_count(plugin, info, chain, device) if mine < len(chain) else 0
     if possible > mine:

@@ -166,6 +166,15 @@ def _load_builtins() -> None:
             register(_instance(getattr(importlib.import_module(module), attribute)))
 
 
+def is_builtin(plugin: Plugin) -> bool:
+    """Whether `plugin` is an instance of the built-in plugin class for its op type (not a user's or a third party's)."""
+    target = BUILTINS.get(plugin.op_type)
+    if target is None:
+        return False
+    module, attribute = target.split(":")
+    return type(plugin) is getattr(importlib.import_module(module), attribute)
+
+
 def plugins() -> dict[str, Plugin]:
     """All registered plugins by op type: built-ins, entry points, then API calls."""
     _load_builtins()

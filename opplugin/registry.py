@@ -34,6 +34,10 @@ BUILTINS = {
     "MatMul": "opplugin.ops.gemm:MatMulPlugin",
     "Flatten": "opplugin.ops.view:FlattenPlugin",
     "Reshape": "opplugin.ops.view:ReshapePlugin",
+    "MaxPool": "opplugin.ops.pool:MaxPoolPlugin",
+    "AveragePool": "opplugin.ops.pool:AveragePoolPlugin",
+    "GlobalMaxPool": "opplugin.ops.pool:GlobalMaxPoolPlugin",
+    "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
 }
 
 

@@ -20,6 +20,8 @@ from opplugin.ops.activation import KINDS as ACTIVATION_KINDS, Activation
 from opplugin.ops.gemm import families as gemm_families
 from opplugin.ops.gemm.epilogue import NONE as GEMM_NONE, GemmEpilogue
 from opplugin.ops.gemm.spec import GemmSpec
+from opplugin.ops.pool import kernel as pool_kernel
+from opplugin.ops.pool.spec import AVERAGE, MAX, PoolSpec
 
 pytestmark = pytest.mark.skipif(
     not nvrtc_check.nvrtc_available(),
@@ -128,6 +130,7 @@ def compile_jobs():
     for variant in EXPLICIT_MAPS:
         yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(SHAPES["lenet86.conv2"], variant))
     yield from ((config.source, gemm_families.defines(spec, config, epilogue), arch) for _, spec, config, epilogue, arch in GEMM_CASES)
+    yield from ((pool_kernel.SOURCE, pool_kernel.defines(spec), arch) for spec in POOL_SPECS.values() for arch in ARCHS)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -237,3 +240,25 @@ ptxas info    : Used 30 registers, used 0 barriers, 372 bytes cmem[0], 8 bytes c
     assert (usage.registers, usage.stack_frame, usage.spill_stores, usage.spill_loads) == (30, 16, 8, 4)
     assert usage.constant_memory == {0: 372, 2: 8, 3: 800}
     assert usage.spills == 12
+
+
+# --- pooling: the ResNet stem's and head's pools, and the semantics kernels/pool.cu must cover ---
+
+POOL_SPECS = {
+    "resnet stem maxpool 3x3 s2 p1": PoolSpec(MAX, False, 64, (112, 112), (3, 3), (2, 2), pads=(1, 1, 1, 1)),
+    "resnet head global average 7x7": PoolSpec(AVERAGE, True, 512, (7, 7), (7, 7)),
+    "global max over a block-sized plane": PoolSpec(MAX, True, 64, (112, 112), (112, 112)),
+    "global average over a warp-sized plane": PoolSpec(AVERAGE, True, 3, (32, 32), (32, 32)),
+    "average asymmetric pads counted, ceil": PoolSpec(AVERAGE, False, 5, (17, 13), (3, 2), (2, 3), pads=(0, 1, 2, 1), ceil_mode=True,
+                                                      count_include_pad=True),
+    "max dilated 3x3 d2": PoolSpec(MAX, False, 3, (19, 21), (3, 3), (1, 2), (2, 2), pads=(2, 1, 2, 1)),
+    "average 1x1 window": PoolSpec(AVERAGE, False, 2, (5, 7), (1, 1), (2, 2)),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("pool", list(POOL_SPECS))
+def test_every_pool_configuration_compiles_without_spills(pool, arch):
+    usage = nvrtc_check.check_pool(POOL_SPECS[pool], arch)
+    assert usage.cubin_bytes > 0 and 0 < usage.registers <= 64  # a thread holds an index and one accumulator
+    assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log

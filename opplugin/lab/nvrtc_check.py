@@ -201,3 +201,10 @@ def variant_units(spec, variant: str, epilogue=None) -> list:
     from ..ops.conv.epilogue import NONE
 
     return families.compile_units(spec, variant, epilogue or NONE)
+
+
+def check_pool(spec, arch: str = "sm_90") -> ResourceUsage:
+    """Compile kernels/pool.cu for a PoolSpec (ops/pool): the usage of its one kernel."""
+    from ..ops.pool import kernel
+
+    return check_source(kernel.SOURCE, kernel.defines(spec), kernel.function_name(spec), arch)

@@ -4,11 +4,13 @@ plugin step, and running those chunks again without the fusion.
 A fused Conv > activation > MaxPool kernel propagates NaN and +inf through its
 pool windows (see ops/conv/epilogue.py), but onnxruntime's MaxPool keeps or
 drops a NaN depending on where it sits in the window, a rule no fixed kernel
-can copy. So every fused output gets one flag per chunk, set on the device by a
+can copy (nor can a MaxPool or GlobalMaxPool plugin step of its own: those are
+watched too). So every watched output gets one flag per chunk, set on the device by a
 single reduction on the chunk's stream (no host wait), and read once, after the
 run has finished anyway. A chunk with a flag set runs again on the exact path:
 the same plan with each fused step split into its plugin's node alone and
-onnxruntime's own nodes for the rest, on onnxruntime's CPU provider (the
+onnxruntime's own nodes for the rest, and each max pool step given to onnxruntime
+whole, on onnxruntime's CPU provider (the
 reference `check` uses; its CUDA provider's pooling has NaN rules of its own).
 Its results replace the chunk's. Finite inputs never take it.
 """
@@ -42,7 +44,7 @@ def _any_nonfinite_kernel():
 
 
 class NonFiniteFlags:
-    """flags[chunk, slot]: did fused output `slot` of this chunk hold a NaN or an Inf?"""
+    """flags[chunk, slot]: did watched output `slot` of this chunk hold a NaN or an Inf?"""
 
     def __init__(self, chunks: int, slots: int, on_device: bool):
         self.on_device = on_device
@@ -70,11 +72,19 @@ class NonFiniteFlags:
         return [int(i) for i in np.flatnonzero(flags.any(axis=1))]
 
 
+# op types whose onnxruntime kernels keep or drop a NaN by its place in the window: no fixed rule matches them
+NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool"})
+
+
+def _watched(step: Step) -> bool:
+    return isinstance(step, PluginStep) and (bool(step.fused) or step.node.op_type in NAN_BY_POSITION)
+
+
 def watched_outputs(plan: Plan) -> dict[int, list[int]]:
-    """Step index -> the flag columns of its outputs, for every fused plugin step."""
+    """Step index -> the flag columns of its outputs, for every fused plugin step and every max pool step."""
     watched: dict[int, list[int]] = {}
     for index, step in enumerate(plan.steps):
-        if isinstance(step, PluginStep) and step.fused:
+        if _watched(step):
             first = sum(len(slots) for slots in watched.values())
             watched[index] = list(range(first, first + len(step.outputs)))
     return watched
@@ -83,11 +93,18 @@ def watched_outputs(plan: Plan) -> dict[int, list[int]]:
 def split_fused(plan: Plan) -> Plan:
     """The same plan with every fused plugin step split back into its own node (a
     plugin step without epilogue, same name) followed by an onnxruntime step that
-    runs the nodes it had fused. Steps that fused nothing are shared."""
+    runs the nodes it had fused, and every max pool step (NAN_BY_POSITION) given to
+    onnxruntime whole. Steps that are not watched are shared."""
     steps: list[Step] = []
     for step in plan.steps:
-        if not isinstance(step, PluginStep) or not step.fused:
+        if not _watched(step):
             steps.append(step)
+            continue
+        if step.node.op_type in NAN_BY_POSITION:
+            nodes = [step.node.node, *(info.node for info in step.fused)]
+            inputs = outside_inputs(nodes, plan.model)
+            sub = sub_model(plan.model, f"{plan.model.name}_{step.name}_exact", nodes, inputs, list(step.outputs), plan.tensors)
+            steps.append(OrtStep(f"{step.name} on onnxruntime", nodes, inputs, list(step.outputs), sub))
             continue
         own_outputs = [o for o in step.node.node.output if o]
         steps.append(PluginStep(step.name, step.node, step.plugin, list(step.inputs), own_outputs))
@@ -124,7 +141,7 @@ class ExactPath:
         return self._executor is not None
 
     def flags(self, chunks: int) -> NonFiniteFlags | None:
-        """Flags for a run of `chunks` chunks; None when no step is fused."""
+        """Flags for a run of `chunks` chunks; None when no step is watched."""
         columns = sum(len(slots) for slots in self.watched.values())
         return NonFiniteFlags(chunks, columns, self.device.is_cuda) if columns else None
 

@@ -1,0 +1,107 @@
+"""Built pool kernels: the numpy reference (CPU device) and the CUDA kernels of kernels/pool.cu."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import cuda
+from ...errors import PluginError
+from ...registry import Kernel
+from . import reference
+from .spec import MAX, PoolSpec
+
+SOURCE = "pool.cu"
+BLOCK = 256  # threads per block of pool_window; pool_global's BLOCK_THREADS in the source
+# a global pool's plane gets a warp up to this many elements (a few loads per lane), a block above
+WARP_PLANE_LIMIT = 1024
+
+
+def _op(spec: PoolSpec) -> str:
+    return ("global" if spec.is_global else "") + ("maxpool" if spec.mode == MAX else "averagepool")
+
+
+class ReferencePoolKernel(Kernel):
+    """The numpy reference, run as the pool kernel of the CPU device: float64 arithmetic, float32 out."""
+
+    def __init__(self, spec: PoolSpec):
+        self.spec = spec
+        self.name = f"{_op(spec)}.reference.{spec.suffix}"
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        return [reference.expected(self.spec, inputs[0]).astype(np.float32)]
+
+
+def plane_threads(spec: PoolSpec) -> int:
+    return 32 if spec.size[0] * spec.size[1] <= WARP_PLANE_LIMIT else 256
+
+
+def defines(spec: PoolSpec) -> dict[str, int]:
+    """The -D macros of kernels/pool.cu for this pool (all but the batch)."""
+    (h, w), (oh, ow) = spec.size, spec.output_size
+    shape = {"C": spec.channels, "H": h, "W": w, "IS_MAX": int(spec.mode == MAX)}
+    if spec.is_global:
+        return shape | {"PLANE_THREADS": plane_threads(spec)}
+    top, left, bottom, right = spec.pads
+    return shape | {
+        "OH": oh, "OW": ow, "KH": spec.kernel[0], "KW": spec.kernel[1], "SH": spec.strides[0], "SW": spec.strides[1],
+        "DH": spec.dilations[0], "DW": spec.dilations[1], "PT": top, "PL": left,
+        "COUNT_INCLUDE_PAD": int(spec.count_include_pad), "PH_END": h + bottom, "PW_END": w + right,
+    }
+
+
+def function_name(spec: PoolSpec) -> str:
+    return "pool_global" if spec.is_global else "pool_window"
+
+
+class PoolKernel(Kernel):
+    """kernels/pool.cu specialised for one node; call it with [X] (a CuPy array)."""
+
+    def __init__(self, spec: PoolSpec):
+        self.spec = spec
+        self.name = f"{_op(spec)}.cuda.{spec.suffix}"
+        self.function = cuda.compile_module(SOURCE, defines(spec)).get_function(function_name(spec))
+        self.functions = [self.function]
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        """[Y] for [X]; Y is `out` when given (a C-contiguous float32 CuPy array, written in full)."""
+        import cupy
+
+        x = inputs[0] if inputs else None
+        expected = (self.spec.channels, *self.spec.size)
+        if not isinstance(x, cupy.ndarray) or x.dtype != np.float32 or x.ndim != 4 or tuple(x.shape[1:]) != expected:
+            got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
+            raise PluginError(f"{self.name}: X must be a float32 CuPy array of shape (batch, {', '.join(map(str, expected))}), not {got}")
+        batch = int(x.shape[0])
+        shape = self.spec.output_shape(batch)
+        if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape
+                                or not out.flags.c_contiguous):
+            raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {shape}")
+        with cuda.on_stream(stream):
+            x = cupy.ascontiguousarray(x)
+            y = cupy.empty(shape, dtype=cupy.float32) if out is None else out
+            if batch:
+                self._launch(x, y, batch)
+        return [y]
+
+    def _launch(self, x: Any, y: Any, batch: int) -> None:
+        planes = batch * self.spec.channels
+        if self.spec.is_global:
+            threads = plane_threads(self.spec)
+            grid = -(-planes // (BLOCK // threads))
+            self.function((grid,), (BLOCK,), (x, y, np.int64(planes)))
+        else:
+            outputs = y.size
+            self.function((-(-outputs // BLOCK),), (BLOCK,), (x, y, np.int64(outputs)))

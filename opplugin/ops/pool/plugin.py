@@ -1,0 +1,64 @@
+"""The pool plugins: MaxPool, AveragePool, GlobalMaxPool and GlobalAveragePool on 2-D float32
+maps. The CPU device runs the numpy reference, a CUDA device kernels/pool.cu."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...device import Device
+from ...errors import PluginError
+from ...registry import Kernel, NodeInfo, Plugin
+from .kernel import PoolKernel, ReferencePoolKernel
+from .spec import PoolSpec
+
+
+class PoolPlugin(Plugin):
+    """Runs one pooling op type (the subclasses name it)."""
+
+    op_type = ""
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        if node.inputs[0].dtype != np.float32:
+            return f"only float32 is implemented, the input is {node.inputs[0].dtype}"
+        if len([o for o in node.node.output if o]) > 1:
+            return "the Indices output is not implemented"
+        try:
+            spec = PoolSpec.from_node(node)
+        except PluginError as err:
+            return str(err)
+        planned = tuple(node.outputs[0].shape)
+        computed = spec.output_shape(planned[0]) if planned else ()
+        if planned != computed:
+            # onnx's shape inference before opset 22 keeps a ceil_mode window that starts in the end pads;
+            # onnxruntime drops it (as does this plugin): the plan's shapes after this node would be wrong
+            return f"the planned output shape {list(planned)} differs from the one onnxruntime computes, {list(computed)}"
+        return None
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        if fused:
+            raise PluginError(f"{node.op_type} {node.name} fuses nothing, not {[n.op_type for n in fused]}")
+        if variant not in (None, "reference", "cuda"):
+            raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
+        spec = PoolSpec.from_node(node)
+        if not device.is_cuda:
+            if variant == "cuda":
+                raise PluginError("variant 'cuda' needs a CUDA device; the CPU device runs the numpy reference")
+            return ReferencePoolKernel(spec)
+        return PoolKernel(spec)
+
+
+class MaxPoolPlugin(PoolPlugin):
+    op_type = "MaxPool"
+
+
+class AveragePoolPlugin(PoolPlugin):
+    op_type = "AveragePool"
+
+
+class GlobalMaxPoolPlugin(PoolPlugin):
+    op_type = "GlobalMaxPool"
+
+
+class GlobalAveragePoolPlugin(PoolPlugin):
+    op_type = "GlobalAveragePool"

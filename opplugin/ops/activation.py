@@ -20,6 +20,9 @@ import numpy as np
 from ..registry import NodeInfo
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 @dataclass(frozen=True)
 class Kind:
     """One activation op: its array meaning f(xp, v, a, b), its CUDA expression over
@@ -41,8 +44,8 @@ KINDS: dict[str, Kind] = {
     "Tanh": Kind(lambda xp, v, a, b: xp.tanh(v), "tanhf(v)"),
     "Sigmoid": Kind(lambda xp, v, a, b: 1 / (1 + xp.exp(-v)), "opplugin_sigmoid(v)"),
     "LeakyRelu": Kind(lambda xp, v, a, b: xp.where(v < 0, a * v, v), "((v) < 0.0f ? {a} * (v) : (v))", (0.01, 0.0)),
-    # bounds default to none: +-inf, which the clamp never applies
-    "Clip": Kind(lambda xp, v, a, b: _clamp(xp, v, a, b), "opplugin_clamp(v, {a}, {b})", (-math.inf, math.inf)),
+    # a missing bound is float32's lowest or largest finite value, as in onnxruntime: Clip maps -inf and +inf to them
+    "Clip": Kind(lambda xp, v, a, b: _clamp(xp, v, a, b), "opplugin_clamp(v, {a}, {b})", (-FLOAT32_MAX, FLOAT32_MAX)),
     "HardSigmoid": Kind(lambda xp, v, a, b: _clamp(xp, a * v + b, 0.0, 1.0), "opplugin_clamp({a} * (v) + {b}, 0.0f, 1.0f)", (0.2, 0.5)),
     "HardSwish": Kind(lambda xp, v, a, b: v * _clamp(xp, a * v + b, 0.0, 1.0), "((v) * opplugin_clamp({a} * (v) + {b}, 0.0f, 1.0f))",
                       (1 / 6, 0.5)),
@@ -78,7 +81,7 @@ class Activation:
     def suffix(self) -> str:
         """For kernel names: "+relu", "+leakyrelu", "+clip0_6"."""
         if self.op == "Clip":
-            bounds = [f"{x:g}".replace("inf", "") for x in (self.a, self.b)]
+            bounds = ["" if abs(x) >= FLOAT32_MAX else f"{x:g}" for x in (self.a, self.b)]  # no bound given: nothing shown
             return f"+clip{bounds[0]}_{bounds[1]}".replace("-", "m").replace(".", "p")
         return f"+{self.op.lower()}"
 

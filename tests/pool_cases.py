@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_builders import finish
@@ -10,6 +11,26 @@ from opplugin.registry import NodeInfo, TensorInfo
 
 # AveragePool takes dilations from opset 19 (onnx's shape inference drops a ceil_mode window that starts in the end pads only from 22)
 POOL_OPSET = 19
+WINDOW_OPS = ("MaxPool", "AveragePool")
+
+
+@st.composite
+def window_pools(draw):
+    """(op, x shape, attributes): any kernel up to 4, strides up to 3, asymmetric pads below the
+    kernel, dilations, ceil_mode, count_include_pad, odd sizes."""
+    op = draw(st.sampled_from(WINDOW_OPS))
+    kernel = [draw(st.integers(1, 4)), draw(st.integers(1, 4))]
+    attributes = {"kernel_shape": kernel, "strides": [draw(st.integers(1, 3)), draw(st.integers(1, 3))],
+                  "dilations": [draw(st.integers(1, 2)), draw(st.integers(1, 2))], "ceil_mode": int(draw(st.booleans()))}
+    if draw(st.booleans()):
+        attributes["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER", "VALID"]))
+    else:
+        attributes["pads"] = [draw(st.integers(0, kernel[i % 2] - 1)) for i in range(4)]
+    if op == "AveragePool":
+        attributes["count_include_pad"] = int(draw(st.booleans()))
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, attributes["dilations"])]
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(span[0], 13)), draw(st.integers(span[1], 13)))
+    return op, shape, attributes
 
 
 def pool_model(op: str, x_shape, attributes: dict, opset: int = POOL_OPSET, indices: bool = False) -> onnx.ModelProto:

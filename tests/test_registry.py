@@ -27,7 +27,7 @@ def test_conv_is_built_in():
 
 
 def test_a_registered_plugin_takes_its_nodes(clean_registry, tiny_model_path):
-    registry.register(ReluPlugin())
+    registry.register(ReluPlugin(), replace=True)  # in the place of the built-in elementwise Relu
     runner = Runner(load_model(tiny_model_path), 3, "cpu")
     swapped = [s.name for s in runner.plan.steps if isinstance(s, PluginStep)]
     # the user's Relu stops the Conv > Relu > MaxPool fusion; the MaxPool then runs as the built-in pool plugin's step
@@ -39,7 +39,10 @@ def test_a_registered_plugin_takes_its_nodes(clean_registry, tiny_model_path):
 
 
 def test_registering_twice_needs_replace(clean_registry):
-    registry.register(ReluPlugin())
+    registry.plugins()  # the built-ins, Relu among them
+    with pytest.raises(PluginError, match="already registered"):
+        registry.register(ReluPlugin())
+    registry.register(ReluPlugin(), replace=True)
     with pytest.raises(PluginError, match="already registered"):
         registry.register(ReluPlugin())
     registry.register(ReluPlugin(), replace=True)

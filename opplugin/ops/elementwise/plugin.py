@@ -1,0 +1,141 @@
+"""The elementwise plugins: Add, Sum of two, Mul, and the activations of ops/activation.py's table,
+so that what a Conv or Gemm epilogue cannot take still runs on the device. A binary op fuses
+the activation after it (Add > Relu). The CPU device runs the numpy reference; a CUDA device
+a CuPy ElementwiseKernel whose body is the op and the table's CUDA expression of the activation
+(kernels/activation.cuh), which broadcasts a per-channel or scalar constant as numpy does."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import cuda, resources
+from ...device import Device
+from ...errors import PluginError
+from ...registry import Kernel, NodeInfo, Plugin
+from .. import activation as activations
+from .spec import BINARY, ElementwiseSpec
+
+
+class ReferenceElementwiseKernel(Kernel):
+    """The numpy reference, run as the kernel of the CPU device: float64 arithmetic, float32 out."""
+
+    def __init__(self, spec: ElementwiseSpec, elements: int):
+        self.spec, self._elements = spec, elements
+        self.name = f"elementwise.reference.{spec.suffix}"
+
+    def flops(self, batch: int) -> int:
+        return batch * self._elements * (1 + (self.spec.then is not None))
+
+    def bytes_moved(self, batch: int) -> int:
+        return 4 * batch * self._elements * (2 if self.spec.unary else 3)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        operands = [np.asarray(x, np.float64) for x in inputs if x is not None]
+        return [np.asarray(self.spec.apply(operands), np.float32)]
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy_kernel(operation: str, expression: str, binary: bool):
+    """One ElementwiseKernel per (op, activation expression): y = ACTIVATION(operation)."""
+    import cupy
+
+    preamble = f"#define ACTIVATION(v) ({expression})\n" + resources.kernel_source("activation.cuh")
+    params = "float32 a, float32 b" if binary else "float32 a"
+    return cupy.ElementwiseKernel(params, "float32 y", f"y = opplugin_activation({operation})", "opplugin_elementwise", preamble=preamble)
+
+
+class CupyElementwiseKernel(ReferenceElementwiseKernel):
+    """The op and its activation in one CuPy ElementwiseKernel (one launch, each element read and written once)."""
+
+    def __init__(self, spec: ElementwiseSpec, elements: int):
+        super().__init__(spec, elements)
+        self.name = f"elementwise.cuda.{spec.suffix}"
+        activation = spec.unary or spec.then
+        expression = activation.cuda_expression() if activation else "v"
+        self._kernel = _cupy_kernel("a" if spec.unary else BINARY[spec.op][1], expression, spec.unary is None)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        """[Y] for the operands; Y is `out` when given (a float32 CuPy array of the output's shape, written in full)."""
+        import cupy
+
+        operands = [x for x in inputs if x is not None]
+        if any(not isinstance(x, cupy.ndarray) or x.dtype != np.float32 for x in operands):
+            raise PluginError(f"{self.name}: the operands must be float32 CuPy arrays")
+        with cuda.on_stream(stream):
+            return [self._kernel(*operands) if out is None else self._kernel(*operands, out)]
+
+
+class ElementwisePlugin(Plugin):
+    """Runs one elementwise op type (the subclasses below name them)."""
+
+    op_type = ""
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        try:
+            ElementwiseSpec.from_node(node)
+        except PluginError as err:
+            return str(err)
+        return None
+
+    def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
+        """A binary op takes one activation of the table after it."""
+        if node.op_type not in BINARY or not followers or followers[0].outputs[0].dtype != np.float32:
+            return 0
+        return int(activations.from_node(followers[0]) is not None)
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec = ElementwiseSpec.from_node(node)
+        if fused:
+            then = activations.from_node(fused[0]) if len(fused) == 1 and node.op_type in BINARY else None
+            if then is None:
+                raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
+            spec = spec.fused(then)
+        if variant not in (None, "reference", "cuda"):
+            raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
+        elements = int(np.prod(node.outputs[0].shape[1:], dtype=np.int64))
+        if not device.is_cuda:
+            return ReferenceElementwiseKernel(spec, elements)
+        return CupyElementwiseKernel(spec, elements)
+
+
+class AddPlugin(ElementwisePlugin):
+    op_type = "Add"
+
+
+class SumPlugin(ElementwisePlugin):
+    op_type = "Sum"
+
+
+class MulPlugin(ElementwisePlugin):
+    op_type = "Mul"
+
+
+# one per activation of ops/activation.py's table (a test checks that none is missing)
+class ReluPlugin(ElementwisePlugin):
+    op_type = "Relu"
+
+
+class TanhPlugin(ElementwisePlugin):
+    op_type = "Tanh"
+
+
+class SigmoidPlugin(ElementwisePlugin):
+    op_type = "Sigmoid"
+
+
+class LeakyReluPlugin(ElementwisePlugin):
+    op_type = "LeakyRelu"
+
+
+class ClipPlugin(ElementwisePlugin):
+    op_type = "Clip"
+
+
+class HardSigmoidPlugin(ElementwisePlugin):
+    op_type = "HardSigmoid"
+
+
+class HardSwishPlugin(ElementwisePlugin):
+    op_type = "HardSwish"

@@ -28,7 +28,7 @@ def plugin_y(model, inputs, tmp_path, batch=3):
     [step] = plan.steps
     assert step.kind == "plugin", plan.fallbacks
     kernel = step.build(CPU)
-    return step, kernel([inputs.get(n, plan.model.initializers.get(n)) for n in step.inputs])[0]
+    return step, kernel([inputs[n] if n in inputs else plan.model.initializers[n] for n in step.inputs])[0]
 
 
 def assert_same_as_onnxruntime(ours, theirs):

@@ -31,8 +31,12 @@ class ReferenceElementwiseKernel(Kernel):
     def bytes_moved(self, batch: int) -> int:
         return 4 * batch * self._elements * (2 if self.spec.unary else 3)
 
+    def operands(self, inputs: Sequence[Any]) -> list[Any]:
+        """X for an activation (a Clip's bounds are compiled in), A and B for a binary op."""
+        return list(inputs[:1] if self.spec.unary else inputs[:2])
+
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
-        operands = [np.asarray(x, np.float64) for x in inputs if x is not None]
+        operands = [np.asarray(x, np.float64) for x in self.operands(inputs)]
         return [np.asarray(self.spec.apply(operands), np.float32)]
 
 
@@ -60,7 +64,7 @@ class CupyElementwiseKernel(ReferenceElementwiseKernel):
         """[Y] for the operands; Y is `out` when given (a float32 CuPy array of the output's shape, written in full)."""
         import cupy
 
-        operands = [x for x in inputs if x is not None]
+        operands = self.operands(inputs)
         if any(not isinstance(x, cupy.ndarray) or x.dtype != np.float32 for x in operands):
             raise PluginError(f"{self.name}: the operands must be float32 CuPy arrays")
         with cuda.on_stream(stream):

@@ -38,6 +38,7 @@ BUILTINS = {
     "AveragePool": "opplugin.ops.pool:AveragePoolPlugin",
     "GlobalMaxPool": "opplugin.ops.pool:GlobalMaxPoolPlugin",
     "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
+    "ReduceMean": "opplugin.ops.pool:ReduceMeanPlugin",  # over H and W only: a global average pool
     # opplugin.ops.elementwise.OPS: what a Conv or Gemm epilogue cannot take stays on the device
     **{op: f"opplugin.ops.elementwise:{op}Plugin"
        for op in ("Add", "Sum", "Mul", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")},

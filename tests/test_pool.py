@@ -203,3 +203,42 @@ def test_check_passes_on_a_small_pooling_cnn(tmp_path, capsys):
     assert main(["check", path, "--batch", "5", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "maxpool" in out and "globalavg" in out
+
+
+# --- ReduceMean over H and W: PyTorch's exporter writes it for a global average pool ----------
+
+def reduce_mean_model(axes, keepdims: int, opset: int) -> onnx.ModelProto:
+    from onnx import helper, numpy_helper
+
+    inputs, inits, attributes = ["x"], [], {"keepdims": keepdims}
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.asarray(axes, np.int64), "axes"))
+        inputs.append("axes")
+    else:
+        attributes["axes"] = axes
+    node = helper.make_node("ReduceMean", inputs, ["y"], name="mean", **attributes)
+    graph = helper.make_graph([node], "mean", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 6, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"y{i}" for i in range(4 - (0 if keepdims else len(axes)))])],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize("axes, keepdims", [([2, 3], 1), ([-1, -2], 0), ([3, 2], 1)])
+def test_reduce_mean_over_h_and_w_is_a_global_average_pool(tmp_path, opset, axes, keepdims):
+    model = reduce_mean_model(axes, keepdims, opset)
+    plan = _plan(model, tmp_path, batch=3)
+    [step] = plan.steps
+    assert step.kind == "plugin" and plan.shape_of("y") == ((3, 5, 1, 1) if keepdims else (3, 5))
+    x = np.random.default_rng(opset).standard_normal((3, 5, 6, 7)).astype(np.float32)
+    ours = step.build(CPU)([x, *(plan.model.initializers[n] for n in step.inputs[1:])])[0]
+    np.testing.assert_allclose(ours, ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0],
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("axes", [[1], [1, 2, 3], [2]])
+def test_a_reduce_mean_over_other_axes_is_left_to_onnxruntime(tmp_path, axes):
+    plan = _plan(reduce_mean_model(axes, 1, 17), tmp_path)
+    assert plan.plugin_steps == [] and "only a mean over H and W" in plan.fallbacks["mean"]

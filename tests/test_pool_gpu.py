@@ -72,6 +72,8 @@ FIXED = {
     "global max over a block-sized plane": ((2, 5, 112, 112), PoolSpec(MAX, True, 5, (112, 112), (112, 112))),
     "global average over a block-sized plane": ((2, 3, 50, 61), PoolSpec(AVERAGE, True, 3, (50, 61), (50, 61))),
     "global max 1x1 plane": ((7, 3, 1, 1), PoolSpec(MAX, True, 3, (1, 1), (1, 1))),
+    "ReduceMean over H and W, keepdims=0 (the ResNet head as PyTorch exports it)": (
+        (32, 512, 7, 7), PoolSpec(AVERAGE, True, 512, (7, 7), (7, 7), keep_dims=False)),
 }
 
 

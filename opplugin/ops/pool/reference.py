@@ -23,7 +23,8 @@ from .spec import MAX, PoolSpec
 def pool(spec: PoolSpec, x: Any, xp: Any = np) -> Any:
     """The pool of an (N, C, H, W) array in its dtype (float64 in, float64 arithmetic out)."""
     if spec.is_global:
-        return x.max(axis=(2, 3), keepdims=True) if spec.mode == MAX else x.sum(axis=(2, 3), keepdims=True) / x.dtype.type(spec.window)
+        pooled = x.max(axis=(2, 3), keepdims=True) if spec.mode == MAX else x.sum(axis=(2, 3), keepdims=True) / x.dtype.type(spec.window)
+        return pooled if spec.keep_dims else pooled.reshape(pooled.shape[:2])
     (height, width), (out_h, out_w) = spec.size, spec.output_size
     top, left, bottom, right = spec.pads
     reach_h = max((out_h - 1) * spec.strides[0] + (spec.kernel[0] - 1) * spec.dilations[0] + 1, top + height)

@@ -1,5 +1,6 @@
 """ONNX 2-D pooling as one normalised shape record: MaxPool, AveragePool, GlobalAveragePool
-and GlobalMaxPool on an (N, C, H, W) float32 tensor.
+and GlobalMaxPool on an (N, C, H, W) float32 tensor, and ReduceMean over H and W (what
+PyTorch's exporter writes for a global average pool), which is a global average pool.
 
 The record holds what the numpy reference and the CUDA kernel both need: the window
 (kernel, strides, dilations), the pads at the start and end of each axis after auto_pad
@@ -17,7 +18,8 @@ from ...registry import NodeInfo
 
 MAX, AVERAGE = "max", "average"
 # op type -> (what the window computes, whether the window is the whole plane)
-OPS = {"MaxPool": (MAX, False), "AveragePool": (AVERAGE, False), "GlobalMaxPool": (MAX, True), "GlobalAveragePool": (AVERAGE, True)}
+OPS = {"MaxPool": (MAX, False), "AveragePool": (AVERAGE, False), "GlobalMaxPool": (MAX, True), "GlobalAveragePool": (AVERAGE, True),
+       "ReduceMean": (AVERAGE, True)}
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,14 @@ class PoolSpec:
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right (ONNX's begin..., end... order)
     ceil_mode: bool = False
     count_include_pad: bool = False
+    keep_dims: bool = True  # False: a ReduceMean with keepdims=0, whose output is (N, C)
 
     @property
     def output_size(self) -> tuple[int, int]:
         return tuple(_output_length(self, axis) for axis in (0, 1))
 
-    def output_shape(self, batch: int) -> tuple[int, int, int, int]:
-        return (batch, self.channels, *self.output_size)
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.channels, *self.output_size) if self.keep_dims else (batch, self.channels)
 
     @property
     def window(self) -> int:
@@ -48,7 +51,7 @@ class PoolSpec:
     def suffix(self) -> str:
         """For kernel names: "global", or "3x3s2" with "p1"/"d2"/"ceil"/"incpad" where they apply."""
         if self.is_global:
-            return "global"
+            return "global" if self.keep_dims else "global_flat"
         text = f"{self.kernel[0]}x{self.kernel[1]}s{self.strides[0]}" + (f"x{self.strides[1]}" if self.strides[0] != self.strides[1] else "")
         if any(self.pads):
             text += "p" + ("_".join(map(str, self.pads)) if len(set(self.pads)) > 1 else str(self.pads[0]))
@@ -76,7 +79,8 @@ class PoolSpec:
             raise PluginError(f"{where}: only 2-D pooling (an N x C x H x W input) is implemented, the input is {list(shape)}")
         channels, height, width = (int(d) for d in shape[1:])
         if is_global:
-            return cls(mode, True, channels, (height, width), (height, width))
+            keep_dims = _spatial_mean_keepdims(node, where) if node.op_type == "ReduceMean" else True
+            return cls(mode, True, channels, (height, width), (height, width), keep_dims=keep_dims)
         attributes = node.attributes
         if "kernel_shape" not in attributes:
             raise PluginError(f"{where}: kernel_shape is missing")
@@ -103,6 +107,18 @@ class PoolSpec:
         if min(spec.output_size) < 1:
             raise PluginError(f"{where}: the window is larger than the padded input {[height, width]}")
         return spec
+
+
+def _spatial_mean_keepdims(node: NodeInfo, where: str) -> bool:
+    """A ReduceMean is a global average pool when its axes are H and W; its keepdims, else PluginError."""
+    axes = node.attributes.get("axes")  # an attribute before opset 18, a constant input since
+    if len(node.node.input) > 1 and node.node.input[1]:
+        if node.node.input[1] not in node.constants:
+            raise PluginError(f"{where}: the axes are computed at run time")
+        axes = node.constants[node.node.input[1]].reshape(-1).tolist()
+    if sorted(int(a) % 4 for a in axes or ()) != [2, 3]:
+        raise PluginError(f"{where}: only a mean over H and W (axes 2 and 3) is implemented, not axes {list(axes or [])}")
+    return bool(node.attributes.get("keepdims", 1))
 
 
 def _pair(values, what: str, where: str) -> tuple[int, int]:

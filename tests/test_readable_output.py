@@ -59,7 +59,7 @@ def test_no_line_is_wider_than_a_terminal_by_default(command, long_model, capsys
     assert len(widest) <= LINE_WIDTH, widest
     assert "..." in out  # the names were long enough to be cut
     if command != "check":  # check's table shows tensors, not op chains
-        assert "Relu x" in out
+        assert "Softsign x" in out
     if command == "run":  # the output is a feature map, no classifier's: no top-1 figure
         assert "Against onnxruntime CPU: PASS  max abs error" in out and "top-1" not in out
 
@@ -74,7 +74,7 @@ def test_wide_prints_every_name_and_op_in_full(command, long_model, capsys):
     tensor = {"plan": model.graph.node[-1].input[0], "check": model.graph.node[1].output[0]}.get(command)
     assert tensor is None or tensor in out
     if command != "check":
-        assert " > ".join(["Relu"] * 199) in out
+        assert " > ".join(["Softsign"] * 199) in out
 
 
 def test_json_carries_full_names_and_chains(long_model, tmp_path, capsys):
@@ -82,7 +82,7 @@ def test_json_carries_full_names_and_chains(long_model, tmp_path, capsys):
     rows = json.loads((tmp_path / "r.json").read_text())["steps"]
     model = long_named_chain()
     assert rows[0]["step"] == model.graph.node[0].name
-    assert rows[1]["ops"] == " > ".join(["Relu"] * 199 + ["Neg", "Abs"] * 100)
+    assert rows[1]["ops"] == " > ".join(["Softsign"] * 199 + ["Neg", "Abs"] * 100)
 
 
 def test_a_step_reading_many_long_named_tensors_lists_those_that_fit_and_counts_the_rest(tmp_path, capsys):

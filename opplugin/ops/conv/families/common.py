@@ -223,6 +223,11 @@ class ConvKernel(Kernel):
         self.functions = list(functions)
         self.epilogue = epilogue
 
+    @property
+    def nonfinite_exact(self) -> bool:
+        """NaN and Inf follow onnxruntime except through a fused max pool (see exact.py)."""
+        return self.epilogue.pool is None
+
     def flops(self, batch: int) -> int:
         """With a fused pool, only the conv outputs the pool reads are computed."""
         return self.spec.flops(batch, self.epilogue.conv_size_read(self.spec.out_size))

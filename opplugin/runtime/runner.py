@@ -87,6 +87,7 @@ class Runner:
         self.device = device if isinstance(device, Device) else select_device(device)
         self.streams = positive_int(streams, "streams") if streams is not None else (DEFAULT_STREAMS if self.device.is_cuda else 1)
         self.layout = chunking.probe_layout(model)
+        self._nodes = len(model.nodes)  # for the pipeline's host cost per chunk
         self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
         plan_batch = min(self.batch, chunk or self._chunk_for(self.batch)) if self.layout.chunkable else self.batch
         self.plan: Plan = make_plan(model, plan_batch, self.device, registry)
@@ -144,7 +145,7 @@ class Runner:
             return min(batch, chunking.memory_chunk(chunking.HOST_CHUNK_BYTES, self.peak_image_bytes))
         budget = int(cuda.free_device_bytes() * chunking.DEVICE_MEMORY_SHARE / self.streams)
         by_memory = chunking.memory_chunk(budget, self.peak_image_bytes)
-        return max(1, min(batch, by_memory, chunking.pipeline_chunk(batch, self.layout.input_image_bytes())))
+        return max(1, min(batch, by_memory, chunking.pipeline_chunk(batch, self.layout.input_image_bytes(), self._nodes)))
 
     def _chunk_for_workspaces(self) -> int:
         """The chunk, shrunk if the kernels' workspaces (im2col and the like) would not fit beside it."""

@@ -166,7 +166,7 @@ def test_max_pool_steps_are_watched_and_rerun_on_onnxruntime_and_averages_are_no
     model = load_model(save(pool_cnn(), tmp_path / "pool_cnn.onnx"))
     runner = Runner(model, 6, "cpu", chunk=2)
     watched = {runner.plan.steps[i].name for i in runner.exact.watched}
-    assert watched == {"conv1", "maxpool", "globalmax"}  # the fused Conv > Relu, and the two max pools
+    assert watched == {"maxpool", "globalmax"}  # the max pools; the fused Conv > Relu promises onnxruntime's NaN and Inf
     split = split_fused(runner.plan)
     assert [s.name for s in split.steps if s.kind == "onnxruntime" and s.ops in (["MaxPool"], ["GlobalMaxPool"])] == [
         "maxpool on onnxruntime", "globalmax on onnxruntime"]

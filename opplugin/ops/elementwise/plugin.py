@@ -21,6 +21,8 @@ from .spec import BINARY, ElementwiseSpec
 class ReferenceElementwiseKernel(Kernel):
     """The numpy reference, run as the kernel of the CPU device: float64 arithmetic, float32 out."""
 
+    nonfinite_exact = True  # IEEE arithmetic and the table's NaN-keeping activations: NaN and Inf as onnxruntime has them
+
     def __init__(self, spec: ElementwiseSpec, elements: int):
         self.spec, self._elements = spec, elements
         self.name = f"elementwise.reference.{spec.suffix}"

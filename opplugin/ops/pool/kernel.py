@@ -9,7 +9,7 @@ from ... import cuda
 from ...errors import PluginError
 from ...registry import Kernel
 from . import reference
-from .spec import MAX, PoolSpec
+from .spec import AVERAGE, MAX, PoolSpec
 
 SOURCE = "pool.cu"
 BLOCK = 256  # threads per block of pool_window; pool_global's BLOCK_THREADS in the source
@@ -27,6 +27,8 @@ class ReferencePoolKernel(Kernel):
     def __init__(self, spec: PoolSpec):
         self.spec = spec
         self.name = f"{_op(spec)}.reference.{spec.suffix}"
+        # an average follows IEEE as onnxruntime does; a max keeps every NaN, which onnxruntime may drop
+        self.nonfinite_exact = spec.mode == AVERAGE
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -66,6 +68,7 @@ class PoolKernel(Kernel):
     def __init__(self, spec: PoolSpec):
         self.spec = spec
         self.name = f"{_op(spec)}.cuda.{spec.suffix}"
+        self.nonfinite_exact = spec.mode == AVERAGE  # as ReferencePoolKernel's
         self.function = cuda.compile_module(SOURCE, defines(spec)).get_function(function_name(spec))
         self.functions = [self.function]
 

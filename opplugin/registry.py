@@ -88,7 +88,9 @@ class Kernel(Protocol):
     Optional attribute `nonfinite_exact` (read with getattr, default False): True when NaN
     and Inf leave the kernel exactly where onnxruntime's nodes would put them. A fused kernel
     that cannot promise it (a max pool's NaN rule), and any MaxPool or GlobalMaxPool step, has its outputs watched, and the chunks
-    where they appear run again on onnxruntime's nodes (runtime/exact.py)."""
+    where they appear run again on onnxruntime's nodes (runtime/exact.py).
+    Optional attribute `device_work` (default True): False for a kernel that enqueues nothing
+    on the device (a reshape view); its step is then timed by the host clock, not CUDA events."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants

@@ -180,3 +180,15 @@ def test_a_kernel_that_does_not_compile_names_its_source_options_and_log():
     first = str(info.value).splitlines()[0]
     assert first.startswith("kernel conv_baseline.cu failed to compile with NVRTC (-DC=oops( -DBLOCK=256): ")
     assert "error" in info.value.log and len(str(info.value).splitlines()) > 1
+
+
+def test_a_view_step_is_timed_by_the_host_clock_not_by_events_around_nothing():
+    from opplugin.runtime.timeline import DEVICE, HOST
+
+    model = load_model("mlp_onehidden")
+    runner = Runner(model, 256, "cuda", chunk=256, streams=1)
+    views = [s.name for s in runner.plan.plugin_steps if runner.kernels[s.name].name.startswith("view.")]
+    result = runner.run(make_inputs(model, 256, "random").feeds)
+    clocks = {span.name: span.clock for span in result.spans}
+    assert views and all(clocks[name] == HOST for name in views)
+    assert all(clocks[s.name] == DEVICE for s in runner.plan.plugin_steps if s.name not in views)

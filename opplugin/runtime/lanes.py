@@ -115,6 +115,8 @@ class HostLane:
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         return self.recording.host_timed(name, kind, fn)
 
+    run_host = run_kernel
+
     def finish_chunk(self) -> None:
         pass
 
@@ -190,6 +192,10 @@ class CudaLane:
 
     def run_kernel(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         return self._event_timed(name, kind, fn)
+
+    def run_host(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        """Work that enqueues nothing on the device (a reshape view), timed by the host clock."""
+        return self.recording.host_timed(name, kind, fn)
 
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Host work that reads this lane's device results (onnxruntime): wait for them first."""

@@ -37,7 +37,8 @@ def pool(spec: PoolSpec, x: Any, xp: Any = np) -> Any:
         for view in _windows(spec, padded):
             result = view if result is None else xp.maximum(result, view)
         return result
-    total = sum(_windows(spec, padded))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf is NaN, as in onnxruntime: a result, not a warning
+        total = sum(_windows(spec, padded))
     counted = xp.zeros((1, 1, reach_h, reach_w), dtype=x.dtype)
     if spec.count_include_pad:
         counted[:, :, :top + height + bottom, :left + width + right] = 1

@@ -31,7 +31,7 @@ def test_a_run_copies_no_constant_and_with_the_cuda_provider_nothing_between_ste
     if sessions.has_cuda():
         assert runner.ort_on_gpu and copied <= graph_tensors
     else:
-        assert "n2" in copied  # the onnxruntime step's input goes to the host
+        assert "r2" in copied  # the onnxruntime step's input (the fused Conv > Add > Relu step's output) goes to the host
 
 
 def test_bench_e2e_measures_opplugin_and_says_why_a_peer_is_missing(tmp_path):

@@ -214,7 +214,8 @@ def _next_link(value: str, readers: dict[str, list[NodeInfo]], graph_outputs: se
     if len(after) == 2:
         sigmoid, mul = sorted(after, key=lambda n: n.op_type != "Sigmoid")
         s_out = sigmoid.node.output[0] if sigmoid.node.output else ""
-        alone = s_out not in graph_outputs and readers.get(s_out, []) == [mul]
+        s_readers = readers.get(s_out, [])
+        alone = s_out not in graph_outputs and len(s_readers) == 1 and s_readers[0] is mul
         return [sigmoid, mul] if sigmoid.node.input[:1] == [value] and silu_pair(sigmoid, mul) and alone else []
     if len(after) != 1:
         return []

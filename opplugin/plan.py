@@ -9,8 +9,6 @@ from typing import ClassVar
 import onnx
 from onnx import helper
 
-from .ops.activation import silu_pair
-
 from .device import Device
 from .model import Model
 from .registry import Kernel, NodeInfo, Plugin, TensorInfo, node_name, plugins
@@ -161,7 +159,7 @@ def _fusion(
 ) -> tuple[list[NodeInfo], str | None]:
     """The nodes after `info` that its plugin runs in the same kernel: a chain in
     which each node is the only reader of the one-output node before it (or the pair
-    x * Sigmoid(x)), and no intermediate tensor is a graph output (the fused kernel
+    x * f(x)), and no intermediate tensor is a graph output (the fused kernel
     never writes it). A node whose op type has a plugin of its own is left to that
     plugin; when that cuts short a fusion the plugin would make, the second item says
     so (else None)."""
@@ -188,8 +186,8 @@ def _fusable_chain(
 
     Each link is the only reader of the one-output node before it, reading nothing
     else but constants; or an Add / two-input Sum whose other operand (a residual) is
-    written before `info` runs, so that the fused step can read it; or the two nodes
-    of x * Sigmoid(x), the only readers of x (a cut never separates them)."""
+    written before `info` runs, so that the fused step can read it; or two nodes
+    computing x * f(x), the only readers of x (SiLU; a cut never separates them)."""
     chain: list[NodeInfo] = []
     ends = {0}
     current = info
@@ -212,11 +210,7 @@ def _next_link(value: str, readers: dict[str, list[NodeInfo]], graph_outputs: se
     """The node(s) that may fuse after the node writing `value` (see _fusable_chain); [] for none."""
     after = readers.get(value, [])
     if len(after) == 2:
-        sigmoid, mul = sorted(after, key=lambda n: n.op_type != "Sigmoid")
-        s_out = sigmoid.node.output[0] if sigmoid.node.output else ""
-        s_readers = readers.get(s_out, [])
-        alone = s_out not in graph_outputs and len(s_readers) == 1 and s_readers[0] is mul
-        return [sigmoid, mul] if sigmoid.node.input[:1] == [value] and silu_pair(sigmoid, mul) and alone else []
+        return _value_times_function_of_it(value, after, readers, graph_outputs)
     if len(after) != 1:
         return []
     follower = after[0]
@@ -229,6 +223,20 @@ def _next_link(value: str, readers: dict[str, list[NodeInfo]], graph_outputs: se
     if inputs[:1] != [value] or any(i not in follower.constants for i in inputs[1:]):
         return []
     return [follower]
+
+
+def _value_times_function_of_it(value: str, pair: list[NodeInfo], readers: dict[str, list[NodeInfo]],
+                                graph_outputs: set[str]) -> list[NodeInfo]:
+    """[f, g] when the two readers of `value` are f, reading `value` alone, and g, reading `value`
+    and f's output, f's one reader (SiLU: x * Sigmoid(x)); the plugin says whether it runs them."""
+    for f, g in (pair, pair[::-1]):
+        f_inputs, f_outputs = [i for i in f.node.input if i], [o for o in f.node.output if o]
+        if f_inputs != [value] or len(f_outputs) != 1 or f_outputs[0] in graph_outputs:
+            continue
+        f_readers = readers.get(f_outputs[0], [])
+        if len(f_readers) == 1 and f_readers[0] is g and sorted(i for i in g.node.input if i) == sorted([value, f_outputs[0]]):
+            return [f, g]
+    return []
 
 
 def step_inputs(node: NodeInfo, followers: list[NodeInfo], model: Model) -> list[str]:

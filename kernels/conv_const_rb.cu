@@ -1,7 +1,7 @@
 // conv_const_rb: 2-D convolution (ONNX Conv), register blocked: each thread
 // computes RT output rows x MO output maps of one output column, with filters
-// and bias in __constant__ memory; optionally fused with the activation and
-// max pool that follow the Conv.
+// and bias in __constant__ memory; optionally fused with the residual Add,
+// activation and max pool that follow the Conv.
 //
 // Why it beats conv_const_mo: there, one input load feeds MO multiply-adds.
 // Here a thread walks the input rows its RT outputs need once, in order; each
@@ -37,11 +37,7 @@
 // rows of a tile may fall outside the image: with pads, or when RT does not divide CH
 #define ROW_CHECK (PADDED || (CH % RT) != 0)
 
-__constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
-#if HAS_BIAS
-__constant__ float bias[M];
-#endif
-
+#include "conv_constant_bank.cuh"
 #include "conv_epilogue.cuh"
 
 // Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1 at column ow.
@@ -91,13 +87,8 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, const
     for (int r = 0; r < RT; ++r) {
         const int row = oh0 + r < CH ? oh0 + r : CH - 1;
 #pragma unroll
-        for (int j = 0; j < COUNT; ++j) {
-            float v = acc[r][j];
-#if HAS_BIAS
-            v += bias[FIRST + j];
-#endif
-            acc[r][j] = finish_output(v, residual_at(res, (((size_t)n * M + FIRST + j) * OH + row) * OW + ow));
-        }
+        for (int j = 0; j < COUNT; ++j)
+            acc[r][j] = finish_output(with_bias(acc[r][j], FIRST + j), residual_at(res, (((size_t)n * M + FIRST + j) * OH + row) * OW + ow));
     }
 #endif
 #if PKH > 1 || PKW > 1
@@ -113,10 +104,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, const
 #pragma unroll
             for (int s = 1; s < PKW; s <<= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, s));
 #if POOL_FIRST
-#if HAS_BIAS
-            v += bias[FIRST + j];
-#endif
-            v = opplugin_activation(v);
+            v = opplugin_activation(with_bias(v, FIRST + j));
 #endif
             if (valid && ow % PKW == 0 && prow < POH)
                 y[(((size_t)n * M + FIRST + j) * POH + prow) * POW + ow / PKW] = v;
@@ -128,12 +116,8 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, const
         if (!valid || ((CH % RT) != 0 && oh0 + r >= CH)) continue;
 #pragma unroll
         for (int j = 0; j < COUNT; ++j) {
-            float v = acc[r][j];
-#if HAS_BIAS
-            v += bias[FIRST + j];
-#endif
             const size_t at = (((size_t)n * M + FIRST + j) * OH + oh0 + r) * OW + ow;
-            y[at] = finish_output(v, residual_at(res, at));
+            y[at] = finish_output(with_bias(acc[r][j], FIRST + j), residual_at(res, at));
         }
     }
 #endif

@@ -1,7 +1,7 @@
 // conv_const_tile: 2-D convolution (ONNX Conv), register tiled in two
 // dimensions: each thread computes RT output rows x XT output columns x MO
 // output maps, filters and bias in __constant__ memory; optionally fused with
-// the activation and max pool that follow the Conv.
+// the residual Add, activation and max pool that follow the Conv.
 //
 // Why it beats conv_const_rb when the channel loop stays rolled (lenet86
 // conv2): a weight indexed by a run-time channel is not an immediate operand
@@ -59,21 +59,8 @@
 // Vector width of the stores without a pool: whole output rows split into tiles.
 #define VEC_OUT ((PKH == 1 && PKW == 1 && OW % XT == 0) ? (XT % 4 == 0 ? 4 : XT % 2 == 0 ? 2 : 1) : 1)
 
-__constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
-#if HAS_BIAS
-__constant__ float bias[M];
-#endif
-
+#include "conv_constant_bank.cuh"
 #include "conv_epilogue.cuh"
-
-__device__ __forceinline__ float bias_of(int map)
-{
-#if HAS_BIAS
-    return bias[map];
-#else
-    return 0.0f;
-#endif
-}
 
 // v[0 .. IN_COLS-1] = start[0 .. IN_COLS-1] in float4 loads (0 where the row is
 // outside the image); start is 16-byte aligned and the rounded-up end inside the row.
@@ -107,7 +94,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, const
 #pragma unroll
         for (int x = 0; x < XT; ++x)
 #pragma unroll
-            for (int j = 0; j < COUNT; ++j) acc[r][x][j] = (HAS_BIAS && PKH == 1 && PKW == 1) ? bias_of(FIRST + j) : 0.0f;
+            for (int j = 0; j < COUNT; ++j) acc[r][x][j] = (PKH == 1 && PKW == 1) ? with_bias(0.0f, FIRST + j) : 0.0f;
 
 #pragma unroll UNROLL_C
     for (int c = 0; c < CG; ++c) {
@@ -155,7 +142,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, const
             const int col = ow0 + x < CW ? ow0 + x : CW - 1;
 #pragma unroll
             for (int j = 0; j < COUNT; ++j)
-                acc[r][x][j] = finish_output(acc[r][x][j] + bias_of(FIRST + j),
+                acc[r][x][j] = finish_output(with_bias(acc[r][x][j], FIRST + j),
                                              residual_at(res, (((size_t)n * M + FIRST + j) * OH + row) * OW + col));
         }
     }
@@ -180,10 +167,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, const
 #pragma unroll
                 for (int s = 1; s < SUB; s <<= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, s));
 #if POOL_FIRST
-#if HAS_BIAS
-                v += bias[FIRST + j];
-#endif
-                v = opplugin_activation(v);
+                v = opplugin_activation(with_bias(v, FIRST + j));
 #endif
                 const bool inside = ((CH % RT) == 0 || prow < POH) && ((CW % XT) == 0 || pcol < POW);
                 if (valid && inside && (SUB == 1 || (threadIdx.x % SUB) == 0))

@@ -73,6 +73,8 @@ def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default 0)")
     parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
     parser.add_argument("--streams", type=int, help="chunks in flight at once on a GPU (default 3)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay each run of plugin steps as one CUDA graph after the first pass (less host time per step; one time per graph)")
     parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
 
 
@@ -199,7 +201,8 @@ def _make_runner(args, model, device):
 
     variants = {"Conv": args.variant} if args.variant else None
     registry = _user_registry(args, device)
-    return Runner(model, args.batch, device, variants, registry, chunk=args.chunk, streams=args.streams)
+    return Runner(model, args.batch, device, variants, registry, chunk=args.chunk, streams=args.streams,
+                  cuda_graphs=args.cuda_graphs)
 
 
 # Runs of at least this many chunks in all report progress even when stderr is not a terminal.

@@ -75,7 +75,12 @@ class NodeInfo:
 
 @runtime_checkable
 class Kernel(Protocol):
-    """A node's computation, built for one device."""
+    """A node's computation, built for one device.
+
+    Optional attribute `nonfinite_exact` (read with getattr, default False): True when NaN
+    and Inf leave the kernel exactly where onnxruntime's nodes would put them. A fused kernel
+    that cannot promise it (a max pool's NaN rule) has its outputs watched, and the chunks
+    where they appear run again on onnxruntime's nodes (runtime/exact.py)."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants

@@ -64,6 +64,13 @@ def step_rows(profile: Profile) -> list[dict[str, Any]]:
             else:
                 moved = sum(_nbytes(plan.shapes[n]) for n in [*step.inputs, *step.outputs])
             kind, ops, implementation = step.kind, " > ".join(step.ops), step.implementation
+        elif name in profile.graphs:  # a CUDA graph replaying a run of plugin steps, timed as one
+            members = [steps[n] for n in profile.graphs[name]]
+            input_shapes = [list(plan.shapes[n]) for n in members[0].inputs]
+            output_shapes = [list(plan.shapes[n]) for n in members[-1].outputs]
+            flops = sum(m.flops or 0 for m in members) or None
+            kind, ops = "plugin", OP_SEPARATOR.join(op for m in members for op in m.ops)
+            implementation = f"CUDA graph of {len(members)} plugin steps"
         else:  # a copy: "copy H2D <tensor>" (DMA) or "stage H2D <tensor>" (host memcpy through pinned memory)
             verb, direction, tensor = _copy_parts(name)
             input_shapes = output_shapes = [list(plan.shapes[tensor])]
@@ -124,6 +131,8 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
         "copy_hidden_ms": _median(profile.copy_hidden_ms),
         "copy_exposed_ms": _median(profile.copy_exposed_ms),
         "exact_reruns": last.exact_reruns,  # chunks with NaN/Inf after a fused step, rerun on onnxruntime's nodes
+        # --cuda-graphs: each graph row's name -> the plan steps it replayed, timed as one
+        "cuda_graphs": {name: list(steps) for name, steps in profile.graphs.items()},
         # what the caller knows and the runtime does not: where the inputs came from, the
         # accuracy against labels, agreement with onnxruntime (null when not measured)
         "data": None,
@@ -186,6 +195,10 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
     if report.get("accuracy") is not None:
         lines.append(f"Test Accuracy: {report['accuracy']:.4f}")
     lines += ["", format_table(report["steps"], wide), ""]
+    if report.get("cuda_graphs"):
+        steps = sum(len(members) for members in report["cuda_graphs"].values())
+        lines.append(f"CUDA graphs: {len(report['cuda_graphs'])} graph(s) replayed {steps} plugin steps, each graph timed as one row "
+                     "(run without --cuda-graphs for a time per step)")
     lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['host_to_host_ms']:.3f} ms")
     lines.extend(_throughput_lines(report))
     agreement = report.get("agreement")

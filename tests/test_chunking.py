@@ -74,6 +74,19 @@ def test_pipeline_chunk(batch, image_bytes, expected):
     assert chunking.pipeline_chunk(batch, image_bytes) == expected
 
 
+@pytest.mark.parametrize(
+    "batch, image_bytes, nodes, expected",
+    [
+        (10000, 29584, 8, 2268),  # lenet86: its 296 MB take far longer to copy than 4 chunks' host work
+        (10000, 3136, 7, 2500),  # ece408_high: 31 MB, still worth a pipeline
+        (32, 602112, 49, 32),  # ResNet-18 at batch 32: 19 MB copy quicker than 4 x 49 steps of Python
+        (512, 602112, 49, 111),  # at batch 512 the copy is long enough again: chunks of 64 MiB
+    ],
+)
+def test_pipeline_chunk_weighs_the_copy_against_the_host_work_of_more_chunks(batch, image_bytes, nodes, expected):
+    assert chunking.pipeline_chunk(batch, image_bytes, nodes) == expected
+
+
 def test_memory_chunk_leaves_room_for_workspaces():
     assert chunking.memory_chunk(1000, 10) == 100
     assert chunking.memory_chunk(1000, 10, lambda n: 5 * n) == 66

@@ -368,3 +368,40 @@ def test_costs_delegate_to_the_spec():
     assert fused.flops(3) == spec.flops(3)  # a 2x2 pool reads all 34x34 outputs
     pool4 = GridKernel(spec, "x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (4, 4)))
     assert pool4.flops(3) == spec.flops(3) * (32 * 32) // (34 * 34)  # a 4x4 pool reads 32x32 of them
+
+
+NONFINITE_CASES = ["lenet86.conv2", "pointwise_vectors_k16", "k333_m70_tile_tails", "deep_k_small_output"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", NONFINITE_CASES)
+def test_nan_and_inf_in_the_input_land_where_float64_puts_them(case, variant):
+    """+-inf and NaN in x reach exactly the outputs whose windows hold them, as infinities or
+    NaN as float64 arithmetic makes them (the 3xTF32 split must not turn inf into inf - inf)."""
+    spec = CASES[case]
+    seed, x, w, b = random_problem(spec)
+    reason = families.unsupported_reason(spec, variant, (w, b))
+    if reason:
+        pytest.skip(reason)
+    x[0, 0, 1, 1] = np.inf
+    x[-1, -1, -2, -1] = -np.inf
+    x[0, -1, 2, 0] = np.nan
+    expected = expected_output(spec, x.astype(np.float64), w, b)
+    kernel = families.build_kernel(spec, variant, (w, b))
+    out = poisoned_output(spec)
+    [y] = kernel(device_inputs(x, w, b), None, out=out)
+    got = cuda_asnumpy(y)
+    context = f"{kernel.name} on {case} (seed {seed})"
+    assert np.array_equal(np.isnan(got), np.isnan(expected)), f"{context}: NaN in other places than float64's"
+    assert np.array_equal(np.isposinf(got), np.isposinf(expected)) and np.array_equal(np.isneginf(got), np.isneginf(expected)), context
+    finite = np.isfinite(expected)
+    assert finite.any() and not finite.all()
+    error = np.linalg.norm(got[finite] - expected[finite]) / np.linalg.norm(expected[finite])
+    assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} on the finite outputs"
+
+
+def cuda_asnumpy(array) -> np.ndarray:
+    import cupy
+
+    return cupy.asnumpy(array)

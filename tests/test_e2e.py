@@ -15,16 +15,16 @@ def row(model, batch, peer, h2h, resident, status="ok", reason=None):
 
 def test_the_markdown_table_has_a_line_per_model_and_batch_with_ratios_over_each_peer():
     payload = {"device": {"name": "GPU X"}, "warmup": 3, "repeat": 20, "rows": [
-        row("resnet18", 1, "opplugin", 6.0, 5.0), row("resnet18", 1, "onnxruntime_cuda", 2.0, 1.5),
-        row("resnet18", 1, "pytorch", 1.5, 1.2),
+        row("resnet18", 1, "opplugin", 6.0, 5.0), row("resnet18", 1, "opplugin_graphs", 3.0, 2.5),
+        row("resnet18", 1, "onnxruntime_cuda", 2.0, 1.5), row("resnet18", 1, "pytorch", 1.5, 1.2),
         row("resnet18", 32, "opplugin", 48.0, None), row("resnet18", 32, "onnxruntime_cuda", None, None, "unavailable", "CPU build"),
         row("resnet18", 32, "pytorch", 4.8, 4.4),
     ]}
     lines = e2e.format_markdown(payload).splitlines()
     assert "GPU X" in lines[0] and "medians of 20 after 3 warm-up runs" in lines[0]
     table = [line for line in lines if line.startswith("| resnet18")]
-    assert table[0] == "| resnet18 | 1 | 6.000 / 5.000 | 2.000 / 1.500 | 1.500 / 1.200 | 4.00x | 3.00x |"
-    assert table[1] == "| resnet18 | 32 | 48.000 / - | unavailable | 4.800 / 4.400 | 10.00x | - |"
+    assert table[0] == "| resnet18 | 1 | 6.000 / 5.000 | 3.000 / 2.500 | 2.000 / 1.500 | 1.500 / 1.200 | 4.00x | 2.00x | 3.00x | 1.50x |"
+    assert table[1] == "| resnet18 | 32 | 48.000 / - | - | unavailable | 4.800 / 4.400 | 10.00x | - | - | - |"
     assert lines[-1] == "- resnet18 batch 32 onnxruntime_cuda: unavailable: CPU build"
 
 

@@ -211,7 +211,7 @@ def test_finite_inputs_never_take_the_exact_path(name, scale, monkeypatch):
     feeds = {k: (v * np.float32(scale)).astype(np.float32) for k, v in feeds.items()}
     runner = Runner(model, 6, "cpu", chunk=2)
     fused = [index for index, step in enumerate(runner.plan.steps) if step.kind == "plugin" and step.fused]
-    assert fused and sorted(runner.exact.watched) == fused  # every fused output is watched
+    assert fused and sorted(runner.exact.watched) == fused  # every fused max pool's output is watched
     monkeypatch.setattr(runner.exact, "rerun", lambda *a: pytest.fail("finite input took the exact path"))
     result = runner.run(feeds)
     assert result.exact_reruns == 0 and result.exact_ms == 0.0 and not runner.exact.built
@@ -239,7 +239,8 @@ def test_the_fused_epilogue_propagates_nan_and_inf_from_any_place_in_a_window(ac
 def test_nan_chunks_rerun_on_the_exact_path_built_once_and_kept_tensors_follow(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 8, "cpu", chunk=2)
     fused = [step.name for step in runner.plan.plugin_steps]
-    assert sorted(runner.exact.watched) == [0, 1, 3] and not runner.exact.built  # conv1, conv2, fc (Gemm > Softmax)
+    # conv1 (its max pool's NaN rule) and fc (Gemm > Softmax) are watched; conv2 > Relu keeps onnxruntime's NaN and Inf
+    assert sorted(runner.exact.watched) == [0, 3] and not runner.exact.built
     feeds = {"x": np.random.default_rng(0).uniform(-1, 1, (8, 3, 12, 12)).astype(np.float32)}
     feeds["x"][5, 1, 6, 7] = np.nan  # chunk 2 (images 4 and 5)
     keep = ("p1", "r2")  # the fused steps' outputs
@@ -266,3 +267,47 @@ def _onnxruntime_with(path, feeds, names):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(names, feeds)
 
 
+
+
+def _conv_chain_without_pool(seed: int = 0, channels: int = 3, maps: int = 8, size: int = 12):
+    """Conv > Relu > Conv > Tanh, batch axis "N": fused steps whose NaN and Inf need no watch."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_builders import finish
+
+    rng = np.random.default_rng(seed)
+    weights = {"w1": rng.standard_normal((maps, channels, 3, 3)), "b1": rng.standard_normal(maps),
+               "w2": rng.standard_normal((maps, maps, 3, 3)) * 0.2, "b2": rng.standard_normal(maps)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Tanh", ["c2"], ["y"], name="tanh2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", maps, size, size])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
+    return finish(graph)
+
+
+def nan_through_fused_steps_without_pool(device: str, tmp_path):
+    """A poisoned batch through Conv > Relu and Conv > Tanh, both fused: no step is watched, no chunk
+    runs again, and NaN and Inf land where onnxruntime's CPU provider puts them."""
+    from onnx_builders import save
+
+    path = save(_conv_chain_without_pool(), tmp_path / "conv_chain.onnx")
+    x = _poisoned(np.random.default_rng(1).uniform(-1, 1, (6, 3, 12, 12)).astype(np.float32))
+    runner = Runner(load_model(path), len(x), device, chunk=2)
+    assert [s.ops for s in runner.plan.plugin_steps] == [["Conv", "Relu"], ["Conv", "Tanh"]]
+    assert not runner.exact.watched
+    result = runner.run({"x": x})
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert result.exact_reruns == 0 and np.isnan(reference).any()
+    np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))
+    np.testing.assert_allclose(result.outputs["y"], reference, rtol=1e-4, atol=1e-5)  # equal NaN and Inf, near elsewhere
+
+
+def test_fused_steps_without_a_pool_are_not_watched_and_keep_onnxruntimes_nan(tmp_path):
+    nan_through_fused_steps_without_pool("cpu", tmp_path)

@@ -12,7 +12,7 @@ from opplugin.errors import KernelCompileError, OutOfDeviceMemory
 from opplugin.data import make_inputs
 from opplugin.model import load_model
 from opplugin.runtime import Runner
-from test_exact import _poisoned, _UnfusedConv
+from test_exact import _poisoned, _UnfusedConv, nan_through_fused_steps_without_pool
 
 pytestmark = pytest.mark.gpu
 
@@ -142,6 +142,10 @@ def test_nan_and_inf_through_fused_cuda_steps_as_in_onnxruntime():
     exact = runner.exact.split_executor()
     for step in exact.plan.plugin_steps:  # the same variants, built without the epilogue
         assert exact.kernels[step.name].variant == runner.kernels[step.name].variant
+
+
+def test_fused_cuda_steps_without_a_pool_keep_onnxruntimes_nan_unwatched(tmp_path):
+    nan_through_fused_steps_without_pool("cuda", tmp_path)
 
 
 def test_finite_inputs_on_the_gpu_never_take_the_exact_path(lenet):

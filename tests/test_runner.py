@@ -130,3 +130,14 @@ def test_conv_weights_from_graph_inputs_run_on_the_reference(tmp_path):
              "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
              "b": rng.standard_normal(4).astype(np.float32)}
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], _onnxruntime(path, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_graphs_need_a_device_and_leave_a_cpu_run_as_it_was(tiny_model_path):
+    model = load_model(tiny_model_path)
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 3, 12, 12)).astype(np.float32)}
+    plain, asked = Runner(model, 4, "cpu"), Runner(model, 4, "cpu", cuda_graphs=True)
+    assert not asked.cuda_graphs and not asked.graph_failures()
+    for _ in range(2):
+        result = asked.run(feeds)
+        assert not result.graphs
+        np.testing.assert_array_equal(result.outputs["y"], plain.run(feeds).outputs["y"])

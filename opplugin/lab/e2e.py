@@ -4,7 +4,8 @@ a user would otherwise run them with, in one process.
 For each model and batch (default 1 and 32), on the same seeded random input:
 
 - opplugin, host to host (`Runner.run` from pinned host arrays to host arrays) and
-  device-resident (the same runs less the copies of the graph's inputs and outputs);
+  device-resident (the same runs less the copies of the graph's inputs and outputs), once
+  as it runs by default and once with `cuda_graphs` (runs of plugin steps replayed as CUDA graphs);
 - onnxruntime's CUDA provider (FP32: TF32 off) on the same ONNX file, host to host
   (`session.run` on host arrays) and device-resident (IOBinding on device memory);
 - PyTorch eager (cuDNN FP32, `cudnn.benchmark` on, TF32 off) on the same weights: the
@@ -37,13 +38,14 @@ from ..jsonout import dumps, header, json_safe
 from ..model import Model, load_model
 from ..texttable import elide_middle
 
-SCHEMA = "opplugin-bench-e2e/1"
+# 2: an opplugin_graphs row per case (opplugin with CUDA graphs)
+SCHEMA = "opplugin-bench-e2e/2"
 DEFAULT_BATCHES = (1, 32)
 DEFAULT_WARMUP = 3
 DEFAULT_REPEAT = 20
 # relative L2 error against onnxruntime CPU that an FP32 result must stay within
 FP32_TOLERANCE = 1e-4
-PEERS = ("opplugin", "onnxruntime_cuda", "pytorch")
+PEERS = ("opplugin", "opplugin_graphs", "onnxruntime_cuda", "pytorch")
 NOTE_WIDTH = 200  # characters of a failed candidate's reason in the table's notes
 
 
@@ -77,14 +79,15 @@ def agreement(ours: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
 # --- the candidates: each returns (host_to_host_ms, device_ms, output, implementation) -------------
 
 
-def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int) -> dict[str, Any]:
+def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int, cuda_graphs: bool = False) -> dict[str, Any]:
     from ..runtime import Runner
 
     batch = next(iter(feeds.values())).shape[0]
-    profile = Runner(model, batch, "cuda").profile(feeds, warmup, repeat)
+    warmup = max(warmup, 2) if cuda_graphs else warmup  # the first pass runs eagerly, the second captures
+    profile = Runner(model, batch, "cuda", cuda_graphs=cuda_graphs).profile(feeds, warmup, repeat)
     # Device-resident: a runner that takes the batch in one chunk on one stream, so that the copies of
     # the graph's inputs and outputs overlap nothing and the rest of each run is what they leave
-    whole = Runner(model, batch, "cuda", chunk=batch, streams=1).profile(feeds, warmup, repeat)
+    whole = Runner(model, batch, "cuda", chunk=batch, streams=1, cuda_graphs=cuda_graphs).profile(feeds, warmup, repeat)
     graph_tensors = {value.name for value in model.inputs} | set(model.outputs)
     io_copies = [name for name, kind in whole.kinds.items() if kind == "copy" and name.split(" ", 2)[-1] in graph_tensors]
     resident = [total - sum(whole.step_ms[name][run] for name in io_copies) for run, total in enumerate(whole.total_ms)]
@@ -207,6 +210,7 @@ def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, s
     reference = sessions.Reference(model.original)({k: np.array(v) for k, v in feeds.items()})[model.outputs[0]]
     timers = {
         "opplugin": lambda: time_opplugin(model, feeds, warmup, repeat),
+        "opplugin_graphs": lambda: time_opplugin(model, feeds, warmup, repeat, cuda_graphs=True),
         "onnxruntime_cuda": lambda: time_onnxruntime_cuda(model, feeds, warmup, repeat),
         "pytorch": lambda: time_pytorch(path, model, feeds, warmup, repeat),
     }
@@ -281,15 +285,16 @@ def format_markdown(payload: dict[str, Any]) -> str:
 
     lines = [f"End to end on {payload['device']['name']}: ms host to host / device-resident, medians of {payload['repeat']} "
              f"after {payload['warmup']} warm-up runs; random weights and inputs, FP32 everywhere.", "",
-             "| model | batch | opplugin | onnxruntime CUDA | PyTorch eager | opplugin / PyTorch | opplugin / onnxruntime |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | batch | opplugin | opplugin, CUDA graphs | onnxruntime CUDA | PyTorch eager | opplugin / PyTorch | "
+             "with graphs / PyTorch | opplugin / onnxruntime | with graphs / onnxruntime |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     cases = dict.fromkeys((row["model"], row["batch"]) for row in payload["rows"])
     for model, batch in cases:
         peers = {row["peer"]: row for row in payload["rows"] if (row["model"], row["batch"]) == (model, batch)}
         h2h = {peer: (row["host_to_host_ms"] if row["status"] == "ok" else None) for peer, row in peers.items()}
-        lines.append(f"| {model} | {batch} | {cell(peers.get('opplugin'))} | {cell(peers.get('onnxruntime_cuda'))} | "
-                     f"{cell(peers.get('pytorch'))} | {ratio(h2h.get('opplugin'), h2h.get('pytorch'))} | "
-                     f"{ratio(h2h.get('opplugin'), h2h.get('onnxruntime_cuda'))} |")
+        ours, graphs, ort_cuda, torch = (h2h.get(p) for p in PEERS)
+        lines.append(f"| {model} | {batch} | {' | '.join(cell(peers.get(p)) for p in PEERS)} | {ratio(ours, torch)} | "
+                     f"{ratio(graphs, torch)} | {ratio(ours, ort_cuda)} | {ratio(graphs, ort_cuda)} |")
     notes = [f"- {row['model']} batch {row['batch']} {row['peer']}: {row['status']}: {elide_middle(row['reason'], NOTE_WIDTH)}"
              for row in payload["rows"] if row["status"] != "ok"]
     how = ("", "opplugin's host-to-host figure is its default runner (chunks on several streams); its device-resident one is a "

@@ -27,6 +27,13 @@ PIPELINE_CHUNK_INPUT_BYTES = 64 << 20
 MIN_PIPELINED_INPUT_BYTES = 16 << 20
 # A pipelined batch is cut into at least this many chunks.
 MIN_PIPELINE_CHUNKS = 4
+# Each chunk runs every step again, and each step costs the host tens of microseconds of
+# Python and launches (about this much per node of the graph, fused or not). A pipeline
+# pays that MIN_PIPELINE_CHUNKS times over, so it is used only where the input's copy to
+# the device (at about COPY_BYTES_PER_MS from pinned memory) takes longer than that: lenet86
+# and ece408 at 10,000 images, not ResNet-18 (49 nodes) at batch 32.
+HOST_MS_PER_NODE = 0.02
+COPY_BYTES_PER_MS = 50e6
 # Share of the free device memory the chunks of all streams may take together;
 # the rest is headroom for the allocator's rounding and onnxruntime's arena.
 DEVICE_MEMORY_SHARE = 0.5
@@ -117,10 +124,14 @@ def peak_image_bytes(model: Model, layout: BatchLayout) -> int:
     return max(peak, 1)
 
 
-def pipeline_chunk(batch: int, input_image_bytes: int) -> int:
-    """Images per chunk for overlap: the whole batch when its input is small, else chunks
-    of about PIPELINE_CHUNK_INPUT_BYTES, and at least MIN_PIPELINE_CHUNKS of them."""
-    if batch * input_image_bytes <= MIN_PIPELINED_INPUT_BYTES or input_image_bytes <= 0:
+def pipeline_chunk(batch: int, input_image_bytes: int, nodes: int = 0) -> int:
+    """Images per chunk for overlap: the whole batch when its input is small, or quicker to
+    copy than a pipeline's extra host work for a graph of `nodes` nodes; else chunks of about
+    PIPELINE_CHUNK_INPUT_BYTES, and at least MIN_PIPELINE_CHUNKS of them."""
+    total = batch * input_image_bytes
+    if total <= MIN_PIPELINED_INPUT_BYTES or input_image_bytes <= 0:
+        return batch
+    if total / COPY_BYTES_PER_MS < MIN_PIPELINE_CHUNKS * nodes * HOST_MS_PER_NODE:
         return batch
     by_bytes = max(1, PIPELINE_CHUNK_INPUT_BYTES // input_image_bytes)
     by_count = math.ceil(batch / MIN_PIPELINE_CHUNKS)

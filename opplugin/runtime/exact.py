@@ -31,9 +31,33 @@ from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
 from .timeline import Timeline
 
 
+# one launch per watched float32 output: every thread that meets a NaN or an Inf sets the
+# flag byte (cleared just before on the same stream); the same value from many threads is no race
+_ANY_NONFINITE_SOURCE = r"""
+extern "C" __global__ void opplugin_flag_nonfinite(const float* __restrict__ x, long long n, unsigned char* flag)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        if (!isfinite(x[i])) {
+            *flag = 1;
+            return;
+        }
+    }
+}
+"""
+FLAG_BLOCK = 256
+FLAG_MAX_BLOCKS = 1024
+
+
+@functools.cache
+def _flag_float32_kernel():
+    import cupy
+
+    return cupy.RawKernel(_ANY_NONFINITE_SOURCE, "opplugin_flag_nonfinite")
+
+
 @functools.cache
 def _any_nonfinite_kernel():
-    """A CuPy reduction: true when any element is NaN or +-inf (one pass, one launch)."""
+    """A CuPy reduction for any dtype: true when any element is NaN or +-inf (slower to launch)."""
     import cupy
 
     return cupy.ReductionKernel(
@@ -61,6 +85,14 @@ class NonFiniteFlags:
             self._flags[chunk, slot] = not bool(np.isfinite(np.asarray(value)).all())
         elif value.size == 0:
             self._flags[chunk, slot] = False
+        elif value.dtype == np.float32 and value.flags.c_contiguous:
+            import cupy
+
+            flag = self._flags[chunk, slot]
+            stream = cupy.cuda.get_current_stream()
+            cupy.cuda.runtime.memsetAsync(flag.data.ptr, 0, 1, stream.ptr)
+            blocks = min(-(-value.size // FLAG_BLOCK), FLAG_MAX_BLOCKS)
+            _flag_float32_kernel()((blocks,), (FLAG_BLOCK,), (value, np.int64(value.size), flag))
         else:
             _any_nonfinite_kernel()(value, out=self._flags[chunk, slot])
 
@@ -70,11 +102,12 @@ class NonFiniteFlags:
         return [int(i) for i in np.flatnonzero(flags.any(axis=1))]
 
 
-def watched_outputs(plan: Plan) -> dict[int, list[int]]:
-    """Step index -> the flag columns of its outputs, for every fused plugin step."""
+def watched_outputs(plan: Plan, kernels: dict[str, Kernel]) -> dict[int, list[int]]:
+    """Step index -> the flag columns of its outputs, for every fused plugin step whose
+    kernel does not promise onnxruntime's NaN and Inf (Kernel.nonfinite_exact)."""
     watched: dict[int, list[int]] = {}
     for index, step in enumerate(plan.steps):
-        if isinstance(step, PluginStep) and step.fused:
+        if isinstance(step, PluginStep) and step.fused and not getattr(kernels[step.name], "nonfinite_exact", False):
             first = sum(len(slots) for slots in watched.values())
             watched[index] = list(range(first, first + len(step.outputs)))
     return watched
@@ -116,7 +149,7 @@ class ExactPath:
         self.plan, self.layout, self.device = plan, layout, device
         self.kernels, self.constants = kernels, constants
         self.requested_variants, self.cpu_session = requested_variants, cpu_session
-        self.watched = watched_outputs(plan)
+        self.watched = watched_outputs(plan, kernels)
         self._executor: PlanExecutor | None = None
 
     @property

@@ -24,6 +24,7 @@ from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from . import hostwork
 from .chunking import BatchLayout
+from .graphs import capture, capture_failure
 from .timeline import Timeline
 
 Progress = Callable[[str, int, int], None]
@@ -122,7 +123,8 @@ class PlanExecutor:
     """Runs every step of a plan on one chunk of rows, on one lane.
 
     `watched` maps a step's index to the NonFiniteFlags columns of its outputs:
-    those are checked for NaN and Inf as the chunk runs (see exact.py)."""
+    those are checked for NaN and Inf as the chunk runs (see exact.py). With `cuda_graphs`,
+    runs of plugin steps on a device are captured and replayed as CUDA graphs (see graphs.py)."""
 
     def __init__(
         self,
@@ -133,10 +135,13 @@ class PlanExecutor:
         constants: dict[str, Any],
         ort_on_gpu: bool,
         watched: dict[int, list[int]] | None = None,
+        cuda_graphs: bool = False,
     ):
         self.plan, self.layout, self.kernels, self.sessions = plan, layout, kernels, sessions
         self.constants, self.ort_on_gpu = constants, ort_on_gpu
         self.watched = watched or {}
+        self.cuda_graphs = cuda_graphs
+        self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
         for index, step in enumerate(plan.steps):
@@ -159,7 +164,7 @@ class PlanExecutor:
                 end = index
                 while end < len(steps) and isinstance(steps[end], PluginStep):
                     end += 1
-                self._plugin_run(lane, values, range(index, end), held, chunk, inputs.flags)
+                self._plugin_run(lane, values, range(index, end), held, chunk, batch, inputs.flags)
                 index = end
             else:
                 self._ort(lane, values, steps[index], batch)
@@ -176,18 +181,17 @@ class PlanExecutor:
             if self.last_use.get(name) == index and name not in held and name not in self.constants:
                 values.drop(name)
 
-    def _plugin_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int,
+    def _plugin_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
                     flags: FlagSink | None) -> None:
         """Consecutive plugin steps: inputs from outside the run go to the device first,
-        then the kernels are enqueued back to back. A fused step's output is checked
-        for NaN and Inf right after its kernel, on the same stream and untimed."""
-        produced: set[str] = set()
-        for index in indices:
-            step = self.plan.steps[index]
-            for name in step.inputs:
-                if name and name not in produced:
-                    values.on_device(name)
-            produced.update(step.outputs)
+        then the kernels are enqueued back to back (or replayed as one CUDA graph). A
+        watched step's output is checked for NaN and Inf right after its kernel, on the
+        same stream and untimed."""
+        outside = self._outside_inputs(indices)
+        for name in outside:
+            values.on_device(name)
+        if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside):
+            return
         with lane.segment():
             for index in indices:
                 step = self.plan.steps[index]
@@ -202,6 +206,82 @@ class PlanExecutor:
                     for slot, value in zip(self.watched[index], outs):
                         flags.record(chunk, slot, value)
                 self._drop_dead(values, index, held)
+
+    def _outside_inputs(self, indices: range) -> list[str]:
+        """The tensors a run of steps reads that none of its steps writes, in order of first use."""
+        known = self._outside.get(indices.start)
+        if known is not None:
+            return known
+        produced: set[str] = set()
+        outside: dict[str, None] = {}
+        for index in indices:
+            step = self.plan.steps[index]
+            outside.update((name, None) for name in step.inputs if name and name not in produced)
+            produced.update(step.outputs)
+        self._outside[indices.start] = list(outside)
+        return self._outside[indices.start]
+
+    def _graph_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
+                   flags: FlagSink | None, outside: list[str]) -> bool:
+        """Runs the steps as this lane's CUDA graph for them at this chunk size, captured the
+        second time they are met; False (run them eagerly) the first time and when the
+        capture failed."""
+        graphs = lane.graphs
+        key = (indices.start, batch)
+        if key in graphs.failed:
+            return False
+        segment = graphs.graphs.get(key)
+        if segment is None:
+            if key not in graphs.seen:
+                graphs.seen.add(key)
+                return False
+            segment = self._capture(lane, values, indices, held, outside, key)
+            if segment is None:
+                return False
+        current = {name: values.on_device(name) for name in segment.inputs}
+        with lane.segment():
+            outputs = lane.run_kernel(segment.name, "plugin", lambda: segment.replay(current, lane.stream))
+        for name, value in outputs.items():
+            values.put(name, value)
+        for index in indices:
+            if flags is not None and index in self.watched:
+                for slot, name in zip(self.watched[index], self.plan.steps[index].outputs):
+                    flags.record(chunk, slot, outputs[name])
+            self._drop_dead(values, index, held)
+        return True
+
+    def _capture(self, lane: Any, values: _Values, indices: range, held: set[str], outside: list[str], key: tuple[int, int]):
+        """The steps' graph, or None (kept in lane.graphs.failed with the reason) when they cannot be captured."""
+        watched = {name for index in indices if index in self.watched for name in self.plan.steps[index].outputs}
+        after = {name for index in indices for name in self.plan.steps[index].outputs
+                 if self.last_use.get(name, -1) >= indices.stop or name in held or name in watched}
+        constants = {name: values.on_device(name) for name in outside if name in self.constants}
+        copied = {name: values.on_device(name) for name in outside if name not in self.constants}
+
+        def enqueue(local: dict[str, Any]) -> dict[str, Any]:
+            local.update(constants)
+            for index in indices:
+                step = self.plan.steps[index]
+                kernel = self.kernels[step.name]
+                outs = kernel([local[n] if n else None for n in step.inputs], lane.stream)
+                if len(outs) != len(step.outputs):
+                    raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
+                local.update(zip(step.outputs, outs))
+                for name in step.inputs:  # freed inside the capture: its memory serves later steps of the graph
+                    if self.last_use.get(name) == index and name not in after and name not in constants:
+                        local.pop(name, None)
+            return {name: local[name] for name in after}
+
+        names = [self.plan.steps[index].name for index in indices]
+        try:
+            segment = capture(names, copied, enqueue, lane.stream)
+        except Exception as err:
+            if cuda.is_out_of_memory(err):
+                raise
+            lane.graphs.failed[key] = capture_failure(err)
+            return None
+        lane.graphs.graphs[key] = segment
+        return segment
 
     def _ort(self, lane: Any, values: _Values, step: OrtStep, batch: int) -> None:
         session = self.sessions[step.name]

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import cuda
 from . import hostwork
+from .graphs import SegmentGraphs
 from .timeline import COPY, Timeline
 
 # Pageable inputs below this size go up directly: the driver's own staging is as quick.
@@ -154,6 +155,7 @@ class CudaLane:
         self.staging = PinnedStaging()
         self.recording = _Recording(index)
         self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
+        self.graphs = SegmentGraphs()  # runs of plugin steps captured on this lane's stream
 
     def activate(self) -> contextlib.AbstractContextManager:
         """Makes this lane's device and stream current in the calling thread."""

@@ -83,6 +83,8 @@ class RunResult:
     exact_reruns: int = 0
     exact_ms: float = 0.0
     spans: list[Span] = field(default_factory=list, repr=False)
+    # with CUDA graphs: each replayed graph's span name -> the plan steps it ran
+    graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Profile:
     copy_ms: list[float] = field(default_factory=list)
     copy_hidden_ms: list[float] = field(default_factory=list)
     copy_exposed_ms: list[float] = field(default_factory=list)
+    graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # as in RunResult, over every timed run
 
     @property
     def batch(self) -> int:
@@ -113,6 +116,7 @@ class Profile:
         self.copy_ms.append(result.copy_ms)
         self.copy_hidden_ms.append(result.copy_hidden_ms)
         self.copy_exposed_ms.append(result.copy_exposed_ms)
+        self.graphs.update(result.graphs)
         for reading in result.times:
             self.step_ms.setdefault(reading.name, []).append(reading.ms)
             self.kinds[reading.name] = reading.kind

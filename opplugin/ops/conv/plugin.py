@@ -22,6 +22,7 @@ class ReferenceConvKernel(Kernel):
         self.spec = spec
         self.epilogue = epilogue
         self.name = f"conv.reference{epilogue.suffix}"
+        self.nonfinite_exact = epilogue.pool is None  # see ConvKernel.nonfinite_exact
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -45,6 +46,7 @@ class UnfusedEpilogueKernel(Kernel):
         self.spec = conv_kernel.spec
         self.epilogue = epilogue
         self.name = f"{conv_kernel.name}, then cupy{epilogue.suffix}"
+        self.nonfinite_exact = epilogue.pool is None  # see ConvKernel.nonfinite_exact
         self.variant = conv_kernel.variant
 
     def flops(self, batch: int) -> int:

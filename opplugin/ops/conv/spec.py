@@ -5,6 +5,8 @@ reference, the CUDA families and the cost model all read the same numbers.
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -37,7 +39,7 @@ class ConvSpec:
     def rank(self) -> int:
         return len(self.in_size)
 
-    @property
+    @functools.cached_property  # read on every kernel call: computed once per spec (frozen, so never stale)
     def out_size(self) -> tuple[int, ...]:
         r = self.rank
         return tuple(
@@ -61,8 +63,8 @@ class ConvSpec:
         """Multiply-adds counted as two FLOPs, plus one add per output for the bias;
         `computed_size` is the part of the output a kernel computes (all of it by default)."""
         n = self.batch if batch is None else batch
-        outputs = n * self.out_channels * int(np.prod(computed_size or self.out_size))
-        per_output = 2 * (self.in_channels // self.group) * int(np.prod(self.kernel))
+        outputs = n * self.out_channels * math.prod(computed_size or self.out_size)
+        per_output = 2 * (self.in_channels // self.group) * math.prod(self.kernel)
         return outputs * per_output + (outputs if self.has_bias else 0)
 
     def bytes_moved(self, batch: int | None = None) -> int:

@@ -10,7 +10,9 @@ A *family* is one optimisation (one source in kernels/, or a pair); a
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -222,6 +224,11 @@ class ConvKernel(Kernel):
         self.functions = list(functions)
         self.epilogue = epilogue
 
+    @property
+    def nonfinite_exact(self) -> bool:
+        """NaN and Inf follow onnxruntime except through a fused max pool (see exact.py)."""
+        return self.epilogue.pool is None
+
     def flops(self, batch: int) -> int:
         """With a fused pool, only the conv outputs the pool reads are computed."""
         return self.spec.flops(batch, self.epilogue.conv_size_read(self.spec.out_size))
@@ -233,7 +240,11 @@ class ConvKernel(Kernel):
         return self.spec.bytes_moved(batch) - conv_out + residual + int(np.prod(self.output_shape(batch))) * 4
 
     def output_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, self.spec.out_channels, *self.epilogue.output_size(self.spec.out_size))
+        return (batch, self.spec.out_channels, *self._written_size)
+
+    @functools.cached_property
+    def _written_size(self) -> tuple[int, ...]:
+        return tuple(self.epilogue.output_size(self.spec.out_size))
 
     def workspace_bytes(self, batch: int) -> int:
         """Scratch device memory a call of this batch allocates besides its output."""
@@ -254,7 +265,7 @@ class ConvKernel(Kernel):
                 f"{spec.in_size[0]}, {spec.in_size[1]})"
             )
         batch = int(x.shape[0])
-        if batch * int(np.prod(spec.out_size)) > INT32_MAX:
+        if batch * math.prod(spec.out_size) > INT32_MAX:
             raise PluginError(f"{self.name}: batch {batch} is too large for 32-bit indexing; split the batch")
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)

@@ -13,6 +13,8 @@ see `gemm_tile`.
 """
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass
 
@@ -59,11 +61,11 @@ class GemmTile:
 
 
 def k_dim(spec: ConvSpec) -> int:
-    return (spec.in_channels // spec.group) * int(np.prod(spec.kernel))
+    return (spec.in_channels // spec.group) * math.prod(spec.kernel)
 
 
 def pixels(spec: ConvSpec) -> int:
-    return int(np.prod(spec.out_size))
+    return math.prod(spec.out_size)
 
 
 def thread_tile(bm: int, bn: int) -> tuple[int, int]:

@@ -288,9 +288,21 @@ class TensorGemmKernel(ConvKernel):
         # the 16-byte weight copies need W's rows 16-byte aligned
         self.weight_alignment = 16 if k_dim(spec) % 4 == 0 else 4
         self.alignment = 16 if is_pointwise(spec) else 4
+        self._geometries: dict[int, tuple[tuple[int, int, int], int, int]] = {}
 
     def workspace_bytes(self, batch: int) -> int:
         return 4 * self.splits * self.spec.out_channels * columns(self.spec, batch) if self.splits > 1 else 0
+
+    def _geometry(self, batch: int) -> tuple[tuple[int, int, int], int, int]:
+        """(grid, workspace floats, reduce blocks) of a call at this batch, worked out once per batch."""
+        known = self._geometries.get(batch)
+        if known is not None:
+            return known
+        cols = columns(self.spec, batch)
+        grid = (-(-cols // self.tile.bn), -(-self.spec.out_channels // self.tile.bm), self.splits)
+        outputs = batch * self.spec.out_channels * pixels(self.spec)
+        self._geometries[batch] = grid, self.workspace_bytes(batch) // 4, min(-(-outputs // REDUCE_BLOCK), 65535)
+        return self._geometries[batch]
 
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
         import cupy
@@ -298,15 +310,12 @@ class TensorGemmKernel(ConvKernel):
         w, b, r = weights
         if w.data.ptr % self.weight_alignment:
             w = w.copy()
-        cols = columns(self.spec, batch)
-        grid = (-(-cols // self.tile.bn), -(-self.spec.out_channels // self.tile.bm), self.splits)
-        partial = cupy.empty(self.workspace_bytes(batch) // 4, dtype=cupy.float32) if self.splits > 1 else None
+        grid, workspace, reduce_blocks = self._geometry(batch)
+        partial = cupy.empty(workspace, dtype=cupy.float32) if self.splits > 1 else None
         target = np.uint64(0) if partial is None else partial
         self._gemm(grid, (self.tile.threads, 1, 1), (x, w, b, r, y, target, np.int32(batch)), shared_mem=self._shared)
         if partial is not None:
-            outputs = y.size
-            blocks = min(-(-outputs // REDUCE_BLOCK), 65535)
-            self._reduce((blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch)))
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch)))
 
 
 FAMILIES: list[Family] = [Split3xTf32Gemm(), Tf32Gemm(), Fp16Gemm(), Bf16Gemm()]

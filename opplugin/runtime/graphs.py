@@ -1,0 +1,103 @@
+"""CUDA graphs for runs of plugin steps: each kernel launch costs the host tens of
+microseconds of Python, which at batch 1 is longer than the kernel itself. A run of
+consecutive plugin steps is captured once (per lane and chunk size) into a CUDA graph and
+replayed after that as a single launch.
+
+A graph bakes in every device address it touched, so:
+- the run's inputs from outside (a chunk's upload, an onnxruntime step's output) are copied
+  into the graph's own input buffers before each replay; the runner's constants stay put
+  for its lifetime and are read in place;
+- what the kernels allocate during the capture comes from a memory pool of the graph's
+  own, which nothing else draws on afterwards, so a buffer the capture freed and reused is
+  the graph's alone; its outputs are arrays of that pool, overwritten by the next replay
+  on the same lane (a lane finishes a chunk before it starts the next).
+
+A run is captured the second time it is met, so the first pass runs eagerly: it compiles
+and loads what the kernels need lazily, and its per-step timings remain the plan's own.
+A replay is timed as one span; a run whose capture fails (a kernel that synchronises, say)
+stays eager, and the reason is kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import first_line
+
+
+@dataclass
+class SegmentGraph:
+    """One captured run of plugin steps: its graph, its input buffers and its outputs."""
+
+    name: str  # the span's name in the timeline: "graph FIRST..LAST (N steps)"
+    steps: tuple[str, ...]
+    graph: Any
+    inputs: dict[str, Any]  # outside tensor -> the buffer the graph reads it from
+    outputs: dict[str, Any]  # tensor -> the array the graph writes it to
+    pool: Any  # the graph's own memory pool: alive as long as the graph
+
+    def replay(self, values: dict[str, Any], stream: Any) -> dict[str, Any]:
+        """Copy the outside inputs in, launch the graph on `stream`; returns the outputs."""
+        for name, buffer in self.inputs.items():
+            value = values[name]
+            if value.data.ptr != buffer.data.ptr and value.nbytes:
+                buffer.data.copy_from_device_async(value.data, value.nbytes, stream)
+        self.graph.launch(stream)
+        return self.outputs
+
+
+@dataclass
+class SegmentGraphs:
+    """The graphs of one lane, by (first step, chunk rows), and runs that could not be captured."""
+
+    graphs: dict[tuple[int, int], SegmentGraph] = field(default_factory=dict)
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    failed: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.graphs.clear()
+        self.seen.clear()
+        self.failed.clear()
+
+
+def graph_name(step_names: Sequence[str]) -> str:
+    first, last = step_names[0], step_names[-1]
+    return f"graph {first}" if len(step_names) == 1 else f"graph {first}..{last} ({len(step_names)} steps)"
+
+
+def capture(
+    step_names: Sequence[str],
+    outside: dict[str, Any],
+    run_steps: Callable[[dict[str, Any]], dict[str, Any]],
+    stream: Any,
+) -> SegmentGraph:
+    """Captures `run_steps(values)` on `stream` into a graph. `outside` maps each tensor the run
+    reads from outside (its current device array) to be copied into an input buffer; the rest
+    of what it reads (constants) must keep its address. `run_steps` enqueues the steps'
+    kernels and returns the tensors the graph must keep (those read after the run)."""
+    import cupy
+
+    inputs = {name: cupy.empty_like(value) for name, value in outside.items()}
+    pool = cupy.cuda.MemoryPool()
+    with cupy.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        try:
+            outputs = run_steps(dict(inputs))
+        except BaseException:
+            _abandon(stream)
+            raise
+        graph = stream.end_capture()
+    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool)
+
+
+def _abandon(stream: Any) -> None:
+    """End a capture that failed part-way, dropping what it recorded."""
+    try:
+        if stream.is_capturing():
+            stream.end_capture()
+    except Exception:  # an invalidated capture reports its error on ending; the original error is what matters
+        pass
+
+
+def capture_failure(err: BaseException) -> str:
+    return f"{type(err).__name__}: {first_line(err)}"

@@ -1,7 +1,7 @@
 // conv_const_rb: 2-D convolution (ONNX Conv), register blocked: each thread
 // computes RT output rows x MO output maps of one output column, with filters
-// and bias in __constant__ memory; optionally fused with the activation and
-// max pool that follow the Conv.
+// and bias in __constant__ memory; optionally fused with the residual Add,
+// activation and max pool that follow the Conv.
 //
 // Why it beats conv_const_mo: there, one input load feeds MO multiply-adds.
 // Here a thread walks the input rows its RT outputs need once, in order; each
@@ -14,15 +14,18 @@
 // weight is a literal offset into the constant bank and each accumulator a
 // register.
 //
-// Fused epilogue (ACT, PKH x PKW max pool with stride = window, no pads): a
-// thread max-reduces its PKH rows in registers and the PKW columns of a pool
-// window live in PKW neighbouring lanes, combined with shuffles; the bias and
-// the activation are applied once per pooled value (both commute with max),
-// and only the pooled map is stored.
+// Fused epilogue (conv_epilogue.cuh: residual r, ACTIVATION, then a PKH x PKW
+// max pool with stride = window, no pads): a thread max-reduces its PKH rows in
+// registers and the PKW columns of a pool window live in PKW neighbouring lanes,
+// combined with shuffles. With POOL_FIRST the bias and the activation are applied
+// once per pooled value (both commute with max); otherwise each conv output is
+// finished (bias, residual, activation) before the pool. Only the (pooled) map is
+// stored; the residual is read where the output is written, by the same lanes.
 //
 // Same -D macros as conv_const_mo plus RT (rows per thread), G (group count)
-// and the epilogue macros ACT (0 none, 1 Relu, 2 Tanh), PKH, PKW, POH, POW.
-// Launch: block (BLOCK), grid (ceil(batch*ROW_TILES*CW / BLOCK), ceil(M / MO)).
+// and the epilogue macros (RESIDUAL, POOL_FIRST, ACTIVATION), PKH, PKW, POH, POW.
+// Launch: block (BLOCK), grid (ceil(batch*ROW_TILES*CW / BLOCK), ceil(M / MO));
+// r is the residual operand ([batch][M][OH][OW]; null without RESIDUAL).
 
 #define CG (C / G)   // input channels per group
 #define MG (M / G)   // output maps per group
@@ -34,17 +37,13 @@
 // rows of a tile may fall outside the image: with pads, or when RT does not divide CH
 #define ROW_CHECK (PADDED || (CH % RT) != 0)
 
-__constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
-#if HAS_BIAS
-__constant__ float bias[M];
-#endif
-
+#include "conv_constant_bank.cuh"
 #include "conv_epilogue.cuh"
 
 // Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1 at column ow.
 template <int FIRST, int COUNT>
-__device__ __forceinline__ void conv_tile(const float* __restrict__ image, float* __restrict__ y,
-                                          int n, int oh0, int ow, bool valid)
+__device__ __forceinline__ void conv_tile(const float* __restrict__ image, const float* __restrict__ res,
+                                          float* __restrict__ y, int n, int oh0, int ow, bool valid)
 {
     constexpr int group = FIRST / MG;  // every map of a thread lies in one group
     const float* in = image + group * (CG * H * W);
@@ -82,6 +81,16 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
         }
     }
 
+#if (PKH > 1 || PKW > 1) && !POOL_FIRST
+    // finish every conv output before the pool; a row past CH (a partial tile) is never stored
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        const int row = oh0 + r < CH ? oh0 + r : CH - 1;
+#pragma unroll
+        for (int j = 0; j < COUNT; ++j)
+            acc[r][j] = finish_output(with_bias(acc[r][j], FIRST + j), residual_at(res, (((size_t)n * M + FIRST + j) * OH + row) * OW + ow));
+    }
+#endif
 #if PKH > 1 || PKW > 1
     // pool: rows within the thread, columns across PKW neighbouring lanes
 #pragma unroll
@@ -94,11 +103,11 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
             for (int k = 1; k < PKH; ++k) v = max_keep_nan(v, acc[pr * PKH + k][j]);
 #pragma unroll
             for (int s = 1; s < PKW; s <<= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, s));
-#if HAS_BIAS
-            v += bias[FIRST + j];
+#if POOL_FIRST
+            v = opplugin_activation(with_bias(v, FIRST + j));
 #endif
             if (valid && ow % PKW == 0 && prow < POH)
-                y[(((size_t)n * M + FIRST + j) * POH + prow) * POW + ow / PKW] = activate(v);
+                y[(((size_t)n * M + FIRST + j) * POH + prow) * POW + ow / PKW] = v;
         }
     }
 #else
@@ -107,11 +116,8 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
         if (!valid || ((CH % RT) != 0 && oh0 + r >= CH)) continue;
 #pragma unroll
         for (int j = 0; j < COUNT; ++j) {
-            float v = acc[r][j];
-#if HAS_BIAS
-            v += bias[FIRST + j];
-#endif
-            y[(((size_t)n * M + FIRST + j) * OH + oh0 + r) * OW + ow] = activate(v);
+            const size_t at = (((size_t)n * M + FIRST + j) * OH + oh0 + r) * OW + ow;
+            y[at] = finish_output(with_bias(acc[r][j], FIRST + j), residual_at(res, at));
         }
     }
 #endif
@@ -120,7 +126,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
 #include "conv_map_groups.cuh"
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-conv_const_rb(const float* __restrict__ x, float* __restrict__ y, int batch)
+conv_const_rb(const float* __restrict__ x, const float* __restrict__ r, float* __restrict__ y, int batch)
 {
     // Threads past the end still run (clamped to the last tile) but store
     // nothing: every lane must take part in the pool's shuffles.
@@ -134,5 +140,5 @@ conv_const_rb(const float* __restrict__ x, float* __restrict__ y, int batch)
     const int n = t / (ROW_TILES * CW);
     const int oh0 = ((t / CW) % ROW_TILES) * RT;
     const int ow = t % CW;
-    for_map_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow, valid);
+    for_map_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), r, y, n, oh0, ow, valid);
 }

@@ -1,7 +1,7 @@
 // conv_const_tile: 2-D convolution (ONNX Conv), register tiled in two
 // dimensions: each thread computes RT output rows x XT output columns x MO
 // output maps, filters and bias in __constant__ memory; optionally fused with
-// the activation and max pool that follow the Conv.
+// the residual Add, activation and max pool that follow the Conv.
 //
 // Why it beats conv_const_rb when the channel loop stays rolled (lenet86
 // conv2): a weight indexed by a run-time channel is not an immediate operand
@@ -13,13 +13,15 @@
 // as well (UNROLL_KH), which keeps the loop body at RT x XT x MO x KW FFMAs:
 // small enough for the instruction cache, unlike a fully unrolled filter.
 //
-// Fused epilogue (ACT, PKH x PKW max pool with stride = window, no pads): a
-// tile covering whole pool windows (RT % PKH == 0, XT % PKW == 0) pools in
+// Fused epilogue (conv_epilogue.cuh: residual r, ACTIVATION, then a PKH x PKW
+// max pool with stride = window, no pads): a tile covering whole pool windows (RT % PKH == 0, XT % PKW == 0) pools in
 // registers. A window larger than the tile (PKH % RT == 0, PKW % XT == 0) is
 // split over SUBH x SUBW neighbouring lanes, which pool their parts and then
 // combine them with shuffles: the tile stays the one that is fastest without
-// a pool (lenet86 conv2: 2 x 2 x 16 maps under a 4 x 4 window). Bias and
-// activation are applied once per pooled value (both commute with max). The
+// a pool (lenet86 conv2: 2 x 2 x 16 maps under a 4 x 4 window). With POOL_FIRST,
+// bias and activation are applied once per pooled value (both commute with max);
+// otherwise each conv output is finished (bias, residual, activation) first. The
+// residual is read with the same vector width as the output is stored. The
 // max lets a NaN win, so a NaN anywhere in a window reaches the output, where
 // the runner sees it.
 //
@@ -30,7 +32,8 @@
 //
 // Same -D macros as conv_const_rb, plus XT (columns per thread) and
 // UNROLL_C, UNROLL_KH (1: rolled loop, else its trip count: fully unrolled).
-// Launch: block (BLOCK), grid (ceil(batch*ROW_TILES*COL_TILES*SUB / BLOCK), ceil(M / MO)).
+// Launch: block (BLOCK), grid (ceil(batch*ROW_TILES*COL_TILES*SUB / BLOCK), ceil(M / MO));
+// r is the residual operand ([batch][M][OH][OW], 16-byte aligned; null without RESIDUAL).
 
 #define CG (C / G)   // input channels per group
 #define MG (M / G)   // output maps per group
@@ -56,21 +59,8 @@
 // Vector width of the stores without a pool: whole output rows split into tiles.
 #define VEC_OUT ((PKH == 1 && PKW == 1 && OW % XT == 0) ? (XT % 4 == 0 ? 4 : XT % 2 == 0 ? 2 : 1) : 1)
 
-__constant__ float filters[CG * KH * KW * M];  // [c][kh][kw][m]
-#if HAS_BIAS
-__constant__ float bias[M];
-#endif
-
+#include "conv_constant_bank.cuh"
 #include "conv_epilogue.cuh"
-
-__device__ __forceinline__ float bias_of(int map)
-{
-#if HAS_BIAS
-    return bias[map];
-#else
-    return 0.0f;
-#endif
-}
 
 // v[0 .. IN_COLS-1] = start[0 .. IN_COLS-1] in float4 loads (0 where the row is
 // outside the image); start is 16-byte aligned and the rounded-up end inside the row.
@@ -88,8 +78,8 @@ __device__ __forceinline__ void load_row_segment(const float* start, bool inside
 
 // Maps FIRST .. FIRST+COUNT-1 of rows oh0 .. oh0+RT-1, columns ow0 .. ow0+XT-1.
 template <int FIRST, int COUNT>
-__device__ __forceinline__ void conv_tile(const float* __restrict__ image, float* __restrict__ y,
-                                          int n, int oh0, int ow0, bool valid)
+__device__ __forceinline__ void conv_tile(const float* __restrict__ image, const float* __restrict__ res,
+                                          float* __restrict__ y, int n, int oh0, int ow0, bool valid)
 {
     constexpr int group = FIRST / MG;  // every map of a thread lies in one group
     const float* in = image + group * (CG * H * W);
@@ -104,7 +94,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
 #pragma unroll
         for (int x = 0; x < XT; ++x)
 #pragma unroll
-            for (int j = 0; j < COUNT; ++j) acc[r][x][j] = (HAS_BIAS && PKH == 1 && PKW == 1) ? bias_of(FIRST + j) : 0.0f;
+            for (int j = 0; j < COUNT; ++j) acc[r][x][j] = (PKH == 1 && PKW == 1) ? with_bias(0.0f, FIRST + j) : 0.0f;
 
 #pragma unroll UNROLL_C
     for (int c = 0; c < CG; ++c) {
@@ -142,6 +132,21 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
         }
     }
 
+#if (PKH > 1 || PKW > 1) && !POOL_FIRST
+    // finish every conv output before the pool; those past CH x CW (a partial tile) are never stored
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        const int row = oh0 + r < CH ? oh0 + r : CH - 1;
+#pragma unroll
+        for (int x = 0; x < XT; ++x) {
+            const int col = ow0 + x < CW ? ow0 + x : CW - 1;
+#pragma unroll
+            for (int j = 0; j < COUNT; ++j)
+                acc[r][x][j] = finish_output(with_bias(acc[r][x][j], FIRST + j),
+                                             residual_at(res, (((size_t)n * M + FIRST + j) * OH + row) * OW + col));
+        }
+    }
+#endif
 #if PKH > 1 || PKW > 1
     // the part of each window inside this thread's tile, and the windows the tile covers
     constexpr int part_h = PKH < RT ? PKH : RT, part_w = PKW < XT ? PKW : XT;
@@ -161,12 +166,12 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
                     for (int b = 0; b < part_w; ++b) v = max_keep_nan(v, acc[pr * part_h + a][px * part_w + b][j]);
 #pragma unroll
                 for (int s = 1; s < SUB; s <<= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, s));
-#if HAS_BIAS
-                v += bias[FIRST + j];
+#if POOL_FIRST
+                v = opplugin_activation(with_bias(v, FIRST + j));
 #endif
                 const bool inside = ((CH % RT) == 0 || prow < POH) && ((CW % XT) == 0 || pcol < POW);
                 if (valid && inside && (SUB == 1 || (threadIdx.x % SUB) == 0))
-                    y[(((size_t)n * M + FIRST + j) * POH + prow) * POW + pcol] = activate(v);
+                    y[(((size_t)n * M + FIRST + j) * POH + prow) * POW + pcol] = v;
             }
         }
     }
@@ -176,17 +181,21 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
         if (!valid || ((CH % RT) != 0 && oh0 + r >= CH)) continue;
 #pragma unroll
         for (int j = 0; j < COUNT; ++j) {
-            float* out = y + (((size_t)n * M + FIRST + j) * OH + oh0 + r) * OW + ow0;
+            const size_t at = (((size_t)n * M + FIRST + j) * OH + oh0 + r) * OW + ow0;
+            float* out = y + at;
 #pragma unroll
             for (int x = 0; x < XT; x += VEC_OUT) {
                 if ((CW % XT) != 0 && ow0 + x >= CW) continue;
                 if constexpr (VEC_OUT == 4) {
+                    const float4 s = residual4_at(res, at + x);
                     *reinterpret_cast<float4*>(out + x) = make_float4(
-                        activate(acc[r][x][j]), activate(acc[r][x + 1][j]), activate(acc[r][x + 2][j]), activate(acc[r][x + 3][j]));
+                        finish_output(acc[r][x][j], s.x), finish_output(acc[r][x + 1][j], s.y),
+                        finish_output(acc[r][x + 2][j], s.z), finish_output(acc[r][x + 3][j], s.w));
                 } else if constexpr (VEC_OUT == 2) {
-                    *reinterpret_cast<float2*>(out + x) = make_float2(activate(acc[r][x][j]), activate(acc[r][x + 1][j]));
+                    const float2 s = residual2_at(res, at + x);
+                    *reinterpret_cast<float2*>(out + x) = make_float2(finish_output(acc[r][x][j], s.x), finish_output(acc[r][x + 1][j], s.y));
                 } else {
-                    out[x] = activate(acc[r][x][j]);
+                    out[x] = finish_output(acc[r][x][j], residual_at(res, at + x));
                 }
             }
         }
@@ -197,7 +206,7 @@ __device__ __forceinline__ void conv_tile(const float* __restrict__ image, float
 #include "conv_map_groups.cuh"
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-conv_const_tile(const float* __restrict__ x, float* __restrict__ y, int batch)
+conv_const_tile(const float* __restrict__ x, const float* __restrict__ r, float* __restrict__ y, int batch)
 {
     // over batch * ROW_TILES * COL_TILES * SUB, the lanes of one pool window fastest
     const int total = batch * (ROW_TILES * COL_TILES * SUB);
@@ -213,5 +222,5 @@ conv_const_tile(const float* __restrict__ x, float* __restrict__ y, int batch)
     const int n = tile / (ROW_TILES * COL_TILES);
     const int oh0 = ((tile / COL_TILES) % ROW_TILES) * (SUBH * RT) + (sub / SUBW) * RT;
     const int ow0 = (tile % COL_TILES) * (SUBW * XT) + (sub % SUBW) * XT;
-    for_map_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), y, n, oh0, ow0, valid);
+    for_map_group<0>(blockIdx.y, x + (size_t)n * (C * H * W), r, y, n, oh0, ow0, valid);
 }

@@ -25,7 +25,9 @@
 //   32 different shared-memory banks.
 // - Layers whose output is too small to fill the GPU (512->512 at 7x7, batch 1)
 //   split K over KSLICES blocks (grid z); conv_tc_reduce then adds the slices in
-//   a fixed order, with the bias and activation: the same result on every run.
+//   a fixed order, with the epilogue: the same result on every run.
+// - The epilogue (conv_epilogue.cuh): bias, the residual operand r (read at the
+//   output's own index, by the lanes that store it), then ACTIVATION; no pool.
 //
 // Arithmetic: HALF 1 (FP16) or 2 (BF16) rounds both operands to 16 bits and runs
 // m16n8k16 MMAs with FP32 accumulation (opt-in, inexact). Otherwise SPLIT 1 is 3xTF32: each operand a = big + small, big = tf32(a)
@@ -44,12 +46,13 @@
 // C c0, c1 = [g][2t], [g][2t+1], c2, c3 = [g+8][2t], [g+8][2t+1].
 //
 // Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
-// HAS_BIAS, ACT) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
+// HAS_BIAS, RESIDUAL, ACTIVATION) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
 // TAP_MASK, KPAD (rows of `taps`: KDIM rounded up to BK) and MIN_BLOCKS.
 // Launch: block (NTHREADS), grid (ceil(batch*OH*OW / BN), ceil(M / BM), KSLICES),
 // dynamic shared memory STAGES * (BM*(BK+4) + BK*(BN+8)) * 4 bytes.
 // With KSLICES > 1 the partial sums go to `partial` ([KSLICES][M][batch*OH*OW])
-// and conv_tc_reduce (one thread per output) writes y.
+// and conv_tc_reduce (one thread per output) writes y. r is the residual operand
+// ([batch][M][OH][OW]; null without RESIDUAL).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the tensor-core implicit GEMM needs sm_80 or newer (mma.sync TF32, cp.async)"
@@ -359,7 +362,7 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
 #endif  // HALF
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, const float* __restrict__ r,
              float* __restrict__ y, float* __restrict__ partial, int batch)
 {
     extern __shared__ float4 shared_tiles[];
@@ -411,7 +414,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
             const int col = col0 + warp_n * WN + nt * 8 + 2 * t + half;
             if (col >= total) continue;
 #if KSLICES == 1
-            float* out = y + (size_t)(col / P) * (M * P) + col % P;
+            const size_t at = (size_t)(col / P) * (M * P) + col % P;
 #else
             float* out = partial + (size_t)blockIdx.z * M * total + col;
 #endif
@@ -426,7 +429,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
 #if HAS_BIAS
                     v += b[m];
 #endif
-                    out[(size_t)m * P] = activate(v);
+                    y[at + (size_t)m * P] = finish_output(v, residual_at(r, at + (size_t)m * P));
 #else
                     out[(size_t)m * total] = v;
 #endif
@@ -436,9 +439,10 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
     }
 }
 
-// y[n][m][p] = activate(sum of the KSLICES partial sums + bias), slices added in order
+// y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order
 extern "C" __global__ void __launch_bounds__(256)
-conv_tc_reduce(const float* __restrict__ partial, const float* __restrict__ b, float* __restrict__ y, int batch)
+conv_tc_reduce(const float* __restrict__ partial, const float* __restrict__ b, const float* __restrict__ r, float* __restrict__ y,
+               int batch)
 {
     const int total = batch * P;
     const size_t outputs = (size_t)batch * M * P;
@@ -453,6 +457,6 @@ conv_tc_reduce(const float* __restrict__ partial, const float* __restrict__ b, f
 #if HAS_BIAS
         v += b[m];
 #endif
-        y[i] = activate(v);
+        y[i] = finish_output(v, residual_at(r, i));
     }
 }

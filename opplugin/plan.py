@@ -101,6 +101,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     fused: dict[str, list[NodeInfo]] = {}  # plugin node name -> the followers its kernel runs
     taken: set[str] = set()
     readers = _readers(infos)
+    made_by = {o: index for index, info in enumerate(infos) for o in info.node.output if o}
     for info in infos:
         if info.name in taken:
             continue
@@ -108,7 +109,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         reason = _support(plugin, info, device) if plugin else "no plugin"
         if plugin and reason is None:
             groups.append(info)
-            fused[info.name], why = _fusion(plugin, info, readers, set(model.outputs), device, registry)
+            fused[info.name], why = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
             if why:
                 given_up[info.name] = why
             taken.update(f.name for f in fused[info.name])
@@ -127,7 +128,8 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         if isinstance(group, NodeInfo):
             followers = fused[group.name]
             outputs = list((followers[-1] if followers else group).node.output)
-            steps.append(PluginStep(group.name, group, registry[group.op_type], list(group.node.input), outputs, followers))
+            inputs = step_inputs(group, followers, model)
+            steps.append(PluginStep(group.name, group, registry[group.op_type], inputs, outputs, followers))
             continue
         ort_count += 1
         nodes = [info.node for info in group]
@@ -150,22 +152,24 @@ def _fusion(
     plugin: Plugin,
     info: NodeInfo,
     readers: dict[str, list[NodeInfo]],
+    made_by: dict[str, int],
     graph_outputs: set[str],
     device: Device,
     registry: dict[str, Plugin],
 ) -> tuple[list[NodeInfo], str | None]:
     """The nodes after `info` that its plugin runs in the same kernel: a chain in
-    which each node is the only reader of the one-output node before it, and no
-    intermediate tensor is a graph output (the fused kernel never writes it).
-    A built-in plugin for a follower's op type never stops the fusion (a MaxPool the Conv
-    kernel can pool stays inside it; one it cannot runs as the pool plugin's own step). A
-    user's or third party's plugin does: a kernel someone registered for an op runs that
-    op's nodes. When that cuts short a fusion, the second item says so (else None)."""
-    chain = _fusable_chain(info, readers, graph_outputs)
+    which each node is the only reader of the one-output node before it (or the pair
+    x * f(x)), and no intermediate tensor is a graph output (the fused kernel never
+    writes it). A built-in plugin for a follower's op type never stops the fusion (a
+    MaxPool the Conv kernel can pool stays inside it; one it cannot runs as the pool
+    plugin's own step). A user's or third party's plugin does: a kernel someone
+    registered for an op runs that op's nodes. When that cuts short a fusion, the
+    second item says so (else None)."""
+    chain, ends = _fusable_chain(info, readers, made_by, graph_outputs)
     mine = next((i for i, follower in enumerate(chain) if follower.op_type in registry and not is_builtin(registry[follower.op_type])),
                 len(chain))
-    count = _fuse_count(plugin, info, chain[:mine], device)
-    possible = _fuse_count(plugin, info, chain, device) if mine < len(chain) else 0
+    count = _fuse_count(plugin, info, chain[:mine], device, ends)
+    possible = _fuse_count(plugin, info, chain, device, ends) if mine < len(chain) else 0
     if possible > mine:
         follower = chain[mine]
         would = OP_SEPARATOR.join([info.op_type, *(f.op_type for f in chain[:possible])])
@@ -174,30 +178,94 @@ def _fusion(
     return chain[:count], None
 
 
-def _fusable_chain(info: NodeInfo, readers: dict[str, list[NodeInfo]], graph_outputs: set[str]) -> list[NodeInfo]:
-    """Up to two nodes after `info`, each the only reader of the one-output node before it
-    and reading nothing else but constants."""
+# A residual Add, an activation of two nodes (x * Sigmoid(x)) and a pool: the longest epilogue
+MAX_FOLLOWERS = 4
+
+
+def _fusable_chain(
+    info: NodeInfo, readers: dict[str, list[NodeInfo]], made_by: dict[str, int], graph_outputs: set[str]
+) -> tuple[list[NodeInfo], set[int]]:
+    """Up to MAX_FOLLOWERS nodes after `info`, and the lengths the chain may be cut at.
+
+    Each link is the only reader of the one-output node before it, reading nothing
+    else but constants; or an Add / two-input Sum whose other operand (a residual) is
+    written before `info` runs, so that the fused step can read it; or two nodes
+    computing x * f(x), the only readers of x (SiLU; a cut never separates them)."""
     chain: list[NodeInfo] = []
+    ends = {0}
     current = info
-    while len(chain) < 2:
+    lead_at = min((made_by.get(o, -1) for o in info.node.output if o), default=-1)
+    while len(chain) < MAX_FOLLOWERS:
         outputs = [o for o in current.node.output if o]
-        if len(outputs) != 1 or outputs[0] in graph_outputs or len(readers.get(outputs[0], [])) != 1:
+        if len(outputs) != 1 or outputs[0] in graph_outputs:
             break
-        follower = readers[outputs[0]][0]
-        inputs = [i for i in follower.node.input if i]
-        # the output, then only constants (a Clip's bounds), which the fused kernel compiles in
-        if inputs[:1] != outputs or any(i not in follower.constants for i in inputs[1:]):
+        link = _next_link(outputs[0], readers, graph_outputs, lead_at, made_by)
+        if not link or len(chain) + len(link) > MAX_FOLLOWERS:
             break
-        chain.append(follower)
-        current = follower
-    return chain
+        chain += link
+        ends.add(len(chain))
+        current = link[-1]
+    return chain, ends
 
 
-def _fuse_count(plugin: Plugin, info: NodeInfo, chain: list[NodeInfo], device: Device) -> int:
+def _next_link(value: str, readers: dict[str, list[NodeInfo]], graph_outputs: set[str], lead_at: int,
+               made_by: dict[str, int]) -> list[NodeInfo]:
+    """The node(s) that may fuse after the node writing `value` (see _fusable_chain); [] for none."""
+    after = readers.get(value, [])
+    if len(after) == 2:
+        return _value_times_function_of_it(value, after, readers, graph_outputs)
+    if len(after) != 1:
+        return []
+    follower = after[0]
+    inputs = [i for i in follower.node.input if i]
+    if follower.op_type in ("Add", "Sum") and len(inputs) == 2 and value in inputs:
+        # the other operand must be there when the fused step runs: written before its lead node
+        other = inputs[1 - inputs.index(value)]
+        return [follower] if other != value and made_by.get(other, -1) < lead_at else []
+    # the output, then only constants (a Clip's bounds), which the fused kernel compiles in
+    if inputs[:1] != [value] or any(i not in follower.constants for i in inputs[1:]):
+        return []
+    return [follower]
+
+
+def _value_times_function_of_it(value: str, pair: list[NodeInfo], readers: dict[str, list[NodeInfo]],
+                                graph_outputs: set[str]) -> list[NodeInfo]:
+    """[f, g] when the two readers of `value` are f, reading `value` alone, and g, reading `value`
+    and f's output, f's one reader (SiLU: x * Sigmoid(x)); the plugin says whether it runs them."""
+    for f, g in (pair, pair[::-1]):
+        f_inputs, f_outputs = [i for i in f.node.input if i], [o for o in f.node.output if o]
+        if f_inputs != [value] or len(f_outputs) != 1 or f_outputs[0] in graph_outputs:
+            continue
+        f_readers = readers.get(f_outputs[0], [])
+        if len(f_readers) == 1 and f_readers[0] is g and sorted(i for i in g.node.input if i) == sorted([value, f_outputs[0]]):
+            return [f, g]
+    return []
+
+
+def step_inputs(node: NodeInfo, followers: list[NodeInfo], model: Model) -> list[str]:
+    """What a plugin step's kernel is given: the node's own inputs, then the tensors its
+    fused followers read from outside the chain (a residual). Before those, the node's
+    inputs are padded with "" to its op's formal inputs, so each keeps its place (a
+    Conv without bias: [X, W, "", residual])."""
+    produced = {o for n in [node, *followers] for o in n.node.output if o}
+    extra = [i for f in followers for i in f.node.input if i and i not in produced and i not in model.initializers]
+    inputs = list(node.node.input)
+    if extra:
+        try:
+            formal = len(onnx.defs.get_schema(node.op_type, domain=node.node.domain).inputs)
+        except onnx.defs.SchemaError:
+            formal = len(inputs)
+        inputs += [""] * (formal - len(inputs))
+    return inputs + list(dict.fromkeys(extra))
+
+
+def _fuse_count(plugin: Plugin, info: NodeInfo, chain: list[NodeInfo], device: Device, ends: set[int]) -> int:
+    """How many of `chain` the plugin fuses, cut back to a length in `ends`."""
     try:
-        return plugin.fuse(info, chain, device) if chain else 0
+        count = plugin.fuse(info, chain, device) if chain else 0
     except Exception:  # a plugin that cannot judge a chain does not fuse it
         return 0
+    return max(end for end in ends if end <= count)
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:

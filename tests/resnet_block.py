@@ -41,3 +41,34 @@ def resnet_block(seed: int = 0, channels: int = 8, size: int = 12, classes: int 
         initializer=[numpy_helper.from_array(value, name) for name, value in weights.items()],
     )
     return finish(graph)
+
+
+def bottleneck_block(seed: int = 0, channels: int = 8, size: int = 12, width: int = 4, out: int = 16):
+    """A ResNet-50 downsample block as the onnx package's ResNet-50 orders it: the main path's
+    three convs (1x1, 3x3 stride 2, 1x1), then the shortcut's 1x1 stride-2 conv, then
+    Sum(main, shortcut) > Relu: the Sum's operands are written by two convs, the later one last."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name, shape, scale=0.3):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * scale, name)
+
+    inits = [weight("wa", (width, channels, 1, 1)), weight("wb", (width, width, 3, 3)), weight("wc", (out, width, 1, 1)),
+             weight("ws", (out, channels, 1, 1)), weight("bc", (out,), 0.1), weight("bs", (out,), 0.1)]
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a"),
+        helper.make_node("Relu", ["a"], ["a_relu"], name="relu_a"),
+        helper.make_node("Conv", ["a_relu", "wb"], ["b"], name="conv_b", strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["b"], ["b_relu"], name="relu_b"),
+        helper.make_node("Conv", ["b_relu", "wc", "bc"], ["main"], name="conv_c"),
+        helper.make_node("Conv", ["x", "ws", "bs"], ["shortcut"], name="conv_shortcut", strides=[2, 2]),
+        helper.make_node("Sum", ["main", "shortcut"], ["sum"], name="sum"),
+        helper.make_node("Relu", ["sum"], ["y"], name="relu_out"),
+    ]
+    half = size // 2
+    graph = helper.make_graph(
+        nodes, "bottleneck_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", out, half, half])],
+        initializer=inits,
+    )
+    return finish(graph)

@@ -28,7 +28,7 @@ def test_a_run_copies_no_constant_and_with_the_cuda_provider_nothing_between_ste
         copied = copied_tensors(runner.run(feeds))
     assert not copied & set(model.initializers), f"constants copied on a run: {copied & set(model.initializers)}"
     graph_tensors = {"x", *model.outputs}
-    # every node has a plugin (the residual Add > Relu the elementwise one's): with either onnxruntime build
+    # every node has a plugin (the residual Add > Relu fused into the Conv): with either onnxruntime build
     # only the graph's input and output cross
     assert not [s for s in runner.plan.steps if s.kind == "onnxruntime"] and copied <= graph_tensors
 

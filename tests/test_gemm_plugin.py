@@ -16,7 +16,7 @@ from opplugin.cli import main
 from opplugin.device import select_device
 from opplugin.errors import PluginError
 from opplugin.model import Model, load_model
-from opplugin.ops.activation import KINDS, Activation, cuda_float
+from opplugin.ops.activation import KINDS, SILU, Activation, cuda_float
 from opplugin.ops.gemm import families, reference
 from opplugin.ops.gemm.epilogue import NONE, GemmEpilogue
 from opplugin.ops.gemm.spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
@@ -101,8 +101,11 @@ def test_activation_meaning_matches_onnxruntime_with_nan_and_inf(activation):
     elif activation.op in ("LeakyRelu", "HardSigmoid"):
         attributes = {"alpha": activation.a} | ({"beta": activation.b} if activation.op == "HardSigmoid" else {})
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), f"e{i}") for i, v in enumerate(extra)]
-    node = helper.make_node(activation.op, ["x", *(f"e{i}" for i in range(len(extra)))], ["y"], **attributes)
-    graph = helper.make_graph([node], "act", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])],
+    if activation.op == SILU:  # no ONNX op: x * Sigmoid(x)
+        nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+    else:
+        nodes = [helper.make_node(activation.op, ["x", *(f"e{i}" for i in range(len(extra)))], ["y"], **attributes)]
+    graph = helper.make_graph(nodes, "act", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(x)])], initializer=inits)
     theirs = onnxruntime_output(finish(graph), {"x": x})
     with np.errstate(over="ignore", invalid="ignore"):

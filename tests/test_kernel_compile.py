@@ -113,8 +113,56 @@ def _gemm_cases():
 GEMM_CASES = list(_gemm_cases())
 
 
+# --- the residual epilogue: Add, every activation of the shared table, and the pool after them ---
+
+RESIDUAL_STEPS = {
+    # real-CNN layers at batch 32 with what their plans fuse: the tensor-core GEMM's unsplit and split-K stores
+    "resnet 64->64 3x3 56+add+relu": (CNN_SPECS["resnet 64->64 3x3 56"], Epilogue("Relu", residual=True)),
+    "resnet 512->512 3x3 7+add+relu": (CNN_SPECS["resnet 512->512 3x3 7"], Epilogue("Relu", residual=True)),
+    "resnet 1x1 64->256 56+add+relu": (CNN_SPECS["resnet 1x1 64->256 56"], Epilogue("Relu", residual=True)),
+    "mobilenetv2 1x1 96->24 56+add": (CNN_SPECS["mobilenetv2 1x1 96->24 56"], Epilogue(residual=True)),
+    "mobilenetv2 dw 3x3 32ch 112+relu6": (CNN_SPECS["mobilenetv2 dw 3x3 32ch 112"], Epilogue(Activation("Clip", 0.0, 6.0))),
+    # the blocked families' pools after a residual or a non-monotone activation (each output finished first)
+    "lenet86.conv2+add+relu+maxpool4": (SHAPES["lenet86.conv2"], Epilogue("Relu", (4, 4), residual=True)),
+    "lenet86.conv1+hardswish+maxpool2": (SHAPES["lenet86.conv1"], Epilogue("HardSwish", (2, 2))),
+    "stride2+add+silu+maxpool2": (SHAPES["stride2"], Epilogue(Activation("Silu"), (2, 2), residual=True)),
+}
+RESIDUAL_FAMILIES = [name for name, family in families.FAMILIES.items() if family.fuses and family.exact]
+
+
+def _residual_cases():
+    """(step, configured variant, arch): each fusing family's pick, and split K where the GEMM has one."""
+    for step, (spec, epilogue) in RESIDUAL_STEPS.items():
+        configs = [families.resolve(spec, name, epilogue) for name in RESIDUAL_FAMILIES
+                   if families.unsupported_reason(spec, name, _ones(spec), epilogue) is None]
+        if families.unsupported_reason(spec, "tc_3xtf32_64x64_k4", None, epilogue) is None:
+            configs.append("tc_3xtf32_64x64_k4")
+        for config in dict.fromkeys(configs):
+            for arch in ARCHS:
+                yield step, config, arch
+
+
+RESIDUAL_CASES = list(_residual_cases())
+ACTIVATION_SPEC = conv(8, 16, 32, (12, 12), (3, 3), pads=(1, 1, 1, 1))
+RESIDUAL_ACTIVATION_CASES = [
+    (activation, variant)
+    for activation in [*(Activation.plain(op) for op in ACTIVATION_KINDS), Activation("LeakyRelu", 0.3), Activation("Clip", 0.0, 6.0)]
+    for variant in ("const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_32x64_k2")
+]
+
+
+def _residual_jobs():
+    for step, config, arch in RESIDUAL_CASES:
+        spec, epilogue = RESIDUAL_STEPS[step]
+        yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, config, epilogue))
+    for activation, variant in RESIDUAL_ACTIVATION_CASES:
+        units = nvrtc_check.variant_units(ACTIVATION_SPEC, variant, Epilogue(activation, residual=True))
+        yield from ((unit.source, unit.defines, "sm_90") for unit in units)
+
+
 def compile_jobs():
     """(source, defines, arch) of every compile the tests of this module make."""
+    yield from _residual_jobs()
     for name, config in CNN_TENSOR_CORE_CASES:
         spec = CNN_SPECS[name]
         for arch in ARCHS:
@@ -262,3 +310,25 @@ def test_every_pool_configuration_compiles_without_spills(pool, arch):
     usage = nvrtc_check.check_pool(POOL_SPECS[pool], arch)
     assert usage.cubin_bytes > 0 and 0 < usage.registers <= 64  # a thread holds an index and one accumulator
     assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log
+
+
+def test_residual_cases_cover_every_fusing_family_and_split_k():
+    covered = {families.family_of(config).name for _, config, _ in RESIDUAL_CASES}
+    assert covered == set(RESIDUAL_FAMILIES)
+    assert any(config.endswith("_k4") for _, config, _ in RESIDUAL_CASES)
+    assert any(RESIDUAL_STEPS[step][1].pool and not RESIDUAL_STEPS[step][1].pool_first for step, _, _ in RESIDUAL_CASES)
+
+
+@pytest.mark.parametrize(("step", "config", "arch"), RESIDUAL_CASES)
+def test_residual_epilogues_compile_without_spills(step, config, arch):
+    spec, epilogue = RESIDUAL_STEPS[step]
+    for usage in nvrtc_check.check_variant(spec, config, arch, epilogue):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        assert usage.spills == 0 and usage.stack_frame == 0, usage.log
+
+
+@pytest.mark.parametrize(("activation", "variant"), RESIDUAL_ACTIVATION_CASES, ids=lambda v: getattr(v, "suffix", v))
+def test_every_activation_with_a_residual_compiles_without_spills(activation, variant):
+    for usage in nvrtc_check.check_variant(ACTIVATION_SPEC, variant, "sm_90", Epilogue(activation, residual=True)):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        assert usage.spills == 0 and usage.stack_frame == 0, usage.log

@@ -81,6 +81,28 @@ def test_plan_says_where_a_fused_kernel_runs_its_epilogue(capsys):
 
 
 @needs_nvrtc
+def test_a_fused_kernel_leaves_a_residual_add_and_other_activations_to_a_cupy_step(tmp_path, capsys):
+    from onnx_builders import save
+    from residual_models import residual_model
+
+    from opplugin.ops.activation import Activation
+    from opplugin.ops.conv.epilogue import Epilogue
+    from opplugin.ops.conv.spec import ConvSpec
+    from opplugin.user_kernels.contract import conv_user_defines, user_fusable
+
+    path = save(residual_model(Activation.plain("Relu")), tmp_path / "residual.onnx")
+    assert main(["plan", path, "--device", "cpu", "--batch", "2", "--kernel", f"conv={FUSED}"]) == 0
+    out = capsys.readouterr().out
+    assert "conv: conv_fused.cu; then Add > Relu as a separate CuPy step (the source fuses only ACT and the max pool)" in out
+    assert user_fusable(Epilogue("Tanh", (2, 2))) and not user_fusable(Epilogue("Relu", residual=True))
+    assert not user_fusable(Epilogue("Sigmoid")) and not user_fusable(Epilogue(Activation("LeakyRelu", 0.1)))
+    lenet = load_model("lenet86")
+    conv1 = next(info for info in lenet.node_infos(4, lenet.infer(4)) if info.op_type == "Conv")
+    defines = conv_user_defines(ConvSpec.from_node(conv1), Epilogue("Tanh", (2, 2)))
+    assert defines["ACT"] == 2 and defines["PKH"] == 2 and not {"RESIDUAL", "POOL_FIRST", "ACTIVATION(v)", "BLOCK"} & set(defines)
+
+
+@needs_nvrtc
 def test_a_compile_error_names_the_users_line_then_nvrtcs_log(tmp_path, capsys):
     starter = new_starter(tmp_path)
     bad = edited(starter, "acc += b[m];", "acc += b[m] + oops;", "bad.cu")

@@ -476,7 +476,7 @@ class Bench:
         tolerance = FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
         common = dict(family=None, exact=peer.exact, implementation=peer.implementation, tolerance=tolerance, timer=peer.timer)
         try:
-            run = peer.prepare(problem.spec, problem.epilogue, problem.x, *problem.weights)
+            run = peer.prepare(problem.spec, problem.epilogue, problem.x, *problem.weights, residual=problem.residual)
             rel_error, unwritten = problem.error(run())
             if unwritten or not rel_error <= tolerance:
                 why = f"{unwritten} NaN outputs" if unwritten else f"relative error {rel_error:.3g} > {tolerance:g}"

@@ -33,7 +33,7 @@ class Peer:
     exact: bool
     implementation: str  # what ran, for the table and the JSON
     timer: str  # "cuda-events" or "host" (a call that synchronises before it returns)
-    prepare: Callable[..., Callable[[], Any]]  # (spec, epilogue, x, w, b) -> run
+    prepare: Callable[..., Callable[[], Any]]  # (spec, epilogue, x, w, b, residual) -> run
 
 
 # --- cuDNN through PyTorch ------------------------------------------------------------
@@ -66,19 +66,22 @@ def cudnn_peer(torch: Any, tf32: bool) -> Peer:
     version = torch.backends.cudnn.version()
     label = f"torch {torch.__version__.split('+')[0]} F.conv2d, cuDNN {version} {mode}"
 
-    def prepare(spec: ConvSpec, epilogue: Epilogue, x, w, b):
+    def prepare(spec: ConvSpec, epilogue: Epilogue, x, w, b, residual=None):
         padding = _symmetric_padding(spec)
         x_t = torch.from_dlpack(x)
         # copies: initializers are read-only arrays, which torch will not wrap
         w_t = torch.tensor(np.array(w, dtype=np.float32), device=x_t.device)
         b_t = None if b is None else torch.tensor(np.array(b, dtype=np.float32), device=x_t.device)
-        activation = {None: None, "Relu": torch.relu, "Tanh": torch.tanh}[epilogue.activation]
+        activation = _torch_activation(torch, epilogue)
         pool = epilogue.pool
+        r_t = None if residual is None else torch.from_dlpack(residual)
 
         def run():
             # set on every call: the other cuDNN peer flips the same global switch
             torch.backends.cudnn.allow_tf32 = tf32
             y = F.conv2d(x_t, w_t, b_t, spec.strides, padding, spec.dilations, spec.group)
+            if r_t is not None:
+                y = y + r_t
             if activation is not None:
                 y = activation(y)
             if pool:
@@ -88,6 +91,22 @@ def cudnn_peer(torch: Any, tf32: bool) -> Peer:
         return run
 
     return Peer(f"cudnn_{mode.lower()}", exact=not tf32, implementation=label, timer="cuda-events", prepare=prepare)
+
+
+def _torch_activation(torch: Any, epilogue: Epilogue) -> Callable[[Any], Any] | None:
+    """The epilogue's activation as PyTorch runs it (parameters as the node gives them)."""
+    act = epilogue.activation
+    if act is None:
+        return None
+    import torch.nn.functional as F
+
+    functions = {
+        "Relu": torch.relu, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Silu": F.silu,
+        "LeakyRelu": lambda y: F.leaky_relu(y, act.a), "Clip": lambda y: torch.clamp(y, act.a, act.b),
+        "HardSigmoid": lambda y: torch.clamp(act.a * y + act.b, 0.0, 1.0),
+        "HardSwish": lambda y: y * torch.clamp(act.a * y + act.b, 0.0, 1.0),
+    }
+    return functions[act.op]
 
 
 # --- onnxruntime's CUDA provider -------------------------------------------------------
@@ -147,7 +166,7 @@ def onnxruntime_peer(device_id: int) -> Peer:
             made[key] = session
         return made[key]
 
-    def prepare(spec: ConvSpec, epilogue: Epilogue, x, w, b):
+    def prepare(spec: ConvSpec, epilogue: Epilogue, x, w, b, residual=None):
         if epilogue != NONE:
             raise PeerUnavailable("the onnxruntime peer runs the Conv alone")
         session = session_for(spec, w, b)

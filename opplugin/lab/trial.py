@@ -45,20 +45,27 @@ class Problem:
     """One Conv step's test data on the device (x, and the weights for families that
     read them at call time) and the float64 oracle's answer on the checked images."""
 
-    def __init__(self, spec: ConvSpec, epilogue: Epilogue, x: Any, w: np.ndarray, b: np.ndarray | None):
+    def __init__(self, spec: ConvSpec, epilogue: Epilogue, x: Any, w: np.ndarray, b: np.ndarray | None, residual: Any = None):
         import cupy
 
         self.spec, self.epilogue = spec, epilogue
         self.weights: Weights = (w, b)
         self.x = x
         self.inputs = [x, cupy.asarray(w)] + ([cupy.asarray(b)] if b is not None else [])
+        self.residual = None
+        if epilogue.residual:  # the step's inputs: X, W, B (None without one), the residual operand
+            shape = spec.output_shape(int(x.shape[0]))
+            self.residual = cupy.random.standard_normal(shape, dtype=cupy.float32) if residual is None else residual
+            self.inputs = self.inputs[:2] + [self.inputs[2] if b is not None else None, self.residual]
         self.indices = check_indices(int(x.shape[0]))
-        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b)
+        r = None if self.residual is None else cupy.asnumpy(self.residual[self.indices])
+        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b, r)
 
     @classmethod
     def random(cls, spec: ConvSpec, epilogue: Epilogue, weights: Weights | None = None) -> "Problem":
-        """Fresh standard-normal input of the spec's shape; the node's weights, or
-        standard-normal ones when it has none (weights computed at run time)."""
+        """Fresh standard-normal input of the spec's shape (and residual operand, if the
+        epilogue has one); the node's weights, or standard-normal ones when it has none
+        (weights computed at run time)."""
         import cupy
 
         x = cupy.random.standard_normal(spec.input_shape(), dtype=cupy.float32)

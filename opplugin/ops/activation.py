@@ -21,6 +21,7 @@ from ..registry import NodeInfo
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+SILU = "Silu"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ KINDS: dict[str, Kind] = {
     "HardSigmoid": Kind(lambda xp, v, a, b: _clamp(xp, a * v + b, 0.0, 1.0), "opplugin_clamp({a} * (v) + {b}, 0.0f, 1.0f)", (0.2, 0.5)),
     "HardSwish": Kind(lambda xp, v, a, b: v * _clamp(xp, a * v + b, 0.0, 1.0), "((v) * opplugin_clamp({a} * (v) + {b}, 0.0f, 1.0f))",
                       (1 / 6, 0.5)),
+    # no ONNX op: the pattern x * Sigmoid(x) (a Sigmoid and a Mul reading both), which a plan recognises as one
+    SILU: Kind(lambda xp, v, a, b: v * (1 / (1 + xp.exp(-v))), "((v) * opplugin_sigmoid(v))"),
 }
 
 
@@ -85,6 +88,15 @@ class Activation:
             return f"+clip{bounds[0]}_{bounds[1]}".replace("-", "m").replace(".", "p")
         return f"+{self.op.lower()}"
 
+    @property
+    def nondecreasing(self) -> bool:
+        """Whether f(max(u, v)) = max(f(u), f(v)), so that a max pool may come before it."""
+        if self.op in ("LeakyRelu", "HardSigmoid"):
+            return self.a >= 0
+        if self.op == "Clip":
+            return self.a <= self.b
+        return self.op in ("Relu", "Tanh", "Sigmoid")
+
     def apply(self, y: Any, xp: Any = np) -> Any:
         """The meaning on an array of any shape, in its dtype (float64 for an oracle)."""
         dtype = y.dtype
@@ -101,8 +113,8 @@ class Activation:
 
 def from_node(node: NodeInfo) -> Activation | None:
     """The Activation a node computes, or None when it is no activation of the table
-    (or a Clip whose bounds are not constants)."""
-    kind = KINDS.get(node.op_type)
+    (or a Clip whose bounds are not constants). SiLU is two nodes: see `silu_pair`."""
+    kind = KINDS.get(node.op_type) if node.op_type != SILU and node.node.domain in ("", "ai.onnx") else None
     if kind is None or len([o for o in node.node.output if o]) != 1:
         return None
     a, b = kind.defaults
@@ -123,3 +135,11 @@ def from_node(node: NodeInfo) -> Activation | None:
         a = float(node.attributes.get("alpha", a))
         b = float(node.attributes.get("beta", b))
     return Activation(node.op_type, a, b)
+
+
+def silu_pair(sigmoid: NodeInfo, mul: NodeInfo) -> bool:
+    """Whether `mul` multiplies the Sigmoid's own input by the Sigmoid's output: x * Sigmoid(x)."""
+    if sigmoid.op_type != "Sigmoid" or mul.op_type != "Mul" or {sigmoid.node.domain, mul.node.domain} - {"", "ai.onnx"}:
+        return False
+    x, s = sigmoid.node.input[0], sigmoid.node.output[0]
+    return sorted(mul.node.input) == sorted([x, s]) and x != s

@@ -144,7 +144,7 @@ def split_fused(plan: Plan) -> Plan:
             steps.append(OrtStep(f"{step.name} on onnxruntime", nodes, inputs, list(step.outputs), sub))
             continue
         own_outputs = [o for o in step.node.node.output if o]
-        steps.append(PluginStep(step.name, step.node, step.plugin, list(step.inputs), own_outputs))
+        steps.append(PluginStep(step.name, step.node, step.plugin, list(step.node.node.input), own_outputs))
         nodes = [info.node for info in step.fused]
         inputs = outside_inputs(nodes, plan.model)
         sub = sub_model(plan.model, f"{plan.model.name}_{step.name}_epilogue", nodes, inputs, list(step.outputs), plan.tensors)

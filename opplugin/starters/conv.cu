@@ -38,6 +38,7 @@
 //                      grid=cdiv(OW, 16), cdiv(OH, 16), batch * M   (cdiv rounds up)
 //   fuses=epilogue     this kernel applies ACT and the PKH x PKW max pool itself; otherwise
 //                      (the default) the runner applies them as a separate step, and `plan` says so.
+//                      A fused residual Add or another activation always runs as that separate step.
 //
 // Rejecting a shape: a shape this kernel cannot run falls back to opplugin's built-in choice
 // when the source stops with an #error whose text starts with "reject:", e.g.

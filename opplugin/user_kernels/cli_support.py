@@ -120,8 +120,9 @@ def plan_lines(plan, registry) -> list[str]:
             lines.append(f"  {step.name}: {label} not compiled: {err}")
             continue
         line = f"  {step.name}: {label}"
-        if step.fused and not plugin.source.launch.fuses_epilogue:
-            line += f"; then {' > '.join(n.op_type for n in step.fused)} as a separate CuPy step (the source does not fuse its epilogue)"
+        if step.fused and not plugin.fuses(plugin.epilogue(step.fused)):
+            why = "does not fuse its epilogue" if not plugin.source.launch.fuses_epilogue else "fuses only ACT and the max pool"
+            line += f"; then {' > '.join(n.op_type for n in step.fused)} as a separate CuPy step (the source {why})"
         elif step.fused:
             line += f", with {' > '.join(n.op_type for n in step.fused)} fused (fuses=epilogue)"
         lines.append(line)

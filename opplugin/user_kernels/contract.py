@@ -38,17 +38,39 @@ class Contract:
         return ", ".join(p.rsplit(" ", 1)[0] for p in self.parameters)
 
 
+# the activations a user's `fuses=epilogue` Conv kernel applies itself, as its ACT macro
+USER_ACTIVATION_CODES = {None: 0, "Relu": 1, "Tanh": 2}
+
+
+def user_fusable(epilogue) -> bool:
+    """Whether a user's `fuses=epilogue` kernel can run `epilogue` from its ACT, PKH, PKW
+    macros: no residual, and no activation or a plain Relu or Tanh. Any other runs after
+    the kernel as a CuPy step."""
+    from ..ops.activation import Activation
+
+    act = epilogue.activation
+    return not epilogue.residual and (act is None or (act.op in USER_ACTIVATION_CODES and act == Activation.plain(act.op)))
+
+
+def conv_user_defines(spec, epilogue) -> dict[str, int]:
+    """The Conv contract's macros for a spec and the epilogue the kernel applies itself (NONE for none)."""
+    from ..ops.conv.families.common import shape_defines
+
+    defines = shape_defines(spec, epilogue)
+    for name in ("BLOCK", "RESIDUAL", "POOL_FIRST", "ACTIVATION(v)"):  # the source's own directive says its block size
+        defines.pop(name, None)
+    defines["ACT"] = USER_ACTIVATION_CODES[epilogue.activation.op if epilogue.activation else None]
+    return defines
+
+
 def _conv_defines(node: NodeInfo, epilogue) -> dict[str, int]:
     from ..ops.conv.epilogue import NONE
-    from ..ops.conv.families.common import shape_defines
     from ..ops.conv.spec import ConvSpec
 
     spec = ConvSpec.from_node(node)
     if spec.rank != 2:
         raise PluginError(f"the Conv contract covers 2-D convolution; {node.name} is {spec.rank}-D")
-    defines = shape_defines(spec, epilogue or NONE)
-    defines.pop("BLOCK")  # the source's own directive says its block size
-    return defines
+    return conv_user_defines(spec, epilogue or NONE)
 
 
 def _elementwise_defines(node: NodeInfo, epilogue) -> dict[str, int]:

@@ -13,6 +13,7 @@ from ..device import Device
 from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
 from .compiler import Compiled, Rejected, compile_node
+from .contract import user_fusable
 from .source import KernelSource, UserKernelError, UserKernelHang, evaluate
 
 # How long the first launch of a kernel (on one image) may take before it counts as hung.
@@ -150,10 +151,14 @@ class UserPlugin(Plugin):
 
         return epilogue_of(fused)
 
+    def fuses(self, epilogue) -> bool:
+        """Whether the source applies `epilogue` itself (see contract.user_fusable)."""
+        return epilogue is not None and self.source.launch.fuses_epilogue and user_fusable(epilogue)
+
     def defines(self, node: NodeInfo, fused: Sequence[NodeInfo] = ()) -> dict[str, int]:
         """The node's macros: with the fused epilogue's when the source fuses it."""
-        epilogue = self.epilogue(fused) if self.source.launch.fuses_epilogue else None
-        return self.source.contract.defines(node, epilogue)
+        epilogue = self.epilogue(fused)
+        return self.source.contract.defines(node, epilogue if self.fuses(epilogue) else None)
 
     def compile(self, node: NodeInfo, fused: Sequence[NodeInfo], on_gpu: bool) -> Compiled:
         """The node's compile (cached): Rejected for a shape the source turns down."""
@@ -193,7 +198,7 @@ class UserPlugin(Plugin):
         if self.probe:
             kernel.probe(probe_inputs(node))
         epilogue = self.epilogue(fused)
-        if epilogue is not None and not self.source.launch.fuses_epilogue:
+        if epilogue is not None and not self.fuses(epilogue):
             from ..ops.conv.plugin import UnfusedEpilogueKernel
 
             kernel = UnfusedEpilogueKernel(kernel, epilogue)

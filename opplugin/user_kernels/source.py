@@ -12,7 +12,8 @@ Directives are comment lines of the form ``// opplugin: key=value``:
   ``B_CONST[]`` with a bias) and uploads the node's weights into them; the
   pointers are passed all the same;
 - ``fuses=epilogue``: the kernel applies the ACT / PKH x PKW macros itself (else
-  the runner applies a fused activation and max pool as a separate step).
+  the runner applies a fused activation and max pool as a separate step; a fused
+  residual Add, or an activation other than Relu and Tanh, always runs that way).
 
 The generated source puts the node's macros first, then ``#line 1 "FILE"`` and the
 user's text, so that NVRTC's messages name the user's own lines, then a

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from .compiler import Rejected, compile_node
+from .contract import conv_user_defines, user_fusable
 from .plugin import UserKernel, upload_weights, weights_digest
 from .source import KernelSource
 
@@ -13,12 +14,10 @@ from .source import KernelSource
 def build_for_problem(source: KernelSource, spec, weights, epilogue):
     """The user kernel for a Conv spec and epilogue (its epilogue as a CuPy step when the source does not fuse it)."""
     from ..ops.conv.epilogue import NONE
-    from ..ops.conv.families.common import shape_defines
     from ..ops.conv.plugin import UnfusedEpilogueKernel
 
-    fuses = source.launch.fuses_epilogue
-    defines = shape_defines(spec, epilogue if fuses else NONE)
-    defines.pop("BLOCK")
+    fuses = source.launch.fuses_epilogue and user_fusable(epilogue)
+    defines = conv_user_defines(spec, epilogue if fuses else NONE)
     constant = source.launch.constant_weights
     present = [a for a in weights if a is not None]
     compiled = compile_node(source, defines, True, weights_digest(present) if constant else None)

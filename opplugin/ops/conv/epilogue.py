@@ -1,43 +1,65 @@
-"""What may follow a Conv inside its kernel: an activation, then a max pool.
+"""What may follow a Conv inside its kernel, in ONNX's order: a residual Add (or a
+two-input Sum) of a same-shape tensor, an activation of ops/activation.py's table
+(SiLU included, written as x * Sigmoid(x)), then a non-overlapping max pool.
 
-A plan fuses Conv -> Relu|Tanh -> MaxPool when the intermediate tensors have no
-other reader; the kernel then writes only the pooled map. Both ops commute with
-the bias add and with each other (max of a monotone function is the function of
-the max), so a kernel may pool first and apply the activation once per pooled
-value, which is the point: a quarter of the activations and of the stores.
+A plan fuses such a chain when the intermediate tensors have no other reader; the
+kernel then writes only the last node's output. This description drives both the
+numpy reference (`apply`) and the CUDA code (`defines`, read by
+kernels/conv_epilogue.cuh), so every family applies it the same way.
+
+Without a residual, a nondecreasing activation commutes with the bias add and the
+max (max of f is f of the max), so a kernel may pool first and activate once per
+pooled value: a quarter of the activations and of the stores. A residual belongs to
+each conv output, and HardSwish or SiLU do not commute with max: then every conv
+output is finished before the pool (`pool_first` False).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..activation import Activation
 
-# the activations the Conv kernels compile in (kernels/conv_epilogue.cuh); their meaning is ops/activation.py's
-ACTIVATIONS = ("Relu", "Tanh")
+# where a fused step's kernel finds the residual operand: after the Conv's X, W and B (B may be empty)
+RESIDUAL_INPUT = 3
 
 
 @dataclass(frozen=True)
 class Epilogue:
-    """What a Conv kernel applies to its output before storing it: an activation, then a
-    non-overlapping max pool (window = stride); the empty one (NONE) does nothing."""
+    """What a Conv kernel applies to its output before storing it; the empty one (NONE) does nothing.
 
-    activation: str | None = None  # "Relu" or "Tanh"
+    `activation` may be given as an op name ("Relu") for the op with ONNX's default parameters."""
+
+    activation: Activation | None = None
     pool: tuple[int, int] | None = None  # max pool window = stride (kh, kw), no pads
+    residual: bool = False  # an Add of a tensor shaped like the conv output, before the activation
 
     def __post_init__(self):
-        if self.activation not in (None, *ACTIVATIONS):
-            raise ValueError(f"unsupported activation {self.activation!r}")
+        if isinstance(self.activation, str):
+            object.__setattr__(self, "activation", Activation.plain(self.activation))
 
     @property
     def suffix(self) -> str:
-        """For kernel names: "+relu+maxpool2"."""
-        parts = [f"+{self.activation.lower()}"] if self.activation else []
+        """For kernel names: "+add+relu+maxpool2"."""
+        parts = ["+add"] if self.residual else []
+        if self.activation:
+            parts.append(self.activation.suffix)
         if self.pool:
             kh, kw = self.pool
             parts.append(f"+maxpool{kh}" if kh == kw else f"+maxpool{kh}x{kw}")
         return "".join(parts)
+
+    @property
+    def pool_first(self) -> bool:
+        """Whether a kernel may pool the raw sums and add the bias and activate once per pooled value."""
+        return bool(self.pool) and not self.residual and (self.activation is None or self.activation.nondecreasing)
+
+    def defines(self) -> dict[str, int | str]:
+        """The -D macros kernels/conv_epilogue.cuh reads (the pool's size is a shape macro)."""
+        activation = self.activation.define() if self.activation else {}
+        return activation | {"RESIDUAL": int(self.residual), "POOL_FIRST": int(self.pool_first)}
 
     def output_size(self, conv_size: tuple[int, ...]) -> tuple[int, ...]:
         """Spatial size after the pool (floor mode drops a partial last window)."""
@@ -53,17 +75,22 @@ class Epilogue:
             return tuple(conv_size)
         return tuple(s // k * k for s, k in zip(conv_size, self.pool))
 
-    def apply(self, y: np.ndarray, xp=np) -> np.ndarray:
-        """The meaning, on an (N, M, H, W) conv output, in ONNX's order; `xp` is
-        the array module (numpy, or cupy for device arrays).
+    def apply(self, y: Any, residual: Any = None, xp: Any = np) -> Any:
+        """The meaning, on an (N, M, H, W) conv output (bias included) and the residual
+        operand (same shape; needed when `residual`), in ONNX's order; `xp` is the
+        array module (numpy, or cupy for device arrays).
 
-        NaN propagates: Relu keeps it (`v < 0 ? 0 : v`), and a window holding a
+        NaN propagates: the add and every activation keep it, and a window holding a
         NaN pools to NaN (+inf wins over everything else). onnxruntime's own
         MaxPool treats a NaN differently by its place in the window, so no fixed
         rule matches it; instead every NaN or +inf that reaches a window shows in
         this output, and the runner reruns such chunks on onnxruntime's nodes."""
+        if self.residual:
+            if residual is None:
+                raise ValueError(f"the epilogue {self.suffix} needs its residual operand")
+            y = y + xp.asarray(residual, dtype=y.dtype)
         if self.activation:
-            y = Activation.plain(self.activation).apply(y, xp)
+            y = self.activation.apply(y, xp)
         if self.pool:
             kh, kw = self.pool
             oh, ow = y.shape[2] // kh, y.shape[3] // kw
@@ -74,10 +101,10 @@ class Epilogue:
             y = pooled
         return y
 
-    def apply_cupy(self, y):
+    def apply_cupy(self, y: Any, residual: Any = None) -> Any:
         import cupy
 
-        return cupy.ascontiguousarray(self.apply(y, cupy))
+        return cupy.ascontiguousarray(self.apply(y, residual, cupy))
 
 
 NONE = Epilogue()

@@ -1,5 +1,5 @@
 """The Conv plugin: the numpy reference on the CPU device, a CUDA family on a GPU,
-with the activation and max pool that follow a Conv fused into its kernel."""
+with the residual Add, activation and max pool that follow a Conv fused into its kernel."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -9,8 +9,9 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
+from .. import activation
 from . import reference
-from .epilogue import ACTIVATIONS, NONE, Epilogue
+from .epilogue import NONE, RESIDUAL_INPUT, Epilogue
 from .spec import ConvSpec
 
 
@@ -33,7 +34,7 @@ class ReferenceConvKernel(Kernel):
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
         y = reference.conv(x, w, b, self.spec.strides, self.spec.pads, self.spec.dilations, self.spec.group)
-        return [self.epilogue.apply(y.astype(np.float32, copy=False))]
+        return [self.epilogue.apply(y.astype(np.float32, copy=False), residual_operand(inputs, self.epilogue))]
 
 
 class UnfusedEpilogueKernel(Kernel):
@@ -60,9 +61,9 @@ class UnfusedEpilogueKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         from ... import cuda
 
-        [y] = self.conv(inputs, stream)
+        [y] = self.conv(inputs[:RESIDUAL_INPUT], stream)
         with cuda.on_stream(stream):
-            return [self.epilogue.apply_cupy(y)]
+            return [self.epilogue.apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
 class ConvPlugin(Plugin):
@@ -99,7 +100,7 @@ class ConvPlugin(Plugin):
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after this Conv, each the only reader
         of the one before) this plugin runs in the Conv's own kernel."""
-        for count in range(min(2, len(followers)), 0, -1):
+        for count in range(len(followers), 0, -1):
             epilogue = epilogue_of(followers[:count])
             if epilogue is None:
                 continue
@@ -144,18 +145,45 @@ class ConvPlugin(Plugin):
         return families.build_kernel(spec, variant, weights, epilogue)
 
 
-def epilogue_of(followers: Sequence[NodeInfo]) -> Epilogue | None:
-    """The Epilogue that `followers` (activation, then max pool; either may be
-    absent) compute, or None when a Conv kernel cannot run them."""
-    ops = [n.op_type for n in followers]
-    activation = ops[0] if ops and ops[0] in ACTIVATIONS else None
-    rest = list(followers[1:] if activation else followers)
-    if not rest:
-        return Epilogue(activation) if activation else None
-    if len(rest) != 1 or rest[0].op_type != "MaxPool":
+def residual_operand(inputs: Sequence[Any], epilogue: Epilogue) -> Any:
+    """The tensor a fused residual Add reads, from a step's inputs (None without one)."""
+    if not epilogue.residual:
         return None
-    pool = _fusable_pool(rest[0])
-    return Epilogue(activation, pool) if pool else None
+    if len(inputs) <= RESIDUAL_INPUT or inputs[RESIDUAL_INPUT] is None:
+        raise PluginError(f"the fused epilogue {epilogue.suffix} needs its residual operand, input {RESIDUAL_INPUT} of the step")
+    return inputs[RESIDUAL_INPUT]
+
+
+def epilogue_of(followers: Sequence[NodeInfo]) -> Epilogue | None:
+    """The Epilogue that `followers` compute (a residual Add or two-input Sum, an
+    activation of the shared table or x * Sigmoid(x), a max pool; any may be absent,
+    the order may not change), or None when a Conv kernel cannot run them."""
+    rest = list(followers)
+    residual = bool(rest) and _residual_add(rest[0])
+    if residual:
+        rest = rest[1:]
+    act = None
+    if len(rest) >= 2 and activation.silu_pair(rest[0], rest[1]):
+        act, rest = activation.Activation(activation.SILU), rest[2:]
+    elif rest and (act := activation.from_node(rest[0])) is not None:
+        rest = rest[1:]
+    pool = None
+    if rest:
+        pool = _fusable_pool(rest[0]) if len(rest) == 1 and rest[0].op_type == "MaxPool" else None
+        if pool is None:
+            return None
+    return Epilogue(act, pool, residual) if residual or act or pool else None
+
+
+def _residual_add(node: NodeInfo) -> bool:
+    """An Add (or a Sum of two) of two float32 tensors of one shape, neither a constant:
+    the conv output and a tensor read in the epilogue, with no broadcasting."""
+    names = [n for n in node.node.input if n]
+    if node.op_type not in ("Add", "Sum") or len(names) != 2 or len(node.node.input) != 2 or node.node.domain not in ("", "ai.onnx"):
+        return False
+    shapes = {tuple(t.shape) for t in node.inputs} | {tuple(t.shape) for t in node.outputs}
+    same = len(shapes) == 1 and all(d > 0 for d in next(iter(shapes)))
+    return same and all(t.dtype == np.float32 for t in node.inputs) and not any(n in node.constants for n in names)
 
 
 def _fusable_pool(node: NodeInfo) -> tuple[int, int] | None:

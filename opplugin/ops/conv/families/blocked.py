@@ -1,4 +1,4 @@
-"""Register blocking, filters in __constant__ memory, fused activation + max pool:
+"""Register blocking, filters in __constant__ memory, fused epilogue (residual, activation, max pool):
 
 - `const_rb_r<RT>m<MO>`: each thread computes RT output rows x MO output maps
   of one column, every loop unrolled;
@@ -44,7 +44,7 @@ class ConstRegisterBlocked(Family):
     name = "const_rb"
     summary = (
         "register blocking: each thread computes a tile of output rows x maps of one column, filters in "
-        "__constant__ memory, loops unrolled; one input load feeds up to rows x maps multiply-adds; fuses act+maxpool"
+        "__constant__ memory, loops unrolled; one input load feeds up to rows x maps multiply-adds; fuses a residual Add, an activation and a max pool"
     )
     constant_weights = True
     fuses = True
@@ -120,6 +120,7 @@ class ConstRegisterBlocked(Family):
             grid_y=-(-spec.out_channels // maps),
             reads_weights=False,
             epilogue=epilogue,
+            residual_parameter=True,
         )
 
 
@@ -139,7 +140,7 @@ class ConstTile(Family):
     name = "const_tile"
     summary = (
         "register tile of rows x columns x maps per thread, filters in __constant__ memory; each constant load "
-        "feeds rows x columns multiply-adds, so a rolled channel loop stays FFMA-bound; fuses act+maxpool"
+        "feeds rows x columns multiply-adds, so a rolled channel loop stays FFMA-bound; fuses a residual Add, an activation and a max pool"
     )
     constant_weights = True
     fuses = True
@@ -241,6 +242,7 @@ class ConstTile(Family):
             grid_y=-(-spec.out_channels // maps),
             reads_weights=False,
             epilogue=epilogue,
+            residual_parameter=True,
         )
         kernel.alignment = 16  # rows may be read and written as float2 / float4
         return kernel

@@ -21,7 +21,7 @@ import numpy as np
 from .... import cuda
 from ....errors import PluginError
 from ....registry import Kernel
-from ..epilogue import NONE, Epilogue
+from ..epilogue import NONE, RESIDUAL_INPUT, Epilogue
 from ..spec import ConvSpec
 
 CONSTANT_MEMORY_BYTES = 64 * 1024  # the __constant__ space of every CUDA device so far
@@ -49,14 +49,12 @@ def constant_bytes(spec: ConvSpec) -> int:
     return 4 * (int(np.prod(spec.weight_shape)) + (spec.out_channels if spec.has_bias else 0))
 
 
-ACTIVATION_CODES = {None: 0, "Relu": 1, "Tanh": 2}
-
-
 def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | str]:
     """The -D macros every variant is specialised with (all but the batch).
 
     OH, OW are the conv's output size; POH, POW the size written (after the
-    fused pool, if any); ACT and PKH, PKW describe the epilogue.
+    fused pool, if any); PKH, PKW and the epilogue's own macros (RESIDUAL,
+    POOL_FIRST, ACTIVATION(v): see kernels/conv_epilogue.cuh) describe the epilogue.
     """
     (h, w), (kh, kw), (sh, sw), (dh, dw) = spec.in_size, spec.kernel, spec.strides, spec.dilations
     oh, ow = spec.out_size
@@ -80,14 +78,13 @@ def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | 
         "OW": ow,
         "POH": poh,
         "POW": pow_,
-        "ACT": ACTIVATION_CODES[epilogue.activation],
         "PKH": pkh,
         "PKW": pkw,
         # without pads every tap of every output lies inside the image: skip the bounds tests
         "PADDED": int(any(spec.pads)),
         "HAS_BIAS": int(spec.has_bias),
         "BLOCK": BLOCK,
-    }
+    } | epilogue.defines()
 
 
 # The map-group kernels (const_mo, const_rb, const_tile) compile one copy of
@@ -216,7 +213,9 @@ class ConvKernel(Kernel):
     memory) the lab reads."""
 
     reads_weights = False
-    alignment = 4  # bytes the kernel needs x and y aligned to (16 for float4 loads and stores)
+    # the kernel takes a pointer to the residual operand after the weights' (null without one): the fusing families
+    residual_parameter = False
+    alignment = 4  # bytes the kernel needs x, y and the residual aligned to (16 for float4 loads and stores)
 
     def __init__(self, spec: ConvSpec, variant: str, functions: Sequence[Any], epilogue: Epilogue = NONE):
         self.spec = spec
@@ -235,9 +234,10 @@ class ConvKernel(Kernel):
         return self.spec.flops(batch, self.epilogue.conv_size_read(self.spec.out_size))
 
     def bytes_moved(self, batch: int) -> int:
-        """Fewest bytes: input and weights read once, the (pooled) output written once."""
+        """Fewest bytes: input, weights and a residual operand read once, the (pooled) output written once."""
         conv_out = int(np.prod(self.spec.output_shape(batch))) * 4
-        return self.spec.bytes_moved(batch) - conv_out + int(np.prod(self.output_shape(batch))) * 4
+        residual = conv_out if self.epilogue.residual else 0
+        return self.spec.bytes_moved(batch) - conv_out + residual + int(np.prod(self.output_shape(batch))) * 4
 
     def output_shape(self, batch: int) -> tuple[int, ...]:
         return (batch, self.spec.out_channels, *self._written_size)
@@ -251,7 +251,8 @@ class ConvKernel(Kernel):
         return 0
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
-        """[y] for the node's inputs; y is `out` when given (written in full), else a new array."""
+        """[y] for the step's inputs (X, W, B, then the residual operand of a fused Add);
+        y is `out` when given (written in full), else a new array."""
         import cupy
 
         spec = self.spec
@@ -271,6 +272,8 @@ class ConvKernel(Kernel):
             if x.data.ptr % self.alignment:
                 x = x.copy()  # a fresh allocation is aligned for the kernel's vector loads
             weights = self._weight_args(cupy, inputs) if self.reads_weights else ()
+            if self.residual_parameter:
+                weights += (self._residual_arg(cupy, inputs, batch),)
             y = self._output(cupy, out, batch)
             target = y if y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
             if batch:
@@ -280,7 +283,22 @@ class ConvKernel(Kernel):
         return [y]
 
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+        """Launch on x into y; `weights` are the pointer arguments between them: (w, b) when the
+        kernel reads its weights, then the residual's when it takes one."""
         raise NotImplementedError
+
+    def _residual_arg(self, cupy: Any, inputs: Sequence[Any], batch: int) -> Any:
+        """The residual operand as a contiguous, aligned device array; a null pointer without one."""
+        if not self.epilogue.residual:
+            return np.uint64(0)
+        if len(inputs) <= RESIDUAL_INPUT or inputs[RESIDUAL_INPUT] is None:
+            raise PluginError(f"{self.name}: the residual operand (input {RESIDUAL_INPUT}) is missing from the inputs")
+        r = checked_array(cupy, inputs[RESIDUAL_INPUT], "residual operand", self.name)
+        shape = self.spec.output_shape(batch)
+        if tuple(r.shape) != tuple(shape):
+            raise PluginError(f"{self.name}: the residual operand has shape {tuple(r.shape)}, expected {tuple(shape)}")
+        r = cupy.ascontiguousarray(r)
+        return r if r.data.ptr % self.alignment == 0 else r.copy()
 
     def _weight_args(self, cupy: Any, inputs: Sequence[Any]) -> tuple:
         """(w, b) as contiguous device arrays; b is a null pointer without a bias."""
@@ -313,12 +331,14 @@ class GridKernel(ConvKernel):
     """A variant that is one kernel function over a 2-D grid: x covers
     `threads(batch)` threads in blocks of BLOCK, y the map groups."""
 
-    def __init__(self, spec, variant, function, *, threads_per_image: int, grid_y: int, reads_weights: bool, epilogue=NONE):
+    def __init__(self, spec, variant, function, *, threads_per_image: int, grid_y: int, reads_weights: bool, epilogue=NONE,
+                 residual_parameter: bool = False):
         super().__init__(spec, variant, [function], epilogue)
         self._function = function
         self._threads_per_image = threads_per_image
         self._grid_y = grid_y
         self.reads_weights = reads_weights
+        self.residual_parameter = residual_parameter
 
     def _launch(self, x, weights, y, batch):
         grid = (-(-batch * self._threads_per_image // BLOCK), self._grid_y, 1)

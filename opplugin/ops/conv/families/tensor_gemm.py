@@ -137,7 +137,7 @@ class PipelinedTensorGemm(Family):
 
     split = True
     half = 0
-    fuses = True  # bias and activation; not the max pool
+    fuses = True  # bias, a residual Add and an activation; not the max pool
     _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
 
     def owns(self, variant):
@@ -169,7 +169,7 @@ class PipelinedTensorGemm(Family):
         if spec.group != 1:
             return f"{self.name} implements group=1 only (this Conv has group={spec.group})"
         if epilogue.pool:
-            return f"{self.name} fuses the bias and an activation, not a max pool"
+            return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
         if k_slices(spec) * SLICE_DEPTH > TAP_TABLE_ROWS:
             return f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table in __constant__ memory"
         if spec.in_size[0] >= NO_TAP or spec.in_size[1] > 0xFFFF:
@@ -225,7 +225,7 @@ class Split3xTf32Gemm(PipelinedTensorGemm):
     summary = (
         "tensor cores, FP32-exact by measurement (sm_80+): implicit GEMM with each operand split into big + small "
         "TF32 parts (three mma.sync per tile), tiles streamed through a 3-stage cp.async pipeline, split K for small "
-        "outputs; weights read at call time; fuses bias and activation"
+        "outputs; weights read at call time; fuses bias, a residual Add and an activation"
     )
     exact = True
     exact_by = "measurement"
@@ -274,6 +274,7 @@ class Bf16Gemm(ReducedPrecisionGemm):
 
 class TensorGemmKernel(ConvKernel):
     reads_weights = True
+    residual_parameter = True
 
     def __init__(self, spec: ConvSpec, variant: str, functions, tile: Tile, splits: int, epilogue=NONE):
         super().__init__(spec, variant, functions, epilogue)
@@ -306,15 +307,15 @@ class TensorGemmKernel(ConvKernel):
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
         import cupy
 
-        w, b = weights
+        w, b, r = weights
         if w.data.ptr % self.weight_alignment:
             w = w.copy()
         grid, workspace, reduce_blocks = self._geometry(batch)
         partial = cupy.empty(workspace, dtype=cupy.float32) if self.splits > 1 else None
         target = np.uint64(0) if partial is None else partial
-        self._gemm(grid, (self.tile.threads, 1, 1), (x, w, b, y, target, np.int32(batch)), shared_mem=self._shared)
+        self._gemm(grid, (self.tile.threads, 1, 1), (x, w, b, r, y, target, np.int32(batch)), shared_mem=self._shared)
         if partial is not None:
-            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, y, np.int32(batch)))
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch)))
 
 
 FAMILIES: list[Family] = [Split3xTf32Gemm(), Tf32Gemm(), Fp16Gemm(), Bf16Gemm()]

@@ -109,17 +109,14 @@ __device__ __forceinline__ unsigned int to_tf32(float v)
 }
 
 // v = big + small: big rounded to TF32, small the exact FP32 rest, left for the MMA to truncate.
-// An infinity or NaN (or a value that rounds to one) goes whole into small, with big 0: then only the one product small*big of the
-// other operand (its big part is 0 only where that operand is 0) carries it, and an output gets
-// +-inf or NaN exactly where FP32 sums (and onnxruntime) give them. Split as big = inf, small
-// would be inf - inf = NaN, and big*small a NaN wherever the other operand's small part is 0.
+// An infinite v gives small = inf - inf = NaN, so an output whose window holds an infinity is NaN
+// where FP32 sums give +-inf. Handling that here costs about 1.8x in time (this loop is bound by
+// its ALU pipe; measured on an H100), so the kernel says it is not NaN/Inf-exact instead
+// (TensorGemmKernel.nonfinite_exact) and the runner reruns such chunks on an exact variant.
 __device__ __forceinline__ void split_tf32(float v, unsigned int& big, unsigned int& small)
 {
-    const unsigned int rounded = to_tf32(v);
-    const bool finite = isfinite(__uint_as_float(rounded));  // also false where rounding overflows
-    big = finite ? rounded : 0u;
-    // a NaN whose payload sits in the 13 bits the MMA drops would read as an infinity: make it the quiet NaN
-    small = finite ? __float_as_uint(v - __uint_as_float(rounded)) : (v != v ? 0x7fc00000u : __float_as_uint(v));
+    big = to_tf32(v);
+    small = __float_as_uint(v - __uint_as_float(big));
 }
 
 template <int ROWS, int COLS>

@@ -311,3 +311,41 @@ def nan_through_fused_steps_without_pool(device: str, tmp_path):
 
 def test_fused_steps_without_a_pool_are_not_watched_and_keep_onnxruntimes_nan(tmp_path):
     nan_through_fused_steps_without_pool("cpu", tmp_path)
+
+
+class _NotExactConv(ConvPlugin):
+    """Conv kernels that say they do not keep NaN and Inf (as 3xTF32 does), except its named exact variant."""
+
+    def build(self, node, device, variant=None, fused=()):
+        kernel = super().build(node, device, None, fused)
+        kernel.nonfinite_exact = variant == "exact" and kernel.nonfinite_exact
+        return kernel
+
+    def nonfinite_exact_variant(self, node, device):
+        return "exact"
+
+
+def test_a_kernel_that_is_not_nan_exact_is_watched_and_its_chunks_rerun_on_the_plugins_exact_variant(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 8, "cpu", registry={"Conv": _NotExactConv()}, chunk=4)
+    convs = [index for index, step in enumerate(runner.plan.steps) if step.kind == "plugin" and step.node.op_type == "Conv"]
+    assert set(convs) <= set(runner.exact.watched)  # fused or not, both Convs are watched
+    x = np.random.default_rng(3).uniform(-1, 1, (8, 3, 12, 12)).astype(np.float32)
+    x[6, 0, 2, 2] = np.inf
+    result = runner.run({"x": x})
+    assert result.exact_reruns == 1
+    exact = runner.exact.split_executor()
+    assert all(exact.kernels[runner.plan.steps[i].name].nonfinite_exact for i in convs)
+    (y,) = _onnxruntime_with(tiny_model_path, {"x": x}, ["y"])
+    np.testing.assert_allclose(result.outputs["y"], y, rtol=1e-5, atol=1e-6)
+
+
+def test_the_nan_exact_conv_variant_leaves_out_the_3xtf32_gemm():
+    from opplugin.ops.conv import families
+    from opplugin.ops.conv.choice import heuristic_variant, nonfinite_exact_variant
+    from opplugin.ops.conv.epilogue import NONE
+    from onnx_builders import conv_spec
+
+    spec = conv_spec(32, 256, 256, (14, 14), (3, 3), pads=(1, 1, 1, 1))
+    w = np.ones(spec.weight_shape, np.float32)
+    assert families.family_of(heuristic_variant(spec, (w, None), NONE)).name == "tc_3xtf32"
+    assert families.family_of(nonfinite_exact_variant(spec, (w, None))).name == "implicit_gemm"

@@ -108,20 +108,24 @@ class NonFiniteFlags:
 NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool"})
 
 
-def _split(step: Step) -> bool:
-    """Whether the exact path runs this step's followers on onnxruntime (a max pool: the whole step)."""
-    return isinstance(step, PluginStep) and (bool(step.fused) or step.node.op_type in NAN_BY_POSITION)
+def watched_steps(plan: Plan, kernels: dict[str, Kernel]) -> set[str]:
+    """The plugin steps whose outputs are watched: every max pool step (NAN_BY_POSITION), every
+    step whose kernel says it is not NaN/Inf-exact (Kernel.nonfinite_exact False: 3xTF32), and
+    every fused step whose kernel does not say it is."""
+    watched = set()
+    for step in plan.plugin_steps:
+        exact = getattr(kernels[step.name], "nonfinite_exact", None)
+        if step.node.op_type in NAN_BY_POSITION or exact is False or (step.fused and not exact):
+            watched.add(step.name)
+    return watched
 
 
 def watched_outputs(plan: Plan, kernels: dict[str, Kernel]) -> dict[int, list[int]]:
-    """Step index -> the flag columns of its outputs, for every fused plugin step whose
-    kernel does not promise onnxruntime's NaN and Inf (Kernel.nonfinite_exact), and every
-    max pool step (NAN_BY_POSITION)."""
+    """Step index -> the flag columns of its outputs, for every watched step (see watched_steps)."""
+    names = watched_steps(plan, kernels)
     watched: dict[int, list[int]] = {}
     for index, step in enumerate(plan.steps):
-        if not _split(step):
-            continue
-        if step.node.op_type in NAN_BY_POSITION or not getattr(kernels[step.name], "nonfinite_exact", False):
+        if step.name in names:
             first = sum(len(slots) for slots in watched.values())
             watched[index] = list(range(first, first + len(step.outputs)))
     return watched
@@ -131,10 +135,11 @@ def split_fused(plan: Plan) -> Plan:
     """The same plan with every fused plugin step split back into its own node (a
     plugin step without epilogue, same name) followed by an onnxruntime step that
     runs the nodes it had fused, and every max pool step (NAN_BY_POSITION) given to
-    onnxruntime whole. Steps that are not watched are shared."""
+    onnxruntime whole. Other steps are shared (a watched one gets another kernel, see
+    ExactPath._exact_kernel)."""
     steps: list[Step] = []
     for step in plan.steps:
-        if not _split(step):
+        if not isinstance(step, PluginStep) or not (step.fused or step.node.op_type in NAN_BY_POSITION):
             steps.append(step)
             continue
         if step.node.op_type in NAN_BY_POSITION:
@@ -197,24 +202,31 @@ class ExactPath:
         """The executor of the split plan (see split_fused), built at the first call."""
         if self._executor is None:
             split = split_fused(self.plan)
-            kernels = {step.name: self._unfused_kernel(step) for step in split.plugin_steps}
+            kernels = {step.name: self._exact_kernel(step) for step in split.plugin_steps}
             sessions = {step.name: self.cpu_session(step) for step in split.steps if isinstance(step, OrtStep)}
             if self.device.is_cuda:
                 cuda.synchronize()  # a kernel build may upload constants on the default stream
             self._executor = PlanExecutor(split, self.layout, kernels, sessions, self.constants, ort_on_gpu=False)
         return self._executor
 
-    def _unfused_kernel(self, step: PluginStep) -> Kernel:
-        """The fast plan's kernel when its step fused nothing, else the same variant
-        built without the followers (the plugin's own choice if it cannot be)."""
+    def _exact_kernel(self, step: PluginStep) -> Kernel:
+        """The fast plan's kernel when its step fused nothing and keeps NaN and Inf exactly;
+        else the same variant built without the followers (the plugin's own choice if it
+        cannot be), and where that kernel does not keep them either (3xTF32), the variant
+        its plugin names for them (`nonfinite_exact_variant`)."""
         kernel = self.kernels[step.name]
-        if not any(s.name == step.name and s.fused for s in self.plan.plugin_steps):
+        was_fused = any(s.name == step.name and s.fused for s in self.plan.plugin_steps)
+        if not was_fused and getattr(kernel, "nonfinite_exact", None) is not False:
             return kernel
         requested = self.requested_variants.get(step.node.op_type)
         variant = kernel.variant or requested
         try:
-            return step.build(self.device, variant)
+            built = step.build(self.device, variant)
         except PluginError:
             if variant == requested:
                 raise
-            return step.build(self.device, requested)
+            built = step.build(self.device, requested)
+        exact_variant = getattr(step.plugin, "nonfinite_exact_variant", None)
+        if getattr(built, "nonfinite_exact", None) is False and exact_variant is not None:
+            built = step.build(self.device, exact_variant(step.node, self.device))
+        return built

@@ -71,6 +71,17 @@ def heuristic_variant(spec: ConvSpec, weights, epilogue: Epilogue) -> str:
     raise PluginError(f"no CUDA variant can run this Conv ({spec})")
 
 
+def nonfinite_exact_variant(spec: ConvSpec, weights) -> str:
+    """The heuristic's order without the 3xTF32 GEMM (an infinite input comes out NaN there),
+    the SIMT implicit GEMM before `baseline`: the exact path's variant for such chunks."""
+    order = [name for name in preference(spec) if name != "tc_3xtf32"]
+    order.insert(order.index("baseline"), "implicit_gemm")
+    for name in order:
+        if families.unsupported_reason(spec, name, weights) is None:
+            return families.resolve(spec, name)
+    raise PluginError(f"no NaN/Inf-exact CUDA variant can run this Conv ({spec})")
+
+
 def cached_variant(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> str | None:
     """The tuned choice for this node on this GPU, if the cache has one that still runs it."""
     choice = lookup(key_for(spec, epilogue, device.name))

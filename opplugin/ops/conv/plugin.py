@@ -46,7 +46,8 @@ class UnfusedEpilogueKernel(Kernel):
         self.spec = conv_kernel.spec
         self.epilogue = epilogue
         self.name = f"{conv_kernel.name}, then cupy{epilogue.suffix}"
-        self.nonfinite_exact = epilogue.pool is None  # see ConvKernel.nonfinite_exact
+        # see ConvKernel.nonfinite_exact; the conv's own kernel may not promise it either (3xTF32)
+        self.nonfinite_exact = epilogue.pool is None and getattr(conv_kernel, "nonfinite_exact", False)
         self.variant = conv_kernel.variant
 
     def flops(self, batch: int) -> int:
@@ -96,6 +97,13 @@ class ConvPlugin(Plugin):
 
         spec = ConvSpec.from_node(node)
         return {v: families.unsupported_reason(spec, v, constant_weights(node)) for v in families.FAMILIES}
+
+    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str:
+        """A variant whose kernel keeps FP32's NaN and Inf, for the exact path's rerun of a
+        chunk in which a kernel that does not (3xTF32) met them."""
+        from .choice import nonfinite_exact_variant
+
+        return nonfinite_exact_variant(ConvSpec.from_node(node), constant_weights(node))
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after this Conv, each the only reader

@@ -217,7 +217,9 @@ class PipelinedTensorGemm(Family):
         tile, splits = self.tile_and_split(spec, variant)
         units = self.compile_units(spec, variant, epilogue)
         functions = load_functions(units, {"taps": tap_table(spec).view(np.float32)})
-        return TensorGemmKernel(spec, self.config_name(tile, splits), functions, tile, splits, epilogue)
+        kernel = TensorGemmKernel(spec, self.config_name(tile, splits), functions, tile, splits, epilogue)
+        kernel.split_operands = self.split
+        return kernel
 
 
 class Split3xTf32Gemm(PipelinedTensorGemm):
@@ -274,6 +276,11 @@ class Bf16Gemm(ReducedPrecisionGemm):
 
 class TensorGemmKernel(ConvKernel):
     reads_weights = True
+    split_operands = False  # 3xTF32: an infinite input turns into NaN (see split_tf32 in the kernel)
+
+    @property
+    def nonfinite_exact(self) -> bool:
+        return not self.split_operands and super().nonfinite_exact
     residual_parameter = True
 
     def __init__(self, spec: ConvSpec, variant: str, functions, tile: Tile, splits: int, epilogue=NONE):

@@ -17,7 +17,6 @@ Its results replace the chunk's. Finite inputs never take it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -30,41 +29,8 @@ from ..plan import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
 from ..registry import Kernel
 from .chunking import BatchLayout
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
+from .nonfinite import write_flag
 from .timeline import Timeline
-
-
-# one launch per watched float32 output: every thread that meets a NaN or an Inf sets the
-# flag byte (cleared just before on the same stream); the same value from many threads is no race
-_ANY_NONFINITE_SOURCE = r"""
-extern "C" __global__ void opplugin_flag_nonfinite(const float* __restrict__ x, long long n, unsigned char* flag)
-{
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        if (!isfinite(x[i])) {
-            *flag = 1;
-            return;
-        }
-    }
-}
-"""
-FLAG_BLOCK = 256
-FLAG_MAX_BLOCKS = 1024
-
-
-@functools.cache
-def _flag_float32_kernel():
-    import cupy
-
-    return cupy.RawKernel(_ANY_NONFINITE_SOURCE, "opplugin_flag_nonfinite")
-
-
-@functools.cache
-def _any_nonfinite_kernel():
-    """A CuPy reduction for any dtype: true when any element is NaN or +-inf (slower to launch)."""
-    import cupy
-
-    return cupy.ReductionKernel(
-        "T x", "bool flag", "!isfinite(x)", "a || b", "flag = a", "false", "opplugin_any_nonfinite", reduce_type="bool"
-    )
 
 
 class NonFiniteFlags:
@@ -85,18 +51,20 @@ class NonFiniteFlags:
         """Flag this output; on a device, enqueued on the current stream."""
         if isinstance(value, np.ndarray) or not self.on_device:
             self._flags[chunk, slot] = not bool(np.isfinite(np.asarray(value)).all())
-        elif value.size == 0:
-            self._flags[chunk, slot] = False
-        elif value.dtype == np.float32 and value.flags.c_contiguous:
-            import cupy
-
-            flag = self._flags[chunk, slot]
-            stream = cupy.cuda.get_current_stream()
-            cupy.cuda.runtime.memsetAsync(flag.data.ptr, 0, 1, stream.ptr)
-            blocks = min(-(-value.size // FLAG_BLOCK), FLAG_MAX_BLOCKS)
-            _flag_float32_kernel()((blocks,), (FLAG_BLOCK,), (value, np.int64(value.size), flag))
         else:
-            _any_nonfinite_kernel()(value, out=self._flags[chunk, slot])
+            write_flag(self._flags[chunk, slot], value)
+
+    def copy_in(self, chunk: int, slots: list[int], source: Any) -> None:
+        """flags[chunk, slots] = source (a device bool array written by a CUDA graph), on the current stream."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        start = 0  # one copy per run of consecutive slots (the slots of one run of steps are consecutive)
+        for end in range(1, len(slots) + 1):
+            if end == len(slots) or slots[end] != slots[end - 1] + 1:
+                first, count = slots[start], end - start
+                self._flags[chunk, first:first + count].data.copy_from_device_async(source[start:end].data, count, stream)
+                start = end
 
     def raised(self) -> list[int]:
         """The chunks with any flag set. On a device, call once every chunk's stream has finished."""

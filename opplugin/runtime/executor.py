@@ -25,6 +25,7 @@ from ..registry import Kernel
 from . import hostwork
 from .chunking import BatchLayout
 from .graphs import capture, capture_failure
+from .nonfinite import write_flag
 from .timeline import Timeline
 
 Progress = Callable[[str, int, int], None]
@@ -34,6 +35,8 @@ class FlagSink(Protocol):
     """Where a chunk's watched outputs are checked for NaN and Inf (exact.NonFiniteFlags)."""
 
     def record(self, chunk: int, slot: int, value: Any) -> None: ...
+
+    def copy_in(self, chunk: int, slots: list[int], source: Any) -> None: ...
 
 
 class Results:
@@ -236,31 +239,36 @@ class PlanExecutor:
             if key not in graphs.seen:
                 graphs.seen.add(key)
                 return False
-            segment = self._capture(lane, values, indices, held, outside, key)
+            segment = self._capture(lane, values, indices, held, outside, key, flags)
             if segment is None:
                 return False
         current = {name: values.on_device(name) for name in segment.inputs}
         with lane.segment():
             outputs = lane.run_kernel(segment.name, "plugin", lambda: segment.replay(current, lane.stream))
+        if flags is not None and segment.flag_slots:
+            flags.copy_in(chunk, segment.flag_slots, segment.flags)  # the graph flagged its watched outputs itself
         for name, value in outputs.items():
             values.put(name, value)
         for index in indices:
-            if flags is not None and index in self.watched:
-                for slot, name in zip(self.watched[index], self.plan.steps[index].outputs):
-                    flags.record(chunk, slot, outputs[name])
             self._drop_dead(values, index, held)
         return True
 
-    def _capture(self, lane: Any, values: _Values, indices: range, held: set[str], outside: list[str], key: tuple[int, int]):
-        """The steps' graph, or None (kept in lane.graphs.failed with the reason) when they cannot be captured."""
-        watched = {name for index in indices if index in self.watched for name in self.plan.steps[index].outputs}
+    def _capture(self, lane: Any, values: _Values, indices: range, held: set[str], outside: list[str], key: tuple[int, int],
+                 flags: FlagSink | None):
+        """The steps' graph, or None (kept in lane.graphs.failed with the reason) when they cannot be captured.
+        The graph flags its watched outputs (NaN or Inf) into a buffer of its own, copied out after each replay."""
+        import cupy
+
         after = {name for index in indices for name in self.plan.steps[index].outputs
-                 if self.last_use.get(name, -1) >= indices.stop or name in held or name in watched}
+                 if self.last_use.get(name, -1) >= indices.stop or name in held}
         constants = {name: values.on_device(name) for name in outside if name in self.constants}
         copied = {name: values.on_device(name) for name in outside if name not in self.constants}
+        slots = [slot for index in indices for slot in self.watched.get(index, ())] if flags is not None else []
+        flag_buffer = cupy.empty(len(slots), dtype=cupy.bool_) if slots else None
 
         def enqueue(local: dict[str, Any]) -> dict[str, Any]:
             local.update(constants)
+            position = 0
             for index in indices:
                 step = self.plan.steps[index]
                 kernel = self.kernels[step.name]
@@ -268,6 +276,10 @@ class PlanExecutor:
                 if len(outs) != len(step.outputs):
                     raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
                 local.update(zip(step.outputs, outs))
+                if flag_buffer is not None:
+                    for _slot, value in zip(self.watched.get(index, ()), outs):
+                        write_flag(flag_buffer[position], value)
+                        position += 1
                 for name in step.inputs:  # freed inside the capture: its memory serves later steps of the graph
                     if self.last_use.get(name) == index and name not in after and name not in constants:
                         local.pop(name, None)
@@ -276,6 +288,7 @@ class PlanExecutor:
         names = [self.plan.steps[index].name for index in indices]
         try:
             segment = capture(names, copied, enqueue, lane.stream)
+            segment.flags, segment.flag_slots = flag_buffer, slots
         except Exception as err:
             if cuda.is_out_of_memory(err):
                 raise

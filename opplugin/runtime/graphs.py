@@ -35,6 +35,10 @@ class SegmentGraph:
     inputs: dict[str, Any]  # outside tensor -> the buffer the graph reads it from
     outputs: dict[str, Any]  # tensor -> the array the graph writes it to
     pool: Any  # the graph's own memory pool: alive as long as the graph
+    # the NaN/Inf flags of the run's watched outputs, which the graph writes (see exact.write_flag),
+    # and the flag columns they are copied to after each replay
+    flags: Any = None
+    flag_slots: list[int] = field(default_factory=list)
 
     def replay(self, values: dict[str, Any], stream: Any) -> dict[str, Any]:
         """Copy the outside inputs in, launch the graph on `stream`; returns the outputs."""

@@ -1,0 +1,56 @@
+"""Flagging NaN and Inf in a device array: one byte per watched output, set on the device
+with no host wait, so that it also works inside a captured CUDA graph (see exact.py)."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+# one launch per watched float32 output: every thread that meets a NaN or an Inf sets the
+# flag byte (cleared just before on the same stream); the same value from many threads is no race
+_ANY_NONFINITE_SOURCE = r"""
+extern "C" __global__ void opplugin_flag_nonfinite(const float* __restrict__ x, long long n, unsigned char* flag)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        if (!isfinite(x[i])) {
+            *flag = 1;
+            return;
+        }
+    }
+}
+"""
+FLAG_BLOCK = 256
+FLAG_MAX_BLOCKS = 1024
+
+
+@functools.cache
+def _flag_float32_kernel():
+    import cupy
+
+    return cupy.RawKernel(_ANY_NONFINITE_SOURCE, "opplugin_flag_nonfinite")
+
+
+@functools.cache
+def _any_nonfinite_kernel():
+    """A CuPy reduction for any dtype: true when any element is NaN or +-inf (slower to launch)."""
+    import cupy
+
+    return cupy.ReductionKernel(
+        "T x", "bool flag", "!isfinite(x)", "a || b", "flag = a", "false", "opplugin_any_nonfinite", reduce_type="bool"
+    )
+
+
+def write_flag(target: Any, value: Any) -> None:
+    """target (one device bool) = does the device array `value` hold a NaN or an Inf? On the
+    current stream, with no host wait (so it can also be captured into a CUDA graph)."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    if value.dtype == np.float32 and value.flags.c_contiguous or value.size == 0:
+        cupy.cuda.runtime.memsetAsync(target.data.ptr, 0, 1, stream.ptr)
+        if value.size:
+            blocks = min(-(-value.size // FLAG_BLOCK), FLAG_MAX_BLOCKS)
+            _flag_float32_kernel()((blocks,), (FLAG_BLOCK,), (value, np.int64(value.size), target))
+    else:
+        _any_nonfinite_kernel()(value, out=target)

@@ -306,7 +306,19 @@ def test_check_states_its_pass_rule(tiny_model_path):
     from opplugin.check import format_check
 
     text = format_check(_check(Runner(load_model(tiny_model_path), 2, "cpu"), _feeds(2)), 1e-4, 1e-3)
-    assert "|a - b| <= atol + rtol * |b|" in text
+    assert "|a - b| <= atol * s + rtol * |b|, s = max(1, RMS of b over its image)" in text
+
+
+def test_the_absolute_tolerance_follows_the_scale_of_each_image():
+    rng = np.random.default_rng(5)
+    small = rng.standard_normal((2, 50)).astype(np.float64)
+    large = small * 1000.0  # the same tensor, three orders of magnitude larger
+    large[:, 0] = 0.01  # one element near zero in each image: float32 sums of terms near 1000 miss it by ~1e-3
+    noisy = large + 1e-6 * 1000.0 * rng.standard_normal(large.shape)  # errors of FP32 size relative to the image's scale
+    noisy[:, 0] = 0.01 + 5e-4
+    assert compare(noisy, large)["passed"]  # 5e-4 off near zero, within atol * RMS (~1e-4 * 1000)
+    assert not compare(small + 5e-4, small)["passed"]  # at scale 1 the rule is atol + rtol * |b|, as before
+    assert not compare(noisy + np.where(np.arange(50) == 0, 0.5, 0.0), large)["passed"]  # 0.5 off is still far out
 
 
 def test_top1_only_for_a_classifiers_output():

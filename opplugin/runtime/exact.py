@@ -29,7 +29,7 @@ from ..plan import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
 from ..registry import Kernel
 from .chunking import BatchLayout
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
-from .nonfinite import write_flag
+from .nonfinite import set_flag, write_flag
 from .timeline import Timeline
 
 
@@ -38,12 +38,13 @@ class NonFiniteFlags:
 
     def __init__(self, chunks: int, slots: int, on_device: bool):
         self.on_device = on_device
+        self.slots = slots
         if on_device:
             import cupy
 
-            # every entry is written by its chunk, so no fill (which would run on
-            # another stream than the chunks' and could land after their writes)
-            self._flags = cupy.empty((chunks, slots), dtype=cupy.bool_)
+            # zeroed on the current stream, which the run's Timeline waits for before any
+            # chunk starts (see Runner._run_chunks), so a flag is only ever set after it
+            self._flags = cupy.zeros((chunks, slots), dtype=cupy.bool_)
         else:
             self._flags = np.zeros((chunks, slots), dtype=bool)
 
@@ -51,6 +52,8 @@ class NonFiniteFlags:
         """Flag this output; on a device, enqueued on the current stream."""
         if isinstance(value, np.ndarray) or not self.on_device:
             self._flags[chunk, slot] = not bool(np.isfinite(np.asarray(value)).all())
+        elif value.dtype == np.float32 and value.flags.c_contiguous:  # the usual case: one launch, no view
+            set_flag(self._flags.data.ptr + chunk * self.slots + slot, value)
         else:
             write_flag(self._flags[chunk, slot], value)
 

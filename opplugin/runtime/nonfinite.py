@@ -41,6 +41,14 @@ def _any_nonfinite_kernel():
     )
 
 
+def set_flag(address: int, value: Any) -> None:
+    """Set the device byte at `address` (already 0) if the C-contiguous float32 device array
+    `value` holds a NaN or an Inf; on the current stream, with no host wait."""
+    if value.size:
+        blocks = min(-(-value.size // FLAG_BLOCK), FLAG_MAX_BLOCKS)
+        _flag_float32_kernel()((blocks,), (FLAG_BLOCK,), (value, np.int64(value.size), np.uint64(address)))
+
+
 def write_flag(target: Any, value: Any) -> None:
     """target (one device bool) = does the device array `value` hold a NaN or an Inf? On the
     current stream, with no host wait (so it can also be captured into a CUDA graph)."""

@@ -102,3 +102,26 @@ def test_text_table_fits_each_column_to_its_widest_cell():
         "gemm                                   12.25",
     ]
     assert text_table(["a", "b"], [["x", "y"]], rule=False, indent="  ") == ["  a  b", "  x  y"]
+
+
+def test_a_cuda_graph_is_one_row_with_its_steps_work_and_the_text_says_so(tiny_model_path):
+    from opplugin.runtime.graphs import graph_name
+
+    runner = Runner(load_model(tiny_model_path), 4, "cpu")
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (4, 3, 12, 12)).astype(np.float32)}
+    profile = runner.profile(feeds, warmup=0, repeat=2)
+    # what a GPU run with cuda_graphs records: the plugin steps' spans replaced by one graph span
+    members = [step.name for step in runner.plan.plugin_steps]
+    name = graph_name(members)
+    readings = [profile.step_ms.pop(m) for m in members]
+    profile.step_ms = {name: [sum(run) for run in zip(*readings)], **profile.step_ms}
+    profile.kinds[name] = "plugin"
+    profile.graphs = {name: tuple(members)}
+    built = report.build_report(profile, warmup=0)
+    row = next(r for r in built["steps"] if r["step"] == name)
+    assert row["implementation"] == f"CUDA graph of {len(members)} plugin steps"
+    assert row["ops"] == " > ".join(op for step in runner.plan.plugin_steps for op in step.ops)
+    total_flops = sum(runner.kernels[m].flops(4) for m in members)
+    assert row["gflops_per_s"] == pytest.approx(total_flops / row["time_ms"] / 1e6)
+    assert row["input_shapes"] == [[4, 3, 12, 12]] and built["cuda_graphs"] == {name: members}
+    assert f"CUDA graphs: 1 graph(s) replayed {len(members)} plugin steps" in report.format_text(built)

@@ -56,6 +56,17 @@ def positive_int(value: Any, what: str, *, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def batch_sizes(values: Any, default: Any) -> list[int]:
+    """The sizes of a `--batches` flag, given space or comma separated (`default` when it is
+    not given); InputError unless each is a positive integer."""
+    words = [word for item in (values or default) for word in str(item).replace(",", " ").split()]
+    try:
+        numbers = [int(word) for word in words]
+    except ValueError:
+        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
+    return [positive_int(number, "--batches") for number in numbers]
+
+
 def first_line(error: BaseException, *, named: bool = False) -> str:
     """The first line of an error's message, or its type's name when the message is
     empty; `named` puts the type's name in front ("KernelCompileError: ...")."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import cuda
 from ..device import CPU, current_cuda_device
-from ..errors import DeviceError, InputError, PluginError, first_line, positive_int
+from ..errors import DeviceError, InputError, PluginError, batch_sizes, first_line, positive_int
 from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..ops.conv import families
@@ -557,13 +557,8 @@ def run_bench(
 
 def options_from_args(args: Any) -> Options:
     default_batches = SUITE_BATCHES if getattr(args, "suite", None) == "cnn" else DEFAULT_BATCHES
-    words = [b for item in (args.batches or default_batches) for b in str(item).replace(",", " ").split()]
-    try:
-        batches = [int(b) for b in words]
-    except ValueError:
-        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
     return Options(
-        batches=batches,
+        batches=batch_sizes(args.batches, default_batches),
         warmup=DEFAULT_WARMUP if args.warmup is None else args.warmup,
         repeat=DEFAULT_REPEAT if args.repeat is None else args.repeat,
         all_configs=bool(args.all_configs),

@@ -32,7 +32,7 @@ import numpy as np
 from .. import cuda, sessions
 from ..data import make_inputs
 from ..device import select_device
-from ..errors import DeviceError, InputError, first_line, positive_int
+from ..errors import DeviceError, InputError, batch_sizes, first_line
 from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..model import Model, load_model
@@ -304,11 +304,7 @@ def format_markdown(payload: dict[str, Any]) -> str:
 
 def main_from_args(args: Any) -> int:
     """`opplugin bench --e2e MODEL ...`: 0 when every candidate that ran was correct, 1 otherwise."""
-    words = [b for item in (args.batches or DEFAULT_BATCHES) for b in str(item).replace(",", " ").split()]
-    try:
-        batches = [positive_int(int(b), "--batches") for b in words]
-    except ValueError:
-        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
+    batches = batch_sizes(args.batches, DEFAULT_BATCHES)
     if not cuda.is_available():
         raise DeviceError("bench --e2e needs a CUDA device, and CuPy sees none")
     warmup = DEFAULT_WARMUP if args.warmup is None else args.warmup

@@ -196,15 +196,11 @@ def format_text(payload: dict[str, Any]) -> str:
 
 def main_from_args(args: Any) -> int:
     """`opplugin bench --suite gemm`: 0 when every candidate was correct, 1 when some was not."""
-    from ..errors import positive_int
+    from ..errors import batch_sizes, positive_int
     from ..files import write_atomic
     from ..jsonout import dumps
 
-    words = [w for item in (args.batches or BATCHES) for w in str(item).replace(",", " ").split()]
-    try:
-        batches = [positive_int(int(w), "--batches") for w in words]
-    except ValueError:
-        raise InputError(f"--batches must be positive integers, got {' '.join(words)}") from None
+    batches = batch_sizes(args.batches, BATCHES)
     warmup = 3 if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)
     repeat = 20 if args.repeat is None else positive_int(args.repeat, "--repeat")
     payload = run_gemm_bench(batches, warmup, repeat, bool(args.all_configs))

@@ -54,11 +54,8 @@ def write_flag(target: Any, value: Any) -> None:
     current stream, with no host wait (so it can also be captured into a CUDA graph)."""
     import cupy
 
-    stream = cupy.cuda.get_current_stream()
     if value.dtype == np.float32 and value.flags.c_contiguous or value.size == 0:
-        cupy.cuda.runtime.memsetAsync(target.data.ptr, 0, 1, stream.ptr)
-        if value.size:
-            blocks = min(-(-value.size // FLAG_BLOCK), FLAG_MAX_BLOCKS)
-            _flag_float32_kernel()((blocks,), (FLAG_BLOCK,), (value, np.int64(value.size), target))
+        cupy.cuda.runtime.memsetAsync(target.data.ptr, 0, 1, cupy.cuda.get_current_stream().ptr)
+        set_flag(target.data.ptr, value)
     else:
         _any_nonfinite_kernel()(value, out=target)

@@ -217,9 +217,7 @@ class PipelinedTensorGemm(Family):
         tile, splits = self.tile_and_split(spec, variant)
         units = self.compile_units(spec, variant, epilogue)
         functions = load_functions(units, {"taps": tap_table(spec).view(np.float32)})
-        kernel = TensorGemmKernel(spec, self.config_name(tile, splits), functions, tile, splits, epilogue)
-        kernel.split_operands = self.split
-        return kernel
+        return TensorGemmKernel(spec, self.config_name(tile, splits), functions, tile, splits, epilogue, split_operands=self.split)
 
 
 class Split3xTf32Gemm(PipelinedTensorGemm):
@@ -276,15 +274,15 @@ class Bf16Gemm(ReducedPrecisionGemm):
 
 class TensorGemmKernel(ConvKernel):
     reads_weights = True
-    split_operands = False  # 3xTF32: an infinite input turns into NaN (see split_tf32 in the kernel)
+    residual_parameter = True
 
     @property
     def nonfinite_exact(self) -> bool:
         return not self.split_operands and super().nonfinite_exact
-    residual_parameter = True
 
-    def __init__(self, spec: ConvSpec, variant: str, functions, tile: Tile, splits: int, epilogue=NONE):
+    def __init__(self, spec: ConvSpec, variant: str, functions, tile: Tile, splits: int, epilogue=NONE, *, split_operands: bool):
         super().__init__(spec, variant, functions, epilogue)
+        self.split_operands = split_operands  # 3xTF32: an infinite input turns into NaN (see split_tf32 in the kernel)
         self.tile = tile
         self.splits = splits
         self._shared = tile.shared_bytes()

@@ -210,7 +210,7 @@ class PipelinedTensorGemm(Family):
         }
         units = [CompileUnit("conv_tc_gemm.cu", "conv_tc_gemm", defines)]
         if splits > 1:
-            units.append(CompileUnit("conv_tc_gemm.cu", "conv_tc_reduce", defines))
+            units.append(CompileUnit("conv_tc_gemm.cu", "conv_k_slices_reduce", defines))
         return units
 
     def build(self, spec, variant, weights, epilogue=NONE):

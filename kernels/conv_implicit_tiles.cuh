@@ -1,0 +1,131 @@
+// conv_implicit_tiles: what the pipelined implicit-GEMM kernels (conv_tc_gemm, the
+// tensor cores; conv_simt_gemm, FP32 FMAs) share: the __constant__ table of im2col
+// taps, the cp.async copies, the B tile gathered straight from the image, and the
+// split-K reduction.
+//
+// The includer defines the shape macros and BN, BK, NTHREADS, B_STRIDE (floats per
+// B row in shared memory), B_VEC (4: a 1x1 stride-1 unpadded conv copies four
+// neighbouring pixels at once), TAP_MASK, KPAD and KSLICES, and includes
+// conv_epilogue.cuh. B rows are k = (c, kh, kw) of KDIM = C*KH*KW, columns the
+// output pixels (n, oh, ow) of the batch.
+
+#define KDIM (C * KH * KW)
+#define P (OH * OW)
+#define NO_TAP 0x3fff  // kh*DH of a k past KDIM: no pixel row is that far down
+
+// k -> {c*H*W + kh*DH*W + kw*DW, the tap's place}; filled by the host. The place is
+// kh*KW + kw with TAP_MASK (windows of at most 63 taps: a thread keeps a bit per tap
+// saying whether it lies inside the image for its column; rows past K get KH*KW, a
+// bit that is never set), else (kh*DH << 16) | kw*DW for a bounds test (rows past K:
+// NO_TAP << 16).
+__constant__ int2 taps[KPAD];
+
+__device__ __forceinline__ void copy_async4(float* shared, const float* global, bool valid)
+{
+    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void copy_async16(float* shared, const float* global, bool valid)
+{
+    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int PENDING>
+__device__ __forceinline__ void wait_copies()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+// The B columns this thread copies: the same for every k slice.
+struct Columns {
+#if TAP_MASK
+    unsigned long long inside;  // bit kh*KW + kw: that tap of this column's window lies inside the image
+#endif
+#if B_VEC == 4
+    static constexpr int GROUPS = BN / 4;  // 4-pixel groups per tile row
+#else
+    static constexpr int GROUPS = BN;
+#endif
+    static constexpr int ROW_STEP = NTHREADS / GROUPS;
+    static constexpr int ROWS = BK / ROW_STEP;  // rows of a slice this thread copies
+    int first_row;
+    int column;          // within the tile
+    long long origin;    // x offset of (image, channel 0, ih0, iw0); ih0, iw0 may be negative (pads)
+    int ih0, iw0;
+    bool live;           // column inside the batch
+
+    __device__ __forceinline__ Columns(int col0, int total)
+    {
+        const int group = threadIdx.x % GROUPS;
+        first_row = threadIdx.x / GROUPS;
+#if B_VEC == 4
+        column = group * 4;
+#else
+        column = group;
+#endif
+        const int col = col0 + column;
+        live = col < total;
+        const int q = live ? col : 0;
+        const int n = q / P;
+        const int p = q % P;
+        ih0 = (p / OW) * SH - PH;
+        iw0 = (p % OW) * SW - PW;
+        origin = (long long)n * (C * H * W) + (long long)ih0 * W + iw0;
+#if TAP_MASK
+        inside = 0;
+#pragma unroll
+        for (int j = 0; j < KH * KW; ++j) {
+            const bool in = (unsigned)(ih0 + (j / KW) * DH) < (unsigned)H && (unsigned)(iw0 + (j % KW) * DW) < (unsigned)W;
+            inside |= (unsigned long long)(in && live) << j;
+        }
+#endif
+    }
+};
+
+// Copies this thread's share of the BK x BN B slice from k0 on, gathered from the image.
+__device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict__ x, const Columns& cols, int k0)
+{
+#pragma unroll
+    for (int i = 0; i < Columns::ROWS; ++i) {
+        const int row = cols.first_row + i * Columns::ROW_STEP;
+        const int2 tap = taps[k0 + row];
+#if TAP_MASK
+        const bool valid = (cols.inside >> tap.y) & 1;  // tap.y: the tap's index in the window, KH*KW past K
+#else
+        const int dh = tap.y >> 16;
+        const int dw = tap.y & 0xffff;
+        const bool valid = cols.live && (unsigned)(cols.ih0 + dh) < (unsigned)H && (unsigned)(cols.iw0 + dw) < (unsigned)W;
+#endif
+#if B_VEC == 4
+        copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+#else
+        copy_async4(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+#endif
+    }
+}
+
+// y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order
+extern "C" __global__ void __launch_bounds__(256)
+conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const float* __restrict__ r,
+                     float* __restrict__ y, int batch)
+{
+    const int total = batch * P;
+    const size_t outputs = (size_t)batch * M * P;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < outputs; i += (size_t)gridDim.x * blockDim.x) {
+        const int n = (int)(i / (M * P));
+        const int m = (int)(i / P % M);
+        const int p = (int)(i % P);
+        const float* sums = partial + (size_t)m * total + n * P + p;
+        float v = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < KSLICES; ++s) v += sums[(size_t)s * M * total];
+#if HAS_BIAS
+        v += b[m];
+#endif
+        y[i] = finish_output(v, residual_at(r, i));
+    }
+}

@@ -44,6 +44,18 @@ def test_configuration_names_parse_and_belong_to_their_family():
     assert "split it 1 to 16 ways" in families.unsupported_reason(VGG_512, "tc_3xtf32_64x64_k32", None)
 
 
+def test_a_tile_with_a_second_warp_layout_names_its_warps():
+    family = families.FAMILIES["tc_3xtf32"]
+    wide, narrow = family.tile_and_split(RESNET_64, "tc_3xtf32_128x64w8")[0], family.tile_and_split(RESNET_64, "tc_3xtf32_128x64")[0]
+    assert (wide.bm, wide.bn, wide.warps, wide.threads) == (128, 64, 8, 256) and narrow.warps == 4
+    assert (wide.wm, wide.wn) == (32, 32) and wide.min_blocks == 2 and narrow.min_blocks == 2
+    assert family.config_name(wide, 2) == "tc_3xtf32_128x64w8_k2" and family.config_name(narrow, 1) == "tc_3xtf32_128x64"
+    assert "tc_3xtf32_128x64w8" in family.configs(RESNET_64)
+    assert families.unsupported_reason(RESNET_64, "tc_3xtf32_128x64w8", None) is None
+    message = families.unsupported_reason(RESNET_64, "tc_3xtf32_32x64w8", None)
+    assert "tiles are" in message and "128x64w8" in message and "32x64," in message
+
+
 def test_limits_are_stated():
     grouped = conv(1, 8, 8, (9, 9), (3, 3), group=2)
     assert "group=1 only" in families.unsupported_reason(grouped, "tc_3xtf32", None)
@@ -54,7 +66,14 @@ def test_limits_are_stated():
 
 
 def test_small_outputs_split_k_to_fill_the_gpu_and_large_ones_do_not():
-    assert families.resolve(VGG_512, "tc_3xtf32") == "tc_3xtf32_128x64_k8"  # 196 pixels x 512 maps: 16 tiles of 128x64
+    # 196 pixels x 512 maps: 16 tiles of 128x64, split 8 to cover the SMs, 15 to fill 90% of two blocks' slots per SM
+    family = families.FAMILIES["tc_3xtf32"]
+    assert family.configs(VGG_512)[:2] == ["tc_3xtf32_128x64_k15", "tc_3xtf32_128x64_k8"]
+    assert tensor_gemm.wave_efficiency(16 * 15, 2 * tensor_gemm.DEFAULT_SMS) >= tensor_gemm.WAVE_BALANCE
+    deep = conv(32, 256, 256, (14, 14), (3, 3), pads=(1, 1, 1, 1))  # 196 blocks of 128x64: under one per slot
+    assert families.resolve(deep, "tc_3xtf32") == "tc_3xtf32_128x64_k4"
+    wide = conv(32, 128, 128, (28, 28), (3, 3), pads=(1, 1, 1, 1))  # 392 blocks: 1.5 waves, left unsplit
+    assert families.resolve(wide, "tc_3xtf32") == "tc_3xtf32_128x64" and "tc_3xtf32_128x64_k2" in family.configs(wide)
     assert families.resolve(RESNET_64, "tc_3xtf32") == "tc_3xtf32_64x128"
     short_k = conv(32, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))  # K = 288: a smaller tile, unsplit
     assert families.resolve(short_k, "tc_3xtf32") == "tc_3xtf32_32x64"

@@ -37,6 +37,7 @@ MAX_K_SPLITS = 16
 SHORT_K = 512  # up to this GEMM K, an unsplit smaller tile beats a split larger one
 DEFAULT_SMS = 132  # an H100 SXM; the configs use the real count when a device is present
 WAVE_SHARE = 0.8  # a grid of fewer blocks than this share of the SMs leaves too much idle: split K
+WAVE_BALANCE = 0.9  # a K split that fills this share of the block slots over every wave is offered too
 REDUCE_BLOCK = 256
 
 
@@ -50,8 +51,21 @@ class Tile:
     wn: int  # columns (pixels) per warp: a multiple of 8
 
     @property
+    def warps(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn)
+
+    @property
     def threads(self) -> int:
-        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+        return self.warps * 32
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks per SM the kernel's registers are capped for: a lane of a 64x32 or 32x64 warp
+        tile needs up to 255 (one block of 256 threads, or two of 128); 32x32 or smaller fits
+        in 128, so two blocks of 256 threads."""
+        if self.wm * self.wn <= 32 * 32:
+            return max(1, 512 // self.threads)
+        return 1 if self.threads >= 256 else 2
 
     def shared_bytes(self, depth: int = SLICE_DEPTH, stages: int = STAGES) -> int:
         return stages * (self.bm * (depth + 4) + depth * (self.bn + 8)) * 4
@@ -59,23 +73,37 @@ class Tile:
 
 # A warp's part is 64x32, 32x64 or 32x32: 64 or 32 accumulators a lane (and as many
 # for the slice's partial sums), the most that leave room for the split operands.
+# Keyed by (BM, BN, warps); a config name gives the warps only for the second layout
+# of a tile (`128x64w8`): 32x32 warp tiles, twice the warps at half the registers, for
+# more warps to hide the MMAs' latency (ncu: one 4-warp block of 128x64 per SM half,
+# 39% of issue slots busy on ResNet 256->256 at batch 32).
 TILES = {
-    (128, 128): Tile(128, 128, 64, 32),
-    (128, 64): Tile(128, 64, 64, 32),
-    (64, 128): Tile(64, 128, 32, 64),
-    (64, 64): Tile(64, 64, 32, 32),
-    (32, 128): Tile(32, 128, 32, 32),
-    (32, 64): Tile(32, 64, 32, 16),
+    (t.bm, t.bn, t.warps): t
+    for t in (
+        Tile(128, 128, 64, 32),
+        Tile(128, 64, 64, 32),
+        Tile(64, 128, 32, 64),
+        Tile(64, 64, 32, 32),
+        Tile(32, 128, 32, 32),
+        Tile(32, 64, 32, 16),
+        Tile(128, 64, 32, 32),
+        Tile(64, 128, 32, 32),
+        Tile(64, 64, 32, 16),
+    )
 }
+FIRST_LAYOUT = {(bm, bn): t for (bm, bn, _), t in reversed(TILES.items())}  # the unnamed layout of each tile
 
 
 # The order the heuristic tries tiles in, by the layer's maps: on an H100 at batch 32 the
 # deep 3x3 layers with 128 maps or more ran fastest on 128x64 tiles, those with 64 maps on
 # 64x128 (bench --suite cnn); the rest are what `opplugin tune` also tries.
 TILE_ORDER = (
-    (128, ((128, 64), (64, 128), (64, 64), (128, 128), (32, 128), (32, 64))),
-    (48, ((64, 128), (64, 64), (128, 64), (32, 128), (128, 128), (32, 64))),
-    (0, ((32, 128), (32, 64), (64, 64), (64, 128), (128, 64), (128, 128))),
+    (128, ((128, 64, 4), (64, 128, 4), (64, 64, 4), (128, 128, 8), (32, 128, 4), (32, 64, 4), (128, 64, 8), (64, 128, 8),
+           (64, 64, 8))),
+    (48, ((64, 128, 4), (64, 64, 4), (128, 64, 4), (32, 128, 4), (128, 128, 8), (32, 64, 4), (64, 128, 8), (128, 64, 8),
+          (64, 64, 8))),
+    (0, ((32, 128, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (64, 64, 8), (64, 128, 8),
+         (128, 64, 8))),
 )
 
 
@@ -122,14 +150,40 @@ def multiprocessors() -> int:
         return DEFAULT_SMS
 
 
+def grid_blocks(spec: ConvSpec, tile: Tile) -> int:
+    """Output tiles of the layer at its batch: the blocks of an unsplit grid."""
+    return -(-columns(spec) // tile.bn) * -(-spec.out_channels // tile.bm)
+
+
 def split_for(spec: ConvSpec, tile: Tile, sms: int) -> int:
     """Blocks to split K over so that the grid covers about the SMs, each keeping
     MIN_SLICES_PER_BLOCK slices; 1 when the output tiles alone are enough."""
-    blocks = -(-columns(spec) // tile.bn) * -(-spec.out_channels // tile.bm)
+    blocks = grid_blocks(spec, tile)
     split = 1
     while blocks * split < WAVE_SHARE * sms and split * 2 <= MAX_K_SPLITS and k_slices(spec) >= 2 * split * MIN_SLICES_PER_BLOCK:
         split *= 2
     return split
+
+
+def wave_efficiency(blocks: int, slots: int) -> float:
+    """The share of the SMs' block slots a grid keeps busy over all its waves."""
+    return blocks / (-(-blocks // slots) * slots)
+
+
+def balancing_split(spec: ConvSpec, tile: Tile, sms: int) -> int:
+    """The fewest K splits from `split_for`'s on whose grid fills WAVE_BALANCE of the block
+    slots in its last wave too (else `split_for`'s): a grid of 1.5 waves leaves a quarter of
+    the GPU idle (ncu on ResNet 256->256 at batch 32, 128x64 tiles: 0.7 waves of two blocks
+    per SM, 19% of the SMs' cycles idle)."""
+    blocks = grid_blocks(spec, tile)
+    slots = sms * tile.min_blocks
+    least = split_for(spec, tile, sms)
+    for split in range(least, MAX_K_SPLITS + 1):
+        if k_slices(spec) < split * MIN_SLICES_PER_BLOCK:
+            break
+        if wave_efficiency(blocks * split, slots) >= WAVE_BALANCE:
+            return split
+    return least
 
 
 class PipelinedTensorGemm(Family):
@@ -138,32 +192,49 @@ class PipelinedTensorGemm(Family):
     split = True
     half = 0
     fuses = True  # bias, a residual Add and an activation; not the max pool
-    _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
+    _NAME = re.compile(r"_(\d+)x(\d+)(?:w(\d+))?(?:_k(\d+))?")
 
     def owns(self, variant):
         return variant == self.name or (variant.startswith(self.name) and self._parse(variant) is not None)
 
-    def _parse(self, variant: str) -> tuple[int, int, int] | None:
+    def _parse(self, variant: str) -> tuple[int, int, int | None, int] | None:
+        """(BM, BN, warps or None for the tile's first layout, K splits) of a configured name."""
         match = self._NAME.fullmatch(variant[len(self.name) :])
         if not match:
             return None
-        bm, bn, splits = match.groups()
-        return int(bm), int(bn), int(splits or 1)
+        bm, bn, warps, splits = match.groups()
+        return int(bm), int(bn), None if warps is None else int(warps), int(splits or 1)
+
+    @staticmethod
+    def _tile(bm: int, bn: int, warps: int | None) -> Tile | None:
+        return FIRST_LAYOUT.get((bm, bn)) if warps is None else TILES.get((bm, bn, warps))
 
     def config_name(self, tile: Tile, splits: int) -> str:
-        return f"{self.name}_{tile.bm}x{tile.bn}" + (f"_k{splits}" if splits > 1 else "")
+        warps = "" if FIRST_LAYOUT[(tile.bm, tile.bn)] is tile else f"w{tile.warps}"
+        return f"{self.name}_{tile.bm}x{tile.bn}{warps}" + (f"_k{splits}" if splits > 1 else "")
 
     def configs(self, spec, epilogue=NONE):
         """Every tile, the heuristic's pick first (TILE_ORDER), each with the K split that
-        fills the GPU. With a short K, a smaller tile that fills the GPU unsplit goes first:
-        splitting costs a second kernel that a few slices per block do not repay (the
-        MNIST 32->64 layer at batch 32 ran 1.5x faster on 32x64 tiles than on 64x128 split 4)."""
+        fills the GPU, then with the split that balances its waves (`balancing_split`).
+
+        With a short K, a smaller tile that fills the GPU unsplit goes first: splitting
+        costs a second kernel that a few slices per block do not repay (the MNIST 32->64
+        layer at batch 32 ran 1.5x faster on 32x64 tiles than on 64x128 split 4). A first
+        tile whose grid is short of one block per slot goes first with its balancing
+        split: on an H100 at batch 32 that ran ResNet 256->256 at 14x14 1.16x faster
+        (128x64 split 4) and 512->512 at 7x7 1.19x (split 5 over split 2), while the grids
+        of 1.5 waves (VGG 512->512 at 14x14, 128->128 at 28x28) ran 1.01-1.13x slower split."""
         sms = multiprocessors()
         order = list(next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels >= least_maps))
         if k_dim(spec) <= SHORT_K:
             unsplit = [t for t in order if split_for(spec, TILES[t], sms) == 1]
             order = unsplit[:1] + [t for t in order if t not in unsplit[:1]]
-        return [self.config_name(TILES[t], split_for(spec, TILES[t], sms)) for t in order]
+        names = [self.config_name(TILES[t], split_for(spec, TILES[t], sms)) for t in order]
+        balanced = [self.config_name(TILES[t], balancing_split(spec, TILES[t], sms)) for t in order]
+        first = TILES[order[0]]
+        if grid_blocks(spec, first) * split_for(spec, first, sms) < sms * first.min_blocks:
+            names.insert(0, balanced[0])
+        return list(dict.fromkeys(names + balanced))
 
     def reason(self, spec, variant, epilogue):
         if spec.group != 1:
@@ -177,16 +248,17 @@ class PipelinedTensorGemm(Family):
         parsed = self._parse(variant)
         if parsed is None:
             return None if variant == self.name else f"{variant!r} is not a {self.name} configuration"
-        bm, bn, splits = parsed
-        if (bm, bn) not in TILES:
-            return f"{variant}: the tiles are {', '.join(f'{a}x{b}' for a, b in TILES)}"
+        bm, bn, warps, splits = parsed
+        if self._tile(bm, bn, warps) is None:
+            names = ", ".join(self.config_name(tile, 1)[len(self.name) + 1 :] for tile in TILES.values())
+            return f"{variant}: the tiles are {names}"
         if not 1 <= splits <= min(MAX_K_SPLITS, k_slices(spec)):
             return f"{variant}: K has {k_slices(spec)} slices of {SLICE_DEPTH}; split it 1 to {min(MAX_K_SPLITS, k_slices(spec))} ways"
         return None
 
     def tile_and_split(self, spec: ConvSpec, variant: str) -> tuple[Tile, int]:
-        bm, bn, splits = self._parse(self.resolve(spec, variant))
-        return TILES[(bm, bn)], splits
+        bm, bn, warps, splits = self._parse(self.resolve(spec, variant))
+        return self._tile(bm, bn, warps), splits
 
     def compile_units(self, spec, variant, epilogue=NONE):
         tile, splits = self.tile_and_split(spec, variant)
@@ -205,8 +277,7 @@ class PipelinedTensorGemm(Family):
             "B_VEC": 4 if pointwise_vectors else 1,
             "TAP_MASK": int(masks_taps(spec)),
             "KPAD": k_slices(spec) * SLICE_DEPTH,
-            # one block of 256 threads, or two of 128, per SM leaves each thread up to 255 registers
-            "MIN_BLOCKS": 1 if tile.threads >= 256 else 2,
+            "MIN_BLOCKS": tile.min_blocks,
         }
         units = [CompileUnit("conv_tc_gemm.cu", "conv_tc_gemm", defines)]
         if splits > 1:

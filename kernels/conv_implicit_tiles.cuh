@@ -129,3 +129,11 @@ conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict_
         y[i] = finish_output(v, residual_at(r, i));
     }
 }
+
+// The run of BK slices that block z of KSLICES multiplies: [first, first + count); count is 0
+// or less for a last block that K does not reach. The includer defines KTILES (slices in K).
+struct SliceRun {
+    static constexpr int LENGTH = (KTILES + KSLICES - 1) / KSLICES;
+    int first, count;
+    __device__ __forceinline__ SliceRun() : first((int)blockIdx.z * LENGTH), count(min(KTILES - first, LENGTH)) {}
+};

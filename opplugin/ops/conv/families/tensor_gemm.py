@@ -143,6 +143,14 @@ def tap_table(spec: ConvSpec) -> np.ndarray:
     return table
 
 
+def tiles_header_defines(spec: ConvSpec, splits: int) -> dict[str, int]:
+    """The macros kernels/conv_implicit_tiles.cuh reads besides the shape's and the tile's: the K
+    split, 16-byte weight rows (A_VEC) and pixel groups (B_VEC), the window test, the tap table's rows."""
+    pointwise_vectors = is_pointwise(spec) and pixels(spec) % 4 == 0
+    return dict(KSLICES=splits, A_VEC=4 if k_dim(spec) % 4 == 0 else 1, B_VEC=4 if pointwise_vectors else 1,
+                TAP_MASK=int(masks_taps(spec)), KPAD=k_slices(spec) * SLICE_DEPTH)
+
+
 def multiprocessors() -> int:
     try:
         return cuda.multiprocessor_count()

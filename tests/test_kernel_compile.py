@@ -78,6 +78,15 @@ CNN_TENSOR_CORE_CASES = [
 ]
 
 
+# The SIMT GEMM's every configuration (unsplit at batch 32, split K at batch 1) on each group-1 layer of the suite.
+CNN_SIMT_CASES = [
+    (layer.name, config)
+    for layer in cnn_layers.LAYERS
+    if families.unsupported_reason(layer.spec(32), "simt_gemm", None) is None
+    for config in dict.fromkeys(families.FAMILIES["simt_gemm"].configs(layer.spec(32)) + families.FAMILIES["simt_gemm"].configs(layer.spec(1)))
+]
+
+
 # --- Gemm: every family's configurations on the shipped models' Gemm steps and the bench layers ---
 
 GEMM_STEPS = {  # name -> (spec at the batch the plan or bench uses, the epilogue its plan fuses)
@@ -163,7 +172,7 @@ def _residual_jobs():
 def compile_jobs():
     """(source, defines, arch) of every compile the tests of this module make."""
     yield from _residual_jobs()
-    for name, config in CNN_TENSOR_CORE_CASES:
+    for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES:
         spec = CNN_SPECS[name]
         for arch in ARCHS:
             yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, config))
@@ -233,8 +242,8 @@ def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("layer", "config"), CNN_TENSOR_CORE_CASES)
-def test_tensor_core_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
+@pytest.mark.parametrize(("layer", "config"), CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES)
+def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
     for usage in nvrtc_check.check_variant(CNN_SPECS[layer], config, arch):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log

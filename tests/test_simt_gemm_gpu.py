@@ -1,0 +1,71 @@
+"""On the GPU: every configuration simt_gemm offers for the layers of `opplugin bench --suite cnn`
+(group 1), at batch 1 and 2, against the float64 reference, with fresh random inputs and the
+output poisoned with NaN first; and its fused residual epilogue with and without split K.
+The hypothesis-style shapes, fused activations and NaN/Inf cases reach the family through
+test_conv_cuda_gpu.py and test_residual_gpu.py, which run every registered exact family."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx_builders import conv_spec as conv
+
+from opplugin.lab import cnn_layers
+from opplugin.ops.conv import families, reference
+from opplugin.ops.conv.epilogue import NONE, Epilogue
+
+pytestmark = pytest.mark.gpu
+
+MAX_RELATIVE_L2 = 1e-5
+FAMILY = families.FAMILIES["simt_gemm"]
+LAYERS = {layer.name: layer for layer in cnn_layers.LAYERS if layer.group == 1}
+CASES = [(name, batch, config) for name in LAYERS for batch in (1, 2) for config in FAMILY.configs(LAYERS[name].spec(batch))]
+
+
+def draw(spec, residual: bool = False):
+    """(seed, x, w, b, r): standard-normal float32 drawn fresh, never all zeros."""
+    seed = np.random.SeedSequence().entropy
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(spec.input_shape(), dtype=np.float32)
+    w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+    b = rng.standard_normal(spec.out_channels, dtype=np.float32)
+    r = rng.standard_normal(spec.output_shape(), dtype=np.float32) if residual else None
+    return seed, x, w, b, r
+
+
+def run_and_compare(spec, config, epilogue, x, w, b, r, context):
+    import cupy
+
+    kernel = families.build_kernel(spec, config, (w, b), epilogue)
+    assert kernel.variant == config
+    out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
+    inputs = [cupy.asarray(a) for a in (x, w, b)] + ([] if r is None else [cupy.asarray(r)])
+    [y] = kernel(inputs, None, out=out)
+    assert y is out
+    got = cupy.asnumpy(y)
+    assert not np.isnan(got).any(), f"{context}: {int(np.isnan(got).sum())} outputs never written"
+    expected = reference.expected(spec, epilogue, x, w, b, r)
+    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+    assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} > {MAX_RELATIVE_L2}"
+
+
+@pytest.mark.parametrize(("layer", "batch", "config"), CASES, ids=[f"{n}-b{b}-{c}" for n, b, c in CASES])
+def test_every_configuration_matches_float64_on_the_cnn_layers(layer, batch, config):
+    spec = LAYERS[layer].spec(batch)
+    assert families.unsupported_reason(spec, config, None) is None
+    seed, x, w, b, _ = draw(spec)
+    run_and_compare(spec, config, NONE, x, w, b, None, f"{config} on {layer} batch {batch} (seed {seed})")
+
+
+RESIDUAL = {
+    # unsplit with float4 stores, split K with scalar stores (49 pixels), tails in maps and pixels
+    "simt_gemm_64x128": conv(2, 64, 64, (28, 28), (3, 3), pads=(1, 1, 1, 1)),
+    "simt_gemm_128x128_k8": conv(1, 512, 512, (7, 7), (3, 3), pads=(1, 1, 1, 1)),
+    "simt_gemm_32x64_k2": conv(3, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("config", list(RESIDUAL))
+def test_residual_add_and_relu_fuse_with_and_without_split_k(config):
+    spec = RESIDUAL[config]
+    seed, x, w, b, r = draw(spec, residual=True)
+    run_and_compare(spec, config, Epilogue("Relu", residual=True), x, w, b, r, f"{config}+add+relu (seed {seed})")

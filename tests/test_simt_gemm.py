@@ -90,3 +90,16 @@ def test_tiles_fit_the_kernel_static_checks():
         assert (tile.bm * tile.depth) % tile.threads == 0 and tile.depth % (tile.threads // tile.bn) == 0
         # the blocks per SM the registers are budgeted for fit an H100's 228 KiB of shared memory (1 KiB each reserved)
         assert (tile.shared_bytes() + 1024) * tile.min_blocks <= 228 * 1024
+
+
+def test_build_launches_like_the_tensor_core_kernel_with_float4_stores_aligned(monkeypatch):
+    class Function:  # stands in for a loaded CUDA function: build only sets its shared-memory limit
+        max_dynamic_shared_size_bytes = 0
+
+    monkeypatch.setattr(tensor_gemm, "load_functions", lambda units, constants: [Function() for _ in units])
+    kernel = families.build_kernel(VGG_512, "simt_gemm", None, Epilogue("Relu"))
+    assert kernel.name == "conv.simt_gemm_128x64_k8+relu" and kernel.nonfinite_exact
+    assert kernel.alignment == 16 and kernel.workspace_bytes(1) == 4 * 8 * 512 * 196  # 196 pixels: float4 stores
+    assert kernel._gemm.max_dynamic_shared_size_bytes == simt_gemm.TILES[(128, 64)].shared_bytes() > 48 * 1024
+    odd = families.build_kernel(conv(1, 512, 512, (7, 7), (3, 3), pads=(1, 1, 1, 1)), "simt_gemm_64x64_k4", None)
+    assert odd.alignment == 4 and len(odd.functions) == 2  # 49 pixels: scalar stores; the split's reduce

@@ -47,7 +47,7 @@ CASES = {
 EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
 VARIANTS = [*EXACT, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64", "reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s2", "reduce_atomic_s4", "reduce_atomic_s8",
             "tc_3xtf32_128x128", "tc_3xtf32_64x128", "tc_3xtf32_32x64", "tc_3xtf32_64x64_k4", "tc_3xtf32_128x64_k16",
-            "tc_3xtf32_128x64w8", "tc_3xtf32_64x128w8_k3", "tc_3xtf32_64x64w8_k5",
+            "tc_3xtf32_128x64_k3", "tc_3xtf32_64x64_k5",
             "simt_gemm_128x128", "simt_gemm_64x128", "simt_gemm_64x64", "simt_gemm_32x64", "simt_gemm_64x64_k4", "simt_gemm_128x64_k16"]
 
 

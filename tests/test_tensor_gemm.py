@@ -44,18 +44,6 @@ def test_configuration_names_parse_and_belong_to_their_family():
     assert "split it 1 to 16 ways" in families.unsupported_reason(VGG_512, "tc_3xtf32_64x64_k32", None)
 
 
-def test_a_tile_with_a_second_warp_layout_names_its_warps():
-    family = families.FAMILIES["tc_3xtf32"]
-    wide, narrow = family.tile_and_split(RESNET_64, "tc_3xtf32_128x64w8")[0], family.tile_and_split(RESNET_64, "tc_3xtf32_128x64")[0]
-    assert (wide.bm, wide.bn, wide.warps, wide.threads) == (128, 64, 8, 256) and narrow.warps == 4
-    assert (wide.wm, wide.wn) == (32, 32) and wide.min_blocks == 2 and narrow.min_blocks == 2
-    assert family.config_name(wide, 2) == "tc_3xtf32_128x64w8_k2" and family.config_name(narrow, 1) == "tc_3xtf32_128x64"
-    assert "tc_3xtf32_128x64w8" in family.configs(RESNET_64)
-    assert families.unsupported_reason(RESNET_64, "tc_3xtf32_128x64w8", None) is None
-    message = families.unsupported_reason(RESNET_64, "tc_3xtf32_32x64w8", None)
-    assert "tiles are" in message and "128x64w8" in message and "32x64," in message
-
-
 def test_limits_are_stated():
     grouped = conv(1, 8, 8, (9, 9), (3, 3), group=2)
     assert "group=1 only" in families.unsupported_reason(grouped, "tc_3xtf32", None)

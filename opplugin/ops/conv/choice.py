@@ -14,15 +14,16 @@
    maps (`const_rb`), then several maps per thread (`const_mo`),
    then one output per thread from constant memory (`const`), then the
    tensor-core implicit GEMM (`tc_3xtf32`, FP32-exact by measurement, weights
-   in global memory), then `baseline`, which runs every 2-D Conv (also with
-   weights computed at run time). A layer with 16 maps or more, a long K and
-   enough work at the planned batch (see `prefers_tensor_cores`) tries
-   `tc_3xtf32` first: there the GEMM's reuse beats the constant-memory families,
-   whose strength is few maps. Depthwise layers try `const_rb` first. A family
-   name stands for the configuration its `configs()` lists first: the one its
-   author expects to be fastest without spilling. When no family fuses the
-   epilogue, the same order picks a plain kernel and the epilogue follows as
-   CuPy array operations.
+   in global memory), the FP32 SIMT implicit GEMM (`simt_gemm`), then
+   `baseline`, which runs every 2-D Conv (also with weights computed at run
+   time). A layer with 16 maps or more, a long K and enough work at the planned
+   batch (see `prefers_tensor_cores`) tries the GEMMs first: there their reuse
+   beats the constant-memory families, whose strength is few maps; the SIMT
+   GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
+   `const_rb` first. A family name stands for the configuration its `configs()`
+   lists first: the one its author expects to be fastest without spilling. When
+   no family fuses the epilogue, the same order picks a plain kernel and the
+   epilogue follows as CuPy array operations.
 """
 from __future__ import annotations
 
@@ -34,13 +35,17 @@ from .epilogue import Epilogue
 from .families.gemm import k_dim
 from .spec import ConvSpec
 
-PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
+PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
 # The tensor-core GEMM comes first from this many output maps (per group), GEMM K and
 # multiply-adds at the planned batch: below that the launch dominates, and the constant-
 # memory families (one launch, no K loop to set up) are as fast or faster.
 TENSOR_CORE_MIN_MAPS = 16
 TENSOR_CORE_MIN_K = 64
 TENSOR_CORE_MIN_FLOPS = 1e8
+# Up to this GEMM K (a 1x1 layer's input channels) the FP32 SIMT GEMM goes before the tensor cores:
+# ResNet's 1x1 64->256 at 56x56, batch 32, ran 0.115 ms on simt_gemm and 0.156 on tc_3xtf32 (H100),
+# whose three MMAs per tile and 32-deep slices have too short a K loop to hide their cost.
+SIMT_MAX_K = 64
 # Depthwise layers (one map per group) ran fastest on const_rb's row tiles on an H100:
 # MobileNetV2's 3x3 32-channel layer at 112x112, 0.046 against const_tile's 0.075 ms at batch 32.
 DEPTHWISE_PREFERENCE = ("const_rb", "const_tile", "const_mo", "const", "baseline")
@@ -54,7 +59,8 @@ def prefers_tensor_cores(spec: ConvSpec) -> bool:
 
 def preference(spec: ConvSpec) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
-        return ("tc_3xtf32", *(name for name in PREFERENCE if name != "tc_3xtf32"))
+        first = ("simt_gemm", "tc_3xtf32") if k_dim(spec) <= SIMT_MAX_K else ("tc_3xtf32", "simt_gemm")
+        return (*first, *(name for name in PREFERENCE if name not in first))
     if spec.group > 1 and spec.out_channels == spec.group:
         return DEPTHWISE_PREFERENCE
     return PREFERENCE

@@ -51,20 +51,13 @@ class Tile:
     wn: int  # columns (pixels) per warp: a multiple of 8
 
     @property
-    def warps(self) -> int:
-        return (self.bm // self.wm) * (self.bn // self.wn)
-
-    @property
     def threads(self) -> int:
-        return self.warps * 32
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
 
     @property
     def min_blocks(self) -> int:
-        """Blocks per SM the kernel's registers are capped for: a lane of a 64x32 or 32x64 warp
-        tile needs up to 255 (one block of 256 threads, or two of 128); 32x32 or smaller fits
-        in 128, so two blocks of 256 threads."""
-        if self.wm * self.wn <= 32 * 32:
-            return max(1, 512 // self.threads)
+        """Blocks per SM the registers are capped for: one of 256 threads, or two of 128,
+        leave each thread up to 255."""
         return 1 if self.threads >= 256 else 2
 
     def shared_bytes(self, depth: int = SLICE_DEPTH, stages: int = STAGES) -> int:
@@ -73,37 +66,25 @@ class Tile:
 
 # A warp's part is 64x32, 32x64 or 32x32: 64 or 32 accumulators a lane (and as many
 # for the slice's partial sums), the most that leave room for the split operands.
-# Keyed by (BM, BN, warps); a config name gives the warps only for the second layout
-# of a tile (`128x64w8`): 32x32 warp tiles, twice the warps at half the registers, for
-# more warps to hide the MMAs' latency (ncu: one 4-warp block of 128x64 per SM half,
-# 39% of issue slots busy on ResNet 256->256 at batch 32).
+# (Twice the warps on 32x32 parts, capped at 128 registers for two blocks an SM, ran
+# no faster on the layer set at batch 32 on an H100, and spilled on the 7x7 stem.)
 TILES = {
-    (t.bm, t.bn, t.warps): t
-    for t in (
-        Tile(128, 128, 64, 32),
-        Tile(128, 64, 64, 32),
-        Tile(64, 128, 32, 64),
-        Tile(64, 64, 32, 32),
-        Tile(32, 128, 32, 32),
-        Tile(32, 64, 32, 16),
-        Tile(128, 64, 32, 32),
-        Tile(64, 128, 32, 32),
-        Tile(64, 64, 32, 16),
-    )
+    (128, 128): Tile(128, 128, 64, 32),
+    (128, 64): Tile(128, 64, 64, 32),
+    (64, 128): Tile(64, 128, 32, 64),
+    (64, 64): Tile(64, 64, 32, 32),
+    (32, 128): Tile(32, 128, 32, 32),
+    (32, 64): Tile(32, 64, 32, 16),
 }
-FIRST_LAYOUT = {(bm, bn): t for (bm, bn, _), t in reversed(TILES.items())}  # the unnamed layout of each tile
 
 
 # The order the heuristic tries tiles in, by the layer's maps: on an H100 at batch 32 the
 # deep 3x3 layers with 128 maps or more ran fastest on 128x64 tiles, those with 64 maps on
 # 64x128 (bench --suite cnn); the rest are what `opplugin tune` also tries.
 TILE_ORDER = (
-    (128, ((128, 64, 4), (64, 128, 4), (64, 64, 4), (128, 128, 8), (32, 128, 4), (32, 64, 4), (128, 64, 8), (64, 128, 8),
-           (64, 64, 8))),
-    (48, ((64, 128, 4), (64, 64, 4), (128, 64, 4), (32, 128, 4), (128, 128, 8), (32, 64, 4), (64, 128, 8), (128, 64, 8),
-          (64, 64, 8))),
-    (0, ((32, 128, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (64, 64, 8), (64, 128, 8),
-         (128, 64, 8))),
+    (128, ((128, 64), (64, 128), (64, 64), (128, 128), (32, 128), (32, 64))),
+    (48, ((64, 128), (64, 64), (128, 64), (32, 128), (128, 128), (32, 64))),
+    (0, ((32, 128), (32, 64), (64, 64), (64, 128), (128, 64), (128, 128))),
 )
 
 
@@ -200,26 +181,20 @@ class PipelinedTensorGemm(Family):
     split = True
     half = 0
     fuses = True  # bias, a residual Add and an activation; not the max pool
-    _NAME = re.compile(r"_(\d+)x(\d+)(?:w(\d+))?(?:_k(\d+))?")
+    _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
 
     def owns(self, variant):
         return variant == self.name or (variant.startswith(self.name) and self._parse(variant) is not None)
 
-    def _parse(self, variant: str) -> tuple[int, int, int | None, int] | None:
-        """(BM, BN, warps or None for the tile's first layout, K splits) of a configured name."""
+    def _parse(self, variant: str) -> tuple[int, int, int] | None:
         match = self._NAME.fullmatch(variant[len(self.name) :])
         if not match:
             return None
-        bm, bn, warps, splits = match.groups()
-        return int(bm), int(bn), None if warps is None else int(warps), int(splits or 1)
-
-    @staticmethod
-    def _tile(bm: int, bn: int, warps: int | None) -> Tile | None:
-        return FIRST_LAYOUT.get((bm, bn)) if warps is None else TILES.get((bm, bn, warps))
+        bm, bn, splits = match.groups()
+        return int(bm), int(bn), int(splits or 1)
 
     def config_name(self, tile: Tile, splits: int) -> str:
-        warps = "" if FIRST_LAYOUT[(tile.bm, tile.bn)] is tile else f"w{tile.warps}"
-        return f"{self.name}_{tile.bm}x{tile.bn}{warps}" + (f"_k{splits}" if splits > 1 else "")
+        return f"{self.name}_{tile.bm}x{tile.bn}" + (f"_k{splits}" if splits > 1 else "")
 
     def configs(self, spec, epilogue=NONE):
         """Every tile, the heuristic's pick first (TILE_ORDER), each with the K split that
@@ -256,22 +231,20 @@ class PipelinedTensorGemm(Family):
         parsed = self._parse(variant)
         if parsed is None:
             return None if variant == self.name else f"{variant!r} is not a {self.name} configuration"
-        bm, bn, warps, splits = parsed
-        if self._tile(bm, bn, warps) is None:
-            names = ", ".join(self.config_name(tile, 1)[len(self.name) + 1 :] for tile in TILES.values())
-            return f"{variant}: the tiles are {names}"
+        bm, bn, splits = parsed
+        if (bm, bn) not in TILES:
+            return f"{variant}: the tiles are {', '.join(f'{a}x{b}' for a, b in TILES)}"
         if not 1 <= splits <= min(MAX_K_SPLITS, k_slices(spec)):
             return f"{variant}: K has {k_slices(spec)} slices of {SLICE_DEPTH}; split it 1 to {min(MAX_K_SPLITS, k_slices(spec))} ways"
         return None
 
     def tile_and_split(self, spec: ConvSpec, variant: str) -> tuple[Tile, int]:
-        bm, bn, warps, splits = self._parse(self.resolve(spec, variant))
-        return self._tile(bm, bn, warps), splits
+        bm, bn, splits = self._parse(self.resolve(spec, variant))
+        return TILES[(bm, bn)], splits
 
     def compile_units(self, spec, variant, epilogue=NONE):
         tile, splits = self.tile_and_split(spec, variant)
-        pointwise_vectors = is_pointwise(spec) and pixels(spec) % 4 == 0
-        defines = shape_defines(spec, epilogue) | {
+        defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, splits) | {
             "BM": tile.bm,
             "BN": tile.bn,
             "BK": SLICE_DEPTH,
@@ -280,11 +253,6 @@ class PipelinedTensorGemm(Family):
             "STAGES": STAGES,
             "SPLIT": int(self.split),
             "HALF": self.half,
-            "KSLICES": splits,
-            "A_VEC": 4 if k_dim(spec) % 4 == 0 else 1,
-            "B_VEC": 4 if pointwise_vectors else 1,
-            "TAP_MASK": int(masks_taps(spec)),
-            "KPAD": k_slices(spec) * SLICE_DEPTH,
             "MIN_BLOCKS": tile.min_blocks,
         }
         units = [CompileUnit("conv_tc_gemm.cu", "conv_tc_gemm", defines)]

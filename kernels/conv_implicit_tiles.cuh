@@ -1,12 +1,12 @@
 // conv_implicit_tiles: what the pipelined implicit-GEMM kernels (conv_tc_gemm, the
 // tensor cores; conv_simt_gemm, FP32 FMAs) share: the __constant__ table of im2col
-// taps, the cp.async copies, the B tile gathered straight from the image, and the
-// split-K reduction.
+// taps, the cp.async copies, the A tile of weight rows, the B tile gathered straight
+// from the image, and the split-K reduction.
 //
-// The includer defines the shape macros and BN, BK, NTHREADS, B_STRIDE (floats per
-// B row in shared memory), B_VEC (4: a 1x1 stride-1 unpadded conv copies four
-// neighbouring pixels at once), TAP_MASK, KPAD and KSLICES, and includes
-// conv_epilogue.cuh. B rows are k = (c, kh, kw) of KDIM = C*KH*KW, columns the
+// The includer defines the shape macros and BM, BN, BK, NTHREADS, A_STRIDE and
+// B_STRIDE (floats per A and B row in shared memory), A_VEC (4: 16-byte weight
+// copies), B_VEC (4: a 1x1 stride-1 unpadded conv copies four neighbouring pixels
+// at once), TAP_MASK, KPAD and KSLICES, and includes conv_epilogue.cuh. B rows are k = (c, kh, kw) of KDIM = C*KH*KW, columns the
 // output pixels (n, oh, ow) of the batch.
 
 #define KDIM (C * KH * KW)
@@ -104,6 +104,28 @@ __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict_
         copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
 #else
         copy_async4(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+#endif
+    }
+}
+
+static_assert((BM * BK / A_VEC) % NTHREADS == 0, "every thread copies as many A pieces");
+
+// Copies this thread's share of the BM x BK weight slice (rows m0.., columns k0..) into As,
+// A_VEC floats a copy; pieces past M or KDIM are zero-filled.
+__device__ __forceinline__ void copy_weights(float* As, const float* __restrict__ w, int m0, int k0)
+{
+    constexpr int PIECES_PER_ROW = BK / A_VEC;
+#pragma unroll
+    for (int turn = 0; turn < BM * PIECES_PER_ROW / NTHREADS; ++turn) {
+        const int piece = turn * NTHREADS + threadIdx.x;
+        const int m = piece / PIECES_PER_ROW;
+        const int k = piece % PIECES_PER_ROW * A_VEC;
+        const bool inside = m0 + m < M && k0 + k < KDIM;
+        const float* from = inside ? w + ((size_t)(m0 + m) * KDIM + k0 + k) : w;
+#if A_VEC == 4
+        copy_async16(As + m * A_STRIDE + k, from, inside);
+#else
+        copy_async4(As + m * A_STRIDE + k, from, inside);
 #endif
     }
 }

@@ -76,27 +76,6 @@
 
 static_assert(TN % 4 == 0 && THREADS_N >= 8, "a thread's columns are float4 groups; 8 lanes of a k row cover 128 bytes");
 static_assert(NTHREADS >= BN / B_VEC && BK % (NTHREADS / (BN / B_VEC)) == 0, "copy_b_slice: whole B rows per pass");
-static_assert((BM * BK / A_VEC) % NTHREADS == 0, "every thread copies as many A pieces");
-
-// Copies this thread's share of the BM x BK weight slice (rows m0.., columns k0..) into As,
-// A_VEC floats a copy; pieces past M or KDIM are zero-filled.
-__device__ __forceinline__ void copy_weights(float* As, const float* __restrict__ w, int m0, int k0)
-{
-    constexpr int PIECES_PER_ROW = BK / A_VEC;
-#pragma unroll
-    for (int turn = 0; turn < BM * PIECES_PER_ROW / NTHREADS; ++turn) {
-        const int piece = turn * NTHREADS + threadIdx.x;
-        const int m = piece / PIECES_PER_ROW;
-        const int k = piece % PIECES_PER_ROW * A_VEC;
-        const bool inside = m0 + m < M && k0 + k < KDIM;
-        const float* from = inside ? w + ((size_t)(m0 + m) * KDIM + k0 + k) : w;
-#if A_VEC == 4
-        copy_async16(As + m * A_STRIDE + k, from, inside);
-#else
-        copy_async4(As + m * A_STRIDE + k, from, inside);
-#endif
-    }
-}
 
 __device__ __forceinline__ float lane_of(const float4& v, int i)
 {

@@ -113,28 +113,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[
 __device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __restrict__ x, const float* __restrict__ w,
                                            const Columns& cols, int m0, int k0)
 {
-    // A: BM weight rows x BK k's, row-major in shared memory
-#if A_VEC == 4
-    constexpr int A_COPIES = BM * BK / 4 / NTHREADS;
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-        const int v = threadIdx.x + i * NTHREADS;
-        const int row = v / (BK / 4);
-        const int kq = (v % (BK / 4)) * 4;
-        const bool valid = m0 + row < M && k0 + kq < KDIM;
-        copy_async16(As + row * A_STRIDE + kq, valid ? w + (size_t)(m0 + row) * KDIM + k0 + kq : w, valid);
-    }
-#else
-    constexpr int A_COPIES = BM * BK / NTHREADS;
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-        const int v = threadIdx.x + i * NTHREADS;
-        const int row = v / BK;
-        const int kk = v % BK;
-        const bool valid = m0 + row < M && k0 + kk < KDIM;
-        copy_async4(As + row * A_STRIDE + kk, valid ? w + (size_t)(m0 + row) * KDIM + k0 + kk : w, valid);
-    }
-#endif
+    copy_weights(As, w, m0, k0);
     copy_b_slice(Bs, x, cols, k0);
 }
 
@@ -280,10 +259,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
     const int m0 = blockIdx.y * BM;
     const Columns cols(col0, total);
 
-    // this block's share of the k slices
-    constexpr int SLICES_PER_BLOCK = (KTILES + KSLICES - 1) / KSLICES;
-    const int first = blockIdx.z * SLICES_PER_BLOCK;
-    const int count = min(KTILES - first, SLICES_PER_BLOCK);
+    const SliceRun run;  // this block's share of the k slices
 
     const int warp = threadIdx.x / 32;
     const int warp_m = warp / WARPS_N;
@@ -293,16 +269,16 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < count) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, x, w, cols, m0, (first + s) * BK);
+        if (s < run.count) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, x, w, cols, m0, (run.first + s) * BK);
         commit_copies();  // an empty group keeps the count of groups in step
     }
-    for (int i = 0; i < count; ++i) {
+    for (int i = 0; i < run.count; ++i) {
         wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
         __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
         const int next = i + STAGES - 1;
-        if (next < count) {
+        if (next < run.count) {
             const int stage = next % STAGES;
-            copy_slice(As + stage * A_STAGE, Bs + stage * B_STAGE, x, w, cols, m0, (first + next) * BK);
+            copy_slice(As + stage * A_STAGE, Bs + stage * B_STAGE, x, w, cols, m0, (run.first + next) * BK);
         }
         commit_copies();
         const int stage = i % STAGES;

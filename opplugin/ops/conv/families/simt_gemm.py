@@ -5,20 +5,19 @@ around plain FP32 fused multiply-adds, so it is FP32-exact *by construction*.
 `simt_gemm_<BM>x<BN>[_k<S>]`: BM x BN is the block's output tile (maps x pixels of
 the batch), each thread keeping a TM x TN micro-tile in registers (`TILES`); `_k<S>`
 splits the K loop over S blocks whose partial sums a second kernel adds in a fixed
-order, for layers with too few output tiles to fill the GPU. The limits (group 1, no
-pool, the tap table) and the launch are the tensor-core family's (`tensor_gemm`); the
-tiles, names and source are this family's own.
+order, for layers with too few output tiles to fill the GPU. The name grammar, the
+limits (group 1, no pool, the tap table) and the launch are the tensor-core family's
+(`tensor_gemm`); the tiles, their order, the slice depth and the source are this family's own.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import CompileUnit, Family, shape_defines
-from .gemm import k_dim, pixels
-from .tensor_gemm import MAX_K_SPLITS, PipelinedTensorGemm, multiprocessors, split_for, tiles_header_defines
+from .gemm import pixels
+from .tensor_gemm import PipelinedTensorGemm, multiprocessors, split_for, tiles_header_defines
 
 SLICE_DEPTH = 16  # BK: four float4 reads of A per slice; the tap table (32-row slices) covers it
 
@@ -82,41 +81,14 @@ class SimtGemm(PipelinedTensorGemm):
     exact = True
     exact_by = "construction"
     split = False  # no operand split: NaN and Inf follow FP32 arithmetic
-    _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
+    tiles = TILES
+    slice_depth = SLICE_DEPTH
 
     def configs(self, spec, epilogue=NONE):
         """Every tile, the likely fastest first (TILE_ORDER), each with the K split that fills the GPU."""
         sms = multiprocessors()
         order = next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels >= least_maps)
         return [self.config_name(TILES[t], split_for(spec, TILES[t], sms)) for t in order]
-
-    def _parse(self, variant: str) -> tuple[int, int, int] | None:
-        """(BM, BN, K splits) of a configured name: no warp layouts here, a tile fixes its threads."""
-        match = self._NAME.fullmatch(variant[len(self.name) :])
-        return None if match is None else (int(match[1]), int(match[2]), int(match[3] or 1))
-
-    def config_name(self, tile: SimtTile, splits: int) -> str:
-        return f"{self.name}_{tile.bm}x{tile.bn}" + (f"_k{splits}" if splits > 1 else "")
-
-    def reason(self, spec, variant, epilogue):
-        # group, pool and the tap table: the tensor-core family's limits, asked with the plain name (no tile)
-        general = super().reason(spec, self.name, epilogue)
-        if general or variant == self.name:
-            return general
-        parsed = self._parse(variant)
-        if parsed is None:
-            return f"{variant!r} is not a {self.name} configuration"
-        bm, bn, splits = parsed
-        if (bm, bn) not in TILES:
-            return f"{variant}: the tiles are {', '.join(f'{a}x{b}' for a, b in TILES)}"
-        slices = -(-k_dim(spec) // SLICE_DEPTH)
-        if not 1 <= splits <= min(MAX_K_SPLITS, slices):
-            return f"{variant}: K has {slices} slices of {SLICE_DEPTH}; split it 1 to {min(MAX_K_SPLITS, slices)} ways"
-        return None
-
-    def tile_and_split(self, spec: ConvSpec, variant: str) -> tuple[SimtTile, int]:
-        bm, bn, splits = self._parse(self.resolve(spec, variant))
-        return TILES[(bm, bn)], splits
 
     def compile_units(self, spec, variant, epilogue=NONE):
         tile, splits = self.tile_and_split(spec, variant)

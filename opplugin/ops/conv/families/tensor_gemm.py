@@ -181,6 +181,8 @@ class PipelinedTensorGemm(Family):
     split = True
     half = 0
     fuses = True  # bias, a residual Add and an activation; not the max pool
+    tiles: dict[tuple[int, int], Any] = TILES  # (BM, BN) -> the tile its configured names give
+    slice_depth = SLICE_DEPTH  # BK: the K splits are counted in these slices
     _NAME = re.compile(r"_(\d+)x(\d+)(?:_k(\d+))?")
 
     def owns(self, variant):
@@ -232,15 +234,16 @@ class PipelinedTensorGemm(Family):
         if parsed is None:
             return None if variant == self.name else f"{variant!r} is not a {self.name} configuration"
         bm, bn, splits = parsed
-        if (bm, bn) not in TILES:
-            return f"{variant}: the tiles are {', '.join(f'{a}x{b}' for a, b in TILES)}"
-        if not 1 <= splits <= min(MAX_K_SPLITS, k_slices(spec)):
-            return f"{variant}: K has {k_slices(spec)} slices of {SLICE_DEPTH}; split it 1 to {min(MAX_K_SPLITS, k_slices(spec))} ways"
+        if (bm, bn) not in self.tiles:
+            return f"{variant}: the tiles are {', '.join(f'{a}x{b}' for a, b in self.tiles)}"
+        slices = -(-k_dim(spec) // self.slice_depth)
+        if not 1 <= splits <= min(MAX_K_SPLITS, slices):
+            return f"{variant}: K has {slices} slices of {self.slice_depth}; split it 1 to {min(MAX_K_SPLITS, slices)} ways"
         return None
 
-    def tile_and_split(self, spec: ConvSpec, variant: str) -> tuple[Tile, int]:
+    def tile_and_split(self, spec: ConvSpec, variant: str) -> tuple[Any, int]:
         bm, bn, splits = self._parse(self.resolve(spec, variant))
-        return TILES[(bm, bn)], splits
+        return self.tiles[(bm, bn)], splits
 
     def compile_units(self, spec, variant, epilogue=NONE):
         tile, splits = self.tile_and_split(spec, variant)

@@ -3,13 +3,14 @@ followers its plugin fuses) and onnxruntime steps (maximal runs of the remaining
 nodes, each one sub-model)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import onnx
 from onnx import helper
 
 from .device import Device
+from .errors import PluginError
 from .model import Model
 from .registry import Kernel, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops
@@ -106,7 +107,11 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         if info.name in taken:
             continue
         plugin = registry.get(info.op_type)
-        reason = _support(plugin, info, device) if plugin else "no plugin"
+        if plugin:
+            info, reason = _described(plugin, info)
+            reason = reason or _support(plugin, info, device)
+        else:
+            reason = "no plugin"
         if plugin and reason is None:
             groups.append(info)
             fused[info.name], why = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
@@ -266,6 +271,16 @@ def _fuse_count(plugin: Plugin, info: NodeInfo, chain: list[NodeInfo], device: D
     except Exception:  # a plugin that cannot judge a chain does not fuse it
         return 0
     return max(end for end in ends if end <= count)
+
+
+def _described(plugin: Plugin, info: NodeInfo) -> tuple[NodeInfo, str | None]:
+    """The node with the plugin's record of it (made here, once), or the reason the plugin cannot read it."""
+    try:
+        return replace(info, spec=plugin.describe(info)), None
+    except PluginError as err:
+        return info, str(err)
+    except Exception as err:  # a plugin that cannot read a node does not get it
+        return info, f"{type(err).__name__}: {err}"
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:

@@ -71,6 +71,9 @@ class NodeInfo:
     outputs: list[TensorInfo]
     attributes: dict[str, Any]
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    # the plugin's normalised record of the node (a ConvSpec, say), made once by the plan
+    # through `Plugin.describe`; None where no plan made one (a NodeInfo built by hand)
+    spec: Any = None
 
     @property
     def name(self) -> str:
@@ -127,6 +130,13 @@ class Plugin(Protocol):
         """A kernel for the node, computing the `fused` followers too (as `fuse` agreed)."""
         ...
 
+    def describe(self, node: NodeInfo) -> Any:
+        """The node's normalised record (attributes resolved, shapes checked) that `supports`,
+        `fuse` and `build` read as `node.spec`: the plan calls this once per node. Raise a
+        PluginError when the node is not one this plugin can read; its text is the reason
+        `opplugin plan` shows. None: the plugin keeps no record."""
+        return None
+
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after `node`, each the only reader of
         the one before) the node's kernel computes as well; 0: none."""
@@ -146,7 +156,7 @@ def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
     place of one already registered (a built-in, say)."""
     if isinstance(plugin, type) or not isinstance(plugin, Plugin):
         raise TypeError(
-            f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, fuse and variant_notes "
+            f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, describe, fuse and variant_notes "
             "(subclass opplugin.registry.Plugin for the defaults of the last two)"
         )
     if plugin.op_type in _registry and not replace and _registry[plugin.op_type] is not plugin:

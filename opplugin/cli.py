@@ -5,6 +5,8 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 from . import __version__
 from .errors import InputError, OpPluginError
@@ -61,32 +63,60 @@ def check_output_files(args: argparse.Namespace) -> None:
         seen[where] = flag
 
 
-RUN_BATCH_HELP = "the model's own fixed batch; 10000 for the shipped models; else 32 on a GPU, 8 on the CPU"
+# `run` and `check` time this many runs after this many untimed ones: on a GPU for medians,
+# on the CPU one pass (the reference backend is there for correctness)
+RUN_TIMING = {"gpu": {"warmup": 2, "repeat": 5}, "cpu": {"warmup": 0, "repeat": 1}}
+
+
+def _batch_help() -> str:
+    from .model import DYNAMIC_BATCH_CPU, DYNAMIC_BATCH_GPU, SHIPPED_BATCH
+
+    return (f"the model's own fixed batch; {SHIPPED_BATCH} for the shipped models; "
+            f"else {DYNAMIC_BATCH_GPU} on a GPU, {DYNAMIC_BATCH_CPU} on the CPU")
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    from .model import SHIPPED_MODELS
+
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                        help=f"ONNX file, or a shipped model: {', '.join(SHIPPED_MODELS)} (default %(default)s)")
 
 
 def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
-    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
+    from .runtime.runner import DEFAULT_STREAMS
+
+    _add_model(parser)
     parser.add_argument("--batch", type=int, help=f"images per run (default: {batch_help})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
     parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
     parser.add_argument("--data", default="auto", help="auto | fashion-mnist | random (auto: the bundled test set for shipped models)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default %(default)s)")
     parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
-    parser.add_argument("--streams", type=int, help="chunks in flight at once on a GPU (default 3)")
+    parser.add_argument("--streams", type=int, help=f"chunks in flight at once on a GPU (default {DEFAULT_STREAMS})")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay each run of plugin steps as one CUDA graph after the first pass (less host time per step; one time per graph)")
     parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL
+    from .lab import bench as conv_bench, e2e, gemm_bench
+    from .lab.cnn_layers import SUITE_BATCHES
+
+    def listed(values) -> str:
+        return " ".join(map(str, values))
+
     parser = argparse.ArgumentParser(prog="opplugin", description="Run ONNX models with Conv swapped for custom CUDA kernels.")
     parser.add_argument("--version", action="version", version=f"opplugin {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    batch_help = _batch_help()
+    gpu, cpu = RUN_TIMING["gpu"], RUN_TIMING["cpu"]
 
     run = commands.add_parser("run", help="run the swapped model and print the per-op timing report")
-    _add_common(run, RUN_BATCH_HELP)
-    run.add_argument("--repeat", type=int, help="timed runs; the report gives medians (default 5 on a GPU, 1 on the CPU)")
-    run.add_argument("--warmup", type=int, help="untimed runs first (default 2 on a GPU, 0 on the CPU)")
+    _add_common(run, batch_help)
+    run.add_argument("--repeat", type=int,
+                     help=f"timed runs; the report gives medians (default {gpu['repeat']} on a GPU, {cpu['repeat']} on the CPU)")
+    run.add_argument("--warmup", type=int, help=f"untimed runs first (default {gpu['warmup']} on a GPU, {cpu['warmup']} on the CPU)")
     run.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
@@ -94,36 +124,39 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
-    _add_common(check, RUN_BATCH_HELP)
-    check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-4)")
-    check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-3)")
+    _add_common(check, batch_help)
+    check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
+    check.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
     check.add_argument("--check-chunk", type=int, metavar="N",
-                       help="images compared with onnxruntime at a time (default: as many as fit in 1 GiB of host memory)")
+                       help=f"images compared with onnxruntime at a time (default: as many as fit in {DEFAULT_CHECK_BYTES >> 30} GiB of host memory)")
     check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
 
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
     _add_common(plan, "the model's own fixed batch, else 1")
-    plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON (kernels are built to name them)")
+    plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
-    bench.add_argument("--models", nargs="+", metavar="MODEL", help="shipped model names or ONNX files (default lenet86 ece408_high)")
+    bench.add_argument("--models", nargs="+", metavar="MODEL",
+                       help=f"shipped model names or ONNX files (default {listed(conv_bench.Options.models)})")
     bench.add_argument(
         "--suite", choices=("models", "cnn", "gemm"), default="models",
-        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2 at batch 1 and 32; "
-        "gemm: the seeds' fully connected layers against cuBLAS at batch 1, 16 and 10000",
+        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2; "
+        "gemm: the seeds' fully connected layers against cuBLAS (default %(default)s)",
     )
-    bench.add_argument("--batches", nargs="+", metavar="N", help="batch sizes, space or comma separated (default 100 1000 10000; 1 32 with --suite cnn)")
-    bench.add_argument("--warmup", type=int, help="untimed calls before timing (default 3)")
-    bench.add_argument("--repeat", type=int, help="timed samples; the tables give medians (default 20)")
+    bench.add_argument("--batches", nargs="+", metavar="N",
+                       help=f"batch sizes, space or comma separated (default {listed(conv_bench.DEFAULT_BATCHES)}; "
+                       f"{listed(SUITE_BATCHES)} with --suite cnn; {listed(gemm_bench.BATCHES)} with --suite gemm; "
+                       f"{listed(e2e.DEFAULT_BATCHES)} with --e2e)")
+    bench.add_argument("--warmup", type=int, help=f"untimed calls before timing (default {conv_bench.DEFAULT_WARMUP})")
+    bench.add_argument("--repeat", type=int, help=f"timed samples; the tables give medians (default {conv_bench.DEFAULT_REPEAT})")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
     bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
-    bench.add_argument("--e2e", nargs="+", metavar="MODEL",
-                       help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead (batches default 1 32)")
+    bench.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead")
 
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
-    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="ONNX file, or a shipped model: lenet86, ece408_high, mlp_onehidden (default lenet86)")
-    tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {RUN_BATCH_HELP})")
+    _add_model(tune)
+    tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {batch_help})")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
     _add_user_kernel_options(commands, run=run, check=check, plan=plan, bench=bench, tune=tune)
@@ -141,21 +174,22 @@ def _add_user_kernel_options(commands, **parsers) -> None:
     add_new_command(commands)
 
 
-def _user_registry(args, device):
-    """The registry with the --kernel files in place of the built-in plugins (None without --kernel)."""
+def _user_registry(args, device, *, poison: bool = False, cpu_note: bool = False):
+    """The registry with the --kernel files in place of the built-in plugins (None without --kernel);
+    `poison` fills their outputs with NaN before each call (check), `cpu_note` says so when they cannot run here."""
     from .user_kernels import user_registry
     from .user_kernels.cli_support import parse_kernels, say_cpu_note, user_sources
 
     kernels = parse_kernels(getattr(args, "kernel", None))
     if not kernels:
         return None
-    registry = user_registry(user_sources(kernels), poison=args.command == "check")
-    if args.command in ("run", "check"):
+    registry = user_registry(user_sources(kernels), poison=poison)
+    if cpu_note:
         say_cpu_note(registry, device)
     return registry
 
 
-def _kernel_loops(args) -> int | None:
+def _kernel_loops(args, *, poison: bool) -> int | None:
     """--sanitize runs first; --watch takes the place of the command's single pass (None: go on with it)."""
     if not (getattr(args, "sanitize", False) or getattr(args, "watch", False)):
         return None
@@ -168,40 +202,43 @@ def _kernel_loops(args) -> int | None:
         sanitize_kernels(args, kernels)
     if not args.watch:
         return None
-    model, device = _load(args)
-    return watch_kernels(args, model, device, lambda: _make_runner(args, model, device), kernels)
+    loaded = _load(args)
+    return watch_kernels(args, loaded.model, loaded.device, loaded.batch,
+                         lambda: _make_runner(args, loaded, poison=poison), kernels)
 
 
-def _load(args, free_batch_default: int | None = None):
-    """The model and its device, with args.batch set to the batch the command runs
-    (see model.choose_batch); a stderr line says where that batch came from when the
-    user gave none and the model is not a shipped one."""
+@dataclass(frozen=True)
+class Loaded:
+    """A command's model, its device and the batch it runs (see model.choose_batch)."""
+
+    model: Any
+    device: Any
+    batch: int
+
+
+def _load(args, free_batch_default: int | None = None) -> Loaded:
+    """The model, its device and the batch the command runs; a stderr line says where that
+    batch came from when the user gave none and the model is not a shipped one."""
     from .device import select_device
     from .model import SHIPPED_MODELS, choose_batch, load_model
 
     model = load_model(args.model)
     device = select_device(args.device)
-    asked = args.batch
-    args.batch = choose_batch(model, asked, device, default=free_batch_default)
-    if asked is None and model.fixed_batch is not None:
-        print(f"Batch {args.batch}: {model.name}'s fixed batch", file=sys.stderr)
-    elif asked is None and model.name not in SHIPPED_MODELS:
-        print(f"Batch {args.batch}: the default for a model with a free batch (--batch N to choose)", file=sys.stderr)
-    return model, device
+    batch = choose_batch(model, args.batch, device, default=free_batch_default)
+    if args.batch is None and model.fixed_batch is not None:
+        print(f"Batch {batch}: {model.name}'s fixed batch", file=sys.stderr)
+    elif args.batch is None and model.name not in SHIPPED_MODELS:
+        print(f"Batch {batch}: the default for a model with a free batch (--batch N to choose)", file=sys.stderr)
+    return Loaded(model, device, batch)
 
 
-def _runner(args):
-    model, device = _load(args)
-    return model, _make_runner(args, model, device)
-
-
-def _make_runner(args, model, device):
-    """A runner of a loaded model, with the flags' variant, chunk and streams."""
+def _make_runner(args, loaded: Loaded, *, poison: bool = False):
+    """A runner of a loaded model, with the flags' variant, chunk, streams and kernels."""
     from .runtime import Runner
 
     variants = {"Conv": args.variant} if args.variant else None
-    registry = _user_registry(args, device)
-    return Runner(model, args.batch, device, variants, registry, chunk=args.chunk, streams=args.streams,
+    registry = _user_registry(args, loaded.device, poison=poison, cpu_note=True)
+    return Runner(loaded.model, loaded.batch, loaded.device, variants, registry, chunk=args.chunk, streams=args.streams,
                   cuda_graphs=args.cuda_graphs)
 
 
@@ -230,20 +267,22 @@ def cmd_run(args) -> int:
     from .data import make_inputs
     from .files import write_atomic
 
-    looped = _kernel_loops(args)
+    looped = _kernel_loops(args, poison=False)
     if looped is not None:
         return looped
-    model, runner = _runner(args)
-    on_gpu = runner.device.is_cuda
+    loaded = _load(args)
+    runner = _make_runner(args, loaded)
+    model, batch, on_gpu = loaded.model, loaded.batch, runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
-    inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=on_gpu)
+    inputs = make_inputs(model, batch, args.data, args.seed, pinned=on_gpu)
     if not on_gpu:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     if inputs.random_weights:
         print(f"Conv weights {', '.join(inputs.random_weights)} are graph inputs: this run fills them with random data", file=sys.stderr)
-    warmup = args.warmup if args.warmup is not None else (2 if on_gpu else 0)
-    repeat = args.repeat if args.repeat is not None else (5 if on_gpu else 1)  # the CPU backend is for correctness; one timing will do
-    bar = _progress(runner, args.batch, warmup + repeat)
+    timing = RUN_TIMING["gpu" if on_gpu else "cpu"]
+    warmup = timing["warmup"] if args.warmup is None else args.warmup
+    repeat = timing["repeat"] if args.repeat is None else args.repeat
+    bar = _progress(runner, batch, warmup + repeat)
     try:
         profile = runner.profile(inputs.feeds, warmup, repeat, progress=bar)
     finally:
@@ -283,21 +322,21 @@ def _warn_cpu_provider(profile) -> None:
 
 
 def cmd_check(args) -> int:
-    from .check import DEFAULT_ATOL, DEFAULT_RTOL, build_check_report, check, check_chunks, format_check
+    from .check import build_check_report, check, check_chunks, format_check
     from .data import make_inputs
     from .progress import ProgressBar
 
-    atol = DEFAULT_ATOL if args.atol is None else args.atol
-    rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
-    looped = _kernel_loops(args)
+    looped = _kernel_loops(args, poison=True)
     if looped is not None:
         return looped
-    model, runner = _runner(args)
-    inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=runner.device.is_cuda)
+    loaded = _load(args)
+    runner = _make_runner(args, loaded, poison=True)
+    model, batch = loaded.model, loaded.batch
+    inputs = make_inputs(model, batch, args.data, args.seed, pinned=runner.device.is_cuda)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
-    print(f"Checking {model.name}, batch {args.batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
-    plan = runner.describe(args.batch)
-    passes = check_chunks(plan, args.batch, chunk=args.check_chunk)
+    print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
+    plan = runner.describe(batch)
+    passes = check_chunks(plan, batch, chunk=args.check_chunk)
     if len(passes) > 1:
         print(f"Compared in {len(passes)} passes of up to {passes[0].stop:,} images, to bound host memory")
     print()
@@ -305,44 +344,38 @@ def cmd_check(args) -> int:
     # there are enough passes for the quarters to fall in different ones
     bar = ProgressBar(sys.stderr, plain_lines=len(passes) >= 4)
     try:
-        result = check(runner.run, plan, inputs.feeds, inputs.labels, atol, rtol, chunk=passes[0].stop, progress=bar)
+        result = check(runner.run, plan, inputs.feeds, inputs.labels, args.atol, args.rtol, chunk=passes[0].stop, progress=bar)
     finally:
         bar.close()
-    print(format_check(result, atol, rtol, args.wide))
+    print(format_check(result, args.atol, args.rtol, args.wide))
     if not result.passed:
         from .first_bad import ISOLATION_IMAGES, format_verdicts, isolate_steps
 
         print()
-        print(format_verdicts(isolate_steps(runner, inputs.feeds, result, atol, rtol), min(ISOLATION_IMAGES, args.batch)))
+        verdicts = isolate_steps(runner, inputs.feeds, result, args.atol, args.rtol)
+        print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch)))
     if args.json:
-        _write_json(args.json, build_check_report(result, plan, atol, rtol, inputs.source))
+        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source))
     return 0 if result.passed else 1
 
 
 def cmd_plan(args) -> int:
-    from .plan import describe, make_plan
+    from .plan import make_plan
+    from .plan_report import build_plan_report, format_plan
+    from .runtime.describe import record_plan_alone
     from .user_kernels.cli_support import plan_lines
 
-    model, device = _load(args, free_batch_default=1)
-    registry = _user_registry(args, device)
-    plan = make_plan(model, args.batch, device, registry)
+    loaded = _load(args, free_batch_default=1)
+    registry = _user_registry(args, loaded.device)
+    plan = make_plan(loaded.model, loaded.batch, loaded.device, registry)
     user_lines = plan_lines(plan, registry or {})  # compiles the --kernel files: their errors come before any output
-    notes = {step.name: step.plugin.variant_notes(step.node, device) for step in plan.plugin_steps}
-    print(describe(plan, {k: v for k, v in notes.items() if v}, args.wide))
+    record = record_plan_alone(plan, {"Conv": args.variant} if args.variant else None)
+    print(format_plan(record, args.wide))
     if user_lines:
         print("\n".join(user_lines))
     if args.json:
-        _write_plan_json(args, model, device)
+        _write_json(args.json, build_plan_report(record))
     return 0
-
-
-def _write_plan_json(args, model, device) -> None:
-    """The plan as `run` would run it: a runner names each step's kernel."""
-    from .plan_report import build_plan_report
-
-    runner = _make_runner(args, model, device)
-    notes = {step.name: step.plugin.variant_notes(step.node, runner.device) for step in runner.plan.plugin_steps}
-    _write_json(args.json, build_plan_report(runner.describe(args.batch), notes))
 
 
 def cmd_tune(args) -> int:
@@ -353,8 +386,8 @@ def cmd_tune(args) -> int:
 
     from .user_kernels.cli_support import parse_kernels
 
-    model, _ = _load(args)
-    report = tune(model, args.batch, args.device, progress=say, kernels=parse_kernels(args.kernel))
+    loaded = _load(args)
+    report = tune(loaded.model, loaded.batch, args.device, progress=say, kernels=parse_kernels(args.kernel))
     print(format_report(report))
     if args.json:
         _write_json(args.json, build_tune_report(report))

@@ -13,7 +13,7 @@ from .device import Device
 from .errors import PluginError
 from .model import Model
 from .registry import Kernel, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
-from .texttable import LINE_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops
+from .texttable import OP_SEPARATOR
 
 
 @dataclass
@@ -324,56 +324,3 @@ def sub_model(
     sub = helper.make_model(graph, opset_imports=list(model.proto.opset_import), producer_name="opplugin")
     sub.ir_version = model.proto.ir_version
     return sub
-
-
-# Without --wide: the most characters a step or tensor name, and an op chain, take in the plan's text.
-PLAN_NAME_WIDTH = 40
-OPS_WIDTH = 72
-
-
-def describe(plan: Plan, variant_notes: dict[str, dict[str, str | None]] | None = None, wide: bool = False) -> str:
-    """The plan as text: one line per step, then why claimed nodes stay in onnxruntime and
-    why fusions were given up. Long names and op chains are shortened unless `wide`."""
-    device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
-    line_width, name_width = (None, None) if wide else (LINE_WIDTH, PLAN_NAME_WIDTH)
-    lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
-    if plan.model.simplification.changed:
-        lines[1:1] = [elide_middle(f"Simplified at load: {plan.model.simplification.describe()}", line_width)]
-    names = {step.name: elide_middle(step.name, name_width) for step in plan.steps}
-    width = max(len(name) for name in names.values())
-    for number, step in enumerate(plan.steps, 1):
-        runs_on = f"plugin {step.node.op_type}" if isinstance(step, PluginStep) else "onnxruntime"
-        if isinstance(step, PluginStep) and step.fused:
-            runs_on += " (fused)"
-        first = f"  {number:>2}  {names[step.name]:<{width}}  {runs_on:<20}  "
-        ops_width = None if wide else min(LINE_WIDTH - len(first), OPS_WIDTH)
-        lines.append(first + summarise_ops(step.ops, ops_width))
-        inputs = [n for n in step.inputs if n in plan.tensors and n not in plan.model.initializers]
-        prefix = f"      {'':<{width}}  in: "
-        shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shape_of(n))}" for n in inputs],
-                         None if wide else LINE_WIDTH - len(prefix))
-        lines.append(prefix + (shapes or "-"))
-    if plan.fallbacks:
-        lines += ["", "Left to onnxruntime:"]
-        lines += [elide_middle(f"  {elide_middle(node, name_width)}: {reason}", line_width) for node, reason in plan.fallbacks.items()]
-    if plan.fusions_given_up:
-        lines += ["", "Fusions given up:"]
-        lines += [elide_middle(f"  {elide_middle(node, name_width)}: {why}", line_width) for node, why in plan.fusions_given_up.items()]
-    for node, notes in (variant_notes or {}).items():
-        offered = [v for v, reason in notes.items() if reason is None]
-        lines += ["", f"{elide_middle(node, name_width)}: CUDA variants offered: {', '.join(offered) or 'none'}"]
-        lines += [f"  {v} not offered: {reason}" for v, reason in notes.items() if reason]
-    return "\n".join(lines)
-
-
-def _listed(items: list[str], width: int | None) -> str:
-    """`items` joined by commas in at most `width` characters: as many as fit, then how many more."""
-    text = ", ".join(items)
-    if width is None or len(text) <= width:
-        return text
-    for shown in range(len(items) - 1, 0, -1):
-        text = ", ".join(items[:shown]) + f", and {len(items) - shown} more"
-        if len(text) <= width:
-            return text
-    return elide_middle(f"{items[0]}, and {len(items) - 1} more", width)
-

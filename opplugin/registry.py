@@ -137,6 +137,11 @@ class Plugin(Protocol):
         `opplugin plan` shows. None: the plugin keeps no record."""
         return None
 
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str | None:
+        """The name `build` would give the kernel, without building it (what `opplugin plan`
+        shows); None when only a build can tell."""
+        return None
+
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after `node`, each the only reader of
         the one before) the node's kernel computes as well; 0: none."""
@@ -156,7 +161,7 @@ def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
     place of one already registered (a built-in, say)."""
     if isinstance(plugin, type) or not isinstance(plugin, Plugin):
         raise TypeError(
-            f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, describe, fuse and variant_notes "
+            f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, describe, kernel_name, fuse and variant_notes "
             "(subclass opplugin.registry.Plugin for the defaults of the last two)"
         )
     if plugin.op_type in _registry and not replace and _registry[plugin.op_type] is not plugin:

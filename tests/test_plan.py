@@ -4,7 +4,8 @@ import onnxruntime as ort
 
 from onnx_builders import save, tiny_cnn
 from opplugin.model import load_model
-from opplugin.plan import OrtStep, describe, make_plan
+from opplugin.plan import OrtStep, make_plan
+from plan_text import describe
 from opplugin.device import Device
 from opplugin.device import CPU
 from opplugin.registry import plugins
@@ -99,7 +100,7 @@ def test_plan_says_which_variants_a_large_filter_bank_rules_out(tmp_path):
     notes = {step.name: step.plugin.variant_notes(step.node, gpu)}
     assert notes["conv"]["baseline"] is None
     assert "64 KiB" in notes["conv"]["const"] and "64 KiB" in notes["conv"]["const_mo"]
-    text = describe(plan, notes)
+    text = describe(plan)
     assert "CUDA variants offered: baseline" in text and "const not offered" in text
 
 

@@ -1,5 +1,6 @@
 """`plan --json`: one entry per step, as `run` reports it, with shapes and, for every
 node left to onnxruntime, the reason."""
+import dataclasses
 import json
 
 import pytest
@@ -19,7 +20,7 @@ def plan_json(tmp_path, *argv):
 
 def test_plan_json_of_a_shipped_model(tmp_path, capsys):
     data = plan_json(tmp_path, "lenet86", "--batch", "5")
-    assert data["schema"] == "opplugin-plan/2" and data["model"] == "lenet86" and data["batch"] == 5
+    assert data["schema"] == "opplugin-plan/3" and data["model"] == "lenet86" and data["batch"] == 5
     assert data["device"]["kind"] == "cpu" and data["onnxruntime_provider"] == "CPUExecutionProvider"
     steps = data["steps"]
     assert all(tuple(step) == plan_report.STEP_KEYS for step in steps)
@@ -29,10 +30,11 @@ def test_plan_json_of_a_shipped_model(tmp_path, capsys):
     assert conv1["implementation"].startswith("conv.reference")
     assert conv1["inputs"] == [{"name": "input", "shape": [5, 1, 86, 86]}]
     assert [n["op"] for n in conv1["nodes"]] == conv1["ops"] and all(n["reason"] is None for n in conv1["nodes"])
-    assert conv1["flops"] > 0 and conv1["variants"] is None
+    # `plan` builds no kernel, so it gives no cost: `run --json` does
+    assert conv1["flops"] is None and conv1["bytes_moved"] is None and conv1["variants"] is None
     view, fc2 = steps[2], steps[4]
-    assert view["implementation"] == "view.flatten" and view["flops"] == 0 and view["outputs"][0]["shape"] == [5, 1024]
-    assert fc2["ops"] == ["Gemm", "Softmax"] and fc2["implementation"] == "gemm.reference+softmax" and fc2["flops"] > 0
+    assert view["implementation"] == "view.flatten" and view["outputs"][0]["shape"] == [5, 1024]
+    assert fc2["ops"] == ["Gemm", "Softmax"] and fc2["implementation"] == "gemm.reference+softmax"
     assert [n["op"] for n in fc2["nodes"]] == fc2["ops"]
     assert data["fallbacks"] == {}
 
@@ -77,8 +79,23 @@ def test_a_node_a_plugin_refuses_carries_the_plugins_reason():
 def test_variant_notes_go_with_their_step():
     runner = Runner(load_model("lenet86"), 2, "cpu")
     notes = {"conv1": {"baseline": None, "const": "not on a Tuesday"}}
-    data = plan_report.build_plan_report(runner.describe(2), notes)
+    data = plan_report.build_plan_report(dataclasses.replace(runner.describe(2), variant_notes=notes))
     assert data["steps"][0]["variants"] == notes["conv1"] and data["steps"][1]["variants"] is None
+
+
+class UnbuildableConvPlugin(ConvPlugin):
+    def build(self, node, device, variant=None, fused=()):
+        raise AssertionError("plan must not build kernels")
+
+
+def test_plan_text_and_json_build_no_kernel(tmp_path, capsys, monkeypatch):
+    from opplugin import registry
+
+    monkeypatch.setitem(registry._registry, "Conv", UnbuildableConvPlugin())
+    data = plan_json(tmp_path, "lenet86", "--batch", "2")
+    text = capsys.readouterr().out
+    assert data["steps"][0]["implementation"].startswith("conv.reference+relu+maxpool2")
+    assert "runs: conv.reference+relu+maxpool2" in text
 
 
 @pytest.mark.parametrize("batch", ["0", "-2"])

@@ -19,7 +19,8 @@ from opplugin.device import CPU, Device
 from opplugin.errors import PluginError
 from opplugin.model import load_model
 from opplugin.ops.pool import MaxPoolPlugin, PoolSpec, reference
-from opplugin.plan import OrtStep, describe, make_plan
+from opplugin.plan import OrtStep, make_plan
+from plan_text import describe
 from opplugin.registry import is_builtin, plugins
 from opplugin.runtime import Runner
 from opplugin.runtime.exact import split_fused

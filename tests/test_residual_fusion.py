@@ -20,7 +20,8 @@ from opplugin.model import load_model
 from opplugin.ops.activation import KINDS, SILU, Activation
 from opplugin.ops.conv.epilogue import Epilogue
 from opplugin.ops.conv.plugin import epilogue_of
-from opplugin.plan import OrtStep, describe, make_plan
+from opplugin.plan import OrtStep, make_plan
+from plan_text import describe
 from opplugin.runtime import Runner
 from opplugin.runtime.exact import split_fused
 

@@ -14,7 +14,8 @@ from opplugin.check import check
 from opplugin.cli import main
 from opplugin.device import Device
 from opplugin.model import load_model
-from opplugin.plan import OrtStep, PluginStep, describe, make_plan
+from opplugin.plan import OrtStep, PluginStep, make_plan
+from plan_text import describe
 from opplugin.runtime import Runner
 from opplugin.sessions import Reference
 from opplugin.simplify import fold_batchnorm, simplify

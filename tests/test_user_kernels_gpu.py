@@ -73,7 +73,7 @@ def test_watch_picks_up_an_edit(tmp_path):
     from opplugin.user_kernels.cli_support import watch_kernels
 
     args = cli.build_parser().parse_args(["check", "lenet86", "--batch", "200", "--kernel", f"Conv={starter}", "--watch"])
-    model, device = cli._load(args)
+    loaded = cli._load(args)
     said = []
 
     def edit_after_first_result():
@@ -84,7 +84,8 @@ def test_watch_picks_up_an_edit(tmp_path):
 
     editor = threading.Thread(target=edit_after_first_result)
     editor.start()
-    code = watch_kernels(args, model, device, lambda: cli._make_runner(args, model, device), {"Conv": str(starter)},
+    code = watch_kernels(args, loaded.model, loaded.device, loaded.batch, lambda: cli._make_runner(args, loaded, poison=True),
+                         {"Conv": str(starter)},
                          cycles=1, say=said.append)
     editor.join()
     text = "\n".join(said)

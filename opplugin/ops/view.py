@@ -26,8 +26,8 @@ class ViewKernel(Kernel):
     device_work = False
     nonfinite_exact = True
 
-    def __init__(self, op: str, target: Any):
-        self.name = f"view.{op.lower()}"
+    def __init__(self, name: str, target: Any):
+        self.name = name
         self._target = target  # input shape -> output shape
 
     def flops(self, batch: int) -> int:
@@ -56,7 +56,14 @@ def reshape_shape(target: Sequence[int], allowzero: bool, shape: tuple[int, ...]
     return tuple(dims)
 
 
-class FlattenPlugin(Plugin):
+class ViewPlugin(Plugin):
+    """A plugin whose kernel is a view: its name is known without building it."""
+
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        return f"view.{self.op_type.lower()}"
+
+
+class FlattenPlugin(ViewPlugin):
     op_type = "Flatten"
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
@@ -64,10 +71,10 @@ class FlattenPlugin(Plugin):
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         axis = int(node.attributes.get("axis", 1))
-        return ViewKernel("Flatten", lambda shape: flatten_shape(axis, shape))
+        return ViewKernel(self.kernel_name(node, device), lambda shape: flatten_shape(axis, shape))
 
 
-class ReshapePlugin(Plugin):
+class ReshapePlugin(ViewPlugin):
     op_type = "Reshape"
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
@@ -78,4 +85,4 @@ class ReshapePlugin(Plugin):
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         target = [int(d) for d in np.asarray(node.constants[node.inputs[1].name]).reshape(-1)]
         allowzero = bool(node.attributes.get("allowzero", 0))
-        return ViewKernel("Reshape", lambda shape: reshape_shape(target, allowzero, shape))
+        return ViewKernel(self.kernel_name(node, device), lambda shape: reshape_shape(target, allowzero, shape))

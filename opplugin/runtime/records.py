@@ -46,6 +46,9 @@ class PlanRecord:
     layout: BatchLayout
     peak_image_bytes: int
     fallbacks: dict[str, str]  # node -> why its plugin left it to onnxruntime
+    fusions_given_up: dict[str, str] = field(default_factory=dict)  # plugin node -> why a fusion was given up
+    # plugin step -> variant -> why it is not offered (None: offered); `plan` fills it, a runner does not
+    variant_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     @property
     def plugin_steps(self) -> tuple[StepRecord, ...]:

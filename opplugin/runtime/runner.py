@@ -37,7 +37,8 @@ from . import chunking
 from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
 from .lanes import Chains, CudaLane, HostLane
-from .records import PlanRecord, Profile, RunResult, StepRecord, sum_by_step
+from .describe import record_plan
+from .records import PlanRecord, Profile, RunResult, sum_by_step
 from .timeline import Timeline, copy_figures
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
@@ -194,31 +195,8 @@ class Runner:
         """The plan as plain data at `batch` (default: the runner's): each step's ops,
         implementation, tensors and cost, and the shape of every tensor crossing a step."""
         batch = self.batch if batch is None else positive_int(batch, "batch")
-        initializers = self.plan.model.initializers
-        names = {n for step in self.plan.steps for n in [*step.inputs, *step.outputs]} | set(self.plan.model.outputs)
-        shapes = {n: self._shape_at(n, batch) for n in names if n and n not in initializers}
-        steps = []
-        for step in self.plan.steps:
-            kernel = self.kernels.get(step.name)
-            steps.append(StepRecord(
-                name=step.name,
-                kind=step.kind,
-                ops=tuple(step.ops),
-                implementation=kernel.name if kernel else f"onnxruntime {'CUDA' if self.ort_on_gpu else 'CPU'}",
-                inputs=tuple(n for n in step.inputs if n and n not in initializers),
-                outputs=tuple(step.outputs),
-                flops=kernel.flops(batch) if kernel else None,
-                bytes_moved=kernel.bytes_moved(batch) if kernel else None,
-                nodes=tuple(step.node_names),
-            ))
-        provider = sessions.CUDA_PROVIDER if self.ort_on_gpu else sessions.CPU_PROVIDER
-        return PlanRecord(self.plan.model, self.device, provider, batch, self.chunk, tuple(steps), shapes,
-                          self.layout, self.peak_image_bytes, dict(self.plan.fallbacks))
-
-    def _shape_at(self, name: str, batch: int) -> tuple[int, ...]:
-        if self.layout.chunkable and self.layout.is_batched(name):
-            return self.layout.shape_at(name, batch)
-        return self.plan.shape_of(name)
+        return record_plan(self.plan, batch, layout=self.layout, peak_image_bytes=self.peak_image_bytes, chunk=self.chunk,
+                           ort_on_gpu=self.ort_on_gpu, kernels=self.kernels)
 
     def memory(self) -> dict[str, int]:
         """Device and pinned memory figures (zeros on the CPU), and this runner's staging buffers."""

@@ -139,15 +139,17 @@ def sanitize_kernels(args, kernels: dict[str, str]) -> None:
     sanitize(args.model, sources, say=lambda line: print(line, flush=True))
 
 
-def watch_kernels(args, model, device, make_runner, kernels: dict[str, str], cycles: int | None = None, say=None) -> int:
-    """--watch: check and time the user kernels after every save of their files (`cycles` saves; None: until Ctrl-C)."""
+def watch_kernels(args, model, device, batch: int, make_runner, kernels: dict[str, str], cycles: int | None = None,
+                  say=None) -> int:
+    """--watch: check and time the user kernels at `batch` after every save of their files (`cycles` saves;
+    None: until Ctrl-C)."""
     from ..check import DEFAULT_ATOL, DEFAULT_RTOL, check
     from ..data import make_inputs
     from .watch import StepResult, watch
 
-    atol = DEFAULT_ATOL if getattr(args, "atol", None) is None else args.atol
-    rtol = DEFAULT_RTOL if getattr(args, "rtol", None) is None else args.rtol
-    inputs = make_inputs(model, args.batch, args.data, args.seed, pinned=device.is_cuda)
+    atol = getattr(args, "atol", DEFAULT_ATOL)  # run has no tolerance flags: check's defaults
+    rtol = getattr(args, "rtol", DEFAULT_RTOL)
+    inputs = make_inputs(model, batch, args.data, args.seed, pinned=device.is_cuda)
     roof = None
     if device.is_cuda:
         from ..lab import roofline
@@ -156,7 +158,7 @@ def watch_kernels(args, model, device, make_runner, kernels: dict[str, str], cyc
 
     def measure() -> dict[str, StepResult]:
         runner = make_runner()
-        plan = runner.describe(args.batch)
+        plan = runner.describe(batch)
         result = check(runner.run, plan, inputs.feeds, inputs.labels, atol, rtol)
         profile = runner.profile(inputs.feeds, 1, 3) if device.is_cuda else None
         records = {r["step"]: r for r in result.records}

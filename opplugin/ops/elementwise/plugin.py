@@ -18,6 +18,10 @@ from .. import activation as activations
 from .spec import BINARY, ElementwiseSpec
 
 
+def kernel_name(spec: ElementwiseSpec, on_device: bool) -> str:
+    return f"elementwise.{'cuda' if on_device else 'reference'}.{spec.suffix}"
+
+
 class ReferenceElementwiseKernel(Kernel):
     """The numpy reference, run as the kernel of the CPU device: float64 arithmetic, float32 out."""
 
@@ -25,7 +29,7 @@ class ReferenceElementwiseKernel(Kernel):
 
     def __init__(self, spec: ElementwiseSpec, elements: int):
         self.spec, self._elements = spec, elements
-        self.name = f"elementwise.reference.{spec.suffix}"
+        self.name = kernel_name(spec, on_device=False)
 
     def flops(self, batch: int) -> int:
         return batch * self._elements * (1 + (self.spec.then is not None))
@@ -57,7 +61,7 @@ class CupyElementwiseKernel(ReferenceElementwiseKernel):
 
     def __init__(self, spec: ElementwiseSpec, elements: int):
         super().__init__(spec, elements)
-        self.name = f"elementwise.cuda.{spec.suffix}"
+        self.name = kernel_name(spec, on_device=True)
         activation = spec.unary or spec.then
         expression = activation.cuda_expression() if activation else "v"
         self._kernel = _cupy_kernel("a" if spec.unary else BINARY[spec.op][1], expression, spec.unary is None)
@@ -91,13 +95,21 @@ class ElementwisePlugin(Plugin):
             return 0
         return int(activations.from_node(followers[0]) is not None)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        return kernel_name(self._fused_spec(node, fused), device.is_cuda)
+
+    def _fused_spec(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> ElementwiseSpec:
+        """The node's op with the activation it fuses, if any."""
         spec = ElementwiseSpec.from_node(node)
-        if fused:
-            then = activations.from_node(fused[0]) if len(fused) == 1 and node.op_type in BINARY else None
-            if then is None:
-                raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
-            spec = spec.fused(then)
+        if not fused:
+            return spec
+        then = activations.from_node(fused[0]) if len(fused) == 1 and node.op_type in BINARY else None
+        if then is None:
+            raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
+        return spec.fused(then)
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec = self._fused_spec(node, fused)
         if variant not in (None, "reference", "cuda"):
             raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
         elements = int(np.prod(node.outputs[0].shape[1:], dtype=np.int64))

@@ -17,8 +17,10 @@ BLOCK = 256  # threads per block of pool_window; pool_global's BLOCK_THREADS in 
 WARP_PLANE_LIMIT = 1024
 
 
-def _op(spec: PoolSpec) -> str:
-    return ("global" if spec.is_global else "") + ("maxpool" if spec.mode == MAX else "averagepool")
+def kernel_name(spec: PoolSpec, on_device: bool) -> str:
+    """"maxpool.cuda.<suffix>" on a CUDA device, "...reference..." on the CPU's numpy reference."""
+    op = ("global" if spec.is_global else "") + ("maxpool" if spec.mode == MAX else "averagepool")
+    return f"{op}.{'cuda' if on_device else 'reference'}.{spec.suffix}"
 
 
 class ReferencePoolKernel(Kernel):
@@ -26,7 +28,7 @@ class ReferencePoolKernel(Kernel):
 
     def __init__(self, spec: PoolSpec):
         self.spec = spec
-        self.name = f"{_op(spec)}.reference.{spec.suffix}"
+        self.name = kernel_name(spec, on_device=False)
         # an average follows IEEE as onnxruntime does; a max keeps every NaN, which onnxruntime may drop
         self.nonfinite_exact = spec.mode == AVERAGE
 
@@ -67,7 +69,7 @@ class PoolKernel(Kernel):
 
     def __init__(self, spec: PoolSpec):
         self.spec = spec
-        self.name = f"{_op(spec)}.cuda.{spec.suffix}"
+        self.name = kernel_name(spec, on_device=True)
         self.nonfinite_exact = spec.mode == AVERAGE  # as ReferencePoolKernel's
         self.function = cuda.compile_module(SOURCE, defines(spec)).get_function(function_name(spec))
         self.functions = [self.function]

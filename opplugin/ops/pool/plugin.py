@@ -9,7 +9,7 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from .kernel import PoolKernel, ReferencePoolKernel
+from .kernel import PoolKernel, ReferencePoolKernel, kernel_name
 from .spec import PoolSpec
 
 
@@ -34,6 +34,9 @@ class PoolPlugin(Plugin):
             # onnxruntime drops it (as does this plugin): the plan's shapes after this node would be wrong
             return f"the planned output shape {list(planned)} differs from the one onnxruntime computes, {list(computed)}"
         return None
+
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        return kernel_name(PoolSpec.from_node(node), device.is_cuda)
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         if fused:

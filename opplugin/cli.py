@@ -99,21 +99,25 @@ def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL
-    from .lab import bench as conv_bench, e2e, gemm_bench
-    from .lab.cnn_layers import SUITE_BATCHES
-
-    def listed(values) -> str:
-        return " ".join(map(str, values))
-
     parser = argparse.ArgumentParser(prog="opplugin", description="Run ONNX models with Conv swapped for custom CUDA kernels.")
     parser.add_argument("--version", action="version", version=f"opplugin {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     batch_help = _batch_help()
-    gpu, cpu = RUN_TIMING["gpu"], RUN_TIMING["cpu"]
+    parsers = {
+        "run": _run_parser(commands, batch_help),
+        "check": _check_parser(commands, batch_help),
+        "plan": _plan_parser(commands),
+        "bench": _bench_parser(commands),
+        "tune": _tune_parser(commands, batch_help),
+    }
+    _add_user_kernel_options(commands, **parsers)
+    return parser
 
+
+def _run_parser(commands, batch_help: str) -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the swapped model and print the per-op timing report")
     _add_common(run, batch_help)
+    gpu, cpu = RUN_TIMING["gpu"], RUN_TIMING["cpu"]
     run.add_argument("--repeat", type=int,
                      help=f"timed runs; the report gives medians (default {gpu['repeat']} on a GPU, {cpu['repeat']} on the CPU)")
     run.add_argument("--warmup", type=int, help=f"untimed runs first (default {gpu['warmup']} on a GPU, {cpu['warmup']} on the CPU)")
@@ -122,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
     run.add_argument("--trace", metavar="FILE",
                      help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    return run
+
+
+def _check_parser(commands, batch_help: str) -> argparse.ArgumentParser:
+    from .check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
     _add_common(check, batch_help)
@@ -130,10 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--check-chunk", type=int, metavar="N",
                        help=f"images compared with onnxruntime at a time (default: as many as fit in {DEFAULT_CHECK_BYTES >> 30} GiB of host memory)")
     check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
+    return check
 
+
+def _plan_parser(commands) -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
     _add_common(plan, "the model's own fixed batch, else 1")
     plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
+    return plan
+
+
+def _bench_parser(commands) -> argparse.ArgumentParser:
+    from .lab import bench as conv_bench, e2e, gemm_bench
+    from .lab.cnn_layers import SUITE_BATCHES
+
+    def listed(values) -> str:
+        return " ".join(map(str, values))
 
     bench = commands.add_parser("bench", help="time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU")
     bench.add_argument("--models", nargs="+", metavar="MODEL",
@@ -153,14 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
     bench.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside onnxruntime CUDA and PyTorch instead")
+    return bench
 
+
+def _tune_parser(commands, batch_help: str) -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="time every Conv configuration on this GPU and cache the fastest that passes")
     _add_model(tune)
     tune.add_argument("--batch", type=int, help=f"images per kernel call while timing (default: {batch_help})")
     tune.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     tune.add_argument("--json", metavar="FILE", help="also write every configuration's result as JSON")
-    _add_user_kernel_options(commands, run=run, check=check, plan=plan, bench=bench, tune=tune)
-    return parser
+    return tune
 
 
 def _add_user_kernel_options(commands, **parsers) -> None:

@@ -92,57 +92,64 @@ class Plan:
 def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None) -> Plan:
     registry = plugins() if registry is None else registry
     tensors = model.infer(batch)
-    infos = model.node_infos(batch, tensors)
-    fallbacks: dict[str, str] = {}
-    given_up: dict[str, str] = {}
-
-    # Group nodes in graph order: a plugin node is a step of its own, the others
-    # gather into runs that become one onnxruntime sub-model each.
-    groups: list[NodeInfo | list[NodeInfo]] = []
-    fused: dict[str, list[NodeInfo]] = {}  # plugin node name -> the followers its kernel runs
-    taken: set[str] = set()
-    readers = _readers(infos)
-    made_by = {o: index for index, info in enumerate(infos) for o in info.node.output if o}
-    for info in infos:
-        if info.name in taken:
-            continue
-        plugin = registry.get(info.op_type)
-        if plugin:
-            info, reason = _described(plugin, info)
-            reason = reason or _support(plugin, info, device)
-        else:
-            reason = "no plugin"
-        if plugin and reason is None:
-            groups.append(info)
-            fused[info.name], why = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
-            if why:
-                given_up[info.name] = why
-            taken.update(f.name for f in fused[info.name])
-            continue
-        if plugin:
-            fallbacks[info.name] = reason
-        if groups and isinstance(groups[-1], list):
-            groups[-1].append(info)
-        else:
-            groups.append([info])
-
-    consumed_later = _consumers_after(groups, model.outputs)
+    grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
+    consumed_later = _consumers_after(grouping.groups, model.outputs)
     steps: list[Step] = []
-    ort_count = 0
-    for index, group in enumerate(groups):
+    for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo):
-            followers = fused[group.name]
+            followers = grouping.fused[group.name]
             outputs = list((followers[-1] if followers else group).node.output)
             inputs = step_inputs(group, followers, model)
             steps.append(PluginStep(group.name, group, registry[group.op_type], inputs, outputs, followers))
             continue
-        ort_count += 1
+        number = sum(isinstance(s, OrtStep) for s in steps) + 1
         nodes = [info.node for info in group]
         outputs = [o for n in nodes for o in n.output if o and o in consumed_later[index]]
         inputs = outside_inputs(nodes, model)
-        sub = sub_model(model, f"{model.name}_part{ort_count}", nodes, inputs, outputs, tensors)
-        steps.append(OrtStep(f"onnxruntime{ort_count}", nodes, inputs, outputs, sub))
-    return Plan(model, batch, device, steps, tensors, fallbacks, given_up)
+        sub = sub_model(model, f"{model.name}_part{number}", nodes, inputs, outputs, tensors)
+        steps.append(OrtStep(f"onnxruntime{number}", nodes, inputs, outputs, sub))
+    return Plan(model, batch, device, steps, tensors, grouping.fallbacks, grouping.given_up)
+
+
+@dataclass
+class _Grouping:
+    """The nodes in graph order as groups: a plugin node is a group of its own (with the
+    followers its kernel fuses), the others gather into runs, each one onnxruntime sub-model."""
+
+    groups: list[NodeInfo | list[NodeInfo]] = field(default_factory=list)
+    fused: dict[str, list[NodeInfo]] = field(default_factory=dict)  # plugin node name -> the followers its kernel runs
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    given_up: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, infos: list[NodeInfo], model: Model, device: Device, registry: dict[str, Plugin]) -> "_Grouping":
+        grouping, taken = cls(), set()
+        readers = _readers(infos)
+        made_by = {o: index for index, info in enumerate(infos) for o in info.node.output if o}
+        for info in infos:
+            if info.name in taken:
+                continue
+            plugin = registry.get(info.op_type)
+            if plugin:
+                info, reason = _described(plugin, info)
+                reason = reason or _support(plugin, info, device)
+            else:
+                reason = "no plugin"
+            if plugin and reason is None:
+                grouping.groups.append(info)
+                followers, why = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
+                grouping.fused[info.name] = followers
+                if why:
+                    grouping.given_up[info.name] = why
+                taken.update(f.name for f in followers)
+                continue
+            if plugin:
+                grouping.fallbacks[info.name] = reason
+            if grouping.groups and isinstance(grouping.groups[-1], list):
+                grouping.groups[-1].append(info)
+            else:
+                grouping.groups.append([info])
+        return grouping
 
 
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:

@@ -10,7 +10,7 @@ import pytest
 from opplugin.cli import main
 from opplugin.device import CPU
 from opplugin.errors import PluginError
-from opplugin.lab import nvrtc_check
+from opplugin import nvrtc
 from opplugin.model import load_model
 from opplugin.registry import Kernel, Plugin, plugins
 from opplugin.runtime import Runner
@@ -20,7 +20,7 @@ from opplugin.user_kernels.sanitize import format_findings, parse_findings, sani
 from opplugin.user_kernels.watch import StepResult, describe, watch
 from user_kernel_fixtures import FUSED, edited, new_starter
 
-needs_nvrtc = pytest.mark.skipif(not nvrtc_check.nvrtc_available(), reason="NVRTC (cuda-bindings) is not installed")
+needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings) is not installed")
 
 
 def line_of(path: Path, fragment: str) -> int:

@@ -8,7 +8,7 @@ peers        cuDNN through PyTorch, onnxruntime's CUDA provider
 streams      one Conv host to host, serial and over several streams
 bench_text   the bench's tables
 roofline     this device's measured copy bandwidth and FP32 rate
-nvrtc_check  compiling without a GPU, and ptxas's resource report
+nvrtc_check  every Conv variant compiled without a GPU (opplugin.nvrtc), ptxas's figures
 
 The runtime never imports the lab.
 """

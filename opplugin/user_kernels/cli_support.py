@@ -96,7 +96,7 @@ def plan_lines(plan, registry) -> list[str]:
     """What each user kernel does with each node of its op type: compiled (and where the
     epilogue runs), or rejected (the reason; the built-in choice runs it). Compiling here,
     with NVRTC alone where there is no GPU, is what makes `plan` catch compile errors."""
-    from ..lab.nvrtc_check import NvrtcUnavailable
+    from ..nvrtc import NvrtcUnavailable
     from .compiler import OFFLINE_ARCH, Rejected
     from .plugin import UserPlugin
 

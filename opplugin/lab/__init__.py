@@ -3,6 +3,9 @@
 trial        the one loop bench and tune share: build, screen for spills, run into a
              poisoned output, check against float64, time with CUDA events
 bench        `opplugin bench`: every family and the peers, with the roofline
+cnn_layers   the Conv layers of real CNNs that `bench --suite cnn` times
+gemm_bench   `bench --suite gemm`: each Gemm family against cuBLAS
+e2e          `bench --e2e`: whole models end to end beside their peers
 tune         `opplugin tune`: every configuration of each Conv step, the fastest kept
 user_trial   a --kernel file's Conv kernel through the trial, beside the families
 peers        cuDNN through PyTorch, onnxruntime's CUDA provider

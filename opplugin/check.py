@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import InputError
 from .jsonout import header
-from .runtime import chunking
+from .rows import split_rows
 from .runtime.records import PlanRecord, RunResult
 from .sessions import Reference
 from .texttable import LINE_WIDTH, NAME_WIDTH, elide_middle, text_table
@@ -256,7 +256,7 @@ def check_chunks(plan: PlanRecord, batch: int, budget_bytes: int = DEFAULT_CHECK
         chunk = max(1, int(budget_bytes) // check_image_bytes(plan))
         if chunk >= plan.chunk:  # whole device chunks, the size the kernels were picked for
             chunk -= chunk % plan.chunk
-    return chunking.split_rows(batch, min(int(chunk), batch))
+    return split_rows(batch, min(int(chunk), batch))
 
 
 def _batched(plan: PlanRecord) -> frozenset[str]:
@@ -343,7 +343,7 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     first = model.outputs[0]
     figures, tally = ErrorStats(atol, rtol), Top1Tally()
     rows_at_once = max(1, AGREEMENT_BYTES // onnxruntime_image_bytes(plan))
-    slices = chunking.split_rows(batch, rows_at_once) if batched else [slice(0, batch)]
+    slices = split_rows(batch, rows_at_once) if batched else [slice(0, batch)]
     for rows in slices:
         piece = {name: (value[rows] if name in batched else value) for name, value in feeds.items()}
         ours = output[rows] if batched else output

@@ -188,7 +188,7 @@ def _tune_parser(commands, batch_help: str) -> argparse.ArgumentParser:
 
 def _add_user_kernel_options(commands, **parsers) -> None:
     """--kernel on every command that runs kernels, --sanitize and --watch on run and check, and `opplugin new`."""
-    from .user_kernels.cli_support import add_kernel_flag, add_loop_flags, add_new_command
+    from .user_kernel_tools.cli_support import add_kernel_flag, add_loop_flags, add_new_command
 
     for name, parser in parsers.items():
         add_kernel_flag(parser)
@@ -200,8 +200,9 @@ def _add_user_kernel_options(commands, **parsers) -> None:
 def _user_registry(args, device, *, poison: bool = False, cpu_note: bool = False):
     """The registry with the --kernel files in place of the built-in plugins (None without --kernel);
     `poison` fills their outputs with NaN before each call (check), `cpu_note` says so when they cannot run here."""
+    from .user_kernel_tools.cli_support import say_cpu_note, user_sources
     from .user_kernels import user_registry
-    from .user_kernels.cli_support import parse_kernels, say_cpu_note, user_sources
+    from .user_kernels.flags import parse_kernels
 
     kernels = parse_kernels(getattr(args, "kernel", None))
     if not kernels:
@@ -216,7 +217,8 @@ def _kernel_loops(args, *, poison: bool) -> int | None:
     """--sanitize runs first; --watch takes the place of the command's single pass (None: go on with it)."""
     if not (getattr(args, "sanitize", False) or getattr(args, "watch", False)):
         return None
-    from .user_kernels.cli_support import parse_kernels, sanitize_kernels, watch_kernels
+    from .user_kernel_tools.cli_support import sanitize_kernels, watch_kernels
+    from .user_kernels.flags import parse_kernels
 
     kernels = parse_kernels(args.kernel)
     if not kernels:
@@ -386,7 +388,7 @@ def cmd_plan(args) -> int:
     from .plan import make_plan
     from .plan_report import build_plan_report, format_plan
     from .runtime.describe import record_plan_alone
-    from .user_kernels.cli_support import plan_lines
+    from .user_kernel_tools.cli_support import plan_lines
 
     loaded = _load(args, free_batch_default=1)
     registry = _user_registry(args, loaded.device)
@@ -407,7 +409,7 @@ def cmd_tune(args) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    from .user_kernels.cli_support import parse_kernels
+    from .user_kernels.flags import parse_kernels
 
     loaded = _load(args)
     report = tune(loaded.model, loaded.batch, args.device, progress=say, kernels=parse_kernels(args.kernel))
@@ -431,7 +433,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_new(args) -> int:
-    from .user_kernels.cli_support import cmd_new as new
+    from .user_kernel_tools.cli_support import cmd_new as new
 
     return new(args)
 

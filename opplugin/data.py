@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cuda
+from . import cuda, hostwork
 from .errors import InputError, positive_int
 from .model import SHIPPED_MODELS, Model
 from .resources import models_dir
@@ -155,8 +155,6 @@ def random_inputs(batch: int, input_shape: tuple[int, ...], seed: int = 0, out: 
     integer); the first n images are the same for every batch >= n. Fills `out` (a
     float32 array of that shape, pinned memory say) when given. Large batches are
     filled by several threads."""
-    from .runtime import hostwork
-
     shape = (int(batch), *(int(d) for d in input_shape))
     if out is None:
         out = np.empty(shape, np.float32)

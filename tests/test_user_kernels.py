@@ -10,17 +10,17 @@ import pytest
 from opplugin.cli import main
 from opplugin.device import CPU
 from opplugin.errors import PluginError
-from opplugin.lab import nvrtc_check
+from opplugin import nvrtc
 from opplugin.model import load_model
 from opplugin.registry import Kernel, Plugin, plugins
 from opplugin.runtime import Runner
 from opplugin.user_kernels import CudaSourcePlugin, KernelSource, UserKernelError, UserPlugin, starter_text, user_registry
 from opplugin.user_kernels.source import evaluate, parse_directives
-from opplugin.user_kernels.sanitize import format_findings, parse_findings, sanitize
-from opplugin.user_kernels.watch import StepResult, describe, watch
+from opplugin.user_kernel_tools.sanitize import format_findings, parse_findings, sanitize
+from opplugin.user_kernel_tools.watch import StepResult, describe, watch
 from user_kernel_fixtures import FUSED, edited, new_starter
 
-needs_nvrtc = pytest.mark.skipif(not nvrtc_check.nvrtc_available(), reason="NVRTC (cuda-bindings) is not installed")
+needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings) is not installed")
 
 
 def line_of(path: Path, fragment: str) -> int:
@@ -273,7 +273,7 @@ def test_sanitizer_findings_in_the_users_file_become_a_table_with_source_lines(t
 
 def test_sanitize_says_in_one_line_when_compute_sanitizer_is_missing(tmp_path, monkeypatch):
     starter = new_starter(tmp_path)
-    monkeypatch.setattr("opplugin.user_kernels.sanitize.find_sanitizer", lambda: None)
+    monkeypatch.setattr("opplugin.user_kernel_tools.sanitize.find_sanitizer", lambda: None)
     said = []
     sanitize("lenet86", [KernelSource(str(starter))], say=said.append)
     assert said == ["--sanitize: compute-sanitizer is not installed here (it comes with the CUDA toolkit); skipped"]

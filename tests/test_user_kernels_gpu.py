@@ -70,7 +70,7 @@ def test_sanitize_passes_the_starter(tmp_path, capsys):
 def test_watch_picks_up_an_edit(tmp_path):
     starter = new_starter(tmp_path)
     from opplugin import cli
-    from opplugin.user_kernels.cli_support import watch_kernels
+    from opplugin.user_kernel_tools.cli_support import watch_kernels
 
     args = cli.build_parser().parse_args(["check", "lenet86", "--batch", "200", "--kernel", f"Conv={starter}", "--watch"])
     loaded = cli._load(args)

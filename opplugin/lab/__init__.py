@@ -3,12 +3,17 @@
 trial        the one loop bench and tune share: build, screen for spills, run into a
              poisoned output, check against float64, time with CUDA events
 bench        `opplugin bench`: every family and the peers, with the roofline
+cnn_layers   the Conv layers of real CNNs that `bench --suite cnn` times
+gemm_bench   `bench --suite gemm`: each Gemm family against cuBLAS
+e2e          `bench --e2e`: whole models end to end beside their peers
 tune         `opplugin tune`: every configuration of each Conv step, the fastest kept
+user_trial   a --kernel file's Conv kernel through the trial, beside the families
 peers        cuDNN through PyTorch, onnxruntime's CUDA provider
 streams      one Conv host to host, serial and over several streams
 bench_text   the bench's tables
 roofline     this device's measured copy bandwidth and FP32 rate
-nvrtc_check  compiling without a GPU, and ptxas's resource report
+nvrtc_check  every Conv variant compiled without a GPU (opplugin.nvrtc), ptxas's figures
 
-The runtime never imports the lab.
+Nothing a run needs imports the lab (tests/test_layering.py): not the runtime, the ops,
+the user kernels' run side, check, data or report.
 """

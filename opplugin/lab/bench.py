@@ -461,7 +461,7 @@ class Bench:
 
     def _bench_user(self, step, problem: Problem, source) -> dict[str, Any]:
         """A --kernel file's row: checked and timed like a family, under the file's name."""
-        from ..user_kernels.trial import user_trial
+        from .user_trial import user_trial
 
         trial = user_trial(problem, source, EXACT_TOLERANCE, self.options.warmup, self.options.repeat)
         # FP32 as far as its check against float64 shows: exact by measurement, never by construction
@@ -571,7 +571,7 @@ def options_from_args(args: Any) -> Options:
 
 def _kernel_flags(args: Any) -> list[str]:
     """The files of --kernel Conv=FILE flags; the bench may compare several."""
-    from ..user_kernels.cli_support import parse_kernels
+    from ..user_kernels.flags import parse_kernels
 
     flags = getattr(args, "kernel", None) or []
     found = [parse_kernels([flag]) for flag in flags]

@@ -167,7 +167,7 @@ def tune_step(step: PluginStep, spec: ConvSpec, epilogue: Epilogue, say: Progres
         timing = f"{result.ms:.4f} ms" if result.ms is not None else "-"
         say(f"[{step.name} {index}/{len(configs)}] {variant:<20} {RESULT_WORDS[result.status]:<5} {timing:>12}  {detail(result)}".rstrip())
     if sources:
-        from ..user_kernels.trial import user_trial
+        from .user_trial import user_trial
 
         tuned.user = [user_trial(problem, source, EXACT_TOLERANCE, warmup, repeat) for source in sources]
     return tuned

@@ -6,7 +6,6 @@ executor  one chunk through the plan; the lane threads chunks are scheduled on
 lanes     where a chunk runs: the host, or one CUDA stream with pinned staging
 chunking  which tensors scale with the batch, and how many images fit a budget
 timeline  when each step and copy ran, on one clock
-hostwork  host copies and fills split over a few threads
 exact     the exact path for chunks with NaN or Inf after a fused step
 records   the plain records report.py and check.py read
 """

@@ -15,8 +15,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..errors import InputError, positive_int
+from ..errors import InputError
 from ..model import Model
+from ..rows import split_rows  # chunking.split_rows: the runner cuts its chunks as check cuts its slices
 
 # Chunks of about this much input keep several in flight, so that one chunk's
 # copy to the device overlaps the previous chunk's compute. Each chunk costs the
@@ -148,8 +149,3 @@ def memory_chunk(budget_bytes: int, image_bytes: int, workspace: Callable[[int],
         images = min(images - 1, max(1, images * budget_bytes // needed))
     return images
 
-
-def split_rows(batch: int, chunk: int) -> list[slice]:
-    """Consecutive row ranges of at most `chunk` rows covering [0, batch)."""
-    batch, chunk = positive_int(batch, "batch"), positive_int(chunk, "chunk")
-    return [slice(start, min(start + chunk, batch)) for start in range(0, batch, chunk)]

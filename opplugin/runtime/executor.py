@@ -18,11 +18,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from .. import cuda
+from .. import cuda, hostwork
 from ..errors import PluginError
 from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
-from . import hostwork
 from .chunking import BatchLayout
 from .graphs import capture, capture_failure
 from .nonfinite import write_flag

@@ -22,8 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .. import cuda
-from . import hostwork
+from .. import cuda, hostwork
 from .graphs import SegmentGraphs
 from .timeline import COPY, Timeline
 

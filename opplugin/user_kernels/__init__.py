@@ -8,6 +8,10 @@ NVRTC compiles per node; `UserPlugin` runs it; `user_registry` puts user plugins
 place of the registered ones; `CudaSourcePlugin` is the base class for a CUDA source
 whose launch needs Python (see helper.py). The contract per op type is in contract.py,
 and `opplugin new conv FILE` writes a starter that spells it out.
+
+This package is what a run needs, and imports no lab: the tools around a kernel file
+(--sanitize, --watch, `opplugin new`) are in user_kernel_tools/, and a user kernel's
+bench and tune trial is lab/user_trial.py.
 """
 from __future__ import annotations
 

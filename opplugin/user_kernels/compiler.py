@@ -54,7 +54,7 @@ def compile_node(source: KernelSource, defines: Mapping[str, int], on_gpu: bool,
         except cupy.cuda.compiler.CompileException as err:
             raise_for_log(source, err.get_message(), defines)
         return Compiled(module, options)
-    from ..lab.nvrtc_check import CompileError, NvrtcUnavailable, compile_cubin
+    from ..nvrtc import CompileError, NvrtcUnavailable, compile_cubin
 
     try:
         compile_cubin(text, options, OFFLINE_ARCH, name=source.label)

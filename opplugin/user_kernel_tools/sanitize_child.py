@@ -16,9 +16,10 @@ def main(argv: list[str]) -> int:
     from ..errors import OpPluginError
     from ..model import load_model
     from ..plan import make_plan
-    from . import user_registry
-    from .cli_support import parse_kernels, user_sources
-    from .plugin import UserPlugin, probe_inputs
+    from ..user_kernels import user_registry
+    from ..user_kernels.flags import parse_kernels
+    from ..user_kernels.plugin import UserPlugin, probe_inputs
+    from .cli_support import user_sources
 
     cupy.cuda.set_allocator(None)
     model_name, batch, *kernels = argv

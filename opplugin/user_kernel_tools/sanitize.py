@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..texttable import text_table
-from .compiler import LINEINFO_ENV
-from .source import KernelSource, UserKernelError
+from ..user_kernels.compiler import LINEINFO_ENV
+from ..user_kernels.source import KernelSource, UserKernelError
 
 SANITIZER = "compute-sanitizer"
 CHILD_TIMEOUT_S = 300
@@ -124,7 +124,7 @@ def sanitize(model: str, sources: list[KernelSource], batch: int = 2, say=print)
     tools = tools_for(sources)
     for tool in tools:
         command = [sanitizer, "--tool", tool, "--print-limit", "100", "--error-exitcode", "0",
-                   sys.executable, "-m", "opplugin.user_kernels.sanitize_child", model, str(batch), *kernels]
+                   sys.executable, "-m", "opplugin.user_kernel_tools.sanitize_child", model, str(batch), *kernels]
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -3,7 +3,8 @@ buffers, and filling large arrays with random data.
 
 One thread copies memory at a fraction of what the memory system delivers; numpy
 releases the GIL for plain copies and random fills, so a few threads together
-get close to it. The pool is shared by every runner and lives for the process.
+get close to it. The runtime's copies and data's random inputs share one pool,
+which lives for the process.
 """
 from __future__ import annotations
 

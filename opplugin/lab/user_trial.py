@@ -1,21 +1,21 @@
-"""A user's Conv kernel through the lab's trial: built for a bench or tune problem,
+"""A user's Conv kernel through the trial (trial.py): built for a bench or tune problem,
 run once into a poisoned output and checked against float64, then timed with CUDA
 events like every built-in variant, so that it sits in the same table."""
 from __future__ import annotations
 
 import dataclasses
 
-from .compiler import Rejected, compile_node
-from .contract import conv_user_defines, user_fusable
-from .plugin import UserKernel, upload_weights, weights_digest
-from .source import KernelSource
+from ..ops.conv.epilogue import NONE
+from ..ops.conv.plugin import UnfusedEpilogueKernel
+from ..user_kernels.compiler import Rejected, compile_node
+from ..user_kernels.contract import conv_user_defines, user_fusable
+from ..user_kernels.plugin import UserKernel, upload_weights, weights_digest
+from ..user_kernels.source import KernelSource
+from .trial import Trial, failed_trial, median_ms
 
 
 def build_for_problem(source: KernelSource, spec, weights, epilogue):
     """The user kernel for a Conv spec and epilogue (its epilogue as a CuPy step when the source does not fuse it)."""
-    from ..ops.conv.epilogue import NONE
-    from ..ops.conv.plugin import UnfusedEpilogueKernel
-
     fuses = source.launch.fuses_epilogue and user_fusable(epilogue)
     defines = conv_user_defines(spec, epilogue if fuses else NONE)
     constant = source.launch.constant_weights
@@ -29,8 +29,6 @@ def build_for_problem(source: KernelSource, spec, weights, epilogue):
 
 def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, repeat: int):
     """A lab Trial of `source` on `problem`; never raises for a failure of the kernel itself."""
-    from ..lab.trial import Trial, failed_trial, median_ms
-
     label = source.label
     try:
         kernel = build_for_problem(source, problem.spec, problem.weights, problem.epilogue)

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .contract import CONTRACTS, contract_for
+from ..user_kernels.contract import CONTRACTS
+from ..user_kernels.flags import op_type_named
 
 KERNEL_HELP = "run your own kernel source for an op type, e.g. --kernel Conv=my_conv.cu (opplugin new conv my_conv.cu writes a starter)"
 CPU_NOTE = "The user kernel cannot run without a GPU: the numpy reference backend runs its nodes instead."
@@ -32,38 +33,15 @@ def add_new_command(commands) -> None:
     new.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
 
-def parse_kernels(values: list[str] | None) -> dict[str, str]:
-    """{"Conv": "my_conv.cu"} from the --kernel flags; InputError (exit 2) for a bad one."""
-    kernels: dict[str, str] = {}
-    for value in values or []:
-        op, sep, path = value.partition("=")
-        if not sep or not op or not path:
-            raise InputError(f"--kernel takes OP=FILE.cu, e.g. --kernel Conv=my_conv.cu; got {value!r}")
-        op_type = op_type_named(op)
-        if op_type in kernels:
-            raise InputError(f"--kernel names {op_type} twice")
-        kernels[op_type] = path
-    return kernels
-
-
-def op_type_named(name: str) -> str:
-    """The op type a user spelt in any case ("conv" -> "Conv"); the contract's error for an unknown one."""
-    for op_type in CONTRACTS:
-        if op_type.lower() == name.lower():
-            return op_type
-    contract_for(name)  # raises, listing the op types with a contract
-    raise AssertionError("unreachable")
-
-
 def user_sources(kernels: dict[str, str]):
     """KernelSources of the --kernel files, read now so that a missing file or entry point stops the command first."""
-    from .source import KernelSource
+    from ..user_kernels.source import KernelSource
 
     return {op_type: KernelSource(path, op_type) for op_type, path in kernels.items()}
 
 
 def cmd_new(args) -> int:
-    from . import starter_text
+    from ..user_kernels import starter_text
 
     if not args.op:
         print("Starter kernels (opplugin new OP FILE.cu):")
@@ -86,7 +64,7 @@ def cmd_new(args) -> int:
 
 def say_cpu_note(registry, device) -> None:
     """The one line run and check print when user kernels are given and there is no GPU."""
-    from .plugin import UserPlugin
+    from ..user_kernels.plugin import UserPlugin
 
     if not device.is_cuda and any(isinstance(p, UserPlugin) for p in registry.values()):
         print(CPU_NOTE, file=sys.stderr)
@@ -96,9 +74,9 @@ def plan_lines(plan, registry) -> list[str]:
     """What each user kernel does with each node of its op type: compiled (and where the
     epilogue runs), or rejected (the reason; the built-in choice runs it). Compiling here,
     with NVRTC alone where there is no GPU, is what makes `plan` catch compile errors."""
-    from ..lab.nvrtc_check import NvrtcUnavailable
-    from .compiler import OFFLINE_ARCH, Rejected
-    from .plugin import UserPlugin
+    from ..nvrtc import NvrtcUnavailable
+    from ..user_kernels.compiler import OFFLINE_ARCH, Rejected
+    from ..user_kernels.plugin import UserPlugin
 
     users = {op: p for op, p in registry.items() if isinstance(p, UserPlugin)}
     if not users:

@@ -52,8 +52,8 @@ def node_name(node: onnx.NodeProto) -> str:
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of a node after shape inference: name, shape at the plan's batch, dtype,
-    and its value where it is a constant (weights)."""
+    """A tensor of a node after shape inference: name, shape at the plan's batch and dtype
+    (a constant's value is in NodeInfo.constants)."""
 
     name: str
     shape: tuple[int, ...]

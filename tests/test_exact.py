@@ -349,3 +349,13 @@ def test_the_nan_exact_conv_variant_leaves_out_the_3xtf32_gemm():
     w = np.ones(spec.weight_shape, np.float32)
     assert families.family_of(heuristic_variant(spec, (w, None), NONE)).name == "tc_3xtf32"
     assert families.family_of(nonfinite_exact_variant(spec, (w, None))).name == "simt_gemm"  # FP32 FMAs: NaN and Inf land as in float64
+
+
+def test_the_nonfinite_flag_kernel_ships_in_kernels_and_compiles_without_a_gpu():
+    from opplugin.lab import nvrtc_check
+    from opplugin.runtime import nonfinite
+
+    if not nvrtc_check.nvrtc_available():
+        pytest.skip("cuda-bindings' NVRTC is not importable")
+    usage = nvrtc_check.check_source(nonfinite.FLAG_SOURCE, {}, "opplugin_flag_nonfinite", "sm_90")
+    assert usage.cubin_bytes > 0 and (usage.spill_stores, usage.stack_frame) == (0, 0), usage.log

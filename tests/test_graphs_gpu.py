@@ -66,7 +66,7 @@ class _SynchronisingConv(ConvPlugin):
         kernel = super().build(node, device, variant, fused)
 
         class Waiting:
-            name, variant, nonfinite_exact = kernel.name, kernel.variant, getattr(kernel, "nonfinite_exact", False)
+            name, variant, nonfinite_exact, device_work = kernel.name, kernel.variant, kernel.nonfinite_exact, kernel.device_work
             flops, bytes_moved, workspace_bytes = kernel.flops, kernel.bytes_moved, kernel.workspace_bytes
 
             def __call__(self, inputs, stream=None):

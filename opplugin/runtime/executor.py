@@ -200,7 +200,7 @@ class PlanExecutor:
                 step = self.plan.steps[index]
                 kernel = self.kernels[step.name]
                 args = [values.on_device(n) if n else None for n in step.inputs]
-                run = lane.run_kernel if getattr(kernel, "device_work", True) else lane.run_host
+                run = lane.run_kernel if kernel.device_work else lane.run_host
                 outs = run(step.name, "plugin", lambda k=kernel, a=args: k(a, lane.stream))
                 if len(outs) != len(step.outputs):
                     raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")

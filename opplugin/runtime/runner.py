@@ -135,7 +135,8 @@ class Runner:
         if not isinstance(kernel, Kernel):
             raise PluginError(
                 f"the {step.node.op_type} plugin built {type(kernel).__name__} for step {step.name}, which is not a Kernel "
-                "(it needs name, variant, flops, bytes_moved, workspace_bytes and __call__; subclass opplugin.registry.Kernel)"
+                "(it needs name, variant, nonfinite_exact, device_work, flops, bytes_moved, workspace_bytes and __call__; "
+                "subclass opplugin.registry.Kernel for the defaults)"
             )
         return kernel
 

@@ -44,7 +44,7 @@ def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
     for seed in range(3):
         feeds = make_inputs(model, 1000, "random", seed=seed).feeds
         np.testing.assert_array_equal(runner.run(feeds).outputs["probabilities"], eager.run(feeds).outputs["probabilities"])
-    sizes = {rows for lane in runner.scheduler.lanes for (_first, rows) in lane.graphs.graphs}
+    sizes = {rows for lane in runner.scheduler.lanes for (_first, rows) in lane.graphs.captured()}
     assert sizes == {300, 100}
 
 

@@ -36,7 +36,7 @@ from ..registry import Kernel, Plugin
 from . import chunking
 from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
-from .lanes import Chains, CudaLane, HostLane
+from .lanes import Chains, CudaLane, HostLane, Lane
 from .records import PlanRecord, Profile, RunResult, StepRecord, sum_by_step
 from .timeline import Timeline, copy_figures
 
@@ -122,7 +122,7 @@ class Runner:
         if self.device.is_cuda:
             self._chains: Chains | None = Chains()
             device_id = cuda.device_id()
-            lanes: list[Any] = [CudaLane(device_id, self._chains, index) for index in range(self.streams)]
+            lanes: list[Lane] = [CudaLane(device_id, self._chains, index) for index in range(self.streams)]
         else:
             self._chains = None
             lanes = [HostLane(index) for index in range(self.streams)]
@@ -231,16 +231,13 @@ class Runner:
         """Span name -> plan steps, for the graphs these spans replayed."""
         if not self.cuda_graphs:
             return {}
-        named = {g.name: g.steps for lane in self.scheduler.lanes for g in lane.graphs.graphs.values()}
+        named = {name: steps for lane in self.scheduler.lanes for name, steps in lane.graphs.named_steps().items()}
         return {span.name: named[span.name] for span in spans if span.name in named}
 
     def graph_failures(self) -> dict[str, str]:
         """Runs of plugin steps that could not be captured as CUDA graphs: first step -> why."""
-        failures = {}
-        for lane in self.scheduler.lanes:
-            if lane.on_device:
-                failures.update((self.plan.steps[first].name, why) for (first, _rows), why in lane.graphs.failed.items())
-        return failures
+        return {self.plan.steps[first].name: why
+                for lane in self.scheduler.lanes for (first, _rows), why in lane.graphs.failures().items()}
 
     def chunks_for(self, batch: int) -> int:
         """How many chunks a run of `batch` images takes now."""

@@ -184,3 +184,10 @@ def test_an_error_in_one_lane_stops_the_run_and_is_raised(tiny_model_path):
     with pytest.raises(PluginError, match="the kernel broke"):
         runner.run({"x": np.ones((12, 3, 12, 12), np.float32)})
     assert runner.chunk == 2  # not an out-of-memory: no retry
+
+
+def test_check_steps_returns_a_new_layout_and_leaves_the_one_passed_in_alone(tiny_model_path):
+    layout = chunking.probe_layout(load_model(tiny_model_path))
+    checked = chunking.check_steps(layout, ["x", "not_batched"], [])
+    assert layout.chunkable and not checked.chunkable and "'not_batched'" in checked.unchunkable
+    assert chunking.check_steps(layout, ["x", "w"], ["w"]) is layout

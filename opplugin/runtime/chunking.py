@@ -10,7 +10,7 @@ in the batch, say, makes a model unchunkable, and it then runs in one piece.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -42,7 +42,7 @@ DEVICE_MEMORY_SHARE = 0.5
 HOST_CHUNK_BYTES = 256 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchLayout:
     """Per-image shapes of the tensors whose first axis is the batch."""
 
@@ -93,16 +93,15 @@ def probe_layout(model: Model) -> BatchLayout:
 
 
 def check_steps(layout: BatchLayout, boundary_tensors: Iterable[str], passed_whole: Iterable[str]) -> BatchLayout:
-    """The layout, marked unchunkable when a tensor crossing a step boundary does not
-    scale with the batch. `passed_whole` are weights and inputs with a fixed first axis:
+    """The layout, or a copy marked unchunkable when a tensor crossing a step boundary does
+    not scale with the batch. `passed_whole` are weights and inputs with a fixed first axis:
     every chunk gets all of them."""
     if not layout.chunkable:
         return layout
     whole = set(passed_whole)
     for name in boundary_tensors:
         if name and name not in whole and not layout.is_batched(name):
-            layout.unchunkable = f"tensor {name!r} does not have the batch as its first axis"
-            break
+            return replace(layout, unchunkable=f"tensor {name!r} does not have the batch as its first axis")
     return layout
 
 

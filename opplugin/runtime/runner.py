@@ -162,7 +162,7 @@ class Runner:
     def _check_plan_chunkable(self, model: Model) -> None:
         boundary = [n for step in self.plan.steps for n in [*step.inputs, *step.outputs]] + list(model.outputs)
         whole = set(model.initializers) | {i.name for i in model.inputs if i.name not in self.layout.batched_inputs}
-        chunking.check_steps(self.layout, boundary, whole)
+        self.layout = chunking.check_steps(self.layout, boundary, whole)
 
     def _providers(self) -> list:
         if self.device.is_cuda and sessions.has_cuda():

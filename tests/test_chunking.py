@@ -191,3 +191,11 @@ def test_check_steps_returns_a_new_layout_and_leaves_the_one_passed_in_alone(tin
     checked = chunking.check_steps(layout, ["x", "not_batched"], [])
     assert layout.chunkable and not checked.chunkable and "'not_batched'" in checked.unchunkable
     assert chunking.check_steps(layout, ["x", "w"], ["w"]) is layout
+
+
+def test_the_shapes_at_any_batch_follow_from_the_probes_where_every_tensor_scales_or_stays(tiny_model_path, tmp_path):
+    for model in (load_model(tiny_model_path), load_model("lenet86")):
+        layout = chunking.probe_layout(model)
+        assert chunking.tensors_at(model, layout, 7) == model.infer(7)
+    reshape = load_model(save(_reshape_model(), tmp_path / "reshape.onnx"))  # 'r' has 2N rows: neither
+    assert chunking.tensors_at(reshape, chunking.probe_layout(reshape), 7) is None

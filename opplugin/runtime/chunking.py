@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InputError, positive_int
 from ..model import Model
+from ..registry import TensorInfo
 
 # Chunks of about this much input keep several in flight, so that one chunk's
 # copy to the device overlaps the previous chunk's compute. Each chunk costs the
@@ -90,6 +91,26 @@ def probe_layout(model: Model) -> BatchLayout:
             sizes[name] = np.dtype(a.dtype).itemsize
     batched = frozenset(i.name for i in model.inputs if i.name in shapes and not i.type.tensor_type.shape.dim[0].HasField("dim_value"))
     return BatchLayout(batched, shapes, sizes)
+
+
+def tensors_at(model: Model, layout: BatchLayout, batch: int) -> dict[str, TensorInfo] | None:
+    """Every tensor at `batch`, from the probes at batch 1 and 2 (Model.infer keeps them): a
+    tensor that scales with the batch gets `batch` rows, one of the same shape at both keeps
+    it. None when some tensor does neither: then shape inference must run at `batch`."""
+    if not layout.chunkable:
+        return None
+    one, two = model.infer(1), model.infer(2)
+    if one.keys() != two.keys():
+        return None
+    tensors = {}
+    for name, info in one.items():
+        if layout.is_batched(name):
+            tensors[name] = replace(info, shape=layout.shape_at(name, batch))
+        elif info.shape == two[name].shape:
+            tensors[name] = info
+        else:
+            return None
+    return tensors
 
 
 def check_steps(layout: BatchLayout, boundary_tensors: Iterable[str], passed_whole: Iterable[str]) -> BatchLayout:

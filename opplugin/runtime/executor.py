@@ -348,23 +348,16 @@ class ChunkScheduler:
         """Calls work(lane, index, rows) for every chunk. With one chunk or one lane the
         calling thread does it all. The first error stops the hand-out and is raised
         once every lane has finished the chunk it had."""
-        total = chunks[-1].stop if chunks else 0
-        done = [0]
-        progress_lock = threading.Lock()
-
-        def report(rows: slice) -> None:
-            if progress:
-                with progress_lock:
-                    done[0] += rows.stop - rows.start
-                    progress("run", done[0], total)
-
+        done = _ImagesDone(chunks[-1].stop if chunks else 0, progress)
         if len(chunks) == 1 or len(self.lanes) == 1:
             with self.lanes[0].activate():
                 for index, rows in enumerate(chunks):
                     work(self.lanes[0], index, rows)
-                    report(rows)
+                    done.add(rows)
             return
+        self._run_on_threads(chunks, work, done)
 
+    def _run_on_threads(self, chunks: Sequence[slice], work: Callable[[Lane, int, slice], None], done: _ImagesDone) -> None:
         queue = iter(list(enumerate(chunks)))
         queue_lock = threading.Lock()
         stop = threading.Event()
@@ -383,7 +376,7 @@ class ChunkScheduler:
                         stop.set()
                         errors.append(err)
                         return
-                    report(item[1])
+                    done.add(item[1])
 
         futures = [self._threads().submit(lane_loop, lane) for lane in self.lanes[: len(chunks)]]
         try:
@@ -396,3 +389,18 @@ class ChunkScheduler:
             raise
         if errors:
             raise errors[0]
+
+
+class _ImagesDone:
+    """The images of a run finished so far, told to `progress` as "run" (from any lane's thread)."""
+
+    def __init__(self, total: int, progress: Progress | None):
+        self.total, self.progress = total, progress
+        self.images = 0
+        self._lock = threading.Lock()
+
+    def add(self, rows: slice) -> None:
+        if self.progress:
+            with self._lock:
+                self.images += rows.stop - rows.start
+                self.progress("run", self.images, self.total)

@@ -97,7 +97,7 @@ class Runner:
         self.layout = chunking.probe_layout(model)
         self._nodes = len(model.nodes)  # for the pipeline's host cost per chunk
         self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
-        self.plan: Plan = self._make_plan(model, registry, chunk)
+        self.plan, self.layout = self._make_plan(model, registry, chunk)
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
@@ -146,20 +146,21 @@ class Runner:
         budget = int(cuda.free_device_bytes() * chunking.DEVICE_MEMORY_SHARE / self.streams)
         return chunking.memory_chunk(budget, self.peak_image_bytes, workspace)
 
-    def _make_plan(self, model: Model, registry: dict[str, Plugin] | None, chunk: int | None) -> Plan:
-        """The plan at the batch it runs at: the chunk's where the model runs in chunks, else the whole batch's.
-        Whether it can depends on the tensors the plan's steps exchange: where one does not scale with
-        the batch, the plan made at the chunk gives way to one at the whole batch."""
+    def _make_plan(self, model: Model, registry: dict[str, Plugin] | None, chunk: int | None) -> tuple[Plan, chunking.BatchLayout]:
+        """The plan at the batch it runs at (the chunk's where the model runs in chunks, else the whole
+        batch's), and the layout checked against its steps. Whether the model runs in chunks depends on
+        the tensors the plan's steps exchange: where one does not scale with the batch, the plan made
+        at the chunk gives way to one at the whole batch."""
         if not self.layout.chunkable:
-            return make_plan(model, self.batch, self.device, registry)
+            return make_plan(model, self.batch, self.device, registry), self.layout
         plan_batch = min(self.batch, chunk or self._chunk_for(self.batch))
         plan = make_plan(model, plan_batch, self.device, registry, chunking.tensors_at(model, self.layout, plan_batch))
         boundary = [n for step in plan.steps for n in [*step.inputs, *step.outputs]] + list(model.outputs)
         whole = set(model.initializers) | {i.name for i in model.inputs if i.name not in self.layout.batched_inputs}
-        self.layout = chunking.check_steps(self.layout, boundary, whole)
-        if self.layout.chunkable or plan_batch == self.batch:
-            return plan
-        return make_plan(model, self.batch, self.device, registry)
+        layout = chunking.check_steps(self.layout, boundary, whole)
+        if layout.chunkable or plan_batch == self.batch:
+            return plan, layout
+        return make_plan(model, self.batch, self.device, registry), layout
 
     def _upload_constants(self) -> dict[str, Any]:
         """The weights feeding plugin steps, on the device once rather than on every run."""

@@ -56,6 +56,7 @@ class Model:
         self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         self.inputs: list[onnx.ValueInfoProto] = [i for i in graph.input if i.name not in self.initializers]
         self.outputs: list[str] = [o.name for o in graph.output]
+        self._inferred: dict[int, dict[str, TensorInfo]] = {}  # batch -> infer(batch)
         for value in self.inputs:
             elem = value.type.tensor_type.elem_type
             if elem != onnx.TensorProto.FLOAT:
@@ -132,7 +133,12 @@ class Model:
         return {value.name: tensors[value.name].shape for value in self.inputs}
 
     def infer(self, batch: int) -> dict[str, TensorInfo]:
-        """Shape and dtype of every tensor in the graph for this batch."""
+        """Shape and dtype of every tensor in the graph for this batch (inferred once per batch)."""
+        if batch not in self._inferred:
+            self._inferred[batch] = self._infer(batch)
+        return dict(self._inferred[batch])
+
+    def _infer(self, batch: int) -> dict[str, TensorInfo]:
         proto = self.with_batch(batch)
         try:
             inferred = shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)

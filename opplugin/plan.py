@@ -89,9 +89,11 @@ class Plan:
         return self.tensors[name].shape
 
 
-def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None) -> Plan:
+def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None,
+              tensors: dict[str, TensorInfo] | None = None) -> Plan:
+    """The plan at `batch`; `tensors`: every tensor's shape at that batch where the caller has them (else inferred)."""
     registry = plugins() if registry is None else registry
-    tensors = model.infer(batch)
+    tensors = model.infer(batch) if tensors is None else tensors
     grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
     consumed_later = _consumers_after(grouping.groups, model.outputs)
     steps: list[Step] = []

@@ -6,8 +6,9 @@ a `Kernel` for a device: a callable taking the node's inputs as arrays (numpy on
 the CPU device, CuPy on a CUDA device) and returning its outputs.
 
 `Plugin` and `Kernel` list every member the runtime uses. Subclass them: the
-optional members (fusing followers, variants, workspace) then have their
-defaults, and a plugin need only write `op_type`, `supports` and `build`.
+optional members (fusing followers, variants, workspace, NaN/Inf exactness, device
+work) then have their defaults, and a plugin need only write `op_type`, `supports`
+and `build`.
 
 Third-party plugins register with `register(plugin)` or through the entry-point
 group ``opplugin.plugins`` (each entry point names a Plugin instance, a Plugin
@@ -52,8 +53,8 @@ def node_name(node: onnx.NodeProto) -> str:
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of a node after shape inference: name, shape at the plan's batch, dtype,
-    and its value where it is a constant (weights)."""
+    """A tensor of a node after shape inference: name, shape at the plan's batch and dtype
+    (a constant's value is in NodeInfo.constants)."""
 
     name: str
     shape: tuple[int, ...]
@@ -88,15 +89,20 @@ class NodeInfo:
 class Kernel(Protocol):
     """A node's computation, built for one device.
 
-    Optional attribute `nonfinite_exact` (read with getattr, default False): True when NaN
-    and Inf leave the kernel exactly where onnxruntime's nodes would put them. A fused kernel
-    that cannot promise it (a max pool's NaN rule), and any MaxPool or GlobalMaxPool step, has its outputs watched, and the chunks
-    where they appear run again on onnxruntime's nodes (runtime/exact.py).
-    Optional attribute `device_work` (default True): False for a kernel that enqueues nothing
-    on the device (a reshape view); its step is then timed by the host clock, not CUDA events."""
+    The members with a value here are optional: a subclass gets these defaults. An object
+    that does not subclass Kernel must have every member (the runner checks with isinstance)."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants
+    # True when NaN and Inf leave the kernel exactly where onnxruntime's nodes would put them. Where
+    # a kernel does not promise it (a fused max pool's NaN rule, 3xTF32's split operands) and the
+    # exact path has something else to run (the fusion split up, or the plugin's
+    # `nonfinite_exact_variant`), its outputs are watched and the chunks where NaN or Inf appear
+    # run again that way (runtime/exact.py); so is every MaxPool or GlobalMaxPool step.
+    nonfinite_exact: bool = False
+    # False for a kernel that enqueues nothing on the device (a reshape view): its step is then
+    # timed by the host clock, not by CUDA events
+    device_work: bool = True
 
     def flops(self, batch: int) -> int:
         """Arithmetic operations of one call at this batch, for GFLOP/s."""

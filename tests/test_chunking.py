@@ -184,3 +184,18 @@ def test_an_error_in_one_lane_stops_the_run_and_is_raised(tiny_model_path):
     with pytest.raises(PluginError, match="the kernel broke"):
         runner.run({"x": np.ones((12, 3, 12, 12), np.float32)})
     assert runner.chunk == 2  # not an out-of-memory: no retry
+
+
+def test_check_steps_returns_a_new_layout_and_leaves_the_one_passed_in_alone(tiny_model_path):
+    layout = chunking.probe_layout(load_model(tiny_model_path))
+    checked = chunking.check_steps(layout, ["x", "not_batched"], [])
+    assert layout.chunkable and not checked.chunkable and "'not_batched'" in checked.unchunkable
+    assert chunking.check_steps(layout, ["x", "w"], ["w"]) is layout
+
+
+def test_the_shapes_at_any_batch_follow_from_the_probes_where_every_tensor_scales_or_stays(tiny_model_path, tmp_path):
+    for model in (load_model(tiny_model_path), load_model("lenet86")):
+        layout = chunking.probe_layout(model)
+        assert chunking.tensors_at(model, layout, 7) == model.infer(7)
+    reshape = load_model(save(_reshape_model(), tmp_path / "reshape.onnx"))  # 'r' has 2N rows: neither
+    assert chunking.tensors_at(reshape, chunking.probe_layout(reshape), 7) is None

@@ -1,6 +1,8 @@
 """The exact path for NaN and Inf: fused steps flag their chunks, and flagged chunks
 run again with the fusion split into the plugin's node and onnxruntime's own nodes,
 so that NaN and Inf come out exactly as onnxruntime has them."""
+import dataclasses
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -11,8 +13,9 @@ from opplugin.device import CPU
 from opplugin.model import load_model
 from opplugin.ops.conv.plugin import ConvPlugin
 from opplugin.plan import make_plan
+from opplugin.registry import Kernel
 from opplugin.runtime import Runner
-from opplugin.runtime.exact import split_fused
+from opplugin.runtime.exact import reruns_differently, split_fused
 
 
 def test_split_fused_gives_the_plain_conv_then_onnxruntimes_own_epilogue(tiny_model_path):
@@ -339,6 +342,31 @@ def test_a_kernel_that_is_not_nan_exact_is_watched_and_its_chunks_rerun_on_the_p
     np.testing.assert_allclose(result.outputs["y"], y, rtol=1e-5, atol=1e-6)
 
 
+class _SaysNothingKernel(Kernel):
+    """A kernel that leaves nonfinite_exact at the protocol's default."""
+
+    name = "says_nothing"
+
+    def flops(self, batch):
+        return 0
+
+    def bytes_moved(self, batch):
+        return 0
+
+    def __call__(self, inputs, stream=None):
+        return list(inputs)
+
+
+def test_a_kernel_that_is_not_nan_exact_is_watched_only_where_the_exact_path_runs_something_else(tiny_model_path):
+    plan = make_plan(load_model(tiny_model_path), 2, CPU)
+    kernel = _SaysNothingKernel()
+    assert kernel.nonfinite_exact is False and kernel.device_work is True  # the protocol's defaults
+    conv, flatten = plan.steps[0], plan.steps[2]
+    assert conv.fused and reruns_differently(conv, kernel)  # the exact path splits the fusion
+    assert not flatten.fused and not reruns_differently(flatten, kernel)  # its plugin has no exact variant: same again
+    assert reruns_differently(dataclasses.replace(conv, fused=[], plugin=_NotExactConv()), kernel)
+
+
 def test_the_nan_exact_conv_variant_leaves_out_the_3xtf32_gemm():
     from opplugin.ops.conv import families
     from opplugin.ops.conv.choice import heuristic_variant, nonfinite_exact_variant
@@ -349,3 +377,13 @@ def test_the_nan_exact_conv_variant_leaves_out_the_3xtf32_gemm():
     w = np.ones(spec.weight_shape, np.float32)
     assert families.family_of(heuristic_variant(spec, (w, None), NONE)).name == "tc_3xtf32"
     assert families.family_of(nonfinite_exact_variant(spec, (w, None))).name == "simt_gemm"  # FP32 FMAs: NaN and Inf land as in float64
+
+
+def test_the_nonfinite_flag_kernel_ships_in_kernels_and_compiles_without_a_gpu():
+    from opplugin.lab import nvrtc_check
+    from opplugin.runtime import nonfinite
+
+    if not nvrtc_check.nvrtc_available():
+        pytest.skip("cuda-bindings' NVRTC is not importable")
+    usage = nvrtc_check.check_source(nonfinite.FLAG_SOURCE, {}, "opplugin_flag_nonfinite", "sm_90")
+    assert usage.cubin_bytes > 0 and (usage.spill_stores, usage.stack_frame) == (0, 0), usage.log

@@ -44,7 +44,7 @@ def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
     for seed in range(3):
         feeds = make_inputs(model, 1000, "random", seed=seed).feeds
         np.testing.assert_array_equal(runner.run(feeds).outputs["probabilities"], eager.run(feeds).outputs["probabilities"])
-    sizes = {rows for lane in runner.scheduler.lanes for (_first, rows) in lane.graphs.graphs}
+    sizes = {rows for lane in runner.scheduler.lanes for (_first, rows) in lane.graphs.captured()}
     assert sizes == {300, 100}
 
 
@@ -66,7 +66,7 @@ class _SynchronisingConv(ConvPlugin):
         kernel = super().build(node, device, variant, fused)
 
         class Waiting:
-            name, variant, nonfinite_exact = kernel.name, kernel.variant, getattr(kernel, "nonfinite_exact", False)
+            name, variant, nonfinite_exact, device_work = kernel.name, kernel.variant, kernel.nonfinite_exact, kernel.device_work
             flops, bytes_moved, workspace_bytes = kernel.flops, kernel.bytes_moved, kernel.workspace_bytes
 
             def __call__(self, inputs, stream=None):

@@ -198,3 +198,17 @@ def test_the_batch_of_a_fixed_model_is_its_data_input_s_even_after_weight_inputs
     assert model.infer(2)["y"].shape == (2, 3, 5, 5)
     with pytest.raises(InputError, match="input 'x' has a fixed batch of 2"):
         model.infer(3)
+
+
+def test_shape_inference_runs_once_per_batch(monkeypatch):
+    import onnx.shape_inference
+
+    calls = []
+    infer_shapes = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda *a, **k: calls.append(1) or infer_shapes(*a, **k))
+    model = load_model("lenet86")
+    first = model.infer(4)
+    first.clear()  # the caller's copy
+    assert model.infer(4) and len(calls) == 1
+    model.infer(5)
+    assert len(calls) == 2

@@ -141,3 +141,20 @@ def test_cuda_graphs_need_a_device_and_leave_a_cpu_run_as_it_was(tiny_model_path
         result = asked.run(feeds)
         assert not result.graphs
         np.testing.assert_array_equal(result.outputs["y"], plain.run(feeds).outputs["y"])
+
+
+def test_a_runner_infers_shapes_only_at_the_two_probe_batches_and_plans_once(monkeypatch):
+    import onnx.shape_inference
+
+    from opplugin.runtime import runner as runner_module
+
+    inferred, plans = [], []
+    infer_shapes, make_plan = onnx.shape_inference.infer_shapes, runner_module.make_plan
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda *a, **k: inferred.append(1) or infer_shapes(*a, **k))
+    monkeypatch.setattr(runner_module, "make_plan", lambda *a, **k: plans.append(a[1]) or make_plan(*a, **k))
+    model = load_model("lenet86")
+    runner = Runner(model, 10000, "cpu")
+    assert runner.chunk < 10000 and plans == [runner.chunk]
+    assert len(inferred) == 2  # batch 1 and 2: the chunk's shapes follow from them
+    assert runner.plan.tensors == model.infer(runner.chunk)  # which infers for real, to compare
+    assert len(inferred) == 3

@@ -10,13 +10,14 @@ in the batch, say, makes a model unchunkable, and it then runs in one piece.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import numpy as np
 
 from ..errors import InputError
 from ..model import Model
+from ..registry import TensorInfo
 from ..rows import split_rows  # chunking.split_rows: the runner cuts its chunks as check cuts its slices
 
 # Chunks of about this much input keep several in flight, so that one chunk's
@@ -43,7 +44,7 @@ DEVICE_MEMORY_SHARE = 0.5
 HOST_CHUNK_BYTES = 256 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchLayout:
     """Per-image shapes of the tensors whose first axis is the batch."""
 
@@ -93,17 +94,36 @@ def probe_layout(model: Model) -> BatchLayout:
     return BatchLayout(batched, shapes, sizes)
 
 
+def tensors_at(model: Model, layout: BatchLayout, batch: int) -> dict[str, TensorInfo] | None:
+    """Every tensor at `batch`, from the probes at batch 1 and 2 (Model.infer keeps them): a
+    tensor that scales with the batch gets `batch` rows, one of the same shape at both keeps
+    it. None when some tensor does neither: then shape inference must run at `batch`."""
+    if not layout.chunkable:
+        return None
+    one, two = model.infer(1), model.infer(2)
+    if one.keys() != two.keys():
+        return None
+    tensors = {}
+    for name, info in one.items():
+        if layout.is_batched(name):
+            tensors[name] = replace(info, shape=layout.shape_at(name, batch))
+        elif info.shape == two[name].shape:
+            tensors[name] = info
+        else:
+            return None
+    return tensors
+
+
 def check_steps(layout: BatchLayout, boundary_tensors: Iterable[str], passed_whole: Iterable[str]) -> BatchLayout:
-    """The layout, marked unchunkable when a tensor crossing a step boundary does not
-    scale with the batch. `passed_whole` are weights and inputs with a fixed first axis:
+    """The layout, or a copy marked unchunkable when a tensor crossing a step boundary does
+    not scale with the batch. `passed_whole` are weights and inputs with a fixed first axis:
     every chunk gets all of them."""
     if not layout.chunkable:
         return layout
     whole = set(passed_whole)
     for name in boundary_tensors:
         if name and name not in whole and not layout.is_batched(name):
-            layout.unchunkable = f"tensor {name!r} does not have the batch as its first axis"
-            break
+            return replace(layout, unchunkable=f"tensor {name!r} does not have the batch as its first axis")
     return layout
 
 

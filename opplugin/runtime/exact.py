@@ -26,7 +26,7 @@ from .. import cuda
 from ..device import Device
 from ..errors import PluginError
 from ..plan import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
-from ..registry import Kernel
+from ..registry import Kernel, NodeInfo, Plugin
 from .chunking import BatchLayout
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
 from .nonfinite import set_flag, write_flag
@@ -80,15 +80,25 @@ NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool"})
 
 
 def watched_steps(plan: Plan, kernels: dict[str, Kernel]) -> set[str]:
-    """The plugin steps whose outputs are watched: every max pool step (NAN_BY_POSITION), every
-    step whose kernel says it is not NaN/Inf-exact (Kernel.nonfinite_exact False: 3xTF32), and
-    every fused step whose kernel does not say it is."""
-    watched = set()
-    for step in plan.plugin_steps:
-        exact = getattr(kernels[step.name], "nonfinite_exact", None)
-        if step.node.op_type in NAN_BY_POSITION or exact is False or (step.fused and not exact):
-            watched.add(step.name)
-    return watched
+    """The plugin steps whose outputs are watched: those the exact path runs differently
+    (see reruns_differently)."""
+    return {step.name for step in plan.plugin_steps if reruns_differently(step, kernels[step.name])}
+
+
+def reruns_differently(step: PluginStep, kernel: Kernel) -> bool:
+    """Whether the exact path runs this step otherwise than `kernel`: a max pool step
+    (NAN_BY_POSITION) goes to onnxruntime, and a kernel that is not NaN/Inf-exact
+    (Kernel.nonfinite_exact) is split from its fused followers, or where it fused none gives
+    way to the variant its plugin names for NaN and Inf (`nonfinite_exact_variant`: 3xTF32).
+    A plain kernel with nothing to give way to would run the same again: not worth watching."""
+    if step.node.op_type in NAN_BY_POSITION:
+        return True
+    return not kernel.nonfinite_exact and (bool(step.fused) or _exact_variant(step.plugin) is not None)
+
+
+def _exact_variant(plugin: Plugin) -> Callable[[NodeInfo, Device], str] | None:
+    """The plugin's optional `nonfinite_exact_variant(node, device)`: the variant that keeps NaN and Inf exactly."""
+    return getattr(plugin, "nonfinite_exact_variant", None)
 
 
 def watched_outputs(plan: Plan, kernels: dict[str, Kernel]) -> dict[int, list[int]]:
@@ -181,13 +191,13 @@ class ExactPath:
         return self._executor
 
     def _exact_kernel(self, step: PluginStep) -> Kernel:
-        """The fast plan's kernel when its step fused nothing and keeps NaN and Inf exactly;
-        else the same variant built without the followers (the plugin's own choice if it
+        """The fast plan's kernel when its step fused nothing and would run the same on the
+        exact path (see reruns_differently); else the same variant built without the followers (the plugin's own choice if it
         cannot be), and where that kernel does not keep them either (3xTF32), the variant
         its plugin names for them (`nonfinite_exact_variant`)."""
         kernel = self.kernels[step.name]
         was_fused = any(s.name == step.name and s.fused for s in self.plan.plugin_steps)
-        if not was_fused and getattr(kernel, "nonfinite_exact", None) is not False:
+        if not was_fused and not reruns_differently(step, kernel):
             return kernel
         requested = self.requested_variants.get(step.node.op_type)
         variant = kernel.variant or requested
@@ -197,7 +207,7 @@ class ExactPath:
             if variant == requested:
                 raise
             built = step.build(self.device, requested)
-        exact_variant = getattr(step.plugin, "nonfinite_exact_variant", None)
-        if getattr(built, "nonfinite_exact", None) is False and exact_variant is not None:
+        exact_variant = _exact_variant(step.plugin)
+        if not built.nonfinite_exact and exact_variant is not None:
             built = step.build(self.device, exact_variant(step.node, self.device))
         return built

@@ -23,7 +23,8 @@ from ..errors import PluginError
 from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .chunking import BatchLayout
-from .graphs import capture, capture_failure
+from .graphs import SegmentGraph, capture, capture_failure
+from .lanes import Lane
 from .nonfinite import write_flag
 from .timeline import Timeline
 
@@ -54,7 +55,7 @@ class Results:
                 array = self.arrays[name] = np.empty(full, dtype)
         return array[rows] if self.chunked else array
 
-    def place(self, name: str, rows: slice, value: Any, lane: Any, staged: bool) -> None:
+    def place(self, name: str, rows: slice, value: Any, lane: Lane, staged: bool) -> None:
         if isinstance(value, np.ndarray):
             if self.single:  # the chunk is the whole batch: keep the array itself
                 with self._lock:
@@ -68,7 +69,7 @@ class Results:
 class _Values:
     """Where each tensor of one chunk is: on the host, on the device, or both."""
 
-    def __init__(self, lane: Any):
+    def __init__(self, lane: Lane):
         self.lane = lane
         self.host: dict[str, Any] = {}
         self.device: dict[str, Any] = {}
@@ -150,7 +151,7 @@ class PlanExecutor:
             for name in step.inputs:
                 self.last_use[name] = index
 
-    def run_chunk(self, lane: Any, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
+    def run_chunk(self, lane: Lane, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
         lane.start_chunk(timeline, chunk)
         values = _Values(lane)
         for name, array in inputs.feeds.items():
@@ -183,7 +184,7 @@ class PlanExecutor:
             if self.last_use.get(name) == index and name not in held and name not in self.constants:
                 values.drop(name)
 
-    def _plugin_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
+    def _plugin_run(self, lane: Lane, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
                     flags: FlagSink | None) -> None:
         """Consecutive plugin steps: inputs from outside the run go to the device first,
         then the kernels are enqueued back to back (or replayed as one CUDA graph). A
@@ -199,16 +200,21 @@ class PlanExecutor:
                 step = self.plan.steps[index]
                 kernel = self.kernels[step.name]
                 args = [values.on_device(n) if n else None for n in step.inputs]
-                run = lane.run_kernel if getattr(kernel, "device_work", True) else lane.run_host
-                outs = run(step.name, "plugin", lambda k=kernel, a=args: k(a, lane.stream))
-                if len(outs) != len(step.outputs):
-                    raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
+                run = lane.run_kernel if kernel.device_work else lane.run_host
+                outs = self._checked(step, run(step.name, "plugin", lambda k=kernel, a=args: k(a, lane.stream)))
                 for name, value in zip(step.outputs, outs):
                     values.put(name, value)
                 if flags is not None and index in self.watched:
                     for slot, value in zip(self.watched[index], outs):
                         flags.record(chunk, slot, value)
                 self._drop_dead(values, index, held)
+
+    def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:
+        """A kernel's outputs, one per output of its step."""
+        if len(outs) != len(step.outputs):
+            kernel = self.kernels[step.name]
+            raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
+        return outs
 
     def _outside_inputs(self, indices: range) -> list[str]:
         """The tensors a run of steps reads that none of its steps writes, in order of first use."""
@@ -224,23 +230,17 @@ class PlanExecutor:
         self._outside[indices.start] = list(outside)
         return self._outside[indices.start]
 
-    def _graph_run(self, lane: Any, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
+    def _graph_run(self, lane: Lane, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
                    flags: FlagSink | None, outside: list[str]) -> bool:
         """Runs the steps as this lane's CUDA graph for them at this chunk size, captured the
         second time they are met; False (run them eagerly) the first time and when the
         capture failed."""
-        graphs = lane.graphs
         key = (indices.start, batch)
-        if key in graphs.failed:
-            return False
-        segment = graphs.graphs.get(key)
+        segment = lane.graphs.get(key)
+        if segment is None and lane.graphs.due(key):
+            segment = self._capture(lane, values, indices, held, outside, key, flags is not None)
         if segment is None:
-            if key not in graphs.seen:
-                graphs.seen.add(key)
-                return False
-            segment = self._capture(lane, values, indices, held, outside, key, flags)
-            if segment is None:
-                return False
+            return False
         current = {name: values.on_device(name) for name in segment.inputs}
         with lane.segment():
             outputs = lane.run_kernel(segment.name, "plugin", lambda: segment.replay(current, lane.stream))
@@ -252,28 +252,42 @@ class PlanExecutor:
             self._drop_dead(values, index, held)
         return True
 
-    def _capture(self, lane: Any, values: _Values, indices: range, held: set[str], outside: list[str], key: tuple[int, int],
-                 flags: FlagSink | None):
-        """The steps' graph, or None (kept in lane.graphs.failed with the reason) when they cannot be captured.
-        The graph flags its watched outputs (NaN or Inf) into a buffer of its own, copied out after each replay."""
+    def _capture(self, lane: Lane, values: _Values, indices: range, held: set[str], outside: list[str],
+                 key: tuple[int, int], flagged: bool) -> SegmentGraph | None:
+        """The steps' graph, kept in lane.graphs, or None (the reason kept there) when they cannot be
+        captured. With `flagged`, the graph flags its watched outputs (NaN or Inf) into a buffer of
+        its own, copied out after each replay."""
         import cupy
 
-        after = {name for index in indices for name in self.plan.steps[index].outputs
-                 if self.last_use.get(name, -1) >= indices.stop or name in held}
         constants = {name: values.on_device(name) for name in outside if name in self.constants}
         copied = {name: values.on_device(name) for name in outside if name not in self.constants}
-        slots = [slot for index in indices for slot in self.watched.get(index, ())] if flags is not None else []
+        slots = [slot for index in indices for slot in self.watched.get(index, ())] if flagged else []
         flag_buffer = cupy.empty(len(slots), dtype=cupy.bool_) if slots else None
+        enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer)
+        names = [self.plan.steps[index].name for index in indices]
+        try:
+            segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots)
+        except Exception as err:
+            if cuda.is_out_of_memory(err):
+                raise
+            lane.graphs.fail(key, capture_failure(err))
+            return None
+        lane.graphs.add(key, segment)
+        return segment
+
+    def _enqueue_steps(self, lane: Lane, indices: range, held: set[str], constants: dict[str, Any],
+                       flag_buffer: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """What a capture runs: the steps' kernels on the lane's stream, each watched output
+        flagged into `flag_buffer`; returns the tensors read after the run."""
+        after = {name for index in indices for name in self.plan.steps[index].outputs
+                 if self.last_use.get(name, -1) >= indices.stop or name in held}
 
         def enqueue(local: dict[str, Any]) -> dict[str, Any]:
             local.update(constants)
             position = 0
             for index in indices:
                 step = self.plan.steps[index]
-                kernel = self.kernels[step.name]
-                outs = kernel([local[n] if n else None for n in step.inputs], lane.stream)
-                if len(outs) != len(step.outputs):
-                    raise PluginError(f"kernel {kernel.name} of step {step.name} returned {len(outs)} outputs, expected {len(step.outputs)}")
+                outs = self._checked(step, self.kernels[step.name]([local[n] if n else None for n in step.inputs], lane.stream))
                 local.update(zip(step.outputs, outs))
                 if flag_buffer is not None:
                     for _slot, value in zip(self.watched.get(index, ()), outs):
@@ -284,19 +298,9 @@ class PlanExecutor:
                         local.pop(name, None)
             return {name: local[name] for name in after}
 
-        names = [self.plan.steps[index].name for index in indices]
-        try:
-            segment = capture(names, copied, enqueue, lane.stream)
-            segment.flags, segment.flag_slots = flag_buffer, slots
-        except Exception as err:
-            if cuda.is_out_of_memory(err):
-                raise
-            lane.graphs.failed[key] = capture_failure(err)
-            return None
-        lane.graphs.graphs[key] = segment
-        return segment
+        return enqueue
 
-    def _ort(self, lane: Any, values: _Values, step: OrtStep, batch: int) -> None:
+    def _ort(self, lane: Lane, values: _Values, step: OrtStep, batch: int) -> None:
         session = self.sessions[step.name]
         if self.ort_on_gpu and lane.on_device:
             self._ort_bound(lane, values, step, session, batch)
@@ -306,7 +310,7 @@ class PlanExecutor:
         for name, value in zip(step.outputs, outs):
             values.put(name, value)
 
-    def _ort_bound(self, lane: Any, values: _Values, step: OrtStep, session: ort.InferenceSession, batch: int) -> None:
+    def _ort_bound(self, lane: Lane, values: _Values, step: OrtStep, session: ort.InferenceSession, batch: int) -> None:
         """CUDA provider with IOBinding: inputs and outputs stay in device memory."""
         binding = session.io_binding()
         device_id = lane.device_id
@@ -329,7 +333,7 @@ class ChunkScheduler:
     next chunk as soon as its lane is free. The threads are made at first need and
     live as long as the scheduler."""
 
-    def __init__(self, lanes: Sequence[Any]):
+    def __init__(self, lanes: Sequence[Lane]):
         self.lanes = list(lanes)
         self._pool: ThreadPoolExecutor | None = None
 
@@ -339,33 +343,26 @@ class ChunkScheduler:
             weakref.finalize(self, self._pool.shutdown, wait=False)
         return self._pool
 
-    def run(self, chunks: Sequence[slice], work: Callable[[Any, int, slice], None], progress: Progress | None = None) -> None:
+    def run(self, chunks: Sequence[slice], work: Callable[[Lane, int, slice], None], progress: Progress | None = None) -> None:
         """Calls work(lane, index, rows) for every chunk. With one chunk or one lane the
         calling thread does it all. The first error stops the hand-out and is raised
         once every lane has finished the chunk it had."""
-        total = chunks[-1].stop if chunks else 0
-        done = [0]
-        progress_lock = threading.Lock()
-
-        def report(rows: slice) -> None:
-            if progress:
-                with progress_lock:
-                    done[0] += rows.stop - rows.start
-                    progress("run", done[0], total)
-
+        done = _ImagesDone(chunks[-1].stop if chunks else 0, progress)
         if len(chunks) == 1 or len(self.lanes) == 1:
             with self.lanes[0].activate():
                 for index, rows in enumerate(chunks):
                     work(self.lanes[0], index, rows)
-                    report(rows)
+                    done.add(rows)
             return
+        self._run_on_threads(chunks, work, done)
 
+    def _run_on_threads(self, chunks: Sequence[slice], work: Callable[[Lane, int, slice], None], done: _ImagesDone) -> None:
         queue = iter(list(enumerate(chunks)))
         queue_lock = threading.Lock()
         stop = threading.Event()
         errors: list[BaseException] = []
 
-        def lane_loop(lane: Any) -> None:
+        def lane_loop(lane: Lane) -> None:
             with lane.activate():
                 while not stop.is_set():
                     with queue_lock:
@@ -378,7 +375,7 @@ class ChunkScheduler:
                         stop.set()
                         errors.append(err)
                         return
-                    report(item[1])
+                    done.add(item[1])
 
         futures = [self._threads().submit(lane_loop, lane) for lane in self.lanes[: len(chunks)]]
         try:
@@ -391,3 +388,18 @@ class ChunkScheduler:
             raise
         if errors:
             raise errors[0]
+
+
+class _ImagesDone:
+    """The images of a run finished so far, told to `progress` as "run" (from any lane's thread)."""
+
+    def __init__(self, total: int, progress: Progress | None):
+        self.total, self.progress = total, progress
+        self.images = 0
+        self._lock = threading.Lock()
+
+    def add(self, rows: slice) -> None:
+        if self.progress:
+            with self._lock:
+                self.images += rows.stop - rows.start
+                self.progress("run", self.images, self.total)

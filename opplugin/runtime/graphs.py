@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from ..errors import first_line
 
 
-@dataclass
+@dataclass(frozen=True)
 class SegmentGraph:
     """One captured run of plugin steps: its graph, its input buffers and its outputs."""
 
@@ -35,7 +35,7 @@ class SegmentGraph:
     inputs: dict[str, Any]  # outside tensor -> the buffer the graph reads it from
     outputs: dict[str, Any]  # tensor -> the array the graph writes it to
     pool: Any  # the graph's own memory pool: alive as long as the graph
-    # the NaN/Inf flags of the run's watched outputs, which the graph writes (see exact.write_flag),
+    # the NaN/Inf flags of the run's watched outputs, which the graph writes (see nonfinite.write_flag),
     # and the flag columns they are copied to after each replay
     flags: Any = None
     flag_slots: list[int] = field(default_factory=list)
@@ -50,18 +50,50 @@ class SegmentGraph:
         return self.outputs
 
 
-@dataclass
 class SegmentGraphs:
-    """The graphs of one lane, by (first step, chunk rows), and runs that could not be captured."""
+    """The graphs of one lane, by key (first step, chunk rows), and the runs that could not be
+    captured. A run gets its graph the second time it is met (see `due`)."""
 
-    graphs: dict[tuple[int, int], SegmentGraph] = field(default_factory=dict)
-    seen: set[tuple[int, int]] = field(default_factory=set)
-    failed: dict[tuple[int, int], str] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._graphs: dict[tuple[int, int], SegmentGraph] = {}
+        self._seen: set[tuple[int, int]] = set()
+        self._failed: dict[tuple[int, int], str] = {}
+
+    def get(self, key: tuple[int, int]) -> SegmentGraph | None:
+        return self._graphs.get(key)
+
+    def due(self, key: tuple[int, int]) -> bool:
+        """Whether to capture the run without a graph at `key` now: not the first time it is
+        met (that pass runs eagerly), nor after its capture failed."""
+        if key in self._failed or key in self._graphs:
+            return False
+        if key not in self._seen:
+            self._seen.add(key)
+            return False
+        return True
+
+    def add(self, key: tuple[int, int], segment: SegmentGraph) -> None:
+        self._graphs[key] = segment
+
+    def fail(self, key: tuple[int, int], why: str) -> None:
+        """The run at `key` cannot be captured (`why`): it stays eager."""
+        self._failed[key] = why
+
+    def captured(self) -> list[tuple[int, int]]:
+        """The keys of the runs that have a graph."""
+        return list(self._graphs)
+
+    def failures(self) -> dict[tuple[int, int], str]:
+        return dict(self._failed)
+
+    def named_steps(self) -> dict[str, tuple[str, ...]]:
+        """Each graph's span name -> the plan steps it runs."""
+        return {segment.name: segment.steps for segment in self._graphs.values()}
 
     def clear(self) -> None:
-        self.graphs.clear()
-        self.seen.clear()
-        self.failed.clear()
+        self._graphs.clear()
+        self._seen.clear()
+        self._failed.clear()
 
 
 def graph_name(step_names: Sequence[str]) -> str:
@@ -74,11 +106,14 @@ def capture(
     outside: dict[str, Any],
     run_steps: Callable[[dict[str, Any]], dict[str, Any]],
     stream: Any,
+    flags: Any = None,
+    flag_slots: Sequence[int] = (),
 ) -> SegmentGraph:
     """Captures `run_steps(values)` on `stream` into a graph. `outside` maps each tensor the run
     reads from outside (its current device array) to be copied into an input buffer; the rest
     of what it reads (constants) must keep its address. `run_steps` enqueues the steps'
-    kernels and returns the tensors the graph must keep (those read after the run)."""
+    kernels and returns the tensors the graph must keep (those read after the run), and
+    writes the NaN/Inf `flags` of the watched outputs, if any, for `flag_slots`."""
     import cupy
 
     inputs = {name: cupy.empty_like(value) for name, value in outside.items()}
@@ -91,7 +126,7 @@ def capture(
             _abandon(stream)
             raise
         graph = stream.end_capture()
-    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool)
+    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, list(flag_slots))
 
 
 def _abandon(stream: Any) -> None:

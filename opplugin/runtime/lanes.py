@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -76,14 +76,69 @@ class _Recording:
         return out
 
 
-class HostLane:
+class Lane(Protocol):
+    """Where one chunk at a time runs: what the executor, the scheduler and the runner use."""
+
+    on_device: bool  # tensors live on a CUDA device (else numpy arrays on the host)
+    stream: Any  # the CUDA stream its work goes on (None on the host)
+    device_id: int | None
+    graphs: SegmentGraphs  # runs of plugin steps captured as CUDA graphs on this lane (none on the host)
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        """Makes this lane current in the calling thread for the time of a run."""
+        ...
+
+    def start_chunk(self, timeline: Timeline, chunk: int) -> None: ...
+
+    def upload(self, name: str, rows: np.ndarray, pinned: bool) -> Any:
+        """A chunk's input rows where its kernels read them."""
+        ...
+
+    def to_host(self, name: str, value: Any) -> np.ndarray:
+        """A host copy of a tensor for host work (onnxruntime's CPU provider)."""
+        ...
+
+    def to_device(self, name: str, value: np.ndarray) -> Any:
+        """A host result where the kernels read it."""
+        ...
+
+    def download(self, name: str, value: Any, target: np.ndarray, staged: bool) -> None:
+        """Copy a tensor into `target` (a host view), complete after finish_chunk()."""
+        ...
+
+    def segment(self) -> contextlib.AbstractContextManager:
+        """A run of kernels enqueued together."""
+        ...
+
+    def run_kernel(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        """fn(), which enqueues device work, timed as step `name`."""
+        ...
+
+    def run_host(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        """fn(), which enqueues no device work, timed by the host clock."""
+        ...
+
+    def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+        """fn(), host work that reads the lane's results so far, timed by the host clock."""
+        ...
+
+    def finish_chunk(self) -> None: ...
+
+    def staging_bytes(self) -> int:
+        """Bytes of pinned staging memory this lane holds."""
+        ...
+
+
+class HostLane(Lane):
     """Runs a chunk on the CPU: no copies, host-clock timings."""
 
     on_device = False
     stream = None
+    device_id = None
 
     def __init__(self, index: int = 0) -> None:
         self.recording = _Recording(index)
+        self.graphs = SegmentGraphs()  # stays empty: CUDA graphs need a device
 
     def activate(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -144,7 +199,7 @@ class PinnedStaging:
         return sum(b.nbytes for b in self._buffers.values())
 
 
-class CudaLane:
+class CudaLane(Lane):
     """Runs a chunk on one CUDA stream, with its own pinned staging buffers."""
 
     on_device = True

@@ -7,28 +7,17 @@ from typing import Any
 
 import numpy as np
 
-# one launch per watched float32 output: every thread that meets a NaN or an Inf sets the
-# flag byte (cleared just before on the same stream); the same value from many threads is no race
-_ANY_NONFINITE_SOURCE = r"""
-extern "C" __global__ void opplugin_flag_nonfinite(const float* __restrict__ x, long long n, unsigned char* flag)
-{
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        if (!isfinite(x[i])) {
-            *flag = 1;
-            return;
-        }
-    }
-}
-"""
+from .. import cuda
+
+FLAG_SOURCE = "nonfinite.cu"
 FLAG_BLOCK = 256
 FLAG_MAX_BLOCKS = 1024
 
 
 @functools.cache
 def _flag_float32_kernel():
-    import cupy
-
-    return cupy.RawKernel(_ANY_NONFINITE_SOURCE, "opplugin_flag_nonfinite")
+    """kernels/nonfinite.cu: one launch per watched float32 output."""
+    return cuda.compile_module(FLAG_SOURCE, {}).get_function("opplugin_flag_nonfinite")
 
 
 @functools.cache

@@ -36,13 +36,22 @@ from ..registry import Kernel, Plugin
 from . import chunking
 from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
-from .lanes import Chains, CudaLane, HostLane
 from .describe import record_plan
+from .lanes import Chains, CudaLane, HostLane, Lane
 from .records import PlanRecord, Profile, RunResult, sum_by_step
 from .timeline import Timeline, copy_figures
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
 DEFAULT_STREAMS = 3
+
+
+def _with_user_kernels(registry: dict[str, Plugin] | None, kernels: dict[str, Any] | None) -> dict[str, Plugin] | None:
+    """The registry with the user's kernel sources (Runner's `kernels`) in place of their op types' plugins."""
+    if not kernels:
+        return registry
+    from ..user_kernels import user_registry
+
+    return user_registry(kernels, registry)
 
 
 class Runner:
@@ -79,55 +88,33 @@ class Runner:
         cuda_graphs: bool = False,
     ):
         self.batch = positive_int(batch, "batch")
-        if kernels:
-            from ..user_kernels import user_registry
-
-            registry = user_registry(kernels, registry)
+        registry = _with_user_kernels(registry, kernels)
         if chunk is not None:
             chunk = positive_int(chunk, "chunk")
         self.device = device if isinstance(device, Device) else select_device(device)
         self.streams = positive_int(streams, "streams") if streams is not None else (DEFAULT_STREAMS if self.device.is_cuda else 1)
+        self.cuda_graphs = bool(cuda_graphs) and self.device.is_cuda
+        self.variants = dict(variants or {})
         self.layout = chunking.probe_layout(model)
         self._nodes = len(model.nodes)  # for the pipeline's host cost per chunk
         self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
-        plan_batch = min(self.batch, chunk or self._chunk_for(self.batch)) if self.layout.chunkable else self.batch
-        self.plan: Plan = make_plan(model, plan_batch, self.device, registry)
-        self._check_plan_chunkable(model)
-        if not self.layout.chunkable and plan_batch != self.batch:
-            plan_batch = self.batch
-            self.plan = make_plan(model, plan_batch, self.device, registry)
-        self.chunk = plan_batch
+        self.plan, self.layout = self._make_plan(model, registry, chunk)
+        self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
-        self.variants = dict(variants or {})
         self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
         self.providers = self._providers()
         self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
-        # weights feeding plugin steps go to the device once, not on every run
-        self.constants = {
-            name: (cuda.to_device(value) if self.device.is_cuda else value)
-            for step in self.plan.plugin_steps
-            for name, value in step.node.constants.items()
-        }
-        if self.device.is_cuda:
-            # the uploads above ran on the default stream, which the lanes' streams do not wait for
-            cuda.synchronize()
-            if self.layout.chunkable and chunk is None:
-                self.chunk = min(self.chunk, self._chunk_for_workspaces())
+        self.constants = self._upload_constants()
+        if self.device.is_cuda and self.layout.chunkable and chunk is None:
+            self.chunk = min(self.chunk, self._chunk_for_workspaces())
 
         self.exact = ExactPath(self.plan, self.layout, self.device, self.kernels, self.constants, self.variants,
                                lambda step: self._session(step, [sessions.CPU_PROVIDER]))
-        self.cuda_graphs = bool(cuda_graphs) and self.device.is_cuda
         self.executor = PlanExecutor(self.plan, self.layout, self.kernels, self.sessions, self.constants, self.ort_on_gpu,
                                      self.exact.watched, self.cuda_graphs)
-        if self.device.is_cuda:
-            self._chains: Chains | None = Chains()
-            device_id = cuda.device_id()
-            lanes: list[Any] = [CudaLane(device_id, self._chains, index) for index in range(self.streams)]
-        else:
-            self._chains = None
-            lanes = [HostLane(index) for index in range(self.streams)]
-        self.scheduler = ChunkScheduler(lanes)
+        self._chains = Chains() if self.device.is_cuda else None
+        self.scheduler = ChunkScheduler(self._lanes())
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -136,7 +123,8 @@ class Runner:
         if not isinstance(kernel, Kernel):
             raise PluginError(
                 f"the {step.node.op_type} plugin built {type(kernel).__name__} for step {step.name}, which is not a Kernel "
-                "(it needs name, variant, flops, bytes_moved, workspace_bytes and __call__; subclass opplugin.registry.Kernel)"
+                "(it needs name, variant, nonfinite_exact, device_work, flops, bytes_moved, workspace_bytes and __call__; "
+                "subclass opplugin.registry.Kernel for the defaults)"
             )
         return kernel
 
@@ -159,10 +147,39 @@ class Runner:
         budget = int(cuda.free_device_bytes() * chunking.DEVICE_MEMORY_SHARE / self.streams)
         return chunking.memory_chunk(budget, self.peak_image_bytes, workspace)
 
-    def _check_plan_chunkable(self, model: Model) -> None:
-        boundary = [n for step in self.plan.steps for n in [*step.inputs, *step.outputs]] + list(model.outputs)
+    def _make_plan(self, model: Model, registry: dict[str, Plugin] | None, chunk: int | None) -> tuple[Plan, chunking.BatchLayout]:
+        """The plan at the batch it runs at (the chunk's where the model runs in chunks, else the whole
+        batch's), and the layout checked against its steps. Whether the model runs in chunks depends on
+        the tensors the plan's steps exchange: where one does not scale with the batch, the plan made
+        at the chunk gives way to one at the whole batch."""
+        if not self.layout.chunkable:
+            return make_plan(model, self.batch, self.device, registry), self.layout
+        plan_batch = min(self.batch, chunk or self._chunk_for(self.batch))
+        plan = make_plan(model, plan_batch, self.device, registry, chunking.tensors_at(model, self.layout, plan_batch))
+        boundary = [n for step in plan.steps for n in [*step.inputs, *step.outputs]] + list(model.outputs)
         whole = set(model.initializers) | {i.name for i in model.inputs if i.name not in self.layout.batched_inputs}
-        chunking.check_steps(self.layout, boundary, whole)
+        layout = chunking.check_steps(self.layout, boundary, whole)
+        if layout.chunkable or plan_batch == self.batch:
+            return plan, layout
+        return make_plan(model, self.batch, self.device, registry), layout
+
+    def _upload_constants(self) -> dict[str, Any]:
+        """The weights feeding plugin steps, on the device once rather than on every run."""
+        constants = {
+            name: (cuda.to_device(value) if self.device.is_cuda else value)
+            for step in self.plan.plugin_steps
+            for name, value in step.node.constants.items()
+        }
+        if self.device.is_cuda:
+            # the uploads ran on the default stream, which the lanes' streams do not wait for
+            cuda.synchronize()
+        return constants
+
+    def _lanes(self) -> list[Lane]:
+        if self._chains is None:
+            return [HostLane(index) for index in range(self.streams)]
+        device_id = cuda.device_id()
+        return [CudaLane(device_id, self._chains, index) for index in range(self.streams)]
 
     def _providers(self) -> list:
         if self.device.is_cuda and sessions.has_cuda():
@@ -208,16 +225,13 @@ class Runner:
         """Span name -> plan steps, for the graphs these spans replayed."""
         if not self.cuda_graphs:
             return {}
-        named = {g.name: g.steps for lane in self.scheduler.lanes for g in lane.graphs.graphs.values()}
+        named = {name: steps for lane in self.scheduler.lanes for name, steps in lane.graphs.named_steps().items()}
         return {span.name: named[span.name] for span in spans if span.name in named}
 
     def graph_failures(self) -> dict[str, str]:
         """Runs of plugin steps that could not be captured as CUDA graphs: first step -> why."""
-        failures = {}
-        for lane in self.scheduler.lanes:
-            if lane.on_device:
-                failures.update((self.plan.steps[first].name, why) for (first, _rows), why in lane.graphs.failed.items())
-        return failures
+        return {self.plan.steps[first].name: why
+                for lane in self.scheduler.lanes for (first, _rows), why in lane.graphs.failures().items()}
 
     def chunks_for(self, batch: int) -> int:
         """How many chunks a run of `batch` images takes now."""

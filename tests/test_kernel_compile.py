@@ -13,7 +13,7 @@ import pytest
 from opplugin import cuda
 from opplugin.lab import cnn_layers, nvrtc_check
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import heuristic_variant
+from opplugin.ops.conv.choice import heuristic_config
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.activation import KINDS as ACTIVATION_KINDS, Activation
@@ -142,10 +142,10 @@ RESIDUAL_FAMILIES = [name for name, family in families.FAMILIES.items() if famil
 def _residual_cases():
     """(step, configured variant, arch): each fusing family's pick, and split K where the GEMM has one."""
     for step, (spec, epilogue) in RESIDUAL_STEPS.items():
-        configs = [families.resolve(spec, name, epilogue) for name in RESIDUAL_FAMILIES
+        configs = [families.configure(spec, name, epilogue).name() for name in RESIDUAL_FAMILIES
                    if families.unsupported_reason(spec, name, _ones(spec), epilogue) is None]
-        if families.unsupported_reason(spec, "tc_3xtf32_64x64_k4", None, epilogue) is None:
-            configs.append("tc_3xtf32_64x64_k4")
+        if families.unsupported_reason(spec, "tc_3xtf32_b64x64x32_w32x32_s3_k4", None, epilogue) is None:
+            configs.append("tc_3xtf32_b64x64x32_w32x32_s3_k4")
         for config in dict.fromkeys(configs):
             for arch in ARCHS:
                 yield step, config, arch
@@ -156,7 +156,7 @@ ACTIVATION_SPEC = conv(8, 16, 32, (12, 12), (3, 3), pads=(1, 1, 1, 1))
 RESIDUAL_ACTIVATION_CASES = [
     (activation, variant)
     for activation in [*(Activation.plain(op) for op in ACTIVATION_KINDS), Activation("LeakyRelu", 0.3), Activation("Clip", 0.0, 6.0)]
-    for variant in ("const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_32x64_k2")
+    for variant in ("const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_b32x64x32_w32x16_s3_k2")
 ]
 
 
@@ -230,7 +230,7 @@ def test_every_configuration_tuning_may_pick_compiles_for_hopper(step, config):
 @pytest.mark.parametrize("step", list(SHIPPED_STEPS))
 def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
     spec, epilogue = SHIPPED_STEPS[step]
-    variant = heuristic_variant(spec, _ones(spec), epilogue)
+    variant = heuristic_config(spec, _ones(spec), epilogue)
     for usage in nvrtc_check.check_variant(spec, variant, "sm_90", epilogue):
         assert_clean(usage, variant)
 
@@ -249,7 +249,7 @@ def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, c
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 
 
-EXPLICIT_MAPS = ["const_mo1", "const_mo3", "const_mo16"]
+EXPLICIT_MAPS = ["const_mo_m1", "const_mo_m3", "const_mo_m16"]
 
 
 @pytest.mark.parametrize("case", GEMM_CASES, ids=[case[0] for case in GEMM_CASES])

@@ -99,8 +99,8 @@ GEMM_STEPS = {  # name -> (spec at the batch the plan or bench uses, the epilogu
     **{f"bench {k}->{n} @{m}": (GemmSpec(m, n, k, trans_b=True, bias="column"), GEMM_NONE)
        for k, n in ((25088, 4096), (4096, 1024), (32754, 128), (128, 4), (1024, 32), (7200, 128)) for m in (1, 16, 10000)},
 }
-GEMM_CONFIGS = ["gemv_b1o1w1", "gemv_b2o2w4", "gemv_b4o1w16", "gemv_b16o2w1", "gemv_b8o4w2", "gemv_b16o2w8",
-                *(f"tiled_{bm}x{bn}" for bm, bn in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4"]
+GEMM_CONFIGS = ["gemv_w1x1_k1", "gemv_w2x2_k4", "gemv_w4x1_k16", "gemv_w16x2_k1", "gemv_w8x4_k2", "gemv_w16x2_k8",
+                *(t.name() for t in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4"]
 GEMM_ACTIVATIONS = [Activation.plain(op) for op in ACTIVATION_KINDS] + [Activation("LeakyRelu", 0.3), Activation("Clip", -1.0)]
 
 
@@ -111,7 +111,7 @@ def _gemm_cases():
             config = gemm_families.configure(spec, variant)
             if gemm_families.unsupported_reason(spec, config, epilogue) is None:
                 for arch in ARCHS if variant in gemm_families.FAMILIES else ("sm_90",):
-                    yield f"{step} {config.name} {arch}", spec, config, epilogue, arch
+                    yield f"{step} {config} {arch}", spec, config, epilogue, arch
     spec = GemmSpec(9, 10, 50, bias="column")
     for activation in GEMM_ACTIVATIONS:
         for variant in gemm_families.FAMILIES:
@@ -261,9 +261,9 @@ def test_every_gemm_configuration_compiles_without_spills(case):
 
 
 def test_every_gemm_family_and_heuristic_pick_is_compiled():
-    compiled = {(label.split()[0], config.name) for label, _, config, _, _ in GEMM_CASES}
+    compiled = {(label.split()[0], config.name()) for label, _, config, _, _ in GEMM_CASES}
     for step, (spec, epilogue) in GEMM_STEPS.items():
-        assert (step.split()[0], gemm_families.heuristic_variant(spec, epilogue)) in compiled or step.startswith("bench")
+        assert (step.split()[0], gemm_families.heuristic_config(spec, epilogue).name()) in compiled or step.startswith("bench")
     assert {case[2].family for case in GEMM_CASES} == set(gemm_families.FAMILIES)
 
 

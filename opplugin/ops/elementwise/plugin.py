@@ -14,6 +14,7 @@ from ... import cuda, resources
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
+from ..described import spec_of
 from .. import activation as activations
 from .spec import BINARY, ElementwiseSpec
 
@@ -78,9 +79,12 @@ class ElementwisePlugin(Plugin):
 
     op_type = ""
 
+    def describe(self, node: NodeInfo) -> ElementwiseSpec:
+        return ElementwiseSpec.from_node(node)
+
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            ElementwiseSpec.from_node(node)
+            spec_of(node, self.describe)
         except PluginError as err:
             return str(err)
         return None
@@ -92,7 +96,7 @@ class ElementwisePlugin(Plugin):
         return int(activations.from_node(followers[0]) is not None)
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        spec = ElementwiseSpec.from_node(node)
+        spec = spec_of(node, self.describe)
         if fused:
             then = activations.from_node(fused[0]) if len(fused) == 1 and node.op_type in BINARY else None
             if then is None:

@@ -11,7 +11,8 @@ One JSON file, `tuning.json`, in the user's cache directory:
   the best tile, changes with the number of images, but slowly),
 - the opplugin version (a new release may change the kernels behind a name),
 
-and holds the chosen configured name, its median ms, the runners-up and the date.
+and holds the chosen configuration's name (ops/config_grammar.py: the name is
+read back where the choice is made), its median ms, the runners-up and the date.
 
 Writes go to a temporary file in the same directory, then `os.replace`, so a
 reader never sees half a file. A file that is not valid JSON or not in this
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 CACHE_DIR_ENV = "OPPLUGIN_CACHE_DIR"
 FILE_NAME = "tuning.json"
 FORMAT = "opplugin-tuning-cache"
-FORMAT_VERSION = 1
+# 2: the configurations' names follow the one grammar (const_rb_t8x1_m4, not const_rb_r8m4)
+FORMAT_VERSION = 2
 # A lookup for a batch nobody tuned takes the nearest tuned bucket of the same
 # GPU, shape and version, at most this many powers of two away: the runner
 # launches kernels per chunk (1134 images of lenet86 when the batch is 10000),
@@ -118,7 +120,7 @@ def key_for(spec: "ConvSpec", epilogue: "Epilogue", gpu: str, version: str | Non
 class Choice:
     """The fastest configuration that passed for one key, and its measured time."""
 
-    variant: str  # a configured name, e.g. "const_rb_r8m4"
+    variant: str  # a configuration's name, e.g. "const_rb_t8x1_m4"
     median_ms: float
     batch: int  # the batch it was timed at
     runners_up: list[dict[str, Any]] = field(default_factory=list)  # [{"variant", "median_ms"}], fastest first

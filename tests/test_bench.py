@@ -136,8 +136,8 @@ def synthetic_rows(step, times: dict[str, float]):
         rows.append(bench.make_row(step, "half_mo", "variant", family="half_mo", exact=False, heuristic=True, ms=times["baseline"] / 3, rel_error=4e-4, tolerance=1e-2))
         rows.append(bench.make_row(step, "broken", "variant", family="broken", heuristic=True, status="incorrect", reason="relative error 0.5 > 1e-05", rel_error=0.5))
         rows.append(bench.make_row(step, "tiled", "variant", family="tiled", heuristic=True, status="unsupported", reason="needs C >= 2"))
-    rows.append(bench.make_row(step, "const_rb_r8m4" + suffix, "variant", family="const_rb", heuristic=True, ms=times["const_rb"], rel_error=2e-7, tolerance=1e-5))
-    rows.append(bench.make_row(step, "const_rb_r4m4" + suffix, "variant", family="const_rb", heuristic=False, ms=times["const_rb"] * 0.9, rel_error=2e-7, tolerance=1e-5))
+    rows.append(bench.make_row(step, "const_rb_t8x1_m4" + suffix, "variant", family="const_rb", heuristic=True, ms=times["const_rb"], rel_error=2e-7, tolerance=1e-5))
+    rows.append(bench.make_row(step, "const_rb_t4x1_m4" + suffix, "variant", family="const_rb", heuristic=False, ms=times["const_rb"] * 0.9, rel_error=2e-7, tolerance=1e-5))
     rows.append(bench.make_row(step, "cudnn_fp32", "peer", ms=times["cudnn"], rel_error=1e-6, timer="cuda-events"))
     if not step["fused"]:
         rows.append(bench.make_row(step, "cudnn_tf32", "peer", exact=False, ms=times["cudnn"] * 0.9, rel_error=5e-4))
@@ -166,7 +166,7 @@ def synthetic_payload(monkeypatch=None):
         "onnxruntime": "1.31", "onnxruntime_providers": ["CPUExecutionProvider"], "torch": "2.11", "cudnn": 91000,
     }
     streams = {
-        "step": "lenet86 conv1", "batch": 10000, "variant": "const_rb_r4m4", "status": "ok", "reason": None,
+        "step": "lenet86 conv1", "batch": 10000, "variant": "const_rb_t4x1_m4", "status": "ok", "reason": None,
         "input_bytes": 1, "output_bytes": 1, "serial_ms": 60.0, "best_streams": 3, "best_ms": 45.0, "speedup": 60 / 45,
         "chunked": [{"streams": n, "chunks": 4 * n, "ms": ms, "speedup": 60 / ms, "correct": True} for n, ms in [(2, 50.0), (3, 45.0), (4, 46.0)]],
     }
@@ -192,13 +192,13 @@ def test_rows_get_their_ratios_from_the_step():
     rows = {r["name"]: r for r in payload["rows"] if r["step"] == "lenet86 conv1"}
     step = payload["steps"][0]
     assert step["baseline_ms"] == 6.6 and step["cudnn_fp32_ms"] == 7.0
-    rb = rows["const_rb_r8m4"]
+    rb = rows["const_rb_t8x1_m4"]
     assert rb["vs_baseline"] == pytest.approx(6.6 / 0.6) and rb["vs_cudnn_fp32"] == pytest.approx(7.0 / 0.6)
     assert rb["x_floor"] == pytest.approx(0.6 / step["floor_ms"])
     assert rb["gflops_per_s"] == pytest.approx(step["flops"] / 0.6 / 1e6)
     assert rb["gb_per_s"] == pytest.approx(step["bytes"] / 0.6 / 1e6)
     # the fastest exact variant is the best, not the faster inexact one
-    assert step["best"] == "const_rb_r4m4"
+    assert step["best"] == "const_rb_t4x1_m4"
     assert rows["broken"]["ms"] is None and rows["broken"]["vs_baseline"] is None
     assert rows["half_mo"]["exact"] is False
 
@@ -311,10 +311,10 @@ def test_report_writes_the_table_and_the_chart(tmp_path):
     assert "| optimisation | lenet86 conv1 | predicted effect |" in text
     assert "| `baseline` | 6.600 ms, 1.00x |" in text
     assert "| `const_rb` | 0.600 ms, 11.00x |" in text
-    assert "`const_rb`, best configuration | 0.540 ms, 12.22x (`const_rb_r4m4`)" in text
+    assert "`const_rb`, best configuration | 0.540 ms, 12.22x (`const_rb_t4x1_m4`)" in text
     assert "| `half_mo` (inexact) |" in text and "| `broken` | **incorrect** |" in text and "| `tiled` | n/a |" in text
     assert "[cuDNN FP32 (PyTorch)] | 7.000 ms, 0.94x |" in text
-    assert "| lenet86 conv1 | `const_rb_r4m4` | 0.540 | 12.96x | >= 10x: met |" in text
+    assert "| lenet86 conv1 | `const_rb_t4x1_m4` | 0.540 | 12.96x | >= 10x: met |" in text
     assert "lenet86 conv1+relu+maxpool2 | lenet86 conv2+relu+maxpool4 |" in text
     assert "All fused stages of lenet86 together: 1.530 ms (target < 2 ms: met)" in text
     assert "serial 60.00 ms; best 3 streams, 45.00 ms, 1.33x" in text

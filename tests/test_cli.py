@@ -84,7 +84,7 @@ FLAG_ERRORS = [
         (["run", "lenet86", "--batch", "20000", "--device", "cpu"], "bundled test set has 10000"),
         (["run", "lenet86", "--batch", "100000000000000", "--data", "random", "--device", "cpu"], "out of memory"),
         (["run", "lenet86", "--variant", "warp9", "--device", "cpu", "--batch", "2"], "unknown Conv variant 'warp9'"),
-        (["run", "lenet86", "--variant", "const_mo8", "--device", "cpu", "--batch", "2"], "needs a CUDA device"),
+        (["run", "lenet86", "--variant", "const_mo_m8", "--device", "cpu", "--batch", "2"], "needs a CUDA device"),
         (["run", "lenet86", "--data", "imagenet", "--device", "cpu", "--batch", "2"], "unknown data source"),
         (["check", "lenet86", "--batch", "2", "--variant", "nope", "--device", "cpu"], "unknown Conv variant 'nope'"),
         (["check", "lenet86", "--batch", "2", "--variant", "const_tile", "--device", "cpu"], "needs a CUDA device"),
@@ -194,7 +194,7 @@ def test_tune_that_cannot_write_its_cache_says_so_and_keeps_its_table(monkeypatc
     monkeypatch.setenv("OPPLUGIN_CACHE_DIR", str(blocker / "cache"))  # under a file: mkdir fails
     monkeypatch.setattr(tune, "cuda_device", lambda device: Device("cuda", "Test GPU", "9.0"))
     monkeypatch.setattr(tune, "make_problem", lambda spec, weights, epilogue: None)
-    monkeypatch.setattr(tune, "evaluate_config", lambda problem, variant, warmup, repeat: Trial(variant, "ok", ms=1.0, rel_error=1e-8))
+    monkeypatch.setattr(tune, "evaluate_config", lambda problem, config, warmup, repeat: Trial(config.name(), "ok", ms=1.0, rel_error=1e-8))
     from opplugin.tuning_cache import TuningCacheWarning
 
     with pytest.warns(TuningCacheWarning, match="Not a directory"):  # reading it first, to keep other entries

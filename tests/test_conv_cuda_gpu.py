@@ -16,6 +16,7 @@ from opplugin import cuda
 from opplugin.ops.conv import families, reference
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv.spec import ConvSpec
+from opplugin.ops.conv.families import Config
 from opplugin.ops.conv.families.common import GridKernel
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.errors import PluginError
@@ -45,10 +46,10 @@ CASES = {
 # the plain names plus explicit configurations: 3 maps leave a short last group for most M
 # FP32-exact families only: fp16/tf32 are held to their own bounds in test_mixed_variants.py
 EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
-VARIANTS = [*EXACT, "const_mo1", "const_mo3", "const_rb_r2m1", "const_rb_r8m4", "const_rb_r16m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64", "reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s2", "reduce_atomic_s4", "reduce_atomic_s8",
-            "tc_3xtf32_128x128", "tc_3xtf32_64x128", "tc_3xtf32_32x64", "tc_3xtf32_64x64_k4", "tc_3xtf32_128x64_k16",
-            "tc_3xtf32_128x64_k3", "tc_3xtf32_64x64_k5",
-            "simt_gemm_128x128", "simt_gemm_64x128", "simt_gemm_64x64", "simt_gemm_32x64", "simt_gemm_64x64_k4", "simt_gemm_128x64_k16"]
+VARIANTS = [*EXACT, "const_mo_m1", "const_mo_m3", "const_rb_t2x1_m1", "const_rb_t8x1_m4", "const_rb_t16x1_m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_b32x8", "tiled_b16x16", "tiled_b8x32", "tiled_b4x64", "reduce_tree_c2", "reduce_tree_c4", "reduce_tree_c8", "reduce_atomic_c2", "reduce_atomic_c4", "reduce_atomic_c8",
+            "tc_3xtf32_b128x128x32_w64x32_s3", "tc_3xtf32_b64x128x32_w32x64_s3", "tc_3xtf32_b32x64x32_w32x16_s3", "tc_3xtf32_b64x64x32_w32x32_s3_k4", "tc_3xtf32_b128x64x32_w64x32_s3_k16",
+            "tc_3xtf32_b128x64x32_w64x32_s3_k3", "tc_3xtf32_b64x64x32_w32x32_s3_k5",
+            "simt_gemm_b128x128x16_t8x8_s4_o1", "simt_gemm_b64x128x16_t8x8_s4_o3", "simt_gemm_b64x64x16_t8x4_s4_o4", "simt_gemm_b32x64x16_t4x4_s4_o4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "simt_gemm_b128x64x16_t8x8_s4_o3_k16"]
 
 
 def random_problem(spec: ConvSpec):
@@ -123,8 +124,8 @@ FUSED_CASES = {
 # across 2 and 4 lanes, and in both at once
 FUSED_VARIANTS = [
     *(name for name, family in families.FAMILIES.items() if family.fuses and family.exact),
-    "const_tile_r4c4m4", "const_tile_r2c2m16", "const_tile_r1c4m8", "const_tile_r2c1m4", "const_tile_r4c1m2",
-    "tc_3xtf32_64x64_k4", "simt_gemm_64x64_k4",
+    "const_tile_t4x4_m4", "const_tile_t2x2_m16", "const_tile_t1x4_m8", "const_tile_t2x1_m4", "const_tile_t4x1_m2",
+    "tc_3xtf32_b64x64x32_w32x32_s3_k4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4",
 ]
 
 
@@ -154,7 +155,7 @@ def test_vector_loads_and_stores_take_misaligned_arrays():
 
     spec = conv(3, 1, 8, (20, 20), (5, 5))  # 16 x 16 outputs: 4-wide tiles, float4 rows
     seed, x, w, b = random_problem(spec)
-    kernel = families.build_kernel(spec, "const_tile_r2c4m8", (w, b))
+    kernel = families.build_kernel(spec, "const_tile_t2x4_m8", (w, b))
     assert kernel.alignment == 16
     shifted_x = cupy.empty(x.size + 1, dtype=cupy.float32)[1:].reshape(x.shape)
     shifted_x[...] = cupy.asarray(x)
@@ -222,12 +223,12 @@ def test_nodes_of_one_shape_keep_their_own_constant_weights(variant):
 def test_kernel_names_say_the_variant():
     spec = CASES["lenet86.conv1"]
     _, _, w, b = random_problem(spec)
-    names = {v: families.build_kernel(spec, v, (w, b)).name for v in ("baseline", "const", "const_mo", "const_mo2")}
+    names = {v: families.build_kernel(spec, v, (w, b)).name for v in ("baseline", "const", "const_mo", "const_mo_m2")}
     assert names == {
         "baseline": "conv.baseline",
         "const": "conv.const",
-        "const_mo": f"conv.const_mo{families.default_maps_per_thread(4)}",
-        "const_mo2": "conv.const_mo2",
+        "const_mo": f"conv.const_mo_m{families.default_maps_per_thread(4)}",
+        "const_mo_m2": "conv.const_mo_m2",
     }
 
 
@@ -283,7 +284,7 @@ def test_group_and_depthwise_run_on_cuda_variants():
             assert families.unsupported_reason(spec, variant, weights) is None, (group, variant)
     spec = ConvSpec(1, 4, 8, (10, 10), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 2, True)
     weights = (np.ones(spec.weight_shape, np.float32), np.ones(8, np.float32))
-    assert "one group" in families.unsupported_reason(spec, "const_mo3", weights)  # 3 does not divide 4 maps a group
+    assert "one group" in families.unsupported_reason(spec, "const_mo_m3", weights)  # 3 does not divide 4 maps a group
 
 
 def test_only_2d_convolution_is_supported():
@@ -295,7 +296,7 @@ def test_only_2d_convolution_is_supported():
 def test_constant_variants_need_constant_weights():
     spec = conv(1, 4, 8, (10, 10), (3, 3))
     assert families.unsupported_reason(spec, "baseline", None) is None
-    for variant in ("const", "const_mo", "const_mo4"):
+    for variant in ("const", "const_mo", "const_mo_m4"):
         assert "not constant" in families.unsupported_reason(spec, variant, None)
         assert families.unsupported_reason(spec, variant, WEIGHTS_3x3) is None
 
@@ -304,7 +305,7 @@ def test_constant_variants_are_not_offered_past_64_kib():
     spec = conv(1, 64, 64, (10, 10), (3, 3))
     weights = (np.ones(spec.weight_shape, np.float32), np.ones(64, np.float32))
     assert families.unsupported_reason(spec, "baseline", weights) is None
-    for variant in ("const", "const_mo", "const_mo8"):
+    for variant in ("const", "const_mo", "const_mo_m8"):
         assert "64 KiB" in families.unsupported_reason(spec, variant, weights)
     # exactly 64 KiB of filters leaves no room for the bias
     spec = conv(1, 16, 64, (10, 10), (4, 4), bias=True)
@@ -315,9 +316,9 @@ def test_constant_variants_are_not_offered_past_64_kib():
 
 def test_maps_per_thread_must_fit_the_node():
     spec = conv(1, 4, 8, (10, 10), (3, 3))
-    assert families.unsupported_reason(spec, "const_mo8", WEIGHTS_3x3) is None
-    assert "maps per thread" in families.unsupported_reason(spec, "const_mo16", WEIGHTS_3x3)
-    assert "maps per thread" in families.unsupported_reason(spec, "const_mo0", WEIGHTS_3x3)
+    assert families.unsupported_reason(spec, "const_mo_m8", WEIGHTS_3x3) is None
+    assert "maps per thread" in families.unsupported_reason(spec, "const_mo_m16", WEIGHTS_3x3)
+    assert "maps per thread" in families.unsupported_reason(spec, "const_mo_m0", WEIGHTS_3x3)
 
 
 def test_unknown_variants():
@@ -328,47 +329,46 @@ def test_unknown_variants():
 
 
 def test_variant_names_and_default_maps_per_thread():
-    assert families.family_of("const_mo8").name == "const_mo"
-    assert families.family_of("const_rb_r8m4").name == "const_rb"
+    assert families.family_of("const_mo_m8").name == "const_mo"
+    assert families.family_of("const_rb_t8x1_m4").name == "const_rb"
     assert [families.default_maps_per_thread(m) for m in (1, 4, 16, 50, 64, 17)] == [1, 4, 16, 10, 16, 8]
-    assert families.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo") == "const_mo4"
-    assert families.resolve(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo5") == "const_mo5"
-    assert families.resolve(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb") == "const_rb_r4m4"
+    assert families.configure(conv(1, 1, 4, (86, 86), (7, 7)), "const_mo").name() == "const_mo_m4"
+    assert families.configure(conv(1, 1, 50, (28, 28), (5, 5)), "const_mo_m5").name() == "const_mo_m5"
+    assert families.configure(conv(1, 1, 4, (86, 86), (7, 7)), "const_rb").name() == "const_rb_t4x1_m4"
 
 
 def test_fused_tiles_cover_whole_pool_windows():
     spec = conv(1, 1, 4, (86, 86), (7, 7))
     pooled = Epilogue("Relu", (2, 2))
-    assert "pool" in families.unsupported_reason(spec, "const_rb_r3m4", WEIGHTS_1x4, pooled)
-    assert families.unsupported_reason(spec, "const_rb_r4m4", WEIGHTS_1x4, pooled) is None
+    assert "pool" in families.unsupported_reason(spec, "const_rb_t3x1_m4", WEIGHTS_1x4, pooled)
+    assert families.unsupported_reason(spec, "const_rb_t4x1_m4", WEIGHTS_1x4, pooled) is None
     assert "epilogue" in families.unsupported_reason(spec, "const_mo", WEIGHTS_1x4, pooled)
-    blocked = families.FAMILIES["const_rb"]
-    configs = [v for v in families.tuning_configs(spec, WEIGHTS_1x4, pooled) if blocked.owns(v)]
-    assert configs and all(blocked.tile(v)[0] % 2 == 0 for v in configs)
+    configs = [c for c in families.tuning_configs(spec, WEIGHTS_1x4, pooled) if c.family == "const_rb"]
+    assert configs and all(c.rows % 2 == 0 for c in configs)
 
 
 def test_tiles_cover_pool_windows_or_split_them_over_a_power_of_2_lanes():
     spec = conv(1, 1, 4, (86, 86), (7, 7))
     pool2, pool3 = Epilogue("Relu", (2, 2)), Epilogue("Relu", (3, 3))
-    assert families.unsupported_reason(spec, "const_tile_r4c2m4", WEIGHTS_1x4, pool2) is None  # within a thread
-    assert families.unsupported_reason(spec, "const_tile_r1c1m4", WEIGHTS_1x4, pool2) is None  # over 4 lanes
-    assert "pool" in families.unsupported_reason(spec, "const_tile_r3c2m4", WEIGHTS_1x4, pool2)
-    assert "power of 2" in families.unsupported_reason(spec, "const_tile_r1c3m4", WEIGHTS_1x4, pool3)
-    assert families.resolve(spec, "const_tile", pool2) == "const_tile_r2c4m4"
+    assert families.unsupported_reason(spec, "const_tile_t4x2_m4", WEIGHTS_1x4, pool2) is None  # within a thread
+    assert families.unsupported_reason(spec, "const_tile_t1x1_m4", WEIGHTS_1x4, pool2) is None  # over 4 lanes
+    assert "pool" in families.unsupported_reason(spec, "const_tile_t3x2_m4", WEIGHTS_1x4, pool2)
+    assert "power of 2" in families.unsupported_reason(spec, "const_tile_t1x3_m4", WEIGHTS_1x4, pool3)
+    assert families.configure(spec, "const_tile", pool2).name() == "const_tile_t2x4_m4"
     tile = families.FAMILIES["const_tile"]
     assert all(tile.reason(spec, v, pool2) is None for v in tile.configs(spec, pool2))
 
 
 def test_costs_delegate_to_the_spec():
     spec = conv(10, 4, 16, (40, 40), (7, 7))
-    kernel = GridKernel(spec, "baseline", None, threads_per_image=1, grid_y=1, reads_weights=True)
+    kernel = GridKernel(spec, Config("baseline"), None, threads_per_image=1, grid_y=1, reads_weights=True)
     assert kernel.flops(10000) == spec.flops(10000)
     assert kernel.bytes_moved(3) == spec.bytes_moved(3)
-    fused = GridKernel(spec, "x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (2, 2)))
+    fused = GridKernel(spec, Config("x"), None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (2, 2)))
     assert fused.output_shape(3) == (3, 16, 17, 17)
     assert fused.bytes_moved(3) == spec.bytes_moved(3) - 4 * 3 * 16 * (34 * 34 - 17 * 17)
     assert fused.flops(3) == spec.flops(3)  # a 2x2 pool reads all 34x34 outputs
-    pool4 = GridKernel(spec, "x", None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (4, 4)))
+    pool4 = GridKernel(spec, Config("x"), None, threads_per_image=1, grid_y=1, reads_weights=False, epilogue=Epilogue("Relu", (4, 4)))
     assert pool4.flops(3) == spec.flops(3) * (32 * 32) // (34 * 34)  # a 4x4 pool reads 32x32 of them
 
 

@@ -18,7 +18,7 @@ from onnx_builders import conv_model
 from opplugin.lab import nvrtc_check
 from opplugin.model import Model
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import choose_variant
+from opplugin.ops.conv.choice import choose_config
 from opplugin.ops.conv.epilogue import NONE
 from opplugin.plan import make_plan
 from opplugin.device import Device
@@ -59,7 +59,7 @@ def plugin_choice(config: ConvConfig) -> str:
     plan = make_plan(Model(conv_model(config.x_shape, w, b, config.attributes), "conv_fuzz"), config.spec.batch, GPU)
     assert "conv" not in plan.fallbacks, f"{config} falls back to onnxruntime: {plan.fallbacks['conv']}"
     assert [step.name for step in plan.plugin_steps] == ["conv"]
-    return choose_variant(config.spec, (w, b), NONE, GPU)
+    return choose_config(config.spec, (w, b), NONE, GPU)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -369,14 +369,14 @@ def test_a_kernel_that_is_not_nan_exact_is_watched_only_where_the_exact_path_run
 
 def test_the_nan_exact_conv_variant_leaves_out_the_3xtf32_gemm():
     from opplugin.ops.conv import families
-    from opplugin.ops.conv.choice import heuristic_variant, nonfinite_exact_variant
+    from opplugin.ops.conv.choice import heuristic_config, nonfinite_exact_config
     from opplugin.ops.conv.epilogue import NONE
     from onnx_builders import conv_spec
 
     spec = conv_spec(32, 256, 256, (14, 14), (3, 3), pads=(1, 1, 1, 1))
     w = np.ones(spec.weight_shape, np.float32)
-    assert families.family_of(heuristic_variant(spec, (w, None), NONE)).name == "tc_3xtf32"
-    assert families.family_of(nonfinite_exact_variant(spec, (w, None))).name == "simt_gemm"  # FP32 FMAs: NaN and Inf land as in float64
+    assert families.family_of(heuristic_config(spec, (w, None), NONE)).name == "tc_3xtf32"
+    assert families.family_of(nonfinite_exact_config(spec, (w, None))).name == "simt_gemm"  # FP32 FMAs: NaN and Inf land as in float64
 
 
 def test_the_nonfinite_flag_kernel_ships_in_kernels_and_compiles_without_a_gpu():

@@ -155,9 +155,9 @@ def test_softmax_over_another_axis_or_a_third_follower_is_not_fused():
 
 def test_softmax_of_a_wide_gemm_is_fused_on_the_cpu_only():
     """On a GPU only rowwarp (N <= 32) fuses a Softmax: the plugin says so for a wider one."""
-    assert families.heuristic_variant(GemmSpec(8, 64, 16), GemmEpilogue(softmax=True)) == "rowwarp_r1"
+    assert families.heuristic_config(GemmSpec(8, 64, 16), GemmEpilogue(softmax=True)).name() == "rowwarp_r1"
     wide = GemmSpec(8, 64, 16)
-    config = families.configure(wide, families.heuristic_variant(wide, GemmEpilogue(softmax=True)))
+    config = families.heuristic_config(wide, GemmEpilogue(softmax=True))
     assert "N <= 32" in families.unsupported_reason(wide, config, GemmEpilogue(softmax=True))
 
 
@@ -234,17 +234,17 @@ def test_gemm_plugin_rejects_what_it_cannot_run():
 
 def test_heuristic_choice_by_batch_and_width():
     # the picks a sweep of every gemv configuration found fastest on an H100 (see families.gemv_default)
-    picks = {(1, 4096, 25088): "gemv_b1o1w16", (16, 4096, 25088): "gemv_b16o2w8", (1, 1024, 4096): "gemv_b1o1w16",
-             (16, 128, 32754): "gemv_b4o2w16", (16, 128, 7200): "gemv_b4o2w16", (1, 32, 1024): "gemv_b1o1w8",
-             (16, 4, 128): "gemv_b1o1w1", (1, 4, 128): "gemv_b1o1w1"}
-    assert {shape: families.heuristic_variant(GemmSpec(*shape)) for shape in picks} == picks
-    assert families.heuristic_variant(GemmSpec(10000, 128, 7200)).startswith("tiled_")
-    assert families.heuristic_variant(GemmSpec(10000, 32, 1024)).startswith("rowwarp_")
-    assert families.heuristic_variant(GemmSpec(3, 10, 128), GemmEpilogue(softmax=True)).startswith("rowwarp_")
+    picks = {(1, 4096, 25088): "gemv_w1x1_k16", (16, 4096, 25088): "gemv_w16x2_k8", (1, 1024, 4096): "gemv_w1x1_k16",
+             (16, 128, 32754): "gemv_w4x2_k16", (16, 128, 7200): "gemv_w4x2_k16", (1, 32, 1024): "gemv_w1x1_k8",
+             (16, 4, 128): "gemv_w1x1_k1", (1, 4, 128): "gemv_w1x1_k1"}
+    assert {shape: families.heuristic_config(GemmSpec(*shape)).name() for shape in picks} == picks
+    assert families.heuristic_config(GemmSpec(10000, 128, 7200)).name().startswith("tiled_")
+    assert families.heuristic_config(GemmSpec(10000, 32, 1024)).name().startswith("rowwarp_")
+    assert families.heuristic_config(GemmSpec(3, 10, 128), GemmEpilogue(softmax=True)).name().startswith("rowwarp_")
     # every configuration the heuristic names parses back to itself
     for spec in (GemmSpec(1, 4096, 25088), GemmSpec(10000, 128, 7200), GemmSpec(10000, 10, 32)):
-        name = families.heuristic_variant(spec)
-        assert families.configure(spec, name).name == name
+        config = families.heuristic_config(spec)
+        assert families.configure(spec, config.name()) == config
 
 
 # --- the CLI and the shipped model ---------------------------------------------------------

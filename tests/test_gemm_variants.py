@@ -24,9 +24,9 @@ def test_both_families_are_registered_exact_and_read_weights_at_call_time():
         family = families.FAMILIES[name]
         assert family.exact and not family.constant_weights and not family.fuses
         assert families.unsupported_reason(LENET2, name, None) is None  # no constant weights needed
-    assert families.family_of("im2col_gemm_64x64").name == "im2col_gemm"
-    assert families.family_of("implicit_gemm_128x64").name == "implicit_gemm"
-    with pytest.raises(PluginError, match="unknown"):
+    assert families.family_of("im2col_gemm_b64x64x8_t4x4").name == "im2col_gemm"
+    assert families.family_of("implicit_gemm_b128x64x16_t8x4").name == "implicit_gemm"
+    with pytest.raises(PluginError, match="no field '64'"):
         families.family_of("implicit_gemm_64")
 
 
@@ -41,28 +41,30 @@ def test_both_families_are_registered_exact_and_read_weights_at_call_time():
 def test_configs_fit_the_maps_of_a_group(spec, tiles):
     for name in FAMILY_NAMES:
         configs = families.FAMILIES[name].configs(spec)
-        assert configs == [f"{name}_{tile}" for tile in tiles]
-        assert families.resolve(spec, name) == configs[0]
+        assert [f"{c.bm}x{c.bn}" for c in configs] == tiles and {c.family for c in configs} == {name}
+        assert families.configure(spec, name) == configs[0]
         assert all(families.unsupported_reason(spec, c, None) is None for c in configs)
 
 
 def test_configs_of_a_large_grouped_conv():
     spec = conv(2, 256, 256, (14, 14), (3, 3), pads=(1, 1, 1, 1), group=2)  # 128 maps a group
-    assert families.FAMILIES["implicit_gemm"].configs(spec) == [
-        "implicit_gemm_128x32",
-        "implicit_gemm_128x64",
-        "implicit_gemm_128x16",
-        "implicit_gemm_64x64",
+    assert [c.name() for c in families.FAMILIES["implicit_gemm"].configs(spec)] == [
+        "implicit_gemm_b128x32x16_t4x4",
+        "implicit_gemm_b128x64x16_t8x4",
+        "implicit_gemm_b128x16x16_t4x2",
+        "implicit_gemm_b64x64x16_t4x4",
     ]
 
 
 @pytest.mark.parametrize(
     ("variant", "words"),
     [
-        ("implicit_gemm_3x64", "powers of 2"),
-        ("im2col_gemm_64x8192", "powers of 2"),
-        ("implicit_gemm_2x64", "whole number"),  # half an output per thread
-        ("implicit_gemm_64x512", "whole number"),  # 128 accumulators per thread
+        ("implicit_gemm_b3x64x8_t4x4", "powers of 2"),
+        ("im2col_gemm_b64x8192x8_t4x4", "powers of 2"),
+        ("implicit_gemm_b2x64x8_t1x1", "whole number"),  # half an output per thread
+        ("implicit_gemm_b64x512x8_t8x16", "whole number"),  # 128 accumulators per thread
+        ("implicit_gemm_b64x64x8_t8x2", "4x4 thread tiles"),  # the thread tile 256 threads take
+        ("implicit_gemm_b64x64x17_t4x4", "K step must be 1 to 16"),
     ],
 )
 def test_tiles_that_cannot_run_say_why(variant, words):
@@ -77,7 +79,7 @@ def test_no_fused_epilogue():
 @pytest.mark.parametrize(("bm", "bn", "tm", "tn"), [(64, 64, 4, 4), (128, 64, 8, 4), (4, 1024, 4, 4), (4, 512, 4, 2), (16, 512, 8, 4)])
 def test_thread_tiles_give_256_threads(bm, bn, tm, tn):
     assert gemm.thread_tile(bm, bn) == (tm, tn)
-    assert gemm.GemmTile(bm, bn, 8, tm, tn).threads == gemm.THREADS
+    assert gemm.GemmConfig("implicit_gemm", (bm, bn, 8), (tm, tn)).threads == gemm.THREADS
 
 
 @pytest.mark.parametrize(("k", "bm", "bn", "bk"), [(49, 64, 64, 13), (196, 16, 256, 14), (9, 64, 64, 9), (1, 64, 64, 1), (49, 4, 1024, 5)])
@@ -90,16 +92,15 @@ def test_compile_units_carry_the_tile_macros():
     unroll, multiply = families.compile_units(LENET1, "im2col_gemm")
     assert (unroll.source, unroll.function) == ("conv_im2col.cu", "conv_im2col")
     assert (multiply.source, multiply.function) == ("conv_gemm.cu", "conv_gemm")
-    [implicit] = families.compile_units(LENET1, "implicit_gemm_64x64")
+    [implicit] = families.compile_units(LENET1, "implicit_gemm_b64x64x13_t4x4")
     assert implicit.function == "conv_implicit_gemm"
     assert {k: implicit.defines[k] for k in ("BM", "BN", "BK", "TM", "TN")} == {"BM": 64, "BN": 64, "BK": 13, "TM": 4, "TN": 4}
     assert implicit.defines["C"] == 1 and implicit.defines["KH"] == 7
 
 
 def _im2col_kernel(spec, budget=gemm.WORKSPACE_BUDGET):
-    variant = families.resolve(spec, "im2col_gemm")
-    tile = families.FAMILIES["im2col_gemm"].tile(spec, variant)
-    return gemm.Im2colGemmKernel(spec, variant, tile, None, None, workspace_budget=budget)
+    config = families.configure(spec, "im2col_gemm")
+    return gemm.Im2colGemmKernel(spec, config, None, None, workspace_budget=budget)
 
 
 def test_workspace_is_whole_images_within_the_budget():
@@ -116,8 +117,8 @@ def test_workspace_is_whole_images_within_the_budget():
 
 
 def test_implicit_gemm_needs_no_workspace():
-    tile = gemm.gemm_tile(LENET1, 4, 1024)
-    assert gemm.ImplicitGemmKernel(LENET1, "implicit_gemm_4x1024", tile, None).workspace_bytes(10000) == 0
+    config = families.FAMILIES["implicit_gemm"].config(LENET1, 4, 1024)
+    assert gemm.ImplicitGemmKernel(LENET1, config, None).workspace_bytes(10000) == 0
 
 
 # ---- GPU ----
@@ -131,7 +132,7 @@ GPU_CASES = {
     "depthwise": conv(5, 8, 8, (14, 15), (3, 3), pads=(1, 1, 1, 1), group=8),
     "wide_k": conv(3, 20, 24, (9, 11), (5, 5), pads=(2, 2, 2, 2)),  # K = 500: many K steps
 }
-TILES = ["4x1024", "16x256", "16x128", "64x32", "128x64"]  # BN above, at and below the 256 threads
+TILES = [(4, 1024), (16, 256), (16, 128), (64, 32), (128, 64)]  # BN above, at and below the 256 threads
 
 
 def _problem(spec, rng):
@@ -176,13 +177,13 @@ def test_chunks_of_a_small_workspace_give_the_one_chunk_result(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", TILES, ids=lambda tile: "{}x{}".format(*tile))
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_every_tile_shape_matches_the_reference(family, tile):
     for case, spec in GPU_CASES.items():
         seed = np.random.SeedSequence().entropy
         x, w, b = _problem(spec, np.random.default_rng(seed))
-        kernel = families.build_kernel(spec, f"{family}_{tile}", None)
+        kernel = families.build_kernel(spec, families.FAMILIES[family].config(spec, *tile), None)
         _assert_matches_reference(_run(kernel, spec, x, w, b), spec, x, w, b, f"{kernel.name} on {case} (seed {seed})")
 
 

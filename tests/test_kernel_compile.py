@@ -13,7 +13,7 @@ import pytest
 from opplugin import cuda
 from opplugin.lab import cnn_layers, nvrtc_check
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import heuristic_variant
+from opplugin.ops.conv.choice import heuristic_config
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.activation import KINDS as ACTIVATION_KINDS, Activation
@@ -99,8 +99,8 @@ GEMM_STEPS = {  # name -> (spec at the batch the plan or bench uses, the epilogu
     **{f"bench {k}->{n} @{m}": (GemmSpec(m, n, k, trans_b=True, bias="column"), GEMM_NONE)
        for k, n in ((25088, 4096), (4096, 1024), (32754, 128), (128, 4), (1024, 32), (7200, 128)) for m in (1, 16, 10000)},
 }
-GEMM_CONFIGS = ["gemv_b1o1w1", "gemv_b2o2w4", "gemv_b4o1w16", "gemv_b16o2w1", "gemv_b8o4w2", "gemv_b16o2w8",
-                *(f"tiled_{bm}x{bn}" for bm, bn in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4"]
+GEMM_CONFIGS = ["gemv_w1x1_k1", "gemv_w2x2_k4", "gemv_w4x1_k16", "gemv_w16x2_k1", "gemv_w8x4_k2", "gemv_w16x2_k8",
+                *(t.name() for t in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4"]
 GEMM_ACTIVATIONS = [Activation.plain(op) for op in ACTIVATION_KINDS] + [Activation("LeakyRelu", 0.3), Activation("Clip", -1.0)]
 
 
@@ -111,7 +111,7 @@ def _gemm_cases():
             config = gemm_families.configure(spec, variant)
             if gemm_families.unsupported_reason(spec, config, epilogue) is None:
                 for arch in ARCHS if variant in gemm_families.FAMILIES else ("sm_90",):
-                    yield f"{step} {config.name} {arch}", spec, config, epilogue, arch
+                    yield f"{step} {config} {arch}", spec, config, epilogue, arch
     spec = GemmSpec(9, 10, 50, bias="column")
     for activation in GEMM_ACTIVATIONS:
         for variant in gemm_families.FAMILIES:
@@ -142,10 +142,10 @@ RESIDUAL_FAMILIES = [name for name, family in families.FAMILIES.items() if famil
 def _residual_cases():
     """(step, configured variant, arch): each fusing family's pick, and split K where the GEMM has one."""
     for step, (spec, epilogue) in RESIDUAL_STEPS.items():
-        configs = [families.resolve(spec, name, epilogue) for name in RESIDUAL_FAMILIES
+        configs = [families.configure(spec, name, epilogue).name() for name in RESIDUAL_FAMILIES
                    if families.unsupported_reason(spec, name, _ones(spec), epilogue) is None]
-        if families.unsupported_reason(spec, "tc_3xtf32_64x64_k4", None, epilogue) is None:
-            configs.append("tc_3xtf32_64x64_k4")
+        if families.unsupported_reason(spec, "tc_3xtf32_b64x64x32_w32x32_s3_k4", None, epilogue) is None:
+            configs.append("tc_3xtf32_b64x64x32_w32x32_s3_k4")
         for config in dict.fromkeys(configs):
             for arch in ARCHS:
                 yield step, config, arch
@@ -156,7 +156,7 @@ ACTIVATION_SPEC = conv(8, 16, 32, (12, 12), (3, 3), pads=(1, 1, 1, 1))
 RESIDUAL_ACTIVATION_CASES = [
     (activation, variant)
     for activation in [*(Activation.plain(op) for op in ACTIVATION_KINDS), Activation("LeakyRelu", 0.3), Activation("Clip", 0.0, 6.0)]
-    for variant in ("const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_32x64_k2")
+    for variant in ("const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_b32x64x32_w32x16_s3_k2")
 ]
 
 
@@ -230,7 +230,7 @@ def test_every_configuration_tuning_may_pick_compiles_for_hopper(step, config):
 @pytest.mark.parametrize("step", list(SHIPPED_STEPS))
 def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
     spec, epilogue = SHIPPED_STEPS[step]
-    variant = heuristic_variant(spec, _ones(spec), epilogue)
+    variant = heuristic_config(spec, _ones(spec), epilogue)
     for usage in nvrtc_check.check_variant(spec, variant, "sm_90", epilogue):
         assert_clean(usage, variant)
 
@@ -249,7 +249,7 @@ def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, c
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 
 
-EXPLICIT_MAPS = ["const_mo1", "const_mo3", "const_mo16"]
+EXPLICIT_MAPS = ["const_mo_m1", "const_mo_m3", "const_mo_m16"]
 
 
 @pytest.mark.parametrize("case", GEMM_CASES, ids=[case[0] for case in GEMM_CASES])
@@ -261,9 +261,9 @@ def test_every_gemm_configuration_compiles_without_spills(case):
 
 
 def test_every_gemm_family_and_heuristic_pick_is_compiled():
-    compiled = {(label.split()[0], config.name) for label, _, config, _, _ in GEMM_CASES}
+    compiled = {(label.split()[0], config.name()) for label, _, config, _, _ in GEMM_CASES}
     for step, (spec, epilogue) in GEMM_STEPS.items():
-        assert (step.split()[0], gemm_families.heuristic_variant(spec, epilogue)) in compiled or step.startswith("bench")
+        assert (step.split()[0], gemm_families.heuristic_config(spec, epilogue).name()) in compiled or step.startswith("bench")
     assert {case[2].family for case in GEMM_CASES} == set(gemm_families.FAMILIES)
 
 

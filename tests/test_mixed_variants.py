@@ -12,7 +12,7 @@ import pytest
 
 from opplugin import cuda
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import heuristic_variant
+from opplugin.ops.conv.choice import heuristic_config
 from opplugin.ops.conv.families import mixed
 from opplugin.ops.conv.families.common import constant_bytes
 from opplugin.ops.conv.epilogue import NONE, Epilogue
@@ -58,7 +58,7 @@ def test_neither_the_heuristic_nor_tuning_picks_them(shape):
     for epilogue in (NONE, Epilogue("Relu", (2, 2))):
         assert not set(INEXACT) & set(families.usable_families(spec, weights, epilogue))
         assert not any(families.family_of(v).name in INEXACT for v in families.tuning_configs(spec, weights, epilogue))
-        assert families.family_of(heuristic_variant(spec, weights, epilogue)).exact
+        assert families.family_of(heuristic_config(spec, weights, epilogue)).exact
     # asked for explicitly, all three run the plain conv
     assert set(INEXACT) <= set(families.usable_families(spec, weights, NONE, exact_only=False))
 
@@ -69,7 +69,7 @@ def test_at_most_three_configurations_each_and_all_compile_units_resolve(shape):
     for name in INEXACT:
         configs = families.FAMILIES[name].configs(spec)
         assert 1 <= len(configs) <= 3 and len(set(configs)) == len(configs)
-        assert families.resolve(spec, name) == configs[0]
+        assert families.configure(spec, name) == configs[0]
         for variant in configs:
             assert families.family_of(variant).name == name
             assert families.unsupported_reason(spec, variant, ones(spec)) is None
@@ -78,10 +78,10 @@ def test_at_most_three_configurations_each_and_all_compile_units_resolve(shape):
 
 
 def test_configured_names():
-    assert families.resolve(SHIPPED["lenet86.conv2"], "fp16") == "fp16_m16"
-    assert families.resolve(SHIPPED["lenet86.conv2"], "tf32") == "tf32_n4"
-    assert families.resolve(SHIPPED["lenet86.conv2"], "3xtf32") == "3xtf32_n2"  # 25 k-steps x 3 MMAs: fewer pixel tiles
-    assert families.resolve(SHIPPED["ece408_high.conv"], "tf32") == "tf32_n4"  # 4 map tiles: 64 accumulators
+    assert families.configure(SHIPPED["lenet86.conv2"], "fp16").name() == "fp16_m16"
+    assert families.configure(SHIPPED["lenet86.conv2"], "tf32").name() == "tf32_n4"
+    assert families.configure(SHIPPED["lenet86.conv2"], "3xtf32").name() == "3xtf32_n2"  # 25 k-steps x 3 MMAs: fewer pixel tiles
+    assert families.configure(SHIPPED["ece408_high.conv"], "tf32").name() == "tf32_n4"  # 4 map tiles: 64 accumulators
     assert families.family_of("3xtf32_n8").name == "3xtf32"
     assert families.family_of("tf32_n8").name == "tf32"
     assert families.family_of("fp16_m5").name == "fp16"
@@ -139,7 +139,7 @@ def run_variant(spec, variant, x, w, b, *, weights_at_build=True):
     return kernel, y
 
 
-VARIANTS = [*INEXACT, "fp16_m4", "tf32_n8", "3xtf32_n8", "tc_tf32", "tc_tf32_64x64_k4", "tc_fp16", "tc_bf16", "tc_bf16_32x64_k2"]
+VARIANTS = [*INEXACT, "fp16_m4", "tf32_n8", "3xtf32_n8", "tc_tf32", "tc_tf32_b64x64x32_w32x32_s3_k4", "tc_fp16", "tc_bf16", "tc_bf16_b32x64x32_w32x16_s3_k2"]
 
 
 @pytest.mark.gpu
@@ -177,4 +177,4 @@ def kernel_bound(name: str) -> float:
 def test_kernel_names_say_the_configuration(name):
     spec = CASES["lenet86.conv2"]
     _, _, w, b = random_problem(spec)
-    assert families.build_kernel(spec, name, (w, b)).name == f"conv.{families.resolve(spec, name)}"
+    assert families.build_kernel(spec, name, (w, b)).name == f"conv.{families.configure(spec, name)}"

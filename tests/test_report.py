@@ -94,11 +94,11 @@ def test_throughput_and_chunking_are_reported(tiny_model_path):
 def test_text_table_fits_each_column_to_its_widest_cell():
     from opplugin.texttable import text_table
 
-    lines = text_table(["name", "ms"], [["conv.const_tile_r2c2m16+relu+maxpool4", "1.5"], ["gemm", "12.25"]], right=[1])
+    lines = text_table(["name", "ms"], [["conv.const_tile_t2x2_m8+relu+maxpool4", "1.5"], ["gemm", "12.25"]], right=[1])
     assert lines == [
         "name                                      ms",
         "-------------------------------------  -----",
-        "conv.const_tile_r2c2m16+relu+maxpool4    1.5",
+        "conv.const_tile_t2x2_m8+relu+maxpool4    1.5",
         "gemm                                   12.25",
     ]
     assert text_table(["a", "b"], [["x", "y"]], rule=False, indent="  ") == ["  a  b", "  x  y"]

@@ -30,7 +30,7 @@ CASES = {
     "deep_k_small_output": conv(1, 160, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # the GEMM splits K
 }
 FUSING = [name for name, family in families.FAMILIES.items() if family.fuses]
-VARIANTS = [*FUSING, "const_tile_r2c4m8", "const_rb_r4m4", "tc_3xtf32_64x64_k4", "tc_3xtf32_32x64_k2", "tc_tf32_64x64_k4"]
+VARIANTS = [*FUSING, "const_tile_t2x4_m8", "const_rb_t4x1_m4", "tc_3xtf32_b64x64x32_w32x32_s3_k4", "tc_3xtf32_b32x64x32_w32x16_s3_k2", "tc_tf32_b64x64x32_w32x32_s3_k4"]
 
 
 def draw(spec, residual: bool):
@@ -76,7 +76,7 @@ def check(case_spec, variant, epilogue, context):
     assert error <= tolerance(variant), f"{name} on {context} (seed {seed}): relative L2 error {error:.3g}"
 
 
-@pytest.mark.parametrize("variant", ["const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_32x64_k2"])
+@pytest.mark.parametrize("variant", ["const_rb", "const_tile", "tc_3xtf32", "tc_3xtf32_b32x64x32_w32x16_s3_k2"])
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a.suffix)
 def test_every_activation_after_a_residual_matches_float64(activation, variant):
     check(CASES["small_pads"], variant, Epilogue(activation, residual=True), "small_pads")
@@ -96,14 +96,14 @@ POOLED = {  # a residual before the pool, and activations that do not commute wi
 }
 
 
-@pytest.mark.parametrize("variant", ["const_rb", "const_tile", "const_tile_r4c4m4", "const_tile_r2c2m4", "const_tile_r1c4m2"])
+@pytest.mark.parametrize("variant", ["const_rb", "const_tile", "const_tile_t4x4_m4", "const_tile_t2x2_m4", "const_tile_t1x4_m2"])
 @pytest.mark.parametrize("case", list(POOLED))
 def test_a_pool_after_a_residual_or_a_non_monotone_activation_matches_float64(case, variant):
     spec, epilogue = POOLED[case]
     check(spec, variant, epilogue, case)
 
 
-@pytest.mark.parametrize("variant", ["const_rb", "const_tile_r2c4m8", "tc_3xtf32", "tc_3xtf32_64x64_k4"])
+@pytest.mark.parametrize("variant", ["const_rb", "const_tile_t2x4_m8", "tc_3xtf32", "tc_3xtf32_b64x64x32_w32x32_s3_k4"])
 @pytest.mark.parametrize("epilogue", [Epilogue("Relu", residual=True), Epilogue(Activation(SILU), residual=True),
                                       Epilogue("Relu", (2, 2), residual=True)], ids=lambda e: e.suffix)
 def test_nan_and_inf_in_the_residual_reach_the_output_as_in_float64(epilogue, variant):

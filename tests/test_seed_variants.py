@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from opplugin import resources
+from opplugin.errors import PluginError
 from opplugin.ops.conv import families
 from opplugin.ops.conv.families.common import BLOCK
-from opplugin.ops.conv.families.reduction import SlicedKernel
-from opplugin.ops.conv.families.tiled import TiledKernel
+from opplugin.ops.conv.families.reduction import SlicedKernel, SlicesConfig
+from opplugin.ops.conv.families.tiled import TiledConfig, TiledKernel
 from onnx_builders import conv_spec as conv
 from test_conv_cuda_gpu import assert_close, device_inputs, expected_output, poisoned_output, random_problem
 
@@ -41,9 +42,9 @@ def test_families_are_registered_in_the_seeds_order():
         family = families.FAMILIES[name]
         assert family.exact and family.summary
         assert family.constant_weights == (name != "unrolled")
-    assert families.family_of("tiled_t32").name == "tiled"
-    assert families.family_of("reduce_tree_s4").name == "reduce_tree"
-    assert families.family_of("reduce_atomic_s2").name == "reduce_atomic"
+    assert families.family_of("tiled_b8x32").name == "tiled"
+    assert families.family_of("reduce_tree_c4").name == "reduce_tree"
+    assert families.family_of("reduce_atomic_c2").name == "reduce_atomic"
 
 
 def test_unrolled_serves_run_time_weights_like_the_baseline():
@@ -74,21 +75,21 @@ def test_configuration_lists_are_short_and_valid(spec):
 
 
 def test_tiled_prefers_whole_warp_rows_unless_they_overhang_too_far():
-    assert families.resolve(LENET_CONV1, "tiled") == "tiled_t16"  # 80 x 80 out: 96 columns of t32 tiles, 20% more
-    assert families.resolve(LENET_CONV2, "tiled") == "tiled_t32"  # 34 x 34: 64 x 40 vs 48 x 48, 11% more
-    assert families.resolve(ECE408_CONV, "tiled") == "tiled_t32"  # 24 x 24: 32 x 24 vs 32 x 32
-    assert families.FAMILIES["tiled"].configs(LENET_CONV1) == ["tiled_t16", "tiled_t32"]
+    assert families.configure(LENET_CONV1, "tiled").name() == "tiled_b16x16"  # 80 x 80 out: 96 columns of t32 tiles, 20% more
+    assert families.configure(LENET_CONV2, "tiled").name() == "tiled_b8x32"  # 34 x 34: 64 x 40 vs 48 x 48, 11% more
+    assert families.configure(ECE408_CONV, "tiled").name() == "tiled_b8x32"  # 24 x 24: 32 x 24 vs 32 x 32
+    assert [c.name() for c in families.FAMILIES["tiled"].configs(LENET_CONV1)] == ["tiled_b16x16", "tiled_b8x32"]
 
 
 def test_tiled_limits():
     spec = conv(1, 2, 3, (20, 20), (3, 3))
-    assert "tile width" in families.unsupported_reason(spec, "tiled_t12", ones(spec))
-    assert "tile width" in families.unsupported_reason(spec, "tiled_t128", ones(spec))
-    assert families.unsupported_reason(spec, "tiled_t8", ones(spec)) is None
-    assert "not constant" in families.unsupported_reason(spec, "tiled_t16", None)
+    assert "tile width" in families.unsupported_reason(spec, "tiled_b16x12", ones(spec))
+    assert "tile width" in families.unsupported_reason(spec, "tiled_b2x128", ones(spec))
+    assert families.unsupported_reason(spec, "tiled_b32x8", ones(spec)) is None
+    assert "not constant" in families.unsupported_reason(spec, "tiled_b16x16", None)
     # stride 8: the input tile of any width is over 48 KiB
     wide = conv(1, 1, 1, (600, 600), (3, 3), strides=(8, 8))
-    assert "shared memory" in families.unsupported_reason(wide, "tiled_t32", ones(wide))
+    assert "shared memory" in families.unsupported_reason(wide, "tiled_b8x32", ones(wide))
     assert "shared memory" in families.unsupported_reason(wide, "tiled", ones(wide))
     assert "tiled" not in families.usable_families(wide, ones(wide))
 
@@ -97,32 +98,33 @@ def test_tiled_limits():
 def test_one_channel_per_group_has_nothing_to_reduce(family):
     depthwise = conv(1, 8, 8, (19, 21), (3, 3), group=8)
     for spec in (LENET_CONV1, ECE408_CONV, depthwise):
-        for variant in (family, f"{family}_s2"):
+        for variant in (family, f"{family}_c2"):
             assert "nothing to reduce" in families.unsupported_reason(spec, variant, ones(spec))
-        assert families.resolve(spec, family) == family  # no configuration to stand for
+        with pytest.raises(PluginError, match="nothing to reduce"):
+            families.configure(spec, family)  # no configuration to stand for
         assert family not in families.usable_families(spec, ones(spec))
-        assert not any(v.startswith(family) for v in families.tuning_configs(spec, ones(spec)))
+        assert not any(c.family == family for c in families.tuning_configs(spec, ones(spec)))
 
 
 @pytest.mark.parametrize("family", ["reduce_tree", "reduce_atomic"])
 def test_slice_counts(family):
-    configs = lambda c, g=1: families.FAMILIES[family].configs(conv(1, c, 2 * g, (9, 9), (3, 3), group=g))
-    assert configs(4) == [f"{family}_s2", f"{family}_s4"]  # fewest slices first
-    assert configs(3) == [f"{family}_s2"]  # 2 channels + 1
-    assert configs(16) == [f"{family}_s2", f"{family}_s4", f"{family}_s8"]
-    assert configs(8, g=4) == [f"{family}_s2"]  # 2 channels a group
-    assert families.resolve(LENET_CONV2, family) == f"{family}_s2"
+    configs = lambda c, g=1: [config.name() for config in families.FAMILIES[family].configs(conv(1, c, 2 * g, (9, 9), (3, 3), group=g))]
+    assert configs(4) == [f"{family}_c2", f"{family}_c4"]  # fewest slices first
+    assert configs(3) == [f"{family}_c2"]  # 2 channels + 1
+    assert configs(16) == [f"{family}_c2", f"{family}_c4", f"{family}_c8"]
+    assert configs(8, g=4) == [f"{family}_c2"]  # 2 channels a group
+    assert families.configure(LENET_CONV2, family).name() == f"{family}_c2"
     spec = conv(1, 3, 4, (9, 9), (3, 3))
-    assert "idle" in families.unsupported_reason(spec, f"{family}_s4", ones(spec))
+    assert "idle" in families.unsupported_reason(spec, f"{family}_c4", ones(spec))
     big = conv(1, 32, 4, (9, 9), (3, 3))
-    assert "one of 2, 4, 8" in families.unsupported_reason(big, f"{family}_s16", ones(big))
+    assert "one of 2, 4, 8" in families.unsupported_reason(big, f"{family}_c16", ones(big))
 
 
 def test_atomic_variant_initialises_its_output_in_its_own_launch_sequence():
-    units = families.compile_units(LENET_CONV2, "reduce_atomic_s2")
+    units = families.compile_units(LENET_CONV2, "reduce_atomic_c2")
     assert [u.function for u in units] == ["conv_reduce_atomic_init", "conv_reduce_atomic"]
     assert units[0].defines == units[1].defines and units[0].defines["SL"] == 2
-    [tree] = families.compile_units(LENET_CONV2, "reduce_tree_s4")
+    [tree] = families.compile_units(LENET_CONV2, "reduce_tree_c4")
     assert tree.defines["SL"] == 4 and tree.defines["UNROLL_K"] == 1  # one channel per slice
     [tree] = families.compile_units(LENET_CONV2, "reduce_tree")
     assert tree.defines["SL"] == 2 and tree.defines["UNROLL_K"] == 2  # both passes unrolled
@@ -141,7 +143,7 @@ class RecordingFunction:
 def test_tiled_launch_geometry_covers_ragged_edges():
     spec = conv(3, 2, 5, (37, 71), (3, 3))  # 35 x 69 out
     calls = []
-    kernel = TiledKernel(spec, "tiled_t32", RecordingFunction(calls), (8, 32))
+    kernel = TiledKernel(spec, TiledConfig("tiled", (8, 32)), RecordingFunction(calls))
     kernel._launch("x", (), "y", 3)
     [(_, grid, block, args)] = calls
     assert block == (32, 8, 1) and grid == (3 * 5 * 3, 5, 1)  # ceil(35/8) x ceil(69/32) tiles per image
@@ -152,7 +154,7 @@ def test_atomic_launch_sets_the_output_before_adding_into_it():
     spec = conv(3, 4, 6, (12, 12), (3, 3))  # 10 x 10 out
     calls = []
     init, summed = RecordingFunction(calls), RecordingFunction(calls)
-    SlicedKernel(spec, "reduce_atomic_s4", summed, 4, init=init)._launch("x", (), "y", 3)
+    SlicedKernel(spec, SlicesConfig("reduce_atomic", 4), summed, init=init)._launch("x", (), "y", 3)
     assert [c[0] for c in calls] == [init, summed]
     assert calls[0][1:3] == ((-(-300 // BLOCK), 6, 1), (BLOCK, 1, 1)) and calls[0][3][0] == "y"
     assert calls[1][1:3] == ((-(-300 // 64), 6, 1), (64, 4, 1)) and calls[1][3][:2] == ("x", "y")
@@ -170,7 +172,7 @@ RAGGED = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["tiled_t8", "tiled_t16", "tiled_t32", "tiled_t64"])
+@pytest.mark.parametrize("variant", ["tiled_b32x8", "tiled_b16x16", "tiled_b8x32", "tiled_b4x64"])
 @pytest.mark.parametrize("case", list(RAGGED))
 def test_tiles_at_ragged_edges(case, variant):
     spec = RAGGED[case]
@@ -184,7 +186,7 @@ UNEVEN = conv(2, 13, 5, (9, 10), (3, 3), pads=(1, 0, 0, 1))  # 13 channels: ever
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["reduce_tree_s2", "reduce_tree_s4", "reduce_tree_s8", "reduce_atomic_s8"])
+@pytest.mark.parametrize("variant", ["reduce_tree_c2", "reduce_tree_c4", "reduce_tree_c8", "reduce_atomic_c8"])
 def test_uneven_channel_slices(variant):
     seed, x, w, b = random_problem(UNEVEN)
     kernel = families.build_kernel(UNEVEN, variant, (w, b))
@@ -199,7 +201,7 @@ def test_atomic_output_is_initialised_on_every_call(bias):
 
     spec = conv(3, 4, 6, (15, 14), (3, 3), pads=(1, 1, 1, 1), bias=bias)
     seed, x, w, b = random_problem(spec)
-    kernel = families.build_kernel(spec, "reduce_atomic_s2", (w, b))
+    kernel = families.build_kernel(spec, "reduce_atomic_c2", (w, b))
     expected = expected_output(spec, x, w, b)
     out = cupy.full(spec.output_shape(), 1e6, dtype=cupy.float32)  # stale values must not leak in
     inputs = device_inputs(x, w, b)
@@ -214,7 +216,7 @@ def test_atomic_init_and_sum_run_on_the_callers_stream():
 
     spec = conv(64, 4, 16, (40, 40), (7, 7))
     seed, x, w, b = random_problem(spec)
-    kernel = families.build_kernel(spec, "reduce_atomic_s4", (w, b))
+    kernel = families.build_kernel(spec, "reduce_atomic_c4", (w, b))
     inputs = device_inputs(x, w, b)
     cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -226,7 +228,7 @@ def test_atomic_init_and_sum_run_on_the_callers_stream():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["tiled_t16", "reduce_tree_s2", "reduce_atomic_s4"])
+@pytest.mark.parametrize("variant", ["tiled_b16x16", "reduce_tree_c2", "reduce_atomic_c4"])
 def test_batch_is_a_run_time_argument(variant):
     spec = dataclasses.replace(conv(6, 4, 16, (40, 40), (7, 7)), batch=6)
     seed, x, w, b = random_problem(spec)
@@ -237,7 +239,7 @@ def test_batch_is_a_run_time_argument(variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unrolled", "tiled_t32", "reduce_tree_s4"])
+@pytest.mark.parametrize("variant", ["unrolled", "tiled_b8x32", "reduce_tree_c4"])
 def test_deterministic_variants_repeat_bit_for_bit(variant):
     import cupy
 

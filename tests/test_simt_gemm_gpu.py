@@ -36,7 +36,7 @@ def run_and_compare(spec, config, epilogue, x, w, b, r, context):
     import cupy
 
     kernel = families.build_kernel(spec, config, (w, b), epilogue)
-    assert kernel.variant == config
+    assert kernel.config == config
     out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
     inputs = [cupy.asarray(a) for a in (x, w, b)] + ([] if r is None else [cupy.asarray(r)])
     [y] = kernel(inputs, None, out=out)
@@ -58,9 +58,9 @@ def test_every_configuration_matches_float64_on_the_cnn_layers(layer, batch, con
 
 RESIDUAL = {
     # unsplit with float4 stores, split K with scalar stores (49 pixels), tails in maps and pixels
-    "simt_gemm_64x128": conv(2, 64, 64, (28, 28), (3, 3), pads=(1, 1, 1, 1)),
-    "simt_gemm_128x128_k8": conv(1, 512, 512, (7, 7), (3, 3), pads=(1, 1, 1, 1)),
-    "simt_gemm_32x64_k2": conv(3, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),
+    "simt_gemm_b64x128x16_t8x8_s4_o3": conv(2, 64, 64, (28, 28), (3, 3), pads=(1, 1, 1, 1)),
+    "simt_gemm_b128x128x16_t8x8_s4_o1_k8": conv(1, 512, 512, (7, 7), (3, 3), pads=(1, 1, 1, 1)),
+    "simt_gemm_b32x64x16_t4x4_s4_o4_k2": conv(3, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),
 }
 
 

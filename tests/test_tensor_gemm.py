@@ -12,9 +12,9 @@ from opplugin.cli import build_parser
 from opplugin.lab import bench, cnn_layers
 from opplugin.lab.bench_text import summary_lines
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import heuristic_variant, prefers_tensor_cores
+from opplugin.ops.conv.choice import heuristic_config, prefers_tensor_cores
 from opplugin.ops.conv.epilogue import NONE, Epilogue
-from opplugin.ops.conv.families import tensor_gemm
+from opplugin.ops.conv.families import pipelined
 
 VGG_512 = conv(1, 512, 512, (14, 14), (3, 3), pads=(1, 1, 1, 1))
 RESNET_64 = conv(32, 64, 64, (56, 56), (3, 3), pads=(1, 1, 1, 1))
@@ -32,16 +32,18 @@ def test_3xtf32_is_exact_by_measurement_and_tf32_opt_in():
     for name in ("tc_fp16", "tc_bf16"):  # 16-bit operands, FP32 accumulation: opt-in, their error stated
         family = families.FAMILIES[name]
         assert not family.exact and family.expected_relative_error < family.max_relative_error <= 1e-2
-        assert families.family_of(f"{name}_64x64_k2").name == name
+        assert families.family_of(f"{name}_b64x64x32_w32x32_s3_k2").name == name
     assert families.FAMILIES["tc_fp16"].max_relative_error < families.FAMILIES["tc_bf16"].max_relative_error
 
 
 def test_configuration_names_parse_and_belong_to_their_family():
-    assert families.family_of("tc_3xtf32_64x64_k4").name == "tc_3xtf32"
-    assert families.family_of("tc_tf32_128x128").name == "tc_tf32"
-    assert families.unsupported_reason(VGG_512, "tc_3xtf32_64x64_k4", None) is None
-    assert "tiles are" in families.unsupported_reason(VGG_512, "tc_3xtf32_48x64", None)
-    assert "split it 1 to 16 ways" in families.unsupported_reason(VGG_512, "tc_3xtf32_64x64_k32", None)
+    assert families.family_of("tc_3xtf32_b64x64x32_w32x32_s3_k4").name == "tc_3xtf32"
+    assert families.family_of("tc_tf32_b128x128x32_w64x32_s3").name == "tc_tf32"
+    assert families.unsupported_reason(VGG_512, "tc_3xtf32_b64x64x32_w32x32_s3_k4", None) is None
+    assert "tiles are" in families.unsupported_reason(VGG_512, "tc_3xtf32_b48x64x32_w32x32_s3", None)
+    assert "tiles are" in families.unsupported_reason(VGG_512, "tc_3xtf32_b64x64x32_w64x32_s3", None)  # not its warp layout
+    assert "tiles are" in families.unsupported_reason(VGG_512, "tc_3xtf32_b64x64x16_w32x32_s3", None)  # nor another depth
+    assert "split it 1 to 16 ways" in families.unsupported_reason(VGG_512, "tc_3xtf32_b64x64x32_w32x32_s3_k32", None)
 
 
 def test_limits_are_stated():
@@ -56,49 +58,49 @@ def test_limits_are_stated():
 def test_small_outputs_split_k_to_fill_the_gpu_and_large_ones_do_not():
     # 196 pixels x 512 maps: 16 tiles of 128x64, split 8 to cover the SMs, 15 to fill 90% of two blocks' slots per SM
     family = families.FAMILIES["tc_3xtf32"]
-    assert family.configs(VGG_512)[:2] == ["tc_3xtf32_128x64_k15", "tc_3xtf32_128x64_k8"]
-    assert tensor_gemm.wave_efficiency(16 * 15, 2 * tensor_gemm.DEFAULT_SMS) >= tensor_gemm.WAVE_BALANCE
+    assert [c.name() for c in family.configs(VGG_512)[:2]] == ["tc_3xtf32_b128x64x32_w64x32_s3_k15", "tc_3xtf32_b128x64x32_w64x32_s3_k8"]
+    assert pipelined.wave_efficiency(16 * 15, 2 * pipelined.DEFAULT_SMS) >= pipelined.WAVE_BALANCE
     deep = conv(32, 256, 256, (14, 14), (3, 3), pads=(1, 1, 1, 1))  # 196 blocks of 128x64: under one per slot
-    assert families.resolve(deep, "tc_3xtf32") == "tc_3xtf32_128x64_k4"
+    assert families.configure(deep, "tc_3xtf32").name() == "tc_3xtf32_b128x64x32_w64x32_s3_k4"
     wide = conv(32, 128, 128, (28, 28), (3, 3), pads=(1, 1, 1, 1))  # 392 blocks: 1.5 waves, left unsplit
-    assert families.resolve(wide, "tc_3xtf32") == "tc_3xtf32_128x64" and "tc_3xtf32_128x64_k2" in family.configs(wide)
-    assert families.resolve(RESNET_64, "tc_3xtf32") == "tc_3xtf32_64x128"
+    assert families.configure(wide, "tc_3xtf32").name() == "tc_3xtf32_b128x64x32_w64x32_s3" and "tc_3xtf32_b128x64x32_w64x32_s3_k2" in [c.name() for c in family.configs(wide)]
+    assert families.configure(RESNET_64, "tc_3xtf32").name() == "tc_3xtf32_b64x128x32_w32x64_s3"
     short_k = conv(32, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))  # K = 288: a smaller tile, unsplit
-    assert families.resolve(short_k, "tc_3xtf32") == "tc_3xtf32_32x64"
+    assert families.configure(short_k, "tc_3xtf32").name() == "tc_3xtf32_b32x64x32_w32x16_s3"
     few_maps = conv(32, 96, 24, (56, 56), (1, 1))
-    assert families.resolve(few_maps, "tc_3xtf32") == "tc_3xtf32_32x128"
+    assert families.configure(few_maps, "tc_3xtf32").name() == "tc_3xtf32_b32x128x32_w32x32_s3"
 
 
 def test_tap_table_gives_each_k_its_offset_and_place_in_the_window():
     spec = conv(1, 3, 4, (10, 12), (2, 3), pads=(1, 1, 1, 1), dilations=(2, 1))
-    table = tensor_gemm.tap_table(spec)
+    table = pipelined.tap_table(spec)
     assert table.shape == (32, 2)  # K = 3 * 2 * 3 = 18, rounded up to two slices of 16
     k = 1 * 6 + 1 * 3 + 2  # c=1, kh=1, kw=2
     assert table[k, 0] == 1 * 120 + 1 * 2 * 12 + 2 and table[k, 1] == 1 * 3 + 2
     assert (table[18:, 1] == 6).all()  # past K: the bit after the window's 6 taps, never set
     # a window of 64 taps or more has no spare bit: the table holds the steps for a bounds test
     wide = conv(1, 2, 4, (20, 20), (9, 9), pads=(4, 4, 4, 4))
-    wide_table = tensor_gemm.tap_table(wide)
-    assert wide_table[9 + 2, 1] == (1 << 16) | 2 and (wide_table[162:, 1] >> 16 == tensor_gemm.NO_TAP).all()
+    wide_table = pipelined.tap_table(wide)
+    assert wide_table[9 + 2, 1] == (1 << 16) | 2 and (wide_table[162:, 1] >> 16 == pipelined.NO_TAP).all()
 
 
 def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few():
     assert prefers_tensor_cores(RESNET_64) and not prefers_tensor_cores(conv(1, 4, 16, (40, 40), (7, 7)))
-    assert heuristic_variant(RESNET_64, ones(RESNET_64), NONE) == "tc_3xtf32_64x128"
+    assert heuristic_config(RESNET_64, ones(RESNET_64), NONE).name() == "tc_3xtf32_b64x128x32_w32x64_s3"
     # past 64 KiB of filters the default is no longer the baseline
     mnist = conv(32, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))
-    assert families.FAMILIES["tc_3xtf32"].owns(heuristic_variant(mnist, ones(mnist), NONE))
+    assert heuristic_config(mnist, ones(mnist), NONE).family == "tc_3xtf32"
     # the shipped convs keep their fused constant-memory kernels
     lenet_conv2 = conv(10000, 4, 16, (40, 40), (7, 7))
-    assert heuristic_variant(lenet_conv2, ones(lenet_conv2), Epilogue("Relu", (4, 4))).startswith("const_tile")
+    assert heuristic_config(lenet_conv2, ones(lenet_conv2), Epilogue("Relu", (4, 4))).name().startswith("const_tile")
     # too little work at the planned batch: the one-launch constant-memory kernels
     pointwise = conv(1, 96, 24, (56, 56), (1, 1))
     assert not prefers_tensor_cores(pointwise) and prefers_tensor_cores(conv(32, 96, 24, (56, 56), (1, 1)))
     # depthwise: const_rb's row tiles first
     depthwise = conv(32, 32, 32, (112, 112), (3, 3), pads=(1, 1, 1, 1), group=32)
-    assert heuristic_variant(depthwise, ones(depthwise), NONE).startswith("const_rb")
+    assert heuristic_config(depthwise, ones(depthwise), NONE).name().startswith("const_rb")
     # a pool the GEMM cannot fuse: it runs plain and the epilogue follows
-    assert heuristic_variant(RESNET_64, ones(RESNET_64), Epilogue("Relu", (2, 2))) == "tc_3xtf32_64x128"
+    assert heuristic_config(RESNET_64, ones(RESNET_64), Epilogue("Relu", (2, 2))).name() == "tc_3xtf32_b64x128x32_w32x64_s3"
 
 
 def test_the_layer_set_is_the_issues():
@@ -123,17 +125,17 @@ def test_suite_option_defaults_to_batch_1_and_32():
 
 def test_suite_summary_compares_best_default_and_tf32_with_cudnn():
     step = dict.fromkeys(bench.STEP_KEYS)
-    step.update(step="cnn resnet 64->64 3x3 56", batch=32, floor_ms=0.1, bytes=10, flops=10, default="tc_3xtf32_64x64")
+    step.update(step="cnn resnet 64->64 3x3 56", batch=32, floor_ms=0.1, bytes=10, flops=10, default="tc_3xtf32_b64x64x32_w32x32_s3")
     rows = [
-        bench.make_row(step, "tc_3xtf32_64x64", "variant", family="tc_3xtf32", exact=True, ms=0.2),
-        bench.make_row(step, "tc_3xtf32_32x128", "variant", family="tc_3xtf32", exact=True, ms=0.16),
-        bench.make_row(step, "tc_tf32_64x64", "variant", family="tc_tf32", exact=False, ms=0.1),
+        bench.make_row(step, "tc_3xtf32_b64x64x32_w32x32_s3", "variant", family="tc_3xtf32", exact=True, ms=0.2),
+        bench.make_row(step, "tc_3xtf32_b32x128x32_w32x32_s3", "variant", family="tc_3xtf32", exact=True, ms=0.16),
+        bench.make_row(step, "tc_tf32_b64x64x32_w32x32_s3", "variant", family="tc_tf32", exact=False, ms=0.1),
         bench.make_row(step, "cudnn_fp32", "peer", ms=0.24),
         bench.make_row(step, "cudnn_tf32", "peer", exact=False, ms=0.12),
     ]
     summary = bench.suite_summary([step], rows)
     [line] = summary["layers"]
-    assert line["best"] == "tc_3xtf32_32x128" and line["best_vs_cudnn_fp32"] == pytest.approx(1.5)
+    assert line["best"] == "tc_3xtf32_b32x128x32_w32x32_s3" and line["best_vs_cudnn_fp32"] == pytest.approx(1.5)
     assert line["default_vs_best"] == pytest.approx(1.25) and line["tf32_vs_cudnn_tf32"] == pytest.approx(1.2)
     assert summary["geomean_best_vs_cudnn_fp32"] == pytest.approx(1.5)
     text = "\n".join(summary_lines(summary))
@@ -150,8 +152,8 @@ def test_report_tool_adds_the_layer_table(tmp_path):
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     step = dict.fromkeys(bench.STEP_KEYS)
-    step.update(step="cnn vgg 64->64 3x3 224", batch=32, floor_ms=2.3, bytes=10, flops=10, default="tc_3xtf32_64x128")
-    rows = [bench.make_row(step, "tc_3xtf32_64x128", "variant", family="tc_3xtf32", ms=2.9), bench.make_row(step, "cudnn_fp32", "peer", ms=3.2)]
+    step.update(step="cnn vgg 64->64 3x3 224", batch=32, floor_ms=2.3, bytes=10, flops=10, default="tc_3xtf32_b64x128x32_w32x64_s3")
+    rows = [bench.make_row(step, "tc_3xtf32_b64x128x32_w32x64_s3", "variant", family="tc_3xtf32", ms=2.9), bench.make_row(step, "cudnn_fp32", "peer", ms=3.2)]
     cnn = tmp_path / "cnn.json"
     cnn.write_text(json.dumps({"device": {"name": "NVIDIA H100"}, "suite_summary": bench.suite_summary([step], rows)}))
     report.main([str(root / "tools" / "benchmark" / "bench.json"), "--out", str(tmp_path), "--cnn", str(cnn)])

@@ -23,7 +23,7 @@ from opplugin.lab.trial import EXACT_TOLERANCE, Trial, local_memory_bytes
 from opplugin.errors import DeviceError, InputError
 from opplugin.model import load_model
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import choose_variant, heuristic_variant
+from opplugin.ops.conv.choice import choose_config, heuristic_config
 from opplugin.ops.conv.plugin import constant_weights
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.device import Device
@@ -100,20 +100,20 @@ def test_cache_directory_follows_the_environment(tmp_path, monkeypatch):
 def test_store_then_lookup_round_trips_and_keeps_other_entries(cache_dir):
     first = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
     second = tuning_cache.key_for(LENET_CONV1, NONE, "GPU A")
-    tuning_cache.store({first: a_choice("const_rb_r2m4", 0.5)})
-    path = tuning_cache.store({second: a_choice("const_mo4", 0.7)})
+    tuning_cache.store({first: a_choice("const_rb_t2x1_m4", 0.5)})
+    path = tuning_cache.store({second: a_choice("const_mo_m4", 0.7)})
     assert path == cache_dir / "tuning.json"
     found = tuning_cache.lookup(first)
-    assert (found.variant, found.median_ms, found.batch) == ("const_rb_r2m4", 0.5, 10000)
+    assert (found.variant, found.median_ms, found.batch) == ("const_rb_t2x1_m4", 0.5, 10000)
     assert found.runners_up == [{"variant": "other", "median_ms": 1.0}] and found.date
-    assert tuning_cache.lookup(second).variant == "const_mo4"
+    assert tuning_cache.lookup(second).variant == "const_mo_m4"
     data = json.loads(path.read_text())
     assert data["format"] == tuning_cache.FORMAT and len(data["entries"]) == 2
 
 
 def test_write_is_atomic_and_leaves_no_temporary_file(cache_dir, monkeypatch):
     key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
-    path = tuning_cache.store({key: a_choice("const_rb_r2m4")})
+    path = tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
     before = path.read_text()
 
     def failing_replace(src, dst):
@@ -121,7 +121,7 @@ def test_write_is_atomic_and_leaves_no_temporary_file(cache_dir, monkeypatch):
 
     monkeypatch.setattr(files.os, "replace", failing_replace)
     with pytest.raises(OSError):
-        tuning_cache.store({key: a_choice("const_rb_r16m4")})
+        tuning_cache.store({key: a_choice("const_rb_t16x1_m4")})
     assert path.read_text() == before  # the old file is whole
     assert os.listdir(cache_dir) == ["tuning.json"]
 
@@ -140,16 +140,31 @@ def test_a_corrupt_or_foreign_file_is_empty_with_one_warning_then_replaced(cache
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once already: silent now
         assert tuning_cache.lookup(key) is None
-        assert choose_variant(LENET_CONV1, ones_weights(LENET_CONV1), RELU_POOL2, FAKE_GPU) == heuristic_variant(
+        assert choose_config(LENET_CONV1, ones_weights(LENET_CONV1), RELU_POOL2, FAKE_GPU) == heuristic_config(
             LENET_CONV1, ones_weights(LENET_CONV1), RELU_POOL2
         )
-        tuning_cache.store({key: a_choice("const_rb_r2m4")})
-    assert tuning_cache.lookup(key).variant == "const_rb_r2m4"
+        tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
+    assert tuning_cache.lookup(key).variant == "const_rb_t2x1_m4"
+
+
+def test_a_cache_of_the_old_names_is_ignored_with_one_warning(cache_dir):
+    """Format 1 held names of the grammar before ops/config_grammar.py ("const_rb_r2m4"): version 2 drops them."""
+    assert tuning_cache.FORMAT_VERSION == 2
+    key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)
+    tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
+    data = json.loads(tuning_cache.cache_path().read_text())
+    data["format_version"] = 1
+    data["entries"][key.text]["variant"] = "const_rb_r2m4"
+    tuning_cache.cache_path().write_text(json.dumps(data))
+    with pytest.warns(tuning_cache.TuningCacheWarning, match="format version 1, this opplugin reads 2"):
+        assert tuning_cache.lookup(key) is None
+    weights = ones_weights(LENET_CONV1)
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
 def test_malformed_entries_are_ignored(cache_dir):
     key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
-    path = tuning_cache.store({key: a_choice("const_rb_r2m4")})
+    path = tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
     data = json.loads(path.read_text())
     data["entries"][key.text]["variant"] = 42
     path.write_text(json.dumps(data))
@@ -159,25 +174,25 @@ def test_malformed_entries_are_ignored(cache_dir):
 def test_an_entry_of_another_version_is_ignored(monkeypatch):
     weights = ones_weights(LENET_CONV1)
     monkeypatch.setattr(opplugin, "__version__", "0.0.1")
-    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice("const_rb_r2m4")})
-    assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == "const_rb_r2m4"
+    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice("const_rb_t2x1_m4")})
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU).name() == "const_rb_t2x1_m4"
     monkeypatch.setattr(opplugin, "__version__", "0.0.2")
     assert tuning_cache.lookup(tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)) is None
-    assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_variant(LENET_CONV1, weights, RELU_POOL2)
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
 def test_lookup_takes_the_nearest_tuned_bucket_within_a_factor_of_16():
     tuned = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")  # batch 10000: bucket 16384
-    tuning_cache.store({tuned: a_choice("const_rb_r2m4")})
+    tuning_cache.store({tuned: a_choice("const_rb_t2x1_m4")})
     chunk = tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=1134), RELU_POOL2, "GPU A")
-    assert tuning_cache.lookup(chunk).variant == "const_rb_r2m4"
+    assert tuning_cache.lookup(chunk).variant == "const_rb_t2x1_m4"
     far = tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=256), RELU_POOL2, "GPU A")
     assert tuning_cache.lookup(far) is None
-    tuning_cache.store({far: a_choice("const_rb_r4m4", batch=256)})
-    assert tuning_cache.lookup(far).variant == "const_rb_r4m4"
+    tuning_cache.store({far: a_choice("const_rb_t4x1_m4", batch=256)})
+    assert tuning_cache.lookup(far).variant == "const_rb_t4x1_m4"
     # 1024 lies two powers of two from 256 and four from 16384
     middle = tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=1024), RELU_POOL2, "GPU A")
-    assert tuning_cache.lookup(middle).variant == "const_rb_r4m4"
+    assert tuning_cache.lookup(middle).variant == "const_rb_t4x1_m4"
 
 
 # --- the choice -------------------------------------------------------------------------
@@ -185,26 +200,26 @@ def test_lookup_takes_the_nearest_tuned_bucket_within_a_factor_of_16():
 
 def test_choice_takes_a_usable_cached_variant():
     weights = ones_weights(LENET_CONV1)
-    heuristic = heuristic_variant(LENET_CONV1, weights, RELU_POOL2)
+    heuristic = heuristic_config(LENET_CONV1, weights, RELU_POOL2)
     other = next(c for c in families.tuning_configs(LENET_CONV1, weights, RELU_POOL2) if c != heuristic)
-    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(other)})
-    assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == other
+    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(other.name())})
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == other
     another_gpu = Device("cuda", "Another GPU", "8.0")
-    assert choose_variant(LENET_CONV1, weights, RELU_POOL2, another_gpu) == heuristic
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, another_gpu) == heuristic
 
 
-@pytest.mark.parametrize("cached", ["no_such_variant7", "const_mo4", "const_rb_r3m4"], ids=["unknown", "cannot_fuse", "bad_tile"])
+@pytest.mark.parametrize("cached", ["no_such_variant7", "const_mo_m4", "const_rb_t3x1_m4"], ids=["unknown", "cannot_fuse", "bad_tile"])
 def test_choice_falls_back_to_the_heuristic_when_the_cached_variant_cannot_run(cached):
     weights = ones_weights(LENET_CONV1)
     tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(cached)})
     assert families.unsupported_reason(LENET_CONV1, cached, weights, RELU_POOL2) is not None
-    assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_variant(LENET_CONV1, weights, RELU_POOL2)
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
 def test_choice_without_a_cache_is_the_heuristic():
     weights = ones_weights(LENET_CONV1)
     assert not tuning_cache.cache_path().exists()
-    assert choose_variant(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_variant(LENET_CONV1, weights, RELU_POOL2)
+    assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
 @pytest.mark.parametrize("model", ["lenet86", "ece408_high"])
@@ -213,7 +228,7 @@ def test_the_heuristic_picks_a_usable_variant_for_the_shipped_steps(model):
     assert steps
     for step, spec, epilogue in steps:
         weights = constant_weights(step.node)
-        variant = heuristic_variant(spec, weights, epilogue)
+        variant = heuristic_config(spec, weights, epilogue)
         assert families.unsupported_reason(spec, variant, weights, epilogue) is None, (step.name, variant)
         assert variant in families.tuning_configs(spec, weights, epilogue)  # tuning times the heuristic's pick too
 
@@ -242,9 +257,9 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
     def fake_problem(spec, weights, epilogue):
         return dataclasses.make_dataclass("FakeProblem", ["spec", "weights", "epilogue"])(spec, weights, epilogue)
 
-    def fake_evaluate(problem, variant, warmup, repeat):
+    def fake_evaluate(problem, config, warmup, repeat):
         configs = families.tuning_configs(problem.spec, problem.weights, problem.epilogue)
-        position = configs.index(variant)
+        position, variant = configs.index(config), config.name()
         if position == 0:
             return Trial(variant, "incorrect", "relative error 0.01 > 1e-05", kernel_name=f"conv.{variant}", rel_error=1e-2)
         if position == 1:
@@ -260,7 +275,7 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
     assert [t.step for t in report.steps] == ["conv1", "conv2"]
     assert report.cache_path == cache_dir / "tuning.json"
     for tuned in report.steps:
-        configs = families.tuning_configs(tuned.spec, constant_weights(tuned_node(tuned)), tuned.epilogue)
+        configs = [c.name() for c in families.tuning_configs(tuned.spec, constant_weights(tuned_node(tuned)), tuned.epilogue)]
         assert [r.variant for r in tuned.results] == configs
         if len(configs) > 3:
             assert tuned.chosen.variant == configs[3]
@@ -279,8 +294,9 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
 def test_tune_json_has_the_header_and_every_configuration(monkeypatch, cache_dir, tmp_path, capsys):
     outcomes = {}
 
-    def fake_evaluate(problem, variant, warmup, repeat):
+    def fake_evaluate(problem, config, warmup, repeat):
         # the first configuration fails the check, the others pass, slower the later they come
+        variant = config.name()
         position = outcomes.setdefault(problem.spec, []).__len__()
         outcomes[problem.spec].append(variant)
         if position == 0:

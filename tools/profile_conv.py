@@ -23,7 +23,7 @@ from opplugin.device import current_cuda_device
 from opplugin.lab.bench import conv_cases, suite_cases
 from opplugin.lab.trial import Problem
 from opplugin.ops.conv import families
-from opplugin.ops.conv.choice import choose_variant
+from opplugin.ops.conv.choice import choose_config
 from opplugin.ops.conv.epilogue import NONE
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     spec = dataclasses.replace(case.spec, batch=args.batch)
     epilogue = case.epilogue if args.fused and case.epilogue else NONE
     weights = (case.w, case.b)
-    variant = args.variant or choose_variant(spec, weights, epilogue, current_cuda_device())
+    variant = args.variant or choose_config(spec, weights, epilogue, current_cuda_device())
     kernel = families.build_kernel(spec, variant, weights, epilogue)
     # a random input and the model's own weights: variants with a constant bank ignore them, the others read them
     problem = Problem.random(spec, epilogue, weights)

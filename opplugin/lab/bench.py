@@ -32,8 +32,9 @@ from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
-from ..ops.conv.families.common import ConvKernel
-from ..ops.conv.plugin import constant_weights, epilogue_of
+from ..ops.conv.families import Config
+from ..ops.conv.families.common import ConvKernel, Family
+from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.spec import ConvSpec
 from . import peers as peer_module
 from . import roofline
@@ -149,7 +150,7 @@ def conv_cases(models: Sequence[str]) -> list[ConvCase]:
             weights = constant_weights(step.node)
             if weights is None:
                 continue  # weights computed at run time: nothing to benchmark with fixed filters
-            spec = ConvSpec.from_node(step.node)
+            spec = conv_spec(step.node)
             epilogue = epilogue_of(step.fused) if step.fused else None
             cases.append(ConvCase(model.name, step.node.name, spec, weights[0], weights[1], epilogue))
     if not cases:
@@ -177,7 +178,7 @@ def describe_spec(spec: ConvSpec) -> str:
 def step_cost(spec: ConvSpec, epilogue: Epilogue, batch: int) -> tuple[int, int]:
     """The fewest FLOPs and bytes of the step: the conv outputs its result depends
     on, input and weights read once, the written (pooled) output once."""
-    least = ConvKernel(spec, "minimum", [], epilogue)
+    least = ConvKernel(spec, Config("minimum"), [], epilogue)
     return least.flops(batch), least.bytes_moved(batch)
 
 
@@ -311,6 +312,7 @@ class Bench:
         self.peer_notes: dict[str, str] = {}
         self.torch = None
         self.user_sources = _user_sources(options.kernels)
+        self.configs: dict[str, Config] = {}  # the configurations timed, by the name their rows give
 
     # the run -----------------------------------------------------------------------
 
@@ -411,11 +413,12 @@ class Bench:
             floor_ms=self.roof.floor_ms(flops, nbytes),
             bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s),
         )
-        step["default"] = runner_default(spec, (case.w, case.b), epilogue)
+        default = runner_default(spec, (case.w, case.b), epilogue)
+        step["default"] = default and default.name()
         self.steps.append(step)
         problem = Problem.random(spec, epilogue, (case.w, case.b))
-        for name, family, heuristic in self._candidates(spec, epilogue, step["default"]):
-            self._add(self._bench_variant(step, problem, name, family, heuristic))
+        for variant, heuristic in self._candidates(spec, epilogue, default):
+            self._add(self._bench_variant(step, problem, variant, heuristic))
         for source in self.user_sources:
             self._add(self._bench_user(step, problem, source))
         for peer in self.peers:
@@ -433,30 +436,34 @@ class Bench:
         figure = f"{row['ms']:.4g} ms" if row["ms"] else row["status"] + (f" ({row['reason']})" if row["reason"] else "")
         self.progress(f"bench:     {row['name']:<28} {figure}")
 
-    def _candidates(self, spec: ConvSpec, epilogue: Epilogue, default: str | None) -> list[tuple[str, Any, bool]]:
-        """(variant name, family, is the heuristic pick) for every family that applies."""
-        candidates = []
+    def _candidates(self, spec: ConvSpec, epilogue: Epilogue, default: Config | None) -> list[tuple[Config | Family, bool]]:
+        """(configuration, is the heuristic's pick) for every family that applies; a family
+        with no configuration for this shape stands for itself, and its row says why."""
+        candidates: list[tuple[Config | Family, bool]] = []
         for family in families.FAMILIES.values():
             if epilogue != NONE and not family.fuses or self.options.families and family.name not in self.options.families:
                 continue
             try:
-                heuristic = families.resolve(spec, family.name, epilogue)
-            except Exception:  # a family with no configuration for this shape: its plain name says why below
-                heuristic = family.name
-            names = [heuristic]
+                heuristic = families.configure(spec, family, epilogue)
+            except Exception:
+                heuristic = family
+            configs = [heuristic]
             if self.options.all_configs:
                 try:
-                    names += family.configs(spec, epilogue)
+                    configs += family.configs(spec, epilogue)
                 except Exception:
                     pass
-            candidates += [(name, family, name == heuristic) for name in dict.fromkeys(names)]
-        if default and not self.options.families and all(name != default for name, _, _ in candidates):
-            candidates.append((default, families.family_of(default), False))  # the runner's pick is always timed
+            candidates += [(config, config == heuristic) for config in dict.fromkeys(configs)]
+        if default and not self.options.families and all(config != default for config, _ in candidates):
+            candidates.append((default, False))  # the runner's pick is always timed
         return candidates
 
-    def _bench_variant(self, step, problem: Problem, name: str, family, heuristic: bool) -> dict[str, Any]:
+    def _bench_variant(self, step, problem: Problem, variant: Config | Family, heuristic: bool) -> dict[str, Any]:
+        family = families.family_of(variant)
         tolerance = EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
-        trial = run_trial(problem, name, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat)
+        trial = run_trial(problem, variant, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat)
+        if isinstance(variant, Config):
+            self.configs[trial.variant] = variant
         return variant_row(step, trial, problem.epilogue, family, heuristic, tolerance)
 
     def _bench_user(self, step, problem: Problem, source) -> dict[str, Any]:
@@ -501,12 +508,13 @@ class Bench:
         batch = max(self.options.batches)
         label = case.label(False)
         rows = [r for r in self.rows if r["step"] == label and r["batch"] == batch]
-        best = min((r for r in rows if r["kind"] == "variant" and r["exact"] and r["status"] == "ok"), key=lambda r: r["ms"], default=None)
+        ours = [r for r in rows if r["name"] in self.configs and r["exact"] and r["status"] == "ok"]  # not a --kernel file's
+        best = min(ours, key=lambda r: r["ms"], default=None)
         if best is None:
             return {"step": label, "batch": batch, "status": "skipped", "reason": "no correct exact variant to run"}
         self.progress(f"bench: streams: {label}, batch {batch}, {best['name']}, host to host")
         try:
-            result = host_to_host(case, batch, best["name"], self.options.warmup, self.options.repeat)
+            result = host_to_host(case, batch, self.configs[best["name"]], self.options.warmup, self.options.repeat)
         except Exception as err:
             self._release()
             return {"step": label, "batch": batch, "variant": best["name"], "status": "failed", "reason": first_line(err, named=True)}
@@ -514,12 +522,12 @@ class Bench:
         return result
 
 
-def runner_default(spec: ConvSpec, weights, epilogue: Epilogue) -> str | None:
-    """The variant the runner picks for this step without a tuning cache (None: none runs it)."""
-    from ..ops.conv.choice import heuristic_variant
+def runner_default(spec: ConvSpec, weights, epilogue: Epilogue) -> Config | None:
+    """The configuration the runner picks for this step without a tuning cache (None: none runs it)."""
+    from ..ops.conv.choice import heuristic_config
 
     try:
-        return heuristic_variant(spec, weights, epilogue)
+        return heuristic_config(spec, weights, epilogue)
     except PluginError:  # no variant runs this Conv
         return None
 

@@ -63,21 +63,20 @@ def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray, all_configs
     """The heuristic's choice first, then every other family's default configuration that runs the layer
     (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled family and, for
     batches gemv serves, its configurations with the default rows per block (and a quarter of them)."""
-    chosen = families.heuristic_variant(spec)
-    names = [chosen] + [families.configure(spec, f).name for f in families.FAMILIES]
+    chosen = families.heuristic_config(spec)
+    configs = [chosen] + [default(spec) for default in families.DEFAULTS.values()]
     if all_configs:
-        names += [f"tiled_{bm}x{bn}" for bm, bn in families.TILES]
+        configs += families.TILES
         if spec.m <= families.MAX_GEMV_BATCH:
-            rows = {families.gemv_default(spec)[0], max(1, families.gemv_default(spec)[0] // 4)}
-            names += [f"gemv_b{mb}o{opw}w{wpr}" for mb in sorted(rows) for opw in (1, 2) for wpr in (1, 2, 4, 8, 16)]
+            rows = {families.gemv_default(spec).mb, max(1, families.gemv_default(spec).mb // 4)}
+            configs += [families.GemvConfig("gemv", (mb, opw), wpr) for mb in sorted(rows) for opw in (1, 2) for wpr in (1, 2, 4, 8, 16)]
     found = []
-    for name in dict.fromkeys(names):
-        config = families.configure(spec, name)
+    for config in dict.fromkeys(configs):
         if config.family == "gemv" and spec.m > families.MAX_GEMV_BATCH:
             continue  # built for batch <= 16: at 10,000 it would reread the weights 625 times
         if families.unsupported_reason(spec, config) is None:
             kernel = GemmKernel(spec, config, NONE, w, b)
-            found.append(Candidate(kernel.name + (" (heuristic)" if name == chosen else ""), lambda k=kernel: k([a])[0]))
+            found.append(Candidate(kernel.name + (" (heuristic)" if config == chosen else ""), lambda k=kernel: k([a])[0]))
     return found
 
 

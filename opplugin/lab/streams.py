@@ -17,6 +17,7 @@ import numpy as np
 from .. import cuda
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE
+from ..ops.conv.families import Config
 from .trial import EXACT_TOLERANCE, Problem, median_ms
 
 STREAM_COUNTS = (2, 3, 4)
@@ -30,12 +31,12 @@ def chunk_bounds(batch: int, chunks: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
 
-def host_to_host(case, batch: int, variant: str, warmup: int, repeat: int) -> dict[str, Any]:
+def host_to_host(case, batch: int, config: Config, warmup: int, repeat: int) -> dict[str, Any]:
     import cupy
 
     runtime = cupy.cuda.runtime
     spec = dataclasses.replace(case.spec, batch=batch)
-    kernel = families.build_kernel(spec, variant, (case.w, case.b))
+    kernel = families.build_kernel(spec, config, (case.w, case.b))
     x_host = cuda.pinned_empty(spec.input_shape())
     x_host[...] = np.random.default_rng().standard_normal(x_host.shape, dtype=np.float32)
     y_host = cuda.pinned_empty(kernel.output_shape(batch))
@@ -57,7 +58,7 @@ def host_to_host(case, batch: int, variant: str, warmup: int, repeat: int) -> di
     result: dict[str, Any] = {
         "step": case.label(False),
         "batch": batch,
-        "variant": variant,
+        "variant": config.name(),
         "status": "ok",
         "reason": None,
         "input_bytes": int(x_host.nbytes),

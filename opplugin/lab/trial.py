@@ -25,7 +25,8 @@ from .. import cuda
 from ..errors import first_line
 from ..ops.conv import families, reference
 from ..ops.conv.epilogue import Epilogue
-from ..ops.conv.families.common import Weights
+from ..ops.conv.families import Config
+from ..ops.conv.families.common import Family, Weights
 from ..ops.conv.spec import ConvSpec
 
 # relative L2 error against float64 a result may have and still count as correct
@@ -134,7 +135,7 @@ class Trial:
     """How one configuration fared. status: "ok" (correct, timed), "unsupported" (it
     cannot run this node), "spills" (screened out), "incorrect" or "failed"."""
 
-    variant: str
+    variant: str  # the configuration's name (or a user kernel's label)
     status: str
     reason: str | None = None
     kernel_name: str | None = None
@@ -153,16 +154,17 @@ def local_memory_bytes(kernel: Any) -> int | None:
     return max(int(f.attributes["local_size_bytes"]) for f in kernel.functions)
 
 
-def run_trial(problem: Problem, variant: str, *, tolerance: float, warmup: int, repeat: int,
+def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, warmup: int, repeat: int,
               screen_spills: bool = False) -> Trial:
-    """Build, (screen,) check and time `variant` on `problem`; never raises for a
-    failure of the configuration itself."""
+    """Build, (screen,) check and time a configuration (a family's: its heuristic's pick) on
+    `problem`; never raises for a failure of the configuration itself."""
     spec, epilogue = problem.spec, problem.epilogue
-    reason = families.unsupported_reason(spec, variant, problem.weights, epilogue)
+    config, reason = families.checked(spec, variant, problem.weights, epilogue)
     if reason:
-        return Trial(variant, "unsupported", reason)
+        return Trial(families.family_of(variant).name if config is None else config.name(), "unsupported", reason)
+    variant = config.name()
     try:
-        kernel = families.build_kernel(spec, variant, problem.weights, epilogue)
+        kernel = families.build_checked(spec, config, problem.weights, epilogue)
     except Exception as err:  # a compile or build failure rules out this configuration only
         return failed_trial(Trial(variant, "failed"), "build failed", err)
     trial = Trial(variant, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(spec.batch))

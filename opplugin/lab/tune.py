@@ -25,7 +25,7 @@ from ..jsonout import header
 from ..model import Model, load_model
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
-from ..ops.conv.plugin import constant_weights, epilogue_of
+from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.spec import ConvSpec
 from ..plan import PluginStep, make_plan
 from ..texttable import text_table
@@ -107,7 +107,7 @@ def conv_steps(model: Model, batch: int, device: Device) -> list[tuple[PluginSte
         if step.node.op_type != "Conv":
             continue
         epilogue = epilogue_of(step.fused) if step.fused else NONE
-        found.append((step, ConvSpec.from_node(step.node), epilogue or NONE))
+        found.append((step, conv_spec(step.node), epilogue or NONE))
     return found
 
 
@@ -161,11 +161,11 @@ def tune_step(step: PluginStep, spec: ConvSpec, epilogue: Epilogue, say: Progres
         return tuned
     say(f"{step.name} ({' > '.join(step.ops)}): {len(configs)} configurations at batch {spec.batch}")
     problem = make_problem(spec, weights, epilogue)
-    for index, variant in enumerate(configs, 1):
-        result = evaluate_config(problem, variant, warmup, repeat)
+    for index, config in enumerate(configs, 1):
+        result = evaluate_config(problem, config, warmup, repeat)
         tuned.results.append(result)
         timing = f"{result.ms:.4f} ms" if result.ms is not None else "-"
-        say(f"[{step.name} {index}/{len(configs)}] {variant:<20} {RESULT_WORDS[result.status]:<5} {timing:>12}  {detail(result)}".rstrip())
+        say(f"[{step.name} {index}/{len(configs)}] {result.variant:<20} {RESULT_WORDS[result.status]:<5} {timing:>12}  {detail(result)}".rstrip())
     if sources:
         from .user_trial import user_trial
 
@@ -178,9 +178,9 @@ def make_problem(spec: ConvSpec, weights, epilogue: Epilogue) -> Problem:
     return Problem.random(spec, epilogue, weights)
 
 
-def evaluate_config(problem: Problem, variant: str, warmup: int, repeat: int) -> Trial:
+def evaluate_config(problem: Problem, config: families.Config, warmup: int, repeat: int) -> Trial:
     """One configuration's trial, spills screened out."""
-    return run_trial(problem, variant, tolerance=EXACT_TOLERANCE, warmup=warmup, repeat=repeat, screen_spills=True)
+    return run_trial(problem, config, tolerance=EXACT_TOLERANCE, warmup=warmup, repeat=repeat, screen_spills=True)
 
 
 def detail(result: Trial) -> str:

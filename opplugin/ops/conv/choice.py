@@ -20,10 +20,12 @@
    batch (see `prefers_tensor_cores`) tries the GEMMs first: there their reuse
    beats the constant-memory families, whose strength is few maps; the SIMT
    GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
-   `const_rb` first. A family name stands for the configuration its `configs()`
-   lists first: the one its author expects to be fastest without spilling. When
-   no family fuses the epilogue, the same order picks a plain kernel and the
+   `const_rb` first. A family gives the configuration its `configs()` lists
+   first: the one its author expects to be fastest without spilling. When no
+   family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations.
+
+Both give a `Config`; the cache's names are parsed here, where they come in.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from ...device import Device
 from ...errors import PluginError
 from ...tuning_cache import key_for, lookup
 from . import families
-from .epilogue import Epilogue
+from .epilogue import NONE, Epilogue
 from .families.gemm import k_dim
 from .spec import ConvSpec
 
@@ -66,36 +68,44 @@ def preference(spec: ConvSpec) -> tuple[str, ...]:
     return PREFERENCE
 
 
-def heuristic_variant(spec: ConvSpec, weights, epilogue: Epilogue) -> str:
-    order = preference(spec)
+def first_fitting(spec: ConvSpec, order, weights, epilogue: Epilogue = NONE) -> families.Config | None:
+    """The pick of the first family of `order` (names) that can run this node with this epilogue."""
     for name in order:
-        if families.unsupported_reason(spec, name, weights, epilogue) is None:
-            return families.resolve(spec, name, epilogue)
-    for name in order:  # none fuses: the plain kernel runs, the epilogue follows in CuPy
-        if families.unsupported_reason(spec, name, weights) is None:
-            return families.resolve(spec, name)
-    raise PluginError(f"no CUDA variant can run this Conv ({spec})")
+        config, reason = families.checked(spec, families.FAMILIES[name], weights, epilogue)
+        if reason is None:
+            return config
+    return None
 
 
-def nonfinite_exact_variant(spec: ConvSpec, weights) -> str:
+def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue) -> families.Config:
+    order = preference(spec)
+    # when none fuses the epilogue, the plain kernel runs and the epilogue follows in CuPy
+    config = first_fitting(spec, order, weights, epilogue) or first_fitting(spec, order, weights)
+    if config is None:
+        raise PluginError(f"no CUDA variant can run this Conv ({spec})")
+    return config
+
+
+def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:
     """The heuristic's order without the 3xTF32 GEMM (an infinite input comes out NaN there),
     the SIMT implicit GEMM before `baseline`: the exact path's variant for such chunks."""
     order = [name for name in preference(spec) if name != "tc_3xtf32"]
     order.insert(order.index("baseline"), "implicit_gemm")
-    for name in order:
-        if families.unsupported_reason(spec, name, weights) is None:
-            return families.resolve(spec, name)
-    raise PluginError(f"no NaN/Inf-exact CUDA variant can run this Conv ({spec})")
+    config = first_fitting(spec, order, weights)
+    if config is None:
+        raise PluginError(f"no NaN/Inf-exact CUDA variant can run this Conv ({spec})")
+    return config
 
 
-def cached_variant(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> str | None:
+def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config | None:
     """The tuned choice for this node on this GPU, if the cache has one that still runs it."""
     choice = lookup(key_for(spec, epilogue, device.name))
-    if choice is None or families.unsupported_reason(spec, choice.variant, weights, epilogue) is not None:
+    if choice is None:
         return None
-    return choice.variant
+    config, reason = families.checked(spec, choice.variant, weights, epilogue)  # a name that no longer parses: no choice
+    return None if reason else config
 
 
-def choose_variant(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> str:
-    """The configured variant name for this node on this device: tuned, else the heuristic's."""
-    return cached_variant(spec, weights, epilogue, device) or heuristic_variant(spec, weights, epilogue)
+def choose_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config:
+    """The configuration for this node on this device: tuned, else the heuristic's."""
+    return cached_config(spec, weights, epilogue, device) or heuristic_config(spec, weights, epilogue)

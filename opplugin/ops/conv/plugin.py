@@ -9,6 +9,7 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
+from ..described import spec_of
 from .. import activation
 from . import reference
 from .epilogue import NONE, RESIDUAL_INPUT, Epilogue
@@ -49,6 +50,7 @@ class UnfusedEpilogueKernel(Kernel):
         # see ConvKernel.nonfinite_exact; the conv's own kernel may not promise it either (3xTF32)
         self.nonfinite_exact = epilogue.pool is None and getattr(conv_kernel, "nonfinite_exact", False)
         self.variant = conv_kernel.variant
+        self.config = conv_kernel.config
 
     def flops(self, batch: int) -> int:
         return self.conv.flops(batch)
@@ -70,16 +72,17 @@ class UnfusedEpilogueKernel(Kernel):
 class ConvPlugin(Plugin):
     """Runs ONNX Conv nodes: the numpy reference on the CPU device, a CUDA variant on a GPU.
 
-    Without an explicit variant, the choice comes from `choose_variant`: the tuning
+    Without an explicit variant, the choice comes from `choose_config`: the tuning
     cache when `opplugin tune` has run for this GPU and shape, else a heuristic."""
 
     op_type = "Conv"
 
+    def describe(self, node: NodeInfo) -> ConvSpec:
+        return describe(node)
+
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        if any(t.dtype != np.float32 for t in node.inputs if t.name):
-            return "only float32 tensors are supported"
         try:
-            ConvSpec.from_node(node)  # attributes and shapes a Conv kernel can take
+            conv_spec(node)
         except PluginError as err:
             return str(err)
         if not device.is_cuda:
@@ -95,15 +98,15 @@ class ConvPlugin(Plugin):
             return {}
         from . import families
 
-        spec = ConvSpec.from_node(node)
-        return {v: families.unsupported_reason(spec, v, constant_weights(node)) for v in families.FAMILIES}
+        spec, weights = conv_spec(node), constant_weights(node)
+        return {name: families.unsupported_reason(spec, family, weights) for name, family in families.FAMILIES.items()}
 
     def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str:
         """A variant whose kernel keeps FP32's NaN and Inf, for the exact path's rerun of a
         chunk in which a kernel that does not (3xTF32) met them."""
-        from .choice import nonfinite_exact_variant
+        from .choice import nonfinite_exact_config
 
-        return nonfinite_exact_variant(ConvSpec.from_node(node), constant_weights(node))
+        return nonfinite_exact_config(conv_spec(node), constant_weights(node)).name()
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after this Conv, each the only reader
@@ -116,41 +119,50 @@ class ConvPlugin(Plugin):
                 return count
             from . import families
 
-            spec = ConvSpec.from_node(node)
-            if families.usable_families(spec, constant_weights(node), epilogue):
+            if families.usable_families(conv_spec(node), constant_weights(node), epilogue):
                 return count
         return 0
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        spec = ConvSpec.from_node(node)
+        spec = conv_spec(node)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
             raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
         if not device.is_cuda:
             if variant not in (None, "reference"):
-                from .families import family_of
+                from .families import parse
 
-                family_of(variant)  # an unknown name says so before the missing device does
+                parse(variant)  # an unknown name says so before the missing device does
                 raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
             return ReferenceConvKernel(spec, epilogue)
         from . import families
-        from .choice import choose_variant
+        from .choice import choose_config
 
         weights = constant_weights(node)
-        if variant is None:
-            variant = choose_variant(spec, weights, epilogue, device)
-        family = families.family_of(variant)  # an unknown name raises a PluginError listing the choices
-        # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel too
-        fuses_this = family.fuses and families.unsupported_reason(spec, variant, weights, epilogue) is None
-        if epilogue != NONE and not fuses_this:
-            reason = families.unsupported_reason(spec, variant, weights)
-            if reason:
-                raise PluginError(f"variant {variant!r} cannot run Conv {node.name}: {reason}")
-            return UnfusedEpilogueKernel(families.build_kernel(spec, variant, weights), epilogue)
-        reason = families.unsupported_reason(spec, variant, weights, epilogue)
-        if reason:
-            raise PluginError(f"variant {variant!r} cannot run Conv {node.name}{epilogue.suffix}: {reason}")
-        return families.build_kernel(spec, variant, weights, epilogue)
+        if variant:
+            family, config = families.parse(variant)  # an unknown name raises a PluginError listing the choices
+            wanted = family if config is None else config
+        else:
+            wanted = choose_config(spec, weights, epilogue, device)
+        # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel
+        for fused_epilogue in dict.fromkeys((epilogue, NONE)):
+            config, reason = families.checked(spec, wanted, weights, fused_epilogue)
+            if reason is None:
+                kernel = families.build_checked(spec, config, weights, fused_epilogue)
+                return kernel if fused_epilogue == epilogue else UnfusedEpilogueKernel(kernel, epilogue)
+        raise PluginError(f"variant '{variant or wanted}' cannot run Conv {node.name}: {reason}")
+
+
+def describe(node: NodeInfo) -> ConvSpec:
+    """The node's ConvSpec (attributes and shapes a Conv kernel can take); a PluginError when it has none."""
+    if any(t.dtype != np.float32 for t in node.inputs if t.name):
+        raise PluginError("only float32 tensors are supported")
+    return ConvSpec.from_node(node)
+
+
+def conv_spec(node: NodeInfo) -> ConvSpec:
+    """The node's ConvSpec: the plan's record of it, or (for a NodeInfo made by hand) made now."""
+    return spec_of(node, describe)
 
 
 def residual_operand(inputs: Sequence[Any], epilogue: Epilogue) -> Any:

@@ -14,6 +14,7 @@ from ... import cuda, resources
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
+from ..described import spec_of
 from .. import activation as activations
 from .spec import BINARY, ElementwiseSpec
 
@@ -82,9 +83,12 @@ class ElementwisePlugin(Plugin):
 
     op_type = ""
 
+    def describe(self, node: NodeInfo) -> ElementwiseSpec:
+        return ElementwiseSpec.from_node(node)
+
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            ElementwiseSpec.from_node(node)
+            spec_of(node, self.describe)
         except PluginError as err:
             return str(err)
         return None
@@ -100,7 +104,7 @@ class ElementwisePlugin(Plugin):
 
     def _fused_spec(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> ElementwiseSpec:
         """The node's op with the activation it fuses, if any."""
-        spec = ElementwiseSpec.from_node(node)
+        spec = spec_of(node, self.describe)
         if not fused:
             return spec
         then = activations.from_node(fused[0]) if len(fused) == 1 and node.op_type in BINARY else None

@@ -5,10 +5,11 @@ K-contiguous (see kernel.py for how transA, transB, alpha, beta and C arrive in
 that form). The shape (N, K), the tile or warp configuration and the epilogue
 are compiled in through NVRTC -D macros; the batch is a kernel argument.
 
-- `gemv_b<MB>o<OPW>w<WPR>` (kernels/gemm_gemv.cu): batch 1-16; MB batch rows per
-  block, OPW outputs per warp, WPR warps per output.
-- `tiled_<BM>x<BN>` (kernels/gemm_tiled.cu): any batch; register micro-tiles from
-  shared-memory tiles.
+Each family has a frozen Config, its name made in the one grammar (ops/config_grammar.py):
+- `gemv_w<MB>x<OPW>_k<WPR>` (kernels/gemm_gemv.cu): batch 1-16; a warp computes MB batch
+  rows x OPW outputs over a WPR-th of K, the WPR warps of an output adding their sums.
+- `tiled_b<BM>x<BN>x<BK>_t<TM>x<TN>` (kernels/gemm_tiled.cu): any batch; register micro-tiles
+  from shared-memory tiles.
 - `rowwarp_r<RW>` (kernels/gemm_rowwarp.cu): N <= 32, a warp per RW rows; the only
   family that fuses a row Softmax.
 
@@ -16,11 +17,11 @@ A family's plain name ("gemv") stands for the configuration the heuristic picks.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from ...errors import PluginError
+from .. import config_grammar
 from ..activation import cuda_float
+from ..config_grammar import Config, tagged
 from .epilogue import NONE, GemmEpilogue
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
@@ -44,73 +45,143 @@ def effective_bias(spec: GemmSpec) -> str:
     return BIAS_NONE if spec.beta == 0.0 else spec.bias
 
 
-@dataclass(frozen=True)
-class Tile:
-    bm: int
-    bn: int
-    tm: int
-    tn: int
-    bk: int
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class GemmConfig(Config):
+    """What every Gemm family's Config gives the kernel: its source, -D macros, block size,
+    grid, and how weight rows and columns are padded (rows to a multiple of row_pad, columns
+    of col_pad)."""
+
+    source = ""
 
     @property
     def threads(self) -> int:
-        return (self.bm // self.tm) * (self.bn // self.tn)
+        raise NotImplementedError
 
+    @property
+    def row_pad(self) -> int:
+        return 1
 
-# tiled_<BM>x<BN> -> its micro-tile and K step; BK makes each thread load whole float4s of both tiles
-TILES = {(t.bm, t.bn): t for t in (
-    Tile(128, 128, 8, 8, 8), Tile(128, 64, 8, 4, 16), Tile(64, 64, 4, 4, 16), Tile(64, 32, 4, 4, 16), Tile(32, 32, 4, 4, 16),
-)}
+    @property
+    def col_pad(self) -> int:
+        return 4
 
-
-@dataclass(frozen=True)
-class Config:
-    """One configured variant: its family, kernels/ source and function, its -D macros, block size,
-    and how weight rows and columns are padded (rows to a multiple of row_pad, columns of col_pad)."""
-
-    family: str
-    name: str
-    source: str
-    defines: dict
-    threads: int
-    row_pad: int = 1
-    col_pad: int = 4
+    def defines(self, spec: GemmSpec) -> dict[str, int]:
+        raise NotImplementedError
 
     def grid(self, spec: GemmSpec, batch: int) -> tuple[int, int, int]:
-        d = self.defines
-        if self.family == "gemv":
-            per_block = d["OPW"] * (d["WARPS"] // d["WPR"])
-            return (-(-spec.n // per_block), -(-batch // d["MB"]), 1)
-        if self.family == "tiled":
-            return (-(-spec.n // d["BN"]), -(-batch // d["BM"]), 1)
-        return (-(-batch // (d["RW"] * d["WARPS"])), 1, 1)
+        raise NotImplementedError
 
     def max_batch(self) -> int:
         """The largest batch one launch covers (the grid's y limit)."""
-        d = self.defines
-        if self.family == "gemv":
-            return GRID_Y_LIMIT * d["MB"]
-        if self.family == "tiled":
-            return GRID_Y_LIMIT * d["BM"]
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GemvConfig(GemmConfig):
+    warp: tuple[int, int] = tagged("w", 2)  # MB batch rows x OPW outputs
+    splits: int = tagged("k")  # WPR: warps per output, each over a slice of K
+    source = "gemm_gemv.cu"
+
+    @property
+    def mb(self) -> int:
+        return self.warp[0]
+
+    @property
+    def opw(self) -> int:
+        return self.warp[1]
+
+    @property
+    def warps(self) -> int:
+        return max(8, self.splits)  # 256 threads, or one output's warps when more
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def row_pad(self) -> int:
+        return self.opw * (self.warps // self.splits)
+
+    def defines(self, spec):
+        return {"MB": self.mb, "OPW": self.opw, "WPR": self.splits, "WARPS": self.warps, "KP": round_up(spec.k, 4)}
+
+    def grid(self, spec, batch):
+        per_block = self.opw * (self.warps // self.splits)
+        return (-(-spec.n // per_block), -(-batch // self.mb), 1)
+
+    def max_batch(self):
+        return GRID_Y_LIMIT * self.mb
+
+
+@dataclass(frozen=True)
+class TiledConfig(GemmConfig):
+    block: tuple[int, int, int] = tagged("b", 3)  # BM x BN x BK
+    thread: tuple[int, int] = tagged("t", 2)  # TM x TN
+    source = "gemm_tiled.cu"
+
+    @property
+    def threads(self) -> int:
+        (bm, bn, _), (tm, tn) = self.block, self.thread
+        return (bm // tm) * (bn // tn)
+
+    @property
+    def row_pad(self) -> int:
+        return self.block[1]
+
+    @property
+    def col_pad(self) -> int:
+        return self.block[2]
+
+    def defines(self, spec):
+        (bm, bn, bk), (tm, tn) = self.block, self.thread
+        return {"BM": bm, "BN": bn, "TM": tm, "TN": tn, "BK": bk, "KP": round_up(spec.k, bk)}
+
+    def grid(self, spec, batch):
+        bm, bn, _ = self.block
+        return (-(-spec.n // bn), -(-batch // bm), 1)
+
+    def max_batch(self):
+        return GRID_Y_LIMIT * self.block[0]
+
+
+@dataclass(frozen=True)
+class RowwarpConfig(GemmConfig):
+    rows: int = tagged("r")  # RW: rows of Y per warp
+    source = "gemm_rowwarp.cu"
+    warps = 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def col_pad(self) -> int:
+        return 1
+
+    def defines(self, spec):
+        return {"RW": self.rows, "WARPS": self.warps}
+
+    def grid(self, spec, batch):
+        return (-(-batch // (self.rows * self.warps)), 1, 1)
+
+    def max_batch(self):
         return INT32_MAX // 32
 
 
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+# tiled's tiles: BM x BN, its micro-tile and K step; BK makes each thread load whole float4s of both tiles
+TILES = [TiledConfig("tiled", block, thread) for block, thread in (
+    ((128, 128, 8), (8, 8)), ((128, 64, 16), (8, 4)), ((64, 64, 16), (4, 4)), ((64, 32, 16), (4, 4)), ((32, 32, 16), (4, 4)),
+)]
 
 
 def _power_of_two_at_least(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 
 
-def gemv_config(spec: GemmSpec, mb: int, opw: int, wpr: int) -> Config:
-    warps = max(8, wpr)  # 256 threads, or one output's warps when more
-    defines = {"MB": mb, "OPW": opw, "WPR": wpr, "WARPS": warps, "KP": round_up(spec.k, 4)}
-    return Config("gemv", f"gemv_b{mb}o{opw}w{wpr}", "gemm_gemv.cu", defines, 32 * warps,
-                  row_pad=opw * (warps // wpr), col_pad=4)
-
-
-def gemv_default(spec: GemmSpec) -> tuple[int, int, int]:
+def gemv_default(spec: GemmSpec) -> GemvConfig:
     """(MB, OPW, WPR) for this node, from a sweep of every configuration on an H100
     (bench --suite gemm --all-configs, batches 1 and 16, the six seed layers):
 
@@ -133,32 +204,24 @@ def gemv_default(spec: GemmSpec) -> tuple[int, int, int]:
                            or (mb > 1 and -(-spec.n // opw) * wpr * -(-spec.m // mb) > MAX_GEMV_WARPS)):
             wpr //= 2
         if mb == 1 or -(-spec.n // opw) * wpr * -(-spec.m // mb) >= MIN_GEMV_WARPS:
-            return mb, opw, wpr
+            return GemvConfig("gemv", (mb, opw), wpr)
         mb //= 2
 
 
-def tiled_config(spec: GemmSpec, tile: Tile) -> Config:
-    defines = {"BM": tile.bm, "BN": tile.bn, "TM": tile.tm, "TN": tile.tn, "BK": tile.bk, "KP": round_up(spec.k, tile.bk)}
-    return Config("tiled", f"tiled_{tile.bm}x{tile.bn}", "gemm_tiled.cu", defines, tile.threads, row_pad=tile.bn, col_pad=tile.bk)
-
-
-def tiled_default(spec: GemmSpec) -> Tile:
+def tiled_default(spec: GemmSpec) -> TiledConfig:
     """The largest tile that still gives two blocks per SM, not wider than N needs."""
     widest = max(32, _power_of_two_at_least(spec.n))
-    fits = [t for t in TILES.values() if t.bn <= widest]
+    fits = [t for t in TILES if t.block[1] <= widest]
     for tile in fits:
-        if -(-spec.m // tile.bm) * -(-spec.n // tile.bn) >= 2 * SMS:
+        bm, bn, _ = tile.block
+        if -(-spec.m // bm) * -(-spec.n // bn) >= 2 * SMS:
             return tile
     return fits[-1]
 
 
-def rowwarp_config(spec: GemmSpec, rw: int) -> Config:
-    return Config("rowwarp", f"rowwarp_r{rw}", "gemm_rowwarp.cu", {"RW": rw, "WARPS": 8}, 256, col_pad=1)
-
-
-def rowwarp_default(spec: GemmSpec) -> int:
+def rowwarp_default(spec: GemmSpec) -> RowwarpConfig:
     """Rows per warp: up to 4 (each W load feeds them all) while RW x N sums stay within 64 registers."""
-    return max(1, min(4, 64 // max(1, spec.n)))
+    return RowwarpConfig("rowwarp", max(1, min(4, 64 // max(1, spec.n))))
 
 
 FAMILIES = {
@@ -166,68 +229,51 @@ FAMILIES = {
     "tiled": "large batches: BM x BN tiles staged in shared memory, register micro-tiles",
     "rowwarp": "N <= 32 (classifier heads): a warp per rows of Y, row Softmax fused in registers",
 }
-_PATTERNS = {
-    "gemv": re.compile(r"gemv_b(\d+)o(\d+)w(\d+)"),
-    "tiled": re.compile(r"tiled_(\d+)x(\d+)"),
-    "rowwarp": re.compile(r"rowwarp_r(\d+)"),
-}
+CONFIGS: dict[str, type[GemmConfig]] = {"gemv": GemvConfig, "tiled": TiledConfig, "rowwarp": RowwarpConfig}
+DEFAULTS = {"gemv": gemv_default, "tiled": tiled_default, "rowwarp": rowwarp_default}
 
 
-def configure(spec: GemmSpec, variant: str) -> Config:
-    """The Config a variant name stands for on this node; a family name gets the heuristic's configuration."""
-    if variant == "gemv":
-        return gemv_config(spec, *gemv_default(spec))
-    if variant == "tiled":
-        return tiled_config(spec, tiled_default(spec))
-    if variant == "rowwarp":
-        return rowwarp_config(spec, rowwarp_default(spec))
-    for family, pattern in _PATTERNS.items():
-        match = pattern.fullmatch(variant)
-        if match:
-            numbers = [int(g) for g in match.groups()]
-            if family == "gemv":
-                return gemv_config(spec, *numbers)
-            if family == "tiled":
-                tile = TILES.get((numbers[0], numbers[1]))
-                if tile is None:
-                    raise PluginError(f"unknown Gemm tile {variant!r}; tiles: {', '.join(f'tiled_{t.bm}x{t.bn}' for t in TILES.values())}")
-                return tiled_config(spec, tile)
-            return rowwarp_config(spec, numbers[0])
-    raise PluginError(f"unknown Gemm variant {variant!r}; choose from {', '.join(FAMILIES)} (or a configured name such as gemv_b1o1w4)")
+def configure(spec: GemmSpec, variant: str) -> GemmConfig:
+    """The Config a variant name stands for on this node (parsed here, where names come in);
+    a family name gets the heuristic's configuration."""
+    family, config = config_grammar.parse(variant, CONFIGS, "Gemm")
+    return DEFAULTS[family](spec) if config is None else config
 
 
-def unsupported_reason(spec: GemmSpec, config: Config, epilogue: GemmEpilogue = NONE) -> str | None:
+def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue = NONE) -> str | None:
     """None when the configuration can run this node with this epilogue, else why."""
-    d = config.defines
     if spec.m * max(spec.n, spec.k) > INT32_MAX or spec.n * spec.k > INT32_MAX:
         return "the operands exceed 32-bit indexing"
     if epilogue.softmax and config.family != "rowwarp":
         return f"{config.family} does not fuse a row Softmax (rowwarp does, for N <= {MAX_ROWWARP_N})"
-    if config.family == "gemv":
-        if d["MB"] < 1 or d["MB"] > MAX_GEMV_BATCH or d["OPW"] < 1 or d["MB"] * d["OPW"] > GEMV_MAX_RESULTS:
-            return f"{config.name}: MB x OPW must be within 1..{GEMV_MAX_RESULTS} and MB at most {MAX_GEMV_BATCH}"
-        if d["WPR"] not in (1, 2, 4, 8, 16):
-            return f"{config.name}: WPR must be a power of two up to 16 (a block of at most 512 threads)"
-        if d["MB"] * d["OPW"] > 16 and d["WARPS"] > 8:
-            return f"{config.name}: {d['MB'] * d['OPW']} sums a warp in blocks of {d['WARPS']} warps would spill; at most 8 warps"
-    if config.family == "rowwarp":
+    if isinstance(config, GemvConfig):
+        mb, opw = config.warp
+        if mb < 1 or mb > MAX_GEMV_BATCH or opw < 1 or mb * opw > GEMV_MAX_RESULTS:
+            return f"{config}: MB x OPW must be within 1..{GEMV_MAX_RESULTS} and MB at most {MAX_GEMV_BATCH}"
+        if config.splits not in (1, 2, 4, 8, 16):
+            return f"{config}: WPR must be a power of two up to 16 (a block of at most 512 threads)"
+        if mb * opw > 16 and config.warps > 8:
+            return f"{config}: {mb * opw} sums a warp in blocks of {config.warps} warps would spill; at most 8 warps"
+    if isinstance(config, TiledConfig) and config not in TILES:
+        return f"{config}: the tiles are {', '.join(t.name() for t in TILES)}"
+    if isinstance(config, RowwarpConfig):
         if spec.n > MAX_ROWWARP_N:
             return f"rowwarp needs N <= {MAX_ROWWARP_N} (a lane per output); this Gemm has N = {spec.n}"
-        if not 1 <= d["RW"] <= 8:
-            return f"{config.name}: RW must be 1..8"
+        if not 1 <= config.rows <= 8:
+            return f"{config}: RW must be 1..8"
     return None
 
 
-def heuristic_variant(spec: GemmSpec, epilogue: GemmEpilogue = NONE) -> str:
+def heuristic_config(spec: GemmSpec, epilogue: GemmEpilogue = NONE) -> GemmConfig:
     """gemv for batch <= 16, rowwarp for narrow outputs (and wherever a Softmax is fused), else tiled."""
     if epilogue.softmax or (spec.n <= MAX_ROWWARP_N and spec.m > MAX_GEMV_BATCH):
-        return configure(spec, "rowwarp").name
+        return rowwarp_default(spec)
     if spec.m <= MAX_GEMV_BATCH:
-        return configure(spec, "gemv").name
-    return configure(spec, "tiled").name
+        return gemv_default(spec)
+    return tiled_default(spec)
 
 
-def defines(spec: GemmSpec, config: Config, epilogue: GemmEpilogue) -> dict:
+def defines(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue) -> dict:
     """Every -D macro of this configuration on this node."""
     return {
         "N": spec.n,
@@ -235,6 +281,6 @@ def defines(spec: GemmSpec, config: Config, epilogue: GemmEpilogue) -> dict:
         "HAS_ALPHA": int(spec.alpha != 1.0),
         "ALPHA": cuda_float(spec.alpha),
         "BIAS": BIAS_CODES[effective_bias(spec)],
-        **config.defines,
+        **config.defines(spec),
         **epilogue.defines(),
     }

@@ -19,7 +19,7 @@ from ...registry import Kernel
 from ..conv.families.common import checked_array  # the same operand check as the Conv kernels
 from . import reference
 from .epilogue import NONE, GemmEpilogue
-from .families import Config, defines, effective_bias
+from .families import GemmConfig, defines, effective_bias
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
 
@@ -42,7 +42,7 @@ class ReferenceGemmKernel(Kernel):
         return [np.asarray(y, np.float32)]
 
 
-def padded_weights(xp: Any, b: Any, spec: GemmSpec, config: Config) -> Any:
+def padded_weights(xp: Any, b: Any, spec: GemmSpec, config: GemmConfig) -> Any:
     """B' as N x K rows (B transposed unless transB), padded with zeros to the family's multiples."""
     w = b if spec.trans_b else b.T
     rows, cols = -(-spec.n // config.row_pad) * config.row_pad, -(-spec.k // config.col_pad) * config.col_pad
@@ -61,13 +61,13 @@ class GemmKernel(Kernel):
     """A compiled family for one node. Call it with the node's inputs [A, B, C?] (CuPy arrays);
     B and C are ignored when they were constants at build."""
 
-    def __init__(self, spec: GemmSpec, config: Config, epilogue: GemmEpilogue, b: np.ndarray | None, c: np.ndarray | None,
+    def __init__(self, spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue, b: np.ndarray | None, c: np.ndarray | None,
                  op: str = "gemm"):
         import cupy
 
         self.spec, self.config, self.epilogue = spec, config, epilogue
-        self.variant = config.name
-        self.name = f"{op}.{config.name}{epilogue.suffix}"
+        self.variant = config.name()
+        self.name = f"{op}.{self.variant}{epilogue.suffix}"
         module = cuda.compile_module(config.source, defines(spec, config, epilogue))
         self.function = module.get_function(f"gemm_{config.family}")
         self.functions = [self.function]

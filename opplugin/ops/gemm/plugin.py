@@ -9,6 +9,7 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
+from ..described import spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
@@ -19,15 +20,19 @@ from .spec import BIAS_FULL, GemmSpec
 class GemmPlugin(Plugin):
     """Runs ONNX Gemm nodes (float32, any transA/transB/alpha/beta, C broadcast as ONNX allows).
 
-    Without an explicit variant the heuristic of `families.heuristic_variant` picks one."""
+    Without an explicit variant the heuristic of `families.heuristic_config` picks one."""
 
     op_type = "Gemm"
 
-    def supports(self, node: NodeInfo, device: Device) -> str | None:
+    def describe(self, node: NodeInfo) -> GemmSpec:
+        """The node's GemmSpec; a PluginError when it has none."""
         if any(t.dtype != np.float32 for t in node.inputs if t.name):
-            return "only float32 tensors are supported"
+            raise PluginError("only float32 tensors are supported")
+        return GemmSpec.from_node(node)
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            spec = GemmSpec.from_node(node)
+            spec = spec_of(node, self.describe)
         except PluginError as err:
             return str(err)
         if spec.bias == BIAS_FULL and spec.beta != 0.0 and _constant(node, 2) is not None:
@@ -37,24 +42,23 @@ class GemmPlugin(Plugin):
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
         if not device.is_cuda:
             return {}
-        spec = GemmSpec.from_node(node)
-        return {name: families.unsupported_reason(spec, families.configure(spec, name)) for name in families.FAMILIES}
+        spec = spec_of(node, self.describe)
+        return {name: families.unsupported_reason(spec, default(spec)) for name, default in families.DEFAULTS.items()}
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """An activation, then a Softmax over the rows; or a Softmax alone. On a GPU the Softmax
         fuses only where a family can run it (N <= 32); the activation always can."""
-        spec = GemmSpec.from_node(node)
+        spec = spec_of(node, self.describe)
         for count in range(min(2, len(followers)), 0, -1):
             epilogue = epilogue_of(followers[:count])
             if epilogue is None:
                 continue
-            if not device.is_cuda or families.unsupported_reason(spec, families.configure(spec, families.heuristic_variant(spec, epilogue)),
-                                                                 epilogue) is None:
+            if not device.is_cuda or families.unsupported_reason(spec, families.heuristic_config(spec, epilogue), epilogue) is None:
                 return count
         return 0
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        spec = GemmSpec.from_node(node)
+        spec = spec_of(node, self.describe)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
             raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
@@ -64,10 +68,10 @@ class GemmPlugin(Plugin):
                 families.configure(spec, variant)  # an unknown name says so before the missing device does
                 raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
             return ReferenceGemmKernel(spec, epilogue, op)
-        config = families.configure(spec, variant or families.heuristic_variant(spec, epilogue))
+        config = families.configure(spec, variant) if variant else families.heuristic_config(spec, epilogue)
         reason = families.unsupported_reason(spec, config, epilogue)
         if reason:
-            raise PluginError(f"variant {config.name!r} cannot run {node.op_type} {node.name}{epilogue.suffix}: {reason}")
+            raise PluginError(f"variant '{config}' cannot run {node.op_type} {node.name}{epilogue.suffix}: {reason}")
         return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2), op)
 
 

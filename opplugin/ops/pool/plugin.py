@@ -9,6 +9,7 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
+from ..described import spec_of
 from .kernel import PoolKernel, ReferencePoolKernel, kernel_name
 from .spec import PoolSpec
 
@@ -18,13 +19,17 @@ class PoolPlugin(Plugin):
 
     op_type = ""
 
-    def supports(self, node: NodeInfo, device: Device) -> str | None:
+    def describe(self, node: NodeInfo) -> PoolSpec:
+        """The node's PoolSpec; a PluginError when it has none."""
         if node.inputs[0].dtype != np.float32:
-            return f"only float32 is implemented, the input is {node.inputs[0].dtype}"
+            raise PluginError(f"only float32 is implemented, the input is {node.inputs[0].dtype}")
         if len([o for o in node.node.output if o]) > 1:
-            return "the Indices output is not implemented"
+            raise PluginError("the Indices output is not implemented")
+        return PoolSpec.from_node(node)
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            spec = PoolSpec.from_node(node)
+            spec = spec_of(node, self.describe)
         except PluginError as err:
             return str(err)
         planned = tuple(node.outputs[0].shape)
@@ -36,14 +41,14 @@ class PoolPlugin(Plugin):
         return None
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
-        return kernel_name(PoolSpec.from_node(node), device.is_cuda)
+        return kernel_name(spec_of(node, self.describe), device.is_cuda)
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         if fused:
             raise PluginError(f"{node.op_type} {node.name} fuses nothing, not {[n.op_type for n in fused]}")
         if variant not in (None, "reference", "cuda"):
             raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
-        spec = PoolSpec.from_node(node)
+        spec = spec_of(node, self.describe)
         if not device.is_cuda:
             if variant == "cuda":
                 raise PluginError("variant 'cuda' needs a CUDA device; the CPU device runs the numpy reference")

@@ -4,17 +4,24 @@ Every shape constant of the node is compiled in through NVRTC -D macros (see
 `common.shape_defines`); only the batch size is a kernel argument. Variants
 with filters in __constant__ memory get their own module per distinct (W, B).
 
-A variant name is a family name ("const_mo"), which picks the configuration by
-a heuristic, or a configured name ("const_mo8"). Built kernels are named
-"conv.<configured name><epilogue>", e.g. "conv.const_rb_r8m4+relu+maxpool2".
+A variant is a family and its configuration, a frozen `Config`. Its name is made
+from the Config in one grammar (ops/config_grammar.py), e.g. "const_mo_m8"; a
+family's name alone ("const_mo") stands for the configuration its heuristic picks
+for the node. The functions here take a `Variant`: a Config, a Family (its pick),
+or a name, which `parse` reads here, where names come in (--variant, the tuning
+cache, tests). Built kernels are named "conv.<configured name><epilogue>", e.g.
+"conv.const_rb_t8x1_m4+relu+maxpool2".
 """
 from __future__ import annotations
 
 import importlib
+from typing import Union
 
 import numpy as np
 
 from ....errors import PluginError
+from ... import config_grammar
+from ...config_grammar import Config
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
 from .common import CONSTANT_MEMORY_BYTES, INT32_MAX, CompileUnit, ConvKernel, Family, Weights, constant_bytes
@@ -25,13 +32,18 @@ __all__ = [
     "FAMILIES",
     "VARIANTS",
     "CompileUnit",
+    "Config",
     "ConvKernel",
+    "Variant",
+    "build_checked",
     "build_kernel",
+    "checked",
     "compile_units",
+    "configure",
     "constant_bytes",
     "default_maps_per_thread",
     "family_of",
-    "resolve",
+    "parse",
     "tuning_configs",
     "unsupported_reason",
     "usable_families",
@@ -47,17 +59,37 @@ FAMILIES: dict[str, Family] = {
 }
 VARIANTS: dict[str, str] = {name: family.summary for name, family in FAMILIES.items()}
 
-
-def family_of(variant: str) -> Family:
-    for family in FAMILIES.values():
-        if family.owns(variant):
-            return family
-    raise PluginError(f"unknown Conv variant {variant!r}; choose from {', '.join(FAMILIES)} (or a configured name such as const_mo8)")
+Variant = Union[Config, Family, str]
 
 
-def resolve(spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> str:
-    """The configured name `variant` stands for on this node ("const_mo" -> "const_mo4")."""
-    return family_of(variant).resolve(spec, variant, epilogue)
+def parse(name: str) -> tuple[Family, Config | None]:
+    """The family a variant name belongs to and the Config it spells (None for the family's
+    name alone); a PluginError that says what is wrong with a bad name."""
+    family, config = config_grammar.parse(name, {n: f.config_type for n, f in FAMILIES.items()}, "Conv")
+    return FAMILIES[family], config
+
+
+def _parsed(variant: Variant) -> tuple[Family, Config | None]:
+    if isinstance(variant, Config):
+        return FAMILIES[variant.family], variant
+    if isinstance(variant, Family):
+        return variant, None
+    return parse(variant)
+
+
+def family_of(variant: Variant) -> Family:
+    return _parsed(variant)[0]
+
+
+def configure(spec: ConvSpec, variant: Variant, epilogue: Epilogue = NONE) -> Config:
+    """The Config `variant` stands for on this node: a family's (or its name's) is its
+    heuristic's pick; a PluginError when none of its configurations fits."""
+    family, config = _parsed(variant)
+    if config is None:
+        config = family.default(spec, epilogue)
+    if config is None:
+        raise PluginError(f"{family.name}: {family.unconfigured_reason(spec, epilogue)}")
+    return config
 
 
 def _shared_reason(spec: ConvSpec, family: Family, epilogue: Epilogue) -> str | None:
@@ -78,18 +110,34 @@ def _shared_reason(spec: ConvSpec, family: Family, epilogue: Epilogue) -> str | 
     return None
 
 
-def unsupported_reason(spec: ConvSpec, variant: str, weights: Weights | None, epilogue: Epilogue = NONE) -> str | None:
-    """None when `variant` can run this Conv (with this epilogue), else the reason (shown by `opplugin plan`)."""
+def checked(spec: ConvSpec, variant: Variant, weights: Weights | None, epilogue: Epilogue = NONE) -> tuple[Config | None, str | None]:
+    """(the Config `variant` stands for on this node, None when it can run the node with this
+    epilogue, else the reason, shown by `opplugin plan`); the Config is None where there is none."""
+    config, reason = _fitting(spec, variant, epilogue)
+    if not reason and FAMILIES[config.family].constant_weights and weights is None:
+        reason = "the weights are not constant (not initializers): __constant__ memory is filled once, at build time"
+    return config, reason
+
+
+def _fitting(spec: ConvSpec, variant: Variant, epilogue: Epilogue) -> tuple[Config | None, str | None]:
+    """`checked` but for the weights."""
     try:
-        family = family_of(variant)
+        family, config = _parsed(variant)
     except PluginError as err:
-        return str(err)
-    reason = _shared_reason(spec, family, epilogue) or family.reason(spec, family.resolve(spec, variant, epilogue), epilogue)
+        return None, str(err)
+    reason = _shared_reason(spec, family, epilogue)
     if reason:
-        return reason
-    if family.constant_weights and weights is None:
-        return "the weights are not constant (not initializers): __constant__ memory is filled once, at build time"
-    return None
+        return config, reason
+    if config is None:
+        config = family.default(spec, epilogue)
+    if config is None:
+        return None, family.unconfigured_reason(spec, epilogue)
+    return config, family.reason(spec, config, epilogue)
+
+
+def unsupported_reason(spec: ConvSpec, variant: Variant, weights: Weights | None, epilogue: Epilogue = NONE) -> str | None:
+    """None when `variant` can run this Conv (with this epilogue), else the reason (shown by `opplugin plan`)."""
+    return checked(spec, variant, weights, epilogue)[1]
 
 
 def usable_families(spec: ConvSpec, weights: Weights | None, epilogue: Epilogue = NONE, exact_only: bool = True) -> list[str]:
@@ -97,35 +145,38 @@ def usable_families(spec: ConvSpec, weights: Weights | None, epilogue: Epilogue 
     return [
         name
         for name, family in FAMILIES.items()
-        if (family.exact or not exact_only) and unsupported_reason(spec, name, weights, epilogue) is None
+        if (family.exact or not exact_only) and unsupported_reason(spec, family, weights, epilogue) is None
     ]
 
 
-def tuning_configs(spec: ConvSpec, weights: Weights | None, epilogue: Epilogue = NONE, exact_only: bool = True) -> list[str]:
-    """Every configured variant that can run this node: what `opplugin tune` times."""
-    names: list[str] = []
+def tuning_configs(spec: ConvSpec, weights: Weights | None, epilogue: Epilogue = NONE, exact_only: bool = True) -> list[Config]:
+    """Every configuration that can run this node: what `opplugin tune` times."""
+    configs: list[Config] = []
     for family in usable_families(spec, weights, epilogue, exact_only):
-        names += [v for v in FAMILIES[family].configs(spec, epilogue) if unsupported_reason(spec, v, weights, epilogue) is None]
-    return list(dict.fromkeys(names))
+        configs += [c for c in FAMILIES[family].configs(spec, epilogue) if unsupported_reason(spec, c, weights, epilogue) is None]
+    return list(dict.fromkeys(configs))
 
 
-def compile_units(spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> list[CompileUnit]:
+def compile_units(spec: ConvSpec, variant: Variant, epilogue: Epilogue = NONE) -> list[CompileUnit]:
     """The specialised sources of a variant, for the offline compile check."""
-    family = family_of(variant)
-    reason = _shared_reason(spec, family, epilogue) or family.reason(spec, family.resolve(spec, variant, epilogue), epilogue)
+    config, reason = _fitting(spec, variant, epilogue)
     if reason:
-        raise PluginError(f"variant {variant!r}: {reason}")
-    return family.compile_units(spec, family.resolve(spec, variant, epilogue), epilogue)
+        raise PluginError(f"variant '{variant}': {reason}")
+    return FAMILIES[config.family].compile_units(spec, config, epilogue)
 
 
-def build_kernel(spec: ConvSpec, variant: str, weights: Weights | None, epilogue: Epilogue = NONE) -> ConvKernel:
+def build_kernel(spec: ConvSpec, variant: Variant, weights: Weights | None, epilogue: Epilogue = NONE) -> ConvKernel:
     """Compile `variant` for this Conv; the constant variants upload (W, B) into their module now."""
-    family = family_of(variant)
-    reason = unsupported_reason(spec, variant, weights, epilogue)
+    config, reason = checked(spec, variant, weights, epilogue)
     if reason:
-        raise PluginError(f"variant {variant!r} cannot run this Conv: {reason}")
+        raise PluginError(f"variant '{variant}' cannot run this Conv: {reason}")
+    return build_checked(spec, config, weights, epilogue)
+
+
+def build_checked(spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue = NONE) -> ConvKernel:
+    """Compile a configuration `checked` found can run this Conv with this epilogue."""
     if weights is not None:
         w, b = weights
         if tuple(w.shape) != spec.weight_shape or (b is not None) != spec.has_bias:
             raise PluginError(f"weights {tuple(w.shape)} (bias {b is not None}) do not match the Conv {spec}")
-    return family.build(spec, family.resolve(spec, variant, epilogue), weights, epilogue)
+    return FAMILIES[config.family].build(spec, config, weights, epilogue)

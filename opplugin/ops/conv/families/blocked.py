@@ -1,20 +1,20 @@
 """Register blocking, filters in __constant__ memory, fused epilogue (residual, activation, max pool):
 
-- `const_rb_r<RT>m<MO>`: each thread computes RT output rows x MO output maps
+- `const_rb_t<RT>x1_m<MO>`: each thread computes RT output rows x MO output maps
   of one column, every loop unrolled;
-- `const_tile_r<RT>c<XT>m<MO>`: RT rows x XT columns x MO maps, filter-row
+- `const_tile_t<RT>x<XT>_m<MO>`: RT rows x XT columns x MO maps, filter-row
   and channel loops rolled when unrolling would bloat the body."""
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 
+from ...config_grammar import Config, tagged
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
 from .common import UNROLL_BUDGET, CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
 from .common import map_groups_reason, shape_defines, unroll_channels
 from .direct import default_maps_per_thread
 
-_CONFIG = re.compile(r"const_rb_r(\d+)m(\d+)")
 ACCUMULATOR_BUDGET = 64  # RT x MO accumulators tuning tries at most; past this ptxas spills
 
 
@@ -27,6 +27,22 @@ def default_accumulators(spec: ConvSpec, epilogue: Epilogue) -> int:
     return 32 if rolled and epilogue.pool is None else 16
 ROWS = (2, 4, 8, 16)
 MAPS = (4, 5, 8, 10, 16)  # plus the maps of one group, and fewer when a group has fewer
+
+
+@dataclass(frozen=True)
+class ThreadTileConfig(Config):
+    """Each thread computes rows x columns output pixels of `maps` output maps."""
+
+    tile: tuple[int, int] = tagged("t", 2)  # rows x columns
+    maps: int = tagged("m")
+
+    @property
+    def rows(self) -> int:
+        return self.tile[0]
+
+    @property
+    def cols(self) -> int:
+        return self.tile[1]
 
 
 def _pool(epilogue: Epilogue) -> tuple[int, int]:
@@ -48,14 +64,10 @@ class ConstRegisterBlocked(Family):
     )
     constant_weights = True
     fuses = True
+    config_type = ThreadTileConfig
 
-    def owns(self, variant):
-        return variant == self.name or _CONFIG.fullmatch(variant) is not None
-
-    @staticmethod
-    def tile(variant: str) -> tuple[int, int]:
-        rows, maps = _CONFIG.fullmatch(variant).groups()
-        return int(rows), int(maps)
+    def config(self, rows: int, maps: int) -> ThreadTileConfig:
+        return ThreadTileConfig(self.name, (rows, 1), maps)
 
     def configs(self, spec, epilogue=NONE):
         maps_per_group = spec.out_channels // spec.group
@@ -76,30 +88,32 @@ class ConstRegisterBlocked(Family):
             for m in (*MAPS, min(maps_per_group, 16))
             if r * m <= ACCUMULATOR_BUDGET and m <= maps_per_group and r <= max(pkh, rows_needed)
         ]
-        names = [f"const_rb_r{r}m{m}" for r, m in dict.fromkeys(tiles)]
-        return [name for name in names if self.reason(spec, name, epilogue) is None]
+        configs = [self.config(r, m) for r, m in dict.fromkeys(tiles)]
+        return [config for config in configs if self.reason(spec, config, epilogue) is None]
 
-    def reason(self, spec, variant, epilogue):
-        if variant == self.name:
-            smallest = self.reason(spec, "const_rb_r1m1", epilogue)
-            return None if self.configs(spec, epilogue) else f"no tile fits this Conv (the smallest: {smallest})"
-        rows, maps = self.tile(variant)
+    def unconfigured_reason(self, spec, epilogue):
+        return f"no tile fits this Conv (the smallest: {self.reason(spec, self.config(1, 1), epilogue)})"
+
+    def reason(self, spec, config, epilogue):
+        rows, maps = config.rows, config.maps
         maps_per_group = spec.out_channels // spec.group
         pkh, pkw = _pool(epilogue)
+        if config.cols != 1:
+            return f"{config}: a thread computes one column ({self.name}_t<rows>x1_m<maps>); const_tile takes more"
         if rows < 1 or maps < 1 or rows * maps > 2 * ACCUMULATOR_BUDGET:
-            return f"{variant}: a tile of {rows} rows x {maps} maps does not fit in registers (at most {2 * ACCUMULATOR_BUDGET})"
+            return f"{config}: a tile of {rows} rows x {maps} maps does not fit in registers (at most {2 * ACCUMULATOR_BUDGET})"
         if maps > spec.out_channels or (spec.group > 1 and maps_per_group % maps):
-            return f"{variant}: {maps} maps per thread must lie in one group of {maps_per_group} output maps"
+            return f"{config}: {maps} maps per thread must lie in one group of {maps_per_group} output maps"
         if rows % pkh:
-            return f"{variant}: {rows} rows per thread must cover whole {pkh}-row pool windows"
+            return f"{config}: {rows} rows per thread must cover whole {pkh}-row pool windows"
         if pkw & (pkw - 1) or pkw > 32:
             return f"a {pkw}-column pool window is combined across lanes: it must be a power of 2 up to 32"
         if 0 in _computed_size(spec, epilogue):
             return "the pool window is larger than the conv output"
-        return map_groups_reason(spec, variant, maps)
+        return map_groups_reason(spec, config, maps)
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        rows, maps = self.tile(variant)
+    def compile_units(self, spec, config, epilogue=NONE):
+        rows, maps = config.rows, config.maps
         defines = shape_defines(spec, epilogue) | {
             "RT": rows,
             "MO": maps,
@@ -107,24 +121,22 @@ class ConstRegisterBlocked(Family):
         }
         return [CompileUnit("conv_const_rb.cu", "conv_const_rb", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        rows, maps = self.tile(variant)
-        [function] = load_functions(self.compile_units(spec, variant, epilogue), filter_constants(weights, filters_maps_last))
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config, epilogue), filter_constants(weights, filters_maps_last))
         computed_rows, computed_cols = _computed_size(spec, epilogue)
-        row_tiles = -(-computed_rows // rows)
+        row_tiles = -(-computed_rows // config.rows)
         return GridKernel(
             spec,
-            variant,
+            config,
             function,
             threads_per_image=row_tiles * computed_cols,
-            grid_y=-(-spec.out_channels // maps),
+            grid_y=-(-spec.out_channels // config.maps),
             reads_weights=False,
             epilogue=epilogue,
             residual_parameter=True,
         )
 
 
-_TILE = re.compile(r"const_tile_r(\d+)c(\d+)m(\d+)")
 TILE_ROWS = (1, 2, 4, 8)
 TILE_COLS = (1, 2, 4, 8)
 TILE_UNROLL_BUDGET = 2 * UNROLL_BUDGET  # multiply-adds per unrolled body: lenet86 conv1's 2 x 4 x 4 tile fits
@@ -144,14 +156,10 @@ class ConstTile(Family):
     )
     constant_weights = True
     fuses = True
+    config_type = ThreadTileConfig
 
-    def owns(self, variant):
-        return variant == self.name or _TILE.fullmatch(variant) is not None
-
-    @staticmethod
-    def tile(variant: str) -> tuple[int, int, int]:
-        rows, cols, maps = _TILE.fullmatch(variant).groups()
-        return int(rows), int(cols), int(maps)
+    def config(self, rows: int, cols: int, maps: int) -> ThreadTileConfig:
+        return ThreadTileConfig(self.name, (rows, cols), maps)
 
     def configs(self, spec, epilogue=NONE):
         maps_per_group = spec.out_channels // spec.group
@@ -167,42 +175,41 @@ class ConstTile(Family):
             if r * x * m <= ACCUMULATOR_BUDGET and r <= rows_needed and x <= cols_needed
         ]
         tiles.sort(key=lambda t: (t[0] * t[1] * t[2], t[2], t[1]), reverse=True)
-        tiles = [t for t in tiles if self.reason(spec, "const_tile_r{}c{}m{}".format(*t), epilogue) is None]
+        tiles = [t for t in tiles if self.reason(spec, self.config(*t), epilogue) is None]
         # fewer than 16 accumulators leave the loads in charge: not worth tuning
         most = max((r * x * m for r, x, m in tiles), default=0)
-        names = [f"const_tile_r{r}c{x}m{m}" for r, x, m in tiles if r * x * m >= min(16, most)]
+        configs = [self.config(r, x, m) for r, x, m in tiles if r * x * m >= min(16, most)]
         # The heuristic's pick, from H200 sweeps of the shipped convs: the most maps
         # that split a group evenly (up to 16), over 2 x 4 pixels when the whole
         # filter then unrolls (weights become immediate operands), else 2 x 2.
         # Larger tiles load more input per FFMA than they save in weight loads.
-        def preference(name):
-            rows, cols, maps = self.tile(name)
-            unrolled = self._unrolled_taps(spec, rows * cols * maps) == spec.in_channels // spec.group * spec.kernel[0]
-            return (maps_per_group % maps != 0, -maps, not ((rows, cols) == (2, 4) and unrolled))
+        def preference(config):
+            unrolled = self._unrolled_taps(spec, config.rows * config.cols * config.maps) == spec.in_channels // spec.group * spec.kernel[0]
+            return (maps_per_group % config.maps != 0, -config.maps, not (config.tile == (2, 4) and unrolled))
 
-        picks = [name for name in names if self.tile(name)[:2] in ((2, 4), (2, 2))]
+        picks = [config for config in configs if config.tile in ((2, 4), (2, 2))]
         first = min(picks, key=preference, default=None)
-        return [*([first] if first else []), *(name for name in names if name != first)]
+        return [*([first] if first else []), *(config for config in configs if config != first)]
 
-    def reason(self, spec, variant, epilogue):
-        if variant == self.name:
-            smallest = self.reason(spec, "const_tile_r1c1m1", epilogue)
-            return None if self.configs(spec, epilogue) else f"no tile fits this Conv (the smallest: {smallest})"
-        rows, cols, maps = self.tile(variant)
+    def unconfigured_reason(self, spec, epilogue):
+        return f"no tile fits this Conv (the smallest: {self.reason(spec, self.config(1, 1, 1), epilogue)})"
+
+    def reason(self, spec, config, epilogue):
+        (rows, cols), maps = config.tile, config.maps
         maps_per_group = spec.out_channels // spec.group
         pkh, pkw = _pool(epilogue)
         if min(rows, cols, maps) < 1 or rows * cols * maps > 2 * ACCUMULATOR_BUDGET:
-            return f"{variant}: a tile of {rows} x {cols} x {maps} does not fit in registers (at most {2 * ACCUMULATOR_BUDGET})"
+            return f"{config}: a tile of {rows} x {cols} x {maps} does not fit in registers (at most {2 * ACCUMULATOR_BUDGET})"
         if maps > spec.out_channels or (spec.group > 1 and maps_per_group % maps):
-            return f"{variant}: {maps} maps per thread must lie in one group of {maps_per_group} output maps"
+            return f"{config}: {maps} maps per thread must lie in one group of {maps_per_group} output maps"
         if (rows % pkh and pkh % rows) or (cols % pkw and pkw % cols):
-            return f"{variant}: a {rows} x {cols} tile must cover whole {pkh} x {pkw} pool windows or divide them"
+            return f"{config}: a {rows} x {cols} tile must cover whole {pkh} x {pkw} pool windows or divide them"
         lanes = _lanes_per_window(rows, cols, epilogue)
         if lanes & (lanes - 1) or lanes > 32:
-            return f"{variant}: a pool window over {lanes} lanes is combined with shuffles: it must be a power of 2 up to 32"
+            return f"{config}: a pool window over {lanes} lanes is combined with shuffles: it must be a power of 2 up to 32"
         if 0 in _computed_size(spec, epilogue):
             return "the pool window is larger than the conv output"
-        return map_groups_reason(spec, variant, maps)
+        return map_groups_reason(spec, config, maps)
 
     @staticmethod
     def _unrolled_taps(spec: ConvSpec, outputs: int) -> int:
@@ -215,8 +222,8 @@ class ConstTile(Family):
             return kh * channels
         return kh if outputs * kh * kw <= TILE_UNROLL_BUDGET else 1
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        rows, cols, maps = self.tile(variant)
+    def compile_units(self, spec, config, epilogue=NONE):
+        (rows, cols), maps = config.tile, config.maps
         kh = spec.kernel[0]
         unrolled = self._unrolled_taps(spec, rows * cols * maps)
         defines = shape_defines(spec, epilogue) | {
@@ -228,24 +235,23 @@ class ConstTile(Family):
         }
         return [CompileUnit("conv_const_tile.cu", "conv_const_tile", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        rows, cols, maps = self.tile(variant)
-        [function] = load_functions(self.compile_units(spec, variant, epilogue), filter_constants(weights, filters_maps_last))
+    def build(self, spec, config, weights, epilogue=NONE):
+        (rows, cols), maps = config.tile, config.maps
+        [function] = load_functions(self.compile_units(spec, config, epilogue), filter_constants(weights, filters_maps_last))
         computed_rows, computed_cols = _computed_size(spec, epilogue)
         pkh, pkw = _pool(epilogue)
         tile_rows, tile_cols = rows * max(pkh // rows, 1), cols * max(pkw // cols, 1)  # one window's lanes together
-        kernel = GridKernel(
+        return GridKernel(
             spec,
-            variant,
+            config,
             function,
             threads_per_image=-(-computed_rows // tile_rows) * -(-computed_cols // tile_cols) * _lanes_per_window(rows, cols, epilogue),
             grid_y=-(-spec.out_channels // maps),
             reads_weights=False,
             epilogue=epilogue,
             residual_parameter=True,
+            alignment=16,  # rows may be read and written as float2 / float4
         )
-        kernel.alignment = 16  # rows may be read and written as float2 / float4
-        return kernel
 
 
 FAMILIES: list[Family] = [ConstRegisterBlocked(), ConstTile()]

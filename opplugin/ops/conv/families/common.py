@@ -3,9 +3,10 @@ interface, constant-memory upload and the kernel object that checks its
 arguments and launches.
 
 A *family* is one optimisation (one source in kernels/, or a pair); a
-*variant* is a family with its configuration spelt out in the name, e.g.
-"const_rb_r8m4" (8 output rows x 4 maps per thread). The family's plain name
-("const_rb") picks its configuration by a heuristic.
+*variant* is a family with its configuration, a frozen `Config` whose name
+says it, e.g. "const_rb_t8x1_m4" (8 output rows x 1 column, 4 maps per
+thread; see ops/config_grammar.py). The family's plain name ("const_rb")
+picks its configuration by a heuristic.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 from .... import cuda
 from ....errors import PluginError
 from ....registry import Kernel
+from ...config_grammar import Config
 from ..epilogue import NONE, RESIDUAL_INPUT, Epilogue
 from ..spec import ConvSpec
 
@@ -93,11 +95,11 @@ def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | 
 MAX_MAP_GROUPS = 64
 
 
-def map_groups_reason(spec: ConvSpec, variant: str, maps: int) -> str | None:
+def map_groups_reason(spec: ConvSpec, config: Config, maps: int) -> str | None:
     groups = -(-spec.out_channels // maps)
     if groups > MAX_MAP_GROUPS:
         return (
-            f"{variant}: {spec.out_channels} maps at {maps} per thread make {groups} map groups, each a compiled "
+            f"{config}: {spec.out_channels} maps at {maps} per thread make {groups} map groups, each a compiled "
             f"copy of the kernel's loop; at most {MAX_MAP_GROUPS}"
         )
     return None
@@ -154,14 +156,33 @@ def upload_constant(module: Any, name: str, values: np.ndarray) -> None:
     cupy.cuda.runtime.deviceSynchronize()  # a pageable copy may still be in flight when memcpy returns
 
 
+class BlockTiledConfig(Config):
+    """A Config whose `block` field is the block tile, BM maps x BN pixels x BK of K: its sides by name."""
+
+    block: tuple[int, int, int]
+
+    @property
+    def bm(self) -> int:
+        return self.block[0]
+
+    @property
+    def bn(self) -> int:
+        return self.block[1]
+
+    @property
+    def bk(self) -> int:
+        return self.block[2]
+
+
 def filters_maps_last(w: np.ndarray) -> np.ndarray:
     """[M][C/G][KH][KW] -> [C/G][KH][KW][M]: the maps of one tap side by side."""
     return np.moveaxis(np.asarray(w, dtype=np.float32), 0, -1)
 
 
 class Family:
-    """One optimisation. Subclasses set the class attributes and implement
-    `configs`, `compile_units` and `build`; `reason` adds their own limits."""
+    """One optimisation. Subclasses set the class attributes (`config_type`: the Config
+    they are configured by) and implement `configs`, `compile_units` and `build`;
+    `reason` adds their own limits."""
 
     name: str = ""
     summary: str = ""  # what it does and why it should be faster
@@ -171,6 +192,7 @@ class Family:
     exact_by: str = "construction"
     constant_weights: bool = False  # filters go into __constant__ memory at build time
     fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
+    config_type: type[Config] = Config  # no fields: the family's name is its one configuration
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -178,28 +200,27 @@ class Family:
         if not cls.__doc__ and cls.summary:
             cls.__doc__ = f"`{cls.name}`: {cls.summary}."
 
-    def owns(self, variant: str) -> bool:
-        return variant == self.name
+    def configs(self, spec: ConvSpec, epilogue: Epilogue = NONE) -> list[Config]:
+        """The configurations tuning tries for this node; the first is the heuristic's pick."""
+        return [Config(self.name)]
 
-    def configs(self, spec: ConvSpec, epilogue: Epilogue = NONE) -> list[str]:
-        """The variant names tuning tries for this node; the first is the heuristic's pick."""
-        return [self.name]
-
-    def resolve(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> str:
-        """The configured name a plain family name stands for on this node."""
-        if variant != self.name:
-            return variant
+    def default(self, spec: ConvSpec, epilogue: Epilogue = NONE) -> Config | None:
+        """The configuration the family's plain name stands for on this node; None when none fits."""
         configs = self.configs(spec, epilogue)
-        return configs[0] if configs else variant  # none fits: reason() says why
+        return configs[0] if configs else None
 
-    def reason(self, spec: ConvSpec, variant: str, epilogue: Epilogue) -> str | None:
-        """Why this variant cannot run this shape (beyond the shared limits); None if it can."""
+    def unconfigured_reason(self, spec: ConvSpec, epilogue: Epilogue) -> str:
+        """Why no configuration of the family fits this node (`default` gave None)."""
+        return f"no {self.name} configuration fits this Conv"
+
+    def reason(self, spec: ConvSpec, config: Config, epilogue: Epilogue) -> str | None:
+        """Why this configuration cannot run this shape (beyond the shared limits); None if it can."""
         return None
 
-    def compile_units(self, spec: ConvSpec, variant: str, epilogue: Epilogue = NONE) -> list[CompileUnit]:
+    def compile_units(self, spec: ConvSpec, config: Config, epilogue: Epilogue = NONE) -> list[CompileUnit]:
         raise NotImplementedError
 
-    def build(self, spec: ConvSpec, variant: str, weights: Weights | None, epilogue: Epilogue = NONE) -> "ConvKernel":
+    def build(self, spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue = NONE) -> "ConvKernel":
         raise NotImplementedError
 
 
@@ -208,21 +229,23 @@ class ConvKernel(Kernel):
     [x] for the constant-weight variants (extra inputs ignored), [x, w, b?] for
     those that read the weights at call time. Subclasses implement `_launch`.
 
-    `variant` is the configured name ("const_rb_r8m4"); `functions` are the
-    compiled CUDA functions it launches, whose attributes (registers, local
-    memory) the lab reads."""
+    `config` is its configuration, `variant` that configuration's name
+    ("const_rb_t8x1_m4"); `functions` are the compiled CUDA functions it launches,
+    whose attributes (registers, local memory) the lab reads. `alignment`: the bytes
+    the kernel needs x, y and the residual aligned to (16 for float4 loads and stores)."""
 
     reads_weights = False
     # the kernel takes a pointer to the residual operand after the weights' (null without one): the fusing families
     residual_parameter = False
-    alignment = 4  # bytes the kernel needs x, y and the residual aligned to (16 for float4 loads and stores)
 
-    def __init__(self, spec: ConvSpec, variant: str, functions: Sequence[Any], epilogue: Epilogue = NONE):
+    def __init__(self, spec: ConvSpec, config: Config, functions: Sequence[Any], epilogue: Epilogue = NONE, *, alignment: int = 4):
         self.spec = spec
-        self.variant = variant
-        self.name = f"conv.{variant}{epilogue.suffix}"
+        self.config = config
+        self.variant = config.name()
+        self.name = f"conv.{self.variant}{epilogue.suffix}"
         self.functions = list(functions)
         self.epilogue = epilogue
+        self.alignment = alignment
 
     @property
     def nonfinite_exact(self) -> bool:
@@ -331,9 +354,9 @@ class GridKernel(ConvKernel):
     """A variant that is one kernel function over a 2-D grid: x covers
     `threads(batch)` threads in blocks of BLOCK, y the map groups."""
 
-    def __init__(self, spec, variant, function, *, threads_per_image: int, grid_y: int, reads_weights: bool, epilogue=NONE,
-                 residual_parameter: bool = False):
-        super().__init__(spec, variant, [function], epilogue)
+    def __init__(self, spec, config, function, *, threads_per_image: int, grid_y: int, reads_weights: bool, epilogue=NONE,
+                 residual_parameter: bool = False, alignment: int = 4):
+        super().__init__(spec, config, [function], epilogue, alignment=alignment)
         self._function = function
         self._threads_per_image = threads_per_image
         self._grid_y = grid_y

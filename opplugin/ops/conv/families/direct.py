@@ -1,12 +1,13 @@
 """The direct variants: one thread per output pixel, walking the whole filter
 window. `baseline` reads the weights from global memory (so it also serves
 weights computed at run time); `const` puts them in __constant__ memory;
-`const_mo<N>` makes each thread compute N output maps from one set of input
+`const_mo_m<N>` makes each thread compute N output maps from one set of input
 loads."""
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 
+from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
@@ -26,6 +27,13 @@ def default_maps_per_thread(maps: int) -> int:
     return 8
 
 
+@dataclass(frozen=True)
+class MapsConfig(Config):
+    """Each thread computes `maps` output maps of its pixel(s)."""
+
+    maps: int = tagged("m")
+
+
 def pixels(spec: ConvSpec) -> int:
     return spec.out_size[0] * spec.out_size[1]
 
@@ -34,13 +42,13 @@ class Baseline(Family):
     name = "baseline"
     summary = "one thread per output element; weights read from global memory (also run-time weights)"
 
-    def compile_units(self, spec, variant, epilogue=NONE):
+    def compile_units(self, spec, config, epilogue=NONE):
         defines = shape_defines(spec) | {"UNROLL_C": unroll_channels(spec, 1)}
         return [CompileUnit("conv_baseline.cu", "conv_baseline", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, variant))
-        return GridKernel(spec, variant, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=True)
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config))
+        return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=True)
 
 
 class Const(Family):
@@ -48,58 +56,47 @@ class Const(Family):
     summary = "one thread per output element; filters and bias in __constant__ memory, shape compiled in"
     constant_weights = True
 
-    def compile_units(self, spec, variant, epilogue=NONE):
+    def compile_units(self, spec, config, epilogue=NONE):
         defines = shape_defines(spec) | {"UNROLL_C": unroll_channels(spec, 1)}
         return [CompileUnit("conv_const.cu", "conv_const", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, variant), filter_constants(weights))
-        return GridKernel(spec, variant, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=False)
-
-
-_MO = re.compile(r"const_mo(\d+)")
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=False)
 
 
 class ConstMultiOutput(Family):
     name = "const_mo"
     summary = "filters in __constant__ memory; each thread computes several output maps of one pixel"
     constant_weights = True
-
-    def owns(self, variant):
-        return variant == self.name or _MO.fullmatch(variant) is not None
-
-    def maps(self, spec: ConvSpec, variant: str) -> int:
-        match = _MO.fullmatch(variant)
-        return int(match.group(1)) if match else default_maps_per_thread(spec.out_channels // spec.group)
+    config_type = MapsConfig
 
     def configs(self, spec, epilogue=NONE):
         maps_per_group = spec.out_channels // spec.group
         counts = dict.fromkeys([default_maps_per_thread(maps_per_group), 1, 2, 4, 8, 16, 32])
-        return [f"const_mo{n}" for n in counts if n <= min(maps_per_group, MAX_MAPS_PER_THREAD)]
+        return [MapsConfig(self.name, n) for n in counts if n <= min(maps_per_group, MAX_MAPS_PER_THREAD)]
 
-    def reason(self, spec, variant, epilogue):
-        maps = self.maps(spec, variant)
+    def reason(self, spec, config, epilogue):
+        maps = config.maps
         maps_per_group = spec.out_channels // spec.group
         if not 1 <= maps <= min(spec.out_channels, MAX_MAPS_PER_THREAD):
             return (
-                f"{variant} computes {maps} maps per thread; this Conv has {spec.out_channels} output maps "
+                f"{config} computes {maps} maps per thread; this Conv has {spec.out_channels} output maps "
                 f"and at most {MAX_MAPS_PER_THREAD} fit in registers"
             )
         if spec.group > 1 and maps_per_group % maps:
-            return f"{variant}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
-        return map_groups_reason(spec, variant, maps)
+            return f"{config}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
+        return map_groups_reason(spec, config, maps)
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        maps = self.maps(spec, variant)
+    def compile_units(self, spec, config, epilogue=NONE):
         # one copy of the loop per map group: M multiply-adds per tap in the whole kernel
-        defines = shape_defines(spec) | {"MO": maps, "UNROLL_C": unroll_channels(spec, spec.out_channels)}
+        defines = shape_defines(spec) | {"MO": config.maps, "UNROLL_C": unroll_channels(spec, spec.out_channels)}
         return [CompileUnit("conv_const_mo.cu", "conv_const_mo", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        maps = self.maps(spec, variant)
-        [function] = load_functions(self.compile_units(spec, variant), filter_constants(weights, filters_maps_last))
-        grid_y = -(-spec.out_channels // maps)
-        return GridKernel(spec, f"const_mo{maps}", function, threads_per_image=pixels(spec), grid_y=grid_y, reads_weights=False)
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config), filter_constants(weights, filters_maps_last))
+        grid_y = -(-spec.out_channels // config.maps)
+        return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=grid_y, reads_weights=False)
 
 
 FAMILIES: list[Family] = [Baseline(), Const(), ConstMultiOutput()]

@@ -1,29 +1,29 @@
 """The GEMM formulations of Conv: per group, Y[MG x cols] = W[MG x K] * X[K x cols],
 K = C/G*KH*KW and one column per output pixel of the batch.
 
-`im2col_gemm_<BM>x<BN>` writes X to a global-memory workspace (kernels/conv_im2col.cu),
-a chunk of images at a time, and multiplies it tile by tile (kernels/conv_gemm.cu);
-`implicit_gemm_<BM>x<BN>` gathers X's elements from the input while loading the
-tiles, so X never exists in memory. Both read the weights at call time, so they
-serve constant and run-time weights alike, and neither fuses an epilogue.
+`im2col_gemm_b<BM>x<BN>x<BK>_t<TM>x<TN>` writes X to a global-memory workspace
+(kernels/conv_im2col.cu), a chunk of images at a time, and multiplies it tile by tile
+(kernels/conv_gemm.cu); `implicit_gemm_b<BM>x<BN>x<BK>_t<TM>x<TN>` gathers X's elements
+from the input while loading the tiles, so X never exists in memory. Both read the
+weights at call time, so they serve constant and run-time weights alike, and neither
+fuses an epilogue.
 
-A block computes BM maps x BN output pixels with 256 threads; the per-thread
-tile (TM x TN) and the K step (BK) follow from BM, BN and the node's K:
-see `gemm_tile`.
+A block computes BM maps x BN output pixels with 256 threads, TM x TN each, stepping
+through K by BK; the configurations offered take the thread tile that BM and BN give
+256 threads and the K step that suits the node's K: see `gemm_config`.
 """
 from __future__ import annotations
 
 import math
-
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from .... import cuda
+from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import BLOCK, CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .common import BLOCK, BlockTiledConfig, CompileUnit, ConvKernel, Family, load_functions, shape_defines
 
 THREADS = BLOCK  # threads per GEMM block
 SHARED_FLOATS = 48 * 1024 // 4  # static shared memory of one block: the BK x (BM + BN) tiles
@@ -39,21 +39,19 @@ FREE_MEMORY_SHARE = 4  # ... and never more than this fraction of the free devic
 
 
 @dataclass(frozen=True)
-class GemmTile:
+class GemmConfig(BlockTiledConfig):
     """BM x BN outputs per block, BK the K step, TM x TN outputs per thread."""
 
-    bm: int
-    bn: int
-    bk: int
-    tm: int
-    tn: int
+    block: tuple[int, int, int] = tagged("b", 3)  # BM x BN x BK
+    thread: tuple[int, int] = tagged("t", 2)  # TM x TN
 
     @property
     def threads(self) -> int:
-        return (self.bm // self.tm) * (self.bn // self.tn)
+        return (self.bm // self.thread[0]) * (self.bn // self.thread[1])
 
     def defines(self) -> dict[str, int]:
-        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "TM": self.tm, "TN": self.tn}
+        (bm, bn, bk), (tm, tn) = self.block, self.thread
+        return {"BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
 
     def grid(self, spec: ConvSpec, cols: int) -> tuple[int, int, int]:
         maps = spec.out_channels // spec.group
@@ -75,12 +73,15 @@ def thread_tile(bm: int, bn: int) -> tuple[int, int]:
     return tm, per_thread // tm
 
 
+def k_step_limit(k: int, bm: int, bn: int) -> int:
+    """The longest K step within shared memory and the prefetch registers (and K)."""
+    return max(1, min(MAX_K_STEP, SHARED_FLOATS // (bm + bn), MAX_PREFETCH * THREADS // bn, k))
+
+
 def k_step(k: int, bm: int, bn: int) -> int:
     """The K step: the fewest multiply-add rows counting the zero-padded tail and
-    each step's overhead, within shared memory and the prefetch registers; the
-    larger step on a tie."""
-    limit = max(1, min(MAX_K_STEP, SHARED_FLOATS // (bm + bn), MAX_PREFETCH * THREADS // bn, k))
-    return min(range(1, limit + 1), key=lambda bk: (-(-k // bk) * (bk + K_STEP_OVERHEAD), -bk))
+    each step's overhead, within `k_step_limit`; the larger step on a tie."""
+    return min(range(1, k_step_limit(k, bm, bn) + 1), key=lambda bk: (-(-k // bk) * (bk + K_STEP_OVERHEAD), -bk))
 
 
 def tile_reason(spec: ConvSpec, bm: int, bn: int) -> str | None:
@@ -100,9 +101,6 @@ def tile_reason(spec: ConvSpec, bm: int, bn: int) -> str | None:
     return None
 
 
-def gemm_tile(spec: ConvSpec, bm: int, bn: int) -> GemmTile:
-    tm, tn = thread_tile(bm, bn)
-    return GemmTile(bm, bn, k_step(k_dim(spec), bm, bn), tm, tn)
 
 
 def default_tiles(spec: ConvSpec) -> list[tuple[int, int]]:
@@ -120,34 +118,36 @@ def default_tiles(spec: ConvSpec) -> list[tuple[int, int]]:
 
 
 class GemmFamily(Family):
-    """What the two GEMM families share: names `<family>_<BM>x<BN>` and their limits."""
+    """What the two GEMM families share: their configurations and limits."""
 
     exact = True
     constant_weights = False  # the filters are read from global memory at call time
+    config_type = GemmConfig
 
-    def _pattern(self) -> re.Pattern:
-        return re.compile(rf"{self.name}_(\d+)x(\d+)")
-
-    def owns(self, variant):
-        return variant == self.name or self._pattern().fullmatch(variant) is not None
-
-    def tile_size(self, variant: str) -> tuple[int, int]:
-        bm, bn = self._pattern().fullmatch(variant).groups()
-        return int(bm), int(bn)
+    def config(self, spec: ConvSpec, bm: int, bn: int) -> GemmConfig:
+        """The BM x BN tile with the thread tile of 256 threads and the node's K step."""
+        return GemmConfig(self.name, (bm, bn, k_step(k_dim(spec), bm, bn)), thread_tile(bm, bn))
 
     def configs(self, spec, epilogue=NONE):
-        return [f"{self.name}_{bm}x{bn}" for bm, bn in default_tiles(spec)]
+        return [self.config(spec, bm, bn) for bm, bn in default_tiles(spec)]
 
-    def reason(self, spec, variant, epilogue):
-        if variant == self.name:
-            return None if default_tiles(spec) else "no GEMM tile fits this Conv"
-        return tile_reason(spec, *self.tile_size(variant))
+    def unconfigured_reason(self, spec, epilogue):
+        return "no GEMM tile fits this Conv"
 
-    def tile(self, spec: ConvSpec, variant: str) -> GemmTile:
-        return gemm_tile(spec, *self.tile_size(variant))
+    def reason(self, spec, config, epilogue):
+        (bm, bn, bk), (tm, tn) = config.block, config.thread
+        reason = tile_reason(spec, bm, bn)
+        if reason:
+            return reason
+        if (tm, tn) != thread_tile(bm, bn):
+            return f"{config}: a {bm}x{bn} block of {THREADS} threads has {'x'.join(map(str, thread_tile(bm, bn)))} thread tiles"
+        limit = k_step_limit(k_dim(spec), bm, bn)
+        if not 1 <= bk <= limit:
+            return f"{config}: the K step must be 1 to {limit} (shared memory, prefetch registers and K = {k_dim(spec)})"
+        return None
 
-    def gemm_defines(self, spec: ConvSpec, variant: str) -> dict[str, int | str]:
-        return shape_defines(spec) | self.tile(spec, variant).defines()
+    def gemm_defines(self, spec: ConvSpec, config: GemmConfig) -> dict[str, int | str]:
+        return shape_defines(spec) | config.defines()
 
 
 class Im2colGemm(GemmFamily):
@@ -157,18 +157,25 @@ class Im2colGemm(GemmFamily):
         "shared-memory tiled matrix product with the filters; weights read at call time"
     )
 
-    def reason(self, spec, variant, epilogue):
+    def unconfigured_reason(self, spec, epilogue):
+        return self._grid_reason(spec) or super().unconfigured_reason(spec, epilogue)
+
+    def reason(self, spec, config, epilogue):
+        return self._grid_reason(spec) or super().reason(spec, config, epilogue)
+
+    @staticmethod
+    def _grid_reason(spec: ConvSpec) -> str | None:
         if spec.in_channels > GRID_YZ_LIMIT:
             return f"the unroll kernel's grid has one row per input channel: {spec.in_channels} exceed {GRID_YZ_LIMIT}"
-        return super().reason(spec, variant, epilogue)
+        return None
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        defines = self.gemm_defines(spec, variant)
+    def compile_units(self, spec, config, epilogue=NONE):
+        defines = self.gemm_defines(spec, config)
         return [CompileUnit("conv_im2col.cu", "conv_im2col", defines), CompileUnit("conv_gemm.cu", "conv_gemm", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        unroll, multiply = load_functions(self.compile_units(spec, variant))
-        return Im2colGemmKernel(spec, variant, self.tile(spec, variant), unroll, multiply)
+    def build(self, spec, config, weights, epilogue=NONE):
+        unroll, multiply = load_functions(self.compile_units(spec, config))
+        return Im2colGemmKernel(spec, config, unroll, multiply)
 
 
 class ImplicitGemm(GemmFamily):
@@ -178,26 +185,25 @@ class ImplicitGemm(GemmFamily):
         "each shared-memory tile, so no unrolled matrix exists in memory; weights read at call time"
     )
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        return [CompileUnit("conv_gemm.cu", "conv_implicit_gemm", self.gemm_defines(spec, variant))]
+    def compile_units(self, spec, config, epilogue=NONE):
+        return [CompileUnit("conv_gemm.cu", "conv_implicit_gemm", self.gemm_defines(spec, config))]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, variant))
-        return ImplicitGemmKernel(spec, variant, self.tile(spec, variant), function)
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config))
+        return ImplicitGemmKernel(spec, config, function)
 
 
 class ImplicitGemmKernel(ConvKernel):
     reads_weights = True
 
-    def __init__(self, spec: ConvSpec, variant: str, tile: GemmTile, function):
-        super().__init__(spec, variant, [function])
-        self.tile = tile
+    def __init__(self, spec: ConvSpec, config: GemmConfig, function):
+        super().__init__(spec, config, [function])
         self._function = function
 
     def _launch(self, x, weights, y, batch):
         w, b = weights
-        grid = self.tile.grid(self.spec, batch * pixels(self.spec))
-        self._function(grid, (self.tile.threads, 1, 1), (x, w, b, y, np.int32(batch)))
+        grid = self.config.grid(self.spec, batch * pixels(self.spec))
+        self._function(grid, (self.config.threads, 1, 1), (x, w, b, y, np.int32(batch)))
 
 
 class Im2colGemmKernel(ConvKernel):
@@ -208,9 +214,8 @@ class Im2colGemmKernel(ConvKernel):
 
     reads_weights = True
 
-    def __init__(self, spec: ConvSpec, variant: str, tile: GemmTile, unroll, multiply, workspace_budget: int = WORKSPACE_BUDGET):
-        super().__init__(spec, variant, [unroll, multiply])
-        self.tile = tile
+    def __init__(self, spec: ConvSpec, config: GemmConfig, unroll, multiply, workspace_budget: int = WORKSPACE_BUDGET):
+        super().__init__(spec, config, [unroll, multiply])
         self.workspace_budget = workspace_budget
         self._unroll = unroll
         self._multiply = multiply
@@ -230,7 +235,7 @@ class Im2colGemmKernel(ConvKernel):
     def _launch(self, x, weights, y, batch):
         import cupy
 
-        spec, tile = self.spec, self.tile
+        spec, tile = self.spec, self.config
         w, b = weights
         budget = min(self.workspace_budget, cuda.free_device_bytes() // FREE_MEMORY_SHARE)
         chunk = self.chunk_images(batch, budget)

@@ -14,17 +14,18 @@ error against a float64 reference one should see on standard-normal data) and
 """
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .... import cuda
+from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import BLOCK, CompileUnit, ConvKernel, Family, GridKernel, filter_constants, load_functions, shape_defines
 from .common import unroll_channels
-from .direct import default_maps_per_thread
+from .direct import MapsConfig, default_maps_per_thread
 
 # ---- fp16 ----
 
@@ -50,53 +51,42 @@ class Fp16(Family):
     # (flushing to FP32 once per channel instead of every ~16 taps: 1.1e-3, 3-8% faster)
     expected_relative_error = 7e-4
     max_relative_error = 4e-3
-    _CONFIG = re.compile(r"fp16_m(\d+)")
-
-    def owns(self, variant):
-        return variant == self.name or self._CONFIG.fullmatch(variant) is not None
-
-    def maps(self, spec: ConvSpec, variant: str) -> int:
-        match = self._CONFIG.fullmatch(variant)
-        return int(match.group(1)) if match else default_maps_per_thread(spec.out_channels // spec.group)
+    config_type = MapsConfig
 
     def configs(self, spec, epilogue=NONE):
         maps_per_group = spec.out_channels // spec.group
         counts = dict.fromkeys([min(default_maps_per_thread(maps_per_group), FP16_MAX_MAPS), 8, 4])
-        names = [f"fp16_m{n}" for n in counts if n <= maps_per_group]
-        return [v for v in names if self.reason(spec, v, epilogue) is None] or [f"fp16_m{min(maps_per_group, FP16_MAX_MAPS)}"]
+        configs = [MapsConfig(self.name, n) for n in counts if n <= maps_per_group]
+        return [c for c in configs if self.reason(spec, c, epilogue) is None] or [MapsConfig(self.name, min(maps_per_group, FP16_MAX_MAPS))]
 
-    def reason(self, spec, variant, epilogue):
-        if variant == self.name:
-            variant = self.configs(spec, epilogue)[0]
-        maps = self.maps(spec, variant)
+    def reason(self, spec, config, epilogue):
+        maps = config.maps
         maps_per_group = spec.out_channels // spec.group
         if not 1 <= maps <= min(spec.out_channels, FP16_MAX_MAPS):
-            return f"{variant} computes {maps} maps per thread; this Conv has {spec.out_channels} and at most {FP16_MAX_MAPS} fit in registers"
+            return f"{config} computes {maps} maps per thread; this Conv has {spec.out_channels} and at most {FP16_MAX_MAPS} fit in registers"
         if spec.group > 1 and maps_per_group % maps:
-            return f"{variant}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
+            return f"{config}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
         return None
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        maps = self.maps(spec, variant)
+    def compile_units(self, spec, config, epilogue=NONE):
         defines = shape_defines(spec) | {
-            "MO": maps,
+            "MO": config.maps,
             "UNROLL_C": unroll_channels(spec, spec.out_channels),
             "FLUSH_ROWS": max(1, FLUSH_TAPS // spec.kernel[1]),
         }
         return [CompileUnit("conv_fp16.cu", "conv_fp16", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        maps = self.maps(spec, variant)
+    def build(self, spec, config, weights, epilogue=NONE):
         # the half2 bits travel unchanged through the upload's float32 view
         constants = filter_constants(weights, lambda w: half2_pairs(w).view(np.float32))
-        [function] = load_functions(self.compile_units(spec, variant), constants)
+        [function] = load_functions(self.compile_units(spec, config), constants)
         oh, ow = spec.out_size
         return GridKernel(
             spec,
-            f"fp16_m{maps}",
+            config,
             function,
             threads_per_image=oh * -(-ow // 2),
-            grid_y=-(-spec.out_channels // maps),
+            grid_y=-(-spec.out_channels // config.maps),
             reads_weights=False,
         )
 
@@ -113,6 +103,13 @@ MMA_UNROLL_BUDGET = 512  # MMAs in the fully unrolled k-step loop, past which it
 BLOCKS_PER_SM = 8  # grid cap of the grid-stride loop: 8 blocks of 256 threads fill an SM
 
 
+@dataclass(frozen=True)
+class MmaConfig(Config):
+    """A warp computes all the maps x `pixel_tiles` 8-pixel tiles per step."""
+
+    pixel_tiles: int = tagged("n")
+
+
 def map_tiles(spec: ConvSpec) -> int:
     return -(-spec.out_channels // 16)
 
@@ -127,16 +124,7 @@ class TensorCoreGemm(Family):
     split = False
     exact = False
     fuses = False
-
-    def owns(self, variant):
-        return variant == self.name or self._config.fullmatch(variant) is not None
-
-    @property
-    def _config(self) -> re.Pattern:
-        return re.compile(re.escape(self.name) + r"_n(\d+)")
-
-    def tiles(self, spec: ConvSpec, variant: str) -> int:
-        return int(self._config.fullmatch(self.resolve(spec, variant)).group(1))
+    config_type = MmaConfig
 
     def shared_bytes(self, spec: ConvSpec) -> int:
         return map_tiles(spec) * k_steps(spec) * 32 * 16 * (2 if self.split else 1)
@@ -148,9 +136,9 @@ class TensorCoreGemm(Family):
     def configs(self, spec, epilogue=NONE):
         fitting = [n for n in MMA_TILES if map_tiles(spec) * n * 4 <= MMA_ACCUMULATORS]
         pick = next((n for n in fitting if n < 8 and self.step_mmas(spec, n) <= MMA_STEP_BUDGET), 1)
-        return [f"{self.name}_n{n}" for n in dict.fromkeys([pick, *fitting])][:3]
+        return [MmaConfig(self.name, n) for n in dict.fromkeys([pick, *fitting])][:3]
 
-    def reason(self, spec, variant, epilogue):
+    def reason(self, spec, config, epilogue):
         if spec.group != 1:
             return f"{self.name} implements group=1 only (this Conv has group={spec.group}); fp16 or the FP32 variants run grouped convs"
         if self.shared_bytes(spec) > MMA_SHARED_BYTES:
@@ -158,16 +146,16 @@ class TensorCoreGemm(Family):
                 f"{self.name}: the padded {16 * map_tiles(spec)} x {8 * k_steps(spec)} weight fragments need "
                 f"{self.shared_bytes(spec)} bytes of shared memory, more than {MMA_SHARED_BYTES}"
             )
-        tiles = self.tiles(spec, variant)
+        tiles = config.pixel_tiles
         if not 1 <= tiles <= 8 or map_tiles(spec) * tiles * 4 > 2 * MMA_ACCUMULATORS:
             return (
-                f"{variant}: {map_tiles(spec)} map tiles x {tiles} pixel tiles need {map_tiles(spec) * tiles * 4} "
+                f"{config}: {map_tiles(spec)} map tiles x {tiles} pixel tiles need {map_tiles(spec) * tiles * 4} "
                 f"accumulators per lane; at most {2 * MMA_ACCUMULATORS} (and 1..8 pixel tiles) fit in registers"
             )
         return None
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        tiles = self.tiles(spec, variant)
+    def compile_units(self, spec, config, epilogue=NONE):
+        tiles = config.pixel_tiles
         defines = shape_defines(spec) | {
             "NT": tiles,
             "SPLIT": int(self.split),
@@ -178,10 +166,10 @@ class TensorCoreGemm(Family):
         }
         return [CompileUnit("conv_tf32_mma.cu", "conv_3xtf32" if self.split else "conv_tf32", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, variant))
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config))
         processors = cuda.multiprocessor_count()
-        return MmaKernel(spec, variant, function, pixel_tiles=self.tiles(spec, variant), max_blocks=BLOCKS_PER_SM * processors)
+        return MmaKernel(spec, config, function, max_blocks=BLOCKS_PER_SM * processors)
 
 
 class Tf32(TensorCoreGemm):
@@ -214,10 +202,10 @@ class MmaKernel(ConvKernel):
 
     reads_weights = True
 
-    def __init__(self, spec, variant, function, *, pixel_tiles: int, max_blocks: int):
-        super().__init__(spec, variant, [function])
+    def __init__(self, spec, config: MmaConfig, function, *, max_blocks: int):
+        super().__init__(spec, config, [function])
         self._function = function
-        self._pixel_tiles = pixel_tiles
+        self._pixel_tiles = config.pixel_tiles
         self._max_blocks = max_blocks
 
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:

@@ -1,16 +1,17 @@
 """Input-channel reduction: the C/G channels of one output are split over SL
 threads (channel slices), each summing its channels' KH x KW windows.
-`reduce_tree_s<SL>` adds the partial sums by a tree in shared memory;
-`reduce_atomic_s<SL>` adds them into the output with atomicAdd, after a first
+`reduce_tree_c<SL>` adds the partial sums by a tree in shared memory;
+`reduce_atomic_c<SL>` adds them into the output with atomicAdd, after a first
 kernel has set the output to the bias (the order of the additions then varies
 from run to run). Filters in __constant__ memory. With one channel per group
 there is nothing to split, and neither family is offered."""
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import BLOCK, UNROLL_BUDGET, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines
@@ -19,6 +20,13 @@ from .direct import pixels
 # 2, 4 or 8 slices: a block row of BLOCK/SL >= 32 threads is whole warps, so each
 # warp belongs to one slice and reads one filter address at a time (a broadcast)
 SLICES = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class SlicesConfig(Config):
+    """The input channels of one output are split over `slices` threads."""
+
+    slices: int = tagged("c")
 
 
 def channels_per_group(spec: ConvSpec) -> int:
@@ -36,37 +44,28 @@ class ChannelReduction(Family):
 
     source = ""
     constant_weights = True
-
-    def _pattern(self) -> re.Pattern:
-        return re.compile(rf"{self.name}_s(\d+)")
-
-    def owns(self, variant):
-        return variant == self.name or self._pattern().fullmatch(variant) is not None
-
-    def slices(self, variant: str) -> int:
-        return int(self._pattern().fullmatch(variant).group(1))
+    config_type = SlicesConfig
 
     def configs(self, spec, epilogue=NONE):
         """Every slice count that fits, fewest first: splitting only adds parallelism, which a
         large batch already has (lenet86 conv2 at batch 10000: s2 faster than s4 for both families)."""
-        return [f"{self.name}_s{s}" for s in SLICES if s <= channels_per_group(spec)]
+        return [SlicesConfig(self.name, s) for s in SLICES if s <= channels_per_group(spec)]
 
-    def reason(self, spec, variant, epilogue):
+    def unconfigured_reason(self, spec, epilogue):
+        return f"{self.name}: C/G = {channels_per_group(spec)} input channel per output map, nothing to reduce"
+
+    def reason(self, spec, config, epilogue):
         channels = channels_per_group(spec)
         if channels < 2:
-            return f"{self.name}: C/G = {channels} input channel per output map, nothing to reduce"
-        if variant == self.name:
-            return None
-        slices = self.slices(variant)
-        if slices not in SLICES:
-            return f"{variant}: the channel slices must be one of {', '.join(map(str, SLICES))}"
-        if slices > channels:
-            return f"{variant}: {slices} slices for {channels} input channels per group leave slices idle"
+            return self.unconfigured_reason(spec, epilogue)
+        if config.slices not in SLICES:
+            return f"{config}: the channel slices must be one of {', '.join(map(str, SLICES))}"
+        if config.slices > channels:
+            return f"{config}: {config.slices} slices for {channels} input channels per group leave slices idle"
         return None
 
-    def defines(self, spec: ConvSpec, variant: str) -> dict[str, int | str]:
-        slices = self.slices(variant)
-        return shape_defines(spec) | {"SL": slices, "UNROLL_K": unroll_passes(spec, slices)}
+    def defines(self, spec: ConvSpec, config: SlicesConfig) -> dict[str, int | str]:
+        return shape_defines(spec) | {"SL": config.slices, "UNROLL_K": unroll_passes(spec, config.slices)}
 
 
 class ReduceTree(ChannelReduction):
@@ -77,12 +76,12 @@ class ReduceTree(ChannelReduction):
     )
     source = "conv_reduce_tree.cu"
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        return [CompileUnit(self.source, "conv_reduce_tree", self.defines(spec, variant))]
+    def compile_units(self, spec, config, epilogue=NONE):
+        return [CompileUnit(self.source, "conv_reduce_tree", self.defines(spec, config))]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [summed] = load_functions(self.compile_units(spec, variant), filter_constants(weights))
-        return SlicedKernel(spec, variant, summed, self.slices(variant))
+    def build(self, spec, config, weights, epilogue=NONE):
+        [summed] = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        return SlicedKernel(spec, config, summed)
 
 
 class ReduceAtomic(ChannelReduction):
@@ -93,26 +92,26 @@ class ReduceAtomic(ChannelReduction):
     )
     source = "conv_reduce_atomic.cu"
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        defines = self.defines(spec, variant)
+    def compile_units(self, spec, config, epilogue=NONE):
+        defines = self.defines(spec, config)
         return [
             CompileUnit(self.source, "conv_reduce_atomic_init", defines),
             CompileUnit(self.source, "conv_reduce_atomic", defines),
         ]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        init, summed = load_functions(self.compile_units(spec, variant), filter_constants(weights))
-        return SlicedKernel(spec, variant, summed, self.slices(variant), init=init)
+    def build(self, spec, config, weights, epilogue=NONE):
+        init, summed = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        return SlicedKernel(spec, config, summed, init=init)
 
 
 class SlicedKernel(ConvKernel):
     """Blocks of (BLOCK/SL pixels) x (SL channel slices), one output map per grid row;
     `init`, when given, first sets every output element to its bias (same stream)."""
 
-    def __init__(self, spec, variant, function, slices: int, init=None):
-        super().__init__(spec, variant, [function] + ([init] if init is not None else []))
+    def __init__(self, spec, config: SlicesConfig, function, init=None):
+        super().__init__(spec, config, [function] + ([init] if init is not None else []))
         self._function = function
-        self._slices = slices
+        self._slices = config.slices
         self._init = init
 
     def _launch(self, x, weights, y, batch):

@@ -2,58 +2,64 @@
 GEMM's pipeline (cp.async stages, the B tile gathered from the image, split K)
 around plain FP32 fused multiply-adds, so it is FP32-exact *by construction*.
 
-`simt_gemm_<BM>x<BN>[_k<S>]`: BM x BN is the block's output tile (maps x pixels of
-the batch), each thread keeping a TM x TN micro-tile in registers (`TILES`); `_k<S>`
-splits the K loop over S blocks whose partial sums a second kernel adds in a fixed
-order, for layers with too few output tiles to fill the GPU. The name grammar, the
-limits (group 1, no pool, the tap table) and the launch are the tensor-core family's
-(`tensor_gemm`); the tiles, their order, the slice depth and the source are this family's own.
+`simt_gemm_b<BM>x<BN>x<BK>_t<TM>x<TN>_s<S>_o<O>[_k<K>]`: BM x BN is the block's output
+tile (maps x pixels of the batch) and BK its K depth, each thread keeping a TM x TN
+micro-tile in registers, S stages in flight, registers budgeted for O blocks per SM
+(`THREAD_TILES`); `_k<K>` splits the K loop over K blocks. The limits (group 1, no pool,
+the tap table) and the launch are the pipelined GEMMs' (`pipelined`); the tiles, their
+order, the slice depth and the source are this family's own.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import CompileUnit, Family, shape_defines
 from .gemm import pixels
-from .tensor_gemm import PipelinedTensorGemm, multiprocessors, split_for, tiles_header_defines
+from .pipelined import PipelinedConfig, PipelinedGemm, multiprocessors, split_for, tiles_header_defines, with_split
 
 SLICE_DEPTH = 16  # BK: four float4 reads of A per slice; the tap table (32-row slices) covers it
+STAGES = 4  # BK slices in flight in shared memory
 
 
 @dataclass(frozen=True)
-class SimtTile:
-    """A block's output tile and each thread's register micro-tile."""
+class SimtGemmConfig(PipelinedConfig):
+    """A block's output tile and K depth, each thread's register micro-tile, the stages,
+    the blocks per SM the registers are budgeted for, the K split."""
 
-    bm: int
-    bn: int
-    tm: int  # rows (maps) per thread
-    tn: int  # columns (pixels) per thread: whole float4 groups
-    min_blocks: int  # blocks per SM the register budget is set for (__launch_bounds__)
-    stages: int = 4  # BK slices in flight in shared memory
-    depth: int = SLICE_DEPTH  # BK; at most the tap table's 32-row slices
+    block: tuple[int, int, int] = tagged("b", 3)  # BM x BN x BK; BK at most the tap table's 32-row slices
+    thread: tuple[int, int] = tagged("t", 2)  # TM x TN: maps x pixels (whole float4 groups) per thread
+    stages: int = tagged("s")
+    occupancy: int = tagged("o")  # __launch_bounds__' blocks per SM
+    splits: int = tagged("k", default=1)
 
     @property
     def threads(self) -> int:
-        return (self.bm // self.tm) * (self.bn // self.tn)
+        return (self.bm // self.thread[0]) * (self.bn // self.thread[1])
+
+    @property
+    def min_blocks(self) -> int:
+        return self.occupancy
 
     def shared_bytes(self) -> int:
-        return self.stages * (self.bm * (self.depth + 4) + self.depth * self.bn) * 4
+        return self.stages * (self.bm * (self.bk + 4) + self.bk * self.bn) * 4
 
 
-# 8x8 micro-tiles where the block is large (64 FMAs per 4 LDS.128 per k), 8x4 and 4x4 on the
-# small tiles. min_blocks caps the registers: 168 for the 128-thread 8x8 tiles (3 blocks an SM),
-# 128 for the small ones; 128x128 (256 threads) gets all 255, since at 128 the 7x7 stem spills.
-# Measured on an H100 (VGG 512->512 14x14 and ResNet 3x3 layers, batch 32): 4 blocks of the 8x8
-# tiles at 128 registers ran 8-15% slower than 3 at 167 (less ILP), and BK = 32 slower than 16.
-TILES = {
-    (128, 128): SimtTile(128, 128, 8, 8, 1),
-    (128, 64): SimtTile(128, 64, 8, 8, 3),
-    (64, 128): SimtTile(64, 128, 8, 8, 3),
-    (64, 64): SimtTile(64, 64, 8, 4, 4),
-    (32, 128): SimtTile(32, 128, 4, 8, 4),
-    (32, 64): SimtTile(32, 64, 4, 4, 4),
+# BM x BN -> (TM x TN, blocks per SM). 8x8 micro-tiles where the block is large (64 FMAs per
+# 4 LDS.128 per k), 8x4 and 4x4 on the small tiles. The blocks per SM cap the registers: 168 for
+# the 128-thread 8x8 tiles (3 blocks an SM), 128 for the small ones; 128x128 (256 threads) gets
+# all 255, since at 128 the 7x7 stem spills. Measured on an H100 (VGG 512->512 14x14 and ResNet
+# 3x3 layers, batch 32): 4 blocks of the 8x8 tiles at 128 registers ran 8-15% slower than 3 at
+# 167 (less ILP), and BK = 32 slower than 16.
+THREAD_TILES = {
+    (128, 128): ((8, 8), 1),
+    (128, 64): ((8, 8), 3),
+    (64, 128): ((8, 8), 3),
+    (64, 64): ((8, 4), 4),
+    (32, 128): ((4, 8), 4),
+    (32, 64): ((4, 4), 4),
 }
 
 # The order configs() offers tiles in, by the layer's maps, from `bench --suite cnn` on an H100:
@@ -71,7 +77,7 @@ def vector_output(spec: ConvSpec) -> bool:
     return pixels(spec) % 4 == 0
 
 
-class SimtGemm(PipelinedTensorGemm):
+class SimtGemm(PipelinedGemm):
     name = "simt_gemm"
     summary = (
         "FP32 FMAs, FP32-exact by construction (sm_80+): implicit GEMM with 8x8 register micro-tiles fed by "
@@ -80,28 +86,28 @@ class SimtGemm(PipelinedTensorGemm):
     )
     exact = True
     exact_by = "construction"
-    split = False  # no operand split: NaN and Inf follow FP32 arithmetic
-    tiles = TILES
-    slice_depth = SLICE_DEPTH
+    tiles = THREAD_TILES
+    config_type = SimtGemmConfig
+
+    def tile_config(self, tile, splits=1):
+        thread, occupancy = THREAD_TILES[tile]
+        return SimtGemmConfig(self.name, (*tile, SLICE_DEPTH), thread, STAGES, occupancy, splits)
 
     def configs(self, spec, epilogue=NONE):
         """Every tile, the likely fastest first (TILE_ORDER), each with the K split that fills the GPU."""
         sms = multiprocessors()
         order = next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels >= least_maps)
-        return [self.config_name(TILES[t], split_for(spec, TILES[t], sms)) for t in order]
+        return [with_split(c, split_for(spec, c, sms)) for c in map(self.tile_config, order)]
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        tile, splits = self.tile_and_split(spec, variant)
-        tile_defines = dict(BM=tile.bm, BN=tile.bn, BK=tile.depth, TM=tile.tm, TN=tile.tn, STAGES=tile.stages, MIN_BLOCKS=tile.min_blocks)
-        defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, splits) | tile_defines | {"OUT_VEC": int(vector_output(spec))}
-        functions = ["conv_simt_gemm"] + (["conv_k_slices_reduce"] if splits > 1 else [])  # the reduce adds split-K slices
+    def compile_units(self, spec, config, epilogue=NONE):
+        tm, tn = config.thread
+        tile_defines = dict(BM=config.bm, BN=config.bn, BK=config.bk, TM=tm, TN=tn, STAGES=config.stages, MIN_BLOCKS=config.min_blocks)
+        defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, config.splits) | tile_defines | {"OUT_VEC": int(vector_output(spec))}
+        functions = ["conv_simt_gemm"] + (["conv_k_slices_reduce"] if config.splits > 1 else [])  # the reduce adds split-K slices
         return [CompileUnit("conv_simt_gemm.cu", function, defines) for function in functions]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        kernel = super().build(spec, variant, weights, epilogue)  # the tensor-core family's launch, with this family's units
-        if vector_output(spec):
-            kernel.alignment = 16  # y and the residual are written and read as float4
-        return kernel
+    def alignment(self, spec):
+        return 16 if vector_output(spec) else super().alignment(spec)  # y and the residual are written and read as float4
 
 
 FAMILIES: list[Family] = [SimtGemm()]

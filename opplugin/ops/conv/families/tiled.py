@@ -1,27 +1,36 @@
-"""`tiled_t<TW>`: shared-memory tiled convolution. A block of TW x (256/TW)
+"""`tiled_b<TH>x<TW>`: shared-memory tiled convolution. A block of TH x TW = 256
 threads computes that tile of one output map, loading the input tile with its
 halo into shared memory one channel at a time; filters in __constant__ memory."""
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import BLOCK, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines, unroll_channels
 
-_CONFIG = re.compile(r"tiled_t(\d+)")
 WIDTHS = (8, 16, 32, 64)  # tile widths a block of BLOCK threads can take (heights 32, 16, 8, 4)
 TUNED_WIDTHS = (16, 32)  # what tuning tries: a half or a whole warp per tile row
 IDLE_LIMIT = 1.15  # how many more threads (idle ones on the edges) t32 may launch than t16 and still go first
 SHARED_BYTES = 48 * 1024  # static __shared__ limit of a block
 
 
-def tile_shape(variant: str) -> tuple[int, int]:
-    """(height, width) of the output tile a `tiled_t<TW>` block computes."""
-    width = int(_CONFIG.fullmatch(variant).group(1))
-    return BLOCK // width, width
+@dataclass(frozen=True)
+class TiledConfig(Config):
+    """A block computes a height x width tile of one output map, a thread per output."""
+
+    block: tuple[int, int] = tagged("b", 2)  # height x width
+
+    @property
+    def height(self) -> int:
+        return self.block[0]
+
+    @property
+    def width(self) -> int:
+        return self.block[1]
 
 
 def input_tile(spec: ConvSpec, height: int, width: int) -> tuple[int, int]:
@@ -43,56 +52,58 @@ class Tiled(Family):
         "memory, each thread computes one output from it; filters in __constant__ memory"
     )
     constant_weights = True
+    config_type = TiledConfig
 
-    def owns(self, variant):
-        return variant == self.name or _CONFIG.fullmatch(variant) is not None
+    def config(self, width: int) -> TiledConfig:
+        """The tile of BLOCK threads `width` outputs wide."""
+        return TiledConfig(self.name, (BLOCK // width, width))
 
     def configs(self, spec, epilogue=NONE):
         """t32 first (a warp is one tile row: conflict-free shared reads, measured faster on lenet86
         conv2 and ece408), unless its tiles overhang the output so far that it launches over
         IDLE_LIMIT x the threads t16 does (lenet86 conv1: 96 vs 80 columns, where t16 was faster)."""
-        fitting = [w for w in TUNED_WIDTHS if self.reason(spec, f"tiled_t{w}", epilogue) is None]
+        fitting = [w for w in TUNED_WIDTHS if self.reason(spec, self.config(w), epilogue) is None]
         if fitting == [16, 32]:
             # both tiles hold BLOCK threads: compare tile counts
             overhang = tiles(spec, BLOCK // 32, 32) > IDLE_LIMIT * tiles(spec, BLOCK // 16, 16)
             fitting = [16, 32] if overhang else [32, 16]
-        return [f"tiled_t{w}" for w in fitting]
+        return [self.config(w) for w in fitting]
 
-    def reason(self, spec, variant, epilogue):
-        if variant == self.name:
-            return None if self.configs(spec, epilogue) else "no tile's input fits in 48 KiB of shared memory"
-        height, width = tile_shape(variant)
-        if width not in WIDTHS:
-            return f"{variant}: the tile width must be one of {', '.join(map(str, WIDTHS))} (a block of {BLOCK} threads)"
+    def unconfigured_reason(self, spec, epilogue):
+        return "no tile's input fits in 48 KiB of shared memory"
+
+    def reason(self, spec, config, epilogue):
+        height, width = config.block
+        if width not in WIDTHS or height * width != BLOCK:
+            tiles = ", ".join(self.config(w).name() for w in WIDTHS)
+            return f"{config}: the tile width must be one of {', '.join(map(str, WIDTHS))} (a block of {BLOCK} threads: {tiles})"
         rows, cols = input_tile(spec, height, width)
         if rows * cols * 4 > SHARED_BYTES:
             return (
-                f"{variant}: the input tile of {rows} x {cols} floats (halo included) exceeds "
+                f"{config}: the input tile of {rows} x {cols} floats (halo included) exceeds "
                 f"{SHARED_BYTES // 1024} KiB of shared memory"
             )
         return None
 
-    def compile_units(self, spec, variant, epilogue=NONE):
-        height, width = tile_shape(variant)
+    def compile_units(self, spec, config, epilogue=NONE):
         # a tile load and two barriers per channel besides the taps: unroll the channels when short
-        defines = shape_defines(spec) | {"TW": width, "TH": height, "UNROLL_C": unroll_channels(spec, 1)}
+        defines = shape_defines(spec) | {"TW": config.width, "TH": config.height, "UNROLL_C": unroll_channels(spec, 1)}
         return [CompileUnit("conv_tiled.cu", "conv_tiled", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, variant), filter_constants(weights))
-        return TiledKernel(spec, variant, function, tile_shape(variant))
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        return TiledKernel(spec, config, function)
 
 
 class TiledKernel(ConvKernel):
     """One block per (image, output tile) along x, per output map along y."""
 
-    def __init__(self, spec, variant, function, tile: tuple[int, int]):
-        super().__init__(spec, variant, [function])
+    def __init__(self, spec, config: TiledConfig, function):
+        super().__init__(spec, config, [function])
         self._function = function
-        self._tile = tile
 
     def _launch(self, x, weights, y, batch):
-        height, width = self._tile
+        height, width = self.config.block
         grid = (batch * tiles(self.spec, height, width), self.spec.out_channels, 1)
         self._function(grid, (width, height, 1), (x, y, np.int32(batch)))
 

@@ -19,14 +19,14 @@ class Unrolled(Family):
         "weights from global memory (also run-time weights)"
     )
 
-    def compile_units(self, spec, variant, epilogue=NONE):
+    def compile_units(self, spec, config, epilogue=NONE):
         # the channel loop unrolls fully too, unless the unrolled body would be huge
         defines = shape_defines(spec) | {"UNROLL_C": unroll_channels(spec, 1)}
         return [CompileUnit("conv_unrolled.cu", "conv_unrolled", defines)]
 
-    def build(self, spec, variant, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, variant))
-        return GridKernel(spec, variant, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=True)
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config))
+        return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=True)
 
 
 FAMILIES: list[Family] = [Unrolled()]

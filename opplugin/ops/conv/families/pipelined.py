@@ -1,0 +1,233 @@
+"""What the pipelined implicit GEMMs share (kernels/conv_implicit_tiles.cuh): the tensor-core
+GEMM (`tensor_gemm`) and the FP32 SIMT GEMM (`simt_gemm`) stream BM x BK weight tiles and
+BK x BN tiles gathered from the image (through the __constant__ tap table) through a
+cp.async pipeline, and may split the K loop over several blocks whose partial sums a second
+kernel adds in a fixed order, for layers with too few output tiles to fill the GPU.
+
+Here: the tap table, the K split that fills the GPU, the limits both share (group 1, no max
+pool, the table's size), and the kernel that launches either. Each family brings its own
+Config (the block tile, its warp or thread tiles, the stages) and its table of tiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from .... import cuda
+from ..epilogue import NONE
+from ..spec import ConvSpec
+from .common import BlockTiledConfig, ConvKernel, Family, load_functions
+from .gemm import k_dim, pixels  # group 1 here: K = C * KH * KW
+
+TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB
+NO_TAP = 0x3FFF  # must match the source: marks the table rows past K
+TAP_SLICE = 32  # the tap table covers K in slices of this many rows, and the K split counts these slices
+MIN_SLICES_PER_BLOCK = 4  # split K only while each block keeps this many slices (the pipeline's depth)
+MAX_K_SPLITS = 16
+DEFAULT_SMS = 132  # an H100 SXM; the configs use the real count when a device is present
+WAVE_SHARE = 0.8  # a grid of fewer blocks than this share of the SMs leaves too much idle: split K
+WAVE_BALANCE = 0.9  # a K split that fills this share of the block slots over every wave is offered too
+REDUCE_BLOCK = 256
+
+
+class PipelinedConfig(BlockTiledConfig):
+    """What both GEMMs' Configs give: `block` (BM x BN x BK), `stages` and `splits` fields,
+    and the threads, registers budget and shared memory of a block."""
+
+    stages: int
+    splits: int
+
+    @property
+    def threads(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks per SM the registers are capped for (__launch_bounds__)."""
+        raise NotImplementedError
+
+    def shared_bytes(self) -> int:
+        raise NotImplementedError
+
+
+def k_slices(spec: ConvSpec) -> int:
+    return -(-k_dim(spec) // TAP_SLICE)
+
+
+def columns(spec: ConvSpec, batch: int | None = None) -> int:
+    return (spec.batch if batch is None else batch) * pixels(spec)
+
+
+def is_pointwise(spec: ConvSpec) -> bool:
+    """1x1, stride 1, no pads: a B row is a channel's pixels, contiguous in the image."""
+    return spec.kernel == (1, 1) and spec.strides == (1, 1) and not any(spec.pads)
+
+
+def masks_taps(spec: ConvSpec) -> bool:
+    """Whether a thread can keep one bit per window tap (and one more that is never set)."""
+    return int(np.prod(spec.kernel)) < 64
+
+
+def tap_table(spec: ConvSpec) -> np.ndarray:
+    """k -> (c*H*W + kh*DH*W + kw*DW, the tap's place), as int32 pairs, for K rounded up to
+    whole slices. The place is kh*KW + kw when `masks_taps`, with KH*KW for the rows
+    past K; else kh*DH << 16 | kw*DW, with NO_TAP << 16 past K (a row outside every image)."""
+    (h, w), (kh, kw), (dh, dw) = spec.in_size, spec.kernel, spec.dilations
+    c, i, j = np.meshgrid(np.arange(spec.in_channels), np.arange(kh), np.arange(kw), indexing="ij")
+    offsets = (c * h * w + i * dh * w + j * dw).ravel()
+    if masks_taps(spec):
+        places, past_k = (i * kw + j).ravel(), kh * kw
+    else:
+        places, past_k = ((i * dh) << 16 | (j * dw)).ravel(), NO_TAP << 16
+    table = np.zeros((k_slices(spec) * TAP_SLICE, 2), dtype=np.int32)
+    table[:, 1] = past_k
+    table[: offsets.size, 0] = offsets
+    table[: offsets.size, 1] = places
+    return table
+
+
+def tiles_header_defines(spec: ConvSpec, splits: int) -> dict[str, int]:
+    """The macros kernels/conv_implicit_tiles.cuh reads besides the shape's and the tile's: the K
+    split, 16-byte weight rows (A_VEC) and pixel groups (B_VEC), the window test, the tap table's rows."""
+    pointwise_vectors = is_pointwise(spec) and pixels(spec) % 4 == 0
+    return dict(KSLICES=splits, A_VEC=4 if k_dim(spec) % 4 == 0 else 1, B_VEC=4 if pointwise_vectors else 1,
+                TAP_MASK=int(masks_taps(spec)), KPAD=k_slices(spec) * TAP_SLICE)
+
+
+def multiprocessors() -> int:
+    try:
+        return cuda.multiprocessor_count()
+    except Exception:  # no CuPy or no device (the offline compile check): assume an H100
+        return DEFAULT_SMS
+
+
+def grid_blocks(spec: ConvSpec, config: PipelinedConfig) -> int:
+    """Output tiles of the layer at its batch: the blocks of an unsplit grid."""
+    return -(-columns(spec) // config.bn) * -(-spec.out_channels // config.bm)
+
+
+def split_for(spec: ConvSpec, config: PipelinedConfig, sms: int) -> int:
+    """Blocks to split K over so that the grid covers about the SMs, each keeping
+    MIN_SLICES_PER_BLOCK slices; 1 when the output tiles alone are enough."""
+    blocks = grid_blocks(spec, config)
+    split = 1
+    while blocks * split < WAVE_SHARE * sms and split * 2 <= MAX_K_SPLITS and k_slices(spec) >= 2 * split * MIN_SLICES_PER_BLOCK:
+        split *= 2
+    return split
+
+
+def with_split(config: PipelinedConfig, splits: int) -> PipelinedConfig:
+    return dataclasses.replace(config, splits=splits)
+
+
+def wave_efficiency(blocks: int, slots: int) -> float:
+    """The share of the SMs' block slots a grid keeps busy over all its waves."""
+    return blocks / (-(-blocks // slots) * slots)
+
+
+def balancing_split(spec: ConvSpec, config: PipelinedConfig, sms: int) -> int:
+    """The fewest K splits from `split_for`'s on whose grid fills WAVE_BALANCE of the block
+    slots in its last wave too (else `split_for`'s): a grid of 1.5 waves leaves a quarter of
+    the GPU idle (ncu on ResNet 256->256 at batch 32, 128x64 tiles: 0.7 waves of two blocks
+    per SM, 19% of the SMs' cycles idle)."""
+    blocks = grid_blocks(spec, config)
+    slots = sms * config.min_blocks
+    least = split_for(spec, config, sms)
+    for split in range(least, MAX_K_SPLITS + 1):
+        if k_slices(spec) < split * MIN_SLICES_PER_BLOCK:
+            break
+        if wave_efficiency(blocks * split, slots) >= WAVE_BALANCE:
+            return split
+    return least
+
+
+class PipelinedGemm(Family):
+    """A pipelined implicit GEMM: subclasses give `tiles` (BM x BN -> what `tile_config` needs),
+    `tile_config`, `configs` (each tile's config with a K split: `with_split`) and `compile_units`."""
+
+    fuses = True  # bias, a residual Add and an activation; not the max pool
+    split = False  # 3xTF32: each operand split into two TF32 parts (an infinite input turns into NaN)
+    tiles: dict[tuple[int, int], Any] = {}
+
+    def tile_config(self, tile: tuple[int, int], splits: int = 1) -> PipelinedConfig:
+        """The configuration of the BM x BN tile `tile`, its K split over `splits` blocks."""
+        raise NotImplementedError
+
+    def reason(self, spec, config, epilogue):
+        if spec.group != 1:
+            return f"{self.name} implements group=1 only (this Conv has group={spec.group})"
+        if epilogue.pool:
+            return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
+        if k_slices(spec) * TAP_SLICE > TAP_TABLE_ROWS:
+            return f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table in __constant__ memory"
+        if spec.in_size[0] >= NO_TAP or spec.in_size[1] > 0xFFFF:
+            return f"images of {spec.in_size} pixels are too large for the packed tap table"
+        tile = config.block[:2]
+        if tile not in self.tiles or config != self.tile_config(tile, config.splits):
+            return f"{config}: the tiles are {', '.join(self.tile_config(t).name() for t in self.tiles)}"
+        slices = -(-k_dim(spec) // config.bk)
+        if not 1 <= config.splits <= min(MAX_K_SPLITS, slices):
+            return f"{config}: K has {slices} slices of {config.bk}; split it 1 to {min(MAX_K_SPLITS, slices)} ways"
+        return None
+
+    def alignment(self, spec: ConvSpec) -> int:
+        """Bytes x, y and the residual must be aligned to: 16 where B rows are copied as float4 pixel groups."""
+        return 16 if is_pointwise(spec) else 4
+
+    def build(self, spec, config, weights, epilogue=NONE):
+        units = self.compile_units(spec, config, epilogue)
+        functions = load_functions(units, {"taps": tap_table(spec).view(np.float32)})
+        return PipelinedGemmKernel(spec, config, functions, epilogue, split_operands=self.split, alignment=self.alignment(spec))
+
+
+class PipelinedGemmKernel(ConvKernel):
+    """The GEMM over a grid of output tiles x K splits, then (when split) the reduce kernel."""
+
+    reads_weights = True
+    residual_parameter = True
+
+    @property
+    def nonfinite_exact(self) -> bool:
+        return not self.split_operands and super().nonfinite_exact
+
+    def __init__(self, spec: ConvSpec, config: PipelinedConfig, functions, epilogue=NONE, *, split_operands: bool, alignment: int):
+        super().__init__(spec, config, functions, epilogue, alignment=alignment)
+        self.split_operands = split_operands  # 3xTF32: an infinite input turns into NaN (see split_tf32 in the kernel)
+        self.splits = config.splits
+        self._shared = config.shared_bytes()
+        self._gemm = functions[0]
+        self._reduce = functions[1] if config.splits > 1 else None
+        if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
+            self._gemm.max_dynamic_shared_size_bytes = self._shared
+        # the 16-byte weight copies need W's rows 16-byte aligned
+        self.weight_alignment = 16 if k_dim(spec) % 4 == 0 else 4
+        self._geometries: dict[int, tuple[tuple[int, int, int], int, int]] = {}
+
+    def workspace_bytes(self, batch: int) -> int:
+        return 4 * self.splits * self.spec.out_channels * columns(self.spec, batch) if self.splits > 1 else 0
+
+    def _geometry(self, batch: int) -> tuple[tuple[int, int, int], int, int]:
+        """(grid, workspace floats, reduce blocks) of a call at this batch, worked out once per batch."""
+        known = self._geometries.get(batch)
+        if known is not None:
+            return known
+        cols = columns(self.spec, batch)
+        grid = (-(-cols // self.config.bn), -(-self.spec.out_channels // self.config.bm), self.splits)
+        outputs = batch * self.spec.out_channels * pixels(self.spec)
+        self._geometries[batch] = grid, self.workspace_bytes(batch) // 4, min(-(-outputs // REDUCE_BLOCK), 65535)
+        return self._geometries[batch]
+
+    def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+        import cupy
+
+        w, b, r = weights
+        if w.data.ptr % self.weight_alignment:
+            w = w.copy()
+        grid, workspace, reduce_blocks = self._geometry(batch)
+        partial = cupy.empty(workspace, dtype=cupy.float32) if self.splits > 1 else None
+        target = np.uint64(0) if partial is None else partial
+        self._gemm(grid, (self.config.threads, 1, 1), (x, w, b, r, y, target, np.int32(batch)), shared_mem=self._shared)
+        if partial is not None:
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch)))

@@ -1,0 +1,12 @@
+"""A plugin's record of a node (`Plugin.describe`: a ConvSpec, say), which the plan makes
+once per node and hands over as `node.spec`."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..registry import NodeInfo
+
+
+def spec_of(node: NodeInfo, describe: Callable[[NodeInfo], Any]) -> Any:
+    """The plan's record of `node`, or, for a NodeInfo made by hand (no record), `describe`'s made now."""
+    return node.spec if node.spec is not None else describe(node)

@@ -58,10 +58,10 @@ def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failin
 def test_the_cli_prints_the_compile_error_then_the_log(monkeypatch, capsys):
     import opplugin.cli as cli
 
-    def broken_runner(args):
+    def broken_runner(args, loaded, poison=False):
         raise KernelCompileError("conv_const.cu", ("--std=c++17", "-DC=1", "-DMO=4"), NVRTC_LOG)
 
-    monkeypatch.setattr(cli, "_runner", broken_runner)
+    monkeypatch.setattr(cli, "_make_runner", broken_runner)
     assert main(["run", "lenet86", "--device", "cpu", "--batch", "2"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("opplugin: error: kernel conv_const.cu failed to compile with NVRTC (-DC=1 -DMO=4): ")

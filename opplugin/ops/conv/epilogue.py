@@ -108,3 +108,8 @@ class Epilogue:
 
 
 NONE = Epilogue()
+
+
+def kernel_name(variant: str, epilogue: Epilogue = NONE) -> str:
+    """A Conv kernel's name in reports: "conv.<configured name><epilogue>", e.g. "conv.const_mo_m4+relu"."""
+    return f"conv.{variant}{epilogue.suffix}"

@@ -2,6 +2,7 @@
 with the residual Add, activation and max pool that follow a Conv fused into its kernel."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,7 +13,7 @@ from ...registry import Kernel, NodeInfo, Plugin
 from ..described import spec_of
 from .. import activation
 from . import reference
-from .epilogue import NONE, RESIDUAL_INPUT, Epilogue
+from .epilogue import NONE, RESIDUAL_INPUT, Epilogue, kernel_name
 from .spec import ConvSpec
 
 
@@ -22,7 +23,7 @@ class ReferenceConvKernel(Kernel):
     def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE):
         self.spec = spec
         self.epilogue = epilogue
-        self.name = f"conv.reference{epilogue.suffix}"
+        self.name = kernel_name("reference", epilogue)
         self.nonfinite_exact = epilogue.pool is None  # see ConvKernel.nonfinite_exact
 
     def flops(self, batch: int) -> int:
@@ -38,6 +39,10 @@ class ReferenceConvKernel(Kernel):
         return [self.epilogue.apply(y.astype(np.float32, copy=False), residual_operand(inputs, self.epilogue))]
 
 
+def unfused_name(conv_name: str, epilogue: Epilogue) -> str:
+    return f"{conv_name}, then cupy{epilogue.suffix}"
+
+
 class UnfusedEpilogueKernel(Kernel):
     """A CUDA variant without a fused epilogue, followed by the epilogue as CuPy
     array operations: what a chosen variant that cannot fuse still runs as."""
@@ -46,7 +51,7 @@ class UnfusedEpilogueKernel(Kernel):
         self.conv = conv_kernel
         self.spec = conv_kernel.spec
         self.epilogue = epilogue
-        self.name = f"{conv_kernel.name}, then cupy{epilogue.suffix}"
+        self.name = unfused_name(conv_kernel.name, epilogue)
         # see ConvKernel.nonfinite_exact; the conv's own kernel may not promise it either (3xTF32)
         self.nonfinite_exact = epilogue.pool is None and getattr(conv_kernel, "nonfinite_exact", False)
         self.variant = conv_kernel.variant
@@ -123,7 +128,24 @@ class ConvPlugin(Plugin):
                 return count
         return 0
 
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        choice = self._choose(node, device, variant, fused)
+        if choice.config is None:
+            return kernel_name("reference", choice.epilogue)
+        name = kernel_name(choice.config.name(), choice.kernel_epilogue)
+        return name if choice.kernel_epilogue == choice.epilogue else unfused_name(name, choice.epilogue)
+
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        choice = self._choose(node, device, variant, fused)
+        if choice.config is None:
+            return ReferenceConvKernel(choice.spec, choice.epilogue)
+        from . import families
+
+        kernel = families.build_checked(choice.spec, choice.config, choice.weights, choice.kernel_epilogue)
+        return kernel if choice.kernel_epilogue == choice.epilogue else UnfusedEpilogueKernel(kernel, choice.epilogue)
+
+    def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> "_Choice":
+        """What `build` makes for the node, decided without compiling anything."""
         spec = conv_spec(node)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
@@ -134,7 +156,7 @@ class ConvPlugin(Plugin):
 
                 parse(variant)  # an unknown name says so before the missing device does
                 raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
-            return ReferenceConvKernel(spec, epilogue)
+            return _Choice(spec, epilogue)
         from . import families
         from .choice import choose_config
 
@@ -145,12 +167,23 @@ class ConvPlugin(Plugin):
         else:
             wanted = choose_config(spec, weights, epilogue, device)
         # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel
-        for fused_epilogue in dict.fromkeys((epilogue, NONE)):
-            config, reason = families.checked(spec, wanted, weights, fused_epilogue)
+        for kernel_epilogue in dict.fromkeys((epilogue, NONE)):
+            config, reason = families.checked(spec, wanted, weights, kernel_epilogue)
             if reason is None:
-                kernel = families.build_checked(spec, config, weights, fused_epilogue)
-                return kernel if fused_epilogue == epilogue else UnfusedEpilogueKernel(kernel, epilogue)
+                return _Choice(spec, epilogue, config, kernel_epilogue, weights)
         raise PluginError(f"variant '{variant or wanted}' cannot run Conv {node.name}: {reason}")
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """A Conv step's kernel, decided: the Config (None: the CPU's numpy reference) and the part of
+    the epilogue it fuses (the rest follows as CuPy array operations)."""
+
+    spec: ConvSpec
+    epilogue: Epilogue
+    config: Any = None
+    kernel_epilogue: Epilogue = NONE
+    weights: Any = None
 
 
 def describe(node: NodeInfo) -> ConvSpec:

@@ -23,12 +23,17 @@ from .families import GemmConfig, defines, effective_bias
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
 
+def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE) -> str:
+    """A Gemm or MatMul kernel's name in reports: "<op>.<configured name><epilogue>", e.g. "gemm.rowwarp_r2+softmax"."""
+    return f"{op}.{variant}{epilogue.suffix}"
+
+
 class ReferenceGemmKernel(Kernel):
     """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused)."""
 
     def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm"):
         self.spec, self.epilogue = spec, epilogue
-        self.name = f"{op}.reference{epilogue.suffix}"
+        self.name = kernel_name(op, "reference", epilogue)
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -67,7 +72,7 @@ class GemmKernel(Kernel):
 
         self.spec, self.config, self.epilogue = spec, config, epilogue
         self.variant = config.name()
-        self.name = f"{op}.{self.variant}{epilogue.suffix}"
+        self.name = kernel_name(op, self.variant, epilogue)
         module = cuda.compile_module(config.source, defines(spec, config, epilogue))
         self.function = module.get_function(f"gemm_{config.family}")
         self.functions = [self.function]

@@ -13,7 +13,7 @@ from ..described import spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
-from .kernel import GemmKernel, ReferenceGemmKernel
+from .kernel import GemmKernel, ReferenceGemmKernel, kernel_name
 from .spec import BIAS_FULL, GemmSpec
 
 
@@ -57,22 +57,34 @@ class GemmPlugin(Plugin):
                 return count
         return 0
 
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        spec, epilogue, config = self._choose(node, device, variant, fused)
+        return kernel_name(node.op_type.lower(), "reference" if config is None else config.name(), epilogue)
+
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec, epilogue, config = self._choose(node, device, variant, fused)
+        op = node.op_type.lower()
+        if config is None:
+            return ReferenceGemmKernel(spec, epilogue, op)
+        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2), op)
+
+    def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]):
+        """(spec, epilogue, Config) of what `build` makes, decided without compiling; the Config is
+        None on the CPU device (the numpy reference)."""
         spec = spec_of(node, self.describe)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
             raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
-        op = node.op_type.lower()
         if not device.is_cuda:
             if variant not in (None, "reference"):
                 families.configure(spec, variant)  # an unknown name says so before the missing device does
                 raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
-            return ReferenceGemmKernel(spec, epilogue, op)
+            return spec, epilogue, None
         config = families.configure(spec, variant) if variant else families.heuristic_config(spec, epilogue)
         reason = families.unsupported_reason(spec, config, epilogue)
         if reason:
             raise PluginError(f"variant '{config}' cannot run {node.op_type} {node.name}{epilogue.suffix}: {reason}")
-        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2), op)
+        return spec, epilogue, config
 
 
 class MatMulPlugin(GemmPlugin):

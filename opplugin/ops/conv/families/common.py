@@ -23,7 +23,7 @@ from .... import cuda
 from ....errors import PluginError
 from ....registry import Kernel
 from ...config_grammar import Config
-from ..epilogue import NONE, RESIDUAL_INPUT, Epilogue
+from ..epilogue import NONE, RESIDUAL_INPUT, Epilogue, kernel_name
 from ..spec import ConvSpec
 
 CONSTANT_MEMORY_BYTES = 64 * 1024  # the __constant__ space of every CUDA device so far
@@ -242,7 +242,7 @@ class ConvKernel(Kernel):
         self.spec = spec
         self.config = config
         self.variant = config.name()
-        self.name = f"conv.{self.variant}{epilogue.suffix}"
+        self.name = kernel_name(self.variant, epilogue)
         self.functions = list(functions)
         self.epilogue = epilogue
         self.alignment = alignment

@@ -5,8 +5,8 @@ One JSON file, `tuning.json`, in the user's cache directory:
 ``~/.cache/opplugin``. An entry is keyed by
 
 - the GPU's name (a kernel's speed is a property of the chip),
-- the node's shape signature: every ConvSpec field but the batch, plus the
-  fused epilogue (the kernel compiled for the node is a function of these),
+- the node's shape signature (ops/conv/choice.shape_signature: every ConvSpec field but the batch, plus the
+  fused epilogue; the kernel compiled for the node is a function of these),
 - the batch bucket: the power of two at or above the batch (occupancy, and so
   the best tile, changes with the number of images, but slowly),
 - the opplugin version (a new release may change the kernels behind a name),
@@ -28,14 +28,11 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import positive_int
 from .files import write_atomic
 
-if TYPE_CHECKING:
-    from .ops.conv.epilogue import Epilogue
-    from .ops.conv.spec import ConvSpec
 
 CACHE_DIR_ENV = "OPPLUGIN_CACHE_DIR"
 FILE_NAME = "tuning.json"
@@ -71,27 +68,6 @@ def batch_bucket(batch: int) -> int:
     return 1 << (positive_int(batch, "batch") - 1).bit_length()
 
 
-def _dims(values) -> str:
-    return "x".join(str(int(v)) for v in values)
-
-
-def shape_signature(spec: "ConvSpec", epilogue: "Epilogue") -> str:
-    """Every ConvSpec field except the batch, and the epilogue, as one stable string:
-    "c1 m4 in86x86 k7x7 s1x1 d1x1 p0x0x0x0 g1 bias +relu+maxpool2"."""
-    parts = [
-        f"c{spec.in_channels}",
-        f"m{spec.out_channels}",
-        f"in{_dims(spec.in_size)}",
-        f"k{_dims(spec.kernel)}",
-        f"s{_dims(spec.strides)}",
-        f"d{_dims(spec.dilations)}",
-        f"p{_dims(spec.pads)}",
-        f"g{spec.group}",
-        "bias" if spec.has_bias else "nobias",
-    ]
-    return " ".join(parts) + (f" {epilogue.suffix}" if epilogue.suffix else "")
-
-
 @dataclass(frozen=True)
 class CacheKey:
     """What a tuned choice holds for: the GPU, the step's shape and epilogue, the batch bucket
@@ -108,12 +84,14 @@ class CacheKey:
         return f"{self.gpu} | {self.signature} | batch<={self.bucket} | opplugin {self.version}"
 
 
-def key_for(spec: "ConvSpec", epilogue: "Epilogue", gpu: str, version: str | None = None) -> CacheKey:
+def key_for(signature: str, batch: int, gpu: str, version: str | None = None) -> CacheKey:
+    """The key of a step whose shape and epilogue read `signature` (the op's own, e.g.
+    ops/conv/choice.shape_signature), at `batch`, on `gpu`."""
     if version is None:
         import opplugin
 
         version = opplugin.__version__  # read at call time: tests (and upgrades) change it
-    return CacheKey(gpu, shape_signature(spec, epilogue), batch_bucket(spec.batch), version)
+    return CacheKey(gpu, signature, batch_bucket(batch), version)
 
 
 @dataclass

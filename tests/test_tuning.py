@@ -19,6 +19,7 @@ import pytest
 import opplugin
 from opplugin import cli, cuda, files, tuning_cache
 from opplugin.lab import tune as tuning
+from opplugin.ops.conv.choice import tuning_key
 from opplugin.lab.trial import EXACT_TOLERANCE, Trial, local_memory_bytes
 from opplugin.errors import DeviceError, InputError
 from opplugin.model import load_model
@@ -65,23 +66,23 @@ def test_batch_bucket_rejects_an_empty_batch():
 
 
 def test_key_ignores_the_batch_within_a_bucket_but_not_the_shape_or_epilogue():
-    key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A", "1.0")
-    assert key == tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=9000), RELU_POOL2, "GPU A", "1.0")
+    key = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A", "1.0")
+    assert key == tuning_key(dataclasses.replace(LENET_CONV1, batch=9000), RELU_POOL2, "GPU A", "1.0")
     assert key.bucket == 16384 and "GPU A" in key.text and "1.0" in key.text and "+relu+maxpool2" in key.text
     others = [
-        tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=5000), RELU_POOL2, "GPU A", "1.0"),
-        tuning_cache.key_for(LENET_CONV1, NONE, "GPU A", "1.0"),
-        tuning_cache.key_for(dataclasses.replace(LENET_CONV1, pads=(1, 1, 1, 1)), RELU_POOL2, "GPU A", "1.0"),
-        tuning_cache.key_for(dataclasses.replace(LENET_CONV1, has_bias=False), RELU_POOL2, "GPU A", "1.0"),
-        tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU B", "1.0"),
-        tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A", "1.1"),
+        tuning_key(dataclasses.replace(LENET_CONV1, batch=5000), RELU_POOL2, "GPU A", "1.0"),
+        tuning_key(LENET_CONV1, NONE, "GPU A", "1.0"),
+        tuning_key(dataclasses.replace(LENET_CONV1, pads=(1, 1, 1, 1)), RELU_POOL2, "GPU A", "1.0"),
+        tuning_key(dataclasses.replace(LENET_CONV1, has_bias=False), RELU_POOL2, "GPU A", "1.0"),
+        tuning_key(LENET_CONV1, RELU_POOL2, "GPU B", "1.0"),
+        tuning_key(LENET_CONV1, RELU_POOL2, "GPU A", "1.1"),
     ]
     assert len({key.text, *(k.text for k in others)}) == 1 + len(others)
 
 
 def test_key_takes_the_installed_version_by_default(monkeypatch):
     monkeypatch.setattr(opplugin, "__version__", "9.9.9")
-    assert tuning_cache.key_for(LENET_CONV1, NONE, "GPU").version == "9.9.9"
+    assert tuning_key(LENET_CONV1, NONE, "GPU").version == "9.9.9"
 
 
 def test_cache_directory_follows_the_environment(tmp_path, monkeypatch):
@@ -98,8 +99,8 @@ def test_cache_directory_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_store_then_lookup_round_trips_and_keeps_other_entries(cache_dir):
-    first = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
-    second = tuning_cache.key_for(LENET_CONV1, NONE, "GPU A")
+    first = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")
+    second = tuning_key(LENET_CONV1, NONE, "GPU A")
     tuning_cache.store({first: a_choice("const_rb_t2x1_m4", 0.5)})
     path = tuning_cache.store({second: a_choice("const_mo_m4", 0.7)})
     assert path == cache_dir / "tuning.json"
@@ -112,7 +113,7 @@ def test_store_then_lookup_round_trips_and_keeps_other_entries(cache_dir):
 
 
 def test_write_is_atomic_and_leaves_no_temporary_file(cache_dir, monkeypatch):
-    key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
+    key = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")
     path = tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
     before = path.read_text()
 
@@ -134,7 +135,7 @@ def test_write_is_atomic_and_leaves_no_temporary_file(cache_dir, monkeypatch):
 def test_a_corrupt_or_foreign_file_is_empty_with_one_warning_then_replaced(cache_dir, content):
     cache_dir.mkdir()
     (cache_dir / "tuning.json").write_bytes(content.encode("latin-1"))
-    key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
+    key = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")
     with pytest.warns(tuning_cache.TuningCacheWarning, match="ignoring the tuning cache"):
         assert tuning_cache.lookup(key) is None
     with warnings.catch_warnings():
@@ -150,7 +151,7 @@ def test_a_corrupt_or_foreign_file_is_empty_with_one_warning_then_replaced(cache
 def test_a_cache_of_the_old_names_is_ignored_with_one_warning(cache_dir):
     """Format 1 held names of the grammar before ops/config_grammar.py ("const_rb_r2m4"): version 2 drops them."""
     assert tuning_cache.FORMAT_VERSION == 2
-    key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)
+    key = tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)
     tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
     data = json.loads(tuning_cache.cache_path().read_text())
     data["format_version"] = 1
@@ -163,7 +164,7 @@ def test_a_cache_of_the_old_names_is_ignored_with_one_warning(cache_dir):
 
 
 def test_malformed_entries_are_ignored(cache_dir):
-    key = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")
+    key = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")
     path = tuning_cache.store({key: a_choice("const_rb_t2x1_m4")})
     data = json.loads(path.read_text())
     data["entries"][key.text]["variant"] = 42
@@ -174,24 +175,24 @@ def test_malformed_entries_are_ignored(cache_dir):
 def test_an_entry_of_another_version_is_ignored(monkeypatch):
     weights = ones_weights(LENET_CONV1)
     monkeypatch.setattr(opplugin, "__version__", "0.0.1")
-    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice("const_rb_t2x1_m4")})
+    tuning_cache.store({tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice("const_rb_t2x1_m4")})
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU).name() == "const_rb_t2x1_m4"
     monkeypatch.setattr(opplugin, "__version__", "0.0.2")
-    assert tuning_cache.lookup(tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)) is None
+    assert tuning_cache.lookup(tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)) is None
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
 def test_lookup_takes_the_nearest_tuned_bucket_within_a_factor_of_16():
-    tuned = tuning_cache.key_for(LENET_CONV1, RELU_POOL2, "GPU A")  # batch 10000: bucket 16384
+    tuned = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")  # batch 10000: bucket 16384
     tuning_cache.store({tuned: a_choice("const_rb_t2x1_m4")})
-    chunk = tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=1134), RELU_POOL2, "GPU A")
+    chunk = tuning_key(dataclasses.replace(LENET_CONV1, batch=1134), RELU_POOL2, "GPU A")
     assert tuning_cache.lookup(chunk).variant == "const_rb_t2x1_m4"
-    far = tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=256), RELU_POOL2, "GPU A")
+    far = tuning_key(dataclasses.replace(LENET_CONV1, batch=256), RELU_POOL2, "GPU A")
     assert tuning_cache.lookup(far) is None
     tuning_cache.store({far: a_choice("const_rb_t4x1_m4", batch=256)})
     assert tuning_cache.lookup(far).variant == "const_rb_t4x1_m4"
     # 1024 lies two powers of two from 256 and four from 16384
-    middle = tuning_cache.key_for(dataclasses.replace(LENET_CONV1, batch=1024), RELU_POOL2, "GPU A")
+    middle = tuning_key(dataclasses.replace(LENET_CONV1, batch=1024), RELU_POOL2, "GPU A")
     assert tuning_cache.lookup(middle).variant == "const_rb_t4x1_m4"
 
 
@@ -202,7 +203,7 @@ def test_choice_takes_a_usable_cached_variant():
     weights = ones_weights(LENET_CONV1)
     heuristic = heuristic_config(LENET_CONV1, weights, RELU_POOL2)
     other = next(c for c in families.tuning_configs(LENET_CONV1, weights, RELU_POOL2) if c != heuristic)
-    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(other.name())})
+    tuning_cache.store({tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(other.name())})
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == other
     another_gpu = Device("cuda", "Another GPU", "8.0")
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, another_gpu) == heuristic
@@ -211,7 +212,7 @@ def test_choice_takes_a_usable_cached_variant():
 @pytest.mark.parametrize("cached", ["no_such_variant7", "const_mo_m4", "const_rb_t3x1_m4"], ids=["unknown", "cannot_fuse", "bad_tile"])
 def test_choice_falls_back_to_the_heuristic_when_the_cached_variant_cannot_run(cached):
     weights = ones_weights(LENET_CONV1)
-    tuning_cache.store({tuning_cache.key_for(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(cached)})
+    tuning_cache.store({tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name): a_choice(cached)})
     assert families.unsupported_reason(LENET_CONV1, cached, weights, RELU_POOL2) is not None
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
@@ -279,7 +280,7 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
         assert [r.variant for r in tuned.results] == configs
         if len(configs) > 3:
             assert tuned.chosen.variant == configs[3]
-            cached = tuning_cache.lookup(tuning_cache.key_for(tuned.spec, tuned.epilogue, FAKE_GPU.name))
+            cached = tuning_cache.lookup(tuning_key(tuned.spec, tuned.epilogue, FAKE_GPU.name))
             assert cached.variant == configs[3] and cached.median_ms == 3.0
             assert [r["variant"] for r in cached.runners_up] == configs[4 : 4 + tuning.RUNNERS_UP_KEPT]
         else:
@@ -389,7 +390,7 @@ def test_tuning_drives_the_runner(which, tiny_model_path, cache_dir):
     slowest = {tuned.step: tuned.passed[-1] for tuned in report.steps}
     tuning_cache.store(
         {
-            tuning_cache.key_for(t.spec, t.epilogue, report.device.name): tuning_cache.Choice(slowest[t.step].variant, 1.0, 256)
+            tuning_key(t.spec, t.epilogue, report.device.name): tuning_cache.Choice(slowest[t.step].variant, 1.0, 256)
             for t in report.steps
         }
     )

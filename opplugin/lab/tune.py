@@ -24,6 +24,7 @@ from ..errors import DeviceError, positive_int
 from ..jsonout import header
 from ..model import Model, load_model
 from ..ops.conv import families
+from ..ops.conv.choice import tuning_key
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.spec import ConvSpec
@@ -135,7 +136,7 @@ def tune(
     for step, spec, epilogue in conv_steps(model, batch, device):
         report.steps.append(tune_step(step, spec, epilogue, say, warmup, repeat, sources))
     choices = {
-        tuning_cache.key_for(t.spec, t.epilogue, device.name): t.cache_choice() for t in report.steps if t.chosen
+        tuning_key(t.spec, t.epilogue, device.name): t.cache_choice() for t in report.steps if t.chosen
     }
     if write_cache and choices:
         try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from ...device import Device
 from ...errors import PluginError
-from ...tuning_cache import key_for, lookup
+from ...tuning_cache import CacheKey, key_for, lookup
 from . import families
 from .epilogue import NONE, Epilogue
 from .families.gemm import k_dim
@@ -99,7 +99,7 @@ def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:
 
 def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config | None:
     """The tuned choice for this node on this GPU, if the cache has one that still runs it."""
-    choice = lookup(key_for(spec, epilogue, device.name))
+    choice = lookup(tuning_key(spec, epilogue, device.name))
     if choice is None:
         return None
     config, reason = families.checked(spec, choice.variant, weights, epilogue)  # a name that no longer parses: no choice
@@ -109,3 +109,29 @@ def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -
 def choose_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config:
     """The configuration for this node on this device: tuned, else the heuristic's."""
     return cached_config(spec, weights, epilogue, device) or heuristic_config(spec, weights, epilogue)
+
+
+def _dims(values) -> str:
+    return "x".join(str(int(v)) for v in values)
+
+
+def shape_signature(spec: ConvSpec, epilogue: Epilogue) -> str:
+    """Every ConvSpec field except the batch, and the epilogue, as one stable string:
+    "c1 m4 in86x86 k7x7 s1x1 d1x1 p0x0x0x0 g1 bias +relu+maxpool2"."""
+    parts = [
+        f"c{spec.in_channels}",
+        f"m{spec.out_channels}",
+        f"in{_dims(spec.in_size)}",
+        f"k{_dims(spec.kernel)}",
+        f"s{_dims(spec.strides)}",
+        f"d{_dims(spec.dilations)}",
+        f"p{_dims(spec.pads)}",
+        f"g{spec.group}",
+        "bias" if spec.has_bias else "nobias",
+    ]
+    return " ".join(parts) + (f" {epilogue.suffix}" if epilogue.suffix else "")
+
+
+def tuning_key(spec: ConvSpec, epilogue: Epilogue, gpu: str, version: str | None = None) -> CacheKey:
+    """The tuning cache's key of this Conv step (its batch bucket from spec.batch) on `gpu`."""
+    return key_for(shape_signature(spec, epilogue), spec.batch, gpu, version)

@@ -5,17 +5,39 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# test_kernel_compile.py's NVRTC compiles take most of the CPU suite's time: they begin once the
+# suite is collected, in one process at the lowest priority that uses a CPU the other tests leave
+# idle, and the module's tests run last (compile_cache.py).
+COMPILE_CHECK = "test_kernel_compile.py"
+
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip, with the reason, where CuPy sees no CUDA device."""
+    """Tests marked `gpu` skip, with the reason, where CuPy sees no CUDA device; the compile
+    check's tests go last."""
     from opplugin import cuda
 
+    items.sort(key=lambda item: item.path.name == COMPILE_CHECK)  # stable: the rest keep their order
     if cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device (CuPy missing or no GPU visible)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """Start the compile check's compiles in the background if any of its tests will run."""
+    from opplugin.lab import nvrtc_check
+
+    modules = {item.module for item in session.items if item.path.name == COMPILE_CHECK}
+    if modules and not session.config.option.collectonly and nvrtc_check.nvrtc_available():
+        modules.pop().start_compiles(session.config, background=True)
+
+
+def pytest_sessionfinish(session):
+    """A run that stops early (-x, Ctrl-C) does not wait for compiles nobody will read."""
+    if "compile_cache" in sys.modules:
+        sys.modules["compile_cache"].cancel()
 
 
 @pytest.fixture

@@ -1,16 +1,42 @@
-"""Every CUDA Conv variant compiles with NVRTC for sm_80 and sm_90, without a GPU.
+"""Every CUDA Conv, Gemm and pool kernel compiles with NVRTC for sm_80 and sm_90, without a GPU.
 
 Runs in CI: cuda-bindings' NVRTC turns each specialised source into a cubin and
-ptxas -v reports its resources. The constant-memory variants must not spill.
-Every distinct compile the tests below ask for is done once, up front, in a
-pool of processes (`compiled_up_front`); each test then reads its reports.
+ptxas -v reports its resources. Every distinct compile the tests below ask for is
+done once (compile_cache.py): they begin in the background once the suite is
+collected, the rest up front in a pool of processes (`compiled_up_front`), and they
+are kept in pytest's cache directory between runs; each test then reads its report.
+
+Two kinds of compile:
+
+- the build CuPy makes (full optimisation), wherever a test reads resources: no
+  spills, no stack frame, the constant bank's size. That is every constant-memory
+  family on every shape class for both architectures, the heuristic's pick for each
+  shipped step, the tensor-core and SIMT GEMMs on real CNN layers, the residual and
+  activation epilogues, the explicit map groups, every Gemm configuration and every pool.
+- NVRTC's fast-compile mode (compile_cache.FAST_OPTIONS: the same source and macros
+  through the front end and ptxas, less optimisation), where a test checks only that
+  a configuration compiles: the other families on every shape class for both
+  architectures, and every configuration tuning may time on the shipped steps
+  (tuning screens out a spilling kernel itself).
+
+Representatives: the tensor-core and SIMT GEMMs' every configuration on every real
+CNN layer is compiled once per code shape (`code_shape`): per kernel, its source and
+every macro but SHAPE_CONSTANTS, the shape dimensions these two kernels use only as
+arithmetic constants (index maths, bounds tests, the run-time bound of the K loop;
+test_shape_constants_only_do_arithmetic reads the sources for #if, if constexpr and
+for-loop bounds). Two cases of one code shape differ only in those immediates. Checked
+against a full compile of every case (sm_80 and sm_90, 404 compiles) when the rule was made: within a
+code shape a kernel's registers differed by at most 4 and no case spilled.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 
-from opplugin import cuda
+import compile_cache
+from opplugin import cuda, resources
 from opplugin.lab import cnn_layers, nvrtc_check
 from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_config
@@ -86,6 +112,35 @@ CNN_SIMT_CASES = [
     for config in dict.fromkeys(families.FAMILIES["simt_gemm"].configs(layer.spec(32)) + families.FAMILIES["simt_gemm"].configs(layer.spec(1)))
 ]
 
+# The pipelined implicit GEMMs (conv_tc_gemm.cu, conv_simt_gemm.cu, both on conv_implicit_tiles.cuh)
+# use these macros only as arithmetic constants: in index maths, bounds tests and the runtime
+# bound of the K loop, never in an #if or a for loop's bound (test_shape_constants_only_do_arithmetic
+# reads the sources for that). KH and KW are not among them: the tap mask unrolls a loop over KH*KW.
+SHAPE_CONSTANTS = frozenset({"C", "M", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
+REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm")
+
+
+def code_shape(spec, config, arch):
+    """What decides the code of `config` on `spec` for `arch`: per kernel, its source, name and
+    every macro but the shape constants (tile sizes, K slices, vector widths, flags, KH and KW)."""
+    return arch, tuple(
+        (unit.source, unit.function, tuple((name, str(value)) for name, value in unit.defines.items() if name not in SHAPE_CONSTANTS))
+        for unit in nvrtc_check.variant_units(spec, config)
+    )
+
+
+def _representatives():
+    """(layer, config, arch) -> the cases of CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES it stands for:
+    the first case of each code shape is compiled; the others differ from it only in shape constants."""
+    groups: dict[tuple, list[tuple[str, str, str]]] = {}
+    for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES:
+        for arch in ARCHS:
+            groups.setdefault(code_shape(CNN_SPECS[name], config, arch), []).append((name, config, arch))
+    return {cases[0]: cases for cases in groups.values()}
+
+
+CNN_REPRESENTATIVES = _representatives()
+
 
 # --- Gemm: every family's configurations on the shipped models' Gemm steps and the bench layers ---
 
@@ -160,39 +215,51 @@ RESIDUAL_ACTIVATION_CASES = [
 ]
 
 
-def _residual_jobs():
-    for step, config, arch in RESIDUAL_CASES:
-        spec, epilogue = RESIDUAL_STEPS[step]
-        yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, config, epilogue))
-    for activation, variant in RESIDUAL_ACTIVATION_CASES:
-        units = nvrtc_check.variant_units(ACTIVATION_SPEC, variant, Epilogue(activation, residual=True))
-        yield from ((unit.source, unit.defines, "sm_90") for unit in units)
+def _units_jobs(spec, variant, arch, epilogue=None, fast=False):
+    return compile_cache.variant_keys(spec, variant, arch, epilogue, fast)
 
 
 def compile_jobs():
-    """(source, defines, arch) of every compile the tests of this module make."""
-    yield from _residual_jobs()
-    for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES:
-        spec = CNN_SPECS[name]
-        for arch in ARCHS:
-            yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, config))
+    """compile_cache keys of every compile the tests of this module make, the slowest kinds first."""
+    for step, config, arch in RESIDUAL_CASES:
+        spec, epilogue = RESIDUAL_STEPS[step]
+        yield from _units_jobs(spec, config, arch, epilogue)
+    for activation, variant in RESIDUAL_ACTIVATION_CASES:
+        yield from _units_jobs(ACTIVATION_SPEC, variant, "sm_90", Epilogue(activation, residual=True))
     for spec in SHAPES.values():
         for variant in families.FAMILIES:
             if families.unsupported_reason(spec, variant, _ones(spec)) is None:
                 for arch in ARCHS:
-                    yield from ((unit.source, unit.defines, arch) for unit in nvrtc_check.variant_units(spec, variant))
+                    yield from _units_jobs(spec, variant, arch, fast=variant not in CONSTANT_FAMILIES)
+    for name, config, arch in CNN_REPRESENTATIVES:
+        yield from _units_jobs(CNN_SPECS[name], config, arch)
+    for step in SHIPPED_STEPS:
+        spec, epilogue = SHIPPED_STEPS[step]
+        yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
     for step, config in TUNING_CASES:
         spec, epilogue = SHIPPED_STEPS[step]
-        yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(spec, config, epilogue))
+        yield from _units_jobs(spec, config, "sm_90", epilogue, fast=True)
     for variant in EXPLICIT_MAPS:
-        yield from ((unit.source, unit.defines, "sm_90") for unit in nvrtc_check.variant_units(SHAPES["lenet86.conv2"], variant))
-    yield from ((config.source, gemm_families.defines(spec, config, epilogue), arch) for _, spec, config, epilogue, arch in GEMM_CASES)
-    yield from ((pool_kernel.SOURCE, pool_kernel.defines(spec), arch) for spec in POOL_SPECS.values() for arch in ARCHS)
+        yield from _units_jobs(SHAPES["lenet86.conv2"], variant, "sm_90")
+    for _, spec, config, epilogue, arch in GEMM_CASES:
+        yield compile_cache.key(config.source, gemm_families.defines(spec, config, epilogue), arch)
+    for spec in POOL_SPECS.values():
+        for arch in ARCHS:
+            yield compile_cache.key(pool_kernel.SOURCE, pool_kernel.defines(spec), arch)
+
+
+def start_compiles(config, background: bool = False) -> None:
+    """Begin every compile of this module (conftest.py calls this once the suite is collected,
+    in the background: on a CPU the other tests leave idle, while they run)."""
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: a cold run
+    compile_cache.use_disk(cache.mkdir("opplugin-compiles") if cache is not None else None)
+    compile_cache.start(compile_jobs(), background=background)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compiled_up_front():
-    nvrtc_check.precompile(compile_jobs())
+def compiled_up_front(request):
+    start_compiles(request.config)  # waits for those begun at collection, then does what is left
+    compile_cache.wait()
 
 
 def assert_clean(usage, family: str) -> None:
@@ -211,7 +278,8 @@ def test_variant_compiles(shape, variant, arch):
     reason = families.unsupported_reason(spec, variant, _ones(spec))
     if reason:
         pytest.skip(reason)
-    for usage in nvrtc_check.check_variant(spec, variant, arch):
+    # the resources of a constant-memory family are checked, of the others only that they compile
+    for usage in compile_cache.check_variant(spec, variant, arch, fast=variant not in CONSTANT_FAMILIES):
         assert_clean(usage, variant)
         # ptxas for sm_80 reports the __constant__ arrays as bank 3; sm_90's omits them
         if variant in CONSTANT_FAMILIES and 3 in usage.constant_memory:
@@ -221,9 +289,10 @@ def test_variant_compiles(shape, variant, arch):
 @pytest.mark.parametrize(("step", "config"), TUNING_CASES)
 def test_every_configuration_tuning_may_pick_compiles_for_hopper(step, config):
     # Spills are allowed here (tuning skips a kernel that uses local memory); a
-    # configuration must compile and stay within the register file.
+    # configuration must compile and stay within the register file. A check that it
+    # compiles, not of its resources: NVRTC's fast-compile mode does (see compile_cache).
     spec, epilogue = SHIPPED_STEPS[step]
-    for usage in nvrtc_check.check_variant(spec, config, "sm_90", epilogue):
+    for usage in compile_cache.check_variant(spec, config, "sm_90", epilogue, fast=True):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
 
 
@@ -231,8 +300,8 @@ def test_every_configuration_tuning_may_pick_compiles_for_hopper(step, config):
 def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
     spec, epilogue = SHIPPED_STEPS[step]
     variant = heuristic_config(spec, _ones(spec), epilogue)
-    for usage in nvrtc_check.check_variant(spec, variant, "sm_90", epilogue):
-        assert_clean(usage, variant)
+    for usage in compile_cache.check_variant(spec, variant, "sm_90", epilogue):
+        assert_clean(usage, variant.family)  # a configured name: check by its family
 
 
 def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
@@ -241,12 +310,55 @@ def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
     assert covered == exact
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("layer", "config"), CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES)
+@pytest.mark.parametrize(("layer", "config", "arch"), list(CNN_REPRESENTATIVES))
 def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
-    for usage in nvrtc_check.check_variant(CNN_SPECS[layer], config, arch):
+    # this case stands for every case of CNN_REPRESENTATIVES[layer, config, arch]: same code shape
+    for usage in compile_cache.check_variant(CNN_SPECS[layer], config, arch):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
+
+
+def test_every_real_cnn_case_has_a_representative_of_its_code_shape():
+    represented = [case for cases in CNN_REPRESENTATIVES.values() for case in cases]
+    assert sorted(represented, key=str) == sorted(((name, config, arch) for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES
+                                                   for arch in ARCHS), key=str)
+    assert {families.family_of(config).name for _, config, _ in represented} == set(REPRESENTED_FAMILIES)
+    for (name, config, arch), cases in CNN_REPRESENTATIVES.items():
+        assert all(code_shape(CNN_SPECS[n], c, a) == code_shape(CNN_SPECS[name], config, arch) for n, c, a in cases)
+    assert len(CNN_REPRESENTATIVES) < len(represented)
+
+
+def _macros_from_shape_constants(text: str) -> set[str]:
+    """SHAPE_CONSTANTS and every macro the source defines from one of them, however indirectly."""
+    names = set(SHAPE_CONSTANTS)
+    definitions = re.findall(r"^\s*#\s*define\s+(\w+)(?:\([^)]*\))?[ \t]+(.*)$", text, re.MULTILINE)
+    while grown := {name for name, body in definitions if name not in names and names & set(re.findall(r"\w+", body))}:
+        names |= grown
+    return names
+
+
+@pytest.mark.parametrize("family", REPRESENTED_FAMILIES)
+def test_shape_constants_only_do_arithmetic(family):
+    # What lets one compile stand for a code shape: no shape constant picks code (#if, if
+    # constexpr) or bounds a loop the compiler could unroll. A run-time `if` on them may
+    # still be folded where all its operands are constants; none of these kernels has one.
+    sources = {unit.source for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES
+               if families.family_of(config).name == family for unit in nvrtc_check.variant_units(CNN_SPECS[name], config)}
+    assert sources
+    for source in sources:
+        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
+        tainted = _macros_from_shape_constants(code)
+        for number, line in enumerate(code.splitlines(), 1):
+            words = set(re.findall(r"\w+", line))
+            if re.match(r"\s*#\s*(if|elif)\b", line) or "constexpr" in words and re.search(r"\bif\s+constexpr\b", line):
+                assert not words & tainted, f"{source} line {number} picks code by a shape constant: {line.strip()}"
+            if loop := re.search(r"\bfor\s*\([^;]*;([^;]*);", line):
+                bound = set(re.findall(r"\w+", loop.group(1)))
+                assert not bound & tainted, f"{source} line {number} bounds a loop by a shape constant: {line.strip()}"
+            if re.search(r"\bif\s*\(", line) and words & tainted:
+                # a run-time test must read a variable (lower case), not macros alone
+                condition = re.search(r"\bif\s*\((.*)\)", line).group(1)
+                assert any(not word.isupper() for word in re.findall(r"[A-Za-z_]\w*", condition)), line.strip()
 
 
 EXPLICIT_MAPS = ["const_mo_m1", "const_mo_m3", "const_mo_m16"]
@@ -255,7 +367,7 @@ EXPLICIT_MAPS = ["const_mo_m1", "const_mo_m3", "const_mo_m16"]
 @pytest.mark.parametrize("case", GEMM_CASES, ids=[case[0] for case in GEMM_CASES])
 def test_every_gemm_configuration_compiles_without_spills(case):
     _, spec, config, epilogue, arch = case
-    usage = nvrtc_check.check_source(config.source, gemm_families.defines(spec, config, epilogue), f"gemm_{config.family}", arch)
+    usage = compile_cache.check_source(config.source, gemm_families.defines(spec, config, epilogue), f"gemm_{config.family}", arch)
     assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
     assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log
 
@@ -270,7 +382,7 @@ def test_every_gemm_family_and_heuristic_pick_is_compiled():
 @pytest.mark.parametrize("variant", EXPLICIT_MAPS)
 def test_explicit_maps_per_thread_compile_without_spills(variant):
     # 16 is not a multiple of 3: the last map group is shorter
-    [usage] = nvrtc_check.check_variant(SHAPES["lenet86.conv2"], variant, "sm_90")
+    [usage] = compile_cache.check_variant(SHAPES["lenet86.conv2"], variant, "sm_90")
     assert usage.spills == 0, usage.log
 
 
@@ -316,7 +428,8 @@ POOL_SPECS = {
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("pool", list(POOL_SPECS))
 def test_every_pool_configuration_compiles_without_spills(pool, arch):
-    usage = nvrtc_check.check_pool(POOL_SPECS[pool], arch)
+    spec = POOL_SPECS[pool]
+    usage = compile_cache.check_source(pool_kernel.SOURCE, pool_kernel.defines(spec), pool_kernel.function_name(spec), arch)
     assert usage.cubin_bytes > 0 and 0 < usage.registers <= 64  # a thread holds an index and one accumulator
     assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log
 
@@ -331,13 +444,13 @@ def test_residual_cases_cover_every_fusing_family_and_split_k():
 @pytest.mark.parametrize(("step", "config", "arch"), RESIDUAL_CASES)
 def test_residual_epilogues_compile_without_spills(step, config, arch):
     spec, epilogue = RESIDUAL_STEPS[step]
-    for usage in nvrtc_check.check_variant(spec, config, arch, epilogue):
+    for usage in compile_cache.check_variant(spec, config, arch, epilogue):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 
 
 @pytest.mark.parametrize(("activation", "variant"), RESIDUAL_ACTIVATION_CASES, ids=lambda v: getattr(v, "suffix", v))
 def test_every_activation_with_a_residual_compiles_without_spills(activation, variant):
-    for usage in nvrtc_check.check_variant(ACTIVATION_SPEC, variant, "sm_90", Epilogue(activation, residual=True)):
+    for usage in compile_cache.check_variant(ACTIVATION_SPEC, variant, "sm_90", Epilogue(activation, residual=True)):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log

@@ -1,0 +1,229 @@
+"""The compile check's NVRTC compiles: each distinct one done once per run, in a pool of
+processes, and kept on disk between runs.
+
+A compile is (kernels/<source>, NVRTC options, arch). `check_source` and `check_variant`
+read ptxas's report of one the way `opplugin.lab.nvrtc_check`'s functions of the same
+names do, from this module's store: this module calls only nvrtc_check's public
+functions (`compile_cubin`, `parse_ptxas_log`, `variant_units`).
+
+`fast=True` adds FAST_OPTIONS (NVRTC's --Ofast-compile=max) to a compile: the same
+source and macros through the front end and ptxas, with less optimisation, 5 to 40
+times quicker on the unrolled kernels. Its register and spill figures are not those of
+the build CuPy makes, so it serves checks that a configuration compiles, never
+resource checks.
+
+The disk store (one small JSON file per compile: cubin size and ptxas log) is keyed by
+a hash of the source text with its headers inlined, the options, the architecture and
+the NVRTC version; it lives in pytest's cache directory (`pytest --cache-clear` or `-p
+no:cacheprovider` gives a cold run) or in $OPPLUGIN_COMPILE_CACHE ("off": none).
+Failed compiles are not stored: the check compiles again and raises with NVRTC's log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from opplugin import cuda, resources
+from opplugin.lab import nvrtc_check
+
+FAST_OPTIONS: tuple[str, ...] = ("--Ofast-compile=max",)
+CACHE_ENV = "OPPLUGIN_COMPILE_CACHE"
+
+Key = tuple[str, tuple[str, ...], str]  # (source file, options, arch)
+
+_reports: dict[Key, tuple[int, str]] = {}  # key -> (cubin bytes, ptxas log)
+_disk: Path | None = None
+
+
+def key(source_file: str, defines: Mapping[str, Any], arch: str, fast: bool = False) -> Key:
+    return source_file, cuda.nvrtc_options(defines) + (FAST_OPTIONS if fast else ()), arch
+
+
+def use_disk(directory: str | os.PathLike | None) -> None:
+    """Keep compiles in `directory` (None: in memory only); $OPPLUGIN_COMPILE_CACHE wins."""
+    global _disk
+    chosen = os.environ.get(CACHE_ENV, directory)
+    _disk = None if chosen in (None, "", "off") else Path(chosen)
+
+
+@lru_cache(maxsize=None)
+def _compiler_version() -> str:
+    from importlib import metadata
+
+    from cuda.bindings import nvrtc  # importable: the caller checked nvrtc_check.nvrtc_available()
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    packages = []
+    for name in ("nvidia-cuda-nvrtc", "cuda-bindings"):
+        try:
+            packages.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return f"nvrtc {major}.{minor} {' '.join(packages)} {' '.join(nvrtc_check.CUPY_IMPLIED_OPTIONS)}"
+
+
+def _path(k: Key) -> Path | None:
+    if _disk is None:
+        return None
+    source_file, options, arch = k
+    text = json.dumps([_compiler_version(), resources.kernel_source(source_file), options, arch])
+    return _disk / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+
+def _load(k: Key) -> bool:
+    path = _path(k)
+    if path is None or not path.is_file():
+        return False
+    try:
+        stored = json.loads(path.read_text())
+        _reports[k] = (int(stored["cubin_bytes"]), str(stored["log"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # unreadable: compile again
+    return True
+
+
+def _store(k: Key, report: tuple[int, str]) -> None:
+    _reports[k] = report
+    path = _path(k)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"cubin_bytes": report[0], "log": report[1]}))
+        temporary.replace(path)
+    except OSError:
+        pass  # a read-only cache directory costs a compile next time, nothing else
+
+
+def _compile(source_file: str, options: tuple[str, ...], arch: str) -> tuple[int, str]:
+    cubin, log = nvrtc_check.compile_cubin(resources.kernel_source(source_file), options, arch, name=source_file)
+    return len(cubin), log
+
+
+def _report(k: Key) -> tuple[int, str]:
+    if k not in _reports and not _load(k):
+        _store(k, _compile(*k))
+    return _reports[k]
+
+
+class _Background:
+    """Compiles keys in the background: while other tests run beside it, one at a time in one
+    process at the lowest priority (it takes a CPU they leave idle, not one they use: onnxruntime's
+    spinning thread pools slow down many times over when they must share); once `wait` is called,
+    the rest in `workers` processes at normal priority."""
+
+    def __init__(self, keys: list[Key], workers: int, foreground: bool):
+        self.workers, self.foreground, self.cancelled = workers, foreground, False
+        self.slot = threading.Semaphore(1)  # the background process's one job under way
+        self.pool: ProcessPoolExecutor | None = None
+        self.thread = threading.Thread(target=self._run, args=(keys,), daemon=True)
+        self.thread.start()
+
+    def _run(self, keys: list[Key]) -> None:
+        # spawn, not fork: the caller holds threads (onnxruntime's, the host-copy pool)
+        spawn = multiprocessing.get_context("spawn")
+        remaining = list(reversed(keys))
+        if not self.foreground:
+            with ProcessPoolExecutor(1, mp_context=spawn, initializer=os.nice, initargs=(19,)) as background:
+                while remaining:
+                    self.slot.acquire()
+                    if self.cancelled or self.foreground:
+                        break
+                    k = remaining.pop()
+                    background.submit(_compile, *k).add_done_callback(lambda future, k=k: self._done(k, future, self.slot))
+                if remaining and not self.cancelled:
+                    self._foreground(spawn, remaining)  # beside the background process's last job
+        elif remaining:
+            self._foreground(spawn, remaining)
+
+    def _foreground(self, spawn, remaining: list[Key]) -> None:
+        with ProcessPoolExecutor(self.workers, mp_context=spawn) as self.pool:
+            for k in reversed(remaining):
+                self.pool.submit(_compile, *k).add_done_callback(lambda future, k=k: self._done(k, future))
+
+    @staticmethod
+    def _done(k: Key, future, slot: threading.Semaphore | None = None) -> None:
+        try:
+            if not future.cancelled() and future.exception() is None:  # a failure: the check compiles again and raises
+                _store(k, future.result())
+        finally:
+            if slot is not None:
+                slot.release()
+
+    def wait(self) -> None:
+        self.foreground = True
+        self.slot.release()  # wakes the feeder if it waits for the background job
+        self.thread.join()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.slot.release()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        self.thread.join()
+
+
+_pending: _Background | None = None
+
+
+def start(keys: Iterable[Key], workers: int | None = None, background: bool = False) -> None:
+    """Compile every distinct key not yet stored, in `workers` processes (default: one per CPU),
+    or first in one low-priority process if `background`, until `wait`; any check waits."""
+    global _pending
+    wait()
+    todo = [k for k in dict.fromkeys(keys) if k not in _reports and not _load(k)]
+    if todo:
+        _pending = _Background(todo, workers or os.cpu_count() or 1, foreground=not background)
+
+
+def wait() -> None:
+    """Until every compile `start` began is done."""
+    global _pending
+    if _pending is not None:
+        _pending.wait()
+        _pending = None
+
+
+def cancel() -> None:
+    """Begin no more compiles; wait for those under way (seconds at most)."""
+    global _pending
+    if _pending is not None:
+        _pending.cancel()
+        _pending = None
+
+
+def precompile(keys: Iterable[Key], workers: int | None = None) -> None:
+    start(keys, workers)
+    wait()
+
+
+def check_source(source_file: str, defines: Mapping[str, Any], kernel: str, arch: str = "sm_90",
+                 fast: bool = False) -> nvrtc_check.ResourceUsage:
+    """As nvrtc_check.check_source: kernels/<source_file> compiled with `defines` for `arch`."""
+    wait()
+    k = key(source_file, defines, arch, fast)
+    cubin_bytes, log = _report(k)
+    usages = nvrtc_check.parse_ptxas_log(log, arch)
+    if kernel not in usages:
+        raise nvrtc_check.CompileError(f"ptxas reported nothing for kernel {kernel!r} in {source_file}:\n{log}")
+    usage = usages[kernel]
+    usage.cubin_bytes, usage.options, usage.log = cubin_bytes, k[1], log
+    return usage
+
+
+def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None, fast: bool = False) -> list[nvrtc_check.ResourceUsage]:
+    """As nvrtc_check.check_variant: every kernel of a Conv variant for a ConvSpec."""
+    return [check_source(unit.source, unit.defines, unit.function, arch, fast)
+            for unit in nvrtc_check.variant_units(spec, variant, epilogue)]
+
+
+def variant_keys(spec, variant: str, arch: str, epilogue=None, fast: bool = False) -> list[Key]:
+    return [key(unit.source, unit.defines, arch, fast) for unit in nvrtc_check.variant_units(spec, variant, epilogue)]

@@ -137,6 +137,10 @@ class UserPlugin(Plugin):
             return "only float32 tensors are supported"
         return None if device.is_cuda else f"{self.source.label} needs a GPU, and there is no built-in {self.op_type} plugin"
 
+    def describe(self, node: NodeInfo):
+        """The built-in plugin's record of the node, which its supports, fuse and build read."""
+        return self.fallback.describe(node) if self.fallback is not None else None
+
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         return self.fallback.fuse(node, followers, device) if self.fallback is not None else 0
 

@@ -53,9 +53,8 @@ class UnfusedEpilogueKernel(Kernel):
         self.epilogue = epilogue
         self.name = unfused_name(conv_kernel.name, epilogue)
         # see ConvKernel.nonfinite_exact; the conv's own kernel may not promise it either (3xTF32)
-        self.nonfinite_exact = epilogue.pool is None and getattr(conv_kernel, "nonfinite_exact", False)
+        self.nonfinite_exact = epilogue.pool is None and conv_kernel.nonfinite_exact
         self.variant = conv_kernel.variant
-        self.config = conv_kernel.config
 
     def flops(self, batch: int) -> int:
         return self.conv.flops(batch)

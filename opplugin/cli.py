@@ -152,6 +152,7 @@ def _plan_parser(commands) -> argparse.ArgumentParser:
 def _bench_parser(commands) -> argparse.ArgumentParser:
     from .lab import bench as conv_bench, e2e, gemm_bench
     from .lab.cnn_layers import SUITE_BATCHES
+    from .lab.trial import BENCH_REPEAT, BENCH_WARMUP
 
     def listed(values) -> str:
         return " ".join(map(str, values))
@@ -168,8 +169,8 @@ def _bench_parser(commands) -> argparse.ArgumentParser:
                        help=f"batch sizes, space or comma separated (default {listed(conv_bench.DEFAULT_BATCHES)}; "
                        f"{listed(SUITE_BATCHES)} with --suite cnn; {listed(gemm_bench.BATCHES)} with --suite gemm; "
                        f"{listed(e2e.DEFAULT_BATCHES)} with --e2e)")
-    bench.add_argument("--warmup", type=int, help=f"untimed calls before timing (default {conv_bench.DEFAULT_WARMUP})")
-    bench.add_argument("--repeat", type=int, help=f"timed samples; the tables give medians (default {conv_bench.DEFAULT_REPEAT})")
+    bench.add_argument("--warmup", type=int, help=f"untimed calls before timing (default {BENCH_WARMUP})")
+    bench.add_argument("--repeat", type=int, help=f"timed samples; the tables give medians (default {BENCH_REPEAT})")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
     bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")

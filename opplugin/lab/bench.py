@@ -41,15 +41,13 @@ from . import roofline
 from .bench_text import format_text
 from .cnn_layers import LAYERS, SUITE_BATCHES, layer_weights
 from .streams import host_to_host
-from .trial import EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, run_trial
+from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, run_trial
 
 # 2: the header every report shares (jsonout.py): device gains kind and memory_bytes;
 #    model and batch are the lists of models and batch sizes measured
 SCHEMA = "opplugin-bench/2"
 DEFAULT_BATCHES = (100, 1000, 10000)
 SUITES = ("models", "cnn")
-DEFAULT_WARMUP = 3
-DEFAULT_REPEAT = 20
 FP32_PEER_TOLERANCE = 1e-4  # cuDNN may pick Winograd or FFT algorithms, which round differently
 INEXACT_TOLERANCE = 1e-2  # fp16 / tf32 arithmetic: its error is reported, and must still be small
 # "all fused steps of the model together" targets (ms) at TARGET_BATCH, from the issue
@@ -94,8 +92,8 @@ STEP_KEYS = (
 @dataclass
 class Options:
     batches: Sequence[int] = DEFAULT_BATCHES
-    warmup: int = DEFAULT_WARMUP
-    repeat: int = DEFAULT_REPEAT
+    warmup: int = BENCH_WARMUP
+    repeat: int = BENCH_REPEAT
     all_configs: bool = False
     models: Sequence[str] = ("lenet86", "ece408_high")
     streams: bool = True  # the host-to-host streams comparison
@@ -567,8 +565,8 @@ def options_from_args(args: Any) -> Options:
     default_batches = SUITE_BATCHES if getattr(args, "suite", None) == "cnn" else DEFAULT_BATCHES
     return Options(
         batches=batch_sizes(args.batches, default_batches),
-        warmup=DEFAULT_WARMUP if args.warmup is None else args.warmup,
-        repeat=DEFAULT_REPEAT if args.repeat is None else args.repeat,
+        warmup=BENCH_WARMUP if args.warmup is None else args.warmup,
+        repeat=BENCH_REPEAT if args.repeat is None else args.repeat,
         all_configs=bool(args.all_configs),
         models=list(args.models or Options.models),
         suite=getattr(args, "suite", None) or "models",

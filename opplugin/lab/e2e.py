@@ -37,12 +37,11 @@ from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..model import Model, load_model
 from ..texttable import elide_middle
+from .trial import BENCH_REPEAT, BENCH_WARMUP
 
 # 2: an opplugin_graphs row per case (opplugin with CUDA graphs)
 SCHEMA = "opplugin-bench-e2e/2"
 DEFAULT_BATCHES = (1, 32)
-DEFAULT_WARMUP = 3
-DEFAULT_REPEAT = 20
 # relative L2 error against onnxruntime CPU that an FP32 result must stay within
 FP32_TOLERANCE = 1e-4
 PEERS = ("opplugin", "opplugin_graphs", "onnxruntime_cuda", "pytorch")
@@ -307,8 +306,8 @@ def main_from_args(args: Any) -> int:
     batches = batch_sizes(args.batches, DEFAULT_BATCHES)
     if not cuda.is_available():
         raise DeviceError("bench --e2e needs a CUDA device, and CuPy sees none")
-    warmup = DEFAULT_WARMUP if args.warmup is None else args.warmup
-    repeat = DEFAULT_REPEAT if args.repeat is None else args.repeat
+    warmup = BENCH_WARMUP if args.warmup is None else args.warmup
+    repeat = BENCH_REPEAT if args.repeat is None else args.repeat
 
     def write(payload: dict[str, Any]) -> None:
         write_atomic(args.json, dumps(payload))

@@ -29,6 +29,7 @@ from ..ops.gemm.kernel import GemmKernel
 from ..ops.gemm.spec import BIAS_COLUMN, GemmSpec
 from ..texttable import text_table
 from . import roofline
+from .trial import BENCH_REPEAT, BENCH_WARMUP
 
 # (label, K, N): the CS259 classifier, the one-hidden-layer report's network, lenet86's and ece408_high's first Gemm
 LAYERS = (
@@ -151,7 +152,7 @@ def fits(k: int, n: int, batch: int) -> bool:
     return 4 * (batch * k + n * k + batch * n) * 3 <= FIT_SHARE * free  # ours, cuBLAS's and a spare output
 
 
-def run_gemm_bench(batches: Sequence[int] = BATCHES, warmup: int = 3, repeat: int = 20, all_configs: bool = False,
+def run_gemm_bench(batches: Sequence[int] = BATCHES, warmup: int = BENCH_WARMUP, repeat: int = BENCH_REPEAT, all_configs: bool = False,
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     if not cuda.is_available():
         raise InputError("bench --suite gemm needs a CUDA device")
@@ -200,8 +201,8 @@ def main_from_args(args: Any) -> int:
     from ..jsonout import dumps
 
     batches = batch_sizes(args.batches, BATCHES)
-    warmup = 3 if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)
-    repeat = 20 if args.repeat is None else positive_int(args.repeat, "--repeat")
+    warmup = BENCH_WARMUP if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)
+    repeat = BENCH_REPEAT if args.repeat is None else positive_int(args.repeat, "--repeat")
     payload = run_gemm_bench(batches, warmup, repeat, bool(args.all_configs))
     print(format_text(payload), end="")
     if args.json:

@@ -31,6 +31,9 @@ from ..ops.conv.spec import ConvSpec
 
 # relative L2 error against float64 a result may have and still count as correct
 EXACT_TOLERANCE = 1e-5  # the bound every FP32-exact kernel is held to
+# `opplugin bench` (every suite, --e2e too): untimed calls, then timed samples whose median it reports
+BENCH_WARMUP = 3
+BENCH_REPEAT = 20
 CHECKED_IMAGES_PER_END = 4
 MIN_SAMPLE_MS = 1.0  # one timing sample spans at least this much work
 MAX_CALLS_PER_SAMPLE = 256

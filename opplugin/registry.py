@@ -92,7 +92,7 @@ class Kernel(Protocol):
     The members with a value here are optional: a subclass gets these defaults. An object
     that does not subclass Kernel must have every member (the runner checks with isinstance)."""
 
-    name: str  # for the report: says variant and configuration, e.g. "conv.const_mo4+relu"
+    name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants
     # True when NaN and Inf leave the kernel exactly where onnxruntime's nodes would put them. Where
     # a kernel does not promise it (a fused max pool's NaN rule, 3xTF32's split operands) and the

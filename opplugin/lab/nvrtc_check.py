@@ -71,7 +71,7 @@ def check_source(
 
 
 def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None) -> list[ResourceUsage]:
-    """Compile every kernel of a Conv variant ("baseline", "const_mo8", ...) for a ConvSpec."""
+    """Compile every kernel of a Conv variant ("baseline", "const_mo_m8", ...) for a ConvSpec."""
     return [check_source(unit.source, unit.defines, unit.function, arch) for unit in variant_units(spec, variant, epilogue)]
 
 

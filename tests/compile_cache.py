@@ -115,60 +115,87 @@ def _report(k: Key) -> tuple[int, str]:
 
 
 class _Background:
-    """Compiles keys in the background: while other tests run beside it, one at a time in one
-    process at the lowest priority (it takes a CPU they leave idle, not one they use: onnxruntime's
-    spinning thread pools slow down many times over when they must share); once `wait` is called,
-    the rest in `workers` processes at normal priority."""
+    """Compiles keys, the first first, in as many processes as there are CPUs and never more.
+
+    While other tests run beside it (`foreground` false), one process at the lowest priority
+    takes a CPU they leave idle, not one they use (onnxruntime's spinning thread pools slow
+    down many times over when they must share). Once `wait` is called, `workers - 1` processes
+    at normal priority join it and all of them take keys from one queue: the low-priority
+    process keeps a CPU to itself then, so a long compile it began is not starved (a niced
+    process cannot be given its priority back), and no two compiles share a CPU."""
 
     def __init__(self, keys: list[Key], workers: int, foreground: bool):
-        self.workers, self.foreground, self.cancelled = workers, foreground, False
-        self.slot = threading.Semaphore(1)  # the background process's one job under way
-        self.pool: ProcessPoolExecutor | None = None
-        self.thread = threading.Thread(target=self._run, args=(keys,), daemon=True)
-        self.thread.start()
-
-    def _run(self, keys: list[Key]) -> None:
+        self.workers, self.cancelled, self.background = workers, False, not foreground
+        self.keys = frozenset(keys)
+        self.queue = list(reversed(keys))  # popped from the end: the first key first
+        self.lock = threading.Lock()
+        self.running = 0  # jobs submitted and not yet done
+        self.idle = threading.Condition(self.lock)
         # spawn, not fork: the caller holds threads (onnxruntime's, the host-copy pool)
-        spawn = multiprocessing.get_context("spawn")
-        remaining = list(reversed(keys))
-        if not self.foreground:
-            with ProcessPoolExecutor(1, mp_context=spawn, initializer=os.nice, initargs=(19,)) as background:
-                while remaining:
-                    self.slot.acquire()
-                    if self.cancelled or self.foreground:
-                        break
-                    k = remaining.pop()
-                    background.submit(_compile, *k).add_done_callback(lambda future, k=k: self._done(k, future, self.slot))
-                if remaining and not self.cancelled:
-                    self._foreground(spawn, remaining)  # beside the background process's last job
-        elif remaining:
-            self._foreground(spawn, remaining)
+        self.spawn = multiprocessing.get_context("spawn")
+        self.pools: list[ProcessPoolExecutor] = []
+        if foreground:
+            self._join(workers)
+        else:
+            self._join(1, nice=19)
 
-    def _foreground(self, spawn, remaining: list[Key]) -> None:
-        with ProcessPoolExecutor(self.workers, mp_context=spawn) as self.pool:
-            for k in reversed(remaining):
-                self.pool.submit(_compile, *k).add_done_callback(lambda future, k=k: self._done(k, future))
+    def _join(self, processes: int, nice: int = 0) -> None:
+        """Add a pool of `processes` processes, each kept busy with one key at a time."""
+        if processes < 1:
+            return
+        pool = ProcessPoolExecutor(processes, mp_context=self.spawn, initializer=os.nice if nice else None,
+                                   initargs=(nice,) if nice else ())
+        self.pools.append(pool)
+        for _ in range(processes):
+            self._next(pool)
 
-    @staticmethod
-    def _done(k: Key, future, slot: threading.Semaphore | None = None) -> None:
+    def _next(self, pool: ProcessPoolExecutor) -> None:
+        with self.lock:
+            if self.cancelled or not self.queue:
+                self.idle.notify_all()
+                return
+            k = self.queue.pop()
+            self.running += 1
+        try:
+            future = pool.submit(_compile, *k)
+        except RuntimeError:  # the pool is shutting down (cancel)
+            with self.lock:
+                self.running -= 1
+                self.idle.notify_all()
+            return
+        future.add_done_callback(lambda future, k=k: self._done(k, future, pool))
+
+    def _done(self, k: Key, future, pool: ProcessPoolExecutor) -> None:
         try:
             if not future.cancelled() and future.exception() is None:  # a failure: the check compiles again and raises
                 _store(k, future.result())
         finally:
-            if slot is not None:
-                slot.release()
+            with self.lock:
+                self.running -= 1
+                self.idle.notify_all()
+            self._next(pool)
 
     def wait(self) -> None:
-        self.foreground = True
-        self.slot.release()  # wakes the feeder if it waits for the background job
-        self.thread.join()
+        if self.background:
+            self.background = False
+            self._join(self.workers - 1)  # the background process goes on beside them
+        with self.lock:
+            while self.queue or self.running:
+                self.idle.wait()
+        self._close()
 
     def cancel(self) -> None:
-        self.cancelled = True
-        self.slot.release()
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        self.thread.join()
+        with self.lock:
+            self.cancelled = True
+            self.queue.clear()
+            while self.running:
+                self.idle.wait()
+        self._close()
+
+    def _close(self) -> None:
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.pools.clear()
 
 
 _pending: _Background | None = None
@@ -176,7 +203,7 @@ _pending: _Background | None = None
 
 def start(keys: Iterable[Key], workers: int | None = None, background: bool = False) -> None:
     """Compile every distinct key not yet stored, in `workers` processes (default: one per CPU),
-    or first in one low-priority process if `background`, until `wait`; any check waits."""
+    or first in one low-priority process if `background`, until `wait`; a check of one of them waits."""
     global _pending
     wait()
     todo = [k for k in dict.fromkeys(keys) if k not in _reports and not _load(k)]
@@ -207,9 +234,11 @@ def precompile(keys: Iterable[Key], workers: int | None = None) -> None:
 
 def check_source(source_file: str, defines: Mapping[str, Any], kernel: str, arch: str = "sm_90",
                  fast: bool = False) -> nvrtc_check.ResourceUsage:
-    """As nvrtc_check.check_source: kernels/<source_file> compiled with `defines` for `arch`."""
-    wait()
+    """As nvrtc_check.check_source: kernels/<source_file> compiled with `defines` for `arch`
+    (once `start`'s compiles are done if it is among them, else here and now)."""
     k = key(source_file, defines, arch, fast)
+    if k not in _reports and _pending is not None and k in _pending.keys:
+        wait()
     cubin_bytes, log = _report(k)
     usages = nvrtc_check.parse_ptxas_log(log, arch)
     if kernel not in usages:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
+import compile_cache
 from conv_strategies import REAL_MODEL_CONFIGS, ConvConfig, conv_configs, exceeds_constant_memory
 from onnx_builders import conv_model
 from opplugin.lab import nvrtc_check
@@ -116,22 +117,15 @@ def compiled_variants(name: str) -> list[str]:
     return list(dict.fromkeys([plugin_choice(config), *(v for v in EXACT if answers[v] is None)]))
 
 
-@pytest.fixture(scope="module")
-def compiled_up_front():
-    """Every compile of the test below, done once in a pool of processes."""
-    nvrtc_check.precompile(
-        (unit.source, unit.defines, "sm_90")
-        for name in COMPILED
-        for variant in compiled_variants(name)
-        for unit in nvrtc_check.variant_units(REAL_MODEL_CONFIGS[name].spec, variant)
-    )
-
-
 @pytest.mark.skipif(not nvrtc_check.nvrtc_available(), reason="cuda-bindings' NVRTC is not importable")
 @pytest.mark.parametrize("name", COMPILED)
-def test_real_model_kernels_compile_for_hopper(name, compiled_up_front):
+def test_real_model_kernels_compile_for_hopper(name):
+    # as test_kernel_compile.test_variant_compiles: a constant-memory family's resources are read (the
+    # build CuPy makes), the others only compile (NVRTC's fast-compile mode); through compile_cache,
+    # in this process: a few seconds of compiles are not worth a pool's start
     from test_kernel_compile import assert_clean
 
     for variant in compiled_variants(name):
-        for usage in nvrtc_check.check_variant(REAL_MODEL_CONFIGS[name].spec, variant, "sm_90"):
-            assert_clean(usage, families.family_of(variant).name)
+        family = families.family_of(variant).name
+        for usage in compile_cache.check_variant(REAL_MODEL_CONFIGS[name].spec, variant, "sm_90", fast=family not in CONSTANT):
+            assert_clean(usage, family)

@@ -1,4 +1,4 @@
-"""Every CUDA Conv, Gemm and pool kernel compiles with NVRTC for sm_80 and sm_90, without a GPU.
+"""Every CUDA Conv, Gemm and pool kernel compiles with NVRTC, without a GPU: for sm_80 and sm_90 wherever its resources are read.
 
 Runs in CI: cuda-bindings' NVRTC turns each specialised source into a cubin and
 ptxas -v reports its resources. Every distinct compile the tests below ask for is
@@ -15,18 +15,25 @@ Two kinds of compile:
   activation epilogues, the explicit map groups, every Gemm configuration and every pool.
 - NVRTC's fast-compile mode (compile_cache.FAST_OPTIONS: the same source and macros
   through the front end and ptxas, less optimisation), where a test checks only that
-  a configuration compiles: the other families on every shape class for both
-  architectures, and every configuration tuning may time on the shipped steps
-  (tuning screens out a spilling kernel itself).
+  a configuration compiles: the other families on every shape class for sm_80 (their
+  sources have no code for sm_80 or sm_90 alone, `variant_archs`), and every
+  configuration tuning may time on the shipped steps for sm_90 (tuning screens out a
+  spilling kernel itself).
 
 Representatives: the tensor-core and SIMT GEMMs' every configuration on every real
 CNN layer is compiled once per code shape (`code_shape`): per kernel, its source and
 every macro but SHAPE_CONSTANTS, the shape dimensions these two kernels use only as
 arithmetic constants (index maths, bounds tests, the run-time bound of the K loop;
 test_shape_constants_only_do_arithmetic reads the sources for #if, if constexpr and
-for-loop bounds). Two cases of one code shape differ only in those immediates. Checked
-against a full compile of every case (sm_80 and sm_90, 404 compiles) when the rule was made: within a
-code shape a kernel's registers differed by at most 4 and no case spilled.
+for-loop bounds), with the K split (KSLICES) only as one slice or more: past `#if
+KSLICES == 1` the count is arithmetic too, but for the bound of the split-K reduce
+kernel's summing loop (test_k_slices_pick_code_only_as_one_or_more), so the
+representatives are chosen to compile each family's every K split count on each arch.
+Two cases of one code shape differ only in those immediates. Checked against a full
+compile of every case (sm_80 and sm_90, 404 compiles): with the K split exact, a
+kernel's registers differed within a code shape by at most 4 and no case spilled;
+with the K split as one or more (158 compiles instead of 208), by at most 2 in the
+GEMM kernels and 4 in the reduce kernel, and no case spilled.
 """
 from __future__ import annotations
 
@@ -70,6 +77,16 @@ SHAPES = {
 }
 
 CONSTANT_FAMILIES = [name for name, family in families.FAMILIES.items() if family.constant_weights]
+
+
+def variant_archs(variant: str) -> tuple[str, ...]:
+    """test_variant_compiles' architectures: both for a constant-memory family, whose resources it
+    reads; sm_80 alone for the others, whose fast compile shows only that they compile. Their sources
+    have no code for one of the two alone (test_fast_checked_sources_have_no_code_for_one_arch_alone),
+    so sm_90's compile would be the same code through another ptxas, and sm_80 is the older target:
+    the one an instruction newer than Ampere would fail on."""
+    return ARCHS if variant in CONSTANT_FAMILIES else ("sm_80",)
+
 
 # The shipped models' Conv nodes with the epilogues their plans fuse: tuning may pick any of these.
 SHIPPED_STEPS = {
@@ -118,25 +135,61 @@ CNN_SIMT_CASES = [
 # reads the sources for that). KH and KW are not among them: the tap mask unrolls a loop over KH*KW.
 SHAPE_CONSTANTS = frozenset({"C", "M", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
 REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm")
+# The K split picks code only as one slice or more (#if KSLICES == 1: the store of finished outputs
+# or of partial sums); past that, the GEMM kernel uses the count in arithmetic alone (the length of
+# a block's run of K slices), and only conv_k_slices_reduce's summing loop runs to KSLICES
+# (test_k_slices_pick_code_only_as_one_or_more). So a code shape has the class of its K split,
+# and the representatives compile each family's reduce loop for every K split count on each arch.
+K_SPLIT = "KSLICES"
+REDUCE_LOOP = "for (int s = 0; s < KSLICES; ++s) v += sums[(size_t)s * M * total];"
+
+
+def _split_class(value) -> str:
+    return "1" if int(value) == 1 else "more than 1"
 
 
 def code_shape(spec, config, arch):
     """What decides the code of `config` on `spec` for `arch`: per kernel, its source, name and
-    every macro but the shape constants (tile sizes, K slices, vector widths, flags, KH and KW)."""
+    every macro but the shape constants (tile sizes, vector widths, flags, KH and KW), with the
+    K split as one slice or more."""
     return arch, tuple(
-        (unit.source, unit.function, tuple((name, str(value)) for name, value in unit.defines.items() if name not in SHAPE_CONSTANTS))
+        (unit.source, unit.function, tuple((name, _split_class(value) if name == K_SPLIT else str(value))
+                                           for name, value in unit.defines.items() if name not in SHAPE_CONSTANTS))
         for unit in nvrtc_check.variant_units(spec, config)
     )
 
 
+def _k_split(name, config) -> int:
+    [split] = {int(unit.defines[K_SPLIT]) for unit in nvrtc_check.variant_units(CNN_SPECS[name], config)}
+    return split
+
+
+def _split_coverage(case) -> tuple[str, str, int]:
+    name, config, arch = case
+    return families.family_of(config).name, arch, _k_split(name, config)
+
+
 def _representatives():
     """(layer, config, arch) -> the cases of CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES it stands for:
-    the first case of each code shape is compiled; the others differ from it only in shape constants."""
+    one case of each code shape is compiled; the others differ from it only in shape constants and
+    in how many ways K is split. Each code shape's first case, unless another of its cases brings a
+    K split count that its family has not compiled for that arch (the rarest such count first)."""
     groups: dict[tuple, list[tuple[str, str, str]]] = {}
     for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES:
         for arch in ARCHS:
             groups.setdefault(code_shape(CNN_SPECS[name], config, arch), []).append((name, config, arch))
-    return {cases[0]: cases for cases in groups.values()}
+    rarity: dict[tuple[str, str, int], int] = {}
+    for cases in groups.values():
+        for coverage in {_split_coverage(case) for case in cases}:
+            rarity[coverage] = rarity.get(coverage, 0) + 1
+    covered: set[tuple[str, str, int]] = set()
+    representatives = {}
+    for cases in sorted(groups.values(), key=lambda cases: min(rarity[_split_coverage(case)] for case in cases)):
+        fresh = [case for case in cases if _split_coverage(case) not in covered]
+        chosen = min(fresh, key=lambda case: rarity[_split_coverage(case)]) if fresh else cases[0]
+        covered.add(_split_coverage(chosen))
+        representatives[chosen] = cases
+    return representatives
 
 
 CNN_REPRESENTATIVES = _representatives()
@@ -229,7 +282,7 @@ def compile_jobs():
     for spec in SHAPES.values():
         for variant in families.FAMILIES:
             if families.unsupported_reason(spec, variant, _ones(spec)) is None:
-                for arch in ARCHS:
+                for arch in variant_archs(variant):
                     yield from _units_jobs(spec, variant, arch, fast=variant not in CONSTANT_FAMILIES)
     for name, config, arch in CNN_REPRESENTATIVES:
         yield from _units_jobs(CNN_SPECS[name], config, arch)
@@ -270,9 +323,9 @@ def assert_clean(usage, family: str) -> None:
         assert usage.stack_frame == 0, usage.log
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("variant", list(families.FAMILIES))
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize(("shape", "variant", "arch"),
+                         [(shape, variant, arch) for arch in ARCHS for variant in families.FAMILIES for shape in SHAPES
+                          if arch in variant_archs(variant)])
 def test_variant_compiles(shape, variant, arch):
     spec = SHAPES[shape]
     reason = families.unsupported_reason(spec, variant, _ones(spec))
@@ -284,6 +337,21 @@ def test_variant_compiles(shape, variant, arch):
         # ptxas for sm_80 reports the __constant__ arrays as bank 3; sm_90's omits them
         if variant in CONSTANT_FAMILIES and 3 in usage.constant_memory:
             assert usage.constant_memory[3] == families.constant_bytes(spec)
+
+
+def test_fast_checked_sources_have_no_code_for_one_arch_alone():
+    # what lets test_variant_compiles compile the families it only compiles for sm_80 alone:
+    # sm_80 and sm_90 take the same side of every __CUDA_ARCH__ test in their sources
+    sources = {unit.source for spec in SHAPES.values() for variant in families.FAMILIES
+               if variant_archs(variant) != ARCHS and families.unsupported_reason(spec, variant, _ones(spec)) is None
+               for unit in nvrtc_check.variant_units(spec, variant)}
+    assert len(sources) > 5
+    for source in sorted(sources):
+        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
+        for line in code.splitlines():
+            for test in re.findall(r"(?<!defined\()__CUDA_ARCH\w*(?:\s*[<>=!]+\s*\w+)?", line):
+                match = re.fullmatch(r"__CUDA_ARCH__\s*(?:<|>=)\s*(\d+)", test)
+                assert match and int(match.group(1)) <= 800, f"{source}: {line.strip()}"
 
 
 @pytest.mark.parametrize(("step", "config"), TUNING_CASES)
@@ -328,13 +396,39 @@ def test_every_real_cnn_case_has_a_representative_of_its_code_shape():
     assert len(CNN_REPRESENTATIVES) < len(represented)
 
 
-def _macros_from_shape_constants(text: str) -> set[str]:
-    """SHAPE_CONSTANTS and every macro the source defines from one of them, however indirectly."""
-    names = set(SHAPE_CONSTANTS)
+def _macros_from(constants, text: str) -> set[str]:
+    """`constants` and every macro the source defines from one of them, however indirectly."""
+    names = set(constants)
     definitions = re.findall(r"^\s*#\s*define\s+(\w+)(?:\([^)]*\))?[ \t]+(.*)$", text, re.MULTILINE)
     while grown := {name for name, body in definitions if name not in names and names & set(re.findall(r"\w+", body))}:
         names |= grown
     return names
+
+
+def _code_picked_by(constants, family):
+    """(source, line number, kind, line) wherever one of `constants`, or a macro made from them, picks
+    code (#if, #elif, if constexpr), bounds a for loop, or is all a run-time `if` reads (a test of
+    macros alone may be folded) in the kernels of `family` on the real CNN layers."""
+    sources = {unit.source for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES
+               if families.family_of(config).name == family for unit in nvrtc_check.variant_units(CNN_SPECS[name], config)}
+    assert sources
+    found = []
+    for source in sorted(sources):
+        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
+        tainted = _macros_from(constants, code)
+        for number, line in enumerate(code.splitlines(), 1):
+            words = set(re.findall(r"\w+", line))
+            if re.match(r"\s*#\s*(if|elif)\b", line) or "constexpr" in words and re.search(r"\bif\s+constexpr\b", line):
+                if words & tainted:
+                    found.append((source, number, "picks code", line.strip()))
+            if loop := re.search(r"\bfor\s*\([^;]*;([^;]*);", line):
+                if set(re.findall(r"\w+", loop.group(1))) & tainted:
+                    found.append((source, number, "bounds a loop", line.strip()))
+            if re.search(r"\bif\s*\(", line) and words & tainted:
+                condition = re.search(r"\bif\s*\((.*)\)", line).group(1)
+                if all(word.isupper() for word in re.findall(r"[A-Za-z_]\w*", condition)):
+                    found.append((source, number, "is all a run-time test reads", line.strip()))
+    return found
 
 
 @pytest.mark.parametrize("family", REPRESENTED_FAMILIES)
@@ -342,23 +436,26 @@ def test_shape_constants_only_do_arithmetic(family):
     # What lets one compile stand for a code shape: no shape constant picks code (#if, if
     # constexpr) or bounds a loop the compiler could unroll. A run-time `if` on them may
     # still be folded where all its operands are constants; none of these kernels has one.
-    sources = {unit.source for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES
-               if families.family_of(config).name == family for unit in nvrtc_check.variant_units(CNN_SPECS[name], config)}
-    assert sources
-    for source in sources:
-        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
-        tainted = _macros_from_shape_constants(code)
-        for number, line in enumerate(code.splitlines(), 1):
-            words = set(re.findall(r"\w+", line))
-            if re.match(r"\s*#\s*(if|elif)\b", line) or "constexpr" in words and re.search(r"\bif\s+constexpr\b", line):
-                assert not words & tainted, f"{source} line {number} picks code by a shape constant: {line.strip()}"
-            if loop := re.search(r"\bfor\s*\([^;]*;([^;]*);", line):
-                bound = set(re.findall(r"\w+", loop.group(1)))
-                assert not bound & tainted, f"{source} line {number} bounds a loop by a shape constant: {line.strip()}"
-            if re.search(r"\bif\s*\(", line) and words & tainted:
-                # a run-time test must read a variable (lower case), not macros alone
-                condition = re.search(r"\bif\s*\((.*)\)", line).group(1)
-                assert any(not word.isupper() for word in re.findall(r"[A-Za-z_]\w*", condition)), line.strip()
+    for source, number, kind, line in _code_picked_by(SHAPE_CONSTANTS, family):
+        pytest.fail(f"{source} line {number}: a shape constant {kind}: {line}")
+
+
+@pytest.mark.parametrize("family", REPRESENTED_FAMILIES)
+def test_k_slices_pick_code_only_as_one_or_more(family):
+    # What lets one compile stand for every K split count of a code shape: KSLICES picks code only
+    # by being 1 or not, and bounds one loop, the reduce kernel's, which the representatives
+    # compile for every count (test_every_k_split_count_is_compiled_on_each_arch).
+    for source, number, kind, line in _code_picked_by({K_SPLIT}, family):
+        if kind == "picks code":
+            assert re.fullmatch(r"#\s*if\s+KSLICES\s*==\s*1", line), f"{source} line {number}: {line}"
+        else:
+            assert (kind, line) == ("bounds a loop", REDUCE_LOOP), f"{source} line {number}: KSLICES {kind}: {line}"
+
+
+def test_every_k_split_count_is_compiled_on_each_arch():
+    everything = {_split_coverage(case) for cases in CNN_REPRESENTATIVES.values() for case in cases}
+    assert {_split_coverage(case) for case in CNN_REPRESENTATIVES} == everything
+    assert {split for _, _, split in everything} > {1, 2}
 
 
 EXPLICIT_MAPS = ["const_mo_m1", "const_mo_m3", "const_mo_m16"]

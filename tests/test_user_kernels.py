@@ -74,7 +74,16 @@ def test_plan_compiles_the_starter_without_a_gpu(tmp_path, model, capsys):
 
 
 @needs_nvrtc
-def test_plan_says_where_a_fused_kernel_runs_its_epilogue(capsys):
+def test_plan_says_where_a_fused_kernel_runs_its_epilogue(capsys, monkeypatch):
+    # The plan compiles each node offline in NVRTC's fast-compile mode here (the same front end and
+    # ptxas, less optimisation: 0.1 CPU-s instead of 10 for lenet86 conv2's fully unrolled loops):
+    # this test reads what the plan says. CuPy's full build of conv_fused.cu on lenet86 is the GPU
+    # tests' (test_user_kernels_gpu.py).
+    from compile_cache import FAST_OPTIONS
+    from opplugin.user_kernels import compiler
+
+    full_options = compiler.options_for
+    monkeypatch.setattr(compiler, "options_for", lambda digest=None: full_options(digest) + FAST_OPTIONS)
     assert main(["plan", "lenet86", "--device", "cpu", "--kernel", f"conv={FUSED}"]) == 0
     out = capsys.readouterr().out
     assert "conv1: conv_fused.cu, with Relu > MaxPool fused (fuses=epilogue)" in out

@@ -192,9 +192,9 @@ class ExactPath:
 
     def _exact_kernel(self, step: PluginStep) -> Kernel:
         """The fast plan's kernel when its step fused nothing and would run the same on the
-        exact path (see reruns_differently); else the same variant built without the followers (the plugin's own choice if it
-        cannot be), and where that kernel does not keep them either (3xTF32), the variant
-        its plugin names for them (`nonfinite_exact_variant`)."""
+        exact path (see reruns_differently); else the same variant built without the followers
+        (the plugin's own choice if it cannot be), and where that kernel does not keep NaN and
+        Inf either (3xTF32), the variant its plugin names for them (`nonfinite_exact_variant`)."""
         kernel = self.kernels[step.name]
         was_fused = any(s.name == step.name and s.fused for s in self.plan.plugin_steps)
         if not was_fused and not reruns_differently(step, kernel):

@@ -58,6 +58,7 @@ FAMILIES: dict[str, Family] = {
     for family in importlib.import_module(f"{__name__}.{module}").FAMILIES
 }
 VARIANTS: dict[str, str] = {name: family.summary for name, family in FAMILIES.items()}
+CONFIG_TYPES = {name: family.config_type for name, family in FAMILIES.items()}  # what the grammar parses names into
 
 Variant = Union[Config, Family, str]
 
@@ -65,7 +66,7 @@ Variant = Union[Config, Family, str]
 def parse(name: str) -> tuple[Family, Config | None]:
     """The family a variant name belongs to and the Config it spells (None for the family's
     name alone); a PluginError that says what is wrong with a bad name."""
-    family, config = config_grammar.parse(name, {n: f.config_type for n, f in FAMILIES.items()}, "Conv")
+    family, config = config_grammar.parse(name, CONFIG_TYPES, "Conv")
     return FAMILIES[family], config
 
 

@@ -1,6 +1,7 @@
 """Partitioning a model into steps: plugin steps (one node each, with the
-followers its plugin fuses) and onnxruntime steps (maximal runs of the remaining
-nodes, each one sub-model)."""
+followers its plugin fuses, or a group of connected nodes one plugin kind runs
+together) and onnxruntime steps (maximal runs of the remaining nodes, each one
+sub-model)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -12,13 +13,13 @@ from onnx import helper
 from .device import Device
 from .errors import PluginError
 from .model import Model
-from .registry import Kernel, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
+from .registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from .texttable import OP_SEPARATOR
 
 
 @dataclass
 class PluginStep:
-    """One node (or a fused chain led by one) that a plugin runs."""
+    """One node (or a fused chain led by one, or a group of nodes) that a plugin runs."""
 
     kind: ClassVar[str] = "plugin"
 
@@ -29,6 +30,8 @@ class PluginStep:
     outputs: list[str]
     # nodes after `node` that the plugin runs inside the same kernel (an epilogue)
     fused: list[NodeInfo] = field(default_factory=list)
+    # set for a group step (registry.GroupPlugin): `node` and `fused` are its nodes, in graph order
+    group: NodeGroup | None = None
 
     @property
     def ops(self) -> list[str]:
@@ -39,6 +42,8 @@ class PluginStep:
         return [self.node.name, *(n.name for n in self.fused)]
 
     def build(self, device: Device, variant: str | None = None) -> Kernel:
+        if self.group is not None:
+            return self.plugin.build_group(self.group, device, variant)
         return self.plugin.build(self.node, device, variant, fused=self.fused)
 
 
@@ -95,9 +100,14 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     registry = plugins() if registry is None else registry
     tensors = model.infer(batch) if tensors is None else tensors
     grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
-    consumed_later = _consumers_after(grouping.groups, model.outputs)
+    consumed_later = _consumers_after(grouping.groups, grouping.fused, model.outputs)
     steps: list[Step] = []
     for index, group in enumerate(grouping.groups):
+        if isinstance(group, NodeInfo) and group.name in grouping.node_groups:
+            nodes = grouping.node_groups[group.name]
+            steps.append(PluginStep(group.name, group, registry[group.op_type], list(nodes.inputs), list(nodes.outputs),
+                                    grouping.fused[group.name], nodes))
+            continue
         if isinstance(group, NodeInfo):
             followers = grouping.fused[group.name]
             outputs = list((followers[-1] if followers else group).node.output)
@@ -120,6 +130,7 @@ class _Grouping:
 
     groups: list[NodeInfo | list[NodeInfo]] = field(default_factory=list)
     fused: dict[str, list[NodeInfo]] = field(default_factory=dict)  # plugin node name -> the followers its kernel runs
+    node_groups: dict[str, NodeGroup] = field(default_factory=dict)  # lead node name -> its group, for a group step
     fallbacks: dict[str, str] = field(default_factory=dict)
     given_up: dict[str, str] = field(default_factory=dict)
 
@@ -137,6 +148,13 @@ class _Grouping:
                 reason = reason or _support(plugin, info, device)
             else:
                 reason = "no plugin"
+            if plugin and reason is None and getattr(plugin, "group_kind", None):
+                grouping.groups.append(info)
+                group = _grown_group(info, infos, plugin, model, readers, made_by, taken, device, registry)
+                grouping.node_groups[info.name] = group
+                grouping.fused[info.name] = list(group.nodes[1:])
+                taken.update(n.name for n in group.nodes)
+                continue
             if plugin and reason is None:
                 grouping.groups.append(info)
                 followers, why = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
@@ -152,6 +170,50 @@ class _Grouping:
             else:
                 grouping.groups.append([info])
         return grouping
+
+
+def _grown_group(lead: NodeInfo, infos: list[NodeInfo], plugin: Plugin, model: Model, readers: dict[str, list[NodeInfo]],
+                 made_by: dict[str, int], taken: set[str], device: Device, registry: dict[str, Plugin]) -> NodeGroup:
+    """The group led by `lead`: each later node, in graph order, that reads a member's output, runs on
+    a plugin of the lead's group kind that supports it, and reads nothing else but constants and
+    tensors written before the lead, joins where the lead's plugin admits the larger group. What
+    a member reads from outside is there before the group's step runs (at the lead's place), and
+    no path can leave the group and come back: a node on it would be written after the lead."""
+    kind = plugin.group_kind
+    lead_at = made_by[next(o for o in lead.node.output if o)]
+    members, produced = [lead], {o for o in lead.node.output if o}
+    for info in infos[lead_at + 1:]:
+        inputs = [i for i in info.node.input if i]
+        if info.name in taken or not produced.intersection(inputs):
+            continue
+        other = registry.get(info.op_type)
+        if other is None or getattr(other, "group_kind", None) != kind:
+            continue
+        if any(i not in produced and i not in model.initializers and made_by.get(i, -1) >= lead_at for i in inputs):
+            continue
+        info, reason = _described(other, info)
+        if reason or _support(other, info, device) is not None:
+            continue
+        candidate = _node_group([*members, info], readers, model)
+        if _admitted(plugin, candidate, device):
+            members.append(info)
+            produced.update(o for o in info.node.output if o)
+    return _node_group(members, readers, model)
+
+
+def _node_group(members: list[NodeInfo], readers: dict[str, list[NodeInfo]], model: Model) -> NodeGroup:
+    """The members with what they read from outside (weights left out) and what is read of them outside."""
+    names = {m.name for m in members}
+    written = [o for m in members for o in m.node.output if o]
+    outputs = [o for o in written if o in model.outputs or any(r.name not in names for r in readers.get(o, []))]
+    return NodeGroup(tuple(members), tuple(outside_inputs([m.node for m in members], model)), tuple(outputs))
+
+
+def _admitted(plugin: Plugin, group: NodeGroup, device: Device) -> bool:
+    try:
+        return plugin.admits(group, device) is None
+    except Exception:  # a plugin that cannot judge a group does not get it
+        return False
 
 
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
@@ -299,13 +361,15 @@ def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
         return f"{type(err).__name__}: {err}"
 
 
-def _consumers_after(groups: list, graph_outputs: list[str]) -> list[set[str]]:
-    """For each group, the tensor names read by any later group or by the graph's outputs."""
+def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outputs: list[str]) -> list[set[str]]:
+    """For each group, the tensor names read by any later group (a plugin step's fused nodes
+    included) or by the graph's outputs."""
     needed: set[str] = set(graph_outputs)
     after: list[set[str]] = [set() for _ in groups]
     for index in range(len(groups) - 1, -1, -1):
         after[index] = set(needed)
-        members = [groups[index]] if isinstance(groups[index], NodeInfo) else groups[index]
+        group = groups[index]
+        members = [group, *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group
         for info in members:
             needed.update(n for n in info.node.input if n)
     return after

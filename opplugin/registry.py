@@ -40,9 +40,11 @@ BUILTINS = {
     "GlobalMaxPool": "opplugin.ops.pool:GlobalMaxPoolPlugin",
     "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
     "ReduceMean": "opplugin.ops.pool:ReduceMeanPlugin",  # over H and W only: a global average pool
-    # opplugin.ops.elementwise.OPS: what a Conv or Gemm epilogue cannot take stays on the device
-    **{op: f"opplugin.ops.elementwise:{op}Plugin"
-       for op in ("Add", "Sum", "Mul", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")},
+    # opplugin.ops.pointwise.OPS: each connected group of them one generated kernel, where no Conv or Gemm epilogue took them
+    **{op: f"opplugin.ops.pointwise:{op}Plugin"
+       for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Min", "Max", "Where", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",
+                  "Log", "Erf", "Elu", "Softplus", "Gelu", "Cast", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid",
+                  "HardSwish", "BatchNormalization")},
 }
 
 
@@ -83,6 +85,16 @@ class NodeInfo:
     @property
     def op_type(self) -> str:
         return self.node.op_type
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Connected nodes that one kernel runs together, as the plan gives them to a plugin with a
+    `group_kind`: convex (no path leaves the group and comes back), so one step can run it."""
+
+    nodes: tuple[NodeInfo, ...]  # in graph order; the first leads the group
+    inputs: tuple[str, ...]  # what the kernel is given: tensors the nodes read and none writes, weights left out
+    outputs: tuple[str, ...]  # what it returns: the nodes' outputs read outside the group or graph outputs
 
 
 @runtime_checkable
@@ -156,6 +168,23 @@ class Plugin(Protocol):
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
         """Per variant this plugin has, why it cannot run the node (None: it can)."""
         return {}
+
+
+class GroupPlugin(Plugin, Protocol):
+    """A plugin that also runs connected nodes together as one kernel (optional members, which the
+    plan reads with getattr). Plugins of one `group_kind` share groups: the plan grows a group from
+    each node such a plugin supports and no other plugin fused first, asking the lead node's plugin
+    whether it `admits` each larger group, and builds the step with `build_group`."""
+
+    group_kind: str
+
+    def admits(self, group: NodeGroup, device: Device) -> str | None:
+        """None when one kernel of this plugin can run `group`, else the reason."""
+        ...
+
+    def build_group(self, group: NodeGroup, device: Device, variant: str | None = None) -> Kernel:
+        """A kernel for `group`: given `group.inputs`, returning `group.outputs`."""
+        ...
 
 
 _registry: dict[str, Plugin] = {}

@@ -120,7 +120,8 @@ def split_fused(plan: Plan) -> Plan:
     ExactPath._exact_kernel)."""
     steps: list[Step] = []
     for step in plan.steps:
-        if not isinstance(step, PluginStep) or not (step.fused or step.node.op_type in NAN_BY_POSITION):
+        # a group step (registry.GroupPlugin) stays whole: its kernel follows onnxruntime's NaN and Inf or is watched as one
+        if not isinstance(step, PluginStep) or step.group is not None or not (step.fused or step.node.op_type in NAN_BY_POSITION):
             steps.append(step)
             continue
         if step.node.op_type in NAN_BY_POSITION:
@@ -196,7 +197,7 @@ class ExactPath:
         (the plugin's own choice if it cannot be), and where that kernel does not keep NaN and
         Inf either (3xTF32), the variant its plugin names for them (`nonfinite_exact_variant`)."""
         kernel = self.kernels[step.name]
-        was_fused = any(s.name == step.name and s.fused for s in self.plan.plugin_steps)
+        was_fused = any(s.name == step.name and s.fused and s.group is None for s in self.plan.plugin_steps)
         if not was_fused and not reruns_differently(step, kernel):
             return kernel
         requested = self.requested_variants.get(step.node.op_type)

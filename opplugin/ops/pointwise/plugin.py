@@ -1,0 +1,159 @@
+"""The pointwise plugin: one per op type of group.NODE_OPS, all of the group kind "pointwise", so
+that the plan gives each connected group of their nodes to one kernel (registry.NodeGroup). The
+CPU device runs the group's numpy reference; a CUDA device the kernel codegen.py writes for it."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import cuda
+from ...device import Device
+from ...errors import KernelCompileError, PluginError
+from ...registry import Kernel, NodeGroup, NodeInfo, Plugin
+from . import codegen
+from .group import PointwiseGroup
+
+GROUP_KIND = "pointwise"
+MAX_VALUES = 24  # a group's values: bounds the generated source and its registers
+BLOCK = 256
+BLOCKS_PER_SM = 16  # the grid-stride loop's grid: enough blocks to fill the device, no more
+
+
+def kernel_name(group: PointwiseGroup, on_device: bool) -> str:
+    return f"pointwise.{'cuda' if on_device else 'reference'}.{group.suffix}"
+
+
+class ReferencePointwiseKernel(Kernel):
+    """The group's numpy reference, run as the kernel of the CPU device: float64 arithmetic, each output in its type."""
+
+    nonfinite_exact = True  # IEEE arithmetic and NaN-keeping ops: NaN and Inf as onnxruntime has them
+
+    def __init__(self, group: PointwiseGroup):
+        self.group = group
+        self.name = kernel_name(group, on_device=False)
+
+    def flops(self, batch: int) -> int:
+        return self.group.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.group.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        results = self.group.evaluate(inputs)
+        return [np.asarray(r, t.dtype) for r, (_, t) in zip(results, self.group.outputs)]
+
+
+class CudaPointwiseKernel(ReferencePointwiseKernel):
+    """The group's generated kernel; call it with the step's inputs (CuPy arrays; those of constants
+    the kernel holds may be anything), `out` to give the outputs' arrays."""
+
+    def __init__(self, group: PointwiseGroup):
+        import cupy
+
+        super().__init__(group)
+        self.name = kernel_name(group, on_device=True)
+        self.source, self.width = codegen.source(group, self.name)
+        self.functions = {v: self._module().get_function(codegen.FUNCTIONS[v]) for v in sorted({1, self.width})}
+        self.constants = [cupy.asarray(c if c.dtype == np.bool_ else c.astype(np.float32)) for c in group.constants]
+        self._batch_argument = group.batch_argument()
+
+    def _module(self):
+        import cupy
+
+        module = cupy.RawModule(code=self.source, options=cuda.BASE_OPTIONS)
+        try:
+            module.compile()
+        except cupy.cuda.compiler.CompileException as err:
+            raise KernelCompileError(self.name, cuda.BASE_OPTIONS, err.get_message()) from None
+        return module
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Sequence[Any] | None = None) -> list[Any]:
+        import cupy
+
+        group = self.group
+        if len(inputs) != len(group.arguments):
+            raise PluginError(f"{self.name}: {len(inputs)} inputs given, {len(group.arguments)} expected")
+        rows = (int(inputs[self._batch_argument].shape[0]) if self._batch_argument is not None
+                else (group.shape[0] if group.shape else 1))
+        with cuda.on_stream(stream):
+            arrays = [self._checked(x, t, rows) for x, t in zip(inputs, group.arguments) if t is not None]
+            shapes = [(group.shape_at(t.shape, rows), t.dtype) for _, t in group.outputs]
+            if out is None:
+                outputs = [cupy.empty(shape, dtype) for shape, dtype in shapes]
+            else:
+                outputs = list(out)
+                if len(outputs) != len(shapes) or any(not isinstance(y, cupy.ndarray) or (tuple(y.shape), y.dtype) != s
+                                                      or not y.flags.c_contiguous for y, s in zip(outputs, shapes)):
+                    raise PluginError(f"{self.name}: out must be C-contiguous CuPy arrays of {[(list(s), str(d)) for s, d in shapes]}")
+            elements = group.elements(rows)
+            if elements:
+                operands = [*arrays, *outputs, *self.constants]
+                width = self.width if all(a.data.ptr % 16 == 0 for a in operands) else 1
+                vectors = elements // width
+                grid = max(1, min(-(-vectors // BLOCK), BLOCKS_PER_SM * cuda.multiprocessor_count()))
+                self.functions[width]((grid,), (BLOCK,), (*operands, np.int64(rows)))
+        return outputs
+
+    def _checked(self, x: Any, tensor, rows: int) -> Any:
+        import cupy
+
+        shape = self.group.shape_at(tensor.shape, rows)
+        if not isinstance(x, cupy.ndarray) or x.dtype != tensor.dtype or tuple(x.shape) != shape:
+            got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
+            raise PluginError(f"{self.name}: {tensor.name} must be a {tensor.dtype} CuPy array of shape {shape}, not {got}")
+        return cupy.ascontiguousarray(x)
+
+
+class PointwisePlugin(Plugin):
+    """Runs one pointwise op type alone, or a group of pointwise nodes the plan gives it."""
+
+    op_type = ""
+    group_kind = GROUP_KIND
+
+    def describe(self, node: NodeInfo) -> PointwiseGroup:
+        """The node as a group of its own (its every input an argument): what `supports` judges it by."""
+        return PointwiseGroup.of([node], list(node.node.input), [o for o in node.node.output if o][:1])
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        if node.spec is not None:  # the plan described it
+            return None
+        try:
+            self.describe(node)
+        except PluginError as err:
+            return str(err)
+        return None
+
+    def admits(self, group: NodeGroup, device: Device) -> str | None:
+        if len(group.nodes) > MAX_VALUES:
+            return f"a group has at most {MAX_VALUES} nodes"
+        try:
+            _group_of(group)
+        except PluginError as err:
+            return str(err)
+        return None
+
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        nodes = [node, *fused]
+        outputs = [o for o in nodes[-1].node.output if o][:1]
+        arguments = [i for n in nodes for i in n.node.input if i and i not in {o for m in nodes for o in m.node.output}]
+        return kernel_name(PointwiseGroup.of(nodes, list(dict.fromkeys(arguments)), outputs), device.is_cuda)
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        """The node alone (its every input an argument, constants among them ignored); a group comes through build_group."""
+        if fused:
+            raise PluginError(f"{node.op_type} {node.name}: the pointwise plugin fuses through groups (build_group), not followers")
+        return _kernel(self.describe(node), device, variant)
+
+    def build_group(self, group: NodeGroup, device: Device, variant: str | None = None) -> Kernel:
+        return _kernel(_group_of(group), device, variant)
+
+
+def _group_of(group: NodeGroup) -> PointwiseGroup:
+    return PointwiseGroup.of(list(group.nodes), list(group.inputs), list(group.outputs))
+
+
+def _kernel(group: PointwiseGroup, device: Device, variant: str | None) -> Kernel:
+    if variant not in (None, "reference", "cuda"):
+        raise PluginError(f"the pointwise plugin has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
+    return CudaPointwiseKernel(group) if device.is_cuda else ReferencePointwiseKernel(group)

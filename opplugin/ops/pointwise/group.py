@@ -99,7 +99,7 @@ class PointwiseGroup:
 
     def evaluate(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The outputs for the kernel's arguments (numpy), computed in float64 (bool stays bool) and
-        returned in float64; a Cast rounds to its type, as its meaning is."""
+        returned in float64; a Cast rounds to its type, as its meaning is, and so does a float16 value."""
         inputs = [None if t is None else np.asarray(a, BOOL if t.dtype == BOOL else np.float64)
                   for t, a in zip(self.arguments, arrays)]
         values: list[np.ndarray] = []
@@ -107,7 +107,7 @@ class PointwiseGroup:
             for value in self.values:
                 operands = [self._operand(o, inputs, values) for o in value.operands]
                 result = np.asarray(OPS[value.op].meaning(operands, value.params), np.float64)
-                if value.op == "Cast":
+                if value.op == "Cast" or value.tensor.dtype == np.float16:  # a float16 node's result is float16
                     result = result.astype(value.tensor.dtype).astype(np.float64)
                 values.append(result)
         return [values[index] for index, _ in self.outputs]

@@ -27,7 +27,7 @@ def test_conv_is_built_in():
 
 
 def test_a_registered_plugin_takes_its_nodes(clean_registry, tiny_model_path):
-    registry.register(ReluPlugin(), replace=True)  # in the place of the built-in elementwise Relu
+    registry.register(ReluPlugin(), replace=True)  # in the place of the built-in pointwise Relu
     runner = Runner(load_model(tiny_model_path), 3, "cpu")
     swapped = [s.name for s in runner.plan.steps if isinstance(s, PluginStep)]
     # the user's Relu stops the Conv > Relu > MaxPool fusion; the MaxPool then runs as the built-in pool plugin's step

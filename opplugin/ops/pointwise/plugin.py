@@ -87,6 +87,8 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
                                                       or not y.flags.c_contiguous for y, s in zip(outputs, shapes)):
                     raise PluginError(f"{self.name}: out must be C-contiguous CuPy arrays of {[(list(s), str(d)) for s, d in shapes]}")
             elements = group.elements(rows)
+            if elements >= codegen.INDEX_LIMIT and codegen.index_bits(group) == 32:
+                raise PluginError(f"{self.name}: built with 32-bit indices for {group.shape[0]} rows, called with {rows}")
             if elements:
                 operands = [*arrays, *outputs, *self.constants]
                 width = self.width if all(a.data.ptr % 16 == 0 for a in operands) else 1

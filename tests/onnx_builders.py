@@ -98,7 +98,7 @@ def conv_model(x_shape, w: np.ndarray, b: np.ndarray | None, attributes: dict, b
 
 
 def long_named_chain(name_length: int = 200, softsigns: int = 199, pairs: int = 100) -> onnx.ModelProto:
-    """Conv > Relu > Softsign x`softsigns` > (Neg > Abs) x`pairs` > Conv, every node and tensor named with
+    """Conv > Relu > Softsign x`softsigns` > (Sign > Ceil) x`pairs` > Conv, every node and tensor named with
     about `name_length` characters: a network whose names and op chains outgrow a terminal. The Conv
     fuses the Relu; no plugin claims the rest, so it is one onnxruntime step with a long chain."""
     rng = np.random.default_rng(2)
@@ -107,7 +107,7 @@ def long_named_chain(name_length: int = 200, softsigns: int = 199, pairs: int = 
     def name(kind: str, index: int) -> str:
         return f"{kind}_{stem[:name_length]}_{index}"
 
-    ops = ["Relu"] + ["Softsign"] * softsigns + ["Neg", "Abs"] * pairs
+    ops = ["Relu"] + ["Softsign"] * softsigns + ["Sign", "Ceil"] * pairs
     tensors = [name("tensor", i) for i in range(len(ops) + 2)]
     nodes = [helper.make_node("Conv", ["x", "w1"], [tensors[0]], name=name("conv_first", 0), pads=[1, 1, 1, 1])]
     nodes += [helper.make_node(op, [tensors[i]], [tensors[i + 1]], name=name(op.lower(), i)) for i, op in enumerate(ops)]

@@ -154,7 +154,7 @@ def test_a_conv_takes_its_residual_add_and_relu_first_and_the_rest_groups(tmp_pa
     plan = make_plan(model, 4, CPU)
     assert all(step.kind == "plugin" for step in plan.steps) and plan.fusions_given_up == {}
     assert ["Conv", "Add", "Relu"] in [step.ops for step in plan.steps]  # into the Conv's epilogue
-    # a Conv that fuses nothing leaves BatchNormalization (not folded: its Conv's output is... folded anyway), Add and Relu to groups
+    # a Conv that fuses nothing leaves the residual Add and its Relu to one pointwise group
     unfused = make_plan(model, 4, CPU, registry.plugins() | {"Conv": _UnfusedConv()})
     assert all(step.kind == "plugin" for step in unfused.steps) and ["Add", "Relu"] in [step.ops for step in unfused.steps]
 

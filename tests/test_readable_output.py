@@ -82,7 +82,7 @@ def test_json_carries_full_names_and_chains(long_model, tmp_path, capsys):
     rows = json.loads((tmp_path / "r.json").read_text())["steps"]
     model = long_named_chain()
     assert rows[0]["step"] == model.graph.node[0].name
-    assert rows[1]["ops"] == " > ".join(["Softsign"] * 199 + ["Neg", "Abs"] * 100)
+    assert rows[1]["ops"] == " > ".join(["Softsign"] * 199 + ["Sign", "Ceil"] * 100)
 
 
 def test_a_step_reading_many_long_named_tensors_lists_those_that_fit_and_counts_the_rest(tmp_path, capsys):

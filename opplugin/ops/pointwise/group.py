@@ -139,6 +139,7 @@ class _Lowering:
         self.values: list[Value] = []
         self.value_of: dict[str, int] = {}  # tensor name -> the value computing it
         self.constants: list[np.ndarray] = []
+        self.derived: dict[str, int] = {}  # name -> index in `constants` of a constant a node derived (a BatchNormalization's)
         for node in nodes:
             self._lower(node)
 
@@ -171,7 +172,7 @@ class _Lowering:
         low, high = OPS[op].arity
         if not low <= len(names) <= high:
             raise PluginError(f"{where}: {len(names)} operands; {op} takes {low} to {high}")
-        if names and all(n in self.constants_by_name for n in names) and op != "Affine":
+        if names and all(n in self.constants_by_name or n in self.derived for n in names):
             raise PluginError(f"{where}: every operand is a constant (constant folding removes such a node)")
         self._check_types(node, op, names, output, where)
         operands = tuple(self._operand(name, output, where) for name in names)
@@ -222,12 +223,10 @@ class _Lowering:
         a = scale / np.sqrt(var + epsilon)
         b = bias - mean * a
         channel = (x.shape[1],) + (1,) * (len(x.shape) - 2)
-        for derived, name in ((a, "scale"), (b, "shift")):
+        for derived, name in ((a, f"{node.name}/scale"), (b, f"{node.name}/shift")):
+            self.derived[name] = len(self.constants)
             self.constants.append(derived.reshape(channel))
-            self.constants_by_name[f"{node.name}/{name}"] = derived
-            self.tensors[f"{node.name}/{name}"] = Tensor(f"{node.name}/{name}", channel, np.dtype(np.float32))
-        count = len(self.constants)
-        self._derived = {f"{node.name}/scale": count - 2, f"{node.name}/shift": count - 1}
+            self.tensors[name] = Tensor(name, channel, np.dtype(np.float32))
         return "Affine", [names[0], f"{node.name}/scale", f"{node.name}/shift"], ()
 
     def _check_types(self, node: NodeInfo, op: str, names: list[str], output: Tensor, where: str) -> None:
@@ -249,9 +248,8 @@ class _Lowering:
     def _operand(self, name: str, output: Tensor, where: str) -> Operand:
         if name in self.value_of:
             return Operand("value", self.value_of[name])
-        derived = getattr(self, "_derived", {})
-        if name in derived:
-            return Operand("constant", derived.pop(name))
+        if name in self.derived:
+            return Operand("constant", self.derived[name])
         if name in self.constants_by_name:
             value = np.asarray(self.constants_by_name[name])
             if value.size == 1 and value.ndim <= len(output.shape):

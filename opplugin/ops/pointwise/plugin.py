@@ -136,10 +136,11 @@ class PointwisePlugin(Plugin):
         return None
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        """The name from the nodes alone (a group's name says its ops, not its inputs and outputs)."""
         nodes = [node, *fused]
-        outputs = [o for o in nodes[-1].node.output if o][:1]
-        arguments = [i for n in nodes for i in n.node.input if i and i not in {o for m in nodes for o in m.node.output}]
-        return kernel_name(PointwiseGroup.of(nodes, list(dict.fromkeys(arguments)), outputs), device.is_cuda)
+        written = {o for n in nodes for o in n.node.output if o}
+        arguments = list(dict.fromkeys(i for n in nodes for i in n.node.input if i and i not in written))
+        return kernel_name(PointwiseGroup.of(nodes, arguments, [o for o in nodes[-1].node.output if o]), device.is_cuda)
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         """The node alone (its every input an argument, constants among them ignored); a group comes through build_group."""

@@ -116,5 +116,8 @@ def test_a_group_of_seven_nodes_with_two_outputs(shape, tmp_path):
 
 
 def test_check_passes_on_the_device(tmp_path):
-    assert main(["check", save(se_gelu_model(), tmp_path / "se.onnx"), "--batch", "5", "--device", "cuda"]) == 0
+    se = save(se_gelu_model(), tmp_path / "se.onnx")
+    assert main(["check", se, "--batch", "5", "--device", "cuda"]) == 0
+    # in chunks of 3 (the last one 1 row), each run of plugin steps replayed as a CUDA graph
+    assert main(["check", se, "--batch", "7", "--device", "cuda", "--chunk", "3", "--cuda-graphs"]) == 0
     assert main(["check", save(resnet_block(), tmp_path / "block.onnx"), "--batch", "5", "--device", "cuda"]) == 0

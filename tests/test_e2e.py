@@ -80,11 +80,10 @@ def test_the_text_tables_name_the_fastest_peer_and_fit_110_columns():
     assert any(line.startswith("a_model_") and "..." in line and "_table" in line.split()[0] for line in lines)
     detail = next(line for line in lines if line.startswith("resnet18") and "PyTorch eager" in line)
     assert detail.split()[4:] == ["1.600", "1.500", "2.00x", "1.0e-06", "1.00", "ok"]
-    # one note per candidate and reason, naming the cases it covers (long names cut), its reason whole
+    # one note per reason, naming the candidates and cases it covers (long names cut), the reason whole
     notes = [line for line in lines if line.startswith("- ")]
-    assert len(notes) == 2 and notes[0].startswith("- ORT CUDA (resnet18 b1, a_model_wit...inal_table b32)")
-    first_note = " ".join(" ".join(lines[lines.index(notes[0]):lines.index(notes[1])]).split())
-    assert first_note.endswith("): unavailable: onnxruntime 1.23.2 has no CUDAExecutionProvider")
+    assert len(notes) == 1 and notes[0].startswith("- ORT CUDA, ORT CUDA graph (resnet18 at 1; a_model_wit...inal_table at 32)")
+    assert " ".join(prose.split("\n")).endswith("): unavailable: onnxruntime 1.23.2 has no CUDAExecutionProvider")
     assert "opplugin's default is opplugin graphs" in prose
 
 
@@ -94,6 +93,7 @@ def test_the_markdown_tables_have_a_line_per_case_and_per_candidate():
     assert "| resnet18 | 1 | 0.250 | compute | 0.660 | 2.200 | compile graph | 0.800 | 0.82x | 2.75x |" in lines
     assert sum(line.startswith("| resnet18 | 1 |") for line in lines) == 1 + len(e2e.CANDIDATES)
     assert "| resnet18 | 1 | ORT CUDA | - | - | - | - | - | unavailable |" in lines
+    assert lines[-1] == "- ORT CUDA, ORT CUDA graph (resnet18 at 1): unavailable: onnxruntime 1.23.2 has no CUDAExecutionProvider"
 
 
 def test_a_row_says_in_one_line_why_a_candidate_did_not_run_or_was_wrong(monkeypatch):
@@ -177,6 +177,7 @@ def test_the_floor_is_the_larger_of_the_compute_and_memory_times():
     work = model_floor.ModelWork(flops=2_000_000_000, weight_bytes=1_000_000, input_bytes=0, activation_bytes=1_000_000)
     compute = work.record(bytes_per_s=2e12, flops_per_s=40e12)
     assert compute["floor_ms"] == pytest.approx(0.05) and compute["floor_bound"] == "compute"
+    assert (e2e_table.ms(0.05), e2e_table.ms(1.23456), e2e_table.ms(None)) == ("0.05", "1.235", "-")
     memory = work.record(bytes_per_s=2e9, flops_per_s=40e12)
     assert memory["floor_ms"] == pytest.approx(1.0) and memory["floor_bound"] == "memory"
 

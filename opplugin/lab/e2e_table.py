@@ -40,7 +40,10 @@ def label(candidate: str) -> str:
 
 
 def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    """Three decimals; three significant digits below 0.1 ms (a small model's floor)."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value >= 0.1 or value == 0 else f"{value:.3g}"
 
 
 def times(value: float | None) -> str:
@@ -74,16 +77,22 @@ def details(payload: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def notes(payload: dict[str, Any], width: int | None) -> list[str]:
-    """Why each candidate did not run or failed: one note per candidate, status and reason, naming the
-    cases it covers (the same reason usually holds for every batch); wrapped to `width`, never cut."""
-    cases: dict[tuple[str, str, str], list[str]] = {}
+    """Why candidates did not run or failed: one note per reason, naming the candidates and the
+    cases it covers (the same reason usually holds for every batch, and torch's absence for each
+    PyTorch peer); wrapped to `width`, never cut."""
+    per_candidate: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     for row in payload["rows"]:
         if row["status"] != "ok":
+            cases = per_candidate.setdefault((row["peer"], row["status"], row["reason"] or ""), {})
             model = elide_middle(row["model"], NOTE_NAME_WIDTH if width else None)
-            cases.setdefault((row["peer"], row["status"], row["reason"] or ""), []).append(f"{model} b{row['batch']}")
+            cases.setdefault(model, []).append(str(row["batch"]))
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for (candidate, status, reason), cases in per_candidate.items():
+        where = "; ".join(f"{model} at {', '.join(batches)}" for model, batches in cases.items())
+        grouped.setdefault((status, reason, where), []).append(label(candidate))
     lines = []
-    for (peer, status, reason), where in cases.items():
-        note = f"- {label(peer)} ({', '.join(where)}): {status}: {reason}"
+    for (status, reason, where), candidates in grouped.items():
+        note = f"- {', '.join(candidates)} ({where}): {status}: {reason}"
         lines += textwrap.wrap(note, width, subsequent_indent="  ") if width else [note]
     return lines
 

@@ -93,7 +93,7 @@ def notes(payload: dict[str, Any], width: int | None) -> list[str]:
     lines = []
     for (status, reason, where), candidates in grouped.items():
         note = f"- {', '.join(candidates)} ({where}): {status}: {reason}"
-        lines += textwrap.wrap(note, width, subsequent_indent="  ") if width else [note]
+        lines += textwrap.wrap(note, width, subsequent_indent="  ", break_on_hyphens=False) if width else [note]
     return lines
 
 
@@ -108,8 +108,11 @@ def _prose(payload: dict[str, Any], width: int | None) -> list[str]:
          f"input and activations moved once at {roof['copy_gb_per_s']:.0f} GB/s (device-to-device copy), "
          "whichever takes longer; both rates measured in this run.") if roof else "Floor: not measured.",
         LEGEND + (f" opplugin's default is {label(default)}." if default else ""),
+        "opplugin's host-to-host figure is a runner as it runs by default (chunks on several streams); its "
+        "device-resident one is a runner taking the batch in one chunk on one stream, less the copies of the "
+        "graph's inputs and outputs.",
     ]
-    return [textwrap.fill(line, width) if width else line for line in lines]
+    return [textwrap.fill(line, width, break_on_hyphens=False) if width else line for line in lines]
 
 
 def format_text(payload: dict[str, Any], width: int | None = LINE_WIDTH) -> str:

@@ -132,7 +132,7 @@ def test_opplugin_default_follows_the_runners_own_default():
     from opplugin.runtime import Runner
 
     graphs = inspect.signature(Runner).parameters["cuda_graphs"].default
-    assert e2e.opplugin_default() == ("opplugin_graphs" if graphs else "opplugin_eager")
+    assert e2e.opplugin_default() == ("opplugin_eager" if graphs is False else "opplugin_graphs")
     assert set(e2e.CANDIDATES) == set(e2e_table.LABELS) and set(e2e.OPPLUGIN) | set(e2e.PEERS) == set(e2e.CANDIDATES)
 
 

@@ -62,11 +62,12 @@ CANDIDATES = OPPLUGIN + PEERS
 
 
 def opplugin_default() -> str:
-    """The candidate that is opplugin's default: the Runner's own default for `cuda_graphs`."""
+    """The candidate that is opplugin's default: the Runner's own default for `cuda_graphs`
+    (graphs unless it is False: a default of None or "auto" means graphs where they can run)."""
     from ..runtime import Runner
 
-    default = inspect.signature(Runner).parameters["cuda_graphs"].default
-    return "opplugin_graphs" if default else "opplugin_eager"
+    parameter = inspect.signature(Runner).parameters.get("cuda_graphs")
+    return "opplugin_eager" if parameter is None or parameter.default is False else "opplugin_graphs"
 
 
 def agreement(ours: np.ndarray, reference: np.ndarray) -> dict[str, Any]:

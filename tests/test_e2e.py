@@ -173,6 +173,20 @@ def test_a_models_work_counts_flops_weights_and_the_activations_it_must_write(tm
     assert work.activation_bytes == 4 * (1152 + 288 + 128 + 10 + 10)
 
 
+def test_a_reduction_counts_every_input_element_a_view_nothing():
+    from onnx import helper
+
+    from opplugin.registry import NodeInfo, TensorInfo
+
+    def info(op, shape_in, shape_out):
+        f32 = np.dtype(np.float32)
+        return NodeInfo(helper.make_node(op, ["a"], ["b"]), [TensorInfo("a", shape_in, f32)], [TensorInfo("b", shape_out, f32)], {})
+
+    assert model_floor.node_flops(info("ReduceMean", (2, 512, 7, 7), (2, 512, 1, 1))) == 2 * 512 * 49
+    assert model_floor.node_writes(info("ReduceMean", (2, 512, 7, 7), (2, 512, 1, 1))) == 4 * 2 * 512
+    assert model_floor.node_flops(info("Reshape", (2, 512), (2, 512))) == 0 == model_floor.node_writes(info("Reshape", (2, 512), (2, 512)))
+
+
 def test_the_floor_is_the_larger_of_the_compute_and_memory_times():
     work = model_floor.ModelWork(flops=2_000_000_000, weight_bytes=1_000_000, input_bytes=0, activation_bytes=1_000_000)
     compute = work.record(bytes_per_s=2e12, flops_per_s=40e12)

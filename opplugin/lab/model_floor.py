@@ -11,8 +11,8 @@ Conv, identities dropped), with the shapes at the batch. An activation is the ou
 node that must write one: views (Reshape, Flatten, ...) write nothing, a zero-copy
 Concat's producers write into it, and a pointwise op can fuse into the node that
 produces its input, so none of those counts. FLOPs: a multiply-add is 2 (Conv, Gemm,
-MatMul), a pool window costs its size per output, and every other node one per output
-element.
+MatMul), a pool window costs its size per output, a global pool or a reduction one per
+input element, and every other node one per output element.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def node_flops(info: NodeInfo) -> int:
         return 2 * out * info.inputs[0].shape[-1]
     if op in POOLS:
         return out * _elements(tuple(info.attributes.get("kernel_shape", ())))
-    if op.startswith("Global"):
+    if op.startswith("Global") or op.startswith("Reduce"):  # every input element takes part once
         return _elements(info.inputs[0].shape)
     if op in NO_WRITE:
         return 0

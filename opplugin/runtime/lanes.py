@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from .. import cuda, hostwork
 from .graphs import SegmentGraphs
-from .timeline import COPY, Timeline
+from .timeline import COPY, GRAPH, Timeline
 
 # Pageable inputs below this size go up directly: the driver's own staging is as quick.
 STAGE_MIN_BYTES = 1 << 20
@@ -118,6 +118,12 @@ class Lane(Protocol):
         """fn(), which enqueues no device work, timed by the host clock."""
         ...
 
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+        """fn(), which replays CUDA graph `name`: timed as a whole, and each of its steps by the
+        events the graph records (`step_marks`: step, start, end); without marks the replay
+        is one step of its own."""
+        ...
+
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """fn(), host work that reads the lane's results so far, timed by the host clock."""
         ...
@@ -171,6 +177,9 @@ class HostLane(Lane):
 
     run_host = run_kernel
 
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+        raise RuntimeError("CUDA graphs need a CUDA device")
+
     def finish_chunk(self) -> None:
         pass
 
@@ -212,6 +221,8 @@ class CudaLane(Lane):
         self.recording = _Recording(index)
         self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
         self.graphs = SegmentGraphs()  # runs of plugin steps captured on this lane's stream
+        # the steps of this chunk's replays: (step, order, start, end), read once the stream is done
+        self._graph_steps: list[tuple[str, int, Any, Any]] = []
 
     def activate(self) -> contextlib.AbstractContextManager:
         """Makes this lane's device and stream current in the calling thread."""
@@ -225,6 +236,7 @@ class CudaLane(Lane):
     def start_chunk(self, timeline: Timeline, chunk: int) -> None:
         self.recording.start(timeline, chunk)
         self._unstage.clear()
+        self._graph_steps.clear()
 
     # --- timing ---------------------------------------------------------------------
 
@@ -250,6 +262,16 @@ class CudaLane(Lane):
     def run_host(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Work that enqueues nothing on the device (a reshape view), timed by the host clock."""
         return self.recording.host_timed(name, kind, fn)
+
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+        """A replay, timed as a whole (kind GRAPH) and per step by the graph's own events. Those
+        are recorded again by the next replay of the graph, which on this lane comes in a later
+        chunk: finish_chunk reads them after waiting for the stream."""
+        if not step_marks:
+            return self._event_timed(name, "plugin", fn)
+        out = self._event_timed(name, GRAPH, fn)
+        self._graph_steps.extend((step, self.recording.next(), start, end) for step, start, end in step_marks)
+        return out
 
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Host work that reads this lane's device results (onnxruntime): wait for them first."""
@@ -312,6 +334,10 @@ class CudaLane(Lane):
     def finish_chunk(self) -> None:
         """Wait for the lane's stream, then copy staged outputs to their targets."""
         self.stream.synchronize()
+        recording = self.recording
+        for step, order, start, end in self._graph_steps:
+            recording.timeline.device_settled(step, "plugin", recording.chunk, order, start, end, recording.lane)
+        self._graph_steps.clear()
         for name, stage, target in self._unstage:
             self.recording.host_timed(f"stage D2H {name}", COPY, lambda s=stage, t=target: hostwork.copy(t, s))
         self._unstage.clear()

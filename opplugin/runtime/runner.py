@@ -38,7 +38,7 @@ from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
 from .describe import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
-from .records import PlanRecord, Profile, RunResult, sum_by_step
+from .records import PlanRecord, Profile, RunResult, graph_totals, sum_by_step
 from .timeline import Timeline, copy_figures
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
@@ -65,9 +65,11 @@ class Runner:
     or a user_kernels.KernelSource; see `opplugin new conv FILE`).
     `chunk` fixes the images per chunk (default: from the free device memory and
     the pipeline's needs); `streams` the chunks in flight at once on a GPU
-    (default 3). `cuda_graphs` replays each run of plugin steps as one CUDA graph from
-    the second pass on (graphs.py): far less host time per step at small batches, one
-    timing for the run instead of one per step.
+    (default 3). `cuda_graphs` (on by default; it needs a CUDA device and is ignored
+    on the CPU) replays each run of plugin steps as one CUDA graph from the second pass
+    on (graphs.py): far less host time per step at small batches. Each step keeps its own
+    time, from events recorded inside the graph. A run that cannot be captured runs
+    eagerly, and `graph_failures()` (and each RunResult) says why.
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
     and `describe(batch)` the plan as a PlanRecord: what report.py and
@@ -85,7 +87,7 @@ class Runner:
         chunk: int | None = None,
         streams: int | None = None,
         kernels: dict[str, Any] | None = None,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool = True,
     ):
         self.batch = positive_int(batch, "batch")
         registry = _with_user_kernels(registry, kernels)
@@ -350,6 +352,8 @@ class Runner:
             exact_ms=exact_ms,
             spans=spans,
             graphs=self._graph_steps(spans),
+            graph_ms=graph_totals(spans),
+            graph_failures=self.graph_failures(),
         )
 
     def profile(

@@ -144,7 +144,8 @@ class PlanExecutor:
         self.constants, self.ort_on_gpu = constants, ort_on_gpu
         self.watched = watched or {}
         self.cuda_graphs = cuda_graphs
-        self._graph_step_times: bool | None = None  # see _steps_timed_in_graphs
+        # whether captures record events between steps; None: decided at the first capture (see _steps_timed_in_graphs)
+        self.step_times_in_graphs: bool | None = None
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
@@ -207,7 +208,7 @@ class PlanExecutor:
                     values.put(name, value)
                 if flags is not None and index in self.watched:
                     for slot, value in zip(self.watched[index], outs):
-                        flags.record(chunk, slot, value)
+                        lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
                 self._drop_dead(values, index, held)
 
     def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:
@@ -279,9 +280,9 @@ class PlanExecutor:
     def _steps_timed_in_graphs(self) -> bool:
         """Whether captures record events between steps (see graphs.StepClock), so that each
         step keeps its time in a replay."""
-        if self._graph_step_times is None:
-            self._graph_step_times = cuda.can_record_in_capture() is None
-        return self._graph_step_times
+        if self.step_times_in_graphs is None:
+            self.step_times_in_graphs = cuda.can_record_in_capture() is None
+        return self.step_times_in_graphs
 
     def _enqueue_steps(self, lane: Lane, indices: range, held: set[str], constants: dict[str, Any],
                        flag_buffer: Any) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:

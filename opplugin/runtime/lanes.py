@@ -52,6 +52,28 @@ class Chains:
             self._last[chain] = stream.record()
 
 
+class EventPool:
+    """The timing events of one lane, made once and recorded again run after run: a run's
+    events are read when its timeline is (Timeline.spans, at the end of the run), so the
+    next run may reuse them. Creating an event costs the host more than recording one."""
+
+    def __init__(self) -> None:
+        self._events: list[Any] = []
+        self._used = 0
+
+    def record(self, stream: Any) -> Any:
+        if self._used == len(self._events):
+            self._events.append(cuda.event())
+        event = self._events[self._used]
+        self._used += 1
+        event.record(stream)
+        return event
+
+    def rewind(self) -> None:
+        """A new run starts: every event may be recorded again."""
+        self._used = 0
+
+
 class _Recording:
     """The run and chunk a lane is working on, and the position of its next span."""
 
@@ -124,6 +146,14 @@ class Lane(Protocol):
         is one step of its own."""
         ...
 
+    def untimed(self, fn: Callable[[], Any]) -> Any:
+        """fn(), device work between steps that belongs to none (a NaN/Inf flag)."""
+        ...
+
+    def start_run(self) -> None:
+        """A new run starts: the previous run's timings have been read."""
+        ...
+
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """fn(), host work that reads the lane's results so far, timed by the host clock."""
         ...
@@ -180,6 +210,12 @@ class HostLane(Lane):
     def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
         raise RuntimeError("CUDA graphs need a CUDA device")
 
+    def untimed(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def start_run(self) -> None:
+        pass
+
     def finish_chunk(self) -> None:
         pass
 
@@ -223,6 +259,10 @@ class CudaLane(Lane):
         self.graphs = SegmentGraphs()  # runs of plugin steps captured on this lane's stream
         # the steps of this chunk's replays: (step, order, start, end), read once the stream is done
         self._graph_steps: list[tuple[str, int, Any, Any]] = []
+        self.events = EventPool()
+        # the end event of the kernel step just enqueued: the next one starts there, since nothing
+        # runs on the stream between two steps of a segment (None after any other work)
+        self._step_end: Any = None
 
     def activate(self) -> contextlib.AbstractContextManager:
         """Makes this lane's device and stream current in the calling thread."""
@@ -240,41 +280,57 @@ class CudaLane(Lane):
 
     # --- timing ---------------------------------------------------------------------
 
-    def _event_timed(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+    def _event_timed(self, name: str, kind: str, fn: Callable[[], Any], start: Any = None) -> Any:
+        self._step_end = None
         order = self.recording.next()
-        start = self.stream.record()
+        start = start if start is not None else self.events.record(self.stream)
         out = fn()
-        end = self.stream.record()
+        end = self.events.record(self.stream)
         self.recording.timeline.device(name, kind, self.recording.chunk, order, start, end, self.recording.lane)
-        return out
+        return out, end
 
     def _chained_copy(self, chain: str, name: str, fn: Callable[[], Any]) -> None:
         with self.chains.ordered(chain, self.stream):
             self._event_timed(name, COPY, fn)
 
-    def segment(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def segment(self) -> Iterator[None]:
         """A run of kernels that starts after the previous lane's run has finished."""
-        return self.chains.ordered("compute", self.stream)
+        self._step_end = None
+        with self.chains.ordered("compute", self.stream):
+            yield
+        self._step_end = None
 
     def run_kernel(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
-        return self._event_timed(name, kind, fn)
+        out, self._step_end = self._event_timed(name, kind, fn, start=self._step_end)
+        return out
 
     def run_host(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Work that enqueues nothing on the device (a reshape view), timed by the host clock."""
+        self._step_end = None
         return self.recording.host_timed(name, kind, fn)
+
+    def untimed(self, fn: Callable[[], Any]) -> Any:
+        self._step_end = None
+        return fn()
+
+    def start_run(self) -> None:
+        self.events.rewind()
+        self._step_end = None
 
     def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
         """A replay, timed as a whole (kind GRAPH) and per step by the graph's own events. Those
         are recorded again by the next replay of the graph, which on this lane comes in a later
         chunk: finish_chunk reads them after waiting for the stream."""
         if not step_marks:
-            return self._event_timed(name, "plugin", fn)
-        out = self._event_timed(name, GRAPH, fn)
+            return self._event_timed(name, "plugin", fn)[0]
+        out, _end = self._event_timed(name, GRAPH, fn)
         self._graph_steps.extend((step, self.recording.next(), start, end) for step, start, end in step_marks)
         return out
 
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Host work that reads this lane's device results (onnxruntime): wait for them first."""
+        self._step_end = None
         self.stream.synchronize()
         return self.recording.host_timed(name, kind, fn)
 

@@ -321,6 +321,8 @@ class Runner:
                              Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)))
         if self._chains:
             self._chains.reset()
+        for lane in self.scheduler.lanes:
+            lane.start_run()  # the last run's timings are read: its events may be recorded again
         started = time.perf_counter()
         timeline = Timeline(on_gpu)
         self.scheduler.run(

@@ -84,18 +84,24 @@ def test_each_step_keeps_its_row_timed_by_events_inside_the_replay(name):
     assert "step times from events inside the graphs" in text and all(f"({m})" in text for m in built["op_times_ms"])
 
 
-def test_graphed_step_times_are_close_to_eager_ones():
-    """Printed for the record (pytest -s); a step's graphed time is its kernel's, so within a factor of eager's."""
-    model = load_model("lenet86")
+@pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
+def test_graphed_step_times_are_close_to_eager_ones(name):
+    """Printed for the record (-rP); a kernel step's graphed time is its kernel's, so near its eager time. A
+    step with no device work (a view) is timed by the host clock eagerly and by two adjacent events in a graph."""
+    model = load_model(name)
     feeds = make_inputs(model, 1024, "random").feeds
-    medians = {}
+    medians, runners = {}, {}
     for graphs in (False, True):
-        profile = Runner(model, 1024, "cuda", chunk=1024, streams=1, cuda_graphs=graphs).profile(feeds, warmup=2, repeat=9)
+        runners[graphs] = Runner(model, 1024, "cuda", chunk=1024, streams=1, cuda_graphs=graphs)
+        profile = runners[graphs].profile(feeds, warmup=2, repeat=9)
         medians[graphs] = {s.name: profile.median(s.name) for s in profile.plan.plugin_steps}
     for step, eager in medians[False].items():
         graphed = medians[True][step]
-        print(f"{step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%})")
-        assert 0.5 * eager <= graphed <= 1.5 * eager + EVENT_SLACK_MS
+        print(f"{name} {step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%})")
+        if runners[True].kernels[step].device_work:
+            assert 0.5 * eager - EVENT_SLACK_MS <= graphed <= 1.5 * eager + EVENT_SLACK_MS
+        else:
+            assert graphed < eager
 
 
 class _SynchronisingConv(ConvPlugin):

@@ -30,6 +30,7 @@ import onnxruntime as ort
 from .. import cuda, sessions
 from ..device import Device, select_device
 from ..errors import InputError, OutOfDeviceMemory, PluginError, first_line, positive_int
+from ..launch_mode import building_for
 from ..model import Model
 from ..plan import OrtStep, Plan, PluginStep, make_plan
 from ..registry import Kernel, Plugin
@@ -104,7 +105,8 @@ class Runner:
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
-        self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
+        with building_for(self.cuda_graphs):  # what a variant costs the host depends on it (ops/conv/cost.py)
+            self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
         self.providers = self._providers()
         self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
         self.constants = self._upload_constants()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .device import Device
 from .errors import PluginError
@@ -329,11 +329,11 @@ def sub_model(
         shape = [d if d >= 0 else None for d in info.shape]
         return helper.make_tensor_value_info(tensor, helper.np_dtype_to_tensor_dtype(info.dtype), shape)
 
-    used = {i for n in nodes for i in n.input}
-    initializers = [t for t in model.proto.graph.initializer if t.name in used]
+    used = dict.fromkeys(i for n in nodes for i in n.input if i in model.initializers)
+    initializers = [numpy_helper.from_array(model.initializers[name], name) for name in used]
     graph = helper.make_graph(
         nodes, name, [value_info(i) for i in inputs], [value_info(o) for o in outputs], initializer=initializers
     )
-    sub = helper.make_model(graph, opset_imports=list(model.proto.opset_import), producer_name="opplugin")
-    sub.ir_version = model.proto.ir_version
+    sub = helper.make_model(graph, opset_imports=list(model.bare.opset_import), producer_name="opplugin")
+    sub.ir_version = max(model.bare.ir_version, 4)  # from IR 4 on, initializers need not be graph inputs
     return sub

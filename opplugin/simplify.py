@@ -18,19 +18,17 @@ output name).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from .skeleton import copy_without_initializers, skeleton, with_initializers
+
 # Ops whose value is not a function of their inputs, and ops with subgraphs: never folded.
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
                 "If", "Loop", "Scan", "SequenceMap"}
-
-# Constants with more elements than this are weights, not shape arithmetic.
-SMALL_CONSTANT = 1024
 
 
 @dataclass(frozen=True)
@@ -58,19 +56,21 @@ class Simplification:
 
 
 def simplify(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Simplification]:
-    """A simplified copy of `model` (left untouched) and what was done. A model with
-    nothing to simplify comes back itself, so that a caller keeping both the original
-    and the simplified graph does not hold its weights twice."""
-    proto = copy.deepcopy(model)  # the passes edit nodes in place
-    graph = _Graph(proto)
+    """A simplified copy of `model` (left untouched), whole, and what was done."""
+    bare, constants, done = simplify_apart(model)
+    return with_initializers(bare, constants), done
+
+
+def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
+    """The simplified graph without its initializers, the initializers it reads as arrays, and
+    what was done; `model` is left untouched. Apart, so that the weights exist once, as arrays:
+    nothing later has to serialise them to learn a shape."""
+    graph = _Graph(model)
     dropped = graph.drop_identities()
     folded = graph.fold_constants()
     batchnorms = graph.fold_batchnorms()
-    done = Simplification(folded, batchnorms, dropped)
-    if not done.changed:
-        return model, done
     graph.write_back()  # constants that only fed folded nodes go too
-    return proto, done
+    return graph.proto, graph.constants, Simplification(folded, batchnorms, dropped)
 
 
 def _count(counts: dict[str, int], op: str) -> None:
@@ -80,12 +80,11 @@ def _count(counts: dict[str, int], op: str) -> None:
 class _Graph:
     """The graph being simplified: its nodes as a list, its constants as arrays."""
 
-    def __init__(self, proto: onnx.ModelProto):
-        self.proto = proto
-        graph = proto.graph
+    def __init__(self, model: onnx.ModelProto):
+        self.proto = copy_without_initializers(model)  # the passes edit nodes in place
+        graph = self.proto.graph
         self.nodes: list[onnx.NodeProto] = list(graph.node)
-        self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        self.added: set[str] = set()  # constants this pass made, to write as initializers
+        self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         self.inputs = {i.name for i in graph.input if i.name not in self.constants}
         self.outputs = {o.name for o in graph.output}
 
@@ -189,7 +188,6 @@ class _Graph:
         for name, value in zip(node.output, values):
             if name:
                 self.constants[name] = value
-                self.added.add(name)
         _count(folded, node.op_type)
 
     def _evaluate(self, nodes: list[onnx.NodeProto]) -> dict[str, np.ndarray]:
@@ -226,19 +224,11 @@ class _Graph:
         return dict(zip(outputs, results))
 
     def _static_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Tensors whose every dimension is a known number, from onnx's shape inference.
-        Large constants (weights) go in as typed inputs: their values change no shape."""
-        small = {k: v for k, v in self.constants.items() if v.size <= SMALL_CONSTANT}
-        large = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
-                 for k, v in self.constants.items() if k not in small]
-        inputs = [i for i in self.proto.graph.input if i.name in self.inputs]
-        probe = helper.make_model(
-            helper.make_graph(self.nodes, "probe", inputs + large, list(self.proto.graph.output),
-                              initializer=[numpy_helper.from_array(v, k) for k, v in small.items()]),
-            opset_imports=list(self.proto.opset_import))
-        probe.ir_version = max(self.proto.ir_version, 4)
+        """Tensors whose every dimension is a known number, from onnx's shape inference."""
+        self.proto.graph.ClearField("node")
+        self.proto.graph.node.extend(self.nodes)
         try:
-            inferred = shape_inference.infer_shapes(probe, data_prop=True)
+            inferred = shape_inference.infer_shapes(skeleton(self.proto, self.constants), data_prop=True)
         except Exception:  # no shapes: Shape nodes simply stay
             return {}
         shapes = {}
@@ -265,7 +255,6 @@ class _Graph:
             names = [self.new_name(f"{conv.input[1]}_bn"), self.new_name(f"{bn.input[2]}_conv")]
             for name, value in zip(names, (weights, bias)):
                 self.constants[name] = value
-                self.added.add(name)
             data = conv.input[0]
             del conv.input[:]
             conv.input.extend([data, *names])
@@ -303,20 +292,14 @@ class _Graph:
     # --- writing back -----------------------------------------------------------------------
 
     def write_back(self) -> None:
+        """The nodes into the proto, and only the constants some node (or the output) reads kept."""
         graph = self.proto.graph
         graph.ClearField("node")
         graph.node.extend(self.nodes)
-        used = self.outputs | {name for node in self.nodes for name in node.input}  # once, not per initializer
-        kept = [t for t in graph.initializer if t.name in self.constants and t.name in used]
-        added = [numpy_helper.from_array(self.constants[n], n) for n in sorted(self.added) if n in used]
-        graph.ClearField("initializer")
-        graph.initializer.extend([*kept, *added])
-        # IR 3 lists every initializer among the graph inputs too
-        names = {t.name for t in graph.initializer}
-        inputs = [i for i in graph.input if i.name in self.inputs or i.name in names]
-        if self.proto.ir_version < 4:
-            listed = {i.name for i in inputs}
-            inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in added if t.name not in listed]
+        used = self.outputs | {name for node in self.nodes for name in node.input}
+        self.constants = {name: value for name, value in self.constants.items() if name in used}
+        # IR 3 lists initializers among the graph inputs: with_initializers lists them again
+        inputs = [i for i in graph.input if i.name in self.inputs]
         graph.ClearField("input")
         graph.input.extend(inputs)
         graph.ClearField("value_info")  # stale after renames: shape inference makes them again

@@ -24,11 +24,21 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .skeleton import copy_without_initializers, skeleton, with_initializers
+from .skeleton import SMALL_CONSTANT, copy_without_initializers, skeleton, with_initializers
 
 # Ops whose value is not a function of their inputs, and ops with subgraphs: never folded.
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
                 "If", "Loop", "Scan", "SequenceMap"}
+
+
+# Ops that compute shapes from shapes: evaluated over Shape's values at each probe batch.
+SHAPE_ARITHMETIC = {"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div", "Mod",
+                    "Floor", "Ceil", "Neg", "Abs", "Min", "Max", "Reshape", "Flatten", "Identity", "ReduceProd",
+                    "ReduceSum", "Equal", "Less", "Greater", "Not", "Where", "Range", "Sqrt"}
+# The batches shape arithmetic is evaluated at: a value the same at both does not depend on
+# the batch (one small and one large, so that neither a clamp nor an integer division of the
+# batch is mistaken for a constant).
+PROBE_BATCHES = (2, 1009)
 
 
 @dataclass(frozen=True)
@@ -154,29 +164,106 @@ class _Graph:
     # --- constant folding -------------------------------------------------------------------
 
     def fold_constants(self) -> dict[str, int]:
-        """Evaluate every node whose inputs are all constant (and Shape or Size of a tensor
-        whose shape is static) into initializers, until a pass folds nothing more."""
+        """Evaluate every node whose inputs are all constant, and the shape arithmetic over
+        Shape and Size of tensors whose shapes are static but for the batch, into initializers,
+        until a pass folds nothing more (see _fold_shape_arithmetic)."""
         folded: dict[str, int] = {}
         while True:
             before = sum(folded.values())
-            shapes = self._static_shapes() if any(n.op_type in ("Shape", "Size") for n in self.nodes) else {}
+            has_shapes = any(n.op_type in ("Shape", "Size") for n in self.nodes)
+            probes = [self._static_shapes(batch) for batch in PROBE_BATCHES] if has_shapes else [{}, {}]
             known = set(self.constants)
             batch: list[onnx.NodeProto] = []
             for node in list(self.nodes):
-                if not self._foldable(node):
-                    continue
-                if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
-                    self._fold(node, [_shape_value(node, shapes[node.input[0]])], folded)
-                    known.add(node.output[0])
-                elif all(name in known for name in node.input if name):
+                if self._foldable(node) and all(name in known for name in node.input if name) and \
+                        node.op_type not in ("Shape", "Size"):
                     batch.append(node)
                     known.update(o for o in node.output if o)
             values = self._evaluate(batch) if batch else {}
             for node in batch:
                 if all(o in values for o in node.output if o):
                     self._fold(node, [values.get(o) for o in node.output], folded)
+            if has_shapes:
+                self._fold_shape_arithmetic(*probes, folded)
             if sum(folded.values()) == before:
                 return folded
+
+    def _fold_shape_arithmetic(self, first: dict[str, tuple[int, ...]], second: dict[str, tuple[int, ...]],
+                               folded: dict[str, int]) -> None:
+        """Shape arithmetic folded where its value does not depend on the batch.
+
+        Shape and Size of a tensor whose shape shape inference knows, and the SHAPE_ARITHMETIC
+        nodes over them, are evaluated (by onnxruntime) at the two PROBE_BATCHES. What is the
+        same at both becomes a constant: a channel count, H, W. What follows the batch stays
+        computed at run time, except a Reshape target: there the batch's element becomes -1
+        (or 0, "as the input", beside another -1), so that the target is a constant at every
+        batch, and the nodes that computed it go. Nothing that reads a tensor's values (only
+        its shape) is evaluated: data never folds."""
+        at = ({}, {})  # tensor -> its value at each probe batch, for values that follow the batch
+        computed: list[onnx.NodeProto] = []
+        for node in list(self.nodes):
+            if not self._foldable(node):
+                continue
+            if node.op_type in ("Shape", "Size"):
+                source = node.input[0]
+                if source not in first or source not in second:
+                    continue
+                values = [_shape_value(node, first[source]), _shape_value(node, second[source])]
+            elif node.op_type in SHAPE_ARITHMETIC and any(i in at[0] for i in node.input) and self._over_shapes(node, at[0]):
+                evaluated = [self._evaluate([node], probe) for probe in at]
+                if not all(o in e for e in evaluated for o in node.output if o):
+                    continue
+                values = [[e[o] for o in node.output if o] for e in evaluated]
+            else:
+                continue
+            if node.op_type in ("Shape", "Size"):
+                values = [[values[0]], [values[1]]]
+            if all(np.array_equal(x, y) for x, y in zip(*values)):
+                self._fold(node, values[0], folded)
+                continue
+            computed.append(node)
+            for outputs, probe in zip(values, at):
+                probe.update(zip([o for o in node.output if o], outputs))
+        for node in self.nodes:
+            if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in at[0]:
+                self._fix_reshape_target(node, at, first, second)
+        self._drop_unread(computed, folded)
+
+    def _over_shapes(self, node: onnx.NodeProto, shape_values: dict[str, np.ndarray]) -> bool:
+        """Whether every input of `node` is a small constant or a shape value."""
+        return all(not name or name in shape_values or
+                   (name in self.constants and np.size(self.constants[name]) <= SMALL_CONSTANT) for name in node.input)
+
+    def _fix_reshape_target(self, node: onnx.NodeProto, at: tuple[dict, dict], first: dict, second: dict) -> None:
+        """A constant target for a Reshape whose target follows the batch (see _fold_shape_arithmetic)."""
+        targets = [np.asarray(probe[node.input[1]]) for probe in at]
+        data = node.input[0]
+        if data not in first or data not in second or targets[0].shape != targets[1].shape or targets[0].ndim != 1:
+            return
+        varying = np.flatnonzero(targets[0] != targets[1])
+        if len(varying) != 1:
+            return
+        axis, (small, large) = int(varying[0]), PROBE_BATCHES
+        target = targets[0].astype(np.int64)
+        images = [first[data][0], second[data][0]]
+        if images != [small, large] or first[data][1:] != second[data][1:]:
+            return  # the data must have the batch as its first axis, and nothing else change
+        if -1 not in target and targets[0][axis] * large == targets[1][axis] * small:
+            target[axis] = -1  # the element count follows the batch, and so does this axis
+        elif [targets[0][axis], targets[1][axis]] == images and axis == 0 and not _attribute(node, "allowzero", 0):
+            target[axis] = 0  # the batch, as the input has it
+        else:
+            return
+        name = self.new_name(f"{node.name or data}_target")
+        self.constants[name] = target
+        node.input[1] = name
+
+    def _drop_unread(self, nodes: list[onnx.NodeProto], folded: dict[str, int]) -> None:
+        """Drop those of `nodes` (shape arithmetic) whose outputs nobody reads any more, last first."""
+        for node in reversed(nodes):
+            if not any(self.used(o) for o in node.output if o):
+                self.nodes.remove(node)
+                _count(folded, node.op_type)
 
     def _foldable(self, node: onnx.NodeProto) -> bool:
         if node.domain not in ("", "ai.onnx") or node.op_type in NOT_FOLDABLE:
@@ -190,15 +277,15 @@ class _Graph:
                 self.constants[name] = value
         _count(folded, node.op_type)
 
-    def _evaluate(self, nodes: list[onnx.NodeProto]) -> dict[str, np.ndarray]:
+    def _evaluate(self, nodes: list[onnx.NodeProto], extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The outputs of `nodes` (constant inputs only), evaluated by onnxruntime, the
         engine the reference runs: folded values are the ones the original graph has.
         Nodes onnxruntime cannot run as a group are tried one by one; those that still
         fail stay in the graph."""
-        values = self._run(nodes)
+        values = self._run(nodes, extra)
         if values is not None or len(nodes) == 1:
             return values or {}
-        values = {}
+        values = dict(extra or {})
         for node in nodes:
             if all(name in self.constants or name in values for name in node.input if name):
                 values.update(self._run([node], values) or {})
@@ -223,12 +310,13 @@ class _Graph:
             return None
         return dict(zip(outputs, results))
 
-    def _static_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Tensors whose every dimension is a known number, from onnx's shape inference."""
+    def _static_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """Tensors whose every dimension is a known number, from onnx's shape inference with
+        `batch` as the first axis of the graph inputs that leave it free."""
         self.proto.graph.ClearField("node")
         self.proto.graph.node.extend(self.nodes)
         try:
-            inferred = shape_inference.infer_shapes(skeleton(self.proto, self.constants), data_prop=True)
+            inferred = shape_inference.infer_shapes(skeleton(self.proto, self.constants, batch), data_prop=True)
         except Exception:  # no shapes: Shape nodes simply stay
             return {}
         shapes = {}

@@ -1,15 +1,24 @@
 """Load-time graph simplification: constant subgraphs folded into initializers,
-inference BatchNormalization folded into the Conv before it, Identity and
+shape arithmetic (Shape > Gather > ... > Reshape) folded where it does not depend on
+the batch, inference BatchNormalization folded into the Conv before it, Identity and
 inference Dropout dropped.
+
+The graph stays valid at every batch: the runner runs one plan on chunks of several
+sizes, and one onnxruntime session per step serves them all. So shape arithmetic is
+evaluated at two batches, and only what is the same at both folds; a Reshape target
+that carries the batch gets -1 (or 0) in its place (see _fold_shape_arithmetic).
+Every shape is then concrete once the batch is: the plan's shape inference, at the
+plan's batch, gives every plugin concrete H and W.
 
 Why a hand pass and not onnxsim, onnxoptimizer or onnxscript's optimizer: the job
 is small, and each of those is a large dependency (onnxsim and onnxoptimizer are
 C++ extensions without wheels for every Python, onnxscript brings its own IR)
 whose rewrites would also rename or drop tensors that `check` compares with the
 original graph. The folding itself is not hand-written: onnxruntime, the engine
-the reference runs on, evaluates the constant nodes (onnx's ReferenceEvaluator
-fails on opset-9 Unsqueeze, which DenseNet and Inception exports use), and onnx's
-shape inference gives the static shapes that Shape nodes fold to.
+the reference runs on, evaluates the constant nodes and the shape arithmetic (onnx's
+ReferenceEvaluator fails on opset-9 Unsqueeze, which DenseNet and Inception exports
+use), and onnx's shape inference, on the graph without its weights (skeleton.py),
+gives the static shapes that Shape nodes fold to.
 
 Rules that keep `check` meaningful: graph inputs and outputs keep their names, and
 every tensor a remaining node writes exists, with the same values, in the original
@@ -171,7 +180,7 @@ class _Graph:
         while True:
             before = sum(folded.values())
             has_shapes = any(n.op_type in ("Shape", "Size") for n in self.nodes)
-            probes = [self._static_shapes(batch) for batch in PROBE_BATCHES] if has_shapes else [{}, {}]
+            probes = self._probe_shapes() if has_shapes else ({}, {})
             known = set(self.constants)
             batch: list[onnx.NodeProto] = []
             for node in list(self.nodes):
@@ -199,37 +208,38 @@ class _Graph:
         (or 0, "as the input", beside another -1), so that the target is a constant at every
         batch, and the nodes that computed it go. Nothing that reads a tensor's values (only
         its shape) is evaluated: data never folds."""
-        at = ({}, {})  # tensor -> its value at each probe batch, for values that follow the batch
-        computed: list[onnx.NodeProto] = []
-        for node in list(self.nodes):
+        shape_nodes, arithmetic, names = [], [], set()
+        for node in self.nodes:
             if not self._foldable(node):
                 continue
-            if node.op_type in ("Shape", "Size"):
-                source = node.input[0]
-                if source not in first or source not in second:
-                    continue
-                values = [_shape_value(node, first[source]), _shape_value(node, second[source])]
-            elif node.op_type in SHAPE_ARITHMETIC and any(i in at[0] for i in node.input) and self._over_shapes(node, at[0]):
-                evaluated = [self._evaluate([node], probe) for probe in at]
-                if not all(o in e for e in evaluated for o in node.output if o):
-                    continue
-                values = [[e[o] for o in node.output if o] for e in evaluated]
+            if node.op_type in ("Shape", "Size") and node.input[0] in first and node.input[0] in second:
+                shape_nodes.append(node)
+            elif node.op_type in SHAPE_ARITHMETIC and any(i in names for i in node.input) and self._over_shapes(node, names):
+                arithmetic.append(node)
             else:
                 continue
-            if node.op_type in ("Shape", "Size"):
-                values = [[values[0]], [values[1]]]
-            if all(np.array_equal(x, y) for x, y in zip(*values)):
-                self._fold(node, values[0], folded)
-                continue
-            computed.append(node)
-            for outputs, probe in zip(values, at):
-                probe.update(zip([o for o in node.output if o], outputs))
+            names.update(o for o in node.output if o)
+        if not shape_nodes:
+            return
+        at = tuple({node.output[0]: _shape_value(node, shapes[node.input[0]]) for node in shape_nodes} for shapes in (first, second))
+        for probe in at:  # one evaluation per probe batch, by onnxruntime
+            probe.update(self._evaluate(arithmetic, dict(probe)) if arithmetic else {})
+        computed = []
+        chosen = {id(n) for n in [*shape_nodes, *arithmetic]}
+        for node in [n for n in self.nodes if id(n) in chosen]:  # graph order
+            outputs = [o for o in node.output if o]
+            if not all(o in probe for probe in at for o in outputs):
+                continue  # onnxruntime could not evaluate it: it stays
+            if all(np.array_equal(at[0][o], at[1][o]) for o in outputs):
+                self._fold(node, [at[0][o] if o else None for o in node.output], folded)
+            else:
+                computed.append(node)
         for node in self.nodes:
-            if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in at[0]:
+            if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in at[0] and node.input[1] not in self.constants:
                 self._fix_reshape_target(node, at, first, second)
         self._drop_unread(computed, folded)
 
-    def _over_shapes(self, node: onnx.NodeProto, shape_values: dict[str, np.ndarray]) -> bool:
+    def _over_shapes(self, node: onnx.NodeProto, shape_values: set[str]) -> bool:
         """Whether every input of `node` is a small constant or a shape value."""
         return all(not name or name in shape_values or
                    (name in self.constants and np.size(self.constants[name]) <= SMALL_CONSTANT) for name in node.input)
@@ -309,6 +319,15 @@ class _Graph:
         if not all(isinstance(r, np.ndarray) for r in results):  # sequences and maps stay too
             return None
         return dict(zip(outputs, results))
+
+    def _probe_shapes(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        """Static shapes at each of the PROBE_BATCHES (inferred once when no input's batch is free)."""
+        free = any(not i.type.tensor_type.shape.dim[:1] or not i.type.tensor_type.shape.dim[0].HasField("dim_value")
+                   for i in self.proto.graph.input if i.name in self.inputs)
+        if not free:
+            shapes = self._static_shapes(PROBE_BATCHES[0])
+            return shapes, shapes
+        return self._static_shapes(PROBE_BATCHES[0]), self._static_shapes(PROBE_BATCHES[1])
 
     def _static_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         """Tensors whose every dimension is a known number, from onnx's shape inference with

@@ -55,10 +55,13 @@ def skeleton(bare: onnx.ModelProto, constants: dict[str, np.ndarray], batch: int
     for shape inference and the checker. With `batch`, graph inputs whose first axis is free get it."""
     graph = bare.graph
     small = {k: v for k, v in constants.items() if np.size(v) <= SMALL_CONSTANT}
-    inputs = [onnx.ValueInfoProto() for value in graph.input if value.name not in constants]
-    for copy, value in zip(inputs, [v for v in graph.input if v.name not in constants]):
-        copy.CopyFrom(value)
-        dims = copy.type.tensor_type.shape.dim
+    inputs = []
+    for value in graph.input:
+        if value.name in constants:  # IR 3 lists initializers among the inputs
+            continue
+        inputs.append(onnx.ValueInfoProto())
+        inputs[-1].CopyFrom(value)
+        dims = inputs[-1].type.tensor_type.shape.dim
         if batch is not None and dims and not dims[0].HasField("dim_value"):
             dims[0].dim_value = batch
     inputs += [_typed(name, value) for name, value in constants.items() if name not in small]

@@ -32,6 +32,8 @@ from .sessions import Reference
 
 # Images each step is re-run on: enough to meet a bad element, few enough to be quick.
 ISOLATION_IMAGES = 64
+# Of those, the images a failing step is evaluated on in float64 (the first where it fails).
+ARBITRATION_IMAGES = 8
 
 
 @dataclass
@@ -112,10 +114,18 @@ def isolate_steps(runner, feeds: dict[str, np.ndarray], result: CheckResult, ato
         for name, value in zip(step.outputs, outputs):
             stats.add(value, theirs[name])
         verdict = StepVerdict(step.name, kernel.name, stats.result() | {"same_specials": stats.same_specials}, record)
-        if not verdict.own_passed:
-            _judge_by_float64(verdict, step, plan.model, dict(zip(step.outputs, outputs)), theirs, atol, rtol)
+        if not verdict.own_passed:  # on the images where it fails: float64 is slow
+            rows = stats.bad_rows[:ARBITRATION_IMAGES] if runner.layout.chunkable else None
+            read = {i for n in [step.node, *step.fused] for i in n.node.input if i in theirs}
+            _judge_by_float64(verdict, step, plan.model, _rows(dict(zip(step.outputs, outputs)), rows, runner.layout),
+                              _rows({n: theirs[n] for n in [*read, *step.outputs]}, rows, runner.layout), atol, rtol)
         verdicts.append(verdict)
     return verdicts
+
+
+def _rows(values: dict[str, np.ndarray], rows: list[int] | None, layout) -> dict[str, np.ndarray]:
+    """`values` at these rows (images) where they have the batch as their first axis; all of them for None."""
+    return {name: (value[rows] if rows and layout.is_batched(name) else value) for name, value in values.items()}
 
 
 def _judge_by_float64(verdict: StepVerdict, step, model, ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
@@ -141,7 +151,7 @@ def _within_fp32_bound(nodes, theirs, model, ours, exact, outputs) -> float | No
     if len(outputs) != 1:
         return None
     try:
-        bound = float64.fp32_bound(nodes, theirs, model.initializers, model.bare.opset_import)
+        bound = float64.fp32_bound(nodes, theirs, model.initializers, model.bare.opset_import, exact[outputs[0]] if len(nodes) == 1 else None)
     except Exception:  # no bound: the other rule alone decides
         return None
     if bound is None or bound.shape != exact[outputs[0]].shape:

@@ -58,7 +58,7 @@ SUMS_OF_PRODUCTS = {"Conv", "Gemm", "MatMul"}
 
 
 def fp32_bound(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
-               opset_import: Sequence[onnx.OperatorSetIdProto]) -> np.ndarray | None:
+               opset_import: Sequence[onnx.OperatorSetIdProto], exact: np.ndarray | None = None) -> np.ndarray | None:
     """Per element of the last node's output, how far from the exact result any float32
     implementation of `nodes` may land, or None where no bound is known (the lead node is
     not a sum of products).
@@ -67,7 +67,8 @@ def fp32_bound(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], c
     gamma_K = K u / (1 - K u), Higham's bound for any summation order), with sum |terms| the
     node itself evaluated on the absolute values of its operands; plus one rounding of its
     result. The nodes after it carry that error as their own slopes do: they are evaluated at
-    the exact result plus and minus the bound, and each adds a rounding of its own."""
+    the exact result plus and minus the bound, and each adds a rounding of its own. `exact`:
+    the lead node's float64 output where the caller has it."""
     lead, followers = nodes[0], list(nodes[1:])
     if lead.op_type not in SUMS_OF_PRODUCTS or lead.domain not in ("", "ai.onnx"):
         return None
@@ -78,7 +79,8 @@ def fp32_bound(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], c
         return None
     absolute = {name: np.abs(_up(values[name])) for name in lead.input if name}
     magnitude = np.abs(evaluate([lead], absolute, {}, [lead.output[0]], opset_import)[lead.output[0]])
-    exact = evaluate([lead], inputs, constants, [lead.output[0]], opset_import)[lead.output[0]]
+    if exact is None:
+        exact = evaluate([lead], inputs, constants, [lead.output[0]], opset_import)[lead.output[0]]
     gamma = terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)
     known = {**inputs, lead.output[0]: exact}
     bounds = {lead.output[0]: gamma * magnitude + UNIT_ROUNDOFF * np.abs(exact)}  # intermediate -> its bound

@@ -375,15 +375,19 @@ def cmd_check(args) -> int:
         result = check(runner.run, plan, inputs.feeds, inputs.labels, args.atol, args.rtol, chunk=passes[0].stop, progress=bar)
     finally:
         bar.close()
-    print(format_check(result, args.atol, args.rtol, args.wide))
-    if not result.passed:
-        from .first_bad import ISOLATION_IMAGES, format_verdicts, isolate_steps
+    verdicts, steps_alone = None, None
+    if not result.passed:  # each step alone, judged by float64 where it differs from onnxruntime
+        from .first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
 
-        print()
         verdicts = isolate_steps(runner, inputs.feeds, result, args.atol, args.rtol)
+        arbitrate(result, verdicts)
+        steps_alone = verdicts_as_json(verdicts, min(ISOLATION_IMAGES, batch))
+    print(format_check(result, args.atol, args.rtol, args.wide))
+    if verdicts is not None:
+        print()
         print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch)))
     if args.json:
-        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source))
+        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source, steps_alone))
     return 0 if result.passed else 1
 
 

@@ -219,20 +219,17 @@ def _add_user_kernel_options(commands, **parsers) -> None:
     add_new_command(commands)
 
 
-def _user_registry(args, device, *, poison: bool = False, cpu_note: bool = False):
+def _user_registry(args, device, *, poison: bool = False):
     """The registry with the --kernel files in place of the built-in plugins (None without --kernel);
-    `poison` fills their outputs with NaN before each call (check), `cpu_note` says so when they cannot run here."""
-    from .user_kernel_tools.cli_support import say_cpu_note, user_sources
+    `poison` fills their outputs with NaN before each call (check)."""
+    from .user_kernel_tools.cli_support import user_sources
     from .user_kernels import user_registry
     from .user_kernels.flags import parse_kernels
 
     kernels = parse_kernels(getattr(args, "kernel", None))
     if not kernels:
         return None
-    registry = user_registry(user_sources(kernels), poison=poison)
-    if cpu_note:
-        say_cpu_note(registry, device)
-    return registry
+    return user_registry(user_sources(kernels), poison=poison)
 
 
 def _kernel_loops(args, *, poison: bool) -> int | None:
@@ -333,14 +330,15 @@ def _make_runner(args, loaded: Loaded, *, poison: bool = False):
     """A runner of a loaded model, with the flags' variant, chunk, streams and kernels; without a
     GPU the --kernel sources are compiled all the same (NVRTC alone), so their errors show here too."""
     from .runtime import Runner
-    from .user_kernel_tools.cli_support import compile_without_gpu
+    from .user_kernel_tools.cli_support import compile_without_gpu, say_cpu_note
 
     variants = {"Conv": args.variant} if args.variant else None
-    registry = _user_registry(args, loaded.device, poison=poison, cpu_note=True)
+    registry = _user_registry(args, loaded.device, poison=poison)
     runner = Runner(loaded.model, loaded.batch, loaded.device, variants, registry, chunk=args.chunk, streams=args.streams,
                     cuda_graphs=bool(args.cuda_graphs))
     if registry is not None and not runner.device.is_cuda:
         compile_without_gpu(runner.plan, registry)
+        say_cpu_note(registry, runner.device)
     return runner
 
 

@@ -342,6 +342,17 @@ def _make_runner(args, loaded: Loaded, *, poison: bool = False):
     return runner
 
 
+def _check_keep(runner, keep: list[str] | None) -> None:
+    """--keep names a tensor that a run hands back: a graph input, or a tensor that leaves a step
+    (the runner's own rule), checked before the run starts."""
+    plan = runner.plan
+    crossing = {value.name for value in plan.model.inputs} | {name for step in plan.steps for name in step.outputs}
+    hidden = [name for name in keep or () if name not in crossing]
+    if hidden:
+        raise InputError(f"--keep {', '.join(hidden)}: only inputs and tensors that leave a step can be kept "
+                         f"({', '.join(sorted(crossing))})")
+
+
 def _save_outputs(args, outputs: dict[str, Any]) -> None:
     """--save-outputs: the graph's outputs and the --keep tensors, one .npz file."""
     if args.save_outputs:
@@ -383,6 +394,7 @@ def cmd_run(args) -> int:
     model, batch, on_gpu = loaded.model, loaded.batch, runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
     inputs = _inputs(args, loaded, pinned=on_gpu)
+    _check_keep(runner, args.keep)
     if not on_gpu:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     if inputs.random_weights:
@@ -441,6 +453,7 @@ def cmd_check(args) -> int:
     runner = _make_runner(args, loaded, poison=True)
     model, batch = loaded.model, loaded.batch
     inputs = _inputs(args, loaded, pinned=runner.device.is_cuda)
+    _check_keep(runner, args.keep)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
     print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
     plan = runner.describe(batch)

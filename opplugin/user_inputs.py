@@ -33,7 +33,8 @@ def declared_shape(value: onnx.ValueInfoProto) -> list[int | None]:
 
 
 def shown(dims) -> str:
-    return "x".join("N" if d is FREE else str(d) for d in dims)
+    """Dimensions as 1x3x224x224: N for a free batch axis, ? for another free one."""
+    return "x".join(str(d) if d is not FREE else ("N" if axis == 0 else "?") for axis, d in enumerate(dims))
 
 
 def parse_input_shapes(values: list[str] | None) -> dict[str, list[int | None]]:

@@ -247,8 +247,9 @@ def _kernel_loops(args, *, poison: bool) -> int | None:
     if not args.watch:
         return None
     loaded = _load(args)
+    inputs = _inputs(args, loaded, pinned=loaded.device.is_cuda) if loaded.feeds is not None else None
     return watch_kernels(args, loaded.model, loaded.device, loaded.batch,
-                         lambda: _make_runner(args, loaded, poison=poison), kernels)
+                         lambda: _make_runner(args, loaded, poison=poison), kernels, inputs=inputs)
 
 
 @dataclass(frozen=True)

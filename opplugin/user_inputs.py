@@ -79,7 +79,8 @@ def fix_input_shapes(model, shapes: dict[str, list[int | None]], flag: str = "--
             for axis, size in enumerate(shapes.get(value.name, ())):
                 if size is not FREE:
                     value.type.tensor_type.shape.dim[axis].dim_value = size
-    model._inferred.clear()  # shapes inferred before are for the free dimensions
+    if hasattr(model, "_inferred"):  # Model's per-batch cache: shapes inferred before were for the free sizes
+        model._inferred.clear()
 
 
 def _graphs(model) -> list[onnx.GraphProto]:

@@ -173,16 +173,17 @@ def sanitize_kernels(args, kernels: dict[str, str]) -> None:
 
 
 def watch_kernels(args, model, device, batch: int, make_runner, kernels: dict[str, str], cycles: int | None = None,
-                  say=None) -> int:
+                  say=None, inputs=None) -> int:
     """--watch: check and time the user kernels at `batch` after every save of their files (`cycles` saves;
-    None: until Ctrl-C)."""
+    None: until Ctrl-C), on `inputs` (the user's own) or else the --data the flags name."""
     from ..check import DEFAULT_ATOL, DEFAULT_RTOL, check
     from ..data import make_inputs
     from .watch import StepResult, watch
 
     atol = getattr(args, "atol", DEFAULT_ATOL)  # run has no tolerance flags: check's defaults
     rtol = getattr(args, "rtol", DEFAULT_RTOL)
-    inputs = make_inputs(model, batch, args.data, args.seed, pinned=device.is_cuda)
+    if inputs is None:
+        inputs = make_inputs(model, batch, args.data, args.seed, pinned=device.is_cuda)
     roof = None
     if device.is_cuda:
         from ..lab import roofline

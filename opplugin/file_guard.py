@@ -146,6 +146,8 @@ def external_data_files(model: Path) -> list[str]:
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+    if not _mentions(model, b"location"):
+        return []  # every external tensor names its file under the key "location": a large model with its weights inline is not parsed
     try:
         proto = onnx.load(str(model), load_external_data=False)
     except Exception:  # not ONNX at all: loading it says so, with the reason
@@ -155,6 +157,17 @@ def external_data_files(model: Path) -> list[str]:
         if uses_external_data(tensor):
             locations.append(ExternalDataInfo(tensor).location)
     return list(dict.fromkeys(locations))
+
+
+def _mentions(path: Path, word: bytes) -> bool:
+    """Whether the file's bytes hold `word` (read through a memory map, not into memory)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(word) != -1
+    except (OSError, ValueError):  # an empty file cannot be mapped
+        return False
 
 
 def _tensors(graph) -> Iterator:

@@ -82,6 +82,15 @@ def test_outputs_are_compared_by_inode_kernel_sources_inputs_and_external_data(t
     assert snapshot(tmp_path) == before
 
 
+def test_external_data_files_are_read_from_the_models_header(tmp_path):
+    from opplugin.file_guard import external_data_files
+
+    onnx.save_model(tiny_cnn(), str(tmp_path / "outside.onnx"), save_as_external_data=True, location="w.bin", size_threshold=0)
+    onnx.save_model(tiny_cnn(), str(tmp_path / "inline.onnx"))
+    assert external_data_files(tmp_path / "outside.onnx") == ["w.bin"]
+    assert external_data_files(tmp_path / "inline.onnx") == []
+
+
 def test_an_output_beside_the_model_that_is_not_its_data_is_written(tmp_path, capsys):
     folder = tmp_path / "model"
     folder.mkdir()

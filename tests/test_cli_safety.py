@@ -162,6 +162,13 @@ def test_free_spatial_sizes_need_input_shape_and_run_with_it(command, tmp_path, 
     assert ("[2, 4, 9, 7]" in out) if command == "plan" else ("PASS" in out)
 
 
+def test_loaded_inputs_give_the_free_sizes(tmp_path, capsys):
+    path = save(dynamic_spatial_model(), tmp_path / "dynamic.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 4, 9, 7), dtype=np.float32))
+    assert main(["check", path, "--device", "cpu", "--load-inputs", str(tmp_path / "x.npy")]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("shape, message", [
     ("x:Nx3x9x9", "fixes axis 1 of 'x' at 4"),
     ("x:Nx4x9", "has rank 3"),
@@ -288,6 +295,10 @@ def test_json_to_standard_output_sends_the_text_to_stderr(tmp_path):
     done = cli("run", "lenet86", "--device", "cpu", "--batch", "4", "--csv", "-", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("step,kind,ops") and "Op Time:" in done.stderr and "Op Time:" not in done.stdout
+    assert list(tmp_path.iterdir()) == []
+    done = cli("check", "lenet86", "--device", "cpu", "--batch", "4", "--json", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"] == "lenet86" and "PASS" in done.stderr
     assert list(tmp_path.iterdir()) == []
 
 

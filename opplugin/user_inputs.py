@@ -165,8 +165,11 @@ def _fit(flag: str, model, arrays: dict[str, np.ndarray]) -> None:
 
 def image_files(folder: str | Path) -> list[Path]:
     """The PNG and JPEG files of a folder, sorted by name (the order of the batch)."""
-    return sorted((p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()),
-                  key=lambda p: p.name)
+    try:
+        return sorted((p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()),
+                      key=lambda p: p.name)
+    except OSError as err:
+        raise InputError(f"--images {folder}: cannot list it ({err.strerror or err})") from None
 
 
 def parse_pair(text: str | None, flag: str) -> tuple[int, int] | None:
@@ -239,7 +242,7 @@ def load_images(options: ImageOptions, model) -> dict[str, np.ndarray]:
                 if pixels.size != (size[1], size[0]):
                     pixels = pixels.resize((size[1], size[0]), Image.BILINEAR)
                 array = np.asarray(pixels, np.float32) / np.float32(255.0)
-        except (OSError, UnidentifiedImageError, ValueError) as err:
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as err:
             raise InputError(f"{flag}: cannot read {path.name} as an image ({err})") from None
         batch[index] = array.reshape(*size, channels).transpose(2, 0, 1)
     batch -= mean[:, None, None]

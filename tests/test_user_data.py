@@ -227,3 +227,19 @@ def test_image_models_need_one_image_input(tmp_path, capsys):
     assert main(["run", path, "--device", "cpu", "--images", str(tmp_path / "i")]) == 2
     one_line_error(capsys, "images feed a model with one image input [N, C, H, W]; vector takes v Nx8")
 
+
+
+def test_a_folder_that_cannot_be_listed_is_one_line(tmp_path, tiny_model_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    (tmp_path / "locked").mkdir()
+    real_iterdir = Path.iterdir
+
+    def refusing(self):  # what listing a folder without read permission does
+        if self.name == "locked":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", refusing)
+    assert main(["run", tiny_model_path, "--device", "cpu", "--images", str(tmp_path / "locked")]) == 2
+    one_line_error(capsys, "cannot list it (Permission denied)")

@@ -131,7 +131,7 @@ def test_an_output_path_given_twice_or_naming_the_model_clobbers_nothing(tmp_pat
     assert main(["run", tiny_model_path, "--csv", tiny_model_path]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].endswith("is the same file as --json; give each output its own file")
-    assert err[1] == f"opplugin: error: --csv {tiny_model_path} is the same file as the model; give each output its own file"
+    assert err[1] == f"opplugin: error: --csv {tiny_model_path} is the same file as the model, which the command reads; give the output another path"
     assert report.read_text() == "old" and open(tiny_model_path, "rb").read() == model_bytes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "tiny.onnx"]
 

@@ -110,6 +110,16 @@ class Model:
     def nodes(self) -> list[onnx.NodeProto]:
         return list(self._bare.graph.node)
 
+    def set_input_sizes(self, sizes: dict[str, dict[int, int]]) -> None:
+        """Give graph inputs' free axes a size ({input: {axis: size}}), in the graph that runs, the
+        whole model if made, and the graph as loaded; shapes inferred before are forgotten."""
+        graphs = {id(g): g for g in (self._bare.graph, self.original.graph, *([self._whole.graph] if self._whole else []))}
+        for graph in graphs.values():
+            for value in graph.input:
+                for axis, size in sizes.get(value.name, {}).items():
+                    value.type.tensor_type.shape.dim[axis].dim_value = size
+        self._inferred.clear()
+
     def input_shape(self, name: str | None = None) -> tuple[int | str, ...]:
         """The declared shape of an input: ints, or names for symbolic axes."""
         value = self._input(name)

@@ -74,18 +74,8 @@ def fix_input_shapes(model, shapes: dict[str, list[int | None]], flag: str = "--
             if want is not FREE and fixed is not FREE and want != fixed:
                 raise InputError(f"{flag} {name}:{shown(dims)}: {model.name} fixes axis {axis} of {name!r} at {fixed} "
                                  f"(its shape is {shown(have)})")
-    for graph in _graphs(model):
-        for value in graph.input:
-            for axis, size in enumerate(shapes.get(value.name, ())):
-                if size is not FREE:
-                    value.type.tensor_type.shape.dim[axis].dim_value = size
-    if hasattr(model, "_inferred"):  # Model's per-batch cache: shapes inferred before were for the free sizes
-        model._inferred.clear()
-
-
-def _graphs(model) -> list[onnx.GraphProto]:
-    """The graph that runs and the graph as loaded (the same object when nothing was simplified)."""
-    return [model.proto.graph] if model.original is model.proto else [model.proto.graph, model.original.graph]
+    model.set_input_sizes({name: {axis: size for axis, size in enumerate(dims) if size is not FREE}
+                           for name, dims in shapes.items()})
 
 
 def require_runnable_inputs(model) -> None:

@@ -190,6 +190,7 @@ class Model:
                     outputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) for n in node.output],
                     attributes={a.name: helper.get_attribute_value(a) for a in node.attribute},
                     constants={n: self.initializers[n] for n in node.input if n in self.initializers},
+                    opset=next((o.version for o in self.proto.opset_import if o.domain in ("", "ai.onnx")), 0),
                 )
             )
         return infos

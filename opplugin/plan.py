@@ -334,6 +334,7 @@ def sub_model(
     graph = helper.make_graph(
         nodes, name, [value_info(i) for i in inputs], [value_info(o) for o in outputs], initializer=initializers
     )
-    sub = helper.make_model(graph, opset_imports=list(model.bare.opset_import), producer_name="opplugin")
+    sub = helper.make_model(graph, opset_imports=list(model.bare.opset_import), producer_name="opplugin",
+                            functions=list(model.bare.functions))  # a node may call a model-local function
     sub.ir_version = max(model.bare.ir_version, 4)  # from IR 4 on, initializers need not be graph inputs
     return sub

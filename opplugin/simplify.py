@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from .ops.reduction.layernorm_pattern import fold_decomposed_layernorms
 from .skeleton import SMALL_CONSTANT, copy_without_initializers, skeleton, with_initializers
 
 # Ops whose value is not a function of their inputs, and ops with subgraphs: never folded.
@@ -86,7 +87,7 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
     nothing later has to serialise them to learn a shape."""
     graph = _Graph(model)
     dropped = graph.drop_identities()
-    folded = graph.fold_constants()
+    folded = graph.fold_constants() | fold_decomposed_layernorms(graph)  # the LayerNorm pattern's constants are folded by now
     batchnorms = graph.fold_batchnorms()
     graph.write_back()  # constants that only fed folded nodes go too
     return graph.proto, graph.constants, Simplification(folded, batchnorms, dropped)

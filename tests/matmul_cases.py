@@ -52,3 +52,23 @@ def fresh_inputs(model: onnx.ModelProto, batch: int, seed: int) -> dict[str, np.
         shape = [batch, *(d.dim_value for d in value.type.tensor_type.shape.dim[1:])]
         feeds[value.name] = rng.uniform(-1, 1, shape).astype(np.float32) + np.float32(0.1)
     return feeds
+
+
+def mlp_block(seed: int = 0) -> onnx.ModelProto:
+    """A ConvNeXt-style MLP on NHWC: LayerNormalization over C, (C, 4C) MatMul, Relu, (4C, C) MatMul,
+    then a Softmax over C and a ReduceMean over H and W, in opset 17."""
+    rng = np.random.default_rng(seed)
+    c = 32
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in {
+        "gamma": rng.uniform(0.5, 1.5, c), "beta": rng.uniform(-0.2, 0.2, c),
+        "w1": rng.uniform(-0.3, 0.3, (c, 4 * c)), "w2": rng.uniform(-0.2, 0.2, (4 * c, c))}.items()]
+    inits.append(numpy_helper.from_array(np.array([1, 2], np.int64), "hw"))
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["ln"], name="ln", axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["ln", "w1"], ["h"], name="fc1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["o"], name="fc2"), helper.make_node("Softmax", ["o"], ["s"], name="softmax", axis=-1),
+             helper.make_node("ReduceSum", ["s", "hw"], ["y"], name="pool", keepdims=0)]
+    graph = helper.make_graph(nodes, "mlp_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 6, c])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="opplugin-tests")
+    model.ir_version = 8
+    return model

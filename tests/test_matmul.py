@@ -67,3 +67,18 @@ def test_strides_broadcast_and_the_batch_axis_moves_even_at_batch_1():
 def test_what_is_not_taken_says_why(a_shape, b_shape, constant, batch, reason):
     plan = planned(matmul_model(a_shape, b_shape, constant), batch)
     assert plan.plugin_steps == [] and reason in plan.fallbacks["mm"]
+
+
+def test_an_mlp_block_runs_as_plugin_steps_and_check_passes(tmp_path):
+    from onnx_builders import save
+    from opplugin.check import check
+    from opplugin.model import load_model
+    from opplugin.runtime import Runner
+
+    from matmul_cases import mlp_block
+
+    runner = Runner(load_model(save(mlp_block(), tmp_path / "mlp.onnx")), 3, "cpu")
+    assert [s.ops for s in runner.plan.steps] == [["LayerNormalization"], ["MatMul", "Relu"], ["MatMul", "Softmax"], ["ReduceSum"]]
+    x = np.random.default_rng(4).uniform(-2, 2, (3, 5, 6, 32)).astype(np.float32)
+    result = check(runner.run, runner.describe(), {"x": x})
+    assert result.passed

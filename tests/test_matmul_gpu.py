@@ -47,3 +47,20 @@ def test_matmul_matches_float64_and_onnxruntime(case, batch):
     k = a_shape[-1]
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6 * k)
     np.testing.assert_allclose(got, theirs, rtol=1e-5, atol=2e-6 * k)
+
+
+def test_an_mlp_block_runs_whole_on_the_gpu_as_onnxruntime_does(tmp_path):
+    from onnx_builders import save
+    from opplugin.check import check
+    from opplugin.model import load_model
+    from opplugin.runtime import Runner
+
+    from matmul_cases import mlp_block
+
+    model = load_model(save(mlp_block(), tmp_path / "mlp.onnx"))
+    runner = Runner(model, 8, "cuda")
+    assert all(s.kind == "plugin" for s in runner.plan.steps)
+    x = np.random.default_rng(5).uniform(-2, 2, (8, 5, 6, 32)).astype(np.float32)
+    theirs = ort.InferenceSession(model.original.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], theirs, rtol=1e-5, atol=1e-5)
+    assert check(runner.run, runner.describe(), {"x": x}).passed

@@ -10,6 +10,8 @@ import pytest
 
 from opplugin.device import current_cuda_device
 from opplugin.errors import PluginError
+from opplugin.ops.pool import reference as pool_reference
+from opplugin.ops.pool.spec import PoolSpec
 from opplugin.ops.reduction.kernel import RowKernel, expected
 from opplugin.ops.reduction.spec import NormSpec, affine
 from reduction_cases import CASES, fresh, onnxruntime_output, planned
@@ -34,6 +36,8 @@ def run_poisoned(kernel, x: np.ndarray) -> np.ndarray:
 
 def oracle(step, kernel, x):
     spec = kernel.spec
+    if isinstance(spec, PoolSpec):  # a ReduceMean over H and W runs the global pool kernel
+        return pool_reference.expected(spec, x)
     scale, bias = affine(spec, step.node) if isinstance(spec, NormSpec) else (None, None)
     return expected(spec, x, scale, bias)
 
@@ -77,3 +81,18 @@ def test_a_wrong_input_is_a_clear_error():
     assert isinstance(kernel, RowKernel)
     with pytest.raises(PluginError, match="float32 CuPy array of shape"):
         kernel([cupy.zeros((2, 11), cupy.float32)])
+
+
+@pytest.mark.parametrize("channels_first", [True, False])
+def test_a_decomposed_layernorm_runs_as_one_kernel_on_the_gpu(tmp_path, channels_first):
+    from onnx_builders import save
+    from opplugin.model import load_model
+    from opplugin.runtime import Runner
+    from test_layernorm_pattern import decomposed_layernorm
+
+    shape, axes, opset, affine_shape = ((4, 64, 9, 9), [1], 13, (64, 1, 1)) if channels_first else ((4, 9, 9, 64), [-1], 17, (64,))
+    model = load_model(save(decomposed_layernorm(shape, axes, opset, "Pow", affine_shape), tmp_path / "ln.onnx"))
+    runner = Runner(model, 4, "cuda")
+    assert [s.ops for s in runner.plan.steps][0] == ["LayerNormalization"] and all(s.kind == "plugin" for s in runner.plan.steps)
+    x = fresh(shape, 8)
+    np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], onnxruntime_output(model.original, x), rtol=1e-5, atol=1e-5)

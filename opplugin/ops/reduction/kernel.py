@@ -21,6 +21,8 @@ SOURCE = "reduce.cu"
 BLOCK = 256  # threads a block aims for: groups of fewer share one
 MAX_GROUP_THREADS = 1024
 CACHED_PER_THREAD = 16  # a thread keeps up to this many of its row's values in registers between passes
+SECTOR_FLOATS = 8  # a 32-byte memory sector: a strided row's loads stay whole-sector with 8 neighbouring i a warp
+MIN_GROUPS_PER_IMAGE = 8
 REDUCE_CODES = {"sum": 0, MEAN: 1, MAX: 2}
 
 
@@ -38,9 +40,13 @@ class Geometry:
     @classmethod
     def of(cls, rows: Rows) -> "Geometry":
         """TX covers the inner elements up to a warp (a warp's loads then cover 32 neighbouring floats
-        either way); TY is the fewest threads (a warp's worth at least) that leave each at most
-        CACHED_PER_THREAD values, so rows up to 16 K elements stay in registers between passes."""
+        either way), or only a 32-byte sector's 8 where wider tiles would leave an image fewer than
+        MIN_GROUPS_PER_IMAGE groups (NCHW's 7 x 7 maps: 8 wide, 7 tiles, not 2); TY is the fewest threads
+        (a warp's worth at least) that leave each at most CACHED_PER_THREAD values, so rows up to 16 K
+        elements stay in registers between passes."""
         tx = min(32, _power_of_two_at_least(rows.inner))
+        while tx > SECTOR_FLOATS and rows.outer_per_image * -(-rows.inner // tx) < MIN_GROUPS_PER_IMAGE:
+            tx //= 2
         ty = max(1, 32 // tx)
         while tx * ty < MAX_GROUP_THREADS and -(-rows.extent // ty) > CACHED_PER_THREAD and ty < _power_of_two_at_least(rows.extent):
             ty *= 2

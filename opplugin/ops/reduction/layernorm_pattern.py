@@ -105,8 +105,9 @@ class _Match:
     def rewrite(self, graph) -> None:
         output = self.nodes[-1].output[0]
         trailing = all(a < 0 for a in self.axes) and sorted(self.axes) == list(range(-len(self.axes), 0))
-        scale_rank = np.ndim(graph.constants[self.scale]) if self.scale else 0
-        if trailing and self.scale and _opset(graph.proto) >= 17 and scale_rank <= len(self.axes):
+        # ONNX's LayerNormalization takes a scale and bias of at most the normalised rank
+        fits = all(np.ndim(graph.constants[name]) <= len(self.axes) for name in (self.scale, self.bias) if name)
+        if trailing and self.scale and _opset(graph.proto) >= 17 and fits:
             inputs = [self.x, self.scale] + ([self.bias] if self.bias else [])
             node = helper.make_node("LayerNormalization", inputs, [output], name=self.nodes[0].name,
                                     axis=min(self.axes), epsilon=self.epsilon)

@@ -11,7 +11,8 @@
 // - INNER > 1 (a channel axis of NCHW: r strides by INNER): TX = 32 (fewer for a small
 //   INNER), and a warp reads 32 consecutive i of one r, so strided rows stay coalesced.
 // The TY partial results of a tx combine by warp shuffles, then (past a warp) through
-// shared memory in a fixed order, so a result never depends on the run.
+// shared memory in a fixed order, so a result never depends on the run. A group may be
+// smaller than a warp (8 threads along a short row: a sector each load), several a warp.
 //
 // Every shape constant is an NVRTC -D macro (ops/reduction/kernel.py): EXTENT, INNER,
 // TX, TY, GPB (groups per block), TILES (groups per o: INNER / TX rounded up), PER (the
@@ -31,9 +32,13 @@
 // single ty (TX >= 32), else one per warp (its ty already combined by shuffles)
 #if TX >= 32
 #define SLOTS TY
-#else
+#elif GROUP_THREADS > 32
 #define SLOTS (GROUP_THREADS / 32)
+#else
+#define SLOTS 1
 #endif
+// a group of fewer than 32 threads is an aligned part of a warp: its shuffles stay inside it
+#define FIRST_OFFSET (GROUP_THREADS >= 32 ? 16 : GROUP_THREADS / 2)
 
 __device__ __forceinline__ float nan_max(float m, float v)
 {
@@ -73,9 +78,9 @@ template <bool IS_MAX>
 __device__ __forceinline__ float group_combine(float v, float* partial, const Place& p)
 {
 #if TX < 32
-    // lanes tx, tx + TX, tx + 2 TX, ... of a warp hold the same i
+    // lanes tx, tx + TX, tx + 2 TX, ... of a warp (or of a smaller group) hold the same i
 #pragma unroll
-    for (int offset = 16; offset >= TX; offset >>= 1)
+    for (int offset = FIRST_OFFSET; offset >= TX; offset >>= 1)
         v = combine<IS_MAX>(v, __shfl_xor_sync(0xffffffffu, v, offset));
 #endif
 #if SLOTS > 1

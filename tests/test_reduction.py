@@ -40,9 +40,9 @@ def test_a_gpu_plan_takes_every_case(case):
 def test_kernel_names_say_the_thread_layout():
     names = {case: planned(model, 2, GPU).steps[0] for case, (model, _) in CASES.items()}
     name = lambda case: names[case].plugin.kernel_name(names[case].node, GPU)  # noqa: E731
-    assert name("Softmax over classes") == "softmax.cuda.t1x32"  # a warp per row
-    assert name("Softmax over C of NCHW") == "softmax.cuda.t8x4"  # 8 neighbouring pixels (a whole sector) a row: 13 groups an image
-    assert name("ReduceMax over axes 1 and 3 (two stages)") == "reducemax.cuda.t1x32_t8x4"
+    assert name("Softmax over classes") == "softmax.cuda.t1x8"  # 8 threads a row (one sector a load), 4 rows a warp
+    assert name("Softmax over C of NCHW") == "softmax.cuda.t8x2"  # 8 neighbouring pixels (a whole sector) a row: 13 groups an image
+    assert name("ReduceMax over axes 1 and 3 (two stages)") == "reducemax.cuda.t1x8_t8x1"
     assert name("ReduceMean over H and W (the global pool kernel)") == "globalaveragepool.cuda.global_flat"
     assert name("LayerNormalization a long row, scale broadcast").startswith("layernorm.cuda.t1x")
 

@@ -20,7 +20,8 @@ from .spec import MAX, MEAN, NormSpec, ReduceSpec, SoftmaxSpec
 SOURCE = "reduce.cu"
 BLOCK = 256  # threads a block aims for: groups of fewer share one
 MAX_GROUP_THREADS = 1024
-CACHED_PER_THREAD = 16  # a thread keeps up to this many of its row's values in registers between passes
+PER_THREAD = 16  # TY grows until a thread takes at most this many of its row's values: loads in flight
+CACHED_PER_THREAD = 32  # a thread keeps up to this many of its row's values in registers between passes
 SECTOR_FLOATS = 8  # a 32-byte memory sector: a strided row's loads stay whole-sector with 8 neighbouring i a warp
 MIN_GROUPS_PER_IMAGE = 8
 REDUCE_CODES = {"sum": 0, MEAN: 1, MAX: 2}
@@ -39,16 +40,18 @@ class Geometry:
 
     @classmethod
     def of(cls, rows: Rows) -> "Geometry":
-        """TX covers the inner elements up to a warp (a warp's loads then cover 32 neighbouring floats
-        either way), or only a 32-byte sector's 8 where wider tiles would leave an image fewer than
-        MIN_GROUPS_PER_IMAGE groups (NCHW's 7 x 7 maps: 8 wide, 7 tiles, not 2); TY is the fewest threads
-        (a warp's worth at least) that leave each at most CACHED_PER_THREAD values, so rows up to 16 K
-        elements stay in registers between passes."""
+        """TX covers the inner elements up to a warp (a warp's loads then cover 32 neighbouring floats),
+        or only a 32-byte sector's 8 where wider tiles would leave an image fewer than
+        MIN_GROUPS_PER_IMAGE groups (NCHW's 7 x 7 maps: 8 wide, 7 tiles, not 2). TY is the fewest
+        threads (a sector's worth together with TX) that leave each at most PER_THREAD values: each
+        thread then has that many independent loads in flight, and rows up to 32 K elements stay in
+        registers between passes (a LayerNorm over 96 channels: 8 threads a row, 4 rows a warp)."""
         tx = min(32, _power_of_two_at_least(rows.inner))
         while tx > SECTOR_FLOATS and rows.outer_per_image * -(-rows.inner // tx) < MIN_GROUPS_PER_IMAGE:
             tx //= 2
-        ty = max(1, 32 // tx)
-        while tx * ty < MAX_GROUP_THREADS and -(-rows.extent // ty) > CACHED_PER_THREAD and ty < _power_of_two_at_least(rows.extent):
+        # at least a sector's worth of threads on neighbouring floats: along the row when INNER is small
+        ty = min(max(1, SECTOR_FLOATS // tx), _power_of_two_at_least(rows.extent))
+        while tx * ty < MAX_GROUP_THREADS and -(-rows.extent // ty) > PER_THREAD and ty < _power_of_two_at_least(rows.extent):
             ty *= 2
         return cls(tx, ty)
 

@@ -90,3 +90,20 @@ CASES = {
         node_model("GroupNormalization", (1, 6, 9, 7), {"num_groups": 2}, _affine((6,)), opset=21), (3, 6, 9, 7)),
     "InstanceNormalization": (node_model("InstanceNormalization", (1, 8, 17, 19), {"epsilon": 1e-3}, _affine((8,))), (3, 8, 17, 19)),
 }
+
+
+def random_case(draw) -> tuple[onnx.ModelProto, tuple[int, ...]]:
+    """(model, x shape) of a random reduction, softmax or LayerNorm: rank 2-4, small odd extents,
+    any axes but the batch, keepdims both ways (a hypothesis `draw`)."""
+    from hypothesis import strategies as st
+
+    rank = draw(st.integers(2, 4))
+    shape = (draw(st.integers(1, 3)), *(draw(st.integers(1, 40 if rank == 2 else 9)) for _ in range(rank - 1)))
+    kind = draw(st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization"]))
+    if kind.startswith("Reduce"):
+        axes = draw(st.lists(st.integers(1, rank - 1), min_size=1, max_size=rank - 1, unique=True))
+        return reduce_model(kind, shape, axes, int(draw(st.booleans()))), shape
+    axis = draw(st.integers(1, rank - 1))
+    if kind == "LayerNormalization":
+        return node_model(kind, shape, {"axis": axis}, _affine(shape[axis:], seed=rank), opset=17), shape
+    return node_model(kind, shape, {"axis": axis}, opset=13), shape

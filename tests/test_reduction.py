@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opplugin.device import CPU, Device
 from opplugin.errors import PluginError
-from reduction_cases import CASES, affine_constants, fresh, node_model, onnxruntime_output, planned, reduce_model
+from reduction_cases import CASES, affine_constants, fresh, node_model, onnxruntime_output, planned, random_case, reduce_model
 
 GPU = Device("cuda", "test GPU")
 
@@ -97,3 +99,15 @@ def test_the_reference_keeps_nan_and_inf_as_onnxruntime_does():
     [ours] = planned(model, 2).steps[0].build(CPU)([x])
     theirs = onnxruntime_output(model, x)
     np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_random_axes_and_shapes_match_onnxruntime(data, seed):
+    model, shape = random_case(data.draw)
+    plan = planned(model, shape[0])
+    assert plan.fallbacks == {}
+    x = fresh(shape, seed)
+    [ours] = plan.steps[0].build(CPU)([x])
+    theirs = onnxruntime_output(model, x)
+    np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5 * max(1.0, float(np.abs(theirs).max())))

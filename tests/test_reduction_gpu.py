@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from opplugin.device import current_cuda_device
 from opplugin.errors import PluginError
@@ -14,7 +16,7 @@ from opplugin.ops.pool import reference as pool_reference
 from opplugin.ops.pool.spec import PoolSpec
 from opplugin.ops.reduction.kernel import RowKernel, expected
 from opplugin.ops.reduction.spec import NormSpec, affine
-from reduction_cases import CASES, fresh, onnxruntime_output, planned
+from reduction_cases import CASES, fresh, onnxruntime_output, planned, random_case
 
 pytestmark = pytest.mark.gpu
 
@@ -96,3 +98,15 @@ def test_a_decomposed_layernorm_runs_as_one_kernel_on_the_gpu(tmp_path, channels
     assert [s.ops for s in runner.plan.steps][0] == ["LayerNormalization"] and all(s.kind == "plugin" for s in runner.plan.steps)
     x = fresh(shape, 8)
     np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], onnxruntime_output(model.original, x), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_random_axes_and_shapes_match_float64(data, seed):
+    model, shape = random_case(data.draw)
+    device = current_cuda_device()
+    step = planned(model, shape[0], device).steps[0]
+    kernel = step.build(device)
+    x = fresh(shape, seed)
+    got, exact = run_poisoned(kernel, x), oracle(step, kernel, x)
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(exact).max())))

@@ -160,6 +160,8 @@ class RowKernel(Kernel):
         self.stages = [(rows, Geometry.of(rows), cuda.compile_module(SOURCE, macros).get_function(function)) for rows, macros in units]
         self.functions = [f for _, _, f in self.stages]
         self._affine = () if scale is None else (cupy.asarray(scale, dtype=cupy.float32), cupy.asarray(bias, dtype=cupy.float32))
+        self._sample = tuple(spec.input_shape[1:])
+        self._launches: dict[int, list] = {}  # batch -> per stage (function, grid, block, groups, elements out)
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -176,24 +178,26 @@ class RowKernel(Kernel):
         import cupy
 
         x = inputs[0] if inputs else None
-        sample = tuple(self.spec.input_shape[1:])
-        if not isinstance(x, cupy.ndarray) or x.dtype != np.float32 or tuple(x.shape[1:]) != sample:
+        if type(x) is not cupy.ndarray or x.dtype != np.float32 or x.shape[1:] != self._sample:
             got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
-            raise PluginError(f"{self.name}: X must be a float32 CuPy array of shape (batch, {', '.join(map(str, sample))}), not {got}")
+            raise PluginError(f"{self.name}: X must be a float32 CuPy array of shape (batch, {', '.join(map(str, self._sample))}), not {got}")
         batch = int(x.shape[0])
         shape = self.spec.output_shape(batch)
         if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape
                                 or not out.flags.c_contiguous):
             raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {shape}")
+        launches = self._launches.get(batch) or self._launches.setdefault(batch, self._plan_launches(batch))
         with cuda.on_stream(stream):
-            source = cupy.ascontiguousarray(x)
+            source = x if x.flags.c_contiguous else cupy.ascontiguousarray(x)
             y = cupy.empty(shape, dtype=cupy.float32) if out is None else out
-            if batch:
-                for index, (rows, geometry, function) in enumerate(self.stages):
-                    last = index == len(self.stages) - 1
-                    target = y if last else cupy.empty(rows.outer(batch) * rows.inner, dtype=cupy.float32)
-                    grid, block, groups = geometry.launch(rows, batch)
-                    function(grid, block, (source, *self._affine, target, groups))
-                    source = target
+            for index, (function, grid, block, groups, elements) in enumerate(launches):
+                target = y if index == len(launches) - 1 else cupy.empty(elements, dtype=cupy.float32)
+                function(grid, block, (source, *self._affine, target, groups))
+                source = target
         return [y]
 
+    def _plan_launches(self, batch: int) -> list:
+        """Each stage's (function, grid, block, groups, output elements) at this batch; none for an empty batch."""
+        if not batch:
+            return []
+        return [(function, *geometry.launch(rows, batch), rows.outer(batch) * rows.inner) for rows, geometry, function in self.stages]

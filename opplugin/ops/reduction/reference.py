@@ -42,6 +42,3 @@ def normalize(spec: NormSpec, x: Any, scale: np.ndarray, bias: np.ndarray) -> np
         y = normalised * scale.astype(x.dtype)[channel] + bias.astype(x.dtype)[channel]
     return y.reshape(x.shape)
 
-
-def as64(*arrays: Any) -> list[np.ndarray]:
-    return [np.asarray(a, np.float64) for a in arrays]

@@ -181,6 +181,7 @@ class Model:
         """Every node as plugins see it; pass `tensors` from `infer(batch)` to skip inferring again."""
         tensors = self.infer(batch) if tensors is None else tensors
         missing = TensorInfo("", (), np.dtype(np.float32))
+        opset = next((o.version for o in self._bare.opset_import if o.domain in ("", "ai.onnx")), 0)
         infos = []
         for node in self._bare.graph.node:
             infos.append(
@@ -190,7 +191,7 @@ class Model:
                     outputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) for n in node.output],
                     attributes={a.name: helper.get_attribute_value(a) for a in node.attribute},
                     constants={n: self.initializers[n] for n in node.input if n in self.initializers},
-                    opset=next((o.version for o in self.proto.opset_import if o.domain in ("", "ai.onnx")), 0),
+                    opset=opset,
                 )
             )
         return infos

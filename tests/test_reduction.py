@@ -111,3 +111,21 @@ def test_random_axes_and_shapes_match_onnxruntime(data, seed):
     [ours] = plan.steps[0].build(CPU)([x])
     theirs = onnxruntime_output(model, x)
     np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5 * max(1.0, float(np.abs(theirs).max())))
+
+
+def test_a_reduce_max_over_nan_gives_what_onnxruntime_gives(tmp_path):
+    """onnxruntime's ReduceMax keeps or drops a NaN by where it sits in the row (as its MaxPool does):
+    a chunk whose ReduceMax output holds NaN runs again on onnxruntime (runtime/exact.py)."""
+    from onnx_builders import save
+    from opplugin.model import load_model
+    from opplugin.runtime import Runner
+
+    from onnx import TensorProto, helper
+
+    model = reduce_model("ReduceMax", (1, 6), [1], 0)
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"]))  # the checker wants a shape
+    runner = Runner(load_model(save(model, tmp_path / "max.onnx")), 3, "cpu")
+    x = np.array([[1, np.nan, 3, 2, 0.5, 1], [np.nan, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, np.nan]], np.float32)
+    result = runner.run({"x": x})
+    np.testing.assert_array_equal(result.outputs["y"], onnxruntime_output(model, x))
+    assert result.exact_reruns == 1

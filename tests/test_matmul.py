@@ -63,6 +63,9 @@ def test_strides_broadcast_and_the_batch_axis_moves_even_at_batch_1():
     ((2, 8), (8,), "b", 2, "a 1-D operand is not implemented"),
     # B (batch, 6) multiplies A (batch, 3, 4) only at batch 4, and its first axis is then K, not the batch
     ((4, 3, 4), (4, 6), "", 4, "B is computed at run time with rank 2 below the output's 3"),
+    # B (batch, 5) is K x N only at batch 7: the batch would be A's rows, not an axis of its own
+    ((7, 7), (7, 5), "", 7, "a 2-D product whose B is computed at run time"),
+    ((3, 6), (6, 5), "a", 6, "a 2-D product whose B is computed at run time (or whose A is a constant)"),
 ])
 def test_what_is_not_taken_says_why(a_shape, b_shape, constant, batch, reason):
     plan = planned(matmul_model(a_shape, b_shape, constant), batch)

@@ -117,6 +117,9 @@ class MatMulSpec:
             raise PluginError(f"{where}: the leading axes of A {list(a.shape)} and B {list(b.shape)} do not broadcast") from None
         if not spec.is_flat:
             rank = len(lead) + 2
+            if rank == 2:
+                raise PluginError(f"{where}: a 2-D product whose B is computed at run time (or whose A is a constant) is not "
+                                  "implemented: its batch would be A's rows, which the batched kernel compiles in")
             for name, shape, constant in (("A", spec.a_shape, spec.a_constant), ("B", spec.b_shape, spec.b_constant)):
                 if not constant and len(shape) != rank:
                     raise PluginError(f"{where}: {name} is computed at run time with rank {len(shape)} below the output's {rank}: "

@@ -15,7 +15,7 @@ from ...registry import Kernel
 from ..activation import cuda_float
 from . import reference
 from .rows import Rows
-from .spec import MAX, MEAN, NormSpec, ReduceSpec, SoftmaxSpec
+from .spec import MAX, MEAN, SUM, NormSpec, ReduceSpec, SoftmaxSpec
 
 SOURCE = "reduce.cu"
 BLOCK = 256  # threads a block aims for: groups of fewer share one
@@ -24,7 +24,7 @@ PER_THREAD = 16  # TY grows until a thread takes at most this many of its row's 
 CACHED_PER_THREAD = 32  # a thread keeps up to this many of its row's values in registers between passes
 SECTOR_FLOATS = 8  # a 32-byte memory sector: a strided row's loads stay whole-sector with 8 neighbouring i a warp
 MIN_GROUPS_PER_IMAGE = 8
-REDUCE_CODES = {"sum": 0, MEAN: 1, MAX: 2}
+REDUCE_CODES = {SUM: 0, MEAN: 1, MAX: 2}
 
 
 def _power_of_two_at_least(value: int) -> int:

@@ -39,7 +39,10 @@ BUILTINS = {
     "AveragePool": "opplugin.ops.pool:AveragePoolPlugin",
     "GlobalMaxPool": "opplugin.ops.pool:GlobalMaxPoolPlugin",
     "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
-    "ReduceMean": "opplugin.ops.pool:ReduceMeanPlugin",  # over H and W only: a global average pool
+    "ReduceMean": "opplugin.ops.reduction:ReduceMeanPlugin",  # over H and W of NCHW: the global average pool's kernel
+    **{op: f"opplugin.ops.reduction:{op}Plugin"
+       for op in ("ReduceSum", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
+                  "InstanceNormalization")},
     # opplugin.ops.pointwise.OPS: each connected group of them one generated kernel, where no Conv or Gemm epilogue took them
     **{op: f"opplugin.ops.pointwise:{op}Plugin"
        for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Min", "Max", "Where", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",
@@ -77,6 +80,8 @@ class NodeInfo:
     # the plugin's normalised record of the node (a ConvSpec, say), made once by the plan
     # through `Plugin.describe`; None where no plan made one (a NodeInfo built by hand)
     spec: Any = None
+    # the model's opset of the default ONNX domain (0: unknown), for ops whose meaning changed (Softmax's axis)
+    opset: int = 0
 
     @property
     def name(self) -> str:

@@ -40,6 +40,9 @@ BUILTINS = {
     "GlobalMaxPool": "opplugin.ops.pool:GlobalMaxPoolPlugin",
     "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
     "ReduceMean": "opplugin.ops.pool:ReduceMeanPlugin",  # over H and W only: a global average pool
+    "Squeeze": "opplugin.ops.view:SqueezePlugin",
+    "Unsqueeze": "opplugin.ops.view:UnsqueezePlugin",
+    **{op: f"opplugin.ops.layout:{op}Plugin" for op in ("Concat", "Transpose", "Slice", "Split", "Pad", "Resize")},
     # opplugin.ops.elementwise.OPS: what a Conv or Gemm epilogue cannot take stays on the device
     **{op: f"opplugin.ops.elementwise:{op}Plugin"
        for op in ("Add", "Sum", "Mul", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")},
@@ -90,7 +93,16 @@ class Kernel(Protocol):
     """A node's computation, built for one device.
 
     The members with a value here are optional: a subclass gets these defaults. An object
-    that does not subclass Kernel must have every member (the runner checks with isinstance)."""
+    that does not subclass Kernel must have every member (the runner checks with isinstance).
+
+    Two more optional members, read with getattr (runtime/buffers.py), let a Concat's producers
+    write straight into its output:
+    - `out_view`: how `__call__(inputs, stream, out=Y)` may be handed the array Y to write its one
+      output into (in full): "contiguous" (a C-contiguous Y) or "strided" (any view, e.g. a channel
+      slice of a larger NCHW buffer); absent or "": it takes no `out`.
+    - `input_slices`: for a kernel that copies each input into a slice of its one output (Concat),
+      (axis, ((start, stop) of each input along it)); with it, `copying(positions)` returns the
+      kernel that copies only the other inputs into `out=` (None when none is left to copy)."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants

@@ -60,6 +60,8 @@ def _cupy_kernel(operation: str, expression: str, binary: bool):
 class CupyElementwiseKernel(ReferenceElementwiseKernel):
     """The op and its activation in one CuPy ElementwiseKernel (one launch, each element read and written once)."""
 
+    out_view = "strided"  # CuPy's elementwise kernels write any view (registry.Kernel)
+
     def __init__(self, spec: ElementwiseSpec, elements: int):
         super().__init__(spec, elements)
         self.name = kernel_name(spec, on_device=True)

@@ -160,3 +160,30 @@ def random_feeds(model: onnx.ModelProto, batch: int, seed: int = 0) -> dict[str,
         shape = [batch, *(d.dim_value for d in value.type.tensor_type.shape.dim[1:])]
         feeds[value.name] = rng.uniform(-2, 2, shape).astype(np.float32)
     return feeds
+
+
+def _model(name: str, nodes: list, inits: list, x_shape) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, [_tensor("x", x_shape)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def nested_concats(size: int = 6) -> onnx.ModelProto:
+    """Concat(Concat(Transpose, Pad), Slice) along the channels, then a Relu: every Concat input comes
+    from a layout kernel, so both Concats launch nothing once their producers write in place."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], name="swap_hw", perm=[0, 1, 3, 2]),
+        helper.make_node("Pad", ["x", "pads"], ["p"], name="pad", mode="reflect"),
+        helper.make_node("Slice", ["p", "starts", "ends", "axes"], ["s"], name="crop"),
+        helper.make_node("Concat", ["t", "s"], ["inner"], name="concat_inner", axis=1),
+        helper.make_node("Slice", ["x", "c_start", "c_end", "c_axis", "c_step"], ["r"], name="reverse_channels"),
+        helper.make_node("Concat", ["inner", "r"], ["outer"], name="concat_outer", axis=1),
+        helper.make_node("Relu", ["outer"], ["y"], name="relu"),
+    ]
+    inits = [numpy_helper.from_array(i64(0, 0, 2, 2, 0, 0, 2, 2), "pads"), numpy_helper.from_array(i64(2, 2), "starts"),
+             numpy_helper.from_array(i64(size + 2, size + 2), "ends"), numpy_helper.from_array(i64(2, 3), "axes"),
+             numpy_helper.from_array(i64(-1), "c_start"), numpy_helper.from_array(i64(-INT_MAX), "c_end"),
+             numpy_helper.from_array(i64(1), "c_axis"), numpy_helper.from_array(i64(-1), "c_step")]
+    return _model("nested_concats", nodes, inits, (2, 3, size, size))

@@ -22,6 +22,7 @@ from .. import cuda, hostwork
 from ..errors import PluginError
 from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
+from .buffers import InPlace
 from .chunking import BatchLayout
 from .graphs import SegmentGraph, capture, capture_failure
 from .lanes import Lane
@@ -127,7 +128,8 @@ class PlanExecutor:
 
     `watched` maps a step's index to the NonFiniteFlags columns of its outputs:
     those are checked for NaN and Inf as the chunk runs (see exact.py). With `cuda_graphs`,
-    runs of plugin steps on a device are captured and replayed as CUDA graphs (see graphs.py)."""
+    runs of plugin steps on a device are captured and replayed as CUDA graphs (see graphs.py).
+    With `in_place`, producers write into their slices of Concat outputs (see buffers.py)."""
 
     def __init__(
         self,
@@ -139,11 +141,13 @@ class PlanExecutor:
         ort_on_gpu: bool,
         watched: dict[int, list[int]] | None = None,
         cuda_graphs: bool = False,
+        in_place: InPlace | None = None,
     ):
         self.plan, self.layout, self.kernels, self.sessions = plan, layout, kernels, sessions
         self.constants, self.ort_on_gpu = constants, ort_on_gpu
         self.watched = watched or {}
         self.cuda_graphs = cuda_graphs
+        self.in_place = in_place
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
@@ -195,19 +199,27 @@ class PlanExecutor:
             values.on_device(name)
         if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside):
             return
+        pending: dict[str, Any] = {}  # Concat buffers written in place before their Concat runs
         with lane.segment():
             for index in indices:
                 step = self.plan.steps[index]
                 kernel = self.kernels[step.name]
                 args = [values.on_device(n) if n else None for n in step.inputs]
                 run = lane.run_kernel if kernel.device_work else lane.run_host
-                outs = self._checked(step, run(step.name, "plugin", lambda k=kernel, a=args: k(a, lane.stream)))
+                outs = self._checked(step, run(step.name, "plugin",
+                                               lambda i=index, k=kernel, a=args: self._call(i, k, a, lane.stream, pending, batch)))
                 for name, value in zip(step.outputs, outs):
                     values.put(name, value)
                 if flags is not None and index in self.watched:
                     for slot, value in zip(self.watched[index], outs):
                         flags.record(chunk, slot, value)
                 self._drop_dead(values, index, held)
+
+    def _call(self, index: int, kernel: Kernel, args: list[Any], stream: Any, pending: dict[str, Any], batch: int) -> list[Any]:
+        """The step's kernel on `args`, writing in place where the buffer assignment says so."""
+        if self.in_place is None:
+            return kernel(args, stream)
+        return self.in_place.call(index, kernel, args, stream, pending, batch)
 
     def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:
         """A kernel's outputs, one per output of its step."""
@@ -263,7 +275,7 @@ class PlanExecutor:
         copied = {name: values.on_device(name) for name in outside if name not in self.constants}
         slots = [slot for index in indices for slot in self.watched.get(index, ())] if flagged else []
         flag_buffer = cupy.empty(len(slots), dtype=cupy.bool_) if slots else None
-        enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer)
+        enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer, key[1])
         names = [self.plan.steps[index].name for index in indices]
         try:
             segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots)
@@ -276,7 +288,7 @@ class PlanExecutor:
         return segment
 
     def _enqueue_steps(self, lane: Lane, indices: range, held: set[str], constants: dict[str, Any],
-                       flag_buffer: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+                       flag_buffer: Any, batch: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
         """What a capture runs: the steps' kernels on the lane's stream, each watched output
         flagged into `flag_buffer`; returns the tensors read after the run."""
         after = {name for index in indices for name in self.plan.steps[index].outputs
@@ -284,10 +296,11 @@ class PlanExecutor:
 
         def enqueue(local: dict[str, Any]) -> dict[str, Any]:
             local.update(constants)
-            position = 0
+            position, pending = 0, {}
             for index in indices:
                 step = self.plan.steps[index]
-                outs = self._checked(step, self.kernels[step.name]([local[n] if n else None for n in step.inputs], lane.stream))
+                args = [local[n] if n else None for n in step.inputs]
+                outs = self._checked(step, self._call(index, self.kernels[step.name], args, lane.stream, pending, batch))
                 local.update(zip(step.outputs, outs))
                 if flag_buffer is not None:
                     for _slot, value in zip(self.watched.get(index, ()), outs):

@@ -114,11 +114,15 @@ class GatherKernel(LayoutKernel):
         return results
 
     def _launch(self, x: Any, y: Any, base: int, strides: tuple[int, ...]) -> None:
-        shape, dst = tuple(y.shape), element_strides(y)
-        wide = max(x.size, _span(y)) > INT32_LIMIT
-        defines = {"RANK": max(1, len(shape)), "OUT_DIMS": _macro_list(shape or (1,)), "SRC_STRIDES": _macro_list(strides or (0,)),
-                   "DST_STRIDES": _macro_list(dst or (0,)), "SRC_BASE": base, "INDEX": "long long" if wide else "int"}
+        defines = gather_defines(tuple(y.shape), base, strides, element_strides(y), max(x.size, _span(y)) > INT32_LIMIT)
         function("layout_gather.cu", defines, "layout_gather")((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
+
+
+def gather_defines(shape: tuple[int, ...], base: int, src: tuple[int, ...], dst: tuple[int, ...], wide: bool) -> dict[str, Any]:
+    """kernels/layout_gather.cu's macros: output `shape`, source offset and strides, output strides (elements).
+    Axis 0's extent is left out (the kernel never reads it), so one module serves every batch."""
+    return {"RANK": max(1, len(shape)), "OUT_DIMS": _macro_list((1, *shape[1:])), "SRC_STRIDES": _macro_list(src or (0,)),
+            "DST_STRIDES": _macro_list(dst or (0,)), "SRC_BASE": base, "INDEX": "long long" if wide else "int"}
 
 
 def _is_contiguous_piece(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -158,25 +162,31 @@ class TransposeTileKernel(LayoutKernel):
         return [y]
 
     def _launch(self, x: Any, y: Any) -> None:
-        rank, perm = x.ndim, self.perm
-        last, p = rank - 1, perm[-1]  # input axis `p` becomes the output's innermost
-        out_of = [0] * rank  # the output stride of each input axis
-        for position, axis in enumerate(perm):
-            out_of[axis] = element_strides(y)[position]
-        in_strides = contiguous_strides(tuple(x.shape))
-        others = [d for d in range(rank) if d not in (p, last)]
-        defines = {
-            "OTHERS": len(others),
-            "OTHER_DIMS": _macro_list([x.shape[d] for d in others]),
-            "OTHER_IN_STRIDES": _macro_list([in_strides[d] for d in others]),
-            "OTHER_OUT_STRIDES": _macro_list([out_of[d] for d in others]),
-            "IN_STRIDE_P": in_strides[p], "OUT_STRIDE_P": out_of[p], "IN_STRIDE_LAST": in_strides[last],
-            "OUT_STRIDE_LAST": out_of[last], "EXTENT_LAST": x.shape[last],
-        }
-        launch = function("layout_transpose.cu", defines, "layout_transpose")
+        p, last = self.perm[-1], x.ndim - 1
+        others = [d for d in range(x.ndim) if d not in (p, last)]
+        launch = function("layout_transpose.cu", transpose_defines(tuple(x.shape), self.perm, element_strides(y)), "layout_transpose")
         others_total = int(np.prod([x.shape[d] for d in others], dtype=np.int64))
         tiles = -(-x.shape[p] // 32) * -(-x.shape[last] // 32)
         launch((tiles, min(others_total, 65535)), (32, 8), (x, y, np.int64(x.shape[p]), np.int64(others_total)))
+
+
+def transpose_defines(shape: tuple[int, ...], perm: tuple[int, ...], out_strides: tuple[int, ...]) -> dict[str, Any]:
+    """kernels/layout_transpose.cu's macros for an input of `shape` (C-contiguous) and an output of `out_strides`."""
+    rank = len(shape)
+    last, p = rank - 1, perm[-1]  # input axis `p` becomes the output's innermost
+    out_of = [0] * rank  # the output stride of each input axis
+    for position, axis in enumerate(perm):
+        out_of[axis] = out_strides[position]
+    in_strides = contiguous_strides(shape)
+    others = [d for d in range(rank) if d not in (p, last)]
+    return {
+        "OTHERS": len(others),
+        "OTHER_DIMS": _macro_list([1] + [shape[d] for d in others[1:]]),  # the first one's is never read
+        "OTHER_IN_STRIDES": _macro_list([in_strides[d] for d in others]),
+        "OTHER_OUT_STRIDES": _macro_list([out_of[d] for d in others]),
+        "IN_STRIDE_P": in_strides[p], "OUT_STRIDE_P": out_of[p], "IN_STRIDE_LAST": in_strides[last],
+        "OUT_STRIDE_LAST": out_of[last], "EXTENT_LAST": shape[last],
+    }
 
 
 class PadKernel(LayoutKernel):
@@ -201,13 +211,19 @@ class PadKernel(LayoutKernel):
             if not x.size:
                 y[...] = np.float32(spec.value)
                 return [y]
-            modes = {"constant": 0, "reflect": 1, "edge": 2}
-            defines = {"RANK": x.ndim, "OUT_DIMS": _macro_list(y.shape), "IN_DIMS": _macro_list(x.shape),
-                       "BEGINS": _macro_list(spec.begins), "SRC_STRIDES": _macro_list(contiguous_strides(tuple(x.shape))),
-                       "DST_STRIDES": _macro_list(element_strides(y)), "MODE": modes[spec.mode],
-                       "VALUE": _float_literal(spec.value)}
+            defines = pad_defines(spec, tuple(x.shape), tuple(y.shape), element_strides(y))
             function("layout_pad.cu", defines, "layout_pad")((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
         return [y]
+
+
+def pad_defines(spec: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], out_strides: tuple[int, ...]) -> dict[str, Any]:
+    """kernels/layout_pad.cu's macros."""
+    modes = {"constant": 0, "reflect": 1, "edge": 2}
+    if not (spec.begins[0] or spec.ends[0]):  # axis 0 unpadded: its extent is never read, one module serves every batch
+        in_shape, out_shape = (1, *in_shape[1:]), (1, *out_shape[1:])
+    return {"RANK": len(in_shape), "OUT_DIMS": _macro_list(out_shape), "IN_DIMS": _macro_list(in_shape),
+            "BEGINS": _macro_list(spec.begins), "SRC_STRIDES": _macro_list(contiguous_strides(in_shape)),
+            "DST_STRIDES": _macro_list(out_strides), "MODE": modes[spec.mode], "VALUE": _float_literal(spec.value)}
 
 
 def _float_literal(value: float) -> str:
@@ -244,14 +260,19 @@ class ResizeKernel(LayoutKernel):
             if out is not None and not y.flags.c_contiguous:
                 raise PluginError(f"{self.name}: out must be C-contiguous")
             if y.size:
-                (ih, iw), (oh, ow) = x.shape[-2:], y.shape[-2:]
-                codes = {"asymmetric": 0, "half_pixel": 1, "pytorch_half_pixel": 2, "align_corners": 3}
-                nearest = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
-                defines = {"IH": ih, "IW": iw, "OH": oh, "OW": ow, "SCALE_H": _float_literal(spec.scales[-2]),
-                           "SCALE_W": _float_literal(spec.scales[-1]), "COORDINATES": codes[spec.coordinates],
-                           "NEAREST_MODE": nearest[spec.nearest], "LINEAR": int(spec.mode == "linear")}
+                defines = resize_defines(spec, tuple(x.shape), tuple(y.shape))
                 function("layout_resize.cu", defines, "layout_resize")((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
         return [y]
+
+
+def resize_defines(spec: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[str, Any]:
+    """kernels/layout_resize.cu's macros."""
+    (ih, iw), (oh, ow) = in_shape[-2:], out_shape[-2:]
+    codes = {"asymmetric": 0, "half_pixel": 1, "pytorch_half_pixel": 2, "align_corners": 3}
+    nearest = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
+    return {"IH": ih, "IW": iw, "OH": oh, "OW": ow, "SCALE_H": _float_literal(spec.scales[-2]),
+            "SCALE_W": _float_literal(spec.scales[-1]), "COORDINATES": codes[spec.coordinates],
+            "NEAREST_MODE": nearest[spec.nearest], "LINEAR": int(spec.mode == "linear")}
 
 
 def concat_source(segments: Sequence[tuple[int, int, int]], axis_total: int, inner: int, in_outer: Sequence[int], out_outer: int) -> str:

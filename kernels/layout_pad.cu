@@ -3,7 +3,7 @@
 // reflect mirrors about the edge (without repeating it), edge repeats the edge element.
 // Strides in elements; DST_STRIDES are the output array's own (it may be a view).
 // OUT_DIMS' entry of axis 0 is unused (axis 0 takes what `total` leaves); IN_DIMS' entry
-// of axis 0 matters only where axis 0 is padded.
+// of axis 0 is read only where axis 0 is padded (PAD_AXIS0 1), so the batch stays a run-time argument.
 #define MODE_CONSTANT 0
 #define MODE_REFLECT 1
 #define MODE_EDGE 2
@@ -27,7 +27,7 @@ extern "C" __global__ void __launch_bounds__(256) layout_pad(const float* __rest
         if (d > 0) rest /= out_dims[d];
         dst += c * dst_strides[d];
         long long s = c - begins[d];
-        if (s < 0 || s >= in_dims[d]) {
+        if ((d > 0 || PAD_AXIS0) && (s < 0 || s >= in_dims[d])) {
 #if MODE == MODE_REFLECT
             s = s < 0 ? -s : 2 * (in_dims[d] - 1) - s;
 #elif MODE == MODE_EDGE

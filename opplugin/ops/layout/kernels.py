@@ -219,9 +219,10 @@ class PadKernel(LayoutKernel):
 def pad_defines(spec: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], out_strides: tuple[int, ...]) -> dict[str, Any]:
     """kernels/layout_pad.cu's macros."""
     modes = {"constant": 0, "reflect": 1, "edge": 2}
-    if not (spec.begins[0] or spec.ends[0]):  # axis 0 unpadded: its extent is never read, one module serves every batch
+    pad_axis0 = bool(spec.begins[0] or spec.ends[0])
+    if not pad_axis0:  # its extent is never read: one module serves every batch
         in_shape, out_shape = (1, *in_shape[1:]), (1, *out_shape[1:])
-    return {"RANK": len(in_shape), "OUT_DIMS": _macro_list(out_shape), "IN_DIMS": _macro_list(in_shape),
+    return {"RANK": len(in_shape), "PAD_AXIS0": pad_axis0, "OUT_DIMS": _macro_list(out_shape), "IN_DIMS": _macro_list(in_shape),
             "BEGINS": _macro_list(spec.begins), "SRC_STRIDES": _macro_list(contiguous_strides(in_shape)),
             "DST_STRIDES": _macro_list(out_strides), "MODE": modes[spec.mode], "VALUE": _float_literal(spec.value)}
 

@@ -1,0 +1,216 @@
+"""The layout plugins on the CPU: every case of layout_cases against onnxruntime (the numpy reference
+as the CPU device's kernels), at the plan's batch, in chunks and at batch 1; the reasons they give
+for nodes they leave to onnxruntime; the buffer-assignment decisions (which producers write into
+their Concat's slice, which Concats are gone); the channel shuffle as one Transpose between views;
+and every kernel source compiled offline with NVRTC."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from layout_cases import (CASES, INT_MAX, channel_shuffle, dense_block, i64, inception_like, nested_concats, random_feeds,
+                          single_node)
+from onnx_builders import save
+from opplugin.device import CPU, Device
+from opplugin.lab import nvrtc_check
+from opplugin.model import load_model
+from opplugin.ops.layout import kernels as layout_kernels
+from opplugin.ops.layout.plugin import moves_innermost, slice_pieces, transpose_pieces
+from opplugin.plan import make_plan
+from opplugin.registry import plugins
+from opplugin.runtime import Runner
+from opplugin.runtime.buffers import assign_buffers
+
+
+def onnxruntime_outputs(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def assert_same(ours, theirs, linear):
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    if linear:
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_layout_case_runs_as_a_plugin_step_and_matches_onnxruntime(name, tmp_path):
+    model = CASES[name]()
+    path = save(model, tmp_path / "m.onnx")
+    outputs = [o.name for o in model.graph.output]
+    for batch, chunk in [(3, None), (5, 2), (1, None)]:
+        runner = Runner(load_model(path), batch, "cpu", chunk=chunk)
+        assert [s.kind for s in runner.plan.steps] == ["plugin"], runner.plan.fallbacks
+        feeds = random_feeds(model, batch, seed=batch)
+        result = runner.run(feeds)
+        for name_out, theirs in zip(outputs, onnxruntime_outputs(model, feeds)):
+            assert_same(result.outputs[name_out], theirs, "linear" in name)
+
+
+def _reason(model, tmp_path) -> str:
+    plan = make_plan(load_model(save(model, tmp_path / "m.onnx")), 2, CPU)
+    assert [s.kind for s in plan.steps] == ["onnxruntime"]
+    [reason] = plan.fallbacks.values()
+    return reason
+
+
+def test_nodes_the_layout_plugins_leave_to_onnxruntime_say_why(tmp_path):
+    x = (2, 3, 4, 5)
+    cubic = single_node("Resize", [x], {"mode": "cubic"}, constants=[None, np.asarray([1, 1, 2, 2], np.float32)])
+    assert "mode 'cubic' is not one of nearest, linear" in _reason(cubic, tmp_path)
+    channels = single_node("Resize", [x], {"mode": "nearest"}, constants=[None, np.asarray([1, 2, 1, 1], np.float32)])
+    assert "the last two axes only" in _reason(channels, tmp_path)
+    wide = single_node("Pad", [x], {"mode": "reflect"}, constants=[i64(0, 0, 0, 5, 0, 0, 0, 0)])
+    assert "reflect padding wider than its axis" in _reason(wide, tmp_path)
+    crop = single_node("Pad", [x], {"mode": "edge"}, constants=[i64(0, 0, -1, 0, 0, 0, 0, 0)])
+    assert "edge padding with negative pads (a crop) is left to onnxruntime" in _reason(crop, tmp_path)
+
+
+def test_inputs_computed_at_run_time_are_named_in_the_reason(tmp_path):
+    """A Slice's starts or a Pad's pads must be constants (after the plan's folding): else the reason names them."""
+    for case, why in [("slice_step2", "its starts (input 1) is computed at run time"),
+                      ("pad_constant", "its pads (input 1) is computed at run time")]:
+        plan = make_plan(load_model(save(CASES[case](), tmp_path / "m.onnx")), 2, CPU)
+        [step] = plan.steps
+        node = dataclasses.replace(step.node, constants={}, spec=None)
+        assert why in step.plugin.supports(node, CPU)
+
+
+# --- buffer assignment -------------------------------------------------------------------------------------
+
+
+def _runner(model, tmp_path, batch=3, chunk=None, registry=None):
+    return Runner(load_model(save(model, tmp_path / "m.onnx")), batch, "cpu", chunk=chunk, registry=registry)
+
+
+def test_nested_concats_are_written_in_place_and_both_concat_steps_launch_nothing(tmp_path):
+    runner = _runner(nested_concats(), tmp_path)
+    slots = runner.buffers.slots
+    assert {name: (s.buffer, s.start, s.stop) for name, s in slots.items()} == {
+        "t": ("inner", 0, 3), "s": ("inner", 3, 6), "inner": ("outer", 0, 6), "r": ("outer", 6, 9)}
+    assert runner.buffers.removed(runner.plan) == ["concat_inner", "concat_outer"]
+    for batch, chunk in [(3, None), (7, 3)]:
+        runner = _runner(nested_concats(), tmp_path, batch, chunk)
+        feeds = random_feeds(nested_concats(), batch, seed=chunk or 0)
+        np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(nested_concats(), feeds)[0])
+
+
+def test_only_single_use_inputs_from_kernels_that_take_out_are_written_in_place(tmp_path):
+    """inception_like's Concat reads a Conv (the CPU's reference Conv takes no `out`), a cropped Pad (a Slice:
+    in place), a Transpose's output twice (copied) and the graph input (copied): one input in place, the
+    Concat kernel copies the other four."""
+    model = inception_like()
+    runner = _runner(model, tmp_path)
+    assert set(runner.buffers.slots) == {"branch2s"}
+    [(index, copier)] = runner.buffers.concats.items()
+    assert runner.plan.steps[index].name == "concat" and copier.skip == frozenset({1})
+    feeds = random_feeds(model, 3)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+class _Contiguous:
+    """A stand-in kernel that takes a C-contiguous `out` only (as the Conv kernels do)."""
+
+    out_view = "contiguous"
+
+
+def test_a_producer_that_writes_contiguous_outputs_only_gets_a_slice_when_the_rows_before_the_axis_are_one(tmp_path):
+    for batch, expected in [(1, {"branch1", "branch2s"}), (2, {"branch2s"})]:
+        plan = make_plan(load_model(save(inception_like(), tmp_path / "m.onnx")), batch, CPU)
+        kernels = {step.name: step.build(CPU) for step in plan.plugin_steps}
+        kernels["conv"] = _Contiguous()
+        assert set(assign_buffers(plan, kernels).slots) == expected
+
+
+def test_an_onnxruntime_step_between_a_producer_and_its_concat_keeps_the_copy(tmp_path):
+    registry = {op: plugin for op, plugin in plugins().items() if op != "Pad"}  # the Pad runs in onnxruntime
+    runner = _runner(nested_concats(), tmp_path, registry=registry)
+    kinds = {step.name: step.kind for step in runner.plan.steps}
+    assert kinds["onnxruntime1"] == "onnxruntime"
+    assert set(runner.buffers.slots) == {"s", "inner", "r"}  # not t: written before the onnxruntime step
+    assert runner.buffers.removed(runner.plan) == ["concat_outer"]
+    feeds = random_feeds(nested_concats(), 3)
+    np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(nested_concats(), feeds)[0])
+
+
+def test_dense_block_features_read_by_several_concats(tmp_path):
+    model = dense_block()
+    plan = make_plan(load_model(save(model, tmp_path / "m.onnx")), 1, CPU)
+    kernels = {step.name: step.build(CPU) for step in plan.plugin_steps}
+    for step in plan.plugin_steps:
+        if step.node.op_type == "Conv":
+            kernels[step.name] = _Contiguous()
+    slots = assign_buffers(plan, kernels).slots
+    # each layer's output goes into the first Concat that reads it; the later Concats copy it from there
+    assert {name: slot.buffer for name, slot in slots.items()} == {"f0": "cat1", "f1": "cat2", "f2": "y"}
+    runner = _runner(model, tmp_path, batch=4, chunk=2)
+    feeds = random_feeds(model, 4)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_channel_shuffle_is_one_transpose_between_two_views(tmp_path):
+    runner = _runner(channel_shuffle(), tmp_path)
+    steps = runner.plan.steps
+    assert [s.ops for s in steps] == [["Reshape"], ["Transpose"], ["Reshape"]]
+    assert [runner.kernels[s.name].device_work for s in steps] == [False, True, False]
+    feeds = random_feeds(channel_shuffle(), 3)
+    np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(channel_shuffle(), feeds)[0])
+
+
+# --- the CUDA sources, compiled offline ---------------------------------------------------------------------
+
+GPU = Device("cuda", "offline", "9.0")
+
+
+def _device_compiles(name, tmp_path):
+    """(source or file, defines, function) of what the case's CUDA kernel would launch at batch 3."""
+    model = CASES[name]()
+    plan = make_plan(load_model(save(model, tmp_path / "m.onnx")), 3, GPU)
+    [step] = plan.steps
+    node, spec = step.node, step.node.spec
+    shape = tuple(node.inputs[0].shape)
+    op = node.op_type
+    if op == "Transpose" and moves_innermost(spec, shape):
+        out = spec.output_shape(shape)
+        return [("layout_transpose.cu", layout_kernels.transpose_defines(shape, spec.perm, layout_kernels.contiguous_strides(out)),
+                 "layout_transpose")]
+    if op in ("Transpose", "Slice", "Split"):
+        pieces = transpose_pieces(spec)(shape) if op == "Transpose" else \
+            slice_pieces(spec.slices if op == "Split" else (lambda s: [spec.slices(s)]))(shape)
+        return [("layout_gather.cu", layout_kernels.gather_defines(out, base, strides, layout_kernels.contiguous_strides(out), False),
+                 "layout_gather") for out, base, strides in pieces]
+    if op == "Pad":
+        out = spec.output_shape(shape)
+        return [("layout_pad.cu", layout_kernels.pad_defines(spec, shape, out, layout_kernels.contiguous_strides(out)), "layout_pad")]
+    if op == "Resize":
+        return [("layout_resize.cu", layout_kernels.resize_defines(spec, shape, spec.output_shape(shape)), "layout_resize")]
+    if op == "Concat":
+        out = spec.output_shape(shape)
+        inner = int(np.prod(out[spec.axis + 1:]))
+        rows = int(np.prod(out[spec.axis:]))
+        segments = [(k, start, width) for k, (start, width) in enumerate(zip(spec.starts, spec.widths))]
+        source = layout_kernels.concat_source(segments, sum(spec.widths), inner,
+                                              {k: w * inner for k, w in enumerate(spec.widths)}, rows)
+        return [(source, {}, "layout_concat")]
+    return []  # a view
+
+
+@pytest.mark.skipif(not nvrtc_check.nvrtc_available(), reason="NVRTC (cuda-bindings) is not installed")
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_layout_kernel_compiles_with_nvrtc_without_spills(name, tmp_path):
+    from opplugin import cuda
+    from opplugin.nvrtc import compile_cubin, parse_ptxas_log
+
+    for source, defines, function in _device_compiles(name, tmp_path):
+        if source.endswith(".cu"):
+            usage = nvrtc_check.check_source(source, defines, function, "sm_90")
+        else:
+            _cubin, log = compile_cubin(source, cuda.BASE_OPTIONS, "sm_90")
+            usage = parse_ptxas_log(log, "sm_90")[function]
+        assert usage.spill_stores == 0 and usage.stack_frame == 0, usage

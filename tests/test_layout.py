@@ -177,8 +177,9 @@ def _device_compiles(name, tmp_path):
     shape = tuple(node.inputs[0].shape)
     op = node.op_type
     if op == "Transpose" and moves_innermost(spec, shape):
-        out = spec.output_shape(shape)
-        return [("layout_transpose.cu", layout_kernels.transpose_defines(shape, spec.perm, layout_kernels.contiguous_strides(out)),
+        merged, perm = layout_kernels.merged_axes(shape, spec.perm)
+        out = tuple(merged[p] for p in perm)
+        return [("layout_transpose.cu", layout_kernels.transpose_defines(merged, perm, layout_kernels.contiguous_strides(out)),
                  "layout_transpose")]
     if op in ("Transpose", "Slice", "Split"):
         pieces = transpose_pieces(spec)(shape) if op == "Transpose" else \
@@ -195,9 +196,8 @@ def _device_compiles(name, tmp_path):
         inner = int(np.prod(out[spec.axis + 1:]))
         rows = int(np.prod(out[spec.axis:]))
         segments = [(k, start, width) for k, (start, width) in enumerate(zip(spec.starts, spec.widths))]
-        source = layout_kernels.concat_source(segments, sum(spec.widths), inner,
-                                              {k: w * inner for k, w in enumerate(spec.widths)}, rows)
-        return [(source, {}, "layout_concat")]
+        return [(layout_kernels.concat_source(segments, sum(spec.widths), inner, {k: w * inner for k, w in enumerate(spec.widths)},
+                                              rows, wide), {}, "layout_concat") for wide in (False, True)]
     return []  # a view
 
 

@@ -74,6 +74,13 @@ class LayoutKernel(Kernel):
     def __init__(self, name: str, bytes_per_image: int, fixed_bytes: int = 0):
         self.name = name
         self._bytes_per_image, self._fixed_bytes = bytes_per_image, fixed_bytes
+        self._memo: dict[tuple, Any] = {}  # what a call works out from its arrays' shapes and strides, kept: less host time per call
+
+    def _remembered(self, key: tuple, make: Callable[[], Any]) -> Any:
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = make()
+        return value
 
     def flops(self, batch: int) -> int:
         return 0
@@ -100,7 +107,7 @@ class GatherKernel(LayoutKernel):
         results = []
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)
-            pieces = self._plan(tuple(x.shape))
+            pieces = self._remembered(("pieces", x.shape), lambda: self._plan(tuple(x.shape)))
             if out is not None and len(pieces) != 1:
                 raise PluginError(f"{self.name}: out= is for a kernel of one output")
             for shape, base, strides in pieces:
@@ -114,8 +121,10 @@ class GatherKernel(LayoutKernel):
         return results
 
     def _launch(self, x: Any, y: Any, base: int, strides: tuple[int, ...]) -> None:
-        defines = gather_defines(tuple(y.shape), base, strides, element_strides(y), max(x.size, _span(y)) > INT32_LIMIT)
-        function("layout_gather.cu", defines, "layout_gather")((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
+        launch = self._remembered((x.shape, y.shape, y.strides, base, strides), lambda: function(
+            "layout_gather.cu", gather_defines(tuple(y.shape), base, strides, element_strides(y), max(x.size, _span(y)) > INT32_LIMIT),
+            "layout_gather"))
+        launch((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
 
 
 def gather_defines(shape: tuple[int, ...], base: int, src: tuple[int, ...], dst: tuple[int, ...], wide: bool) -> dict[str, Any]:
@@ -162,12 +171,33 @@ class TransposeTileKernel(LayoutKernel):
         return [y]
 
     def _launch(self, x: Any, y: Any) -> None:
-        p, last = self.perm[-1], x.ndim - 1
+        perm = self.perm
+        if y.flags.c_contiguous:  # fewer, longer axes: fuller tiles (7 x 7 maps become one axis of 49)
+            shape, perm = merged_axes(tuple(x.shape), perm)
+            x, y = x.reshape(shape), y.reshape(tuple(shape[p] for p in perm))
+        p, last = perm[-1], x.ndim - 1
         others = [d for d in range(x.ndim) if d not in (p, last)]
-        launch = function("layout_transpose.cu", transpose_defines(tuple(x.shape), self.perm, element_strides(y)), "layout_transpose")
+        launch = self._remembered((x.shape, y.strides, perm), lambda: function(
+            "layout_transpose.cu", transpose_defines(tuple(x.shape), perm, element_strides(y)), "layout_transpose"))
         others_total = int(np.prod([x.shape[d] for d in others], dtype=np.int64))
         tiles = -(-x.shape[p] // 32) * -(-x.shape[last] // 32)
         launch((tiles, min(others_total, 65535)), (32, 8), (x, y, np.int64(x.shape[p]), np.int64(others_total)))
+
+
+def merged_axes(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The same transpose on fewer axes: input axes that stay next to each other, in order, in the
+    output are one axis (NCHW -> NHWC is (N, C, HW) -> (N, HW, C)). Axis 0 stays alone, so that
+    the batch stays a run-time extent."""
+    groups: list[list[int]] = []
+    for axis in perm:
+        if groups and axis == groups[-1][-1] + 1 and axis != 1:
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # the groups in input order
+    new_shape = tuple(int(np.prod([shape[a] for a in groups[g]], dtype=np.int64)) for g in order)
+    position = {g: i for i, g in enumerate(order)}
+    return new_shape, tuple(position[g] for g in range(len(groups)))
 
 
 def transpose_defines(shape: tuple[int, ...], perm: tuple[int, ...], out_strides: tuple[int, ...]) -> dict[str, Any]:
@@ -211,8 +241,9 @@ class PadKernel(LayoutKernel):
             if not x.size:
                 y[...] = np.float32(spec.value)
                 return [y]
-            defines = pad_defines(spec, tuple(x.shape), tuple(y.shape), element_strides(y))
-            function("layout_pad.cu", defines, "layout_pad")((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
+            launch = self._remembered((x.shape, y.strides), lambda: function(
+                "layout_pad.cu", pad_defines(spec, tuple(x.shape), tuple(y.shape), element_strides(y)), "layout_pad"))
+            launch((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
         return [y]
 
 
@@ -261,8 +292,9 @@ class ResizeKernel(LayoutKernel):
             if out is not None and not y.flags.c_contiguous:
                 raise PluginError(f"{self.name}: out must be C-contiguous")
             if y.size:
-                defines = resize_defines(spec, tuple(x.shape), tuple(y.shape))
-                function("layout_resize.cu", defines, "layout_resize")((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
+                launch = self._remembered((x.shape,), lambda: function(
+                    "layout_resize.cu", resize_defines(spec, tuple(x.shape), tuple(y.shape)), "layout_resize"))
+                launch((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
         return [y]
 
 
@@ -276,11 +308,13 @@ def resize_defines(spec: Any, in_shape: tuple[int, ...], out_shape: tuple[int, .
             "NEAREST_MODE": nearest[spec.nearest], "LINEAR": int(spec.mode == "linear")}
 
 
-def concat_source(segments: Sequence[tuple[int, int, int]], axis_total: int, inner: int, in_outer: Sequence[int], out_outer: int) -> str:
+def concat_source(segments: Sequence[tuple[int, int, int]], axis_total: int, inner: int, in_outer: Sequence[int], out_outer: int,
+                  wide: bool = True) -> str:
     """The one-pass Concat kernel for `segments`, (input, output start, width) of each input it
     copies (those written in place are left out): thread i takes element i of the copied columns
     seen as (row, column, inner); each input is read and the output written in contiguous runs
-    of `inner`. `in_outer`/`out_outer`: row strides in elements (a view's rows may be apart)."""
+    of `inner`. `in_outer`/`out_outer`: row strides in elements (a view's rows may be apart). Unless
+    `wide`, the element index is split with 32-bit arithmetic (division by a constant is far cheaper)."""
     copied = sum(width for _k, _start, width in segments)
     params = "".join(f"const float* __restrict__ in{k}, " for k, _s, _w in segments)
     lines = [
@@ -288,7 +322,8 @@ def concat_source(segments: Sequence[tuple[int, int, int]], axis_total: int, inn
         "{",
         f"    const long long i = blockIdx.x * {BLOCK}LL + threadIdx.x;",
         "    if (i >= total) return;",
-        f"    const long long inner = i % {inner}, column = (i / {inner}) % {copied}, row = i / ({inner}LL * {copied});",
+        f"    typedef {'unsigned long long' if wide else 'unsigned int'} index;",
+        f"    const index e = (index)i, inner = e % {inner}u, column = (e / {inner}u) % {copied}u, row = e / {inner * copied}u;",
         "    float v;",
         "    long long at;",
     ]
@@ -296,8 +331,8 @@ def concat_source(segments: Sequence[tuple[int, int, int]], axis_total: int, inn
     for n, (k, start, width) in enumerate(segments):
         test = "if" if n == 0 else "else if"
         condition = f"column < {first + width}" if n < len(segments) - 1 else "1"
-        lines.append(f"    {test} ({condition}) {{ v = __ldg(in{k} + row * {in_outer[k]}LL + (column - {first}) * {inner}LL + inner); "
-                     f"at = {start - first} + column; }}")
+        lines.append(f"    {test} ({condition}) {{ v = __ldg(in{k} + row * {in_outer[k]}LL + (long long)(column - {first}u) * {inner}LL + inner); "
+                     f"at = {start - first}LL + column; }}")
         first += width
     lines += [f"    out[row * {out_outer}LL + at * {inner}LL + inner] = v;", "}"]
     return "\n".join(lines) + "\n"
@@ -310,7 +345,6 @@ class ConcatKernel(LayoutKernel):
     def __init__(self, name: str, bytes_per_image: int, spec: Any, skip: frozenset[int] = frozenset()):
         super().__init__(name, bytes_per_image)
         self.spec, self.skip = spec, skip
-        self._functions: dict[tuple, Any] = {}  # by the strides of the arrays it met
         self.input_slices = (spec.axis, tuple(zip(spec.starts, (s + w for s, w in zip(spec.starts, spec.widths)))))
 
     def copying(self, positions: frozenset[int]) -> "ConcatKernel | None":
@@ -356,11 +390,9 @@ class ConcatKernel(LayoutKernel):
         rows = int(np.prod(y.shape[:axis], dtype=np.int64))
         segments = [(k, spec.starts[k], spec.widths[k]) for k in sorted(xs)]
         in_outer = {k: outer_stride(x, axis) for k, x in xs.items()}
-        key = (tuple(sorted(in_outer.items())), outer_stride(y, axis), inner)
-        launch = self._functions.get(key)
-        if launch is None:
-            source = concat_source(segments, sum(spec.widths), inner, in_outer, key[1])
-            launch = self._functions[key] = _generated(source, (), "layout_concat")
         total = rows * inner * sum(w for _k, _s, w in segments)
+        key = (tuple(sorted(in_outer.items())), outer_stride(y, axis), inner, total > INT32_LIMIT)
+        launch = self._remembered(key, lambda: _generated(
+            concat_source(segments, sum(spec.widths), inner, in_outer, key[1], wide=key[3]), (), "layout_concat"))
         if total:
             launch((-(-total // BLOCK),), (BLOCK,), (*(xs[k] for k, _s, _w in segments), y, np.int64(total)))

@@ -185,6 +185,7 @@ def slice_pieces(index_of: Callable[[tuple[int, ...]], list[tuple[slice, ...]]])
         strides = contiguous_strides(shape)
         result = []
         for index in index_of(shape):
+            index = tuple(index) + (slice(None),) * (len(shape) - len(index))  # the axes after the last one named
             bounds = [s.indices(d) for s, d in zip(index, shape)]
             out_shape = tuple(len(range(*b)) for b in bounds)
             base = sum(b[0] * s for b, s, n in zip(bounds, strides, out_shape) if n)

@@ -6,6 +6,7 @@ see runtime/buffers.py); the first call with new strides compiles a module for t
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -107,11 +108,12 @@ class GatherKernel(LayoutKernel):
         results = []
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)
-            pieces = self._remembered(("pieces", x.shape), lambda: self._plan(tuple(x.shape)))
+            pieces = self._remembered(("pieces", x.shape), lambda: [(*piece, self._views and _is_contiguous_piece(*piece[::2]))
+                                                                     for piece in self._plan(tuple(x.shape))])
             if out is not None and len(pieces) != 1:
                 raise PluginError(f"{self.name}: out= is for a kernel of one output")
-            for shape, base, strides in pieces:
-                if out is None and self._views and _is_contiguous_piece(shape, strides):
+            for shape, base, strides, contiguous in pieces:
+                if out is None and contiguous:
                     results.append(_view(cupy, x, shape, base))
                     continue
                 y = output_array(out, shape, self.name)
@@ -160,28 +162,37 @@ class TransposeTileKernel(LayoutKernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
         import cupy
 
-        x = checked_input(inputs[0] if inputs else None, "X", self.name)
+        x = inputs[0] if inputs else None
+        if type(x) is not cupy.ndarray or x.dtype != np.float32:
+            checked_input(x, "X", self.name)
         if x.ndim != len(self.perm):
             raise PluginError(f"{self.name}: X has rank {x.ndim}, the transpose takes rank {len(self.perm)}")
+        key = (x.shape, None if out is None else (out.shape, out.strides))
+        shape, launch, grid, extents = self._remembered(key, lambda: self._prepare(tuple(x.shape), out))
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)
-            y = output_array(out, tuple(x.shape[p] for p in self.perm), self.name)
-            if y.size:
-                self._launch(x, y)
+            y = output_array(out, shape, self.name)
+            if launch is not None:
+                launch(grid, (32, 8), (x, y, *extents))
         return [y]
 
-    def _launch(self, x: Any, y: Any) -> None:
-        perm = self.perm
-        if y.flags.c_contiguous:  # fewer, longer axes: fuller tiles (7 x 7 maps become one axis of 49)
-            shape, perm = merged_axes(tuple(x.shape), perm)
-            x, y = x.reshape(shape), y.reshape(tuple(shape[p] for p in perm))
-        p, last = perm[-1], x.ndim - 1
-        others = [d for d in range(x.ndim) if d not in (p, last)]
-        launch = self._remembered((x.shape, y.strides, perm), lambda: function(
-            "layout_transpose.cu", transpose_defines(tuple(x.shape), perm, element_strides(y)), "layout_transpose"))
-        others_total = int(np.prod([x.shape[d] for d in others], dtype=np.int64))
-        tiles = -(-x.shape[p] // 32) * -(-x.shape[last] // 32)
-        launch((tiles, min(others_total, 65535)), (32, 8), (x, y, np.int64(x.shape[p]), np.int64(others_total)))
+    def _prepare(self, shape: tuple[int, ...], out: Any) -> tuple:
+        """(output shape, function, grid, run-time extents) of every call on arrays of this shape (and this `out`)."""
+        out_shape = tuple(shape[p] for p in self.perm)
+        if out is not None:
+            output_array(out, out_shape, self.name)  # checked once
+        if int(np.prod(out_shape, dtype=np.int64)) == 0:
+            return out_shape, None, None, ()
+        if out is None or out.flags.c_contiguous:  # fewer, longer axes: fuller tiles (7 x 7 maps become one axis of 49)
+            shape, perm = merged_axes(shape, self.perm)
+            out_strides = contiguous_strides(tuple(shape[p] for p in perm))
+        else:
+            perm, out_strides = self.perm, element_strides(out)
+        p, last = perm[-1], len(shape) - 1
+        others = int(np.prod([shape[d] for d in range(len(shape)) if d not in (p, last)], dtype=np.int64))
+        launch = function("layout_transpose.cu", transpose_defines(shape, perm, out_strides), "layout_transpose")
+        tiles = -(-shape[p] // 32) * -(-shape[last] // 32)
+        return out_shape, launch, (tiles, min(others, 65535)), (np.int64(shape[p]), np.int64(others))
 
 
 def merged_axes(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -359,40 +370,63 @@ class ConcatKernel(LayoutKernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
         import cupy
 
-        spec = self.spec
-        if len(inputs) != len(spec.widths):
-            raise PluginError(f"{self.name}: {len(inputs)} inputs given, the concat takes {len(spec.widths)}")
-        xs = [checked_input(x, f"input {k}", self.name) for k, x in enumerate(inputs)]
-        first = xs[0]
-        for k, x in enumerate(xs):
-            if x.ndim != first.ndim or x.shape[spec.axis] != spec.widths[k] or \
-                    any(a != b for d, (a, b) in enumerate(zip(x.shape, first.shape)) if d != spec.axis):
-                raise PluginError(f"{self.name}: input {k} has shape {tuple(x.shape)}, which does not concatenate along axis "
-                                  f"{spec.axis} with width {spec.widths[k]}")
+        if len(inputs) != len(self.spec.widths):
+            raise PluginError(f"{self.name}: {len(inputs)} inputs given, the concat takes {len(self.spec.widths)}")
+        for k, x in enumerate(inputs):
+            if type(x) is not cupy.ndarray or x.dtype != np.float32:
+                checked_input(x, f"input {k}", self.name)
+        key = (tuple((x.shape, x.strides) for x in inputs), None if out is None else (out.shape, out.strides))
+        call = self._remembered(key, lambda: self._prepare(inputs, out))
         with cuda.on_stream(stream):
-            y = output_array(out, spec.output_shape(tuple(first.shape)), self.name)
-            copied = [k for k in range(len(xs)) if k not in self.skip]
-            if not y.size or not copied:
+            y = output_array(out, call.shape, self.name)
+            if call.launch is None:
                 return [y]
-            target = y if outer_stride(y, spec.axis) is not None else cupy.empty(y.shape, dtype=cupy.float32)
-            if target is not y and self.skip:
-                raise PluginError(f"{self.name}: out is not rows of contiguous runs along axis {spec.axis}")
-            readable = {k: (xs[k] if outer_stride(xs[k], spec.axis) is not None else cupy.ascontiguousarray(xs[k])) for k in copied}
-            self._launch(readable, target)
+            target = y if call.writes_out else cupy.empty(y.shape, dtype=cupy.float32)
+            sources = [inputs[k] if direct else cupy.ascontiguousarray(inputs[k]) for k, direct in call.reads]
+            call.launch(call.grid, (BLOCK,), (*sources, target, np.int64(call.total)))
             if target is not y:
                 y[...] = target
         return [y]
 
-    def _launch(self, xs: dict[int, Any], y: Any) -> None:
-        spec = self.spec
-        axis = spec.axis
-        inner = int(np.prod(y.shape[axis + 1:], dtype=np.int64))
-        rows = int(np.prod(y.shape[:axis], dtype=np.int64))
-        segments = [(k, spec.starts[k], spec.widths[k]) for k in sorted(xs)]
-        in_outer = {k: outer_stride(x, axis) for k, x in xs.items()}
+    def _prepare(self, inputs: Sequence[Any], out: Any) -> "_ConcatCall":
+        """What every call with arrays of these shapes and strides does: checked once, kept (`_remembered`)."""
+        spec, axis = self.spec, self.spec.axis
+        first = inputs[0]
+        for k, x in enumerate(inputs):
+            if x.ndim != first.ndim or x.shape[axis] != spec.widths[k] or \
+                    any(a != b for d, (a, b) in enumerate(zip(x.shape, first.shape)) if d != axis):
+                raise PluginError(f"{self.name}: input {k} has shape {tuple(x.shape)}, which does not concatenate along axis "
+                                  f"{axis} with width {spec.widths[k]}")
+        shape = spec.output_shape(tuple(first.shape))
+        copied = [k for k in range(len(inputs)) if k not in self.skip]
+        if out is not None:
+            output_array(out, shape, self.name)  # its shape checked here, once
+        out_outer = outer_stride(out, axis) if out is not None else None
+        writes_out = out is None or out_outer is not None
+        if not writes_out and self.skip:
+            raise PluginError(f"{self.name}: out is not rows of contiguous runs along axis {axis}")
+        if out_outer is None:
+            out_outer = int(np.prod(shape[axis:], dtype=np.int64))  # a C-contiguous array's (a new one, or the copy's target)
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        rows = int(np.prod(shape[:axis], dtype=np.int64))
+        in_outer = {k: outer_stride(inputs[k], axis) for k in copied}
+        reads = [(k, in_outer[k] is not None) for k in copied]
+        in_outer = {k: (stride if stride is not None else int(np.prod(inputs[k].shape[axis:], dtype=np.int64)))
+                    for k, stride in in_outer.items()}
+        segments = [(k, spec.starts[k], spec.widths[k]) for k in copied]
         total = rows * inner * sum(w for _k, _s, w in segments)
-        key = (tuple(sorted(in_outer.items())), outer_stride(y, axis), inner, total > INT32_LIMIT)
-        launch = self._remembered(key, lambda: _generated(
-            concat_source(segments, sum(spec.widths), inner, in_outer, key[1], wide=key[3]), (), "layout_concat"))
-        if total:
-            launch((-(-total // BLOCK),), (BLOCK,), (*(xs[k] for k, _s, _w in segments), y, np.int64(total)))
+        if not total:
+            return _ConcatCall(shape, None, (0,), 0, reads, writes_out)
+        launch = _generated(concat_source(segments, sum(spec.widths), inner, in_outer, out_outer, wide=total > INT32_LIMIT),
+                            (), "layout_concat")
+        return _ConcatCall(shape, launch, (-(-total // BLOCK),), total, reads, writes_out)
+
+
+@dataclass(frozen=True)
+class _ConcatCall:
+    shape: tuple[int, ...]
+    launch: Any  # None: nothing to copy
+    grid: tuple[int, ...]
+    total: int
+    reads: list[tuple[int, bool]]  # (input, read in place; else through a contiguous copy)
+    writes_out: bool  # into `out` itself; else into a contiguous array copied there

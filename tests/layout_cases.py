@@ -187,3 +187,14 @@ def nested_concats(size: int = 6) -> onnx.ModelProto:
              numpy_helper.from_array(i64(-1), "c_start"), numpy_helper.from_array(i64(-INT_MAX), "c_end"),
              numpy_helper.from_array(i64(1), "c_axis"), numpy_helper.from_array(i64(-1), "c_step")]
     return _model("nested_concats", nodes, inits, (2, 3, size, size))
+
+
+def activations_concatenated(size: int = 5) -> onnx.ModelProto:
+    """Concat(Sigmoid(x), Tanh(x)) along the channels, then a Relu: elementwise producers, which write any view."""
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid"),
+        helper.make_node("Tanh", ["x"], ["t"], name="tanh"),
+        helper.make_node("Concat", ["s", "t"], ["cat"], name="concat", axis=1),
+        helper.make_node("Relu", ["cat"], ["y"], name="relu"),
+    ]
+    return _model("activations_concatenated", nodes, [], (2, 3, size, size))

@@ -9,7 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from layout_cases import CASES, channel_shuffle, dense_block, inception_like, nested_concats, random_feeds
+from layout_cases import (CASES, activations_concatenated, channel_shuffle, dense_block, inception_like, nested_concats,
+                          random_feeds)
 from onnx_builders import save
 from opplugin.device import current_cuda_device
 from opplugin.model import load_model
@@ -79,7 +80,8 @@ def test_tiled_transpose_against_numpy_on_large_and_odd_shapes(shape, perm):
     np.testing.assert_array_equal(cupy.asnumpy(out), reference.transpose(TransposeSpec(perm), x))
 
 
-MODELS = {"nested": nested_concats, "inception": inception_like, "dense": dense_block, "shuffle": channel_shuffle}
+MODELS = {"nested": nested_concats, "inception": inception_like, "dense": dense_block, "shuffle": channel_shuffle,
+          "activations": activations_concatenated}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -103,11 +105,13 @@ def test_models_with_concats_written_in_place_eager_chunked_and_in_cuda_graphs(n
 
 
 def test_which_producers_write_in_place_on_the_gpu(tmp_path):
-    """Strided producers (layout kernels) at any batch; a Conv (contiguous `out` only) where the slice is
+    """Strided producers (layout and elementwise kernels) at any batch; a Conv (contiguous `out` only) where the slice is
     contiguous: at batch 1, not at 6."""
     loaded = load_model(save(nested_concats(), tmp_path / "nested.onnx"))
     runner = Runner(loaded, 6, "cuda", streams=1)
     assert runner.buffers.removed(runner.plan) == ["concat_inner", "concat_outer"]
+    runner = Runner(load_model(save(activations_concatenated(), tmp_path / "act.onnx")), 6, "cuda", streams=1)
+    assert set(runner.buffers.slots) == {"s", "t"} and runner.buffers.removed(runner.plan) == ["concat"]
     loaded = load_model(save(inception_like(), tmp_path / "inception.onnx"))
     at6 = Runner(loaded, 6, "cuda", chunk=6, streams=1).buffers
     at1 = Runner(loaded, 1, "cuda", chunk=1, streams=1).buffers

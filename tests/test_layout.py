@@ -95,6 +95,9 @@ def test_nested_concats_are_written_in_place_and_both_concat_steps_launch_nothin
     assert {name: (s.buffer, s.start, s.stop) for name, s in slots.items()} == {
         "t": ("inner", 0, 3), "s": ("inner", 3, 6), "inner": ("outer", 0, 6), "r": ("outer", 6, 9)}
     assert runner.buffers.removed(runner.plan) == ["concat_inner", "concat_outer"]
+    for step in ("concat_inner", "concat_outer"):  # what the report shows: no device work, no bytes
+        kernel = runner.kernels[step]
+        assert kernel.name == "concat.reference.axis1x2(written in place)" and not kernel.device_work and kernel.bytes_moved(3) == 0
     for batch, chunk in [(3, None), (7, 3)]:
         runner = _runner(nested_concats(), tmp_path, batch, chunk)
         feeds = random_feeds(nested_concats(), batch, seed=chunk or 0)
@@ -110,6 +113,7 @@ def test_only_single_use_inputs_from_kernels_that_take_out_are_written_in_place(
     assert set(runner.buffers.slots) == {"branch2s"}
     [(index, copier)] = runner.buffers.concats.items()
     assert runner.plan.steps[index].name == "concat" and copier.skip == frozenset({1})
+    assert runner.kernels["concat"].name == "concat.reference.axis1x5(copies 4 of 5)" and runner.kernels["concat"].device_work
     feeds = random_feeds(model, 3)
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5, atol=1e-5)
 

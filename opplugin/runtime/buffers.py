@@ -51,6 +51,36 @@ class BufferAssignment:
         """The Concat steps whose inputs are all written in place."""
         return [plan.steps[index].name for index, copier in self.concats.items() if copier is None]
 
+    def kernels(self, plan: Plan, kernels: dict[str, Kernel]) -> dict[str, Kernel]:
+        """`kernels` with each Concat that has inputs written in place as InPlaceConcat: what the
+        executor runs and the records name."""
+        changed = {plan.steps[index].name: InPlaceConcat(kernels[plan.steps[index].name], copier)
+                   for index, copier in self.concats.items()}
+        return {**kernels, **changed}
+
+
+class InPlaceConcat(Kernel):
+    """A Concat step some of whose inputs their producers wrote in place: named and costed for the
+    copies left (none: no device work, timed by the host clock). Called as a plain kernel (without
+    the buffer assignment: the exact path), it is the whole Concat."""
+
+    nonfinite_exact = True
+
+    def __init__(self, concat: Kernel, copier: Kernel | None):
+        self.concat, self.copier = concat, copier
+        self.name = copier.name if copier is not None else f"{concat.name}(written in place)"
+        self.device_work = copier is not None
+        self.variant = getattr(concat, "variant", None)
+
+    def flops(self, batch: int) -> int:
+        return 0
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.copier.bytes_moved(batch) if self.copier is not None else 0
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, **out: Any) -> list[Any]:
+        return self.concat(inputs, stream, **out)
+
 
 def _is_concat(kernel: Any) -> bool:
     return getattr(kernel, "input_slices", None) is not None

@@ -114,6 +114,7 @@ class Runner:
                                lambda step: self._session(step, [sessions.CPU_PROVIDER]))
         # producers write into their slices of Concat outputs (buffers.py)
         self.buffers = assign_buffers(self.plan, self.kernels)
+        self.kernels = self.buffers.kernels(self.plan, self.kernels)  # the exact path keeps the plain Concats
         self.executor = PlanExecutor(self.plan, self.layout, self.kernels, self.sessions, self.constants, self.ort_on_gpu,
                                      self.exact.watched, self.cuda_graphs,
                                      InPlace(self.plan, self.layout, self.buffers, self.device.is_cuda))

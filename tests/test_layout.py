@@ -72,6 +72,18 @@ def test_nodes_the_layout_plugins_leave_to_onnxruntime_say_why(tmp_path):
     assert "edge padding with negative pads (a crop) is left to onnxruntime" in _reason(crop, tmp_path)
 
 
+def test_a_concat_of_integers_is_left_to_onnxruntime_with_its_reason(tmp_path):
+    nodes = [helper.make_node("Cast", ["x0"], ["whole"], name="cast", to=onnx.TensorProto.INT64),
+             helper.make_node("Concat", ["whole", "tail"], ["y0"], name="concat", axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", onnx.TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y0", onnx.TensorProto.INT64, ["N", 5])],
+                              initializer=[numpy_helper.from_array(np.full((2, 1), 7, np.int64), "tail")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    plan = make_plan(load_model(save(model, tmp_path / "m.onnx")), 2, CPU)
+    assert plan.fallbacks == {"concat": "whole is int64; the layout kernels move float32 tensors"}
+
+
 def test_inputs_computed_at_run_time_are_named_in_the_reason(tmp_path):
     """A Slice's starts or a Pad's pads must be constants (after the plan's folding): else the reason names them."""
     for case, why in [("slice_step2", "its starts (input 1) is computed at run time"),

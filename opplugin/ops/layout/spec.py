@@ -23,8 +23,9 @@ def _constant(node: NodeInfo, position: int, what: str) -> np.ndarray | None:
     return np.asarray(value)
 
 
-def _float32(node: NodeInfo) -> None:
-    for tensor in [*node.inputs[:1], *node.outputs]:
+def _float32(node: NodeInfo, data_inputs: int = 1) -> None:
+    """The tensors moved (the first `data_inputs` inputs and the outputs) are float32; else the reason."""
+    for tensor in [*node.inputs[:data_inputs], *node.outputs]:
         if tensor.dtype != np.float32:
             raise PluginError(f"{tensor.name} is {tensor.dtype}; the layout kernels move float32 tensors")
 
@@ -42,7 +43,7 @@ class ConcatSpec:
 
     @classmethod
     def from_node(cls, node: NodeInfo) -> "ConcatSpec":
-        _float32(node)
+        _float32(node, len(node.inputs))
         inputs = [t for t in node.inputs if t.name]
         rank = len(inputs[0].shape)
         axis = _axis(int(node.attributes["axis"]), rank)

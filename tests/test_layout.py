@@ -84,6 +84,26 @@ def test_a_concat_of_integers_is_left_to_onnxruntime_with_its_reason(tmp_path):
     assert plan.fallbacks == {"concat": "whole is int64; the layout kernels move float32 tensors"}
 
 
+def test_shape_arithmetic_before_a_reshape_stays_off_the_views(tmp_path):
+    """TorchScript's exports compute a Reshape's target as Shape > Gather > Unsqueeze > Concat (int64): the
+    Unsqueeze and Concat views and kernels take float32 data only, so that arithmetic is left alone."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], name="gather", axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"], name="unsqueeze"),
+             helper.make_node("Concat", ["n1", "rest"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 3, 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2, 2, 9])],
+                              initializer=[numpy_helper.from_array(np.asarray(0, np.int64), "zero"),
+                                           numpy_helper.from_array(i64(0), "axes"), numpy_helper.from_array(i64(2, 2, 9), "rest")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    runner = Runner(load_model(save(model, tmp_path / "m.onnx")), 3, "cpu")
+    assert not any(s.kind == "plugin" and s.node.op_type in ("Unsqueeze", "Concat") for s in runner.plan.steps)
+    x = np.random.default_rng(0).standard_normal((3, 4, 3, 3)).astype(np.float32)
+    np.testing.assert_array_equal(runner.run({"x": x}).outputs["y"], x.reshape(3, 2, 2, 9))
+
+
 def test_inputs_computed_at_run_time_are_named_in_the_reason(tmp_path):
     """A Slice's starts or a Pad's pads must be constants (after the plan's folding): else the reason names them."""
     for case, why in [("slice_step2", "its starts (input 1) is computed at run time"),

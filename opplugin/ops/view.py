@@ -90,6 +90,12 @@ class ReshapePlugin(ViewPlugin):
         return ViewKernel(self.kernel_name(node, device), lambda shape: reshape_shape(target, allowzero, shape))
 
 
+def _float32_data(node: NodeInfo) -> None:
+    """Squeeze and Unsqueeze take float32 data: shape arithmetic (int64) stays with onnxruntime or is folded."""
+    if node.inputs[0].dtype != np.float32:
+        raise PluginError(f"{node.inputs[0].name} is {node.inputs[0].dtype}; the views take float32 tensors")
+
+
 def _axes(node: NodeInfo, rank: int) -> list[int] | None:
     """Squeeze's or Unsqueeze's axes (an attribute up to opset 12, a constant input after), each in
     [0, rank); None where none are given."""
@@ -113,6 +119,7 @@ class SqueezePlugin(ViewPlugin):
     op_type = "Squeeze"
 
     def describe(self, node: NodeInfo) -> list[int]:
+        _float32_data(node)
         shape = node.inputs[0].shape
         axes = _axes(node, len(shape))
         axes = [a for a, d in enumerate(shape) if d == 1] if axes is None else axes
@@ -138,9 +145,13 @@ class UnsqueezePlugin(ViewPlugin):
     op_type = "Unsqueeze"
 
     def describe(self, node: NodeInfo) -> list[int]:
+        _float32_data(node)
+        rank = len(node.inputs[0].shape)
         axes = _axes(node, len(node.outputs[0].shape))
         if axes is None:
             raise PluginError("it names no axes")
+        if len(node.outputs[0].shape) != rank + len(axes):
+            raise PluginError(f"its output's rank is not known at plan time (input rank {rank}, {len(axes)} axes)")
         return axes
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:

@@ -17,6 +17,7 @@ from layout_cases import (CASES, INT_MAX, channel_shuffle, dense_block, i64, inc
                           single_node)
 from onnx_builders import save
 from opplugin.device import CPU, Device
+from opplugin.errors import PluginError
 from opplugin.lab import nvrtc_check
 from opplugin.model import load_model
 from opplugin.ops.layout import kernels as layout_kernels
@@ -162,6 +163,21 @@ def test_a_producer_that_writes_contiguous_outputs_only_gets_a_slice_when_the_ro
         kernels = {step.name: step.build(CPU) for step in plan.plugin_steps}
         kernels["conv"] = _Contiguous()
         assert set(assign_buffers(plan, kernels).slots) == expected
+
+
+def test_a_kernel_that_ignores_out_is_a_clear_error(tmp_path):
+    runner = _runner(nested_concats(), tmp_path)
+    swap = runner.kernels["swap_hw"]
+
+    class IgnoresOut(type(swap)):
+        def __call__(self, inputs, stream=None, *, out=None):
+            return swap(inputs, stream)  # a new array, not `out`
+
+    bad = IgnoresOut.__new__(IgnoresOut)
+    bad.__dict__.update(swap.__dict__)
+    runner.kernels["swap_hw"] = bad
+    with pytest.raises(PluginError, match="was handed its output's place in a Concat .out=. but returned another array"):
+        runner.run(random_feeds(nested_concats(), 3))
 
 
 def test_an_onnxruntime_step_between_a_producer_and_its_concat_keeps_the_copy(tmp_path):

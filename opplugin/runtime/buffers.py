@@ -21,6 +21,7 @@ from typing import Any, MutableMapping, Sequence
 import numpy as np
 
 from .. import cuda
+from ..errors import PluginError
 from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .chunking import BatchLayout
@@ -131,6 +132,14 @@ def assign_buffers(plan: Plan, kernels: dict[str, Kernel]) -> BufferAssignment:
     return assignment
 
 
+def _address(array: Any) -> int:
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
+def _same_array(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a.shape == b.shape and a.strides == b.strides and _address(a) == _address(b))
+
+
 class InPlace:
     """Runs a plan's steps with its BufferAssignment: `call` in place of `kernel(args, stream)`.
     `pending` holds, per run of plugin steps, the Concat buffers allocated before their Concat runs."""
@@ -150,7 +159,12 @@ class InPlace:
         slot = self.assignment.slots.get(step.outputs[0]) if len(step.outputs) == 1 else None
         if slot is None:
             return kernel(args, stream)
-        return kernel(args, stream, out=self._array(step.outputs[0], pending, batch, stream))
+        view = self._array(step.outputs[0], pending, batch, stream)
+        outs = kernel(args, stream, out=view)
+        if len(outs) != 1 or not _same_array(outs[0], view):
+            raise PluginError(f"kernel {kernel.name} of step {step.name} was handed its output's place in a Concat (out=) "
+                              "but returned another array: a kernel with out_view must write into `out` and return it")
+        return outs
 
     def _array(self, name: str, pending: MutableMapping[str, Any], batch: int, stream: Any) -> Any:
         """The array `name` is written into: its slice of its buffer, or (a buffer) allocated now."""

@@ -198,3 +198,14 @@ def activations_concatenated(size: int = 5) -> onnx.ModelProto:
         helper.make_node("Relu", ["cat"], ["y"], name="relu"),
     ]
     return _model("activations_concatenated", nodes, [], (2, 3, size, size))
+
+
+def concat_as_output(size: int = 4) -> onnx.ModelProto:
+    """Concat(Transpose(x), Pad(x)) as the graph's output: the buffer written in place is what the run returns."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], name="swap_hw", perm=[0, 1, 3, 2]),
+        helper.make_node("Pad", ["x", "pads"], ["p"], name="pad", mode="constant"),
+        helper.make_node("Concat", ["t", "p"], ["y"], name="concat", axis=1),
+    ]
+    inits = [numpy_helper.from_array(i64(0, 1, 0, 0, 0, 2, 0, 0), "pads")]
+    return _model("concat_as_output", nodes, inits, (2, 3, size, size))

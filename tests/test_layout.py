@@ -13,10 +13,11 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from layout_cases import (CASES, INT_MAX, channel_shuffle, dense_block, i64, inception_like, nested_concats, random_feeds,
-                          single_node)
+from layout_cases import (CASES, channel_shuffle, concat_as_output, dense_block, i64, inception_like, nested_concats,
+                          random_feeds, single_node)
 from onnx_builders import save
 from opplugin.device import CPU, Device
+from opplugin.cli import main
 from opplugin.errors import PluginError
 from opplugin.lab import nvrtc_check
 from opplugin.model import load_model
@@ -59,6 +60,21 @@ def _reason(model, tmp_path) -> str:
     assert [s.kind for s in plan.steps] == ["onnxruntime"]
     [reason] = plan.fallbacks.values()
     return reason
+
+
+@pytest.mark.parametrize("case, cpu, gpu", [
+    ("transpose_nchw_nhwc", "transpose.reference.perm0231", "transpose.cuda.tiled.perm0231"),
+    ("transpose_shuffle_5d", "transpose.reference.perm02134", "transpose.cuda.perm02134"),
+    ("concat_channels_4", "concat.reference.axis1x4", "concat.cuda.axis1x4"),
+    ("resize_linear_half_pixel_x2", "resize.reference.linear.half_pixel", "resize.cuda.linear.half_pixel"),
+    ("pad_reflect", "pad.reference.reflect", "pad.cuda.reflect"),
+])
+def test_kernel_names_say_the_form_of_the_kernel(case, cpu, gpu, tmp_path):
+    for device, name in [(CPU, cpu), (GPU, gpu)]:
+        plan = make_plan(load_model(save(CASES[case](), tmp_path / "m.onnx")), 2, device)
+        [step] = plan.steps
+        assert step.plugin.kernel_name(step.node, device) == name
+    assert step.build(CPU).name == cpu  # the name build gives is the one the plan shows
 
 
 def test_nodes_the_layout_plugins_leave_to_onnxruntime_say_why(tmp_path):
@@ -135,6 +151,17 @@ def test_nested_concats_are_written_in_place_and_both_concat_steps_launch_nothin
         runner = _runner(nested_concats(), tmp_path, batch, chunk)
         feeds = random_feeds(nested_concats(), batch, seed=chunk or 0)
         np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(nested_concats(), feeds)[0])
+
+
+def test_a_concat_written_in_place_as_the_graph_output_in_chunks_and_checked_step_by_step(tmp_path, capsys):
+    model = concat_as_output()
+    for batch, chunk in [(3, None), (7, 2)]:
+        runner = _runner(model, tmp_path, batch, chunk)
+        assert runner.buffers.removed(runner.plan) == ["concat"] and runner.chunks_for(batch) == (4 if chunk else 1)
+        feeds = random_feeds(model, batch, seed=batch)
+        np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0])
+    assert main(["check", str(tmp_path / "m.onnx"), "--batch", "5"]) == 0
+    assert "concat.reference.axis1x2(written in place)" in capsys.readouterr().out
 
 
 def test_only_single_use_inputs_from_kernels_that_take_out_are_written_in_place(tmp_path):

@@ -169,13 +169,14 @@ class TransposePlugin(LayoutPlugin):
 
     def cuda_kernel(self, node, spec, name):
         if moves_innermost(spec, node.inputs[0].shape):
-            return TransposeTileKernel(name + "+tiled", _bytes_per_image(node), spec.perm)
+            return TransposeTileKernel(name, _bytes_per_image(node), spec.perm)
         return GatherKernel(name, _bytes_per_image(node), transpose_pieces(spec), views=False)
 
     def kernel_name(self, node, device, variant=None, fused=()):
-        name = super().kernel_name(node, device, variant, fused)
+        """transpose.cuda.tiled.perm0231 (through shared memory) or transpose.cuda.perm0213 (a strided copy)."""
         spec = spec_of(node, self.describe)
-        return name + "+tiled" if device.is_cuda and moves_innermost(spec, node.inputs[0].shape) else name
+        tiled = "tiled." if device.is_cuda and moves_innermost(spec, node.inputs[0].shape) else ""
+        return f"transpose.{'cuda' if device.is_cuda else 'reference'}.{tiled}{self.suffix_of(spec)}"
 
 
 def slice_pieces(index_of: Callable[[tuple[int, ...]], list[tuple[slice, ...]]]) -> Callable[[tuple[int, ...]], list]:
@@ -249,7 +250,7 @@ class ResizePlugin(LayoutPlugin):
         return ResizeSpec.from_node(node)
 
     def suffix_of(self, spec: ResizeSpec) -> str:
-        return f"{spec.mode}+{spec.coordinates}" + (f"+{spec.nearest}" if spec.mode == "nearest" else "")
+        return f"{spec.mode}.{spec.coordinates}" + (f".{spec.nearest}" if spec.mode == "nearest" else "")
 
     def _flops_per_image(self, node: NodeInfo, spec: ResizeSpec) -> int:
         rows = max(1, node.outputs[0].shape[0])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 
 def element_strides(array: Any) -> tuple[int, ...]:
     return tuple(int(s) // array.itemsize for s in array.strides)

@@ -102,7 +102,9 @@ class Kernel(Protocol):
       slice of a larger NCHW buffer); absent or "": it takes no `out`.
     - `input_slices`: for a kernel that copies each input into a slice of its one output (Concat),
       (axis, ((start, stop) of each input along it)); with it, `copying(positions)` returns the
-      kernel that copies only the other inputs into `out=` (None when none is left to copy)."""
+      kernel that copies only the other inputs into `out=` (None when none is left to copy).
+    - `in_views`: True for a kernel that reads strided views as they are (a slice of a Concat's
+      buffer); its input may then be such a view rather than a tensor of its own."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants

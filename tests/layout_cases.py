@@ -132,9 +132,11 @@ def inception_like(seed: int = 0, channels: int = 4, size: int = 6) -> onnx.Mode
     return onnx.shape_inference.infer_shapes(model)
 
 
-def dense_block(layers: int = 3, channels: int = 4, growth: int = 3, size: int = 5, seed: int = 0) -> onnx.ModelProto:
+def dense_block(layers: int = 3, channels: int = 4, growth: int = 3, size: int = 5, seed: int = 0,
+                pre_activation: bool = False) -> onnx.ModelProto:
     """DenseNet's pattern: layer i reads the Concat of the block input and every earlier layer's output
-    (so each output has several Concat readers), and the block's output is the Concat of all."""
+    (so each output has several Concat readers), and the block's output is the Concat of all. With
+    `pre_activation`, each Concat is read by an elementwise op first (DenseNet's BatchNormalization > Relu)."""
     rng = np.random.default_rng(seed)
     nodes, inits, features = [], [], ["x"]
     for i in range(layers):
@@ -142,6 +144,9 @@ def dense_block(layers: int = 3, channels: int = 4, growth: int = 3, size: int =
         nodes.append(helper.make_node("Concat", list(features), [cat], name=f"concat{i}", axis=1))
         w = rng.standard_normal((growth, channels + i * growth, 3, 3)).astype(np.float32) * 0.2
         inits.append(numpy_helper.from_array(w, f"w{i}"))
+        if pre_activation:
+            nodes.append(helper.make_node("Relu", [cat], [f"act{i}"], name=f"act{i}"))
+            cat = f"act{i}"
         nodes.append(helper.make_node("Conv", [cat, f"w{i}"], [f"conv{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"f{i}"], name=f"relu{i}"))
         features.append(f"f{i}")

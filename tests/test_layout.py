@@ -233,6 +233,21 @@ def test_dense_block_features_read_by_several_concats(tmp_path):
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_dense_block_concats_read_by_elementwise_ops_share_one_buffer_and_copy_each_feature_once(tmp_path):
+    """Each Concat of the block is a prefix of the next one's inputs and read only by a Relu (which reads
+    views): all are views of the block output's buffer, so each Concat copies only its newest input."""
+    model = dense_block(layers=3, pre_activation=True)
+    runner = _runner(model, tmp_path, batch=4)
+    slots = {name: (s.buffer, s.start, s.stop) for name, s in runner.buffers.slots.items()}
+    assert slots == {"cat0": ("cat1", 0, 4), "cat1": ("cat2", 0, 7), "cat2": ("y", 0, 10)}
+    copied = {runner.plan.steps[i].name: copier.skip if copier else "all in place" for i, copier in runner.buffers.concats.items()}
+    assert copied == {"concat1": frozenset({0}), "concat2": frozenset({0, 1}), "concat_out": frozenset({0, 1, 2})}
+    for batch, chunk in [(4, None), (5, 2)]:
+        runner = _runner(model, tmp_path, batch, chunk)
+        feeds = random_feeds(model, batch, seed=batch)
+        np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_a_channel_shuffle_is_one_transpose_between_two_views(tmp_path):
     runner = _runner(channel_shuffle(), tmp_path)
     steps = runner.plan.steps

@@ -81,7 +81,7 @@ def test_tiled_transpose_against_numpy_on_large_and_odd_shapes(shape, perm):
 
 
 MODELS = {"nested": nested_concats, "inception": inception_like, "dense": dense_block, "shuffle": channel_shuffle,
-          "activations": activations_concatenated}
+          "activations": activations_concatenated, "dense_preactivation": lambda: dense_block(pre_activation=True)}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -112,6 +112,8 @@ def test_which_producers_write_in_place_on_the_gpu(tmp_path):
     assert runner.buffers.removed(runner.plan) == ["concat_inner", "concat_outer"]
     runner = Runner(load_model(save(activations_concatenated(), tmp_path / "act.onnx")), 6, "cuda", streams=1)
     assert set(runner.buffers.slots) == {"s", "t"} and runner.buffers.removed(runner.plan) == ["concat"]
+    runner = Runner(load_model(save(dense_block(pre_activation=True), tmp_path / "dense.onnx")), 6, "cuda", streams=1)
+    assert {name: slot.buffer for name, slot in runner.buffers.slots.items()} == {"cat0": "cat1", "cat1": "cat2", "cat2": "y"}
     loaded = load_model(save(inception_like(), tmp_path / "inception.onnx"))
     at6 = Runner(loaded, 6, "cuda", chunk=6, streams=1).buffers
     at1 = Runner(loaded, 1, "cuda", chunk=1, streams=1).buffers

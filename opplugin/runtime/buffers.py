@@ -11,7 +11,10 @@ of them runs, at the chunk's batch. A producer qualifies when:
   read only by Concat steps (a Concat reads a strided view; other kernels want contiguous inputs);
 - no onnxruntime step runs between it and the last of those readers, so that the buffer, the views and
   the Concat all live inside one run of plugin steps (one CUDA graph when graphs are on).
-A Concat's output may itself be a slice of a later Concat (nested Inception blocks): the views chain.
+A Concat's output may itself be a slice of a later Concat: one of its inputs (nested Inception
+blocks), or a Concat whose inputs are a run of the later one's, where every reader of it reads
+strided views (`in_views`: DenseNet's Concat of every earlier layer is a prefix of the next one's,
+so each layer's output is copied once, not once per later layer). The views chain.
 """
 from __future__ import annotations
 
@@ -88,48 +91,114 @@ def _is_concat(kernel: Any) -> bool:
 
 
 def assign_buffers(plan: Plan, kernels: dict[str, Kernel]) -> BufferAssignment:
-    steps = plan.steps
-    made_by = {name: index for index, step in enumerate(steps) for name in step.outputs if name}
-    readers: dict[str, list[int]] = {}
-    for index, step in enumerate(steps):
-        for name in dict.fromkeys(n for n in step.inputs if n):
-            readers.setdefault(name, []).append(index)
-    ort_at = [index for index, step in enumerate(steps) if isinstance(step, OrtStep)]
-    graph_outputs = set(plan.model.outputs)
-    assignment = BufferAssignment()
-    first_writer: dict[str, int] = {}  # a Concat's output -> the earliest step writing into it
+    return _Assigner(plan, kernels).assign()
 
-    def concat_kernel(index: int) -> Any:
-        step = steps[index]
-        return kernels.get(step.name) if isinstance(step, PluginStep) else None
 
-    for index, step in enumerate(steps):
-        kernel = concat_kernel(index)
-        if not _is_concat(kernel) or len(step.outputs) != 1:
-            continue
+class _Assigner:
+    """The two passes of assign_buffers: first, Concats whose inputs are a run of a later Concat's
+    inputs become views of its buffer (DenseNet: each layer's Concat is a prefix of the next), so
+    that a tensor already copied into the shared buffer is not copied again; then, producers that
+    can write their output into its slice of a Concat's buffer."""
+
+    def __init__(self, plan: Plan, kernels: dict[str, Kernel]):
+        self.plan, self.kernels, self.steps = plan, kernels, plan.steps
+        self.made_by = {name: index for index, step in enumerate(self.steps) for name in step.outputs if name}
+        self.readers: dict[str, list[int]] = {}
+        for index, step in enumerate(self.steps):
+            for name in dict.fromkeys(n for n in step.inputs if n):
+                self.readers.setdefault(name, []).append(index)
+        self.ort_at = [index for index, step in enumerate(self.steps) if isinstance(step, OrtStep)]
+        self.graph_outputs = set(plan.model.outputs)
+        self.concat_at = {index: kernel for index in range(len(self.steps))
+                          if _is_concat(kernel := self._kernel(index)) and len(self.steps[index].outputs) == 1}
+        self.assignment = BufferAssignment()
+        self.first_writer: dict[str, int] = {}  # a Concat's output -> the earliest step writing into it
+        self.placed: set[tuple[str, int, str]] = set()  # (root buffer, offset along the axis, tensor) written there
+
+    def _kernel(self, index: int) -> Any:
+        step = self.steps[index]
+        return self.kernels.get(step.name) if isinstance(step, PluginStep) else None
+
+    def _crosses_onnxruntime(self, first: int, last: int) -> bool:
+        """Whether an onnxruntime step runs between steps `first` and `last`: a buffer and its views live in one run."""
+        return any(first < at <= last for at in self.ort_at)
+
+    def _reach(self, name: str) -> int:
+        """The last step that needs `name`'s buffer held: its Concat's, or that of the Concat it is a view into."""
+        slot = self.assignment.slots.get(name)
+        own = self.made_by.get(name, -1)
+        return max(own, self._reach(slot.buffer)) if slot else own
+
+    def _where(self, name: str) -> tuple[str, int]:
+        """(root buffer, offset along the axis) where `name` is written; (name, 0) for a tensor of its own."""
+        slot = self.assignment.slots.get(name)
+        if slot is None:
+            return name, 0
+        root, offset = self._where(slot.buffer)
+        return root, offset + slot.start
+
+    def assign(self) -> BufferAssignment:
+        for index in reversed(self.concat_at):  # later Concats first: a view's buffer is decided before it
+            self._share_with_a_later_concat(index)
+        for index in self.concat_at:
+            self._place_inputs(index)
+        return self.assignment
+
+    def _share_with_a_later_concat(self, index: int) -> None:
+        """The Concat at `index` as a view of the next Concat (same axis) that reads its inputs as a run in the
+        same order, where every reader of its output reads views (a Concat, or a kernel with `in_views`)."""
+        step, (axis, _bounds) = self.steps[index], self.concat_at[index].input_slices
+        output, inputs = step.outputs[0], list(step.inputs)
+        if output in self.graph_outputs or output not in self.readers:
+            return
+        if not all(_is_concat(k := self._kernel(r)) or getattr(k, "in_views", False) for r in self.readers[output]):
+            return
+        later = next((t for t in self.concat_at if t > index and self.concat_at[t].input_slices[0] == axis
+                      and inputs[0] in self.steps[t].inputs), None)
+        if later is None:
+            return
+        theirs = list(self.steps[later].inputs)
+        at = theirs.index(inputs[0])
+        if theirs[at:at + len(inputs)] != inputs or any(theirs.count(n) > 1 for n in inputs) or output in theirs:
+            return
+        bounds = self.concat_at[later].input_slices[1]
+        first = min([self.made_by.get(n, index) for n in inputs] + [index])
+        if self._crosses_onnxruntime(first, max(self.readers[output] + [self._reach(self.steps[later].outputs[0])])):
+            return
+        self.assignment.slots[output] = Slot(self.steps[later].outputs[0], axis, bounds[at][0], bounds[at + len(inputs) - 1][1])
+
+    def _place_inputs(self, index: int) -> None:
+        """Which inputs of the Concat at `index` are already where it would copy them (written there by their
+        producer, or by an earlier Concat sharing its buffer), and which producers may write there."""
+        step, kernel = self.steps[index], self.concat_at[index]
         axis, bounds = kernel.input_slices
         output = step.outputs[0]
-        rows_are_one = int(np.prod(plan.shape_of(output)[:axis], dtype=np.int64)) == 1
+        root, offset = self._where(output)
+        rows_are_one = int(np.prod(self.plan.shape_of(output)[:axis], dtype=np.int64)) == 1
         in_place = set()
         for position, name in enumerate(step.inputs):
-            producer = made_by.get(name)
-            if producer is None or step.inputs.count(name) > 1 or name in graph_outputs or name in assignment.slots:
-                continue
-            maker = steps[producer]
-            mode = getattr(kernels.get(maker.name), "out_view", "") if isinstance(maker, PluginStep) else ""
-            if len(maker.outputs) != 1 or mode not in ("strided", "contiguous") or (mode == "contiguous" and not rows_are_one):
-                continue
-            if not all(_is_concat(concat_kernel(r)) for r in readers[name]):
-                continue
-            start = first_writer.get(name, producer)
-            if any(start < at <= max(readers[name]) for at in ort_at):
-                continue
-            assignment.slots[name] = Slot(output, axis, *bounds[position])
-            first_writer[output] = min(first_writer.get(output, index), start)
-            in_place.add(position)
+            target = (root, offset + bounds[position][0])
+            if self._where(name) == target or (*target, name) in self.placed:
+                in_place.add(position)
+            elif self._producer_writes_in_place(name, step.inputs, rows_are_one, self._reach(output)):
+                self.assignment.slots[name] = Slot(output, axis, *bounds[position])
+                self.first_writer[output] = min(self.first_writer.get(output, index), self.first_writer.get(name, self.made_by[name]))
+                in_place.add(position)
+        self.placed.update((root, offset + start, name) for name, (start, _stop) in zip(step.inputs, bounds))
         if in_place:
-            assignment.concats[index] = kernel.copying(frozenset(in_place))
-    return assignment
+            self.assignment.concats[index] = kernel.copying(frozenset(in_place))
+
+    def _producer_writes_in_place(self, name: str, inputs: Sequence[str], rows_are_one: bool, reach: int) -> bool:
+        producer = self.made_by.get(name)
+        if producer is None or inputs.count(name) > 1 or name in self.graph_outputs or name in self.assignment.slots:
+            return False
+        maker = self.steps[producer]
+        mode = getattr(self._kernel(producer), "out_view", "")
+        if len(maker.outputs) != 1 or mode not in ("strided", "contiguous") or (mode == "contiguous" and not rows_are_one):
+            return False
+        if not all(_is_concat(self._kernel(r)) for r in self.readers[name]):
+            return False
+        return not self._crosses_onnxruntime(self.first_writer.get(name, producer), max(self.readers[name] + [reach]))
 
 
 def _address(array: Any) -> int:

@@ -27,6 +27,7 @@ class ReferenceElementwiseKernel(Kernel):
     """The numpy reference, run as the kernel of the CPU device: float64 arithmetic, float32 out."""
 
     nonfinite_exact = True  # IEEE arithmetic and the table's NaN-keeping activations: NaN and Inf as onnxruntime has them
+    in_views = True  # numpy and CuPy's elementwise kernels read any strided view (registry.Kernel)
 
     def __init__(self, spec: ElementwiseSpec, elements: int):
         self.spec, self._elements = spec, elements

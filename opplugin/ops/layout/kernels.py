@@ -353,6 +353,8 @@ class ConcatKernel(LayoutKernel):
     """Concat in one launch (concat_source's kernel). `copying(positions)` gives the same kernel
     for the other inputs only, where the producers of `positions` wrote their slices in place."""
 
+    in_views = True  # an input that is rows of contiguous runs (a slice of a Concat's buffer) is read in place
+
     def __init__(self, name: str, bytes_per_image: int, spec: Any, skip: frozenset[int] = frozenset()):
         super().__init__(name, bytes_per_image)
         self.spec, self.skip = spec, skip

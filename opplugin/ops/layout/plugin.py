@@ -32,6 +32,8 @@ def _bytes_per_image(node: NodeInfo) -> int:
 class ReferenceLayoutKernel(LayoutKernel):
     """The numpy reference as the CPU device's kernel; with `out=`, it writes the result there."""
 
+    in_views = True  # numpy reads any view (registry.Kernel)
+
     def __init__(self, name: str, bytes_per_image: int, compute: Callable[[Sequence[np.ndarray]], list[np.ndarray]],
                  flops_per_image: int = 0):
         super().__init__(name, bytes_per_image)

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from layout_cases import (CASES, channel_shuffle, concat_as_output, dense_block, i64, inception_like, nested_concats,
+from layout_cases import (CASES, INT_MAX, channel_shuffle, concat_as_output, dense_block, i64, inception_like, nested_concats,
                           random_feeds, single_node)
 from onnx_builders import save
 from opplugin.device import CPU, Device
@@ -308,3 +308,72 @@ def test_every_layout_kernel_compiles_with_nvrtc_without_spills(name, tmp_path):
             _cubin, log = compile_cubin(source, cuda.BASE_OPTIONS, "sm_90")
             usage = parse_ptxas_log(log, "sm_90")[function]
         assert usage.spill_stores == 0 and usage.stack_frame == 0, usage
+
+
+# --- random sweeps: the reference (the CPU device's kernels) and the CUDA kernels' index plans ------------------
+
+
+def _emulated_gather(x: np.ndarray, shape, base, strides) -> np.ndarray:
+    """What kernels/layout_gather.cu computes for a C-contiguous x: out[c] = x.flat[base + sum c_d * strides_d]."""
+    index = base + sum(np.indices(shape, dtype=np.int64)[d] * s for d, s in enumerate(strides)) if shape else np.int64(base)
+    return x.reshape(-1)[index] if x.size else np.zeros(shape, np.float32)
+
+
+def _random_slice(rng, shape):
+    axes = sorted(rng.choice(len(shape), size=rng.integers(1, len(shape) + 1), replace=False))
+    starts, ends, steps = [], [], []
+    for axis in axes:
+        extent = shape[axis]
+        step = int(rng.choice([1, 2, 3, -1, -2]))
+        start = int(rng.integers(-extent - 2, extent + 2))
+        end = int(rng.choice([rng.integers(-extent - 2, extent + 2), INT_MAX if step > 0 else -INT_MAX]))
+        starts.append(start), ends.append(end), steps.append(step)
+    return i64(*starts), i64(*ends), i64(*[a - len(shape) if rng.random() < 0.5 else a for a in axes]), i64(*steps)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_slices_and_transposes_match_onnxruntime_in_the_reference_and_in_the_kernels_index_plans(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 7, size=rng.integers(2, 6)))
+    perm = [0, *(1 + rng.permutation(len(shape) - 1))]
+    models = {"slice": single_node("Slice", [shape], constants=list(_random_slice(rng, shape))),
+              "transpose": single_node("Transpose", [shape], {"perm": [int(p) for p in perm]})}
+    for op, model in models.items():
+        plan = make_plan(load_model(save(model, tmp_path / f"{op}.onnx")), shape[0], CPU)
+        [step] = plan.steps
+        assert step.kind == "plugin", plan.fallbacks
+        feeds = random_feeds(model, shape[0], seed=seed)
+        expected = onnxruntime_outputs(model, feeds)[0]
+        np.testing.assert_array_equal(step.build(CPU)(list(feeds.values()))[0], expected)
+        spec, x = step.node.spec, feeds["x0"]
+        [(out_shape, base, strides)] = (slice_pieces(lambda s: [spec.slices(s)]) if op == "slice" else transpose_pieces(spec))(shape)
+        np.testing.assert_array_equal(_emulated_gather(x, out_shape, base, strides), expected)
+        if op == "transpose":  # the tiled kernel's view of it: merged axes, the same transpose
+            merged, merged_perm = layout_kernels.merged_axes(shape, spec.perm)
+            np.testing.assert_array_equal(np.transpose(x.reshape(merged), merged_perm).reshape(expected.shape), expected)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_pads_and_resizes_match_onnxruntime(seed, tmp_path):
+    rng = np.random.default_rng(100 + seed)
+    shape = (2, int(rng.integers(1, 4)), int(rng.integers(2, 9)), int(rng.integers(2, 9)))
+    mode = str(rng.choice(["constant", "reflect", "edge"]))
+    limit = [min(3, d - 1) if mode == "reflect" else 3 for d in shape]
+    low = -1 if mode == "constant" else 0
+    pads = [0, *(int(rng.integers(low, limit[a] + 1)) for a in (1, 2, 3))] * 2
+    pads[5] = int(rng.integers(0, limit[1] + 1))
+    pad = single_node("Pad", [shape], {"mode": mode}, constants=[i64(*pads), np.asarray([rng.normal()], np.float32)[:1].reshape(())])
+    resize_mode = str(rng.choice(["nearest", "linear"]))
+    attributes = {"mode": resize_mode, "coordinate_transformation_mode": str(rng.choice(
+        ["asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners"]))}
+    if resize_mode == "nearest":
+        attributes["nearest_mode"] = str(rng.choice(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]))
+    scales = np.asarray([1, 1, *rng.choice([0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 1.3], size=2)], np.float32)
+    resize = single_node("Resize", [shape], attributes, constants=[None, scales])
+    for name, model in [("pad", pad), ("resize", resize)]:
+        plan = make_plan(load_model(save(model, tmp_path / f"{name}.onnx")), 2, CPU)
+        [step] = plan.steps
+        assert step.kind == "plugin", plan.fallbacks
+        feeds = random_feeds(model, 2, seed=seed)
+        ours = step.build(CPU)([feeds["x0"]])[0]
+        assert_same(ours, onnxruntime_outputs(model, feeds)[0], linear=name == "resize")

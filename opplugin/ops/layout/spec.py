@@ -121,15 +121,16 @@ class SliceSpec:
 
 
 def _clamped(start: int, end: int, step: int, dim: int) -> tuple[int, int | None, int]:
-    """ONNX Slice's start and end for one axis, clamped as the operator says (to [0, dim] going
-    forward, [-1, dim - 1] going backward), as arguments of Python's slice."""
+    """ONNX Slice's start and end for one axis, clamped as the operator says (going forward both to
+    [0, dim]; going backward the start to [0, dim - 1], the end to [-1, dim - 1], -1 meaning before
+    the first element), as arguments of Python's slice."""
     start = start + dim if start < 0 else start
     end = end + dim if end < 0 else end
     if step > 0:
         return min(max(start, 0), dim), min(max(end, 0), dim), step
-    if start < 0:  # before the first element going backward: nothing
+    if dim == 0:
         return 0, 0, 1
-    start = min(start, dim - 1)
+    start = min(max(start, 0), dim - 1)
     end = min(max(end, -1), dim - 1)
     return start, (None if end < 0 else end), step
 
@@ -260,6 +261,8 @@ class ResizeSpec:
                 full_sizes[axis] = int(np.floor(shape[axis] * float(scale)))
         else:
             raise PluginError("neither scales nor sizes is given")
+        if tuple(full_sizes) == tuple(shape):  # the output's shape is the input's: a copy, whatever the scales, as onnxruntime does
+            full_scales = [1.0] * rank
         spec = cls(mode, coordinates, nearest, tuple(full_scales), tuple(full_sizes))
         if spec.resized_axes and spec.resized_axes[0] < rank - 2:
             raise PluginError(f"it resizes axes {list(spec.resized_axes)}; the kernel resizes the last two axes only")

@@ -43,6 +43,8 @@ DEFAULT_RTOL = 1e-3
 # Host memory one check chunk may take (see check_image_bytes): our kept tensors and
 # outputs, onnxruntime's, and onnxruntime's working set while it runs the chunk.
 DEFAULT_CHECK_BYTES = 1 << 30
+# ErrorStats remembers at most this many rows (images) holding a mismatch.
+MAX_BAD_ROWS = 64
 # ErrorStats compares at most this many elements at a time, so its float64
 # temporaries stay small whatever the size of the arrays it is given.
 COMPARE_BLOCK_ELEMENTS = 1 << 22
@@ -92,6 +94,8 @@ class ErrorStats:
         self.expected_squares = 0.0
         # NaN and +-Inf on each side, counted so that the report can say where they are
         self.specials = dict.fromkeys(SPECIAL_COUNT_KEYS, 0)
+        self.rows = 0  # rows of the first axis seen so far, over every piece
+        self.bad_rows: list[int] = []  # the first MAX_BAD_ROWS rows with an element out of tolerance
 
     def add(self, actual: np.ndarray, expected: np.ndarray) -> ErrorStats:
         if self.error is not None:
@@ -100,14 +104,15 @@ class ErrorStats:
             self.error = f"shape {list(actual.shape)} differs from onnxruntime's {list(expected.shape)}"
             return self
         if actual.ndim == 0 or actual.size <= COMPARE_BLOCK_ELEMENTS:
-            self._add_block(actual, expected)
-            return self
-        rows = max(1, COMPARE_BLOCK_ELEMENTS // max(1, actual.size // actual.shape[0]))
-        for start in range(0, actual.shape[0], rows):
-            self._add_block(actual[start:start + rows], expected[start:start + rows])
+            self._add_block(actual, expected, self.rows)
+        else:
+            rows = max(1, COMPARE_BLOCK_ELEMENTS // max(1, actual.size // actual.shape[0]))
+            for start in range(0, actual.shape[0], rows):
+                self._add_block(actual[start:start + rows], expected[start:start + rows], self.rows + start)
+        self.rows += actual.shape[0] if actual.ndim else 1
         return self
 
-    def _add_block(self, actual: np.ndarray, expected: np.ndarray) -> None:
+    def _add_block(self, actual: np.ndarray, expected: np.ndarray, first_row: int) -> None:
         a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
         nan_a, nan_e = np.isnan(a), np.isnan(e)
         finite = np.isfinite(e)
@@ -123,8 +128,11 @@ class ErrorStats:
         ref = np.abs(e)
         tolerance = self.atol * scale + self.rtol * ref
         self.actual_finite &= bool(np.all(np.isfinite(a)))
-        self.within &= bool(np.all(diff <= tolerance))
-        self.mismatches += int(np.count_nonzero(diff > tolerance))
+        over = diff > tolerance
+        self.within &= not bool(over.any())
+        self.mismatches += int(np.count_nonzero(over))
+        if over.any() and len(self.bad_rows) < MAX_BAD_ROWS:
+            self._note_bad_rows(over, finite, expected.shape, first_row)
         if diff.size:
             self.max_abs = _max(self.max_abs, float(diff.max()))
         meaningful = ref > self.atol
@@ -133,6 +141,18 @@ class ErrorStats:
         self.diff_squares += float(diff.dot(diff))
         self.expected_squares += float(e.dot(e))
         self.elements += int(expected.size)
+
+    def _note_bad_rows(self, over: np.ndarray, finite: np.ndarray, shape: tuple[int, ...], first_row: int) -> None:
+        """Remember which rows (images) hold elements out of tolerance, so that first_bad.py
+        re-runs the steps on images where they fail."""
+        if not shape:
+            rows = [first_row]
+        else:
+            full = over if over.size == finite.size else np.zeros(shape, bool)
+            if full is not over:
+                full[finite] = over
+            rows = [first_row + int(r) for r in np.flatnonzero(full.reshape(shape[0], -1).any(axis=1))]
+        self.bad_rows += rows[:MAX_BAD_ROWS - len(self.bad_rows)]
 
     def _count_specials(self, nan_a: np.ndarray, a: np.ndarray, nan_e: np.ndarray, inf_e: np.ndarray) -> None:
         self.specials["nan_ours"] += int(np.count_nonzero(nan_a))
@@ -176,6 +196,8 @@ class CheckResult:
     reference_accuracy: float | None = None
     chunks: int = 1  # check chunks the batch was compared in
     chunk_size: int = 0  # images in the largest of them
+    bad_rows: list[int] = field(default_factory=list)  # rows (images) where some comparison fails, the first MAX_BAD_ROWS
+    arbitrated: bool = False  # whether failing comparisons were judged against float64 (first_bad.arbitrate)
 
     @property
     def passed(self) -> bool:
@@ -317,6 +339,8 @@ def check(
             progress("check", rows.stop, batch)
 
     result = CheckResult(chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list))
+    every = [*stats.values(), *output_stats.values()]
+    result.bad_rows = sorted({row for figures in every for row in figures.bad_rows})[:MAX_BAD_ROWS]
     implementations = {step.name: step.implementation for step in plan.steps}
     for (step_name, name), figures in stats.items():
         record = {"tensor": name, "step": step_name, "implementation": implementations[step_name]}
@@ -365,10 +389,12 @@ def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = Fal
             rows.append([r["tensor"], r["step"], r["implementation"], "-", "-", "-", f"FAIL: {r['error']}"])
             continue
         errors = [f"{r[key]:.2e}" for key in ("max_abs_error", "max_rel_error", "rel_l2")]
-        rows.append([r["tensor"], r["step"], r["implementation"], *errors, "pass" if r["passed"] else "FAIL"])
+        verdict = ("pass*" if r.get("arbitration") else "pass") if r["passed"] else "FAIL"
+        rows.append([r["tensor"], r["step"], r["implementation"], *errors, verdict])
     header = ["tensor", "step", "implementation", "max abs", "max rel", "rel L2", "result"]
     lines = text_table(header, rows, right=(3, 4, 5), width=None if wide else LINE_WIDTH)
     lines += _special_lines(result.records, None if wide else NAME_WIDTH)
+    lines += _arbitration_lines(result.records, None if wide else NAME_WIDTH)
     lines += ["", f"Pass rule: every element meets {PASS_RULE}, {SCALE_RULE} (a: opplugin, b: onnxruntime),",
               "and NaN and Inf sit where onnxruntime has them;",
               "max rel is the largest |a - b| / |b| where |b| > atol, so it may exceed rtol where atol * s covers the difference."]
@@ -377,8 +403,22 @@ def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = Fal
     if result.accuracy is not None:
         lines.append(f"Test Accuracy: {result.accuracy:.4f}  (onnxruntime alone: {result.reference_accuracy:.4f})")
     verdict = "PASS" if result.passed else "FAIL"
-    lines.append(f"{verdict} at atol {atol:g}, rtol {rtol:g}")
+    arbitrated = sum(1 for r in result.records if r.get("arbitration"))
+    judged = f", {arbitrated} comparison{'s' if arbitrated > 1 else ''} passed by float64 arbitration (*)" if arbitrated else ""
+    lines.append(f"{verdict} at atol {atol:g}, rtol {rtol:g}{judged}")
     return "\n".join(lines)
+
+
+def _arbitration_lines(records: list[dict[str, Any]], name_width: int | None) -> list[str]:
+    """A line per comparison passed by float64 arbitration (first_bad.arbitrate), saying why."""
+    lines = [f"{elide_middle(r['tensor'], name_width)} ({elide_middle(r['step'], name_width)}): {r['arbitration']}"
+             for r in records if r.get("arbitration")]
+    if not lines:
+        return []
+    head = ("* beyond the tolerance of onnxruntime, but every plugin step, re-run alone on onnxruntime's inputs, is within "
+            "it, or within its op's FP32 bound of the float64 result, or no further from that than onnxruntime: "
+            "float32 rounding, not a wrong kernel:")
+    return ["", head, *("  " + line for line in lines)]
 
 
 def _special_lines(records: list[dict[str, Any]], name_width: int | None) -> list[str]:
@@ -399,13 +439,17 @@ CHECK_SCHEMA = "opplugin-check/1"
 # every comparison record carries these keys; those with no value are null ("error"
 # when the tensors could be compared, the figures when they could not)
 CHECK_RECORD_KEYS = ("tensor", "step", "implementation", "passed", "error", "max_abs_error", "max_rel_error", "rel_l2",
-                     "mismatches", "elements", *SPECIAL_COUNT_KEYS)
+                     "mismatches", "elements", *SPECIAL_COUNT_KEYS,
+                     # float64 arbitration (first_bad.py), where the check failed against onnxruntime
+                     "passed_against_onnxruntime", "float64_max_abs_opplugin", "float64_max_abs_onnxruntime", "arbitration")
 
 
 def build_check_report(result: CheckResult, plan: PlanRecord, atol: float, rtol: float,
-                       data: str | None = None) -> dict[str, Any]:
+                       data: str | None = None, steps_alone: dict[str, Any] | None = None) -> dict[str, Any]:
     """The comparison as plain data for `check --json`: the shared header (jsonout.py), the
-    tolerances, and one record per compared tensor. `plan` is the record the check ran."""
+    tolerances, one record per compared tensor, and where the check failed against
+    onnxruntime, each plugin step re-run alone with the first bad node
+    (first_bad.verdicts_as_json; null when the check passed outright). `plan` is the record the check ran."""
     return header(CHECK_SCHEMA, plan.device, plan.model.name, plan.batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
         "data": data,
@@ -418,4 +462,6 @@ def build_check_report(result: CheckResult, plan: PlanRecord, atol: float, rtol:
         "top1_agreement": result.top1_agreement,
         "accuracy": result.accuracy,
         "reference_accuracy": result.reference_accuracy,
+        "arbitrated_by_float64": result.arbitrated,
+        "steps_alone": steps_alone,
     }

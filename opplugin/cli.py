@@ -27,13 +27,12 @@ COUNT_FLAGS = {
     "check_chunk": ("--check-chunk", False),
 }
 TOLERANCE_FLAGS = {"atol": "--atol", "rtol": "--rtol"}
-# options naming a file the command writes
-OUTPUT_FILE_FLAGS = {"json": "--json", "csv": "--csv", "trace": "--trace"}
 
 
 def check_args(args: argparse.Namespace) -> None:
     """InputError for the first flag whose value cannot work, naming its own value."""
     from .errors import positive_int
+    from .file_guard import check_files
 
     for dest, (flag, allow_zero) in COUNT_FLAGS.items():
         if getattr(args, dest, None) is not None:
@@ -42,25 +41,32 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, dest, None)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise InputError(f"{flag} must be a finite number of at least 0, got {value:g}")
-    check_output_files(args)
+    check_data_flags(args)
+    check_files(args)  # outputs writable, and none of them a file the command reads
 
 
-def check_output_files(args: argparse.Namespace) -> None:
-    """Every file option must name a writable file, no two the same, none the model."""
-    from .files import check_writable
+def check_data_flags(args: argparse.Namespace) -> None:
+    """The data flags that exclude each other, or need another."""
+    from .user_inputs import parse_input_shapes, parse_pair
 
-    seen: dict[str, str] = {}
-    model = getattr(args, "model", None)
-    if model and os.path.isfile(model):
-        seen[os.path.realpath(model)] = "the model"
-    for dest, flag in OUTPUT_FILE_FLAGS.items():
-        path = getattr(args, dest, None)
-        if path is None:
-            continue
-        where = os.path.realpath(check_writable(path, flag))
-        if where in seen:
-            raise InputError(f"{flag} {path} is the same file as {seen[where]}; give each output its own file")
-        seen[where] = flag
+    given = [flag for dest, flag in (("load_inputs", "--load-inputs"), ("images", "--images")) if getattr(args, dest, None)]
+    if getattr(args, "data", "auto") != "auto":
+        given.append(f"--data {args.data}")
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} both say where the inputs come from; give one")
+    image_flags = [flag for dest, flag in (("resize", "--resize"), ("mean", "--mean"), ("std", "--std")) if getattr(args, dest, None)]
+    if image_flags and not getattr(args, "images", None):
+        raise InputError(f"{', '.join(image_flags)} apply to --images FOLDER")
+    if getattr(args, "keep", None) and not getattr(args, "save_outputs", None):
+        raise InputError("--keep names tensors for --save-outputs FILE.npz; give that file too")
+    parse_input_shapes(getattr(args, "input_shape", None))
+    parse_pair(getattr(args, "resize", None), "--resize")
+
+
+def refuse_cuda_graphs_without_gpu(args: argparse.Namespace, device) -> None:
+    """--cuda-graphs typed on a machine whose plugin steps run on the CPU: there is nothing to capture."""
+    if getattr(args, "cuda_graphs", None) is True and not device.is_cuda:
+        raise InputError("--cuda-graphs needs a CUDA device; here plugin steps run the numpy reference on the CPU")
 
 
 # `run` and `check` time this many runs after this many untimed ones: on a GPU for medians,
@@ -93,9 +99,24 @@ def _add_common(parser: argparse.ArgumentParser, batch_help: str) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default %(default)s)")
     parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
     parser.add_argument("--streams", type=int, help=f"chunks in flight at once on a GPU (default {DEFAULT_STREAMS})")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="replay each run of plugin steps as one CUDA graph after the first pass (less host time per step; one time per graph)")
+    # None when neither flag is typed (graphs on where there is a GPU); True only when --cuda-graphs is
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                        help="replay each run of plugin steps as one CUDA graph after the first pass: less host time per step, "
+                             "each step still timed (default on a GPU; --no-cuda-graphs runs every step eagerly)")
     parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
+    parser.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
+                        help="fix an input's free dimensions, e.g. input:Nx3x224x224 (N leaves the batch free; a number fixes it)")
+
+
+def _add_data(parser: argparse.ArgumentParser) -> None:
+    """A user's own inputs and outputs, for run and check."""
+    parser.add_argument("--load-inputs", metavar="FILE", help="inputs from a .npz file (an array per input name) or a .npy file (one-input models)")
+    parser.add_argument("--images", metavar="FOLDER", help="inputs from the PNG and JPEG files of a folder, in name order (needs Pillow)")
+    parser.add_argument("--resize", metavar="H,W", help="with --images: resize each image to H x W (default: the model's input size)")
+    parser.add_argument("--mean", metavar="M[,M,M]", help="with --images: subtracted per channel after scaling pixels to [0, 1] (default 0)")
+    parser.add_argument("--std", metavar="S[,S,S]", help="with --images: divided per channel after the mean (default 1)")
+    parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the graph's outputs (and --keep tensors) to a .npz file")
+    parser.add_argument("--keep", action="append", metavar="TENSOR", help="with --save-outputs: also save this tensor (one that leaves a step)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,13 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_parser(commands, batch_help: str) -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the swapped model and print the per-op timing report")
     _add_common(run, batch_help)
+    _add_data(run)
     gpu, cpu = RUN_TIMING["gpu"], RUN_TIMING["cpu"]
     run.add_argument("--repeat", type=int,
                      help=f"timed runs; the report gives medians (default {gpu['repeat']} on a GPU, {cpu['repeat']} on the CPU)")
     run.add_argument("--warmup", type=int, help=f"untimed runs first (default {gpu['warmup']} on a GPU, {cpu['warmup']} on the CPU)")
     run.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
-    run.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV")
+    run.add_argument("--json", metavar="FILE", help="also write the report as JSON (- for standard output)")
+    run.add_argument("--csv", metavar="FILE", help="also write the step table as CSV (- for standard output)")
     run.add_argument("--trace", metavar="FILE",
                      help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
     return run
@@ -134,18 +156,19 @@ def _check_parser(commands, batch_help: str) -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="compare the swapped model with onnxruntime, step by step")
     _add_common(check, batch_help)
+    _add_data(check)
     check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
     check.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
     check.add_argument("--check-chunk", type=int, metavar="N",
                        help=f"images compared with onnxruntime at a time (default: as many as fit in {DEFAULT_CHECK_BYTES >> 30} GiB of host memory)")
-    check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
+    check.add_argument("--json", metavar="FILE", help="also write the comparison as JSON (- for standard output)")
     return check
 
 
 def _plan_parser(commands) -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="show how the model is split into plugin and onnxruntime steps")
     _add_common(plan, "the model's own fixed batch, else 1")
-    plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
+    plan.add_argument("--json", metavar="FILE", help="also write the plan as JSON (- for standard output)")
     return plan
 
 
@@ -198,20 +221,17 @@ def _add_user_kernel_options(commands, **parsers) -> None:
     add_new_command(commands)
 
 
-def _user_registry(args, device, *, poison: bool = False, cpu_note: bool = False):
+def _user_registry(args, device, *, poison: bool = False):
     """The registry with the --kernel files in place of the built-in plugins (None without --kernel);
-    `poison` fills their outputs with NaN before each call (check), `cpu_note` says so when they cannot run here."""
-    from .user_kernel_tools.cli_support import say_cpu_note, user_sources
+    `poison` fills their outputs with NaN before each call (check)."""
+    from .user_kernel_tools.cli_support import user_sources
     from .user_kernels import user_registry
     from .user_kernels.flags import parse_kernels
 
     kernels = parse_kernels(getattr(args, "kernel", None))
     if not kernels:
         return None
-    registry = user_registry(user_sources(kernels), poison=poison)
-    if cpu_note:
-        say_cpu_note(registry, device)
-    return registry
+    return user_registry(user_sources(kernels), poison=poison)
 
 
 def _kernel_loops(args, *, poison: bool) -> int | None:
@@ -229,27 +249,40 @@ def _kernel_loops(args, *, poison: bool) -> int | None:
     if not args.watch:
         return None
     loaded = _load(args)
+    inputs = _inputs(args, loaded, pinned=loaded.device.is_cuda) if loaded.feeds is not None else None
     return watch_kernels(args, loaded.model, loaded.device, loaded.batch,
-                         lambda: _make_runner(args, loaded, poison=poison), kernels)
+                         lambda: _make_runner(args, loaded, poison=poison), kernels, inputs=inputs)
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A command's model, its device and the batch it runs (see model.choose_batch)."""
+    """A command's model, its device, the batch it runs (see model.choose_batch), and the
+    user's own feeds (--load-inputs, --images) when given."""
 
     model: Any
     device: Any
     batch: int
+    feeds: dict[str, Any] | None = None
+    source: str | None = None
 
 
 def _load(args, free_batch_default: int | None = None) -> Loaded:
-    """The model, its device and the batch the command runs; a stderr line says where that
-    batch came from when the user gave none and the model is not a shipped one."""
+    """The model (with --input-shape and the user's data fixing its free sizes), its device
+    and the batch the command runs; a stderr line says where that batch came from when the
+    user gave none and the model is not a shipped one."""
     from .device import select_device
     from .model import SHIPPED_MODELS, choose_batch, load_model
+    from .user_inputs import fix_input_shapes, parse_input_shapes, require_runnable_inputs
 
     model = load_model(args.model)
+    fix_input_shapes(model, parse_input_shapes(getattr(args, "input_shape", None)))
+    feeds, source = _user_feeds(args, model)
+    require_runnable_inputs(model)
     device = select_device(args.device)
+    refuse_cuda_graphs_without_gpu(args, device)
+    if feeds is not None:
+        batch = _batch_of(args, model, feeds)
+        return Loaded(model, device, batch, _pinned(feeds, device), source)
     batch = choose_batch(model, args.batch, device, default=free_batch_default)
     if args.batch is None and model.fixed_batch is not None:
         print(f"Batch {batch}: {model.name}'s fixed batch", file=sys.stderr)
@@ -258,14 +291,78 @@ def _load(args, free_batch_default: int | None = None) -> Loaded:
     return Loaded(model, device, batch)
 
 
+def _user_feeds(args, model) -> tuple[dict[str, Any] | None, str | None]:
+    """The feeds of --load-inputs or --images, and where they came from (None, None without them)."""
+    from .user_inputs import ImageOptions, load_feeds, load_images
+
+    if getattr(args, "load_inputs", None):
+        return load_feeds(args.load_inputs, model), f"--load-inputs {args.load_inputs}"
+    if getattr(args, "images", None):
+        feeds = load_images(ImageOptions(args.images, args.resize, args.mean, args.std), model)
+        return feeds, f"--images {args.images}, {next(iter(feeds.values())).shape[0]} images"
+    return None, None
+
+
+def _batch_of(args, model, feeds: dict[str, Any]) -> int:
+    """The batch the user's data holds; --batch, when given, must say the same."""
+    batch = int(feeds[model.batch_input.name].shape[0])
+    if args.batch is not None and args.batch != batch:
+        raise InputError(f"--batch {args.batch}: the inputs given hold a batch of {batch}; leave --batch out or give {batch}")
+    return batch
+
+
+def _pinned(feeds: dict[str, Any], device) -> dict[str, Any]:
+    """On a GPU the feeds go to pinned memory, so the run copies them by DMA without staging."""
+    if not device.is_cuda:
+        return feeds
+    from .data import pinned_copy
+
+    return {name: pinned_copy(array) for name, array in feeds.items()}
+
+
+def _inputs(args, loaded: Loaded, pinned: bool):
+    """The run's feeds: the user's own, else the bundled test set or random data (--data)."""
+    from .data import Inputs, make_inputs
+
+    if loaded.feeds is not None:
+        return Inputs(loaded.feeds, None, loaded.source, pinned)
+    return make_inputs(loaded.model, loaded.batch, args.data, args.seed, pinned=pinned)
+
+
 def _make_runner(args, loaded: Loaded, *, poison: bool = False):
-    """A runner of a loaded model, with the flags' variant, chunk, streams and kernels."""
+    """A runner of a loaded model, with the flags' variant, chunk, streams and kernels; without a
+    GPU the --kernel sources are compiled all the same (NVRTC alone), so their errors show here too."""
     from .runtime import Runner
+    from .user_kernel_tools.cli_support import compile_without_gpu, say_cpu_note
 
     variants = {"Conv": args.variant} if args.variant else None
-    registry = _user_registry(args, loaded.device, poison=poison, cpu_note=True)
-    return Runner(loaded.model, loaded.batch, loaded.device, variants, registry, chunk=args.chunk, streams=args.streams,
-                  cuda_graphs=args.cuda_graphs)
+    registry = _user_registry(args, loaded.device, poison=poison)
+    runner = Runner(loaded.model, loaded.batch, loaded.device, variants, registry, chunk=args.chunk, streams=args.streams,
+                    cuda_graphs=args.cuda_graphs is not False)
+    if registry is not None and not runner.device.is_cuda:
+        compile_without_gpu(runner.plan, registry)
+        say_cpu_note(registry, runner.device)
+    return runner
+
+
+def _check_keep(runner, keep: list[str] | None) -> None:
+    """--keep names a tensor that a run hands back: a graph input, or a tensor that leaves a step
+    (the runner's own rule), checked before the run starts."""
+    plan = runner.plan
+    crossing = {value.name for value in plan.model.inputs} | {name for step in plan.steps for name in step.outputs}
+    hidden = [name for name in keep or () if name not in crossing]
+    if hidden:
+        raise InputError(f"--keep {', '.join(hidden)}: only inputs and tensors that leave a step can be kept "
+                         f"({', '.join(sorted(crossing))})")
+
+
+def _save_outputs(args, outputs: dict[str, Any]) -> None:
+    """--save-outputs: the graph's outputs and the --keep tensors, one .npz file."""
+    if args.save_outputs:
+        from .user_inputs import save_arrays
+
+        save_arrays(args.save_outputs, outputs)
+        print(f"Saved {', '.join(outputs)} to {args.save_outputs}", file=sys.stderr)
 
 
 # Runs of at least this many chunks in all report progress even when stderr is not a terminal.
@@ -290,7 +387,6 @@ def _write_json(path: str, payload: dict) -> None:
 def cmd_run(args) -> int:
     from . import report as reports
     from .check import agreement, top1
-    from .data import make_inputs
     from .files import write_atomic
 
     looped = _kernel_loops(args, poison=False)
@@ -300,7 +396,8 @@ def cmd_run(args) -> int:
     runner = _make_runner(args, loaded)
     model, batch, on_gpu = loaded.model, loaded.batch, runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
-    inputs = make_inputs(model, batch, args.data, args.seed, pinned=on_gpu)
+    inputs = _inputs(args, loaded, pinned=on_gpu)
+    _check_keep(runner, args.keep)
     if not on_gpu:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     if inputs.random_weights:
@@ -310,9 +407,10 @@ def cmd_run(args) -> int:
     repeat = timing["repeat"] if args.repeat is None else args.repeat
     bar = _progress(runner, batch, warmup + repeat)
     try:
-        profile = runner.profile(inputs.feeds, warmup, repeat, progress=bar)
+        profile = runner.profile(inputs.feeds, warmup, repeat, keep=tuple(args.keep or ()), progress=bar)
     finally:
         bar.close()
+    _save_outputs(args, profile.result.outputs | profile.result.kept)
 
     extra = {"data": inputs.source}
     ours = profile.result.outputs[model.outputs[0]]
@@ -349,7 +447,6 @@ def _warn_cpu_provider(profile) -> None:
 
 def cmd_check(args) -> int:
     from .check import build_check_report, check, check_chunks, format_check
-    from .data import make_inputs
     from .progress import ProgressBar
 
     looped = _kernel_loops(args, poison=True)
@@ -358,7 +455,8 @@ def cmd_check(args) -> int:
     loaded = _load(args)
     runner = _make_runner(args, loaded, poison=True)
     model, batch = loaded.model, loaded.batch
-    inputs = make_inputs(model, batch, args.data, args.seed, pinned=runner.device.is_cuda)
+    inputs = _inputs(args, loaded, pinned=runner.device.is_cuda)
+    _check_keep(runner, args.keep)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
     print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
     plan = runner.describe(batch)
@@ -370,37 +468,67 @@ def cmd_check(args) -> int:
     # there are enough passes for the quarters to fall in different ones
     bar = ProgressBar(sys.stderr, plain_lines=len(passes) >= 4)
     try:
-        result = check(runner.run, plan, inputs.feeds, inputs.labels, args.atol, args.rtol, chunk=passes[0].stop, progress=bar)
+        saved = SavedPieces(runner.run, model.outputs, tuple(args.keep or ())) if args.save_outputs else None
+        result = check(saved.run if saved else runner.run, plan, inputs.feeds, inputs.labels, args.atol, args.rtol, chunk=passes[0].stop, progress=bar)
     finally:
         bar.close()
-    print(format_check(result, args.atol, args.rtol, args.wide))
-    if not result.passed:
-        from .first_bad import ISOLATION_IMAGES, format_verdicts, isolate_steps
+    if saved is not None:
+        _save_outputs(args, saved.arrays())
+    verdicts, steps_alone = None, None
+    if not result.passed:  # each step alone, judged by float64 where it differs from onnxruntime
+        from .first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
 
-        print()
         verdicts = isolate_steps(runner, inputs.feeds, result, args.atol, args.rtol)
+        arbitrate(result, verdicts)
+        steps_alone = verdicts_as_json(verdicts, min(ISOLATION_IMAGES, batch))
+    print(format_check(result, args.atol, args.rtol, args.wide))
+    if verdicts is not None:
+        print()
         print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch)))
     if args.json:
-        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source))
+        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source, steps_alone))
     return 0 if result.passed else 1
+
+
+class SavedPieces:
+    """A runner's run, for check, that also keeps the graph outputs and `keep` of each piece
+    it is given, for --save-outputs (the pieces are consecutive rows of the batch)."""
+
+    def __init__(self, run, outputs: list[str], keep: tuple[str, ...]):
+        self._run, self.keep = run, keep
+        self.names = tuple(dict.fromkeys((*outputs, *keep)))
+        self.pieces: list[dict[str, Any]] = []
+
+    def run(self, feeds, keep=(), **options):
+        result = self._run(feeds, keep=tuple(dict.fromkeys((*keep, *self.keep))), **options)
+        found = result.outputs | result.kept
+        self.pieces.append({name: found[name] for name in self.names})
+        return result
+
+    def arrays(self) -> dict[str, Any]:
+        import numpy as np
+
+        if len(self.pieces) == 1:
+            return self.pieces[0]
+        return {name: np.concatenate([piece[name] for piece in self.pieces]) for name in self.names}
 
 
 def cmd_plan(args) -> int:
     from .plan import make_plan
     from .plan_report import build_plan_report, format_plan
     from .runtime.describe import record_plan_alone
-    from .user_kernel_tools.cli_support import plan_lines
+    from .user_kernel_tools.cli_support import compile_user_kernels, plan_lines
 
     loaded = _load(args, free_batch_default=1)
     registry = _user_registry(args, loaded.device)
     plan = make_plan(loaded.model, loaded.batch, loaded.device, registry)
-    user_lines = plan_lines(plan, registry or {})  # compiles the --kernel files: their errors come before any output
+    uses = compile_user_kernels(plan, registry)  # compiles the --kernel files: their errors come before any output
     record = record_plan_alone(plan, {"Conv": args.variant} if args.variant else None)
     print(format_plan(record, args.wide))
-    if user_lines:
-        print("\n".join(user_lines))
+    if uses:
+        print("\n".join(plan_lines(plan, registry, uses)))
     if args.json:
-        _write_json(args.json, build_plan_report(record))
+        _write_json(args.json, build_plan_report(record, [use.as_json() for use in uses]))
     return 0
 
 
@@ -446,15 +574,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
-        from .ort_builds import both_builds_warning, require_onnxruntime
+        from .file_guard import stdout_outputs
+        from .files import human_text_to_stderr
 
-        require_onnxruntime()
-        if (both := both_builds_warning()) is not None:
-            print(f"opplugin: warning: {both}", file=sys.stderr)
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business
-        return COMMANDS[args.command](args)
+        if not stdout_outputs(args):
+            return _run_command(args)
+        with human_text_to_stderr():  # the report is standard output's: the rest goes to stderr
+            return _run_command(args)
+    except BrokenPipeError:
+        return _closed_pipe()
     except OpPluginError as err:
         # the first line says it all; what follows (a compiler's log) is detail
         print(err if getattr(err, "located", False) else f"opplugin: error: {err}", file=sys.stderr)
@@ -474,6 +602,36 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("opplugin: interrupted", file=sys.stderr)
         return 130
+
+
+def _run_command(args) -> int:
+    from .ort_builds import both_builds_warning, require_onnxruntime
+
+    require_onnxruntime()
+    if (both := both_builds_warning()) is not None:
+        print(f"opplugin: warning: {both}", file=sys.stderr)
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # errors only: provider-discovery warnings are not the user's business
+    status = COMMANDS[args.command](args)
+    sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at the interpreter's exit
+    return status
+
+
+# The exit status of a command whose reader closed standard output (`opplugin check | head -1`):
+# 128 + SIGPIPE, as a Unix tool killed by the signal reports it to the shell.
+CLOSED_PIPE = 141
+
+
+def _closed_pipe() -> int:
+    """The reader of standard output has gone: stop quietly. Standard output then points at
+    /dev/null, so that the interpreter's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        pass
+    return CLOSED_PIPE
 
 
 # Exit status of a failure opplugin did not foresee: not 1, which scripts read as a failed comparison.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import weakref
 from typing import Any, Callable, Mapping, Sequence
@@ -99,6 +100,53 @@ def elapsed_ms(start, end) -> float:
     import cupy
 
     return cupy.cuda.get_elapsed_time(start, end)
+
+
+# cudaEventRecordExternal (CU_EVENT_RECORD_EXTERNAL): recorded during a stream capture, the event
+# becomes a node of the graph, recorded again at each replay, rather than a capture-time dependency
+EVENT_RECORD_EXTERNAL = 1
+
+
+def record_in_capture(event, stream) -> None:
+    """Records `event` on `stream`, which is capturing a CUDA graph, as an event-record node of
+    that graph: after each replay the event holds the time the replay reached this point, so
+    two such events time the work captured between them."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    if hasattr(runtime, "eventRecordWithFlags"):
+        runtime.eventRecordWithFlags(event.ptr, stream.ptr, EVENT_RECORD_EXTERNAL)
+        return
+    status = _driver_event_record_with_flags()(event.ptr, stream.ptr, EVENT_RECORD_EXTERNAL)
+    if status:
+        raise RuntimeError(f"cuEventRecordWithFlags failed with CUresult {status}")
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_event_record_with_flags():
+    """The driver's cuEventRecordWithFlags, for a CuPy whose runtime module lacks the call. The
+    driver library is the one CuPy's runtime runs on, so its events and streams are ours; going
+    through cuda-bindings' runtime instead would load a CUDA runtime of its own major version."""
+    import ctypes
+
+    library = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+    function = library.cuEventRecordWithFlags
+    function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function
+
+
+def can_record_in_capture() -> str | None:
+    """None when events can be recorded inside a captured graph (record_in_capture), else why not."""
+    import cupy
+
+    if hasattr(cupy.cuda.runtime, "eventRecordWithFlags"):
+        return None
+    try:
+        _driver_event_record_with_flags()
+    except (OSError, AttributeError) as err:
+        return f"no cudaEventRecordWithFlags in CuPy and none in the CUDA driver library ({err})"
+    return None
 
 
 def synchronize() -> None:

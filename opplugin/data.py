@@ -198,6 +198,15 @@ def _empty(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
     return cuda.pinned_empty(shape, np.float32) if pinned else np.empty(shape, np.float32)
 
 
+def pinned_copy(array: np.ndarray) -> np.ndarray:
+    """A float32 array's copy in page-locked memory (the array itself where there is no GPU)."""
+    if not cuda.is_available():
+        return array
+    pinned = cuda.pinned_empty(array.shape, array.dtype)
+    np.copyto(pinned, array)
+    return pinned
+
+
 def make_inputs(model: Model, batch: int, source: str = "auto", seed: int = 0, pinned: bool = False) -> Inputs:
     """`batch` images for `model`: the bundled Fashion-MNIST test set resized to the input
     (source "fashion-mnist", the default for shipped models) or seeded random data

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
+from typing import Iterator, TextIO
 
 from .errors import InputError
 
@@ -26,16 +29,40 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~_umask()
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk, then rename it
-    over `path`. On any failure the old file (if any) is left whole and the temporary
-    one is removed."""
+# `-` as a report's path: standard output (file_guard allows it for --json and --csv)
+STDOUT = "-"
+# where a report named `-` goes: standard output as it was before human_text_to_stderr
+_report_stream: TextIO | None = None
+
+
+@contextmanager
+def human_text_to_stderr() -> Iterator[None]:
+    """While a report goes to standard output, what the command prints for people goes to stderr."""
+    global _report_stream
+    _report_stream = sys.stdout
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _report_stream = None
+
+
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Write `text` (or bytes) to a temporary file beside `path`, flush it to disk, then
+    rename it over `path`. On any failure the old file (if any) is left whole and the
+    temporary one is removed. The path `-` writes the text to standard output."""
+    if str(path) == STDOUT and isinstance(text, str):
+        stream = _report_stream or sys.stdout
+        stream.write(text)
+        stream.flush()
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(handle, _mode_for(path))
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        binary = isinstance(text, bytes)
+        with os.fdopen(handle, "wb" if binary else "w", encoding=None if binary else "utf-8") as stream:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())

@@ -5,8 +5,8 @@ Every report starts with these five keys, in this order:
 
 - `schema`: the file's kind and version, bumped whenever its keys change:
   "opplugin-run/3" (`run --json`), "opplugin-check/1" (`check --json`),
-  "opplugin-plan/3" (`plan --json`), "opplugin-bench/2" (`bench --json`),
-  "opplugin-tune/1" (`tune --json`), "opplugin-bench-e2e/1" (`bench --e2e --json`). The trace that `run --trace` writes is in
+  "opplugin-plan/4" (`plan --json`), "opplugin-bench/2" (`bench --json`),
+  "opplugin-tune/1" (`tune --json`), "opplugin-bench-e2e/3" (`bench --e2e --json`). The trace that `run --trace` writes is in
   the Chrome trace-event format; it carries the same header, schema
   "opplugin-trace/1", under its "otherData" key.
 - `opplugin_version`: the version that wrote the file.

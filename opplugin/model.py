@@ -1,9 +1,7 @@
 """Loading and validating ONNX models, and shape inference for a given batch."""
 from __future__ import annotations
 
-import copy
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +11,8 @@ from onnx import helper, numpy_helper, shape_inference
 from .errors import InputError, ModelError, first_line, positive_int
 from .registry import NodeInfo, TensorInfo
 from .resources import models_dir
-from .simplify import Simplification, simplify
+from .simplify import Simplification, simplify_apart
+from .skeleton import copy_without_initializers, skeleton, with_initializers
 
 SHIPPED_MODELS = ("lenet86", "ece408_high", "mlp_onehidden")
 
@@ -36,24 +35,31 @@ def resolve_model_path(model: str | Path) -> Path:
     return path
 
 
-@dataclass
 class Model:
     """A validated ONNX model. The batch is the first axis of every graph input.
     `proto` is what runs (simplified at load); `original` is the graph as the file
     gave it, which `check` runs in onnxruntime as the reference (the same as `proto`
-    when none is given)."""
+    when none is given).
 
-    proto: onnx.ModelProto
-    name: str
-    original: onnx.ModelProto | None = None
-    simplification: Simplification = field(default_factory=Simplification)
+    Given `weights`, `proto` is bare (carries none of its initializers, see
+    skeleton.py) and `weights` are its initializers as arrays: the weights then exist
+    once as arrays (and in `original`), and the whole simplified proto is made only
+    where something asks for it."""
 
-    def __post_init__(self) -> None:
-        if self.original is None:
-            self.original = self.proto
-        graph = self.proto.graph
+    def __init__(self, proto: onnx.ModelProto, name: str, original: onnx.ModelProto | None = None,
+                 simplification: Simplification | None = None, *, weights: dict[str, np.ndarray] | None = None):
+        self.name = name
+        self.simplification = simplification or Simplification()
+        self._bare = proto if weights is not None else copy_without_initializers(proto)
+        self._whole = None if weights is not None else proto
+        if original is not None and not self.simplification.changed:
+            self._whole = original  # what simplifying left alone is the graph as loaded
+        self.original = original if original is not None else self.proto
+        graph = self._bare.graph
         name_unnamed_nodes(graph)
-        self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        if weights is None:
+            weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+        self.initializers: dict[str, np.ndarray] = weights
         self.inputs: list[onnx.ValueInfoProto] = [i for i in graph.input if i.name not in self.initializers]
         self.outputs: list[str] = [o.name for o in graph.output]
         self._inferred: dict[int, dict[str, TensorInfo]] = {}  # batch -> infer(batch)
@@ -65,6 +71,18 @@ class Model:
                 )
             if not value.type.tensor_type.HasField("shape"):
                 raise ModelError(f"{self.name}: input {value.name!r} has no shape")
+
+    @property
+    def proto(self) -> onnx.ModelProto:
+        """The whole model, weights included (made on first use when the model holds them as arrays)."""
+        if self._whole is None:
+            self._whole = with_initializers(self._bare, self.initializers)
+        return self._whole
+
+    @property
+    def bare(self) -> onnx.ModelProto:
+        """The model without its initializers (see skeleton.py): opset, IR version, graph structure."""
+        return self._bare
 
     @property
     def fixed_batch(self) -> int | None:
@@ -85,12 +103,22 @@ class Model:
     def weight_inputs(self) -> list[str]:
         """Graph inputs that a Conv reads as its weights or bias: a run fills them with data too."""
         names = {v.name for v in self.inputs}
-        read = [n for node in self.proto.graph.node if node.op_type == "Conv" for n in node.input[1:3]]
+        read = [n for node in self._bare.graph.node if node.op_type == "Conv" for n in node.input[1:3]]
         return [n for n in dict.fromkeys(read) if n in names]
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
-        return list(self.proto.graph.node)
+        return list(self._bare.graph.node)
+
+    def set_input_sizes(self, sizes: dict[str, dict[int, int]]) -> None:
+        """Give graph inputs' free axes a size ({input: {axis: size}}), in the graph that runs, the
+        whole model if made, and the graph as loaded; shapes inferred before are forgotten."""
+        graphs = {id(g): g for g in (self._bare.graph, self.original.graph, *([self._whole.graph] if self._whole else []))}
+        for graph in graphs.values():
+            for value in graph.input:
+                for axis, size in sizes.get(value.name, {}).items():
+                    value.type.tensor_type.shape.dim[axis].dim_value = size
+        self._inferred.clear()
 
     def input_shape(self, name: str | None = None) -> tuple[int | str, ...]:
         """The declared shape of an input: ints, or names for symbolic axes."""
@@ -113,19 +141,14 @@ class Model:
         raise InputError(f"{self.name} has no input {name!r}; its inputs are {[i.name for i in self.inputs]}")
 
     def with_batch(self, batch: int) -> onnx.ModelProto:
-        """A copy whose graph inputs with a symbolic (or unset) first axis have `batch` there.
-        Inputs with a fixed first axis (weights fed as inputs, say) keep it; a model
-        whose inputs are all fixed runs only at its own batch."""
+        """The model's skeleton (see skeleton.py) whose graph inputs with a symbolic (or unset)
+        first axis have `batch` there. Inputs with a fixed first axis (weights fed as inputs,
+        say) keep it; a model whose inputs are all fixed runs only at its own batch."""
         batch = positive_int(batch, "batch")
-        proto = copy.deepcopy(self.proto)
-        inputs = [v for v in proto.graph.input if v.name not in self.initializers]
-        batched = [v for v in inputs if not v.type.tensor_type.shape.dim[0].HasField("dim_value")]
-        if not batched and self.fixed_batch != batch:
+        if self.fixed_batch is not None and self.fixed_batch != batch:
             fixed = self.fixed_batch
             raise InputError(f"{self.name}: input {self.batch_input.name!r} has a fixed batch of {fixed}; run it with batch {fixed}")
-        for value in batched:
-            value.type.tensor_type.shape.dim[0].dim_value = batch
-        return proto
+        return skeleton(self._bare, self.initializers, batch)
 
     def input_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         """The shape of each graph input at this batch."""
@@ -158,8 +181,9 @@ class Model:
         """Every node as plugins see it; pass `tensors` from `infer(batch)` to skip inferring again."""
         tensors = self.infer(batch) if tensors is None else tensors
         missing = TensorInfo("", (), np.dtype(np.float32))
+        opset = next((o.version for o in self._bare.opset_import if o.domain in ("", "ai.onnx")), 0)
         infos = []
-        for node in self.proto.graph.node:
+        for node in self._bare.graph.node:
             infos.append(
                 NodeInfo(
                     node=node,
@@ -167,6 +191,7 @@ class Model:
                     outputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) for n in node.output],
                     attributes={a.name: helper.get_attribute_value(a) for a in node.attribute},
                     constants={n: self.initializers[n] for n in node.input if n in self.initializers},
+                    opset=opset,
                 )
             )
         return infos
@@ -263,23 +288,24 @@ def load_model(model: str | Path) -> Model:
     except onnx.checker.ValidationError as err:
         raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
     name_unnamed_nodes(proto.graph)  # before simplifying, so a node has the same name in both graphs
-    simplified, done = _simplified(proto, path)
-    return Model(simplified, display_name(path, proto), original=proto, simplification=done)
+    bare, constants, done = _simplified(proto, path)
+    return Model(bare, display_name(path, proto), original=proto, simplification=done, weights=constants)
 
 
 class SimplificationWarning(UserWarning):
     """Load-time simplification failed; the model runs as loaded."""
 
 
-def _simplified(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, Simplification]:
-    """The simplified graph, checked by onnx's checker; the graph as loaded (after one
-    warning) if simplifying fails: a model that runs unsimplified beats one that cannot load."""
+def _simplified(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
+    """The simplified graph without its initializers, checked by onnx's checker, and its
+    initializers as arrays; the graph as loaded (after one warning) if simplifying fails: a
+    model that runs unsimplified beats one that cannot load."""
     try:
-        simplified, done = simplify(proto)
+        bare, constants, done = simplify_apart(proto)
         if done.changed:
-            onnx.checker.check_model(simplified, full_check=False)
-        return simplified, done
+            onnx.checker.check_model(skeleton(bare, constants), full_check=False)
+        return bare, constants, done
     except Exception as err:  # any failure here is ours, not the model's
         warnings.warn(f"opplugin: {path}: graph simplification failed, running the graph as loaded: {first_line(err)}",
                       SimplificationWarning, stacklevel=3)
-        return proto, Simplification()
+        return copy_without_initializers(proto), {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}, Simplification()

@@ -65,6 +65,22 @@ def _nvrtc():
     return nvrtc
 
 
+# NVRTC's fast-compile mode (CUDA 12.8 on): the same front end and ptxas, less optimisation.
+# A compile that only shows whether a source compiles takes it: 5 to 40 times quicker on
+# unrolled kernels; its register and spill figures are not those of a full build.
+FAST_COMPILE_OPTIONS: tuple[str, ...] = ("--Ofast-compile=max",)
+FAST_COMPILE_SINCE = (12, 8)
+
+
+def fast_compile_options() -> tuple[str, ...]:
+    """FAST_COMPILE_OPTIONS where the installed NVRTC has the mode, else nothing."""
+    try:
+        _, major, minor = _nvrtc().nvrtcVersion()
+    except (NvrtcUnavailable, ValueError, TypeError):
+        return ()
+    return FAST_COMPILE_OPTIONS if (major, minor) >= FAST_COMPILE_SINCE else ()
+
+
 def nvrtc_available() -> bool:
     try:
         _nvrtc()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .device import Device
 from .errors import PluginError
@@ -95,7 +95,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     registry = plugins() if registry is None else registry
     tensors = model.infer(batch) if tensors is None else tensors
     grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
-    consumed_later = _consumers_after(grouping.groups, model.outputs)
+    consumed_later = _consumers_after(grouping.groups, grouping.fused, model.outputs)
     steps: list[Step] = []
     for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo):
@@ -107,6 +107,8 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         number = sum(isinstance(s, OrtStep) for s in steps) + 1
         nodes = [info.node for info in group]
         outputs = [o for n in nodes for o in n.output if o and o in consumed_later[index]]
+        if not outputs:  # dead code: nothing reads what these nodes write, and onnxruntime runs nothing for nobody
+            continue
         inputs = outside_inputs(nodes, model)
         sub = sub_model(model, f"{model.name}_part{number}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{number}", nodes, inputs, outputs, sub))
@@ -299,13 +301,15 @@ def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
         return f"{type(err).__name__}: {err}"
 
 
-def _consumers_after(groups: list, graph_outputs: list[str]) -> list[set[str]]:
-    """For each group, the tensor names read by any later group or by the graph's outputs."""
+def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outputs: list[str]) -> list[set[str]]:
+    """For each group, the tensor names read by any later group (a plugin step's fused
+    followers too: a residual Add reads its other operand) or by the graph's outputs."""
     needed: set[str] = set(graph_outputs)
     after: list[set[str]] = [set() for _ in groups]
     for index in range(len(groups) - 1, -1, -1):
         after[index] = set(needed)
-        members = [groups[index]] if isinstance(groups[index], NodeInfo) else groups[index]
+        group = groups[index]
+        members = [group, *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group
         for info in members:
             needed.update(n for n in info.node.input if n)
     return after
@@ -325,11 +329,12 @@ def sub_model(
         shape = [d if d >= 0 else None for d in info.shape]
         return helper.make_tensor_value_info(tensor, helper.np_dtype_to_tensor_dtype(info.dtype), shape)
 
-    used = {i for n in nodes for i in n.input}
-    initializers = [t for t in model.proto.graph.initializer if t.name in used]
+    used = dict.fromkeys(i for n in nodes for i in n.input if i in model.initializers)
+    initializers = [numpy_helper.from_array(model.initializers[name], name) for name in used]
     graph = helper.make_graph(
         nodes, name, [value_info(i) for i in inputs], [value_info(o) for o in outputs], initializer=initializers
     )
-    sub = helper.make_model(graph, opset_imports=list(model.proto.opset_import), producer_name="opplugin")
-    sub.ir_version = model.proto.ir_version
+    sub = helper.make_model(graph, opset_imports=list(model.bare.opset_import), producer_name="opplugin",
+                            functions=list(model.bare.functions))  # a node may call a model-local function
+    sub.ir_version = max(model.bare.ir_version, 4)  # from IR 4 on, initializers need not be graph inputs
     return sub

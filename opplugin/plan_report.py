@@ -7,7 +7,13 @@ record's batch, and its ONNX nodes. A node left to onnxruntime carries the
 reason: the answer of the plugin for its op type, or that there is none.
 "simplified" says what load-time simplification did (simplify.py): "constants_folded"
 and "dropped" map op types to counts, "batchnorms_folded" counts BatchNormalization
-nodes folded into their Conv.
+nodes folded into their Conv. "user_kernels" lists what each `--kernel` source does with
+each node of its op type, as the text's "User kernels" lines say it: `kernel` (the
+file's name), `path` (as given), `op_type`, `step`, `status` ("compiled", "rejected":
+the built-in choice runs the node, "not_compiled": no NVRTC here, "unused": no node of
+its op type is a plugin step, `step` null), `reason` (why rejected or not compiled),
+`fused` (the op types fused after the node) and `fused_by_kernel` (whether the source
+applies them itself; null when nothing is fused). Empty without `--kernel`.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from .jsonout import header
 from .runtime.records import PlanRecord, StepRecord
 from .texttable import LINE_WIDTH, elide_middle, summarise_ops
 
-SCHEMA = "opplugin-plan/3"
+SCHEMA = "opplugin-plan/4"
 STEP_KEYS = ("name", "kind", "ops", "implementation", "inputs", "outputs", "nodes", "flops", "bytes_moved", "variants")
 
 # variant -> None when a plugin offers it for a step, else why not (Plugin.variant_notes)
@@ -53,8 +59,9 @@ def step_entry(plan: PlanRecord, step: StepRecord, variants: dict[str, str | Non
     }
 
 
-def build_plan_report(plan: PlanRecord) -> dict[str, Any]:
-    """The plan at `plan.batch`, with each plugin step's variant notes where its plugin has variants."""
+def build_plan_report(plan: PlanRecord, user_kernels: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan at `plan.batch`, with each plugin step's variant notes where its plugin has variants,
+    and the user kernels' entries (cli_support.UserKernelUse.as_json)."""
     return header(SCHEMA, plan.device, plan.model.name, plan.batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
         "chunk": plan.chunk,
@@ -62,6 +69,7 @@ def build_plan_report(plan: PlanRecord) -> dict[str, Any]:
         "fallbacks": dict(plan.fallbacks),
         "fusions_given_up": dict(plan.fusions_given_up),
         "simplified": plan.model.simplification.as_json(),
+        "user_kernels": list(user_kernels or []),
     }
 
 

@@ -39,7 +39,10 @@ BUILTINS = {
     "AveragePool": "opplugin.ops.pool:AveragePoolPlugin",
     "GlobalMaxPool": "opplugin.ops.pool:GlobalMaxPoolPlugin",
     "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
-    "ReduceMean": "opplugin.ops.pool:ReduceMeanPlugin",  # over H and W only: a global average pool
+    "ReduceMean": "opplugin.ops.reduction:ReduceMeanPlugin",  # over H and W of NCHW: the global average pool's kernel
+    **{op: f"opplugin.ops.reduction:{op}Plugin"
+       for op in ("ReduceSum", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
+                  "InstanceNormalization")},
     "Squeeze": "opplugin.ops.view:SqueezePlugin",
     "Unsqueeze": "opplugin.ops.view:UnsqueezePlugin",
     **{op: f"opplugin.ops.layout:{op}Plugin" for op in ("Concat", "Transpose", "Slice", "Split", "Pad", "Resize")},
@@ -78,6 +81,8 @@ class NodeInfo:
     # the plugin's normalised record of the node (a ConvSpec, say), made once by the plan
     # through `Plugin.describe`; None where no plan made one (a NodeInfo built by hand)
     spec: Any = None
+    # the model's opset of the default ONNX domain (0: unknown), for ops whose meaning changed (Softmax's axis)
+    opset: int = 0
 
     @property
     def name(self) -> str:

@@ -131,8 +131,13 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
         "copy_hidden_ms": _median(profile.copy_hidden_ms),
         "copy_exposed_ms": _median(profile.copy_exposed_ms),
         "exact_reruns": last.exact_reruns,  # chunks with NaN/Inf after a fused step, rerun on onnxruntime's nodes
-        # --cuda-graphs: each graph row's name -> the plan steps it replayed, timed as one
+        # CUDA graphs: each graph's name -> the plan steps it replayed; the steps keep their own rows,
+        # timed by events inside the graph, except where the graph is a row of its own (not in cuda_graph_ms)
         "cuda_graphs": {name: list(steps) for name, steps in profile.graphs.items()},
+        # each graph whose steps were timed inside it -> its median replay time (input copies included)
+        "cuda_graph_ms": {name: _median(ms) for name, ms in profile.graph_ms.items()},
+        # runs of plugin steps that could not be captured and ran eagerly: first step -> why
+        "cuda_graph_failures": dict(last.graph_failures),
         # what the caller knows and the runtime does not: where the inputs came from, the
         # accuracy against labels, agreement with onnxruntime (null when not measured)
         "data": None,
@@ -179,6 +184,25 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
     return "\n".join(text_table(header, body, right=(4, 5, 6, 7), width=None if wide else LINE_WIDTH))
 
 
+def _graph_lines(report: dict[str, Any]) -> list[str]:
+    """What the CUDA graphs replayed and how their steps were timed; one line per run that ran eagerly."""
+    graphs, timed = report.get("cuda_graphs") or {}, report.get("cuda_graph_ms") or {}
+    lines = []
+    if graphs:
+        steps = sum(len(members) for members in graphs.values())
+        lines.append(f"CUDA graphs: {len(graphs)} graph(s) replayed {steps} plugin steps")
+        if timed:
+            rows = {row["step"]: row["time_ms"] for row in report["steps"]}
+            inside = sum(rows.get(step, 0.0) for name in timed for step in graphs.get(name, ()))
+            lines[-1] += (f"; step times from events inside the graphs: {inside:.3f} ms of the replays' "
+                          f"{sum(timed.values()):.3f} ms (the rest: input copies and launch)")
+        if len(timed) < len(graphs):
+            lines[-1] += "; graphs without events inside are timed as one row each"
+    for first, why in (report.get("cuda_graph_failures") or {}).items():
+        lines.append(f"CUDA graph: the plugin steps from {first} ran eagerly: {why}")
+    return lines
+
+
 def format_text(report: dict[str, Any], wide: bool = False) -> str:
     """The whole report as a person reads it: the seeds' lines, then the table.
     Unless `wide`, long names and op chains are shortened to keep lines near LINE_WIDTH."""
@@ -195,10 +219,7 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
     if report.get("accuracy") is not None:
         lines.append(f"Test Accuracy: {report['accuracy']:.4f}")
     lines += ["", format_table(report["steps"], wide), ""]
-    if report.get("cuda_graphs"):
-        steps = sum(len(members) for members in report["cuda_graphs"].values())
-        lines.append(f"CUDA graphs: {len(report['cuda_graphs'])} graph(s) replayed {steps} plugin steps, each graph timed as one row "
-                     "(run without --cuda-graphs for a time per step)")
+    lines.extend(_graph_lines(report))
     lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['host_to_host_ms']:.3f} ms")
     lines.extend(_throughput_lines(report))
     agreement = report.get("agreement")

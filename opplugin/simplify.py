@@ -1,15 +1,24 @@
 """Load-time graph simplification: constant subgraphs folded into initializers,
-inference BatchNormalization folded into the Conv before it, Identity and
+shape arithmetic (Shape > Gather > ... > Reshape) folded where it does not depend on
+the batch, inference BatchNormalization folded into the Conv before it, Identity and
 inference Dropout dropped.
+
+The graph stays valid at every batch: the runner runs one plan on chunks of several
+sizes, and one onnxruntime session per step serves them all. So shape arithmetic is
+evaluated at two batches, and only what is the same at both folds; a Reshape target
+that carries the batch gets -1 (or 0) in its place (see _fold_shape_arithmetic).
+Every shape is then concrete once the batch is: the plan's shape inference, at the
+plan's batch, gives every plugin concrete H and W.
 
 Why a hand pass and not onnxsim, onnxoptimizer or onnxscript's optimizer: the job
 is small, and each of those is a large dependency (onnxsim and onnxoptimizer are
 C++ extensions without wheels for every Python, onnxscript brings its own IR)
 whose rewrites would also rename or drop tensors that `check` compares with the
 original graph. The folding itself is not hand-written: onnxruntime, the engine
-the reference runs on, evaluates the constant nodes (onnx's ReferenceEvaluator
-fails on opset-9 Unsqueeze, which DenseNet and Inception exports use), and onnx's
-shape inference gives the static shapes that Shape nodes fold to.
+the reference runs on, evaluates the constant nodes and the shape arithmetic (onnx's
+ReferenceEvaluator fails on opset-9 Unsqueeze, which DenseNet and Inception exports
+use), and onnx's shape inference, on the graph without its weights (skeleton.py),
+gives the static shapes that Shape nodes fold to.
 
 Rules that keep `check` meaningful: graph inputs and outputs keep their names, and
 every tensor a remaining node writes exists, with the same values, in the original
@@ -18,19 +27,28 @@ output name).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from .ops.reduction.layernorm_pattern import fold_decomposed_layernorms
+from .skeleton import SMALL_CONSTANT, copy_without_initializers, skeleton, with_initializers
+
 # Ops whose value is not a function of their inputs, and ops with subgraphs: never folded.
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
                 "If", "Loop", "Scan", "SequenceMap"}
 
-# Constants with more elements than this are weights, not shape arithmetic.
-SMALL_CONSTANT = 1024
+
+# Ops that compute shapes from shapes: evaluated over Shape's values at each probe batch.
+SHAPE_ARITHMETIC = {"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div", "Mod",
+                    "Floor", "Ceil", "Neg", "Abs", "Min", "Max", "Reshape", "Flatten", "Identity", "ReduceProd",
+                    "ReduceSum", "Equal", "Less", "Greater", "Not", "Where", "Range", "Sqrt"}
+# The batches shape arithmetic is evaluated at: a value the same at both does not depend on
+# the batch (one small and one large, so that neither a clamp nor an integer division of the
+# batch is mistaken for a constant).
+PROBE_BATCHES = (2, 1009)
 
 
 @dataclass(frozen=True)
@@ -58,19 +76,21 @@ class Simplification:
 
 
 def simplify(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Simplification]:
-    """A simplified copy of `model` (left untouched) and what was done. A model with
-    nothing to simplify comes back itself, so that a caller keeping both the original
-    and the simplified graph does not hold its weights twice."""
-    proto = copy.deepcopy(model)  # the passes edit nodes in place
-    graph = _Graph(proto)
+    """A simplified copy of `model` (left untouched), whole, and what was done."""
+    bare, constants, done = simplify_apart(model)
+    return with_initializers(bare, constants), done
+
+
+def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
+    """The simplified graph without its initializers, the initializers it reads as arrays, and
+    what was done; `model` is left untouched. Apart, so that the weights exist once, as arrays:
+    nothing later has to serialise them to learn a shape."""
+    graph = _Graph(model)
     dropped = graph.drop_identities()
-    folded = graph.fold_constants()
+    folded = graph.fold_constants() | fold_decomposed_layernorms(graph)  # the LayerNorm pattern's constants are folded by now
     batchnorms = graph.fold_batchnorms()
-    done = Simplification(folded, batchnorms, dropped)
-    if not done.changed:
-        return model, done
     graph.write_back()  # constants that only fed folded nodes go too
-    return proto, done
+    return graph.proto, graph.constants, Simplification(folded, batchnorms, dropped)
 
 
 def _count(counts: dict[str, int], op: str) -> None:
@@ -80,12 +100,11 @@ def _count(counts: dict[str, int], op: str) -> None:
 class _Graph:
     """The graph being simplified: its nodes as a list, its constants as arrays."""
 
-    def __init__(self, proto: onnx.ModelProto):
-        self.proto = proto
-        graph = proto.graph
+    def __init__(self, model: onnx.ModelProto):
+        self.proto = copy_without_initializers(model)  # the passes edit nodes in place
+        graph = self.proto.graph
         self.nodes: list[onnx.NodeProto] = list(graph.node)
-        self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        self.added: set[str] = set()  # constants this pass made, to write as initializers
+        self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         self.inputs = {i.name for i in graph.input if i.name not in self.constants}
         self.outputs = {o.name for o in graph.output}
 
@@ -155,29 +174,107 @@ class _Graph:
     # --- constant folding -------------------------------------------------------------------
 
     def fold_constants(self) -> dict[str, int]:
-        """Evaluate every node whose inputs are all constant (and Shape or Size of a tensor
-        whose shape is static) into initializers, until a pass folds nothing more."""
+        """Evaluate every node whose inputs are all constant, and the shape arithmetic over
+        Shape and Size of tensors whose shapes are static but for the batch, into initializers,
+        until a pass folds nothing more (see _fold_shape_arithmetic)."""
         folded: dict[str, int] = {}
         while True:
             before = sum(folded.values())
-            shapes = self._static_shapes() if any(n.op_type in ("Shape", "Size") for n in self.nodes) else {}
+            has_shapes = any(n.op_type in ("Shape", "Size") for n in self.nodes)
+            probes = self._probe_shapes() if has_shapes else ({}, {})
             known = set(self.constants)
             batch: list[onnx.NodeProto] = []
             for node in list(self.nodes):
-                if not self._foldable(node):
-                    continue
-                if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
-                    self._fold(node, [_shape_value(node, shapes[node.input[0]])], folded)
-                    known.add(node.output[0])
-                elif all(name in known for name in node.input if name):
+                if self._foldable(node) and all(name in known for name in node.input if name) and \
+                        node.op_type not in ("Shape", "Size"):
                     batch.append(node)
                     known.update(o for o in node.output if o)
             values = self._evaluate(batch) if batch else {}
             for node in batch:
                 if all(o in values for o in node.output if o):
                     self._fold(node, [values.get(o) for o in node.output], folded)
+            if has_shapes:
+                self._fold_shape_arithmetic(*probes, folded)
             if sum(folded.values()) == before:
                 return folded
+
+    def _fold_shape_arithmetic(self, first: dict[str, tuple[int, ...]], second: dict[str, tuple[int, ...]],
+                               folded: dict[str, int]) -> None:
+        """Shape arithmetic folded where its value does not depend on the batch.
+
+        Shape and Size of a tensor whose shape shape inference knows, and the SHAPE_ARITHMETIC
+        nodes over them, are evaluated (by onnxruntime) at the two PROBE_BATCHES. What is the
+        same at both becomes a constant: a channel count, H, W. What follows the batch stays
+        computed at run time, except a Reshape target: there the batch's element becomes -1
+        (or 0, "as the input", beside another -1), so that the target is a constant at every
+        batch, and the nodes that computed it go. Nothing that reads a tensor's values (only
+        its shape) is evaluated: data never folds."""
+        shape_nodes, arithmetic, names = [], [], set()
+        for node in self.nodes:
+            if not self._foldable(node):
+                continue
+            if node.op_type in ("Shape", "Size") and node.input[0] in first and node.input[0] in second:
+                shape_nodes.append(node)
+            elif node.op_type in SHAPE_ARITHMETIC and any(i in names for i in node.input) and self._over_shapes(node, names):
+                arithmetic.append(node)
+            else:
+                continue
+            names.update(o for o in node.output if o)
+        if not shape_nodes:
+            return
+        at = tuple({node.output[0]: _shape_value(node, shapes[node.input[0]]) for node in shape_nodes} for shapes in (first, second))
+        for probe in at:  # one evaluation per probe batch, by onnxruntime
+            probe.update(self._evaluate(arithmetic, dict(probe)) if arithmetic else {})
+        computed = []
+        chosen = {id(n) for n in [*shape_nodes, *arithmetic]}
+        for node in [n for n in self.nodes if id(n) in chosen]:  # graph order
+            outputs = [o for o in node.output if o]
+            if not all(o in probe for probe in at for o in outputs):
+                continue  # onnxruntime could not evaluate it: it stays
+            if all(np.array_equal(at[0][o], at[1][o]) for o in outputs):
+                self._fold(node, [at[0][o] if o else None for o in node.output], folded)
+            else:
+                computed.append(node)
+        for node in self.nodes:
+            if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in at[0] and node.input[1] not in self.constants:
+                self._fix_reshape_target(node, at, first, second)
+        self._drop_unread(computed, folded)
+
+    def _over_shapes(self, node: onnx.NodeProto, shape_values: set[str]) -> bool:
+        """Whether every input of `node` is a small constant or a shape value."""
+        return all(not name or name in shape_values or
+                   (name in self.constants and np.size(self.constants[name]) <= SMALL_CONSTANT) for name in node.input)
+
+    def _fix_reshape_target(self, node: onnx.NodeProto, at: tuple[dict, dict], first: dict, second: dict) -> None:
+        """A constant target for a Reshape whose target follows the batch (see _fold_shape_arithmetic)."""
+        targets = [np.asarray(probe[node.input[1]]) for probe in at]
+        data = node.input[0]
+        if data not in first or data not in second or targets[0].shape != targets[1].shape or targets[0].ndim != 1:
+            return
+        varying = np.flatnonzero(targets[0] != targets[1])
+        if len(varying) != 1:
+            return
+        axis, (small, large) = int(varying[0]), PROBE_BATCHES
+        target = targets[0].astype(np.int64)
+        images = [first[data][0], second[data][0]]
+        if images != [small, large] or first[data][1:] != second[data][1:]:
+            return  # the data must have the batch as its first axis, and nothing else change
+        if -1 not in target and targets[0][axis] * large == targets[1][axis] * small:
+            target[axis] = -1  # the element count follows the batch, and so does this axis
+        elif [targets[0][axis], targets[1][axis]] == images and axis == 0 and not _attribute(node, "allowzero", 0):
+            target[axis] = 0  # the batch, as the input has it
+        else:
+            return
+        name = self.new_name(f"{node.name or data}_target")
+        self.constants[name] = target
+        node.input[1] = name
+
+    def _drop_unread(self, nodes: list[onnx.NodeProto], folded: dict[str, int]) -> None:
+        """Drop those of `nodes` (shape arithmetic) whose outputs nobody reads any more, last first."""
+        for node in reversed(nodes):
+            if not any(self.used(o) for o in node.output if o):
+                self.nodes.remove(node)
+                _count(folded, node.op_type)
 
     def _foldable(self, node: onnx.NodeProto) -> bool:
         if node.domain not in ("", "ai.onnx") or node.op_type in NOT_FOLDABLE:
@@ -189,18 +286,17 @@ class _Graph:
         for name, value in zip(node.output, values):
             if name:
                 self.constants[name] = value
-                self.added.add(name)
         _count(folded, node.op_type)
 
-    def _evaluate(self, nodes: list[onnx.NodeProto]) -> dict[str, np.ndarray]:
+    def _evaluate(self, nodes: list[onnx.NodeProto], extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The outputs of `nodes` (constant inputs only), evaluated by onnxruntime, the
         engine the reference runs: folded values are the ones the original graph has.
         Nodes onnxruntime cannot run as a group are tried one by one; those that still
         fail stay in the graph."""
-        values = self._run(nodes)
+        values = self._run(nodes, extra)
         if values is not None or len(nodes) == 1:
             return values or {}
-        values = {}
+        values = dict(extra or {})
         for node in nodes:
             if all(name in self.constants or name in values for name in node.input if name):
                 values.update(self._run([node], values) or {})
@@ -225,20 +321,22 @@ class _Graph:
             return None
         return dict(zip(outputs, results))
 
-    def _static_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Tensors whose every dimension is a known number, from onnx's shape inference.
-        Large constants (weights) go in as typed inputs: their values change no shape."""
-        small = {k: v for k, v in self.constants.items() if v.size <= SMALL_CONSTANT}
-        large = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
-                 for k, v in self.constants.items() if k not in small]
-        inputs = [i for i in self.proto.graph.input if i.name in self.inputs]
-        probe = helper.make_model(
-            helper.make_graph(self.nodes, "probe", inputs + large, list(self.proto.graph.output),
-                              initializer=[numpy_helper.from_array(v, k) for k, v in small.items()]),
-            opset_imports=list(self.proto.opset_import))
-        probe.ir_version = max(self.proto.ir_version, 4)
+    def _probe_shapes(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        """Static shapes at each of the PROBE_BATCHES (inferred once when no input's batch is free)."""
+        free = any(not i.type.tensor_type.shape.dim[:1] or not i.type.tensor_type.shape.dim[0].HasField("dim_value")
+                   for i in self.proto.graph.input if i.name in self.inputs)
+        if not free:
+            shapes = self._static_shapes(PROBE_BATCHES[0])
+            return shapes, shapes
+        return self._static_shapes(PROBE_BATCHES[0]), self._static_shapes(PROBE_BATCHES[1])
+
+    def _static_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """Tensors whose every dimension is a known number, from onnx's shape inference with
+        `batch` as the first axis of the graph inputs that leave it free."""
+        self.proto.graph.ClearField("node")
+        self.proto.graph.node.extend(self.nodes)
         try:
-            inferred = shape_inference.infer_shapes(probe, data_prop=True)
+            inferred = shape_inference.infer_shapes(skeleton(self.proto, self.constants, batch), data_prop=True)
         except Exception:  # no shapes: Shape nodes simply stay
             return {}
         shapes = {}
@@ -265,7 +363,6 @@ class _Graph:
             names = [self.new_name(f"{conv.input[1]}_bn"), self.new_name(f"{bn.input[2]}_conv")]
             for name, value in zip(names, (weights, bias)):
                 self.constants[name] = value
-                self.added.add(name)
             data = conv.input[0]
             del conv.input[:]
             conv.input.extend([data, *names])
@@ -303,20 +400,14 @@ class _Graph:
     # --- writing back -----------------------------------------------------------------------
 
     def write_back(self) -> None:
+        """The nodes into the proto, and only the constants some node (or the output) reads kept."""
         graph = self.proto.graph
         graph.ClearField("node")
         graph.node.extend(self.nodes)
-        used = self.outputs | {name for node in self.nodes for name in node.input}  # once, not per initializer
-        kept = [t for t in graph.initializer if t.name in self.constants and t.name in used]
-        added = [numpy_helper.from_array(self.constants[n], n) for n in sorted(self.added) if n in used]
-        graph.ClearField("initializer")
-        graph.initializer.extend([*kept, *added])
-        # IR 3 lists every initializer among the graph inputs too
-        names = {t.name for t in graph.initializer}
-        inputs = [i for i in graph.input if i.name in self.inputs or i.name in names]
-        if self.proto.ir_version < 4:
-            listed = {i.name for i in inputs}
-            inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in added if t.name not in listed]
+        used = self.outputs | {name for node in self.nodes for name in node.input}
+        self.constants = {name: value for name, value in self.constants.items() if name in used}
+        # IR 3 lists initializers among the graph inputs: with_initializers lists them again
+        inputs = [i for i in graph.input if i.name in self.inputs]
         graph.ClearField("input")
         graph.input.extend(inputs)
         graph.ClearField("value_info")  # stale after renames: shape inference makes them again

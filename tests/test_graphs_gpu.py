@@ -1,5 +1,6 @@
-"""CUDA graphs (Runner(cuda_graphs=True)): runs of plugin steps captured at their second pass
-and replayed after, with the same results as eager runs, on fresh inputs every time."""
+"""CUDA graphs (on by default on a GPU): runs of plugin steps captured at their second pass
+and replayed after, with the same results as eager runs, on fresh inputs every time, and
+each step timed by events recorded inside the graph."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,9 @@ def _reference(model, feeds):
 @pytest.mark.parametrize("name", ["lenet86", "ece408_high", "mlp_onehidden"])
 def test_replayed_graphs_give_the_eager_runs_results_on_fresh_inputs_each_time(name):
     model = load_model(name)
-    eager = Runner(model, 64, "cuda", chunk=64, streams=1)
-    graphs = Runner(model, 64, "cuda", chunk=64, streams=1, cuda_graphs=True)
+    eager = Runner(model, 64, "cuda", chunk=64, streams=1, cuda_graphs=False)
+    graphs = Runner(model, 64, "cuda", chunk=64, streams=1)  # graphs by default
+    assert graphs.cuda_graphs and not eager.cuda_graphs
     for seed in range(4):  # pass 1 eager, pass 2 captures, passes 3 and 4 replay on new inputs
         feeds = make_inputs(model, 64, "random", seed=seed).feeds
         out = graphs.run(feeds)
@@ -39,8 +41,8 @@ def test_replayed_graphs_give_the_eager_runs_results_on_fresh_inputs_each_time(n
 
 def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
     model = load_model("lenet86")
-    runner = Runner(model, 1000, "cuda", chunk=300, streams=2, cuda_graphs=True)  # chunks of 300 and a last one of 100
-    eager = Runner(model, 1000, "cuda", chunk=300, streams=2)
+    runner = Runner(model, 1000, "cuda", chunk=300, streams=2)  # chunks of 300 and a last one of 100
+    eager = Runner(model, 1000, "cuda", chunk=300, streams=2, cuda_graphs=False)
     for seed in range(3):
         feeds = make_inputs(model, 1000, "random", seed=seed).feeds
         np.testing.assert_array_equal(runner.run(feeds).outputs["probabilities"], eager.run(feeds).outputs["probabilities"])
@@ -48,15 +50,58 @@ def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
     assert sizes == {300, 100}
 
 
-def test_the_report_shows_each_graph_as_one_row_with_its_steps():
-    model = load_model("lenet86")
-    runner = Runner(model, 32, "cuda", chunk=32, streams=1, cuda_graphs=True)
-    profile = runner.profile(make_inputs(model, 32, "random").feeds, warmup=2, repeat=3)
+# A replay's time is its input copies, the graph's launch and its steps: the steps' events, inside the
+# graph, must fall within the replay's span, and at a batch where the kernels dominate add up to most of it.
+STEPS_SHARE_OF_REPLAY = 0.8
+EVENT_SLACK_MS = 0.002  # two events' readings differ by up to about a microsecond
+
+
+@pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
+def test_each_step_keeps_its_row_timed_by_events_inside_the_replay(name):
+    model = load_model(name)
+    runner = Runner(model, 1024, "cuda", chunk=1024, streams=1)
+    profile = runner.profile(make_inputs(model, 1024, "random").feeds, warmup=2, repeat=5)
     built = report.build_report(profile, 2)
-    [(name, members)] = built["cuda_graphs"].items()
-    row = next(r for r in built["steps"] if r["step"] == name)
-    assert row["implementation"] == f"CUDA graph of {len(members)} plugin steps" and row["time_ms"] > 0
-    assert "CUDA graphs: 1 graph(s) replayed" in report.format_text(built)
+    graphs = built["cuda_graphs"]
+    assert [m for members in graphs.values() for m in members] == [s.name for s in runner.plan.plugin_steps]
+    assert set(built["op_times_ms"]) == {s.name for s in runner.plan.plugin_steps}
+    rows = {r["step"]: r for r in built["steps"]}
+    spans = profile.result.spans
+    for graph, members in graphs.items():
+        assert graph not in rows  # the replay as a whole is no row of the table
+        assert all(rows[m]["time_ms"] > 0 and rows[m]["kind"] == "plugin" for m in members)
+        replay = built["cuda_graph_ms"][graph]
+        steps = sum(rows[m]["time_ms"] for m in members)
+        print(f"{name} {graph}: steps {steps:.4f} ms of the replay's {replay:.4f} ms ({steps / replay:.1%})")
+        assert STEPS_SHARE_OF_REPLAY * replay <= steps <= replay + EVENT_SLACK_MS
+        # in the last run, every step's span lies inside its replay's span, in plan order
+        [whole] = [s for s in spans if s.kind == "graph" and s.name == graph]
+        inside = [s for s in spans if s.name in members]
+        assert [s.name for s in inside] == members
+        assert all(whole.start_ms - EVENT_SLACK_MS <= s.start_ms <= s.end_ms <= whole.end_ms + EVENT_SLACK_MS for s in inside)
+        assert all(a.end_ms <= b.start_ms + EVENT_SLACK_MS for a, b in zip(inside, inside[1:]))
+    text = report.format_text(built)
+    assert "step times from events inside the graphs" in text and all(f"({m})" in text for m in built["op_times_ms"])
+
+
+@pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
+def test_graphed_step_times_are_close_to_eager_ones(name):
+    """Printed for the record (-rP); a kernel step's graphed time is its kernel's, so near its eager time. A
+    step with no device work (a view) is timed by the host clock eagerly and by two adjacent events in a graph."""
+    model = load_model(name)
+    feeds = make_inputs(model, 1024, "random").feeds
+    medians, runners = {}, {}
+    for graphs in (False, True):
+        runners[graphs] = Runner(model, 1024, "cuda", chunk=1024, streams=1, cuda_graphs=graphs)
+        profile = runners[graphs].profile(feeds, warmup=2, repeat=9)
+        medians[graphs] = {s.name: profile.median(s.name) for s in profile.plan.plugin_steps}
+    for step, eager in medians[False].items():
+        graphed = medians[True][step]
+        print(f"{name} {step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%})")
+        if runners[True].kernels[step].device_work:
+            assert 0.5 * eager - EVENT_SLACK_MS <= graphed <= 1.5 * eager + EVENT_SLACK_MS
+        else:
+            assert graphed < eager
 
 
 class _SynchronisingConv(ConvPlugin):
@@ -79,17 +124,24 @@ class _SynchronisingConv(ConvPlugin):
 
 def test_a_run_that_cannot_be_captured_stays_eager_and_says_why():
     model = load_model("lenet86")
-    runner = Runner(model, 16, "cuda", chunk=16, streams=1, registry={"Conv": _SynchronisingConv()}, cuda_graphs=True)
+    runner = Runner(model, 16, "cuda", chunk=16, streams=1, registry={"Conv": _SynchronisingConv()})
     feeds = make_inputs(model, 16, "random").feeds
     for _ in range(3):
         result = runner.run(feeds)
         assert compare(result.outputs["probabilities"], _reference(model, feeds))["passed"] and not result.graphs
-    assert list(runner.graph_failures()) == [runner.plan.plugin_steps[0].name]
+    first = runner.plan.plugin_steps[0].name
+    assert list(runner.graph_failures()) == [first]
+    profile = runner.profile(feeds, warmup=0, repeat=2)
+    built = report.build_report(profile, 0)
+    assert list(built["cuda_graph_failures"]) == [first]
+    assert all(r["time_ms"] > 0 for r in built["steps"] if r["kind"] == "plugin")  # eager: every step timed
+    [line] = [line for line in report.format_text(built).splitlines() if "ran eagerly" in line]
+    assert line.startswith(f"CUDA graph: the plugin steps from {first} ran eagerly: ")
 
 
 def test_nan_in_a_replayed_graph_still_takes_the_exact_path():
     model = load_model("lenet86")
-    runner = Runner(model, 64, "cuda", chunk=16, streams=1, cuda_graphs=True)
+    runner = Runner(model, 64, "cuda", chunk=16, streams=1)
     clean = make_inputs(model, 64, "random", seed=5).feeds["input"]
     runner.run({"input": clean})
     runner.run({"input": clean})  # captured

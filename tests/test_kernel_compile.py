@@ -54,6 +54,10 @@ from opplugin.ops.gemm import families as gemm_families
 from opplugin.ops.gemm.epilogue import NONE as GEMM_NONE, GemmEpilogue
 from opplugin.ops.gemm.spec import GemmSpec
 from opplugin.ops.pool import kernel as pool_kernel
+from opplugin.ops.gemm import matmul as matmul_kernel
+from opplugin.ops.reduction import kernel as reduction_kernel
+from opplugin.ops.reduction.rows import Rows
+from opplugin.ops.reduction.spec import GROUP, INSTANCE, LAYER, NormSpec, ReduceSpec, SoftmaxSpec
 from opplugin.ops.pool.spec import AVERAGE, MAX, PoolSpec
 
 pytestmark = pytest.mark.skipif(
@@ -299,6 +303,9 @@ def compile_jobs():
     for spec in POOL_SPECS.values():
         for arch in ARCHS:
             yield compile_cache.key(pool_kernel.SOURCE, pool_kernel.defines(spec), arch)
+    for source, defines, _ in ROW_UNITS.values():
+        for arch in ARCHS:
+            yield compile_cache.key(source, defines, arch)
 
 
 def start_compiles(config, background: bool = False) -> None:
@@ -551,3 +558,46 @@ def test_every_activation_with_a_residual_compiles_without_spills(activation, va
     for usage in compile_cache.check_variant(ACTIVATION_SPEC, variant, "sm_90", Epilogue(activation, residual=True)):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
+
+
+# --- reductions, normalisations and batched MatMul: inner and strided rows, cached and re-read, staged axes ---
+
+def _reduce_units(spec: ReduceSpec) -> dict:
+    return {f"{spec.op} stage {i}": (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(spec, rows), "reduce_rows")
+            for i, rows in enumerate(spec.stages)}
+
+
+def _row_units() -> dict:
+    units = {}
+    units |= {f"reduce max over C, H of NCHW ({k})": v for k, v in _reduce_units(
+        ReduceSpec("max", (1, 96, 7, 7), (1, 3), True, (Rows(96 * 7, 7, 1), Rows(1, 96, 7 * 7)))).items()}
+    units["reduce sum of a 40 K row"] = (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(
+        ReduceSpec("sum", (1, 40000), (1,), False), Rows(1, 40000, 1)), "reduce_rows")
+    for name, spec in {"softmax over classes": SoftmaxSpec(False, (1, 1000), 1, 2),
+                       "softmax over C of NCHW": SoftmaxSpec(False, (1, 19, 9, 11), 1, 2),
+                       "logsoftmax over H, inner 3": SoftmaxSpec(True, (1, 3, 70, 3), 2, 3),
+                       "logsoftmax of a 100 K row (re-read)": SoftmaxSpec(True, (1, 100000), 1, 2)}.items():
+        units[name] = (reduction_kernel.SOURCE, reduction_kernel.softmax_defines(spec), "softmax_rows")
+    for name, spec in {"layernorm over NHWC's 96 channels": NormSpec(LAYER, (1, 56, 56, 96), Rows(3136, 96, 1), 1e-6, 1, 1, 96, 3),
+                       "layernorm over NCHW's 768 channels (strided)": NormSpec(LAYER, (1, 768, 7, 7), Rows(1, 768, 49), 1e-6, 1, 1, 768, 1),
+                       "groupnorm 32 groups of 64 x 56 x 56 (re-read)": NormSpec(GROUP, (1, 2048, 56, 56), Rows(32, 64 * 3136, 1), 1e-5, 32,
+                                                                                 3136, 2048),
+                       "instancenorm 17 x 19": NormSpec(INSTANCE, (1, 8, 17, 19), Rows(8, 323, 1), 1e-5, 8, 323, 8)}.items():
+        units[name] = (reduction_kernel.SOURCE, reduction_kernel.norm_defines(spec), "normalize_rows")
+    for name, spec in {"matmul batched both at run time": matmul_kernel.MatMulSpec((2, 3, 17, 33), (2, 3, 33, 9), False, False),
+                       "matmul batched, rank-6 A, B broadcast": matmul_kernel.MatMulSpec((2, 2, 3, 4, 8, 5), (1, 1, 1, 1, 5, 6), False, True),
+                       "matmul batched, constant A": matmul_kernel.MatMulSpec((3, 12), (2, 3, 12, 7), True, False)}.items():
+        units[name] = (matmul_kernel.BATCHED_SOURCE, matmul_kernel.batched_defines(spec, None), "matmul_batched")
+    return units
+
+
+ROW_UNITS = _row_units()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("unit", list(ROW_UNITS))
+def test_every_reduction_and_batched_matmul_kernel_compiles_without_spills(unit, arch):
+    source, defines, function = ROW_UNITS[unit]
+    usage = compile_cache.check_source(source, defines, function, arch)
+    assert usage.cubin_bytes > 0 and 0 < usage.registers <= 128
+    assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log

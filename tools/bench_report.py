@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     page = render_markdown(payload, batch, None if problem else "variants.png")
     if args.e2e:
-        from opplugin.lab.e2e import format_markdown  # the table `bench --e2e` prints, so both read alike
+        from opplugin.lab.e2e_table import format_markdown  # the table `bench --e2e` prints, so both read alike
 
         page += "\n## Whole models end to end\n\n" + format_markdown(json.loads(Path(args.e2e).read_text()))
     if args.cnn:

@@ -1,15 +1,17 @@
 """Export torchvision CNNs to ONNX for end-to-end runs: random weights (seeded), eval mode,
 a dynamic batch axis, opset 17. Made on demand, never committed (VGG-16 alone is half a GB).
 
-    python3 tools/export_models.py --out /tmp/cnn                   # all four
+    python3 tools/export_models.py --out /tmp/cnn                   # all of MODELS
     python3 tools/export_models.py --out /tmp/cnn resnet18 vgg16
 
-Each MODEL.onnx gets a MODEL.pt beside it: the torchvision architecture's name and the
-same weights, which `opplugin bench --e2e` loads as its PyTorch eager peer. Besides the
+Each MODEL.onnx gets a MODEL.pt beside it: the torchvision architecture's name, the
+arguments it was built with and the same weights, which `opplugin bench --e2e` loads for
+its PyTorch peers (eager, in a CUDA graph, torch.compile in a CUDA graph). Besides the
 random convolution and linear weights, each BatchNormalization gets random running
 statistics and affine parameters, so folding it into the Conv is exercised on numbers
-that are not 0 and 1. Needs torch, torchvision and onnx (and onnxscript for torch's
-dynamo exporter, which is tried first; the TorchScript exporter is the fallback).
+that are not 0 and 1. Inception-v3 takes 299x299 images, the others 224x224. Needs torch,
+torchvision and onnx (and onnxscript for torch's dynamo exporter, which is tried first;
+the TorchScript exporter is the fallback).
 """
 from __future__ import annotations
 
@@ -17,9 +19,16 @@ import argparse
 import sys
 from pathlib import Path
 
-MODELS = ("resnet18", "resnet50", "mobilenet_v2", "vgg16")
+MODELS = ("resnet18", "resnet50", "mobilenet_v2", "vgg16",
+          "efficientnet_b0", "mobilenet_v3_large", "regnet_y_800mf", "densenet121", "inception_v3", "convnext_tiny",
+          "resnext50_32x4d")
 OPSET = 17
 IMAGE = (3, 224, 224)
+# the image an architecture is made for, where not IMAGE
+IMAGES = {"inception_v3": (3, 299, 299)}
+# constructor arguments beside weights=None: Inception-v3's auxiliary classifier only trains,
+# and its own initialisation (truncated normal through scipy) is slow and changes nothing here
+ARCH_KWARGS: dict[str, dict] = {"inception_v3": {"aux_logits": False, "init_weights": False}}
 
 
 def build(name: str, seed: int):
@@ -27,7 +36,7 @@ def build(name: str, seed: int):
     import torchvision
 
     torch.manual_seed(seed)
-    model = getattr(torchvision.models, name)(weights=None)
+    model = getattr(torchvision.models, name)(weights=None, **ARCH_KWARGS.get(name, {}))
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
@@ -38,11 +47,11 @@ def build(name: str, seed: int):
     return model.eval()
 
 
-def export(model, path: Path) -> str:
+def export(model, path: Path, image: tuple[int, ...]) -> str:
     """Writes the ONNX file; returns which exporter did it."""
     import torch
 
-    example = torch.randn(2, *IMAGE)
+    example = torch.randn(2, *image)
     names = {"input_names": ["input"], "output_names": ["logits"]}
     try:
         torch.onnx.export(model, (example,), str(path), dynamo=True, opset_version=OPSET, external_data=False,
@@ -113,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models or MODELS:
         model = build(name, args.seed)
         path = args.out / f"{name}.onnx"
-        how = export(model, path)
-        torch.save({"arch": name, "state_dict": model.state_dict()}, path.with_suffix(".pt"))
+        how = export(model, path, IMAGES.get(name, IMAGE))
+        torch.save({"arch": name, "kwargs": ARCH_KWARGS.get(name, {}), "state_dict": model.state_dict()}, path.with_suffix(".pt"))
         print(f"{path}: {how} exporter, {settle(path)}", flush=True)
     return 0
 

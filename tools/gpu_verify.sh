@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The GPU verification of a change, in one go (see ../shared/GPU.md): the GPU test
-# suite (SKIP_TESTS=1 leaves it out), `opplugin check` on both shipped models,
-# `opplugin run` at batch 100, 1000 and 10000, lenet86 on 100,000 random images,
-# and with BENCH=1 `opplugin bench` (bench.json, bench.txt). Run from the checkout
-# on the GPU machine; logs and JSON go to $RESULTS (default ./out). Exits non-zero
-# if any step failed, after running them all.
+# The GPU verification of a change, in one go: the GPU test suite (SKIP_TESTS=1 leaves
+# it out), `opplugin check` on both shipped models, `opplugin run` at batch 100, 1000
+# and 10000, lenet86 on 100,000 random images, and with BENCH=1 `opplugin bench`
+# (bench.json, bench.txt). Run it from anywhere on a machine with a CUDA GPU; logs and
+# JSON go to $RESULTS (default: a new folder under $TMPDIR, never the checkout). Exits 2
+# without a GPU, before doing anything; else non-zero if any step failed, after running them all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${RESULTS:-out}
-mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if ! python3 -c 'import cupy, sys; sys.exit(0 if cupy.cuda.runtime.getDeviceCount() > 0 else 1)' 2>/dev/null; then
+    echo "gpu_verify.sh: needs a CUDA GPU and CuPy (pip install -e \".[cuda13,dev]\"); none here" >&2
+    exit 2
+fi
+out=${RESULTS:-$(mktemp -d "${TMPDIR:-/tmp}/opplugin-gpu-verify.XXXXXX")}
+mkdir -p "$out"
+echo "== results in $out"
 failed=0
 step() { local log=$1; shift; echo "== $*"; "$@" 2>&1 | tee "$out/$log" || failed=1; }
 

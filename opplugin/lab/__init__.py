@@ -6,6 +6,10 @@ bench        `opplugin bench`: every family and the peers, with the roofline
 cnn_layers   the Conv layers of real CNNs that `bench --suite cnn` times
 gemm_bench   `bench --suite gemm`: each Gemm family against cuBLAS
 e2e          `bench --e2e`: whole models end to end beside their peers
+e2e_torch    its PyTorch peers: eager, in one CUDA graph, torch.compile in one CUDA graph
+e2e_onnxruntime  its onnxruntime CUDA peers, without and with the provider's CUDA graphs
+e2e_table    its tables: the fastest peer, opplugin's ratio to it, the floor
+model_floor  a whole model's FLOPs and bytes, and the floor they give on this device
 tune         `opplugin tune`: every configuration of each Conv step, the fastest kept
 user_trial   a --kernel file's Conv kernel through the trial, beside the families
 peers        cuDNN through PyTorch, onnxruntime's CUDA provider

@@ -1,29 +1,36 @@
 """`opplugin bench --e2e MODEL ...`: whole models end to end on this GPU, beside the peers
-a user would otherwise run them with, in one process.
+a user would otherwise run them with, in one process, on the same weights and input.
 
-For each model and batch (default 1 and 32), on the same seeded random input:
+For each model and batch (default 1 and 32), on the same seeded random input, the candidates
+(CANDIDATES, each a row):
 
-- opplugin, host to host (`Runner.run` from pinned host arrays to host arrays) and
-  device-resident (the same runs less the copies of the graph's inputs and outputs), once
-  as it runs by default and once with `cuda_graphs` (runs of plugin steps replayed as CUDA graphs);
-- onnxruntime's CUDA provider (FP32: TF32 off) on the same ONNX file, host to host
-  (`session.run` on host arrays) and device-resident (IOBinding on device memory);
-- PyTorch eager (cuDNN FP32, `cudnn.benchmark` on, TF32 off) on the same weights: the
-  torchvision model that `tools/export_models.py` saved beside the file (MODEL.pt), else
-  the model onnx2torch makes of the file, when it is installed.
+- opplugin with CUDA graphs and eager (`cuda_graphs=True` and `False`, whichever is
+  the Runner's default), host to host (`Runner.run` from pinned host arrays to host
+  arrays) and device-resident (the same runs less the copies of the graph's inputs and outputs);
+- PyTorch on the torchvision model and weights that `tools/export_models.py` saved beside
+  the file (MODEL.pt), else onnx2torch's conversion: eager, inside one CUDA graph, and
+  torch.compile inside one CUDA graph (lab/e2e_torch.py);
+- onnxruntime's CUDA provider on the same file, without and with its CUDA-graph mode
+  (lab/e2e_onnxruntime.py).
 
-Every figure is a median after warm-up: host to host by the host clock (it includes the
-copies); device-resident by CUDA events for PyTorch, by the host clock around a call that
-returns once its work is done for onnxruntime, and for opplugin from the runs' own
-timelines. Each row also gives `device_free_bytes`: the device's free memory right after the
-candidate, before its caches are released for the next. Every candidate's output is compared with onnxruntime's CPU provider on the
-original graph first; one that differs is marked "incorrect" and counts as a failure.
+Everything runs in FP32 with TF32 off. Every figure is a median after warm-up: host to host
+by the host clock (it includes the copies); device-resident by CUDA events for PyTorch,
+by the host clock around a call that returns once its work is done for onnxruntime, and
+for opplugin from the runs' own timelines. Each row also gives `device_free_bytes`: the
+device's free memory right after the candidate, before its caches are released for the
+next. Every candidate's output is compared with onnxruntime's CPU provider on the original
+graph first; one that differs is marked "incorrect". A peer that cannot run here (no torch,
+no CUDA build of onnxruntime, torch.compile failing) is "unavailable", with the reason in one line.
+
+Per model and batch, a case record names the fastest peer (host to host), opplugin's ratio
+to it, and the model's floor on this device (lab/model_floor.py at the rates lab/roofline.py
+measures once per run). lab/e2e_table.py prints them.
 """
 from __future__ import annotations
 
+import inspect
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,32 +43,31 @@ from ..errors import DeviceError, InputError, batch_sizes, first_line
 from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
 from ..model import Model, load_model
-from ..texttable import elide_middle
+from . import e2e_onnxruntime, e2e_torch, roofline
+from .e2e_table import format_text
+from .model_floor import model_work
+from .peers import PeerUnavailable
 from .trial import BENCH_REPEAT, BENCH_WARMUP
 
-# 2: an opplugin_graphs row per case (opplugin with CUDA graphs)
-SCHEMA = "opplugin-bench-e2e/2"
+# 3: opplugin's rows named for their mode (opplugin_graphs, opplugin_eager); PyTorch in a CUDA graph,
+# torch.compile in a CUDA graph and onnxruntime's CUDA-graph mode as peers; the measured roofline;
+# a case record per model and batch (fastest peer, opplugin's ratio to it, the model's floor)
+SCHEMA = "opplugin-bench-e2e/3"
 DEFAULT_BATCHES = (1, 32)
 # relative L2 error against onnxruntime CPU that an FP32 result must stay within
 FP32_TOLERANCE = 1e-4
-PEERS = ("opplugin", "opplugin_graphs", "onnxruntime_cuda", "pytorch")
-NOTE_WIDTH = 200  # characters of a failed candidate's reason in the table's notes
+OPPLUGIN = ("opplugin_graphs", "opplugin_eager")
+PEERS = ("pytorch_eager", "pytorch_graph", "torch_compile_graph", "onnxruntime_cuda", "onnxruntime_cuda_graph")
+CANDIDATES = OPPLUGIN + PEERS
 
 
-class Unavailable(Exception):
-    """A peer that cannot run here; the message says why."""
+def opplugin_default() -> str:
+    """The candidate that is opplugin's default: the Runner's own default for `cuda_graphs`
+    (graphs unless it is False: a default of None or "auto" means graphs where they can run)."""
+    from ..runtime import Runner
 
-
-def host_ms(fn: Callable[[], Any], warmup: int, repeat: int) -> float:
-    """Median host-clock milliseconds of fn() after `warmup` calls; fn must return once its work is done."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    parameter = inspect.signature(Runner).parameters.get("cuda_graphs")
+    return "opplugin_eager" if parameter is None or parameter.default is False else "opplugin_graphs"
 
 
 def agreement(ours: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
@@ -75,10 +81,11 @@ def agreement(ours: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
     return {"rel_l2": rel_l2, "top1_agreement": top1}
 
 
-# --- the candidates: each returns (host_to_host_ms, device_ms, output, implementation) -------------
+# --- opplugin ---------------------------------------------------------------------------------
 
 
-def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int, cuda_graphs: bool = False) -> dict[str, Any]:
+def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int, cuda_graphs: bool) -> dict[str, Any]:
+    """opplugin host to host and device-resident, with `cuda_graphs` as given (never the default)."""
     from ..runtime import Runner
 
     batch = next(iter(feeds.values())).shape[0]
@@ -108,83 +115,6 @@ def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repea
     }
 
 
-def time_onnxruntime_cuda(model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int) -> dict[str, Any]:
-    import onnxruntime
-
-    if not sessions.has_cuda():
-        raise Unavailable(f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider (the CPU build is installed)")
-    import cupy
-
-    device_id = cuda.device_id()
-    session = sessions.session(model.original, [sessions.cuda_provider(device_id), sessions.CPU_PROVIDER])
-    if sessions.CUDA_PROVIDER not in session.get_providers():
-        raise Unavailable("onnxruntime fell back to the CPU provider (CUDA libraries not loadable?)")
-    first = model.outputs[0]
-    host = host_ms(lambda: session.run([first], feeds), warmup, repeat)
-    on_device = {name: cupy.asarray(value) for name, value in feeds.items()}
-    binding = session.io_binding()
-    for name, array in on_device.items():
-        binding.bind_input(name, "cuda", device_id, np.float32, list(array.shape), array.data.ptr)
-    binding.bind_output(first, "cuda", device_id)
-    device = host_ms(lambda: session.run_with_iobinding(binding), warmup, repeat)
-    return {"host_to_host_ms": host, "device_ms": device, "output": binding.copy_outputs_to_cpu()[0],
-            "implementation": f"onnxruntime {onnxruntime.__version__} CUDAExecutionProvider, use_tf32=0"}
-
-
-def torch_module(path: Path, model: Model):
-    """The PyTorch model with the file's weights: the export script's MODEL.pt, else onnx2torch's conversion."""
-    import torch
-
-    saved = path.with_suffix(".pt")
-    if saved.is_file():
-        import torchvision
-
-        state = torch.load(saved, map_location="cpu", weights_only=True)
-        module = getattr(torchvision.models, state["arch"])(weights=None)
-        module.load_state_dict(state["state_dict"])
-        return module, f"torchvision {state['arch']} ({saved.name})"
-    try:
-        from onnx2torch import convert
-    except ImportError:
-        raise Unavailable(f"no {saved.name} beside the model (tools/export_models.py writes one) and onnx2torch is not installed") from None
-    return convert(model.original), "onnx2torch"
-
-
-def time_pytorch(path: Path, model: Model, feeds: dict[str, np.ndarray], warmup: int, repeat: int) -> dict[str, Any]:
-    try:
-        import torch
-    except ImportError:
-        raise Unavailable("PyTorch is not installed") from None
-    if len(feeds) != 1:
-        raise Unavailable(f"the PyTorch peer feeds one input; {model.name} has {len(feeds)}")
-    module, source = torch_module(path, model)
-    module = module.eval().cuda()
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    x_host = torch.from_numpy(np.array(next(iter(feeds.values())))).pin_memory()
-    x_device = x_host.cuda()
-
-    def host_to_host():
-        with torch.inference_mode():
-            return module(x_host.cuda(non_blocking=True)).cpu()
-
-    host = host_ms(host_to_host, warmup, repeat)
-    with torch.inference_mode():
-        for _ in range(warmup):
-            module(x_device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
-        for _ in range(repeat):
-            start.record()
-            module(x_device)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-    return {"host_to_host_ms": host, "device_ms": statistics.median(samples), "output": host_to_host().numpy(),
-            "implementation": f"PyTorch {torch.__version__} eager, cuDNN {torch.backends.cudnn.version()} FP32, {source}"}
-
-
 def release_device_memory() -> int:
     """Free what the last candidate left cached (CuPy's pool, PyTorch's allocator, onnxruntime's sessions
     once collected), so the next one finds the device empty; returns the free bytes before that."""
@@ -200,44 +130,86 @@ def release_device_memory() -> int:
     return free_before
 
 
-# --- one run over models and batches ------------------------------------------------------------
+# --- one case: every candidate on one model at one batch ----------------------------------------
 
 
-def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, seed: int = 0) -> list[dict[str, Any]]:
-    """A row per peer for one model at one batch."""
+def empty_row(model: str, batch: int, candidate: str) -> dict[str, Any]:
+    return {"model": model, "batch": batch, "peer": candidate, "status": "ok", "reason": None,
+            "host_to_host_ms": None, "device_ms": None, "rel_l2": None, "top1_agreement": None,
+            "implementation": None, "device_free_bytes": None}
+
+
+def measured_row(row: dict[str, Any], timer: Callable[[], dict[str, Any]], reference: np.ndarray) -> dict[str, Any]:
+    """`row` filled by one candidate's timer: its figures and agreement with the reference, or why it has none.
+    A peer that cannot run is "unavailable"; one that breaks is "error", in one line either way."""
+    try:
+        measured = timer()
+    except PeerUnavailable as why:
+        release_device_memory()
+        return {**row, "status": "unavailable", "reason": str(why)}
+    except Exception as err:  # a candidate that breaks is a row that says so; the others still run
+        return {**row, "status": "error", "reason": f"{type(err).__name__}: {first_line(err)}",
+                "device_free_bytes": release_device_memory()}
+    output = measured.pop("output")
+    row = {**row, **measured, "device_free_bytes": release_device_memory(), **agreement(output, reference)}
+    if not row["rel_l2"] <= FP32_TOLERANCE:
+        row.update(status="incorrect", reason=f"relative L2 error {row['rel_l2']:.3g} against onnxruntime CPU")
+    return row
+
+
+def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, seed: int = 0,
+               torch_model: e2e_torch.TorchModel | None = None) -> list[dict[str, Any]]:
+    """A row per candidate (CANDIDATES, in order) for one model at one batch."""
     feeds = make_inputs(model, batch, "random", seed, pinned=True).feeds
-    reference = sessions.Reference(model.original)({k: np.array(v) for k, v in feeds.items()})[model.outputs[0]]
+    references = sessions.Reference(model.original)({k: np.array(v) for k, v in feeds.items()})
+    outputs = {name: tuple(references[name].shape) for name in model.outputs}
+    torch_model = torch_model or e2e_torch.TorchModel(path, model)
+    x = next(iter(feeds.values()))
     timers = {
-        "opplugin": lambda: time_opplugin(model, feeds, warmup, repeat),
         "opplugin_graphs": lambda: time_opplugin(model, feeds, warmup, repeat, cuda_graphs=True),
-        "onnxruntime_cuda": lambda: time_onnxruntime_cuda(model, feeds, warmup, repeat),
-        "pytorch": lambda: time_pytorch(path, model, feeds, warmup, repeat),
+        "opplugin_eager": lambda: time_opplugin(model, feeds, warmup, repeat, cuda_graphs=False),
+        "pytorch_eager": lambda: e2e_torch.time_eager(torch_model.get(), x, warmup, repeat),
+        "pytorch_graph": lambda: e2e_torch.time_graph(torch_model.get(), x, warmup, repeat, compiled=False),
+        "torch_compile_graph": lambda: e2e_torch.time_graph(torch_model.get(), x, warmup, repeat, compiled=True),
+        "onnxruntime_cuda": lambda: e2e_onnxruntime.time_cuda(model, feeds, outputs, warmup, repeat),
+        "onnxruntime_cuda_graph": lambda: e2e_onnxruntime.time_cuda_graph(model, feeds, outputs, warmup, repeat),
     }
     rows = []
-    for peer, timer in timers.items():
-        row: dict[str, Any] = {"model": model.name, "batch": batch, "peer": peer, "status": "ok", "reason": None,
-                               "host_to_host_ms": None, "device_ms": None, "rel_l2": None, "top1_agreement": None,
-                               "implementation": None, "device_free_bytes": None}
-        try:
-            measured = timer()
-        except Unavailable as why:
-            release_device_memory()
-            row.update(status="unavailable", reason=str(why))
-            rows.append(row)
-            continue
-        except Exception as err:  # a peer that breaks is a row that says so; the others still run
-            row.update(status="error", reason=f"{type(err).__name__}: {first_line(err)}", device_free_bytes=release_device_memory())
-            rows.append(row)
-            continue
-        output = measured.pop("output")
-        row.update(measured, device_free_bytes=release_device_memory())
-        row.update(agreement(output, reference))
-        if not row["rel_l2"] <= FP32_TOLERANCE:
-            row.update(status="incorrect", reason=f"relative L2 error {row['rel_l2']:.3g} against onnxruntime CPU")
+    for candidate in CANDIDATES:
+        row = measured_row(empty_row(model.name, batch, candidate), timers[candidate], references[model.outputs[0]])
         rows.append(row)
-        print(f"{model.name} batch {batch} {peer}: {row['host_to_host_ms']} ms host to host, {row['device_ms']} ms resident",
-              file=sys.stderr, flush=True)
+        print(f"{model.name} batch {batch} {candidate}: {row['status']}, {row['host_to_host_ms']} ms host to host, "
+              f"{row['device_ms']} ms resident", file=sys.stderr, flush=True)
     return rows
+
+
+def fastest_peer(rows: list[dict[str, Any]]) -> tuple[str | None, float | None]:
+    """The peer (not opplugin) with the least host-to-host time among those that ran correctly."""
+    times = {row["peer"]: row["host_to_host_ms"] for row in rows
+             if row["peer"] in PEERS and row["status"] == "ok" and row["host_to_host_ms"]}
+    if not times:
+        return None, None
+    best = min(times, key=times.__getitem__)
+    return best, times[best]
+
+
+def case_record(model: str, batch: int, rows: list[dict[str, Any]], floor: dict[str, Any] | None) -> dict[str, Any]:
+    """One model at one batch: the fastest peer, each opplugin mode's time over it and over the
+    floor (host to host; below 1.0 opplugin is faster), and the floor's figures (model_floor.ModelWork.record)."""
+    peer, peer_ms = fastest_peer(rows)
+    floor_ms = floor["floor_ms"] if floor else None
+    record: dict[str, Any] = {"model": model, "batch": batch, "fastest_peer": peer, "fastest_peer_ms": peer_ms}
+    for row in rows:
+        if row["peer"] in OPPLUGIN:
+            ours = row["host_to_host_ms"] if row["status"] == "ok" else None
+            record[f"{row['peer']}_ms"] = ours
+            record[f"{row['peer']}_over_fastest_peer"] = ours / peer_ms if ours and peer_ms else None
+            record[f"{row['peer']}_over_floor"] = ours / floor_ms if ours and floor_ms else None
+    return record | (floor or {"flops": None, "weight_bytes": None, "input_bytes": None, "activation_bytes": None,
+                               "floor_ms": None, "floor_bound": None})
+
+
+# --- one run over models and batches ------------------------------------------------------------
 
 
 def load_torch_cudnn_first() -> None:
@@ -257,52 +229,35 @@ def run_e2e(models: list[str], batches: list[int], warmup: int, repeat: int,
     device = select_device("cuda")
     load_torch_cudnn_first()
     loaded = [(Path(name), load_model(name)) for name in models]
-    payload = header(SCHEMA, device, [m.name for _, m in loaded], list(batches))
-    payload.update(warmup=warmup, repeat=repeat, tolerance=FP32_TOLERANCE, rows=[])
-    for path, model in loaded:
+    for _, model in loaded:
         if model.fixed_batch is not None:
             raise InputError(f"{model.name} has a fixed batch of {model.fixed_batch}; --e2e needs a model with a free batch")
+    roof = roofline.measure()
+    release_device_memory()
+    payload = header(SCHEMA, device, [m.name for _, m in loaded], list(batches))
+    payload.update(warmup=warmup, repeat=repeat, tolerance=FP32_TOLERANCE, opplugin_default=opplugin_default(),
+                   roofline=roof.record(), cases=[], rows=[])
+    for path, model in loaded:
+        torch_model = e2e_torch.TorchModel(path, model)
         for batch in batches:
-            payload["rows"].extend(bench_case(path, model, batch, warmup, repeat))
+            rows = bench_case(path, model, batch, warmup, repeat, torch_model=torch_model)
+            floor = model_work(model, batch).record(roof.bytes_per_s, roof.flops_per_s)
+            payload["rows"].extend(rows)
+            payload["cases"].append(case_record(model.name, batch, rows, floor))
             if checkpoint:
                 checkpoint(json_safe(payload))
     return payload
 
 
-def ratio(ours: float | None, theirs: float | None) -> str:
-    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
-
-
-def format_markdown(payload: dict[str, Any]) -> str:
-    """The rows as one Markdown table: a line per model and batch, ms host to host / device-resident,
-    and opplugin's time over each peer's (host to host; below 1.00x opplugin is faster)."""
-    def cell(row: dict[str, Any] | None) -> str:
-        if row is None or row["status"] != "ok":
-            return row["status"] if row else "-"
-        resident = f"{row['device_ms']:.3f}" if row["device_ms"] is not None else "-"
-        return f"{row['host_to_host_ms']:.3f} / {resident}"
-
-    lines = [f"End to end on {payload['device']['name']}: ms host to host / device-resident, medians of {payload['repeat']} "
-             f"after {payload['warmup']} warm-up runs; random weights and inputs, FP32 everywhere.", "",
-             "| model | batch | opplugin | opplugin, CUDA graphs | onnxruntime CUDA | PyTorch eager | opplugin / PyTorch | "
-             "with graphs / PyTorch | opplugin / onnxruntime | with graphs / onnxruntime |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    cases = dict.fromkeys((row["model"], row["batch"]) for row in payload["rows"])
-    for model, batch in cases:
-        peers = {row["peer"]: row for row in payload["rows"] if (row["model"], row["batch"]) == (model, batch)}
-        h2h = {peer: (row["host_to_host_ms"] if row["status"] == "ok" else None) for peer, row in peers.items()}
-        ours, graphs, ort_cuda, torch = (h2h.get(p) for p in PEERS)
-        lines.append(f"| {model} | {batch} | {' | '.join(cell(peers.get(p)) for p in PEERS)} | {ratio(ours, torch)} | "
-                     f"{ratio(graphs, torch)} | {ratio(ours, ort_cuda)} | {ratio(graphs, ort_cuda)} |")
-    notes = [f"- {row['model']} batch {row['batch']} {row['peer']}: {row['status']}: {elide_middle(row['reason'], NOTE_WIDTH)}"
-             for row in payload["rows"] if row["status"] != "ok"]
-    how = ("", "opplugin's host-to-host figure is its default runner (chunks on several streams); its device-resident one is a "
-           "runner taking the batch in one chunk on one stream, less the copies of the graph's inputs and outputs.")
-    return "\n".join(lines + list(how) + ([""] + notes if notes else [])) + "\n"
+def failed(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows that make the run fail: any candidate incorrect, or opplugin broken
+    (a peer that breaks is its own problem; its row says so)."""
+    return [row for row in payload["rows"]
+            if row["status"] == "incorrect" or (row["status"] == "error" and row["peer"] in OPPLUGIN)]
 
 
 def main_from_args(args: Any) -> int:
-    """`opplugin bench --e2e MODEL ...`: 0 when every candidate that ran was correct, 1 otherwise."""
+    """`opplugin bench --e2e MODEL ...`: 0 when every candidate that ran was correct and opplugin ran, 1 otherwise."""
     batches = batch_sizes(args.batches, DEFAULT_BATCHES)
     if not cuda.is_available():
         raise DeviceError("bench --e2e needs a CUDA device, and CuPy sees none")
@@ -313,8 +268,7 @@ def main_from_args(args: Any) -> int:
         write_atomic(args.json, dumps(payload))
 
     payload = json_safe(run_e2e(list(args.e2e), batches, warmup, repeat, checkpoint=write if args.json else None))
-    print(format_markdown(payload), end="")
+    print(format_text(payload), end="")
     if args.json:
         write(payload)
-    wrong = [row for row in payload["rows"] if row["status"] in ("incorrect", "error")]
-    return 1 if wrong else 0
+    return 1 if failed(payload) else 0

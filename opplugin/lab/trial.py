@@ -117,6 +117,19 @@ def _host_clock_ms(fn: Callable[[], Any], warmup: int, repeat: int, calls: int) 
     return samples
 
 
+def host_ms(fn: Callable[[], Any], warmup: int, repeat: int) -> float:
+    """Median host-clock ms of fn() after `warmup` calls, with no device sync of its own:
+    fn must return once its work is done (a whole model host to host, say)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
 def median_ms(fn: Callable[[], Any], warmup: int, repeat: int, *, stream: Any = None, host_clock: bool = False) -> tuple[float, int]:
     """(median ms per call, calls per sample). One untimed call runs first (compiles,
     cuDNN's algorithm search), then one timed call sizes the samples to about

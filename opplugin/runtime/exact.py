@@ -75,8 +75,8 @@ class NonFiniteFlags:
         return [int(i) for i in np.flatnonzero(flags.any(axis=1))]
 
 
-# op types whose onnxruntime kernels keep or drop a NaN by its place in the window: no fixed rule matches them
-NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool"})
+# op types whose onnxruntime kernels keep or drop a NaN by its place in the window (or the row): no fixed rule matches them
+NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool", "ReduceMax"})
 
 
 def watched_steps(plan: Plan, kernels: dict[str, Kernel]) -> set[str]:

@@ -24,7 +24,7 @@ from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .buffers import InPlace
 from .chunking import BatchLayout
-from .graphs import SegmentGraph, capture, capture_failure
+from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
 from .nonfinite import write_flag
 from .timeline import Timeline
@@ -148,6 +148,8 @@ class PlanExecutor:
         self.watched = watched or {}
         self.cuda_graphs = cuda_graphs
         self.in_place = in_place
+        # whether captures record events between steps; None: decided at the first capture (see _steps_timed_in_graphs)
+        self.step_times_in_graphs: bool | None = None
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
@@ -212,7 +214,7 @@ class PlanExecutor:
                     values.put(name, value)
                 if flags is not None and index in self.watched:
                     for slot, value in zip(self.watched[index], outs):
-                        flags.record(chunk, slot, value)
+                        lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
                 self._drop_dead(values, index, held)
 
     def _call(self, index: int, kernel: Kernel, args: list[Any], stream: Any, pending: dict[str, Any], batch: int) -> list[Any]:
@@ -255,7 +257,7 @@ class PlanExecutor:
             return False
         current = {name: values.on_device(name) for name in segment.inputs}
         with lane.segment():
-            outputs = lane.run_kernel(segment.name, "plugin", lambda: segment.replay(current, lane.stream))
+            outputs = lane.run_graph(segment.name, segment.step_marks, lambda: segment.replay(current, lane.stream))
         if flags is not None and segment.flag_slots:
             flags.copy_in(chunk, segment.flag_slots, segment.flags)  # the graph flagged its watched outputs itself
         for name, value in outputs.items():
@@ -278,7 +280,7 @@ class PlanExecutor:
         enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer, key[1])
         names = [self.plan.steps[index].name for index in indices]
         try:
-            segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots)
+            segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots, timed=self._steps_timed_in_graphs())
         except Exception as err:
             if cuda.is_out_of_memory(err):
                 raise
@@ -287,23 +289,33 @@ class PlanExecutor:
         lane.graphs.add(key, segment)
         return segment
 
+    def _steps_timed_in_graphs(self) -> bool:
+        """Whether captures record events between steps (see graphs.StepClock), so that each
+        step keeps its time in a replay."""
+        if self.step_times_in_graphs is None:
+            self.step_times_in_graphs = cuda.can_record_in_capture() is None
+        return self.step_times_in_graphs
+
     def _enqueue_steps(self, lane: Lane, indices: range, held: set[str], constants: dict[str, Any],
-                       flag_buffer: Any, batch: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        """What a capture runs: the steps' kernels on the lane's stream, each watched output
-        flagged into `flag_buffer`; returns the tensors read after the run."""
+                       flag_buffer: Any, batch: int) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:
+        """What a capture runs: the steps' kernels on the lane's stream, each between the clock's
+        events, each watched output flagged into `flag_buffer`; returns the tensors read after the run."""
         after = {name for index in indices for name in self.plan.steps[index].outputs
                  if self.last_use.get(name, -1) >= indices.stop or name in held}
 
-        def enqueue(local: dict[str, Any]) -> dict[str, Any]:
+        def enqueue(local: dict[str, Any], clock: StepClock) -> dict[str, Any]:
             local.update(constants)
             position, pending = 0, {}
             for index in indices:
                 step = self.plan.steps[index]
                 args = [local[n] if n else None for n in step.inputs]
+                clock.start()
                 outs = self._checked(step, self._call(index, self.kernels[step.name], args, lane.stream, pending, batch))
+                clock.stop(step.name)
                 local.update(zip(step.outputs, outs))
-                if flag_buffer is not None:
-                    for _slot, value in zip(self.watched.get(index, ()), outs):
+                if flag_buffer is not None and self.watched.get(index):
+                    clock.pause()  # the flags are untimed, as in an eager run
+                    for _slot, value in zip(self.watched[index], outs):
                         write_flag(flag_buffer[position], value)
                         position += 1
                 for name in step.inputs:  # freed inside the capture: its memory serves later steps of the graph

@@ -13,9 +13,15 @@ A graph bakes in every device address it touched, so:
   on the same lane (a lane finishes a chunk before it starts the next).
 
 A run is captured the second time it is met, so the first pass runs eagerly: it compiles
-and loads what the kernels need lazily, and its per-step timings remain the plan's own.
-A replay is timed as one span; a run whose capture fails (a kernel that synchronises, say)
-stays eager, and the reason is kept.
+and loads what the kernels need lazily. A run whose capture fails (a kernel that
+synchronises, say) stays eager, and the reason is kept.
+
+Each step keeps its own time inside a replay: the capture records CUDA events between the
+steps as nodes of the graph (`StepClock`, cudaEventRecordExternal), so every replay records
+them again, and the step spans are read from them once the lane has waited for the replay.
+The replay itself is timed as one span of kind GRAPH too (its input copies included), which
+the step table leaves out. Where events cannot be recorded in a capture, a replay is one
+span of kind "plugin", a row of its own.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ class SegmentGraph:
     # and the flag columns they are copied to after each replay
     flags: Any = None
     flag_slots: list[int] = field(default_factory=list)
+    # each step's (name, start event, end event), recorded by the graph at every replay (see StepClock)
+    step_marks: tuple[tuple[str, Any, Any], ...] = ()
 
     def replay(self, values: dict[str, Any], stream: Any) -> dict[str, Any]:
         """Copy the outside inputs in, launch the graph on `stream`; returns the outputs."""
@@ -101,32 +109,68 @@ def graph_name(step_names: Sequence[str]) -> str:
     return f"graph {first}" if len(step_names) == 1 else f"graph {first}..{last} ({len(step_names)} steps)"
 
 
+class StepClock:
+    """Events recorded between the steps of a capture, as nodes of the graph. Consecutive steps
+    share an event; untimed work between two steps (a NaN/Inf flag) breaks the chain, so it
+    counts in neither, as in an eager run. Without a stream it records nothing."""
+
+    def __init__(self, stream: Any = None):
+        self.stream = stream
+        self.marks: list[tuple[str, Any, Any]] = []
+        self._last: Any = None  # the event the next step starts at, if it follows a step directly
+        self._started: Any = None
+
+    def start(self) -> None:
+        if self.stream is not None:
+            self._started = self._last if self._last is not None else self._record()
+
+    def stop(self, step: str) -> None:
+        if self.stream is not None:
+            self._last = self._record()
+            self.marks.append((step, self._started, self._last))
+
+    def pause(self) -> None:
+        """Untimed work follows: the next step gets an event of its own."""
+        self._last = None
+
+    def _record(self) -> Any:
+        from .. import cuda
+
+        event = cuda.event()
+        cuda.record_in_capture(event, self.stream)
+        return event
+
+
 def capture(
     step_names: Sequence[str],
     outside: dict[str, Any],
-    run_steps: Callable[[dict[str, Any]], dict[str, Any]],
+    run_steps: Callable[[dict[str, Any], StepClock], dict[str, Any]],
     stream: Any,
     flags: Any = None,
     flag_slots: Sequence[int] = (),
+    timed: bool = True,
 ) -> SegmentGraph:
-    """Captures `run_steps(values)` on `stream` into a graph. `outside` maps each tensor the run
-    reads from outside (its current device array) to be copied into an input buffer; the rest
-    of what it reads (constants) must keep its address. `run_steps` enqueues the steps'
-    kernels and returns the tensors the graph must keep (those read after the run), and
-    writes the NaN/Inf `flags` of the watched outputs, if any, for `flag_slots`."""
+    """Captures `run_steps(values, clock)` on `stream` into a graph. `outside` maps each tensor the
+    run reads from outside (its current device array) to be copied into an input buffer; the
+    rest of what it reads (constants) must keep its address. `run_steps` enqueues the steps'
+    kernels, each between clock.start() and clock.stop(name) (which record events into the
+    graph when `timed`), and returns the tensors the graph must keep (those read after the
+    run); it writes the NaN/Inf `flags` of the watched outputs, if any, for `flag_slots`."""
     import cupy
 
     inputs = {name: cupy.empty_like(value) for name, value in outside.items()}
     pool = cupy.cuda.MemoryPool()
+    clock = StepClock(stream if timed else None)
     with cupy.cuda.using_allocator(pool.malloc):
         stream.begin_capture()
         try:
-            outputs = run_steps(dict(inputs))
+            outputs = run_steps(dict(inputs), clock)
         except BaseException:
             _abandon(stream)
             raise
         graph = stream.end_capture()
-    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, list(flag_slots))
+    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, list(flag_slots),
+                        tuple(clock.marks))
 
 
 def _abandon(stream: Any) -> None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from .. import cuda, hostwork
 from .graphs import SegmentGraphs
-from .timeline import COPY, Timeline
+from .timeline import COPY, GRAPH, Timeline
 
 # Pageable inputs below this size go up directly: the driver's own staging is as quick.
 STAGE_MIN_BYTES = 1 << 20
@@ -50,6 +50,28 @@ class Chains:
                 stream.wait_event(previous)
             yield
             self._last[chain] = stream.record()
+
+
+class EventPool:
+    """The timing events of one lane, made once and recorded again run after run: a run's
+    events are read when its timeline is (Timeline.spans, at the end of the run), so the
+    next run may reuse them. Creating an event costs the host more than recording one."""
+
+    def __init__(self) -> None:
+        self._events: list[Any] = []
+        self._used = 0
+
+    def record(self, stream: Any) -> Any:
+        if self._used == len(self._events):
+            self._events.append(cuda.event())
+        event = self._events[self._used]
+        self._used += 1
+        event.record(stream)
+        return event
+
+    def rewind(self) -> None:
+        """A new run starts: every event may be recorded again."""
+        self._used = 0
 
 
 class _Recording:
@@ -118,6 +140,20 @@ class Lane(Protocol):
         """fn(), which enqueues no device work, timed by the host clock."""
         ...
 
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+        """fn(), which replays CUDA graph `name`: timed as a whole, and each of its steps by the
+        events the graph records (`step_marks`: step, start, end); without marks the replay
+        is one step of its own."""
+        ...
+
+    def untimed(self, fn: Callable[[], Any]) -> Any:
+        """fn(), device work between steps that belongs to none (a NaN/Inf flag)."""
+        ...
+
+    def start_run(self) -> None:
+        """A new run starts: the previous run's timings have been read."""
+        ...
+
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """fn(), host work that reads the lane's results so far, timed by the host clock."""
         ...
@@ -171,6 +207,15 @@ class HostLane(Lane):
 
     run_host = run_kernel
 
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+        raise RuntimeError("CUDA graphs need a CUDA device")
+
+    def untimed(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def start_run(self) -> None:
+        pass
+
     def finish_chunk(self) -> None:
         pass
 
@@ -212,6 +257,12 @@ class CudaLane(Lane):
         self.recording = _Recording(index)
         self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
         self.graphs = SegmentGraphs()  # runs of plugin steps captured on this lane's stream
+        # the steps of this chunk's replays: (step, order, start, end), read once the stream is done
+        self._graph_steps: list[tuple[str, int, Any, Any]] = []
+        self.events = EventPool()
+        # the end event of the kernel step just enqueued: the next one starts there, since nothing
+        # runs on the stream between two steps of a segment (None after any other work)
+        self._step_end: Any = None
 
     def activate(self) -> contextlib.AbstractContextManager:
         """Makes this lane's device and stream current in the calling thread."""
@@ -225,34 +276,61 @@ class CudaLane(Lane):
     def start_chunk(self, timeline: Timeline, chunk: int) -> None:
         self.recording.start(timeline, chunk)
         self._unstage.clear()
+        self._graph_steps.clear()
 
     # --- timing ---------------------------------------------------------------------
 
-    def _event_timed(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
+    def _event_timed(self, name: str, kind: str, fn: Callable[[], Any], start: Any = None) -> Any:
+        self._step_end = None
         order = self.recording.next()
-        start = self.stream.record()
+        start = start if start is not None else self.events.record(self.stream)
         out = fn()
-        end = self.stream.record()
+        end = self.events.record(self.stream)
         self.recording.timeline.device(name, kind, self.recording.chunk, order, start, end, self.recording.lane)
-        return out
+        return out, end
 
     def _chained_copy(self, chain: str, name: str, fn: Callable[[], Any]) -> None:
         with self.chains.ordered(chain, self.stream):
             self._event_timed(name, COPY, fn)
 
-    def segment(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def segment(self) -> Iterator[None]:
         """A run of kernels that starts after the previous lane's run has finished."""
-        return self.chains.ordered("compute", self.stream)
+        self._step_end = None
+        with self.chains.ordered("compute", self.stream):
+            yield
+        self._step_end = None
 
     def run_kernel(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
-        return self._event_timed(name, kind, fn)
+        out, self._step_end = self._event_timed(name, kind, fn, start=self._step_end)
+        return out
 
     def run_host(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Work that enqueues nothing on the device (a reshape view), timed by the host clock."""
+        self._step_end = None
         return self.recording.host_timed(name, kind, fn)
+
+    def untimed(self, fn: Callable[[], Any]) -> Any:
+        self._step_end = None
+        return fn()
+
+    def start_run(self) -> None:
+        self.events.rewind()
+        self._step_end = None
+
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+        """A replay, timed as a whole (kind GRAPH) and per step by the graph's own events. Those
+        are recorded again by the next replay of the graph, which on this lane comes in a later
+        chunk: finish_chunk reads them after waiting for the stream."""
+        if not step_marks:
+            return self._event_timed(name, "plugin", fn)[0]
+        out, _end = self._event_timed(name, GRAPH, fn)
+        self._graph_steps.extend((step, self.recording.next(), start, end) for step, start, end in step_marks)
+        return out
 
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Host work that reads this lane's device results (onnxruntime): wait for them first."""
+        self._step_end = None
         self.stream.synchronize()
         return self.recording.host_timed(name, kind, fn)
 
@@ -312,6 +390,10 @@ class CudaLane(Lane):
     def finish_chunk(self) -> None:
         """Wait for the lane's stream, then copy staged outputs to their targets."""
         self.stream.synchronize()
+        recording = self.recording
+        for step, order, start, end in self._graph_steps:
+            recording.timeline.device_settled(step, "plugin", recording.chunk, order, start, end, recording.lane)
+        self._graph_steps.clear()
         for name, stage, target in self._unstage:
             self.recording.host_timed(f"stage D2H {name}", COPY, lambda s=stage, t=target: hostwork.copy(t, s))
         self._unstage.clear()

@@ -13,7 +13,7 @@ import numpy as np
 from ..device import Device
 from ..model import Model
 from .chunking import BatchLayout
-from .timeline import Span
+from .timeline import GRAPH, Span
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,10 @@ class RunResult:
     spans: list[Span] = field(default_factory=list, repr=False)
     # with CUDA graphs: each replayed graph's span name -> the plan steps it ran
     graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # each graph whose steps were timed inside it -> its replays' time (input copies included), summed over chunks
+    graph_ms: dict[str, float] = field(default_factory=dict)
+    # runs of plugin steps that could not be captured and ran eagerly: first step -> why
+    graph_failures: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +107,7 @@ class Profile:
     copy_hidden_ms: list[float] = field(default_factory=list)
     copy_exposed_ms: list[float] = field(default_factory=list)
     graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # as in RunResult, over every timed run
+    graph_ms: dict[str, list[float]] = field(default_factory=dict)  # each graph's replay time, one reading per timed run
 
     @property
     def batch(self) -> int:
@@ -120,15 +125,29 @@ class Profile:
         self.copy_hidden_ms.append(result.copy_hidden_ms)
         self.copy_exposed_ms.append(result.copy_exposed_ms)
         self.graphs.update(result.graphs)
+        for name, ms in result.graph_ms.items():
+            self.graph_ms.setdefault(name, []).append(ms)
         for reading in result.times:
             self.step_ms.setdefault(reading.name, []).append(reading.ms)
             self.kinds[reading.name] = reading.kind
 
 
 def sum_by_step(spans: list[Span]) -> list[StepTime]:
-    """Per step name, the time summed over chunks, in the order the first chunk ran them."""
+    """Per step name, the time summed over chunks, in the order the first chunk ran them.
+    A CUDA graph's replay as a whole is left out: its steps have spans of their own."""
     times: dict[str, StepTime] = {}
     for span in spans:
+        if span.kind == GRAPH:
+            continue
         entry = times.setdefault(span.name, StepTime(span.name, span.kind, 0.0))
         entry.ms += span.ms
     return list(times.values())
+
+
+def graph_totals(spans: list[Span]) -> dict[str, float]:
+    """Per CUDA graph whose steps were timed inside it, its replays' time summed over chunks, in ms."""
+    totals: dict[str, float] = {}
+    for span in spans:
+        if span.kind == GRAPH:
+            totals[span.name] = totals.get(span.name, 0.0) + span.ms
+    return totals

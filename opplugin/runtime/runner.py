@@ -30,6 +30,7 @@ import onnxruntime as ort
 from .. import cuda, sessions
 from ..device import Device, select_device
 from ..errors import InputError, OutOfDeviceMemory, PluginError, first_line, positive_int
+from ..launch_mode import building_for
 from ..model import Model
 from ..plan import OrtStep, Plan, PluginStep, make_plan
 from ..registry import Kernel, Plugin
@@ -39,7 +40,7 @@ from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
 from .describe import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
-from .records import PlanRecord, Profile, RunResult, sum_by_step
+from .records import PlanRecord, Profile, RunResult, graph_totals, sum_by_step
 from .timeline import Timeline, copy_figures
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
@@ -66,9 +67,11 @@ class Runner:
     or a user_kernels.KernelSource; see `opplugin new conv FILE`).
     `chunk` fixes the images per chunk (default: from the free device memory and
     the pipeline's needs); `streams` the chunks in flight at once on a GPU
-    (default 3). `cuda_graphs` replays each run of plugin steps as one CUDA graph from
-    the second pass on (graphs.py): far less host time per step at small batches, one
-    timing for the run instead of one per step.
+    (default 3). `cuda_graphs` (on by default; it needs a CUDA device and is ignored
+    on the CPU) replays each run of plugin steps as one CUDA graph from the second pass
+    on (graphs.py): far less host time per step at small batches. Each step keeps its own
+    time, from events recorded inside the graph. A run that cannot be captured runs
+    eagerly, and `graph_failures()` (and each RunResult) says why.
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
     and `describe(batch)` the plan as a PlanRecord: what report.py and
@@ -86,7 +89,7 @@ class Runner:
         chunk: int | None = None,
         streams: int | None = None,
         kernels: dict[str, Any] | None = None,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool = True,
     ):
         self.batch = positive_int(batch, "batch")
         registry = _with_user_kernels(registry, kernels)
@@ -103,7 +106,8 @@ class Runner:
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
-        self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
+        with building_for(self.cuda_graphs):  # what a variant costs the host depends on it (ops/conv/cost.py)
+            self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
         self.providers = self._providers()
         self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
         self.constants = self._upload_constants()
@@ -324,6 +328,8 @@ class Runner:
                              Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)))
         if self._chains:
             self._chains.reset()
+        for lane in self.scheduler.lanes:
+            lane.start_run()  # the last run's timings are read: its events may be recorded again
         started = time.perf_counter()
         timeline = Timeline(on_gpu)
         self.scheduler.run(
@@ -355,6 +361,8 @@ class Runner:
             exact_ms=exact_ms,
             spans=spans,
             graphs=self._graph_steps(spans),
+            graph_ms=graph_totals(spans),
+            graph_failures=self.graph_failures(),
         )
 
     def profile(

@@ -16,6 +16,8 @@ from typing import Any
 from .. import cuda
 
 COPY = "copy"
+# a CUDA graph's replay as a whole; its steps have spans of their own (see graphs.py)
+GRAPH = "graph"
 HOST, DEVICE = "host", "device"
 
 
@@ -24,7 +26,7 @@ class Span:
     """One step or copy of one chunk, in milliseconds from the start of the run."""
 
     name: str
-    kind: str  # "plugin", "onnxruntime" or "copy"
+    kind: str  # "plugin", "onnxruntime", "copy" or GRAPH
     chunk: int
     order: int  # position within its chunk
     start_ms: float
@@ -44,6 +46,7 @@ class Timeline:
         self.on_gpu = on_gpu
         self._lock = threading.Lock()
         self._pending: list[tuple[str, str, int, int, Any, Any, int]] = []
+        self._settled: list[Span] = []
         self._origin_event = None
         if on_gpu:
             self._origin_event = cuda.event()
@@ -64,11 +67,19 @@ class Timeline:
         with self._lock:
             self._pending.append((name, kind, chunk, order, start, end, lane))
 
+    def device_settled(self, name: str, kind: str, chunk: int, order: int, start: Any, end: Any, lane: int = 0) -> None:
+        """A span timed by two CUDA events that have completed and will be recorded again (a
+        CUDA graph's own, at its next replay): read now."""
+        begin_ms = cuda.elapsed_ms(self._origin_event, start)
+        end_ms = cuda.elapsed_ms(self._origin_event, end)
+        with self._lock:
+            self._settled.append(Span(name, kind, chunk, order, begin_ms, max(begin_ms, end_ms), lane, DEVICE))
+
     def spans(self) -> list[Span]:
         """Every span, in chunk order and within a chunk in execution order (waits for the device)."""
         if self.on_gpu:
             cuda.synchronize()
-        spans = []
+        spans = list(self._settled)
         for name, kind, chunk, order, start, end, lane in self._pending:
             if isinstance(start, float):
                 clock = HOST

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
@@ -51,13 +52,15 @@ def cmd_new(args) -> int:
     op_type = op_type_named(args.op)
     if not args.file:
         raise InputError(f"opplugin new {args.op} needs the file to write, e.g. opplugin new {args.op} my_{args.op.lower()}.cu")
+    from ..files import check_writable, write_atomic
+
     target = Path(args.file)
+    if target.is_dir():
+        raise InputError(f"{args.file} is a folder; give the path of the .cu file to write")
     if target.exists() and not args.force:
         raise InputError(f"{args.file} exists; pass --force to overwrite it")
-    if not target.parent.is_dir():
-        raise InputError(f"{args.file}: the folder {target.parent} does not exist")
-    text = starter_text(op_type).replace("THIS_FILE.cu", target.name)
-    target.write_text(text)
+    check_writable(args.file, f"opplugin new {args.op}")  # a missing, read-only or forbidden folder: one line
+    write_atomic(target, starter_text(op_type).replace("THIS_FILE.cu", target.name))
     print(f"Wrote {args.file}: a {op_type} kernel, one thread per output. Try: opplugin check --kernel {op_type}={args.file}")
     return 0
 
@@ -70,44 +73,96 @@ def say_cpu_note(registry, device) -> None:
         print(CPU_NOTE, file=sys.stderr)
 
 
-def plan_lines(plan, registry) -> list[str]:
-    """What each user kernel does with each node of its op type: compiled (and where the
-    epilogue runs), or rejected (the reason; the built-in choice runs it). Compiling here,
-    with NVRTC alone where there is no GPU, is what makes `plan` catch compile errors."""
-    from ..nvrtc import NvrtcUnavailable
-    from ..user_kernels.compiler import OFFLINE_ARCH, Rejected
+@dataclass(frozen=True)
+class UserKernelUse:
+    """What a user kernel does with one node of its op type, as `plan` shows it (text and JSON).
+    `status`: "compiled", "rejected" (the built-in choice runs the node), "not_compiled" (no
+    NVRTC here) or "unused" (no node of its op type runs as a plugin step; `step` is None)."""
+
+    kernel: str  # the file's name
+    path: str  # as the user gave it
+    op_type: str
+    step: str | None
+    status: str
+    reason: str | None = None  # why rejected or not compiled
+    fused: tuple[str, ...] = ()  # the op types of the fused followers
+    fused_by_kernel: bool | None = None  # whether the source applies them itself (None: nothing fused)
+
+    def as_json(self) -> dict:
+        return {"kernel": self.kernel, "path": self.path, "op_type": self.op_type, "step": self.step, "status": self.status,
+                "reason": self.reason, "fused": list(self.fused), "fused_by_kernel": self.fused_by_kernel}
+
+    def line(self, users: dict) -> str:
+        if self.status == "unused":
+            return f"  {self.kernel}: no {self.op_type} node of this model runs as a plugin step"
+        if self.status == "rejected":
+            return f"  {self.step}: {self.kernel} rejects it ({self.reason}); the built-in choice runs it"
+        if self.status == "not_compiled":
+            return f"  {self.step}: {self.kernel} not compiled: {self.reason}"
+        line = f"  {self.step}: {self.kernel}"
+        chain = " > ".join(self.fused)
+        if self.fused and not self.fused_by_kernel:
+            source = users[self.op_type].source
+            why = "does not fuse its epilogue" if not source.launch.fuses_epilogue else "fuses only ACT and the max pool"
+            return line + f"; then {chain} as a separate CuPy step (the source {why})"
+        return line + (f", with {chain} fused (fuses=epilogue)" if self.fused else "")
+
+
+def user_plugins(registry) -> dict:
     from ..user_kernels.plugin import UserPlugin
 
-    users = {op: p for op, p in registry.items() if isinstance(p, UserPlugin)}
-    if not users:
-        return []
+    return {op: p for op, p in (registry or {}).items() if isinstance(p, UserPlugin)}
+
+
+def compile_user_kernels(plan, registry) -> list[UserKernelUse]:
+    """Compile each user kernel for each node of its op type, with NVRTC alone where there is no
+    GPU (so compile errors show on any machine): what it does with each. A compile error raises."""
+    from ..nvrtc import NvrtcUnavailable
+    from ..user_kernels.compiler import Rejected
+
+    users = user_plugins(registry)
     on_gpu = plan.device.is_cuda
-    where = plan.device.name if on_gpu else f"{OFFLINE_ARCH} with NVRTC (no GPU here: the numpy reference runs these nodes)"
-    lines = ["", f"User kernels (compiled for {where}):"]
+    uses = []
     for step in plan.plugin_steps:
         plugin = users.get(step.node.op_type)
         if plugin is None:
             continue
-        label = plugin.source.label
+        named = dict(kernel=plugin.source.label, path=plugin.source.path, op_type=plugin.op_type, step=step.name)
         try:
             plugin.compile(step.node, step.fused, on_gpu)
         except Rejected as reason:
-            lines.append(f"  {step.name}: {label} rejects it ({reason}); the built-in choice runs it")
+            uses.append(UserKernelUse(**named, status="rejected", reason=str(reason)))
             continue
         except NvrtcUnavailable as err:
-            lines.append(f"  {step.name}: {label} not compiled: {err}")
+            uses.append(UserKernelUse(**named, status="not_compiled", reason=str(err)))
             continue
-        line = f"  {step.name}: {label}"
-        if step.fused and not plugin.fuses(plugin.epilogue(step.fused)):
-            why = "does not fuse its epilogue" if not plugin.source.launch.fuses_epilogue else "fuses only ACT and the max pool"
-            line += f"; then {' > '.join(n.op_type for n in step.fused)} as a separate CuPy step (the source {why})"
-        elif step.fused:
-            line += f", with {' > '.join(n.op_type for n in step.fused)} fused (fuses=epilogue)"
-        lines.append(line)
+        fused = tuple(n.op_type for n in step.fused)
+        by_kernel = plugin.fuses(plugin.epilogue(step.fused)) if step.fused else None
+        uses.append(UserKernelUse(**named, status="compiled", fused=fused, fused_by_kernel=by_kernel))
     for op_type, plugin in users.items():
         if not any(s.node.op_type == op_type for s in plan.plugin_steps):
-            lines.append(f"  {plugin.source.label}: no {op_type} node of this model runs as a plugin step")
-    return lines
+            uses.append(UserKernelUse(plugin.source.label, plugin.source.path, op_type, None, "unused"))
+    return uses
+
+
+def plan_lines(plan, registry, uses: list[UserKernelUse]) -> list[str]:
+    """The plan's lines about the user kernels: where they were compiled, and what each does with each node."""
+    from ..user_kernels.compiler import OFFLINE_ARCH
+
+    if not uses:
+        return []
+    where = plan.device.name if plan.device.is_cuda else f"{OFFLINE_ARCH} with NVRTC (no GPU here: the numpy reference runs these nodes)"
+    users = user_plugins(registry)
+    return ["", f"User kernels (compiled for {where}):", *(use.line(users) for use in uses)]
+
+
+def compile_without_gpu(plan, registry) -> None:
+    """run and check without a GPU: compile the user kernels all the same, so that an error in the
+    source stops the command as it would on a GPU; one line when NVRTC is not installed."""
+    uses = compile_user_kernels(plan, registry)
+    missing = next((use for use in uses if use.status == "not_compiled"), None)
+    if missing is not None:
+        print(f"{missing.kernel} not compiled: {missing.reason}", file=sys.stderr)
 
 
 def sanitize_kernels(args, kernels: dict[str, str]) -> None:
@@ -118,16 +173,17 @@ def sanitize_kernels(args, kernels: dict[str, str]) -> None:
 
 
 def watch_kernels(args, model, device, batch: int, make_runner, kernels: dict[str, str], cycles: int | None = None,
-                  say=None) -> int:
+                  say=None, inputs=None) -> int:
     """--watch: check and time the user kernels at `batch` after every save of their files (`cycles` saves;
-    None: until Ctrl-C)."""
+    None: until Ctrl-C), on `inputs` (the user's own) or else the --data the flags name."""
     from ..check import DEFAULT_ATOL, DEFAULT_RTOL, check
     from ..data import make_inputs
     from .watch import StepResult, watch
 
     atol = getattr(args, "atol", DEFAULT_ATOL)  # run has no tolerance flags: check's defaults
     rtol = getattr(args, "rtol", DEFAULT_RTOL)
-    inputs = make_inputs(model, batch, args.data, args.seed, pinned=device.is_cuda)
+    if inputs is None:
+        inputs = make_inputs(model, batch, args.data, args.seed, pinned=device.is_cuda)
     roof = None
     if device.is_cuda:
         from ..lab import roofline

@@ -54,10 +54,10 @@ def compile_node(source: KernelSource, defines: Mapping[str, int], on_gpu: bool,
         except cupy.cuda.compiler.CompileException as err:
             raise_for_log(source, err.get_message(), defines)
         return Compiled(module, options)
-    from ..nvrtc import CompileError, NvrtcUnavailable, compile_cubin
+    from ..nvrtc import CompileError, NvrtcUnavailable, compile_cubin, fast_compile_options
 
-    try:
-        compile_cubin(text, options, OFFLINE_ARCH, name=source.label)
+    try:  # without a GPU the compile only shows whether the source compiles: the fast mode does
+        compile_cubin(text, options + fast_compile_options(), OFFLINE_ARCH, name=source.label)
     except NvrtcUnavailable:
         raise
     except CompileError as err:

@@ -62,8 +62,8 @@ class UserKernel(Kernel):
     def grid(self, batch: int) -> tuple[int, ...]:
         launch = self.source.launch
         if launch.grid:
-            names = self.defines | {"batch": batch, "BLOCK": launch.block, "OUTPUTS_PER_THREAD": launch.outputs_per_thread}
-            grid = tuple(evaluate(text, names, f"{self.source.path}: grid") for text in launch.grid)
+            names = self.source.grid_names(self.defines, batch)
+            grid = tuple(evaluate(text, names, self.source.grid_where) for text in launch.grid)
         else:
             threads = -(-batch * self.per_image // launch.outputs_per_thread)
             grid = (max(1, -(-threads // launch.block)),)
@@ -172,10 +172,12 @@ class UserPlugin(Plugin):
         key = (tuple(defines.items()), on_gpu, digest, self.source.text)
         if key not in self._compiled:
             try:
-                self._compiled[key] = compile_node(self.source, defines, on_gpu, digest)
+                compiled = compile_node(self.source, defines, on_gpu, digest)
             except Rejected as reason:
                 self.rejections[node.name] = str(reason)
                 raise
+            self.source.check_grid(defines)
+            self._compiled[key] = compiled
         return self._compiled[key]
 
     def _constant_weights(self, node: NodeInfo) -> list[np.ndarray] | None:

@@ -56,6 +56,7 @@ class LaunchSpec:
     block: int = DEFAULT_BLOCK
     outputs_per_thread: int = 1
     grid: tuple[str, ...] = ()  # expressions; empty: from the outputs
+    grid_line: int = 0  # the grid directive's line, for messages
     constant_weights: bool = False
     fuses_epilogue: bool = False
 
@@ -103,6 +104,21 @@ class KernelSource:
     @property
     def uses_shared_memory(self) -> bool:
         return "__shared__" in strip_comments(self.text)
+
+    @property
+    def grid_where(self) -> str:
+        """FILE:LINE of the grid directive, as messages about it start."""
+        return f"{self.path}:{self.launch.grid_line}"
+
+    def grid_names(self, defines: Mapping[str, int], batch: int) -> dict[str, int]:
+        """The names a grid expression may use: the node's macros, batch, BLOCK and OUTPUTS_PER_THREAD."""
+        return dict(defines) | {"batch": batch, "BLOCK": self.launch.block, "OUTPUTS_PER_THREAD": self.launch.outputs_per_thread}
+
+    def check_grid(self, defines: Mapping[str, int]) -> None:
+        """UserKernelError at the directive's line when a grid expression names something that is
+        not a macro of this node, or divides by zero: found when the node compiles, not at launch."""
+        for text in self.launch.grid:
+            evaluate(text, self.grid_names(defines, 1), self.grid_where)
 
     def generated(self, defines: Mapping[str, int]) -> str:
         """The source NVRTC compiles for one node: macros, the user's text at its own lines, the signature check."""
@@ -160,7 +176,7 @@ def parse_directives(path: str, text: str) -> LaunchSpec:
             parts = _split_grid(value, where)
             for part in parts:
                 _parse_expression(part, where)
-            values["grid"] = parts
+            values["grid"], values["grid_line"] = parts, number
         elif key == "weights":
             if value not in ("constant", "pointer"):
                 raise UserKernelError(f"{where}: weights is constant or pointer, got {value!r}")

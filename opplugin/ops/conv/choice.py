@@ -23,7 +23,9 @@
    `const_rb` first. A family gives the configuration its `configs()` lists
    first: the one its author expects to be fastest without spilling. When no
    family fuses the epilogue, the same order picks a plain kernel and the
-   epilogue follows as CuPy array operations.
+   epilogue follows as CuPy array operations. Where the pick splits K, the cost
+   model (cost.py) weighs the split's second launch against what it saves, with
+   the host's launch cost only when no CUDA graph replays the kernels.
 
 Both give a `Config`; the cache's names are parsed here, where they come in.
 """
@@ -32,9 +34,10 @@ from __future__ import annotations
 from ...device import Device
 from ...errors import PluginError
 from ...tuning_cache import CacheKey, key_for, lookup
-from . import families
+from . import cost, families
 from .epilogue import NONE, Epilogue
 from .families.gemm import k_dim
+from .families.pipelined import multiprocessors
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
@@ -80,10 +83,20 @@ def first_fitting(spec: ConvSpec, order, weights, epilogue: Epilogue = NONE) -> 
 def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue) -> families.Config:
     order = preference(spec)
     # when none fuses the epilogue, the plain kernel runs and the epilogue follows in CuPy
-    config = first_fitting(spec, order, weights, epilogue) or first_fitting(spec, order, weights)
+    config, fused = first_fitting(spec, order, weights, epilogue), epilogue
+    if config is None:
+        config, fused = first_fitting(spec, order, weights), NONE
     if config is None:
         raise PluginError(f"no CUDA variant can run this Conv ({spec})")
-    return config
+    return least_cost_split(spec, config, weights, fused)
+
+
+def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue: Epilogue) -> families.Config:
+    """The family's pick or the same tile with less K split, whichever the cost model (cost.py)
+    predicts fastest: a split is a second launch, which costs the host more than it saves
+    at small batches unless a CUDA graph launches it."""
+    candidates = [c for c in cost.split_alternatives(config) if families.unsupported_reason(spec, c, weights, epilogue) is None]
+    return cost.cheapest(spec, candidates, multiprocessors()) if len(candidates) > 1 else config
 
 
 def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:

@@ -14,6 +14,7 @@ from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, kernel_name
+from .matmul import BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel
 from .spec import BIAS_FULL, GemmSpec
 
 
@@ -39,16 +40,20 @@ class GemmPlugin(Plugin):
             return "a constant C with one row per batch row does not follow the batch through chunked runs"
         return None
 
+    def gemm_spec(self, node: NodeInfo) -> GemmSpec:
+        """The GemmSpec the families run for this node."""
+        return spec_of(node, self.describe)
+
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
         if not device.is_cuda:
             return {}
-        spec = spec_of(node, self.describe)
+        spec = self.gemm_spec(node)
         return {name: families.unsupported_reason(spec, default(spec)) for name, default in families.DEFAULTS.items()}
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """An activation, then a Softmax over the rows; or a Softmax alone. On a GPU the Softmax
         fuses only where a family can run it (N <= 32); the activation always can."""
-        spec = spec_of(node, self.describe)
+        spec = self.gemm_spec(node)
         for count in range(min(2, len(followers)), 0, -1):
             epilogue = epilogue_of(followers[:count])
             if epilogue is None:
@@ -71,7 +76,7 @@ class GemmPlugin(Plugin):
     def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]):
         """(spec, epilogue, Config) of what `build` makes, decided without compiling; the Config is
         None on the CPU device (the numpy reference)."""
-        spec = spec_of(node, self.describe)
+        spec = self.gemm_spec(node)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
             raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
@@ -88,9 +93,61 @@ class GemmPlugin(Plugin):
 
 
 class MatMulPlugin(GemmPlugin):
-    """ONNX MatMul on 2-D operands: a Gemm without C, alpha or transposes."""
+    """ONNX MatMul of any rank (see matmul.py): with a constant 2-D B, a Gemm on A's rows (every
+    family, heuristic and epilogue of Gemm); otherwise a batched product with the leading axes
+    broadcast, an activation fused."""
 
     op_type = "MatMul"
+
+    def describe(self, node: NodeInfo) -> MatMulSpec:
+        if any(t.dtype != np.float32 for t in node.inputs[:2]):
+            raise PluginError("only float32 tensors are supported")
+        return MatMulSpec.from_node(node)
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        try:
+            spec_of(node, self.describe)
+        except PluginError as err:
+            return str(err)
+        return None
+
+    def gemm_spec(self, node: NodeInfo) -> GemmSpec:
+        spec = spec_of(node, self.describe)
+        if not spec.is_flat:
+            raise PluginError(f"MatMul {node.name} is a batched product, not a Gemm")
+        return spec.gemm
+
+    def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
+        return super().variant_notes(node, device) if spec_of(node, self.describe).is_flat else {}
+
+    def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
+        if spec_of(node, self.describe).is_flat:
+            return super().fuse(node, followers, device)
+        return 1 if followers and activation.from_node(followers[0]) else 0
+
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        if spec_of(node, self.describe).is_flat:
+            return super().kernel_name(node, device, variant, fused)
+        return kernel_name("matmul", "batched" if device.is_cuda else "reference", self._batched_epilogue(node, fused))
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec = spec_of(node, self.describe)
+        if spec.is_flat:
+            return FlatMatMulKernel(spec, super().build(node, device, variant, fused))
+        epilogue = self._batched_epilogue(node, fused)
+        if variant not in (None, "reference", "batched"):
+            raise PluginError(f"MatMul {node.name} is a batched product; its kernel is 'batched' (on the CPU device: 'reference')")
+        name = self.kernel_name(node, device, variant, fused)
+        if not device.is_cuda:
+            return ReferenceMatMulKernel(spec, epilogue.activation, name)
+        return BatchedMatMulKernel(spec, epilogue.activation, name, _constant(node, 0), _constant(node, 1))
+
+    @staticmethod
+    def _batched_epilogue(node: NodeInfo, fused: Sequence[NodeInfo]) -> GemmEpilogue:
+        epilogue = epilogue_of(fused) if fused else NONE
+        if epilogue is None or epilogue.softmax:
+            raise PluginError(f"a batched MatMul {node.name} fuses an activation only, not {[n.op_type for n in fused]}")
+        return epilogue
 
 
 def epilogue_of(followers: Sequence[NodeInfo]) -> GemmEpilogue | None:
@@ -108,11 +165,13 @@ def epilogue_of(followers: Sequence[NodeInfo]) -> GemmEpilogue | None:
 
 
 def _row_softmax(node: NodeInfo) -> bool:
-    """A Softmax over the last axis of a 2-D tensor (whatever the opset, that is one row)."""
-    if node.op_type != "Softmax" or len(node.inputs[0].shape) != 2:
+    """A Softmax over the last axis: of a 2-D tensor whatever the opset, or of any rank from opset 13
+    (one axis; before, the axes from `axis` on), as after a MatMul whose leading axes are Gemm rows."""
+    rank = len(node.inputs[0].shape)
+    if node.op_type != "Softmax" or rank < 2 or (rank > 2 and node.opset < 13):
         return False
-    # the default axis, 1 before opset 13 and -1 since, is the row either way
-    return int(node.attributes.get("axis", -1)) in (1, -1)
+    # the default axis, 1 before opset 13 and -1 since, is the row either way for 2-D
+    return int(node.attributes.get("axis", -1)) in (rank - 1, -1)
 
 
 def _constant(node: NodeInfo, index: int) -> np.ndarray | None:

@@ -1,5 +1,5 @@
 """The pool plugins: MaxPool, AveragePool, GlobalMaxPool and GlobalAveragePool on 2-D float32
-maps, and ReduceMean over H and W. The CPU device runs the numpy reference, a CUDA device kernels/pool.cu."""
+maps (ReduceMean over H and W runs this kernel from ops/reduction). The CPU device runs the numpy reference, a CUDA device kernels/pool.cu."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -71,8 +71,3 @@ class GlobalMaxPoolPlugin(PoolPlugin):
 class GlobalAveragePoolPlugin(PoolPlugin):
     op_type = "GlobalAveragePool"
 
-
-class ReduceMeanPlugin(PoolPlugin):
-    """ReduceMean over H and W of an (N, C, H, W) tensor: a global average pool (other axes are refused)."""
-
-    op_type = "ReduceMean"

@@ -1,0 +1,155 @@
+"""The PyTorch peers of `bench --e2e`, on the same weights as the ONNX file:
+
+- eager: the module as it is (cuDNN FP32, `cudnn.benchmark` on, TF32 off);
+- graph: the same module captured once in a `torch.cuda.CUDAGraph` and replayed;
+- compile_graph: `torch.compile` (inductor, default mode, TF32 off) captured the same way.
+
+A capture works on fixed tensors: the input is copied into a static input tensor, the
+graph replays, and its static output is read. Warm-up calls (cuDNN's algorithm search,
+inductor's compile) run on a side stream first, as PyTorch asks before a capture.
+
+Each timer returns host-to-host ms (pinned host input to a host output, by the host
+clock), device-resident ms (CUDA events around the device work alone), the output and
+what ran. Nothing here runs without torch and a GPU: the rest of `bench --e2e` is
+tested on the CPU, this module on the GPU.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import first_line
+from ..model import Model
+from .peers import PeerUnavailable, torch_or_reason
+from .trial import host_ms
+
+
+class TorchModel:
+    """The PyTorch module of one ONNX file, on the GPU, loaded on first use and kept for
+    every batch and peer; raises PeerUnavailable (the same reason each time) when it cannot be."""
+
+    def __init__(self, path: Path, model: Model):
+        self.path, self.model = path, model
+        self._loaded: tuple[Any, Any, str] | None = None
+        self._reason: str | None = None
+
+    def get(self) -> tuple[Any, Any, str]:
+        """(torch, module in eval mode on the GPU, where its weights came from)."""
+        if self._loaded is None and self._reason is None:
+            try:
+                self._loaded = self._load()
+            except PeerUnavailable as why:
+                self._reason = str(why)
+        if self._reason is not None:
+            raise PeerUnavailable(self._reason)
+        return self._loaded
+
+    def _load(self) -> tuple[Any, Any, str]:
+        torch, reason = torch_or_reason()
+        if torch is None:
+            raise PeerUnavailable(reason)
+        if len(self.model.inputs) != 1:
+            raise PeerUnavailable(f"the PyTorch peers feed one input; {self.model.name} has {len(self.model.inputs)}")
+        module, source = torch_module(torch, self.path, self.model)
+        fp32_settings(torch)
+        return torch, module.eval().cuda(), source
+
+
+def torch_module(torch: Any, path: Path, model: Model) -> tuple[Any, str]:
+    """The module with the file's weights: tools/export_models.py's MODEL.pt, else onnx2torch's conversion."""
+    saved = path.with_suffix(".pt")
+    if saved.is_file():
+        try:
+            import torchvision
+        except ImportError:
+            raise PeerUnavailable(f"{saved.name} names a torchvision model and torchvision is not installed") from None
+        state = torch.load(saved, map_location="cpu", weights_only=True)
+        module = getattr(torchvision.models, state["arch"])(weights=None, **state.get("kwargs", {}))
+        module.load_state_dict(state["state_dict"])
+        return module, f"torchvision {state['arch']} ({saved.name})"
+    try:
+        from onnx2torch import convert
+    except ImportError:
+        raise PeerUnavailable(f"no {saved.name} beside the model (tools/export_models.py writes one) and onnx2torch is not installed") from None
+    return convert(model.original), "onnx2torch"
+
+
+def fp32_settings(torch: Any) -> None:
+    """cuDNN picks its fastest algorithm once per shape; neither cuDNN nor cuBLAS may use TF32."""
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def _event_ms(torch: Any, fn: Callable[[], Any], warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeat):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def time_eager(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat: int) -> dict[str, Any]:
+    torch, module, source = loaded
+    x_host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
+    x_device = x_host.cuda()
+    with torch.no_grad():
+        host = host_ms(lambda: module(x_host.cuda(non_blocking=True)).cpu(), warmup, repeat)
+        device = _event_ms(torch, lambda: module(x_device), warmup, repeat)
+        output = module(x_host.cuda(non_blocking=True)).cpu().numpy()
+    return {"host_to_host_ms": host, "device_ms": device, "output": output,
+            "implementation": f"PyTorch {torch.__version__} eager, cuDNN {torch.backends.cudnn.version()} FP32, {source}"}
+
+
+def capture(torch: Any, forward: Callable[[Any], Any], x_device: Any, warmup: int) -> tuple[Any, Any, Any]:
+    """(graph, static input, static output): `forward` warmed up on a side stream, then captured once."""
+    static_x = x_device.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 2)):
+            forward(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = forward(static_x)
+    return graph, static_x, static_y
+
+
+def time_graph(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat: int, compiled: bool) -> dict[str, Any]:
+    """The module (or torch.compile's version of it) replayed from one CUDA graph."""
+    torch, module, source = loaded
+    x_host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
+    what = f"PyTorch {torch.__version__} in one CUDA graph, cuDNN {torch.backends.cudnn.version()} FP32"
+    forward = module
+    if compiled:
+        try:
+            forward = torch.compile(module, backend="inductor", mode="default", dynamic=False)
+        except Exception as err:
+            raise PeerUnavailable(f"torch.compile failed: {type(err).__name__}: {first_line(err)}") from None
+        what = f"torch.compile {torch.__version__} (inductor, default mode, TF32 off) in one CUDA graph"
+    with torch.no_grad():
+        try:
+            graph, static_x, static_y = capture(torch, forward, x_host.cuda(), warmup)
+        except Exception as err:  # inductor's compile runs here, at the first call; a capture may be refused
+            step = "torch.compile or its capture" if compiled else "the CUDA graph capture"
+            raise PeerUnavailable(f"{step} failed: {type(err).__name__}: {first_line(err)}") from None
+
+        def host_to_host():
+            static_x.copy_(x_host, non_blocking=True)
+            graph.replay()
+            return static_y.cpu()
+
+        host = host_ms(host_to_host, warmup, repeat)
+        device = _event_ms(torch, graph.replay, warmup, repeat)
+        output = host_to_host().numpy()
+    return {"host_to_host_ms": host, "device_ms": device, "output": output, "implementation": f"{what}, {source}"}

@@ -1,0 +1,240 @@
+"""ONNX MatMul of any rank (numpy's matmul, operands of rank 2 or more) on the Gemm plugin.
+
+Two forms, decided per node at plan time:
+- flat: A (batch, ..., M, K) times a constant 2-D B (K, N), as a ConvNeXt MLP's (N, H, W, C) x
+  (C, 4C). A's leading axes merge into the Gemm's rows (a view of a contiguous A), so every
+  Gemm family, its heuristic and its epilogue (activation, row Softmax) run it unchanged.
+- batched: anything else (B computed at run time, a constant B of rank 3 or more, a constant
+  A): one (M, K) x (K, N) product per output matrix, the leading axes broadcast as numpy does
+  (kernels/gemm_batched.cu; an activation fuses into it).
+
+The batch is the first axis of the output, and every operand computed at run time has the
+output's rank, so its first axis is that batch; a constant may broadcast along it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import cuda
+from ...errors import PluginError
+from ...registry import Kernel, NodeInfo
+from ..activation import Activation
+from .spec import GemmSpec
+
+BATCHED_SOURCE = "gemm_batched.cu"
+BATCHED_TILE = (64, 64, 16)  # BM x BN x BK of kernels/gemm_batched.cu: 256 threads, 4 x 4 outputs each
+MAX_BATCH_RANK = 4
+GRID_Z_LIMIT = 65535
+
+
+@dataclass(frozen=True)
+class MatMulSpec:
+    a_shape: tuple[int, ...]  # at the plan's batch
+    b_shape: tuple[int, ...]
+    a_constant: bool
+    b_constant: bool
+
+    @property
+    def m(self) -> int:
+        return self.a_shape[-2]
+
+    @property
+    def k(self) -> int:
+        return self.a_shape[-1]
+
+    @property
+    def n(self) -> int:
+        return self.b_shape[-1]
+
+    @property
+    def is_flat(self) -> bool:
+        return not self.a_constant and self.b_constant and len(self.b_shape) == 2
+
+    @property
+    def rows_per_image(self) -> int:
+        """The flat form's Gemm rows per image: A's axes between the batch and K."""
+        return int(np.prod(self.a_shape[1:-1], dtype=np.int64))
+
+    @property
+    def gemm(self) -> GemmSpec:
+        """The flat form's Gemm: rows = every axis of A but K, at the plan's batch."""
+        return GemmSpec(int(np.prod(self.a_shape[:-1], dtype=np.int64)), self.n, self.k)
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The output's leading (matrix-indexing) axes at the plan's batch."""
+        return tuple(np.broadcast_shapes(self.a_shape[:-2], self.b_shape[:-2]))
+
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        planned = (*self.batch_shape, self.m, self.n)
+        return (batch, *planned[1:])
+
+    def matrices(self, batch: int) -> int:
+        return int(np.prod(self.output_shape(batch)[:-2], dtype=np.int64))
+
+    def strides(self, operand: str) -> tuple[int, ...]:
+        """Per output batch axis, how far `operand`'s matrix moves (in floats) when that index grows by one (0: broadcast)."""
+        shape, constant = (self.a_shape, self.a_constant) if operand == "a" else (self.b_shape, self.b_constant)
+        lead = shape[:-2]
+        rank = len(self.batch_shape)
+        padded = (1,) * (rank - len(lead)) + tuple(lead)
+        size = shape[-2] * shape[-1]
+        strides, step = [0] * rank, size
+        for axis in range(rank - 1, -1, -1):
+            # the batch axis moves a run-time operand whatever its extent at the plan's batch (1, say)
+            moves = padded[axis] > 1 or (axis == 0 and not constant and len(lead) == rank)
+            strides[axis] = step if moves else 0
+            step *= padded[axis]
+        return tuple(strides)
+
+    def flops(self, batch: int) -> int:
+        return 2 * self.matrices(batch) * self.m * self.n * self.k
+
+    def bytes_moved(self, batch: int) -> int:
+        def size(shape, constant):
+            return int(np.prod(shape if constant else (batch, *shape[1:]), dtype=np.int64))
+        return 4 * (size(self.a_shape, self.a_constant) + size(self.b_shape, self.b_constant) + int(np.prod(self.output_shape(batch))))
+
+    @classmethod
+    def from_node(cls, node: NodeInfo) -> "MatMulSpec":
+        where = f"MatMul {node.name}"
+        a, b = node.inputs[0], node.inputs[1]
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            raise PluginError(f"{where}: a 1-D operand is not implemented (A {list(a.shape)}, B {list(b.shape)})")
+        if min(*a.shape, *b.shape) < 0:
+            raise PluginError(f"{where}: the operands' shapes are not known at plan time (A {list(a.shape)}, B {list(b.shape)})")
+        if a.shape[-1] != b.shape[-2]:
+            raise PluginError(f"{where}: A {list(a.shape)} and B {list(b.shape)} do not multiply")
+        spec = cls(tuple(map(int, a.shape)), tuple(map(int, b.shape)), a.name in node.constants, b.name in node.constants)
+        if spec.a_constant and spec.b_constant:
+            raise PluginError(f"{where}: both operands are constants (simplification folds such a node)")
+        try:
+            lead = spec.batch_shape
+        except ValueError:
+            raise PluginError(f"{where}: the leading axes of A {list(a.shape)} and B {list(b.shape)} do not broadcast") from None
+        if not spec.is_flat:
+            rank = len(lead) + 2
+            if rank == 2:
+                raise PluginError(f"{where}: a 2-D product whose B is computed at run time (or whose A is a constant) is not "
+                                  "implemented: its batch would be A's rows, which the batched kernel compiles in")
+            for name, shape, constant in (("A", spec.a_shape, spec.a_constant), ("B", spec.b_shape, spec.b_constant)):
+                if not constant and len(shape) != rank:
+                    raise PluginError(f"{where}: {name} is computed at run time with rank {len(shape)} below the output's {rank}: "
+                                      "its first axis would not be the batch")
+            if len(lead) > MAX_BATCH_RANK:
+                raise PluginError(f"{where}: more than {MAX_BATCH_RANK} leading axes are not implemented")
+        return spec
+
+
+def reference(spec: MatMulSpec, a: Any, b: Any, activation: Activation | None = None) -> np.ndarray:
+    """numpy's matmul in the operands' dtype (float64 for the oracle), then the activation."""
+    y = np.matmul(a, b)
+    return activation.apply(y) if activation else y
+
+
+class ReferenceMatMulKernel(Kernel):
+    """The batched form's numpy reference, run as the CPU device's kernel: float64 arithmetic, float32 out."""
+
+    def __init__(self, spec: MatMulSpec, activation: Activation | None, name: str):
+        self.spec, self.activation, self.name = spec, activation, name
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        a, b = (np.asarray(x, np.float64) for x in inputs[:2])
+        return [reference(self.spec, a, b, self.activation).astype(np.float32)]
+
+
+class FlatMatMulKernel(Kernel):
+    """A Gemm kernel run on A with its leading axes merged into rows: (batch, ..., K) -> (rows, K) -> (batch, ..., N)."""
+
+    def __init__(self, spec: MatMulSpec, gemm: Kernel):
+        self.spec, self.gemm = spec, gemm
+        self.name, self.variant = gemm.name, getattr(gemm, "variant", None)
+        self.nonfinite_exact = getattr(gemm, "nonfinite_exact", False)
+        self.functions = getattr(gemm, "functions", [])
+
+    def flops(self, batch: int) -> int:
+        return self.gemm.flops(batch * self.spec.rows_per_image)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.gemm.bytes_moved(batch * self.spec.rows_per_image)
+
+    def workspace_bytes(self, batch: int) -> int:
+        return self.gemm.workspace_bytes(batch * self.spec.rows_per_image)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, **out: Any) -> list[Any]:
+        a = inputs[0]
+        if tuple(a.shape[1:]) != self.spec.a_shape[1:]:
+            raise PluginError(f"{self.name}: A has shape {tuple(a.shape)}, expected (batch, {', '.join(map(str, self.spec.a_shape[1:]))})")
+        shape = self.spec.output_shape(int(a.shape[0]))
+        if out.get("out") is not None:
+            out = {"out": out["out"].reshape(-1, self.spec.n)}
+        [y] = self.gemm([a.reshape(-1, self.spec.k), *inputs[1:]], stream, **out)
+        return [y.reshape(shape)]
+
+
+def batched_defines(spec: MatMulSpec, activation: Activation | None) -> dict[str, int | str]:
+    lead = spec.batch_shape
+    macros: dict[str, int | str] = {"M": spec.m, "N": spec.n, "K": spec.k, "BATCH_RANK": max(1, len(lead))}
+    a_strides, b_strides = (spec.strides("a"), spec.strides("b")) if lead else ((0,), (0,))
+    for axis in range(max(1, len(lead))):
+        macros[f"A_STRIDE{axis}"], macros[f"B_STRIDE{axis}"] = a_strides[axis], b_strides[axis]
+        if axis:
+            macros[f"OUT_DIM{axis}"] = lead[axis]
+    return macros | (activation.define() if activation else {})
+
+
+class BatchedMatMulKernel(Kernel):
+    """kernels/gemm_batched.cu for one node; call it with [A, B] (CuPy arrays; a constant given at build is ignored)."""
+
+    def __init__(self, spec: MatMulSpec, activation: Activation | None, name: str, a: np.ndarray | None, b: np.ndarray | None):
+        import cupy
+
+        self.spec, self.activation, self.name = spec, activation, name
+        self.function = cuda.compile_module(BATCHED_SOURCE, batched_defines(spec, activation)).get_function("matmul_batched")
+        self.functions = [self.function]
+        self._constants = [None if x is None else cupy.asarray(x, dtype=cupy.float32) for x in (a, b)]
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def _operand(self, cupy: Any, inputs: Sequence[Any], index: int) -> Any:
+        if self._constants[index] is not None:
+            return self._constants[index]
+        x = inputs[index] if len(inputs) > index else None
+        expected = (self.spec.a_shape, self.spec.b_shape)[index][1:]
+        if not isinstance(x, cupy.ndarray) or x.dtype != np.float32 or tuple(x.shape[1:]) != expected:
+            got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
+            raise PluginError(f"{self.name}: {'AB'[index]} must be a float32 CuPy array of shape (batch, {', '.join(map(str, expected))}), not {got}")
+        return cupy.ascontiguousarray(x)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        import cupy
+
+        with cuda.on_stream(stream):
+            a, b = self._operand(cupy, inputs, 0), self._operand(cupy, inputs, 1)
+            batch = int((b if self._constants[0] is not None else a).shape[0])
+            if self._constants[0] is None and self._constants[1] is None and a.shape[0] != b.shape[0]:
+                raise PluginError(f"{self.name}: A and B have different batches, {a.shape[0]} and {b.shape[0]}")
+            shape = self.spec.output_shape(batch)
+            if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape
+                                    or not out.flags.c_contiguous):
+                raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {shape}")
+            y = cupy.empty(shape, dtype=cupy.float32) if out is None else out
+            matrices = self.spec.matrices(batch)
+            bm, bn, _ = BATCHED_TILE
+            for first in range(0, matrices, GRID_Z_LIMIT):
+                count = min(GRID_Z_LIMIT, matrices - first)
+                self.function((-(-self.spec.n // bn), -(-self.spec.m // bm), count), (256,), (a, b, y, np.int32(first)))
+        return [y]

@@ -1,0 +1,102 @@
+"""The plugins of the reductions and normalisations. The CPU device runs the numpy reference,
+a CUDA device kernels/reduce.cu; a ReduceMean over H and W of an N x C x H x W tensor is a
+global average pool and runs the pool plugin's kernel, made for that case."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ...device import Device
+from ...errors import PluginError
+from ...registry import Kernel, NodeInfo, Plugin
+from ..described import spec_of
+from ..pool import kernel as pool_kernel
+from ..pool.spec import PoolSpec
+from .kernel import ReferenceRowKernel, RowKernel, kernel_name
+from .spec import NormSpec, ReduceSpec, SoftmaxSpec, affine
+
+
+class RowPlugin(Plugin):
+    """One op type of this package (the subclasses name it and its spec)."""
+
+    op_type = ""
+    spec_type: Any = None
+
+    def describe(self, node: NodeInfo) -> Any:
+        """The node's spec; a PluginError (the reason `plan` shows) when it has none."""
+        spec = self.spec_type.from_node(node)
+        if isinstance(spec, NormSpec):
+            affine(spec, node)  # a scale or bias the kernel cannot take says so now
+        return spec
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        try:
+            spec = spec_of(node, self.describe)
+        except PluginError as err:
+            return str(err)
+        planned = tuple(node.outputs[0].shape)
+        if planned and planned != spec.output_shape(planned[0]):
+            return f"the planned output shape {list(planned)} is not {list(spec.output_shape(planned[0]))}"
+        return None
+
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+        spec = spec_of(node, self.describe)
+        if isinstance(spec, PoolSpec):
+            return pool_kernel.kernel_name(spec, device.is_cuda)
+        return kernel_name(spec, device.is_cuda)
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        if fused:
+            raise PluginError(f"{node.op_type} {node.name} fuses nothing, not {[n.op_type for n in fused]}")
+        if variant not in (None, "reference", "cuda"):
+            raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
+        if variant == "cuda" and not device.is_cuda:
+            raise PluginError("variant 'cuda' needs a CUDA device; the CPU device runs the numpy reference")
+        spec = spec_of(node, self.describe)
+        if isinstance(spec, PoolSpec):
+            return pool_kernel.PoolKernel(spec) if device.is_cuda else pool_kernel.ReferencePoolKernel(spec)
+        scale, bias = affine(spec, node) if isinstance(spec, NormSpec) else (None, None)
+        return RowKernel(spec, scale, bias) if device.is_cuda else ReferenceRowKernel(spec, scale, bias)
+
+
+class ReducePlugin(RowPlugin):
+    spec_type = ReduceSpec
+
+
+class ReduceSumPlugin(ReducePlugin):
+    op_type = "ReduceSum"
+
+
+class ReduceMaxPlugin(ReducePlugin):
+    op_type = "ReduceMax"
+
+
+class ReduceMeanPlugin(ReducePlugin):
+    """Any axes but the batch; over H and W of a 4-D tensor, the global average pool kernel."""
+
+    op_type = "ReduceMean"
+
+    def describe(self, node: NodeInfo) -> Any:
+        spec = super().describe(node)
+        return PoolSpec.from_node(node) if len(spec.input_shape) == 4 and spec.axes == (2, 3) else spec
+
+
+class SoftmaxPlugin(RowPlugin):
+    op_type = "Softmax"
+    spec_type = SoftmaxSpec
+
+
+class LogSoftmaxPlugin(SoftmaxPlugin):
+    op_type = "LogSoftmax"
+
+
+class LayerNormalizationPlugin(RowPlugin):
+    op_type = "LayerNormalization"
+    spec_type = NormSpec
+
+
+class GroupNormalizationPlugin(LayerNormalizationPlugin):
+    op_type = "GroupNormalization"
+
+
+class InstanceNormalizationPlugin(LayerNormalizationPlugin):
+    op_type = "InstanceNormalization"

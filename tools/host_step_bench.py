@@ -1,0 +1,134 @@
+"""Host time per plugin step: what the runtime costs the CPU for each step it runs.
+
+    PYTHONPATH=$PWD python3 tools/host_step_bench.py [--device cuda] [--profile] [--json FILE]
+
+The model is a chain of small 3x3 Convs (8 maps of 8x8, one image), so the device
+work per step is a few microseconds and a run's wall time is the host's. Two chains
+of different length run through one kind of Runner each; the difference of their
+median host-to-host times over the difference of their step counts is the host time
+per step, free of the fixed cost of a run (copies in and out, the final wait). Under a
+CUDA graph that is the device's time per step, events between steps included: the
+"no step events" row shows what those cost.
+
+Rows: eager (every step launched from Python, `cuda_graphs=False`) and, on a GPU,
+graphed (the default: each run of steps replayed as one CUDA graph). `--profile`
+prints where an eager run of the long chain spends its host time (cProfile), which
+works on the CPU as well: the per-step path of the runtime is the same there.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from opplugin.device import select_device
+from opplugin.model import load_model
+from opplugin.runtime import Runner
+
+CHANNELS, SIZE = 8, 8
+TARGET_US = 10.0  # issue 25: at most 10 µs of host time per eager plugin step, median
+
+
+def conv_chain(steps: int) -> onnx.ModelProto:
+    """`steps` 3x3 Convs in a row, 8 -> 8 maps at 8x8, each with its own weights."""
+    rng = np.random.default_rng(steps)
+    nodes, weights = [], []
+    for index in range(steps):
+        w = numpy_helper.from_array(rng.standard_normal((CHANNELS, CHANNELS, 3, 3)).astype(np.float32) * 0.1, f"w{index}")
+        weights.append(w)
+        nodes.append(helper.make_node("Conv", ["x" if index == 0 else f"t{index}", w.name],
+                                      [f"t{index + 1}" if index + 1 < steps else "y"], name=f"conv{index}", pads=[1, 1, 1, 1]))
+    shape = [1, CHANNELS, SIZE, SIZE]
+    graph = helper.make_graph(nodes, "conv_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def load_chain(steps: int, folder: Path):
+    path = folder / f"chain{steps}.onnx"
+    onnx.save(conv_chain(steps), path)
+    return load_model(path)
+
+
+def median_run_ms(runner: Runner, feeds: dict, repeat: int) -> float:
+    for _ in range(3):  # compile, capture, settle
+        runner.run(feeds)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        runner.run(feeds)
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
+
+
+def per_step_us(short, long, device, cuda_graphs: bool, repeat: int, step_events: bool = True) -> dict:
+    """µs of host time per plugin step, from the two chains' median run times; without
+    `step_events`, graphs are captured without the events that time each step."""
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, CHANNELS, SIZE, SIZE)).astype(np.float32)}
+    runs = {}
+    for model in (short, long):
+        runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=cuda_graphs)
+        if not step_events:
+            runner.executor.step_times_in_graphs = False
+        runs[len(runner.plan.plugin_steps)] = median_run_ms(runner, feeds, repeat)
+    (few, few_ms), (many, many_ms) = sorted(runs.items())
+    return {"steps": [few, many], "run_ms": [few_ms, many_ms], "us_per_step": (many_ms - few_ms) * 1e3 / (many - few)}
+
+
+def profile_eager(model, device, runs: int = 20, top: int = 25) -> None:
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, CHANNELS, SIZE, SIZE)).astype(np.float32)}
+    runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=False)
+    runner.run(feeds)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(runs):
+        runner.run(feeds)
+    profiler.disable()
+    steps = runs * len(runner.plan.plugin_steps)
+    print(f"\ncProfile of {runs} eager runs ({steps} plugin steps), by own time:")
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--steps", type=int, nargs=2, default=(8, 40), metavar=("SHORT", "LONG"), help="the two chains' lengths")
+    parser.add_argument("--repeat", type=int, default=50, help="timed runs per chain (median)")
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of eager runs of the long chain")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+
+    device = select_device(args.device)
+    with tempfile.TemporaryDirectory() as folder:
+        short, long = (load_chain(n, Path(folder)) for n in args.steps)
+        rows = {"eager": per_step_us(short, long, device, False, args.repeat)}
+        if device.is_cuda:
+            rows["graphed"] = per_step_us(short, long, device, True, args.repeat)
+            rows["graphed, no step events"] = per_step_us(short, long, device, True, args.repeat, step_events=False)
+        where = device.name if device.is_cuda else "CPU (numpy reference kernels: their compute counts too)"
+        print(f"Host time per plugin step, chains of {args.steps[0]} and {args.steps[1]} 3x3 Convs "
+              f"({CHANNELS} maps of {SIZE}x{SIZE}, batch 1), on {where}:")
+        for label, row in rows.items():
+            print(f"  {label:24s} {row['us_per_step']:7.2f} µs/step   (runs: {row['run_ms'][0]:.3f} ms, {row['run_ms'][1]:.3f} ms)")
+        if device.is_cuda:
+            verdict = "meets" if rows["eager"]["us_per_step"] <= TARGET_US else "misses"
+            print(f"  eager {verdict} the target of {TARGET_US:.0f} µs/step")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": device.name, "rows": rows}, indent=2))
+        if args.profile:
+            profile_eager(long, device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,10 +20,10 @@ from .strides import contiguous_strides
 
 
 def _bytes_per_image(node: NodeInfo) -> int:
-    """Bytes read and written per image at the node's shapes (its first axis taken as the batch)."""
-    tensors = [t for t in [*node.inputs[:1], *node.outputs] if t.name]
-    if node.op_type == "Concat":
-        tensors = [t for t in [*node.inputs, *node.outputs] if t.name]
+    """Bytes read and written per image at the node's shapes (its first axis taken as the batch): the
+    data inputs (every input of a Concat, the first of the others) and the outputs."""
+    data = node.inputs if node.op_type == "Concat" else node.inputs[:1]
+    tensors = [t for t in [*data, *node.outputs] if t.name]
     total = sum(4 * int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
     rows = node.inputs[0].shape[0] if node.inputs[0].shape else 1
     return total // max(1, rows)

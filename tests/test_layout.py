@@ -77,6 +77,20 @@ def test_kernel_names_say_the_form_of_the_kernel(case, cpu, gpu, tmp_path):
     assert step.build(CPU).name == cpu  # the name build gives is the one the plan shows
 
 
+def test_a_transpose_that_moves_only_axes_of_extent_one_is_a_view(tmp_path):
+    model = single_node("Transpose", [(2, 1, 5, 1, 7)], {"perm": [0, 3, 2, 1, 4]})
+    for device in (CPU, GPU):
+        plan = make_plan(load_model(save(model, tmp_path / "m.onnx")), 2, device)
+        [step] = plan.steps
+        assert step.plugin.kernel_name(step.node, device) == "view.transpose"
+    kernel = step.build(CPU)
+    assert kernel.name == "view.transpose" and not kernel.device_work
+    feeds = random_feeds(model, 2)
+    ours = kernel([feeds["x0"]])[0]
+    assert np.shares_memory(ours, feeds["x0"])
+    np.testing.assert_array_equal(ours, onnxruntime_outputs(model, feeds)[0])
+
+
 def test_nodes_the_layout_plugins_leave_to_onnxruntime_say_why(tmp_path):
     x = (2, 3, 4, 5)
     cubic = single_node("Resize", [x], {"mode": "cubic"}, constants=[None, np.asarray([1, 1, 2, 2], np.float32)])

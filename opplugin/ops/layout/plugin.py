@@ -13,6 +13,7 @@ from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
 from ..described import spec_of
+from ..view import ViewKernel
 from . import reference
 from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TransposeTileKernel
 from .spec import ConcatSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
@@ -157,6 +158,13 @@ def moves_innermost(spec: TransposeSpec, shape: tuple[int, ...]) -> bool:
     return spec.perm[-1] != rank - 1 and shape[-1] > 1 and shape[spec.perm[-1]] > 1
 
 
+def keeps_memory_order(spec: TransposeSpec, shape: tuple[int, ...]) -> bool:
+    """Whether the axes with more than one element keep their order (only axes of extent 1 move):
+    then the transpose is a reshape, a view."""
+    moved = [axis for axis in spec.perm if shape[axis] != 1]
+    return moved == sorted(moved)
+
+
 class TransposePlugin(LayoutPlugin):
     op_type = "Transpose"
 
@@ -165,6 +173,12 @@ class TransposePlugin(LayoutPlugin):
 
     def suffix_of(self, spec: TransposeSpec) -> str:
         return "perm" + "".join(map(str, spec.perm))
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        spec = spec_of(node, self.describe)
+        if keeps_memory_order(spec, node.inputs[0].shape) and not fused and variant in (None, "reference", "cuda"):
+            return ViewKernel(self.kernel_name(node, device), spec.output_shape)
+        return super().build(node, device, variant, fused)
 
     def reference_kernel(self, node, spec, name):
         return ReferenceLayoutKernel(name, _bytes_per_image(node), lambda xs: [reference.transpose(spec, xs[0])])
@@ -177,6 +191,8 @@ class TransposePlugin(LayoutPlugin):
     def kernel_name(self, node, device, variant=None, fused=()):
         """transpose.cuda.tiled.perm0231 (through shared memory) or transpose.cuda.perm0213 (a strided copy)."""
         spec = spec_of(node, self.describe)
+        if keeps_memory_order(spec, node.inputs[0].shape):
+            return "view.transpose"
         tiled = "tiled." if device.is_cuda and moves_innermost(spec, node.inputs[0].shape) else ""
         return f"transpose.{'cuda' if device.is_cuda else 'reference'}.{tiled}{self.suffix_of(spec)}"
 

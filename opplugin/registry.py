@@ -43,6 +43,9 @@ BUILTINS = {
     **{op: f"opplugin.ops.reduction:{op}Plugin"
        for op in ("ReduceSum", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
                   "InstanceNormalization")},
+    "Squeeze": "opplugin.ops.view:SqueezePlugin",
+    "Unsqueeze": "opplugin.ops.view:UnsqueezePlugin",
+    **{op: f"opplugin.ops.layout:{op}Plugin" for op in ("Concat", "Transpose", "Slice", "Split", "Pad", "Resize")},
     # opplugin.ops.pointwise.OPS: each connected group of them one generated kernel, where no Conv or Gemm epilogue took them
     **{op: f"opplugin.ops.pointwise:{op}Plugin"
        for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Min", "Max", "Where", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",
@@ -107,7 +110,18 @@ class Kernel(Protocol):
     """A node's computation, built for one device.
 
     The members with a value here are optional: a subclass gets these defaults. An object
-    that does not subclass Kernel must have every member (the runner checks with isinstance)."""
+    that does not subclass Kernel must have every member (the runner checks with isinstance).
+
+    Two more optional members, read with getattr (runtime/buffers.py), let a Concat's producers
+    write straight into its output:
+    - `out_view`: how `__call__(inputs, stream, out=Y)` may be handed the array Y to write its one
+      output into (in full): "contiguous" (a C-contiguous Y) or "strided" (any view, e.g. a channel
+      slice of a larger NCHW buffer); absent or "": it takes no `out`.
+    - `input_slices`: for a kernel that copies each input into a slice of its one output (Concat),
+      (axis, ((start, stop) of each input along it)); with it, `copying(positions)` returns the
+      kernel that copies only the other inputs into `out=` (None when none is left to copy).
+    - `in_views`: True for a kernel that reads strided views as they are (a slice of a Concat's
+      buffer); its input may then be such a view rather than a tensor of its own."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants

@@ -9,6 +9,7 @@ from onnx_builders import finish, save
 from opplugin.check import check
 from opplugin.model import load_model
 from opplugin.plan import OrtStep, make_plan
+from opplugin.registry import plugins
 from opplugin.device import select_device
 from opplugin.runtime import Runner
 
@@ -50,10 +51,14 @@ def resize_model():
     return _model(nodes, [_const("scales", [1, 1, 2, 2], np.float32)], "resize_empty_roi")
 
 
+# the layout plugins would run Slice, Concat and Resize: without them, those nodes make the onnxruntime steps
+WITHOUT_LAYOUT = {op: plugin for op, plugin in plugins().items() if op not in ("Slice", "Concat", "Resize")}
+
+
 @pytest.mark.parametrize("build", [ghost_model, resize_model])
 def test_an_onnxruntime_step_read_by_a_fused_follower_passes_check(build, tmp_path):
     model = load_model(save(build(), tmp_path / "m.onnx"))
-    runner = Runner(model, 3, "cpu")
+    runner = Runner(model, 3, "cpu", registry=WITHOUT_LAYOUT)
     ort_steps = [s for s in runner.plan.steps if isinstance(s, OrtStep)]
     fused = [s for s in runner.plan.plugin_steps if s.ops == ["Conv", "Add"]]
     assert ort_steps and fused, [s.ops for s in runner.plan.steps]
@@ -73,3 +78,12 @@ def test_nodes_nobody_reads_make_no_onnxruntime_step(tmp_path):
     model = load_model(save(_model(nodes, [], "dead_code"), tmp_path / "m.onnx"))
     plan = make_plan(model, 2, select_device("cpu"))
     assert [s.ops for s in plan.steps] == [["Conv"]]
+
+
+@pytest.mark.parametrize("build", [ghost_model, resize_model])
+def test_with_the_layout_plugins_the_same_models_run_without_onnxruntime_steps_and_pass_check(build, tmp_path):
+    runner = Runner(load_model(save(build(), tmp_path / "m.onnx")), 3, "cpu")
+    assert not [s for s in runner.plan.steps if isinstance(s, OrtStep)], [s.ops for s in runner.plan.steps]
+    feeds = {"x": np.random.default_rng(2).uniform(-1, 1, (3, 4, 6, 6)).astype(np.float32)}
+    result = check(runner.run, runner.describe(3), feeds)
+    assert result.passed, result.records

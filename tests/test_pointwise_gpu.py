@@ -27,8 +27,10 @@ SHAPES = {"v1": (6, 5, 7), "v4": (6, 4, 8)}  # 5 * 7 elements a plane: no float4
 RTOL, ATOL = 5e-6, 2e-6  # a few ulp of float32 through the CUDA math library's functions
 
 
-def run_on_device(model, tmp_path, inputs, compare_onnxruntime=True, tolerance=(RTOL, ATOL), offset=0):
-    """The plan's plugin step run on the device with poisoned outputs, against float64 and onnxruntime."""
+def run_on_device(model, tmp_path, inputs, compare_onnxruntime=True, tolerance=(RTOL, ATOL), offset=0, sliced=0):
+    """The plan's plugin step run on the device with poisoned outputs, against float64 and onnxruntime.
+    `offset`: each input 4 bytes past a 16-byte boundary; `sliced`: each input with rows of the batch
+    a channel slice of a NaN-filled buffer `sliced` channels wider (a Concat's buffer, read in place)."""
     import cupy
 
     device = select_device("cuda")
@@ -42,6 +44,11 @@ def run_on_device(model, tmp_path, inputs, compare_onnxruntime=True, tolerance=(
         if offset:  # the same values at an address 4 bytes past a 16-byte boundary
             buffer = cupy.empty(host.size + offset, host.dtype)
             view = buffer[offset:].reshape(host.shape)
+            view[...] = cupy.asarray(host)
+            arguments.append(view)
+        elif sliced and host.ndim >= 2 and host.shape[0] == BATCH:
+            buffer = cupy.full((BATCH, host.shape[1] + sliced, *host.shape[2:]), np.nan, host.dtype)
+            view = buffer[:, 1:1 + host.shape[1]]
             view[...] = cupy.asarray(host)
             arguments.append(view)
         else:
@@ -74,6 +81,19 @@ def test_each_one_operand_op(case, shape, tmp_path):
 def test_binary_ops_broadcast_every_operand_form(op, operand, shape, tmp_path):
     model = binary_model(op, operand, constant_first=operand in ("channel", "se_scale"), shape=SHAPES[shape])
     run_on_device(model, tmp_path, feeds(model, BATCH, seed=6, poison=True))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("operand", ["same", "se_scale"])
+def test_an_input_whose_rows_lie_apart_is_read_in_place(operand, shape, tmp_path):
+    """A channel slice of a wider buffer (DenseNet's Concat prefix): the kernel takes its row stride."""
+    from opplugin.ops.pointwise.plugin import rows_of_contiguous_runs
+    import cupy
+
+    model = binary_model("Mul", operand, shape=SHAPES[shape])
+    assert rows_of_contiguous_runs(cupy.empty((BATCH, 9, 4, 8))[:, 2:5]) and not rows_of_contiguous_runs(cupy.empty((BATCH, 9, 4, 8))[:, :, 1:3])
+    _, kernel = run_on_device(model, tmp_path, feeds(model, BATCH, seed=8, poison=True), sliced=4)
+    assert kernel._row_strided  # the batch-following input's row stride is an argument
 
 
 def test_an_input_off_the_16_byte_boundary_runs_unvectorised(tmp_path):

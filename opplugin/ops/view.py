@@ -1,4 +1,4 @@
-"""Flatten and Reshape as views: no copy, no kernel, no onnxruntime step.
+"""Flatten, Reshape, Squeeze and Unsqueeze as views: no copy, no kernel, no onnxruntime step.
 
 Between a Conv step and a Gemm step, a Flatten left to onnxruntime would take the
 tensor to the host and back (onnxruntime's CPU provider) or cost a session call; as a
@@ -15,7 +15,9 @@ import numpy as np
 
 from .. import cuda
 from ..device import Device
+from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
+from .described import spec_of
 
 
 class ViewKernel(Kernel):
@@ -86,3 +88,86 @@ class ReshapePlugin(ViewPlugin):
         target = [int(d) for d in np.asarray(node.constants[node.inputs[1].name]).reshape(-1)]
         allowzero = bool(node.attributes.get("allowzero", 0))
         return ViewKernel(self.kernel_name(node, device), lambda shape: reshape_shape(target, allowzero, shape))
+
+
+def _float32_data(node: NodeInfo) -> None:
+    """Squeeze and Unsqueeze take float32 data: shape arithmetic (int64) stays with onnxruntime or is folded."""
+    if node.inputs[0].dtype != np.float32:
+        raise PluginError(f"{node.inputs[0].name} is {node.inputs[0].dtype}; the views take float32 tensors")
+
+
+def _axes(node: NodeInfo, rank: int) -> list[int] | None:
+    """Squeeze's or Unsqueeze's axes (an attribute up to opset 12, a constant input after), each in
+    [0, rank); None where none are given."""
+    if "axes" in node.attributes:
+        axes = node.attributes["axes"]
+    elif len(node.inputs) > 1 and node.inputs[1].name:
+        if node.inputs[1].name not in node.constants:
+            raise PluginError("its axes are computed at run time (a view needs them as a constant)")
+        axes = np.asarray(node.constants[node.inputs[1].name]).reshape(-1)
+    else:
+        return None
+    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes]
+    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+        raise PluginError(f"axes {list(axes)} do not fit rank {rank}")
+    return sorted(axes)
+
+
+class SqueezePlugin(ViewPlugin):
+    """Squeeze as a view: the axes of extent 1 it names (all of them at the plan's shape, where it names none) dropped."""
+
+    op_type = "Squeeze"
+
+    def describe(self, node: NodeInfo) -> list[int]:
+        _float32_data(node)
+        shape = node.inputs[0].shape
+        axes = _axes(node, len(shape))
+        axes = [a for a, d in enumerate(shape) if d == 1] if axes is None else axes
+        if any(shape[a] != 1 for a in axes):
+            raise PluginError(f"it squeezes axes {axes} of shape {list(shape)}, not all of extent 1")
+        return axes
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        try:
+            spec_of(node, self.describe)
+        except PluginError as err:
+            return str(err)
+        return None
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        axes = set(spec_of(node, self.describe))
+        return ViewKernel(self.kernel_name(node, device), lambda shape: tuple(d for a, d in enumerate(shape) if a not in axes))
+
+
+class UnsqueezePlugin(ViewPlugin):
+    """Unsqueeze as a view: axes of extent 1 inserted where the output has them."""
+
+    op_type = "Unsqueeze"
+
+    def describe(self, node: NodeInfo) -> list[int]:
+        _float32_data(node)
+        rank = len(node.inputs[0].shape)
+        axes = _axes(node, len(node.outputs[0].shape))
+        if axes is None:
+            raise PluginError("it names no axes")
+        if len(node.outputs[0].shape) != rank + len(axes):
+            raise PluginError(f"its output's rank is not known at plan time (input rank {rank}, {len(axes)} axes)")
+        return axes
+
+    def supports(self, node: NodeInfo, device: Device) -> str | None:
+        try:
+            spec_of(node, self.describe)
+        except PluginError as err:
+            return str(err)
+        return None
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+        axes = spec_of(node, self.describe)
+
+        def target(shape: tuple[int, ...]) -> tuple[int, ...]:
+            dims = list(shape)
+            for axis in axes:
+                dims.insert(axis, 1)
+            return tuple(dims)
+
+        return ViewKernel(self.kernel_name(node, device), target)

@@ -22,6 +22,7 @@ from .. import cuda, hostwork
 from ..errors import PluginError
 from ..plan import OrtStep, Plan, PluginStep
 from ..registry import Kernel
+from .buffers import InPlace
 from .chunking import BatchLayout
 from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
@@ -127,7 +128,8 @@ class PlanExecutor:
 
     `watched` maps a step's index to the NonFiniteFlags columns of its outputs:
     those are checked for NaN and Inf as the chunk runs (see exact.py). With `cuda_graphs`,
-    runs of plugin steps on a device are captured and replayed as CUDA graphs (see graphs.py)."""
+    runs of plugin steps on a device are captured and replayed as CUDA graphs (see graphs.py).
+    With `in_place`, producers write into their slices of Concat outputs (see buffers.py)."""
 
     def __init__(
         self,
@@ -139,11 +141,13 @@ class PlanExecutor:
         ort_on_gpu: bool,
         watched: dict[int, list[int]] | None = None,
         cuda_graphs: bool = False,
+        in_place: InPlace | None = None,
     ):
         self.plan, self.layout, self.kernels, self.sessions = plan, layout, kernels, sessions
         self.constants, self.ort_on_gpu = constants, ort_on_gpu
         self.watched = watched or {}
         self.cuda_graphs = cuda_graphs
+        self.in_place = in_place
         # whether captures record events between steps; None: decided at the first capture (see _steps_timed_in_graphs)
         self.step_times_in_graphs: bool | None = None
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
@@ -197,19 +201,27 @@ class PlanExecutor:
             values.on_device(name)
         if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside):
             return
+        pending: dict[str, Any] = {}  # Concat buffers written in place before their Concat runs
         with lane.segment():
             for index in indices:
                 step = self.plan.steps[index]
                 kernel = self.kernels[step.name]
                 args = [values.on_device(n) if n else None for n in step.inputs]
                 run = lane.run_kernel if kernel.device_work else lane.run_host
-                outs = self._checked(step, run(step.name, "plugin", lambda k=kernel, a=args: k(a, lane.stream)))
+                outs = self._checked(step, run(step.name, "plugin",
+                                               lambda i=index, k=kernel, a=args: self._call(i, k, a, lane.stream, pending, batch)))
                 for name, value in zip(step.outputs, outs):
                     values.put(name, value)
                 if flags is not None and index in self.watched:
                     for slot, value in zip(self.watched[index], outs):
                         lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
                 self._drop_dead(values, index, held)
+
+    def _call(self, index: int, kernel: Kernel, args: list[Any], stream: Any, pending: dict[str, Any], batch: int) -> list[Any]:
+        """The step's kernel on `args`, writing in place where the buffer assignment says so."""
+        if self.in_place is None:
+            return kernel(args, stream)
+        return self.in_place.call(index, kernel, args, stream, pending, batch)
 
     def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:
         """A kernel's outputs, one per output of its step."""
@@ -265,7 +277,7 @@ class PlanExecutor:
         copied = {name: values.on_device(name) for name in outside if name not in self.constants}
         slots = [slot for index in indices for slot in self.watched.get(index, ())] if flagged else []
         flag_buffer = cupy.empty(len(slots), dtype=cupy.bool_) if slots else None
-        enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer)
+        enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer, key[1])
         names = [self.plan.steps[index].name for index in indices]
         try:
             segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots, timed=self._steps_timed_in_graphs())
@@ -285,7 +297,7 @@ class PlanExecutor:
         return self.step_times_in_graphs
 
     def _enqueue_steps(self, lane: Lane, indices: range, held: set[str], constants: dict[str, Any],
-                       flag_buffer: Any) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:
+                       flag_buffer: Any, batch: int) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:
         """What a capture runs: the steps' kernels on the lane's stream, each between the clock's
         events, each watched output flagged into `flag_buffer`; returns the tensors read after the run."""
         after = {name for index in indices for name in self.plan.steps[index].outputs
@@ -293,11 +305,12 @@ class PlanExecutor:
 
         def enqueue(local: dict[str, Any], clock: StepClock) -> dict[str, Any]:
             local.update(constants)
-            position = 0
+            position, pending = 0, {}
             for index in indices:
                 step = self.plan.steps[index]
+                args = [local[n] if n else None for n in step.inputs]
                 clock.start()
-                outs = self._checked(step, self.kernels[step.name]([local[n] if n else None for n in step.inputs], lane.stream))
+                outs = self._checked(step, self._call(index, self.kernels[step.name], args, lane.stream, pending, batch))
                 clock.stop(step.name)
                 local.update(zip(step.outputs, outs))
                 if flag_buffer is not None and self.watched.get(index):

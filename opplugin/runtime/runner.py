@@ -35,6 +35,7 @@ from ..model import Model
 from ..plan import OrtStep, Plan, PluginStep, make_plan
 from ..registry import Kernel, Plugin
 from . import chunking
+from .buffers import InPlace, assign_buffers
 from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
 from .describe import record_plan
@@ -115,8 +116,12 @@ class Runner:
 
         self.exact = ExactPath(self.plan, self.layout, self.device, self.kernels, self.constants, self.variants,
                                lambda step: self._session(step, [sessions.CPU_PROVIDER]))
+        # producers write into their slices of Concat outputs (buffers.py)
+        self.buffers = assign_buffers(self.plan, self.kernels)
+        self.kernels = self.buffers.kernels(self.plan, self.kernels)  # the exact path keeps the plain Concats
         self.executor = PlanExecutor(self.plan, self.layout, self.kernels, self.sessions, self.constants, self.ort_on_gpu,
-                                     self.exact.watched, self.cuda_graphs)
+                                     self.exact.watched, self.cuda_graphs,
+                                     InPlace(self.plan, self.layout, self.buffers, self.device.is_cuda))
         self._chains = Chains() if self.device.is_cuda else None
         self.scheduler = ChunkScheduler(self._lanes())
 

@@ -28,6 +28,9 @@ class ReferencePointwiseKernel(Kernel):
     """The group's numpy reference, run as the kernel of the CPU device: float64 arithmetic, each output in its type."""
 
     nonfinite_exact = True  # IEEE arithmetic and NaN-keeping ops: NaN and Inf as onnxruntime has them
+    # numpy reads any view; the generated kernel reads an input whose rows lie apart (a channel slice of
+    # a Concat's buffer) in place, with its row stride as an argument, and copies other views first
+    in_views = True
 
     def __init__(self, group: PointwiseGroup):
         self.group = group
@@ -46,7 +49,9 @@ class ReferencePointwiseKernel(Kernel):
 
 class CudaPointwiseKernel(ReferencePointwiseKernel):
     """The group's generated kernel; call it with the step's inputs (CuPy arrays; those of constants
-    the kernel holds may be anything), `out` to give the outputs' arrays."""
+    the kernel holds may be anything), `out` to give the outputs' arrays (one array for a group of one output)."""
+
+    out_view = "contiguous"  # it writes C-contiguous outputs: a Concat's slice where that is one run (registry.Kernel)
 
     def __init__(self, group: PointwiseGroup):
         import cupy
@@ -57,6 +62,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
         self.functions = {v: self._module().get_function(codegen.FUNCTIONS[v]) for v in sorted({1, self.width})}
         self.constants = [cupy.asarray(c if c.dtype == np.bool_ else c.astype(np.float32)) for c in group.constants]
         self._batch_argument = group.batch_argument()
+        self._row_strided = codegen.row_strided_positions(group)
 
     def _module(self):
         import cupy
@@ -82,7 +88,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
             if out is None:
                 outputs = [cupy.empty(shape, dtype) for shape, dtype in shapes]
             else:
-                outputs = list(out)
+                outputs = [out] if isinstance(out, cupy.ndarray) else list(out)
                 if len(outputs) != len(shapes) or any(not isinstance(y, cupy.ndarray) or (tuple(y.shape), y.dtype) != s
                                                       or not y.flags.c_contiguous for y, s in zip(outputs, shapes)):
                     raise PluginError(f"{self.name}: out must be C-contiguous CuPy arrays of {[(list(s), str(d)) for s, d in shapes]}")
@@ -91,10 +97,12 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
                 raise PluginError(f"{self.name}: built with 32-bit indices for {group.shape[0]} rows, called with {rows}")
             if elements:
                 operands = [*arrays, *outputs, *self.constants]
-                width = self.width if all(a.data.ptr % 16 == 0 for a in operands) else 1
+                row_strides = [arrays[k].strides[0] // arrays[k].itemsize for k in self._row_strided]
+                aligned = all(a.data.ptr % 16 == 0 for a in operands) and all(r % 4 == 0 for r in row_strides)
+                width = self.width if aligned else 1
                 vectors = elements // width
                 grid = max(1, min(-(-vectors // BLOCK), BLOCKS_PER_SM * cuda.multiprocessor_count()))
-                self.functions[width]((grid,), (BLOCK,), (*operands, np.int64(rows)))
+                self.functions[width]((grid,), (BLOCK,), (*operands, np.int64(rows), *map(np.int64, row_strides)))
         return outputs
 
     def _checked(self, x: Any, tensor, rows: int) -> Any:
@@ -104,7 +112,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
         if not isinstance(x, cupy.ndarray) or x.dtype != tensor.dtype or tuple(x.shape) != shape:
             got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
             raise PluginError(f"{self.name}: {tensor.name} must be a {tensor.dtype} CuPy array of shape {shape}, not {got}")
-        return cupy.ascontiguousarray(x)
+        return x if rows_of_contiguous_runs(x) else cupy.ascontiguousarray(x)
 
 
 class PointwisePlugin(Plugin):
@@ -160,3 +168,14 @@ def _kernel(group: PointwiseGroup, device: Device, variant: str | None) -> Kerne
     if variant not in (None, "reference", "cuda"):
         raise PluginError(f"the pointwise plugin has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
     return CudaPointwiseKernel(group) if device.is_cuda else ReferencePointwiseKernel(group)
+
+
+def rows_of_contiguous_runs(x: Any) -> bool:
+    """Whether every axis of x but the first is laid out as in a C-contiguous array (only the rows may
+    lie further apart, as in a channel slice of a larger NCHW buffer): the kernel reads it in place."""
+    expected = x.itemsize
+    for extent, stride in zip(reversed(x.shape[1:]), reversed(x.strides[1:])):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return x.ndim == 0 or x.shape[0] <= 1 or x.strides[0] >= expected

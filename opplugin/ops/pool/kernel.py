@@ -67,6 +67,8 @@ def function_name(spec: PoolSpec) -> str:
 class PoolKernel(Kernel):
     """kernels/pool.cu specialised for one node; call it with [X] (a CuPy array)."""
 
+    out_view = "contiguous"  # __call__ takes out= (registry.Kernel)
+
     def __init__(self, spec: PoolSpec):
         self.spec = spec
         self.name = kernel_name(spec, on_device=True)

@@ -235,6 +235,7 @@ class ConvKernel(Kernel):
     the kernel needs x, y and the residual aligned to (16 for float4 loads and stores)."""
 
     reads_weights = False
+    out_view = "contiguous"  # __call__ takes out= (registry.Kernel)
     # the kernel takes a pointer to the residual operand after the weights' (null without one): the fusing families
     residual_parameter = False
 

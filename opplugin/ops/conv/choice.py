@@ -20,8 +20,10 @@
    batch (see `prefers_tensor_cores`) tries the GEMMs first: there their reuse
    beats the constant-memory families, whose strength is few maps; the SIMT
    GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
-   `const_rb` first. A family gives the configuration its `configs()` lists
-   first: the one its author expects to be fastest without spilling. When no
+   `const_rb` first, then the `depthwise` family (weights in global memory,
+   any filter size); other grouped layers try the constant-memory families,
+   then the grouped SIMT and tensor-core GEMMs (`GROUPED_PREFERENCE`). A
+   family gives the configuration its `configs()` lists first: the one its author expects to be fastest without spilling. When no
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations.
 
@@ -50,7 +52,12 @@ TENSOR_CORE_MIN_FLOPS = 1e8
 SIMT_MAX_K = 64
 # Depthwise layers (one map per group) ran fastest on const_rb's row tiles on an H100:
 # MobileNetV2's 3x3 32-channel layer at 112x112, 0.046 against const_tile's 0.075 ms at batch 32.
-DEPTHWISE_PREFERENCE = ("const_rb", "const_tile", "const_mo", "const", "baseline")
+# Wider ones, whose filters outgrow constant memory or whose map groups make too much code, take
+# `depthwise`, which stages each block's filters in shared memory.
+DEPTHWISE_PREFERENCE = ("const_rb", "depthwise", "const_tile", "const_mo", "const", "baseline")
+# Grouped layers (more than one input channel per group): the SIMT GEMM's FP32 FMAs, whose small
+# tiles waste less of a narrow group than the tensor cores' 32-row ones, then the tensor cores.
+GROUPED_PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "simt_gemm", "tc_3xtf32", "baseline")
 
 
 def prefers_tensor_cores(spec: ConvSpec) -> bool:
@@ -63,8 +70,10 @@ def preference(spec: ConvSpec) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
         first = ("simt_gemm", "tc_3xtf32") if k_dim(spec) <= SIMT_MAX_K else ("tc_3xtf32", "simt_gemm")
         return (*first, *(name for name in PREFERENCE if name not in first))
-    if spec.group > 1 and spec.out_channels == spec.group:
+    if spec.group > 1 and spec.in_channels == spec.group:
         return DEPTHWISE_PREFERENCE
+    if spec.group > 1:
+        return GROUPED_PREFERENCE
     return PREFERENCE
 
 

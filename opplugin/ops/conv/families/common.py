@@ -93,14 +93,28 @@ def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | 
 # their tile loop per group of maps a thread computes, chained as templates:
 # NVRTC stops at about 200 and compile time grows with each, so cap it.
 MAX_MAP_GROUPS = 64
+# ... and each copy unrolls its taps for every output of its thread tile, so the whole kernel's
+# unrolled multiply-adds are about M x a thread's outputs per map x the unrolled taps; ptxas time
+# grows faster than they do. On a 61-map depthwise 5x7 layer (a 2-core CPU, sm_90): const_tile_t8x8_m1
+# (27k) took 86 s, const_tile_t2x2_m1 (8.5k) 8.4 s, const_rb_t2x1_m1 (4.3k) 3.9 s. The families
+# with weights in global memory (depthwise, the GEMMs) take the layers past the budget.
+UNROLLED_BUDGET = 12288
 
 
-def map_groups_reason(spec: ConvSpec, config: Config, maps: int) -> str | None:
+def map_groups_reason(spec: ConvSpec, config: Config, maps: int, unrolled_per_map: int = 0) -> str | None:
+    """Why the map groups of `config` make too much code: too many copies of the loop, or too many
+    multiply-adds unrolled over all of them (`unrolled_per_map`: those of one map's copy)."""
     groups = -(-spec.out_channels // maps)
     if groups > MAX_MAP_GROUPS:
         return (
             f"{config}: {spec.out_channels} maps at {maps} per thread make {groups} map groups, each a compiled "
             f"copy of the kernel's loop; at most {MAX_MAP_GROUPS}"
+        )
+    unrolled = spec.out_channels * unrolled_per_map
+    if unrolled > UNROLLED_BUDGET:
+        return (
+            f"{config}: its {groups} map groups unroll {unrolled} multiply-adds in all, more than the "
+            f"{UNROLLED_BUDGET} that compile in seconds"
         )
     return None
 

@@ -29,7 +29,7 @@ THREAD_TILES = ((2, 4), (2, 2), (1, 4), (4, 4), (4, 2), (2, 1), (1, 2), (1, 1))
 THREADS_ACROSS = 8  # a block row of threads spans 8 thread tiles: 32 columns at TW = 4
 PLANE_THREADS = 128  # threads a block aims for over one plane before it packs several maps
 LEAST_EFFICIENCY = 0.8  # share of computed outputs that lie in the plane, for the heuristic's tile
-WAVES = 2  # the heuristic packs maps only while the grid keeps this many blocks per SM at batch 1..N
+WAVES = 2  # the heuristic packs more maps only while the grid keeps this many blocks per SM
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,14 @@ def efficiency(spec: ConvSpec, block: tuple[int, int]) -> float:
 
 
 def planes_for(spec: ConvSpec, plane_threads: int, tiles: int) -> int:
-    """Maps per block: a power of 2 that brings a block up to PLANE_THREADS threads, fewer while
-    the grid of one image would not keep WAVES blocks on each SM."""
+    """Maps per block: a power of 2 that gives a block at least a warp, then more up to
+    PLANE_THREADS threads while the grid at the planned batch keeps WAVES blocks on each SM."""
     planes = 1
-    while planes * 2 * plane_threads <= PLANE_THREADS and planes * 2 <= spec.out_channels:
+    while planes * plane_threads < 32 and planes * 2 <= spec.out_channels:
         planes *= 2
-    while planes > 1 and tiles * -(-spec.out_channels // planes) < WAVES * multiprocessors():
-        planes //= 2
+    while (planes * 2 * plane_threads <= PLANE_THREADS and planes * 2 <= spec.out_channels
+           and spec.batch * tiles * -(-spec.out_channels // (planes * 2)) >= WAVES * multiprocessors()):
+        planes *= 2
     return planes
 
 

@@ -37,6 +37,7 @@ GEMM kernels and 4 in the reduce kernel, and no case spilled.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -129,11 +130,22 @@ CNN_SIMT_CASES = [
     for config in dict.fromkeys(families.FAMILIES["simt_gemm"].configs(layer.spec(32)) + families.FAMILIES["simt_gemm"].configs(layer.spec(1)))
 ]
 
+# The depthwise family's first three configurations (its pick first) on each depthwise layer of the
+# suite, at batch 32 and 1 (more maps a block at 32), for Ampere and Hopper.
+CNN_DEPTHWISE_CASES = [
+    (layer.name, batch, config, arch)
+    for layer in cnn_layers.LAYERS
+    if families.unsupported_reason(layer.spec(32), "depthwise", None) is None
+    for batch in (32, 1)
+    for config in families.FAMILIES["depthwise"].configs(layer.spec(batch))[:3]
+    for arch in ARCHS
+]
+
 # The pipelined implicit GEMMs (conv_tc_gemm.cu, conv_simt_gemm.cu, both on conv_implicit_tiles.cuh)
 # use these macros only as arithmetic constants: in index maths, bounds tests and the runtime
 # bound of the K loop, never in an #if or a for loop's bound (test_shape_constants_only_do_arithmetic
 # reads the sources for that). KH and KW are not among them: the tap mask unrolls a loop over KH*KW.
-SHAPE_CONSTANTS = frozenset({"C", "M", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
+SHAPE_CONSTANTS = frozenset({"C", "M", "G", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
 REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm")
 # The K split picks code only as one slice or more (#if KSLICES == 1: the store of finished outputs
 # or of partial sums); past that, the GEMM kernel uses the count in arithmetic alone (the length of
@@ -286,6 +298,8 @@ def compile_jobs():
                     yield from _units_jobs(spec, variant, arch, fast=variant not in CONSTANT_FAMILIES)
     for name, config, arch in CNN_REPRESENTATIVES:
         yield from _units_jobs(CNN_SPECS[name], config, arch)
+    for name, batch, config, arch in CNN_DEPTHWISE_CASES:
+        yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
     for step in SHIPPED_STEPS:
         spec, epilogue = SHIPPED_STEPS[step]
         yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
@@ -382,6 +396,13 @@ def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
 def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
     # this case stands for every case of CNN_REPRESENTATIVES[layer, config, arch]: same code shape
     for usage in compile_cache.check_variant(CNN_SPECS[layer], config, arch):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        assert usage.spills == 0 and usage.stack_frame == 0, usage.log
+
+
+@pytest.mark.parametrize(("layer", "batch", "config", "arch"), CNN_DEPTHWISE_CASES)
+def test_depthwise_configurations_for_real_cnn_layers_compile_without_spills(layer, batch, config, arch):
+    for usage in compile_cache.check_variant(dataclasses.replace(CNN_SPECS[layer], batch=batch), config, arch):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 

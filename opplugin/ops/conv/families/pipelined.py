@@ -165,6 +165,8 @@ class PipelinedGemm(Family):
         raise NotImplementedError
 
     def reason(self, spec, config, epilogue):
+        if spec.in_channels == spec.group and spec.group > 1:
+            return f"{self.name}: a depthwise Conv is a GEMM of K = {k_dim(spec)} per map; the depthwise family runs it"
         if epilogue.pool:
             return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
         if k_slices(spec) * TAP_SLICE > TAP_TABLE_ROWS:

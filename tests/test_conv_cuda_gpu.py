@@ -55,7 +55,7 @@ VARIANTS = [*EXACT, "const_mo_m1", "const_mo_m3", "const_rb_t2x1_m1", "const_rb_
             "tc_3xtf32_b128x64x32_w64x32_s3_k3", "tc_3xtf32_b64x64x32_w32x32_s3_k5",
             "simt_gemm_b128x128x16_t8x8_s4_o1", "simt_gemm_b64x128x16_t8x8_s4_o3", "simt_gemm_b64x64x16_t8x4_s4_o4", "simt_gemm_b32x64x16_t4x4_s4_o4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "simt_gemm_b128x64x16_t8x8_s4_o3_k16",
             "simt_gemm_b16x128x16_t2x8_s4_o4", "simt_gemm_b16x64x16_t2x4_s4_o4_k2", "simt_gemm_b8x128x16_t1x8_s4_o4",
-            "depthwise_t1x1_b4x8_p4", "depthwise_t4x4_b16x32_p1", "depthwise_t2x4_b8x8_p2"]
+            "depthwise_t1x1_b4x8_p4", "depthwise_t4x4_b16x32_p1", "depthwise_t2x4_b8x8_p2", "grouped_t1x1_b4x8_p2", "grouped_t2x4_b8x8_p4"]
 
 
 def random_problem(spec: ConvSpec):
@@ -178,8 +178,9 @@ def test_vector_loads_and_stores_take_misaligned_arrays():
 def test_new_output_on_a_side_stream(variant):
     import cupy
 
-    # the depthwise family runs depthwise layers only
-    spec = next(CASES[case] for case in ("stride2_asym_pads_odd", "depthwise_dilation2") if families.unsupported_reason(CASES[case], variant, None) is None)
+    # the depthwise and grouped families run grouped layers only
+    cases = ("stride2_asym_pads_odd", "depthwise_dilation2", "group2_stride2")
+    spec = next(CASES[case] for case in cases if families.unsupported_reason(CASES[case], variant, None) is None)
     seed, x, w, b = random_problem(spec)
     kernel = families.build_kernel(spec, variant, (w, b))
     stream = cupy.cuda.Stream(non_blocking=True)

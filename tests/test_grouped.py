@@ -1,5 +1,5 @@
-"""Grouped and depthwise Convs on the CPU: the depthwise family's names, limits, tiles and
-macros; the pipelined GEMMs' groups; the heuristic's picks for the grouped and depthwise
+"""Grouped and depthwise Convs on the CPU: the depthwise and grouped families' names, limits,
+tiles and macros; the pipelined GEMMs' groups; the heuristic's picks for the grouped and depthwise
 layers of modern CNNs (never `baseline`); and the cap that keeps the constant-memory families
 off layers whose compile explodes. The GPU tests are in test_grouped_gpu.py."""
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_the_new_suite_layers_get_the_new_families():
     names = {layer.name: layer for layer in cnn_layers.LAYERS}
     for batch in (1, 32):
         for name, family in (("efficientnetb0 dw 5x5 1152ch 7", "depthwise"), ("convnext-t dw 7x7 768ch 7", "depthwise"),
-                             ("resnext50 g32 3x3 512ch 14", "simt_gemm"), ("regnety800mf gw16 3x3 320ch 14", "simt_gemm")):
+                             ("resnext50 g32 3x3 512ch 14", "grouped"), ("regnety800mf gw16 3x3 320ch 14", "grouped")):
             spec = names[name].spec(batch)
             assert heuristic_config(spec, weights(spec), NONE).family == family, name
 
@@ -73,7 +73,10 @@ def test_depthwise_goes_before_the_constant_families_it_replaces():
     order = preference(same_pads(672, 672, 14, 5))
     assert order.index("depthwise") < order.index("const_tile") and order.index("depthwise") < order.index("baseline")
     grouped = preference(same_pads(128, 128, 56, 3, group=32))
-    assert "depthwise" not in grouped and grouped.index("simt_gemm") < grouped.index("baseline")
+    assert "depthwise" not in grouped and grouped.index("grouped") < grouped.index("simt_gemm") < grouped.index("baseline")
+    wide = same_pads(2048, 2048, 7, 3, group=32)  # 64 channels a group: past `grouped`, the GEMMs take it
+    assert "2 to 32 input channels" in families.unsupported_reason(wide, "grouped", None)
+    assert heuristic_config(wide, weights(wide), NONE).family == "simt_gemm"
 
 
 def test_constant_families_refuse_the_layer_whose_compile_exploded():
@@ -106,6 +109,25 @@ def test_depthwise_limits_are_stated():
     assert "shared memory" in families.unsupported_reason(dw, "depthwise_t8x4_b128x64_p2", None)
     assert "needs its field(s) p" in families.unsupported_reason(dw, "depthwise_t2x4_b8x8", None)
     assert not DEPTHWISE.constant_weights and DEPTHWISE.exact and DEPTHWISE.fuses
+    grouped = same_pads(144, 144, 28, 3, group=9)  # 16 maps a group
+    assert "one input channel" in families.unsupported_reason(grouped, "depthwise", None)
+    assert "one group of 16" in families.unsupported_reason(grouped, "grouped_t2x2_b28x14_p32", None)
+    assert "2 to 32 input channels" in families.unsupported_reason(same_pads(8, 8, 9, 3), "grouped", None)
+
+
+def test_grouped_blocks_share_their_groups_patches():
+    grouped = families.FAMILIES["grouped"]
+    for layer in cnn_layers.LAYERS:
+        spec = layer.spec(32)
+        if spec.group == 1 or spec.in_channels == spec.group:
+            continue
+        config = grouped.configs(spec)[0]
+        maps = spec.out_channels // spec.group
+        assert maps % config.planes == 0 and config.planes >= min(maps, 4), (layer.name, config)
+        # the patches are the group's channels, not one per map
+        rows = depthwise.patch_size(spec, config.block)[0]
+        channels = spec.in_channels // spec.group
+        assert depthwise.shared_bytes(spec, config) == 4 * (channels * rows * depthwise.pitch_for(spec, config) + config.planes * channels * 9)
 
 
 def test_depthwise_tiles_cover_the_plane_with_little_waste():

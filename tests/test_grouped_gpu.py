@@ -1,4 +1,4 @@
-"""On the GPU: the depthwise family and the grouped GEMMs on the grouped and depthwise layers of
+"""On the GPU: the depthwise and grouped families and the grouped GEMMs on the grouped and depthwise layers of
 `opplugin bench --suite cnn` (ResNeXt, RegNet, EfficientNet, ConvNeXt, MobileNetV2), at batch 1
 and 2, against the float64 reference, inputs drawn fresh and the output poisoned with NaN first;
 their fused residual Add and ReLU; and a one-Conv model of each kind through the Runner's default
@@ -26,10 +26,11 @@ GROUPED_LAYERS = {layer.name: layer for layer in cnn_layers.LAYERS if layer.grou
 
 def offered(spec):
     """The configurations tried here: the depthwise family's first three on depthwise layers,
-    else the SIMT GEMM's first two and the tensor-core GEMM's first."""
+    else the grouped family's first two, the SIMT GEMM's first two and the tensor-core GEMM's first."""
     if spec.in_channels == spec.group:
         return families.FAMILIES["depthwise"].configs(spec)[:3]
-    return families.FAMILIES["simt_gemm"].configs(spec)[:2] + families.FAMILIES["tc_3xtf32"].configs(spec)[:1]
+    return [*families.FAMILIES["grouped"].configs(spec)[:2], *families.FAMILIES["simt_gemm"].configs(spec)[:2],
+            *families.FAMILIES["tc_3xtf32"].configs(spec)[:1]]
 
 
 CASES = [(name, batch, config) for name in GROUPED_LAYERS for batch in (1, 2) for config in offered(GROUPED_LAYERS[name].spec(batch))]
@@ -74,6 +75,7 @@ RESIDUAL = {
     # a depth multiplier of 2 with dilation; several maps a block with a tile tail; groups of 4 and 16, split K
     "depthwise_t2x4_b8x8_p2": conv(2, 12, 24, (15, 13), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=12),
     "depthwise_t1x4_b7x8_p4": conv(3, 40, 40, (7, 7), (7, 7), pads=(3, 3, 3, 3), group=40),
+    "grouped_t2x4_b8x8_p2": conv(2, 24, 48, (11, 13), (5, 5), strides=(2, 1), pads=(2, 1, 2, 3), group=6),
     "simt_gemm_b8x128x16_t1x8_s4_o4": conv(2, 64, 64, (12, 12), (3, 3), pads=(1, 1, 1, 1), group=16),
     "simt_gemm_b16x64x16_t2x4_s4_o4_k4": conv(1, 96, 96, (7, 7), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
     "tc_3xtf32_b32x64x32_w32x16_s3_k2": conv(1, 96, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1), group=3),
@@ -89,7 +91,8 @@ def test_residual_add_and_relu_fuse(config):
 
 MODELS = {
     "depthwise 5x5 s2 480ch": ((4, 480, 14, 14), {"kernel_shape": [5, 5], "strides": [2, 2], "pads": [2, 2, 2, 2], "group": 480}, "depthwise"),
-    "grouped 3x3 256ch g32": ((4, 256, 14, 14), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 32}, None),
+    "grouped 3x3 256ch g32": ((4, 256, 14, 14), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 32}, "grouped"),
+    "grouped 3x3 s2 2048ch g32": ((2, 2048, 14, 14), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "group": 32}, "simt_gemm"),
 }
 
 
@@ -106,7 +109,7 @@ def test_one_conv_model_on_the_default_pick_matches_onnxruntime(name, tmp_path, 
     model = Model(conv_model(x_shape, w, b, attributes), "grouped")
     runner = Runner(model, x_shape[0], "cuda")
     [kernel] = [k for k in runner.kernels.values() if k.name.startswith("conv.")]
-    assert "baseline" not in kernel.name and (family is None or kernel.name.startswith(f"conv.{family}"))
+    assert kernel.name.startswith(f"conv.{family}"), kernel.name
     feeds = {"x": rng.standard_normal(x_shape, dtype=np.float32)}
     result = check(runner.run, runner.describe(x_shape[0]), feeds)
     assert result.passed, result.records

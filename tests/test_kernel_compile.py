@@ -130,14 +130,15 @@ CNN_SIMT_CASES = [
     for config in dict.fromkeys(families.FAMILIES["simt_gemm"].configs(layer.spec(32)) + families.FAMILIES["simt_gemm"].configs(layer.spec(1)))
 ]
 
-# The depthwise family's first three configurations (its pick first) on each depthwise layer of the
-# suite, at batch 32 and 1 (more maps a block at 32), for Ampere and Hopper.
+# The depthwise and grouped families' first three configurations (their pick first) on each layer of
+# the suite they run, at batch 32 and 1 (more maps a block at 32), for Ampere and Hopper.
 CNN_DEPTHWISE_CASES = [
     (layer.name, batch, config, arch)
+    for family in ("depthwise", "grouped")
     for layer in cnn_layers.LAYERS
-    if families.unsupported_reason(layer.spec(32), "depthwise", None) is None
+    if families.unsupported_reason(layer.spec(32), family, None) is None
     for batch in (32, 1)
-    for config in families.FAMILIES["depthwise"].configs(layer.spec(batch))[:3]
+    for config in dict.fromkeys(families.FAMILIES[family].configs(layer.spec(batch))[:3])
     for arch in ARCHS
 ]
 

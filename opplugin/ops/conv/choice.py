@@ -21,8 +21,8 @@
    beats the constant-memory families, whose strength is few maps; the SIMT
    GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
    `const_rb` first, then the `depthwise` family (weights in global memory,
-   any filter size); other grouped layers try the constant-memory families,
-   then the grouped SIMT and tensor-core GEMMs (`GROUPED_PREFERENCE`). A
+   any filter size); other grouped layers try `grouped` (narrow groups), the
+   SIMT GEMM, then the constant-memory families (`GROUPED_PREFERENCE`). A
    family gives the configuration its `configs()` lists first: the one its author expects to be fastest without spilling. When no
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations.
@@ -55,9 +55,10 @@ SIMT_MAX_K = 64
 # Wider ones, whose filters outgrow constant memory or whose map groups make too much code, take
 # `depthwise`, which stages each block's filters in shared memory.
 DEPTHWISE_PREFERENCE = ("const_rb", "depthwise", "const_tile", "const_mo", "const", "baseline")
-# Grouped layers (more than one input channel per group): the SIMT GEMM's FP32 FMAs, whose small
-# tiles waste less of a narrow group than the tensor cores' 32-row ones, then the tensor cores.
-GROUPED_PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "simt_gemm", "tc_3xtf32", "baseline")
+# Grouped layers (more than one input channel per group): `grouped` (up to 32 channels a group:
+# the depthwise kernel, a block's maps sharing their group's input patches), then the SIMT
+# GEMM's FP32 FMAs, whose small tiles waste less of a narrow group than the tensor cores' 32-row ones.
+GROUPED_PREFERENCE = ("grouped", "simt_gemm", "const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
 
 
 def prefers_tensor_cores(spec: ConvSpec) -> bool:

@@ -1,11 +1,15 @@
-"""Depthwise convolution of any filter size (kernels/conv_depthwise.cu): every output map reads
-one input channel (C / G == 1, any depth multiplier), its weights read at call time, so no
-layer is too wide for it.
+"""Convolution of narrow groups with filters of any size (kernels/conv_depthwise.cu), weights
+read at call time, so no layer is too wide for it:
 
-`depthwise_t<TH>x<TW>_b<BH>x<BW>_p<P>`: a block computes a BH x BW tile of output pixels of P
-maps, each thread a TH x TW register tile of one map; the block stages its input patch and
-its filters in shared memory. The heuristic's tile covers the plane with little waste
-(`plane_tile`) and packs maps into a block until it has enough threads (`planes_for`).
+- `depthwise_t<TH>x<TW>_b<BH>x<BW>_p<P>`: every output map reads one input channel (C / G == 1,
+  any depth multiplier);
+- `grouped_t<TH>x<TW>_b<BH>x<BW>_p<P>`: a few input channels a group (ResNeXt's 4, RegNet's 16),
+  the P maps of a block in one group, sharing its channels' patches.
+
+A block computes a BH x BW tile of output pixels of P maps, each thread a TH x TW register tile
+of one map; the block stages its input patches and its filters in shared memory. The
+heuristic's tile covers the plane with little waste (`plane_tile`) and packs maps into a block
+until it has enough threads (`planes_for`).
 """
 from __future__ import annotations
 
@@ -63,7 +67,8 @@ def bank_conflicts(spec: ConvSpec, config: DepthwiseConfig, pitch: int) -> int:
     for lane in range(min(BANKS, config.threads)):
         plane, inside = divmod(lane, per_plane)
         ty, tx = divmod(inside, across)
-        addresses.add(plane * plane_floats + ty * th * spec.strides[0] * pitch + tx * tw * spec.strides[1])
+        slot = plane if depthwise(spec) else 0  # a group's maps read the same channel's patch at once
+        addresses.add(slot * plane_floats + ty * th * spec.strides[0] * pitch + tx * tw * spec.strides[1])
     per_bank: dict[int, int] = {}
     for address in addresses:
         per_bank[address % BANKS] = per_bank.get(address % BANKS, 0) + 1
@@ -76,9 +81,16 @@ def pitch_for(spec: ConvSpec, config: DepthwiseConfig) -> int:
     return min(range(width, width + BANKS), key=lambda pitch: (bank_conflicts(spec, config, pitch), pitch))
 
 
+def depthwise(spec: ConvSpec) -> bool:
+    return spec.in_channels == spec.group
+
+
 def shared_bytes(spec: ConvSpec, config: DepthwiseConfig) -> int:
+    """The channel patches (each map's own depthwise, else the group's) and the block's filters."""
     rows = patch_size(spec, config.block)[0]
-    return 4 * config.planes * (rows * pitch_for(spec, config) + int(np.prod(spec.kernel)))
+    channels = spec.in_channels // spec.group
+    slots = config.planes if channels == 1 else channels
+    return 4 * (slots * rows * pitch_for(spec, config) + config.planes * channels * int(np.prod(spec.kernel)))
 
 
 def balanced(outputs: int, per_thread: int, most_threads: int) -> int:
@@ -107,27 +119,30 @@ def efficiency(spec: ConvSpec, block: tuple[int, int]) -> float:
 
 def planes_for(spec: ConvSpec, plane_threads: int, tiles: int) -> int:
     """Maps per block: a power of 2 that gives a block at least a warp, then more up to
-    PLANE_THREADS threads while the grid at the planned batch keeps WAVES blocks on each SM."""
+    PLANE_THREADS threads while the grid at the planned batch keeps WAVES blocks on each SM.
+    Grouped, the maps of a block share their group's patches: as many as MAX_THREADS allow
+    (dividing the group's maps), the same waves permitting."""
+    maps = spec.out_channels // spec.group
+    fits = (lambda p: p <= spec.out_channels) if depthwise(spec) else (lambda p: maps % p == 0)
+    most = PLANE_THREADS if depthwise(spec) else MAX_THREADS
     planes = 1
-    while planes * plane_threads < 32 and planes * 2 <= spec.out_channels:
+    while planes * plane_threads < 32 and fits(planes * 2):
         planes *= 2
-    while (planes * 2 * plane_threads <= PLANE_THREADS and planes * 2 <= spec.out_channels
+    while (planes * 2 * plane_threads <= most and fits(planes * 2)
            and spec.batch * tiles * -(-spec.out_channels // (planes * 2)) >= WAVES * multiprocessors()):
         planes *= 2
     return planes
 
 
-class Depthwise(Family):
-    name = "depthwise"
-    summary = (
-        "depthwise (one input channel per map) of any filter size, stride and dilation: a block stages its input "
-        "patch and filters in shared memory, each thread computes a register tile of rows x columns whose input "
-        "rows it loads once; weights read at call time; fuses bias, a residual Add and an activation"
-    )
+class NarrowGroups(Family):
+    """The depthwise family (`depthwise` True: one input channel a group) or the grouped one."""
+
     exact = True
     exact_by = "construction"
     fuses = True
     config_type = DepthwiseConfig
+    depthwise = True
+    MOST_CHANNELS = 32  # grouped: input channels a group at most; wider groups fill GEMM tiles well
 
     def config(self, spec: ConvSpec, thread: tuple[int, int]) -> DepthwiseConfig:
         block = plane_tile(spec, thread)
@@ -139,6 +154,8 @@ class Depthwise(Family):
     def configs(self, spec, epilogue=NONE):
         """Every thread tile's config; first the earliest of THREAD_TILES whose tiles waste at most a fifth
         of the work, else the least wasteful."""
+        if self._shape_reason(spec, epilogue):
+            return []
         configs = [self.config(spec, thread) for thread in THREAD_TILES]
         configs = [c for c in dict.fromkeys(configs) if self.reason(spec, c, epilogue) is None]
         good = [c for c in configs if efficiency(spec, c.block) >= LEAST_EFFICIENCY]
@@ -146,14 +163,16 @@ class Depthwise(Family):
         return [first, *(c for c in configs if c != first)] if first else []
 
     def unconfigured_reason(self, spec, epilogue):
-        return self._shape_reason(spec, epilogue) or "no depthwise tile fits this Conv in shared memory"
+        return self._shape_reason(spec, epilogue) or f"no {self.name} tile fits this Conv in shared memory"
 
-    @staticmethod
-    def _shape_reason(spec: ConvSpec, epilogue) -> str | None:
-        if spec.in_channels != spec.group:
-            return f"depthwise only: each output map must read one input channel (this Conv has {spec.in_channels // spec.group} per group)"
+    def _shape_reason(self, spec: ConvSpec, epilogue) -> str | None:
+        channels = spec.in_channels // spec.group
+        if self.depthwise and channels != 1:
+            return f"depthwise only: each output map must read one input channel (this Conv has {channels} per group)"
+        if not self.depthwise and not 1 < channels <= self.MOST_CHANNELS:
+            return f"groups of 2 to {self.MOST_CHANNELS} input channels only (this Conv has {channels}); depthwise takes 1"
         if epilogue.pool:
-            return "depthwise fuses the bias, a residual Add and an activation, not a max pool"
+            return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
         return None
 
     def reason(self, spec, config, epilogue):
@@ -163,6 +182,8 @@ class Depthwise(Family):
         (th, tw), (bh, bw), planes = config.thread, config.block, config.planes
         if min(th, tw, bh, bw, planes) < 1 or bh % th or bw % tw:
             return f"{config}: the block tile must be whole thread tiles"
+        if not self.depthwise and (spec.out_channels // spec.group) % planes:
+            return f"{config}: a block's {planes} maps must lie in one group of {spec.out_channels // spec.group}"
         if th * tw > 32:
             return f"{config}: a thread tile of {th} x {tw} outputs does not fit in registers (at most 32)"
         if config.threads > MAX_THREADS:
@@ -197,4 +218,24 @@ class DepthwiseKernel(ConvKernel):
         self._function((batch * self._tiles, self._map_blocks, 1), (self.config.threads, 1, 1), (x, w, b, r, y, np.int32(batch)))
 
 
-FAMILIES: list[Family] = [Depthwise()]
+class Depthwise(NarrowGroups):
+    name = "depthwise"
+    summary = (
+        "depthwise (one input channel per map) of any filter size, stride and dilation: a block stages its input "
+        "patches and filters in shared memory, each thread computes a register tile of rows x columns whose input "
+        "rows it loads once; weights read at call time; fuses bias, a residual Add and an activation"
+    )
+    depthwise = True
+
+
+class Grouped(NarrowGroups):
+    name = "grouped"
+    summary = (
+        "narrow groups (2 to 32 input channels) of any filter size: the depthwise kernel with a block's maps in one "
+        "group sharing its channels' patches in shared memory; weights read at call time; fuses bias, a residual Add "
+        "and an activation"
+    )
+    depthwise = False
+
+
+FAMILIES: list[Family] = [Depthwise(), Grouped()]

@@ -12,6 +12,7 @@ from onnx_builders import conv_model
 from onnx_builders import conv_spec as conv
 
 from opplugin.check import check
+from opplugin.errors import PluginError
 from opplugin.lab import cnn_layers
 from opplugin.model import Model
 from opplugin.ops.conv import families, reference
@@ -113,3 +114,28 @@ def test_one_conv_model_on_the_default_pick_matches_onnxruntime(name, tmp_path, 
     feeds = {"x": rng.standard_normal(x_shape, dtype=np.float32)}
     result = check(runner.run, runner.describe(x_shape[0]), feeds)
     assert result.passed, result.records
+
+
+def test_new_weights_and_weights_written_in_place_are_used():
+    """The kernel checks W and B once while the same arrays come back; other arrays, or new values
+    written into the same ones, still give their own result."""
+    import cupy
+
+    spec = conv(2, 32, 32, (9, 9), (5, 5), pads=(2, 2, 2, 2), group=32)
+    kernel = families.build_kernel(spec, "depthwise", None)
+    seed, x, w, b, _ = draw(spec)
+    rng = np.random.default_rng(seed + 1)
+    w2 = rng.standard_normal(spec.weight_shape, dtype=np.float32)
+    xd, wd, bd = cupy.asarray(x), cupy.asarray(w), cupy.asarray(b)
+    for weights, expected_w in (((wd, bd), w), ((cupy.asarray(w2), bd), w2)):
+        [y] = kernel([xd, *weights], None)
+        got = cupy.asnumpy(y)
+        expected = reference.expected(spec, NONE, x, expected_w, b, None)
+        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) <= MAX_RELATIVE_L2, f"seed {seed}"
+    wd[...] = cupy.asarray(w2)  # the first arrays again, with new values
+    [y] = kernel([xd, wd, bd], None)
+    expected = reference.expected(spec, NONE, x, w2, b, None)
+    assert np.linalg.norm(cupy.asnumpy(y) - expected) / np.linalg.norm(expected) <= MAX_RELATIVE_L2, f"seed {seed}"
+    wrong = cupy.zeros((32, 1, 3, 3), dtype=cupy.float32)
+    with pytest.raises(PluginError, match="weights W have shape"):
+        kernel([xd, wrong, bd], None)

@@ -46,6 +46,21 @@ MODEL_SPECS = {
 }
 
 
+# ... and their other kinds of Conv, for the same check: stems, the squeeze-excitation 1x1s on a 1x1
+# map, ConvNeXt's 4x4 and 2x2 patch convs, the wide 1x1 heads
+PLAIN_CONVS = {
+    "convnext stem 4x4 s4": conv(1, 3, 96, (224, 224), (4, 4), strides=(4, 4)),
+    "convnext downsample 2x2 s2": conv(1, 384, 768, (14, 14), (2, 2), strides=(2, 2)),
+    "efficientnet se 1152->48": conv(1, 1152, 48, (1, 1), (1, 1)),
+    "efficientnet se 48->1152": conv(1, 48, 1152, (1, 1), (1, 1)),
+    "efficientnet head 320->1280": conv(32, 320, 1280, (7, 7), (1, 1)),
+    "regnet se 784->196": conv(1, 784, 196, (1, 1), (1, 1)),
+    "resnext 1x1 2048->1024 s1": conv(32, 2048, 1024, (7, 7), (1, 1)),
+    "mobilenet_v3 stem 3->16 s2": conv(1, 3, 16, (224, 224), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+}
+MODEL_SPECS |= PLAIN_CONVS
+
+
 def weights(spec):
     rng = np.random.default_rng(0)
     return rng.standard_normal(spec.weight_shape, dtype=np.float32), rng.standard_normal(spec.out_channels, dtype=np.float32)

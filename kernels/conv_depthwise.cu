@@ -8,9 +8,9 @@
 // it fast:
 // - The block copies the input patch its tile reads ((BH-1)*SH + (KH-1)*DH + 1 rows, likewise
 //   columns, zeros where the window leaves the image) and its maps' filters into shared memory
-//   once, with coalesced loads. Depthwise, each map has its patch (SLOTS = PLANES); grouped,
-//   the block's maps share their group's CG channel patches (SLOTS = CG), so each input value
-//   read from global memory serves PLANES maps.
+//   once, with coalesced loads, STAGE_CHUNK of them in flight per thread. Depthwise, each map
+//   has its patch (SLOTS = PLANES); grouped, the block's maps share their group's CG channel
+//   patches (SLOTS = CG), so each input value read from global memory serves PLANES maps.
 // - A thread then walks, per input channel, the SEG_H input rows its TH output rows need, in
 //   order: it loads a row's SEG_W values into registers once, and each serves every output row
 //   whose window covers that input row, for all of its TW columns and the KW taps: one shared
@@ -50,6 +50,7 @@
 #define TILES_H ((OH + BH - 1) / BH)
 #define PATCH_FLOATS (PATCH_H * PITCH)
 #define SLOTS (CG == 1 ? PLANES : CG)  // channel patches: each map's own, or its group's
+#define STAGE_CHUNK 4  // global loads a thread has in flight while staging the patch and filters
 
 static_assert(CG == 1 || MG % PLANES == 0, "a block's maps lie in one group");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
@@ -70,21 +71,39 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
     const int ih0 = oh0 * SH - PH;  // the patch's corner in the image (negative in the pads)
     const int iw0 = ow0 * SW - PW;
 
-    // the patch of each slot's input channel, zeros outside the image (and for maps past M)
-    for (int i = threadIdx.x; i < SLOTS * PATCH_H * PATCH_W; i += NTHREADS) {
-        const int slot = i / (PATCH_H * PATCH_W);
-        const int row = i / PATCH_W % PATCH_H;
-        const int col = i % PATCH_W;
-        const int channel = CG == 1 ? (m0 + slot) / MG : m0 / MG * CG + slot;
-        const int ih = ih0 + row;
-        const int iw = iw0 + col;
-        const bool inside = (CG > 1 || m0 + slot < M) && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-        const size_t at = (((size_t)n * C + (inside ? channel : 0)) * H + (inside ? ih : 0)) * W + (inside ? iw : 0);
-        patch[slot * PATCH_FLOATS + row * PITCH + col] = inside ? __ldg(x + at) : 0.0f;
+    // the patch of each slot's input channel, zeros outside the image (and for maps past M), then
+    // the filters: STAGE_CHUNK loads in flight per thread before their stores (a small layer's
+    // blocks have few threads, and one load at a time left them waiting on memory)
+    constexpr int PATCH_COUNT = SLOTS * PATCH_H * PATCH_W;
+    for (int first = threadIdx.x; first < PATCH_COUNT; first += STAGE_CHUNK * NTHREADS) {
+        float v[STAGE_CHUNK];
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;
+            const int slot = i / (PATCH_H * PATCH_W);
+            const int ih = ih0 + i / PATCH_W % PATCH_H;
+            const int iw = iw0 + i % PATCH_W;
+            const int channel = CG == 1 ? (m0 + slot) / MG : m0 / MG * CG + slot;
+            const bool inside = i < PATCH_COUNT && (CG > 1 || m0 + slot < M) && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            v[k] = inside ? __ldg(x + ((((size_t)n * C + channel) * H + ih) * W + iw)) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;
+            if (i < PATCH_COUNT) patch[i / (PATCH_H * PATCH_W) * PATCH_FLOATS + i / PATCH_W % PATCH_H * PITCH + i % PATCH_W] = v[k];
+        }
     }
-    for (int i = threadIdx.x; i < PLANES * CG * TAPS; i += NTHREADS) {
-        const int m = m0 + i / (CG * TAPS);
-        filters[i] = m < M ? __ldg(w + (size_t)m0 * CG * TAPS + i) : 0.0f;
+    constexpr int FILTER_COUNT = PLANES * CG * TAPS;
+    for (int first = threadIdx.x; first < FILTER_COUNT; first += STAGE_CHUNK * NTHREADS) {
+        float v[STAGE_CHUNK];
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;
+            v[k] = i < FILTER_COUNT && m0 + i / (CG * TAPS) < M ? __ldg(w + (size_t)m0 * CG * TAPS + i) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k)
+            if (first + k * NTHREADS < FILTER_COUNT) filters[first + k * NTHREADS] = v[k];
     }
     __syncthreads();
 

@@ -252,6 +252,9 @@ RESIDUAL_STEPS = {
     "resnet 1x1 64->256 56+add+relu": (CNN_SPECS["resnet 1x1 64->256 56"], Epilogue("Relu", residual=True)),
     "mobilenetv2 1x1 96->24 56+add": (CNN_SPECS["mobilenetv2 1x1 96->24 56"], Epilogue(residual=True)),
     "mobilenetv2 dw 3x3 32ch 112+relu6": (CNN_SPECS["mobilenetv2 dw 3x3 32ch 112"], Epilogue(Activation("Clip", 0.0, 6.0))),
+    # the grouped and depthwise families with the activations their models fuse
+    "resnext50 g32 3x3 128ch 56+relu": (CNN_SPECS["resnext50 g32 3x3 128ch 56"], Epilogue("Relu")),
+    "efficientnetb0 dw 5x5 672ch 14+silu": (CNN_SPECS["efficientnetb0 dw 5x5 672ch 14"], Epilogue(Activation("Silu"))),
     # the blocked families' pools after a residual or a non-monotone activation (each output finished first)
     "lenet86.conv2+add+relu+maxpool4": (SHAPES["lenet86.conv2"], Epilogue("Relu", (4, 4), residual=True)),
     "lenet86.conv1+hardswish+maxpool2": (SHAPES["lenet86.conv1"], Epilogue("HardSwish", (2, 2))),

@@ -6,10 +6,18 @@
 // The includer defines the shape macros and BM, BN, BK, NTHREADS, A_STRIDE and
 // B_STRIDE (floats per A and B row in shared memory), A_VEC (4: 16-byte weight
 // copies), B_VEC (4: a 1x1 stride-1 unpadded conv copies four neighbouring pixels
-// at once), TAP_MASK, KPAD and KSLICES, and includes conv_epilogue.cuh. B rows are k = (c, kh, kw) of KDIM = C*KH*KW, columns the
-// output pixels (n, oh, ow) of the batch.
+// at once), TAP_MASK, KPAD and KSLICES, and includes conv_epilogue.cuh. B rows are
+// k = (c, kh, kw) of KDIM = C/G*KH*KW (one group's input channels), columns the output
+// pixels (n, oh, ow) of the batch.
+//
+// Groups: each group is a GEMM of its own MG maps, K over its CG input channels. A block's
+// map tile lies inside one group (MapTile): grid y runs over the groups' map tiles, the A
+// rows stop at the group's last map, and the B gather starts at the group's first channel.
 
-#define KDIM (C * KH * KW)
+#define CG (C / G)  // input channels per group
+#define MG (M / G)  // output maps per group
+#define KDIM (CG * KH * KW)
+#define MAP_TILES ((MG + BM - 1) / BM)  // BM-map tiles of one group
 #define P (OH * OW)
 #define NO_TAP 0x3fff  // kh*DH of a k past KDIM: no pixel row is that far down
 
@@ -40,6 +48,15 @@ __device__ __forceinline__ void wait_copies()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
+// The maps of this block's tile, [first, end), inside group `group`; grid y = G * MAP_TILES.
+struct MapTile {
+    int group, first, end;
+    __device__ __forceinline__ MapTile()
+        : group((int)blockIdx.y / MAP_TILES),
+          first(group * MG + (int)blockIdx.y % MAP_TILES * BM),
+          end(group * MG + MG) {}
+};
+
 // The B columns this thread copies: the same for every k slice.
 struct Columns {
 #if TAP_MASK
@@ -54,18 +71,18 @@ struct Columns {
     static constexpr int ROWS = BK / ROW_STEP;  // rows of a slice this thread copies
     int first_row;
     int column;          // within the tile
-    long long origin;    // x offset of (image, channel 0, ih0, iw0); ih0, iw0 may be negative (pads)
+    long long origin;    // x offset of (image, the group's channel 0, ih0, iw0); ih0, iw0 may be negative (pads)
     int ih0, iw0;
     bool live;           // column inside the batch
 
-    __device__ __forceinline__ Columns(int col0, int total)
+    __device__ __forceinline__ Columns(int col0, int total, int group)
     {
-        const int group = threadIdx.x % GROUPS;
+        const int piece = threadIdx.x % GROUPS;
         first_row = threadIdx.x / GROUPS;
 #if B_VEC == 4
-        column = group * 4;
+        column = piece * 4;
 #else
-        column = group;
+        column = piece;
 #endif
         const int col = col0 + column;
         live = col < total;
@@ -74,7 +91,7 @@ struct Columns {
         const int p = q % P;
         ih0 = (p / OW) * SH - PH;
         iw0 = (p % OW) * SW - PW;
-        origin = (long long)n * (C * H * W) + (long long)ih0 * W + iw0;
+        origin = (long long)n * (C * H * W) + (long long)group * (CG * H * W) + (long long)ih0 * W + iw0;
 #if TAP_MASK
         inside = 0;
 #pragma unroll
@@ -108,19 +125,22 @@ __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict_
     }
 }
 
-static_assert((BM * BK / A_VEC) % NTHREADS == 0, "every thread copies as many A pieces");
+#define A_PIECES (BM * BK / A_VEC)
+static_assert(A_PIECES % NTHREADS == 0 || A_PIECES < NTHREADS, "every thread copies as many A pieces, or at most one");
 
-// Copies this thread's share of the BM x BK weight slice (rows m0.., columns k0..) into As,
-// A_VEC floats a copy; pieces past M or KDIM are zero-filled.
-__device__ __forceinline__ void copy_weights(float* As, const float* __restrict__ w, int m0, int k0)
+// Copies this thread's share of the BM x BK weight slice (the tile's rows, columns k0..) into As,
+// A_VEC floats a copy; pieces past the group's maps or KDIM are zero-filled.
+__device__ __forceinline__ void copy_weights(float* As, const float* __restrict__ w, const MapTile& maps, int k0)
 {
     constexpr int PIECES_PER_ROW = BK / A_VEC;
 #pragma unroll
-    for (int turn = 0; turn < BM * PIECES_PER_ROW / NTHREADS; ++turn) {
+    for (int turn = 0; turn < (A_PIECES + NTHREADS - 1) / NTHREADS; ++turn) {
         const int piece = turn * NTHREADS + threadIdx.x;
+        if (A_PIECES < NTHREADS && piece >= A_PIECES) break;  // a small tile: fewer pieces than threads
         const int m = piece / PIECES_PER_ROW;
         const int k = piece % PIECES_PER_ROW * A_VEC;
-        const bool inside = m0 + m < M && k0 + k < KDIM;
+        const int m0 = maps.first;
+        const bool inside = m0 + m < maps.end && k0 + k < KDIM;
         const float* from = inside ? w + ((size_t)(m0 + m) * KDIM + k0 + k) : w;
 #if A_VEC == 4
         copy_async16(As + m * A_STRIDE + k, from, inside);

@@ -1,11 +1,12 @@
-// conv_simt_gemm: 2-D convolution (ONNX Conv, group 1) as an implicit GEMM on the
+// conv_simt_gemm: 2-D convolution (ONNX Conv, any group count) as an implicit GEMM on the
 // FP32 FMA pipe, with the tiles streamed through a multi-stage shared-memory
 // pipeline by cp.async. FP32-exact by construction: every output is a chain of
 // plain FP32 fused multiply-adds, as cuDNN's FP32 mode computes it. The weights are
 // read from global memory at call time, so no layer is too big for it.
 //
 // The product: Y[m][col] = sum_k W[m][k] * X[k][col], m an output map, col an
-// output pixel of the batch (n, oh, ow), k = (c, kh, kw) over KDIM = C*KH*KW.
+// output pixel of the batch (n, oh, ow), k = (c, kh, kw) over KDIM = C/G*KH*KW, the
+// channels of m's group: one GEMM per group, a block's map tile inside one (MapTile).
 // X is never built: each B-tile element is copied straight from the image
 // (copy_b_slice in conv_implicit_tiles.cuh).
 //
@@ -50,7 +51,7 @@
 // B_VEC, OUT_VEC, TAP_MASK, KPAD (rows of `taps`, at least KDIM rounded up to BK)
 // and MIN_BLOCKS.
 // Launch: block (NTHREADS = BM/TM * BN/TN), grid (ceil(batch*OH*OW / BN),
-// ceil(M / BM), KSLICES), dynamic shared memory STAGES * (BM*(BK+4) + BK*BN) * 4
+// G * ceil(M/G / BM), KSLICES), dynamic shared memory STAGES * (BM*(BK+4) + BK*BN) * 4
 // bytes. With KSLICES > 1 the partial sums go to `partial` ([KSLICES][M][batch*OH*OW])
 // and conv_k_slices_reduce (one thread per output) writes y. r is the residual
 // operand ([batch][M][OH][OW]; null without RESIDUAL).
@@ -154,10 +155,11 @@ conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const f
 {
     const int tx = threadIdx.x % THREADS_N;
     const int ty = threadIdx.x / THREADS_N;
-    const int m0 = blockIdx.y * BM;
+    const MapTile maps;
+    const int m0 = maps.first;
     const int col0 = blockIdx.x * BN;
     const int total = batch * P;
-    const Columns cols(col0, total);
+    const Columns cols(col0, total, maps.group);
     const SliceRun run;  // this block's share of K
 
     extern __shared__ float4 shared_tiles[];  // STAGES A slices, then STAGES B slices
@@ -177,7 +179,7 @@ conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const f
         }
         if (s < run.count) {
             const int stage = s % STAGES;
-            copy_weights(As + stage * A_STAGE, w, m0, (run.first + s) * BK);
+            copy_weights(As + stage * A_STAGE, w, maps, (run.first + s) * BK);
             copy_b_slice(Bs + stage * B_STAGE, x, cols, (run.first + s) * BK);
         }
         commit_copies();  // an empty group keeps the count of groups in step
@@ -191,7 +193,7 @@ conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const f
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ty + i * THREADS_M;
-        if (m >= M) continue;
+        if (m >= maps.end) continue;
 #pragma unroll
         for (int q = 0; q < COL_GROUPS; ++q) {
             const float4 sums = make_float4(acc[i][4 * q], acc[i][4 * q + 1], acc[i][4 * q + 2], acc[i][4 * q + 3]);

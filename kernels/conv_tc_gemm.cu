@@ -1,10 +1,11 @@
-// conv_tc_gemm: 2-D convolution (ONNX Conv, group 1) as an implicit GEMM on the
+// conv_tc_gemm: 2-D convolution (ONNX Conv, any group count) as an implicit GEMM on the
 // tensor cores, with the tiles streamed through a multi-stage shared-memory
 // pipeline by cp.async. FP32 in and out; the weights are read from global memory
 // at call time, so no layer is too big for it.
 //
 // The product: Y[m][col] = sum_k W[m][k] * X[k][col], m an output map, col an
-// output pixel of the batch (n, oh, ow), k = (c, kh, kw) over KDIM = C*KH*KW.
+// output pixel of the batch (n, oh, ow), k = (c, kh, kw) over KDIM = C/G*KH*KW: one
+// GEMM per group, a block's map tile inside one (MapTile in conv_implicit_tiles.cuh).
 // X is never built: each B-tile element is copied straight from the image.
 //
 // What makes it fast:
@@ -48,7 +49,7 @@
 // Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
 // HAS_BIAS, RESIDUAL, ACTIVATION) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
 // TAP_MASK, KPAD (rows of `taps`: KDIM rounded up to BK) and MIN_BLOCKS.
-// Launch: block (NTHREADS), grid (ceil(batch*OH*OW / BN), ceil(M / BM), KSLICES),
+// Launch: block (NTHREADS), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES),
 // dynamic shared memory STAGES * (BM*(BK+4) + BK*(BN+8)) * 4 bytes.
 // With KSLICES > 1 the partial sums go to `partial` ([KSLICES][M][batch*OH*OW])
 // and conv_k_slices_reduce (one thread per output) writes y. r is the residual operand
@@ -111,9 +112,9 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[
 }
 
 __device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __restrict__ x, const float* __restrict__ w,
-                                           const Columns& cols, int m0, int k0)
+                                           const Columns& cols, const MapTile& maps, int k0)
 {
-    copy_weights(As, w, m0, k0);
+    copy_weights(As, w, maps, k0);
     copy_b_slice(Bs, x, cols, k0);
 }
 
@@ -256,8 +257,9 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
 
     const int total = batch * P;
     const int col0 = blockIdx.x * BN;
-    const int m0 = blockIdx.y * BM;
-    const Columns cols(col0, total);
+    const MapTile maps;
+    const int m0 = maps.first;
+    const Columns cols(col0, total, maps.group);
 
     const SliceRun run;  // this block's share of the k slices
 
@@ -269,7 +271,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < run.count) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, x, w, cols, m0, (run.first + s) * BK);
+        if (s < run.count) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, x, w, cols, maps, (run.first + s) * BK);
         commit_copies();  // an empty group keeps the count of groups in step
     }
     for (int i = 0; i < run.count; ++i) {
@@ -278,7 +280,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
         const int next = i + STAGES - 1;
         if (next < run.count) {
             const int stage = next % STAGES;
-            copy_slice(As + stage * A_STAGE, Bs + stage * B_STAGE, x, w, cols, m0, (run.first + next) * BK);
+            copy_slice(As + stage * A_STAGE, Bs + stage * B_STAGE, x, w, cols, maps, (run.first + next) * BK);
         }
         commit_copies();
         const int stage = i % STAGES;
@@ -305,7 +307,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
 #pragma unroll
                 for (int upper = 0; upper < 2; ++upper) {
                     const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
-                    if (m >= M) continue;
+                    if (m >= maps.end) continue;
                     float v = acc[mt][nt][2 * upper + half];
 #if KSLICES == 1
 #if HAS_BIAS

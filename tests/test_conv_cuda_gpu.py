@@ -37,6 +37,10 @@ CASES = {
     "pointwise": conv(3, 7, 3, (5, 5), (1, 1)),
     "group2_stride2": conv(3, 6, 4, (11, 13), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
     "depthwise_dilation2": conv(2, 8, 8, (14, 15), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=8),
+    # a depth multiplier of 3, stride 2 and asymmetric pads; groups of 4 and 16 maps (ResNeXt, RegNet)
+    "depthwise_x3_stride2_5x5": conv(3, 6, 18, (13, 17), (5, 5), strides=(2, 2), pads=(2, 1, 1, 2), group=6),
+    "group8_width4": conv(2, 32, 32, (10, 9), (3, 3), pads=(1, 1, 1, 1), group=8),
+    "group3_width16_stride2": conv(2, 48, 48, (15, 15), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=3),
     # the tensor-core GEMM's paths: 16-byte weight rows (K % 4 == 0) and pixel groups (1x1, P % 4 == 0),
     # a K that ends inside a slice, maps and pixels that end inside a tile, and split K
     "pointwise_vectors_k16": conv(3, 16, 40, (8, 12), (1, 1)),
@@ -49,7 +53,9 @@ EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
 VARIANTS = [*EXACT, "const_mo_m1", "const_mo_m3", "const_rb_t2x1_m1", "const_rb_t8x1_m4", "const_rb_t16x1_m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_b32x8", "tiled_b16x16", "tiled_b8x32", "tiled_b4x64", "reduce_tree_c2", "reduce_tree_c4", "reduce_tree_c8", "reduce_atomic_c2", "reduce_atomic_c4", "reduce_atomic_c8",
             "tc_3xtf32_b128x128x32_w64x32_s3", "tc_3xtf32_b64x128x32_w32x64_s3", "tc_3xtf32_b32x64x32_w32x16_s3", "tc_3xtf32_b64x64x32_w32x32_s3_k4", "tc_3xtf32_b128x64x32_w64x32_s3_k16",
             "tc_3xtf32_b128x64x32_w64x32_s3_k3", "tc_3xtf32_b64x64x32_w32x32_s3_k5",
-            "simt_gemm_b128x128x16_t8x8_s4_o1", "simt_gemm_b64x128x16_t8x8_s4_o3", "simt_gemm_b64x64x16_t8x4_s4_o4", "simt_gemm_b32x64x16_t4x4_s4_o4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "simt_gemm_b128x64x16_t8x8_s4_o3_k16"]
+            "simt_gemm_b128x128x16_t8x8_s4_o1", "simt_gemm_b64x128x16_t8x8_s4_o3", "simt_gemm_b64x64x16_t8x4_s4_o4", "simt_gemm_b32x64x16_t4x4_s4_o4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "simt_gemm_b128x64x16_t8x8_s4_o3_k16",
+            "simt_gemm_b16x128x16_t2x8_s4_o4", "simt_gemm_b16x64x16_t2x4_s4_o4_k2", "simt_gemm_b8x128x16_t1x8_s4_o4",
+            "depthwise_t1x1_b4x8_p4", "depthwise_t4x4_b16x32_p1", "depthwise_t2x4_b8x8_p2", "grouped_t1x1_b4x8_p2", "grouped_t2x4_b8x8_p4"]
 
 
 def random_problem(spec: ConvSpec):
@@ -172,7 +178,9 @@ def test_vector_loads_and_stores_take_misaligned_arrays():
 def test_new_output_on_a_side_stream(variant):
     import cupy
 
-    spec = CASES["stride2_asym_pads_odd"]
+    # the depthwise and grouped families run grouped layers only
+    cases = [CASES[case] for case in ("stride2_asym_pads_odd", "depthwise_dilation2", "group2_stride2")]
+    spec = next(spec for spec in cases if families.unsupported_reason(spec, variant, random_problem(spec)[2:]) is None)
     seed, x, w, b = random_problem(spec)
     kernel = families.build_kernel(spec, variant, (w, b))
     stream = cupy.cuda.Stream(non_blocking=True)

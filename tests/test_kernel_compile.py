@@ -37,6 +37,7 @@ GEMM kernels and 4 in the reduce kernel, and no case spilled.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -133,11 +134,23 @@ CNN_SIMT_CASES = [
     for config in dict.fromkeys(families.FAMILIES["simt_gemm"].configs(layer.spec(32)) + families.FAMILIES["simt_gemm"].configs(layer.spec(1)))
 ]
 
+# The depthwise and grouped families' first three configurations (their pick first) on each layer of
+# the suite they run, at batch 32 and 1 (more maps a block at 32), for Ampere and Hopper.
+CNN_DEPTHWISE_CASES = [
+    (layer.name, batch, config, arch)
+    for family in ("depthwise", "grouped")
+    for layer in cnn_layers.LAYERS
+    if families.unsupported_reason(layer.spec(32), family, None) is None
+    for batch in (32, 1)
+    for config in dict.fromkeys(families.FAMILIES[family].configs(layer.spec(batch))[:3])
+    for arch in ARCHS
+]
+
 # The pipelined implicit GEMMs (conv_tc_gemm.cu, conv_simt_gemm.cu, both on conv_implicit_tiles.cuh)
 # use these macros only as arithmetic constants: in index maths, bounds tests and the runtime
 # bound of the K loop, never in an #if or a for loop's bound (test_shape_constants_only_do_arithmetic
 # reads the sources for that). KH and KW are not among them: the tap mask unrolls a loop over KH*KW.
-SHAPE_CONSTANTS = frozenset({"C", "M", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
+SHAPE_CONSTANTS = frozenset({"C", "M", "G", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
 REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm")
 # The K split picks code only as one slice or more (#if KSLICES == 1: the store of finished outputs
 # or of partial sums); past that, the GEMM kernel uses the count in arithmetic alone (the length of
@@ -243,6 +256,9 @@ RESIDUAL_STEPS = {
     "resnet 1x1 64->256 56+add+relu": (CNN_SPECS["resnet 1x1 64->256 56"], Epilogue("Relu", residual=True)),
     "mobilenetv2 1x1 96->24 56+add": (CNN_SPECS["mobilenetv2 1x1 96->24 56"], Epilogue(residual=True)),
     "mobilenetv2 dw 3x3 32ch 112+relu6": (CNN_SPECS["mobilenetv2 dw 3x3 32ch 112"], Epilogue(Activation("Clip", 0.0, 6.0))),
+    # the grouped and depthwise families with the activations their models fuse
+    "resnext50 g32 3x3 128ch 56+relu": (CNN_SPECS["resnext50 g32 3x3 128ch 56"], Epilogue("Relu")),
+    "efficientnetb0 dw 5x5 672ch 14+silu": (CNN_SPECS["efficientnetb0 dw 5x5 672ch 14"], Epilogue(Activation("Silu"))),
     # the blocked families' pools after a residual or a non-monotone activation (each output finished first)
     "lenet86.conv2+add+relu+maxpool4": (SHAPES["lenet86.conv2"], Epilogue("Relu", (4, 4), residual=True)),
     "lenet86.conv1+hardswish+maxpool2": (SHAPES["lenet86.conv1"], Epilogue("HardSwish", (2, 2))),
@@ -290,6 +306,8 @@ def compile_jobs():
                     yield from _units_jobs(spec, variant, arch, fast=variant not in CONSTANT_FAMILIES)
     for name, config, arch in CNN_REPRESENTATIVES:
         yield from _units_jobs(CNN_SPECS[name], config, arch)
+    for name, batch, config, arch in CNN_DEPTHWISE_CASES:
+        yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
     for step in SHIPPED_STEPS:
         spec, epilogue = SHIPPED_STEPS[step]
         yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
@@ -389,6 +407,13 @@ def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
 def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
     # this case stands for every case of CNN_REPRESENTATIVES[layer, config, arch]: same code shape
     for usage in compile_cache.check_variant(CNN_SPECS[layer], config, arch):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        assert usage.spills == 0 and usage.stack_frame == 0, usage.log
+
+
+@pytest.mark.parametrize(("layer", "batch", "config", "arch"), CNN_DEPTHWISE_CASES)
+def test_depthwise_configurations_for_real_cnn_layers_compile_without_spills(layer, batch, config, arch):
+    for usage in compile_cache.check_variant(dataclasses.replace(CNN_SPECS[layer], batch=batch), config, arch):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 

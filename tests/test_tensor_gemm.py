@@ -48,7 +48,7 @@ def test_configuration_names_parse_and_belong_to_their_family():
 
 def test_limits_are_stated():
     grouped = conv(1, 8, 8, (9, 9), (3, 3), group=2)
-    assert "group=1 only" in families.unsupported_reason(grouped, "tc_3xtf32", None)
+    assert families.unsupported_reason(grouped, "tc_3xtf32", None) is None  # any group count
     assert "not a max pool" in families.unsupported_reason(RESNET_64, "tc_3xtf32", None, Epilogue("Relu", (2, 2)))
     assert families.unsupported_reason(RESNET_64, "tc_3xtf32", None, Epilogue("Relu")) is None
     huge_k = conv(1, 1024, 16, (5, 5), (3, 3))  # K = 9216 > the 8192-row tap table
@@ -105,11 +105,14 @@ def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few()
 
 def test_the_layer_set_is_the_issues():
     names = [layer.name for layer in cnn_layers.LAYERS]
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 22  # issue 24 added the grouped and wide depthwise layers
     shapes = {layer.name: layer.spec(32) for layer in cnn_layers.LAYERS}
     assert shapes["resnet stem 3->64 7x7 s2 224"].out_size == (112, 112)
     assert shapes["resnet 1x1 s2 256->512 56"].out_size == (28, 28)
     assert shapes["mobilenetv2 dw 3x3 s2 144ch 56"].group == 144
+    assert shapes["resnext50 g32 3x3 128ch 56"].weight_shape == (128, 4, 3, 3)
+    assert shapes["regnety800mf gw16 3x3 144ch 28"].weight_shape == (144, 16, 3, 3)
+    assert shapes["convnext-t dw 7x7 768ch 7"].out_size == (7, 7)
     assert families.constant_bytes(shapes["mnist 32->64 3x3 14"]) > families.CONSTANT_MEMORY_BYTES
     w, b = cnn_layers.layer_weights(cnn_layers.LAYERS[0])
     w2, _ = cnn_layers.layer_weights(cnn_layers.LAYERS[0])
@@ -120,7 +123,7 @@ def test_suite_option_defaults_to_batch_1_and_32():
     options = bench.options_from_args(build_parser().parse_args(["bench", "--suite", "cnn", "--families", "tc_3xtf32"]))
     assert options.suite == "cnn" and list(options.batches) == [1, 32] and list(options.families) == ["tc_3xtf32"]
     cases = bench.suite_cases()
-    assert len(cases) == 14 and all(case.epilogue is None and case.model == "cnn" for case in cases)
+    assert len(cases) == 22 and all(case.epilogue is None and case.model == "cnn" for case in cases)
 
 
 def test_suite_summary_compares_best_default_and_tf32_with_cudnn():

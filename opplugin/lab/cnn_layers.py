@@ -1,5 +1,6 @@
 """The layer set of `opplugin bench --suite cnn`: Conv layers of real CNNs (VGG,
-ResNet, MobileNetV2) and one just past constant memory, with seeded random
+ResNet, MobileNetV2; the grouped 3x3 of ResNeXt and RegNet, the wide depthwise 5x5 and
+7x7 of EfficientNet and ConvNeXt) and one just past constant memory, with seeded random
 weights. The two VGG layers are the ones the CS259 report times against cuDNN.
 """
 from __future__ import annotations
@@ -55,6 +56,14 @@ LAYERS = (
     Layer("mobilenetv2 dw 3x3 s2 144ch 56", 144, 144, 56, 3, stride=2, pad=1, group=144),
     Layer("mobilenetv2 1x1 96->24 56", 96, 24, 56, 1),
     Layer("mnist 32->64 3x3 14", 32, 64, 14, 3, pad=1),
+    Layer("resnext50 g32 3x3 128ch 56", 128, 128, 56, 3, pad=1, group=32),
+    Layer("resnext50 g32 3x3 512ch 14", 512, 512, 14, 3, pad=1, group=32),
+    Layer("regnety800mf gw16 3x3 144ch 28", 144, 144, 28, 3, pad=1, group=9),
+    Layer("regnety800mf gw16 3x3 320ch 14", 320, 320, 14, 3, pad=1, group=20),
+    Layer("efficientnetb0 dw 5x5 672ch 14", 672, 672, 14, 5, pad=2, group=672),
+    Layer("efficientnetb0 dw 5x5 1152ch 7", 1152, 1152, 7, 5, pad=2, group=1152),
+    Layer("convnext-t dw 7x7 96ch 56", 96, 96, 56, 7, pad=3, group=96),
+    Layer("convnext-t dw 7x7 768ch 7", 768, 768, 7, 7, pad=3, group=768),
 )
 
 

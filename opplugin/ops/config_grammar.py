@@ -37,6 +37,7 @@ TAGS = {
     "k": "K split: parts the K loop is split over, their partial sums added in a fixed order",
     "o": "occupancy: blocks per SM the registers are budgeted for",
     "r": "rows a warp computes",
+    "p": "planes: output maps a thread block computes side by side",
 }
 
 _FIELD = re.compile(r"([a-z]+)(\d+(?:x\d+)*)")

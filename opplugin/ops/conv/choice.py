@@ -20,8 +20,11 @@
    batch (see `prefers_tensor_cores`) tries the GEMMs first: there their reuse
    beats the constant-memory families, whose strength is few maps; the SIMT
    GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
-   `const_rb` first. A family gives the configuration its `configs()` lists
-   first: the one its author expects to be fastest without spilling. When no
+   `const_rb` first, then the `depthwise` family (weights in global memory,
+   any filter size); other grouped layers try `grouped` (narrow groups), the
+   SIMT GEMM, then the constant-memory families (`GROUPED_PREFERENCE`), the
+   SIMT GEMM first for groups of 16 maps or more at a large batch. A
+   family gives the configuration its `configs()` lists first: the one its author expects to be fastest without spilling. When no
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations. Where the pick splits K, the cost
    model (cost.py) weighs the split's second launch against what it saves, with
@@ -53,7 +56,18 @@ TENSOR_CORE_MIN_FLOPS = 1e8
 SIMT_MAX_K = 64
 # Depthwise layers (one map per group) ran fastest on const_rb's row tiles on an H100:
 # MobileNetV2's 3x3 32-channel layer at 112x112, 0.046 against const_tile's 0.075 ms at batch 32.
-DEPTHWISE_PREFERENCE = ("const_rb", "const_tile", "const_mo", "const", "baseline")
+# Wider ones, whose filters outgrow constant memory or whose map groups make too much code, take
+# `depthwise`, which stages each block's filters in shared memory.
+DEPTHWISE_PREFERENCE = ("const_rb", "depthwise", "const_tile", "const_mo", "const", "baseline")
+# Grouped layers (more than one input channel per group): `grouped` (up to 32 channels a group:
+# the depthwise kernel, a block's maps sharing their group's input patches), then the SIMT
+# GEMM's FP32 FMAs, whose small tiles waste less of a narrow group than the tensor cores' 32-row ones.
+GROUPED_PREFERENCE = ("grouped", "simt_gemm", "const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
+# ... but groups of this many maps or more, with the work of a large batch, fill the SIMT GEMM's
+# 16-row tiles: on an H200 at batch 32 RegNetY-800MF's 144-channel 3x3 (groups of 16) ran 0.068 ms
+# there and 0.096 on `grouped`, ResNeXt-50's 512-channel one 0.059 and 0.076; at batch 1 (and for
+# ResNeXt's groups of 4 at any batch) `grouped` was faster.
+GROUPED_GEMM_MIN_MAPS = 16
 
 
 def prefers_tensor_cores(spec: ConvSpec) -> bool:
@@ -66,8 +80,12 @@ def preference(spec: ConvSpec) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
         first = ("simt_gemm", "tc_3xtf32") if k_dim(spec) <= SIMT_MAX_K else ("tc_3xtf32", "simt_gemm")
         return (*first, *(name for name in PREFERENCE if name not in first))
-    if spec.group > 1 and spec.out_channels == spec.group:
+    if spec.group > 1 and spec.in_channels == spec.group:
         return DEPTHWISE_PREFERENCE
+    if spec.group > 1:
+        if spec.out_channels // spec.group >= GROUPED_GEMM_MIN_MAPS and spec.flops() >= TENSOR_CORE_MIN_FLOPS:
+            return ("simt_gemm", *(name for name in GROUPED_PREFERENCE if name != "simt_gemm"))
+        return GROUPED_PREFERENCE
     return PREFERENCE
 
 

@@ -6,6 +6,8 @@
   and channel loops rolled when unrolling would bloat the body."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ...config_grammar import Config, tagged
@@ -110,7 +112,8 @@ class ConstRegisterBlocked(Family):
             return f"a {pkw}-column pool window is combined across lanes: it must be a power of 2 up to 32"
         if 0 in _computed_size(spec, epilogue):
             return "the pool window is larger than the conv output"
-        return map_groups_reason(spec, config, maps)
+        unrolled_per_map = rows * math.prod(spec.kernel) * unroll_channels(spec, spec.out_channels * rows)
+        return map_groups_reason(spec, config, maps, unrolled_per_map)
 
     def compile_units(self, spec, config, epilogue=NONE):
         rows, maps = config.rows, config.maps
@@ -209,7 +212,8 @@ class ConstTile(Family):
             return f"{config}: a pool window over {lanes} lanes is combined with shuffles: it must be a power of 2 up to 32"
         if 0 in _computed_size(spec, epilogue):
             return "the pool window is larger than the conv output"
-        return map_groups_reason(spec, config, maps)
+        unrolled_per_map = rows * cols * spec.kernel[1] * self._unrolled_taps(spec, rows * cols * maps)
+        return map_groups_reason(spec, config, maps, unrolled_per_map)
 
     @staticmethod
     def _unrolled_taps(spec: ConvSpec, outputs: int) -> int:

@@ -93,14 +93,28 @@ def shape_defines(spec: ConvSpec, epilogue: Epilogue = NONE) -> dict[str, int | 
 # their tile loop per group of maps a thread computes, chained as templates:
 # NVRTC stops at about 200 and compile time grows with each, so cap it.
 MAX_MAP_GROUPS = 64
+# ... and each copy unrolls its taps for every output of its thread tile, so the whole kernel's
+# unrolled multiply-adds are about M x a thread's outputs per map x the unrolled taps; ptxas time
+# grows faster than they do. On a 61-map depthwise 5x7 layer (a 2-core CPU, sm_90): const_tile_t8x8_m1
+# (27k) took 86 s, const_tile_t2x2_m1 (8.5k) 8.4 s, const_rb_t2x1_m1 (4.3k) 3.9 s. The families
+# with weights in global memory (depthwise, the GEMMs) take the layers past the budget.
+UNROLLED_BUDGET = 12288
 
 
-def map_groups_reason(spec: ConvSpec, config: Config, maps: int) -> str | None:
+def map_groups_reason(spec: ConvSpec, config: Config, maps: int, unrolled_per_map: int = 0) -> str | None:
+    """Why the map groups of `config` make too much code: too many copies of the loop, or too many
+    multiply-adds unrolled over all of them (`unrolled_per_map`: those of one map's copy)."""
     groups = -(-spec.out_channels // maps)
     if groups > MAX_MAP_GROUPS:
         return (
             f"{config}: {spec.out_channels} maps at {maps} per thread make {groups} map groups, each a compiled "
             f"copy of the kernel's loop; at most {MAX_MAP_GROUPS}"
+        )
+    unrolled = spec.out_channels * unrolled_per_map
+    if unrolled > UNROLLED_BUDGET:
+        return (
+            f"{config}: its {groups} map groups unroll {unrolled} multiply-adds in all, more than the "
+            f"{UNROLLED_BUDGET} that compile in seconds"
         )
     return None
 
@@ -324,8 +338,24 @@ class ConvKernel(Kernel):
         r = cupy.ascontiguousarray(r)
         return r if r.data.ptr % self.alignment == 0 else r.copy()
 
+    # the (W, B) inputs last checked and what they gave: a plan passes the same device weights on
+    # every call, and their checks cost a few microseconds a call (a tenth of a small layer's time)
+    _checked_weights: tuple[Any, Any, tuple] | None = None
+
     def _weight_args(self, cupy: Any, inputs: Sequence[Any]) -> tuple:
         """(w, b) as contiguous device arrays; b is a null pointer without a bias."""
+        w_in = inputs[1] if len(inputs) > 1 else None
+        b_in = inputs[2] if len(inputs) > 2 else None
+        known = self._checked_weights
+        if known is not None and w_in is known[0] and b_in is known[1] and w_in.shape == self.spec.weight_shape:
+            return known[2]
+        args = self._checked_weight_args(cupy, inputs)
+        # only arrays used as they are: a contiguous copy would miss later writes into w_in
+        if args[0] is w_in and (not self.spec.has_bias or args[1] is b_in):
+            self._checked_weights = (w_in, b_in, args)
+        return args
+
+    def _checked_weight_args(self, cupy: Any, inputs: Sequence[Any]) -> tuple:
         spec = self.spec
         if len(inputs) < 2:
             raise PluginError(f"{self.name}: the weights W are missing from the inputs")

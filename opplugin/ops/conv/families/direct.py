@@ -5,6 +5,8 @@ weights computed at run time); `const` puts them in __constant__ memory;
 loads."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ...config_grammar import Config, tagged
@@ -86,7 +88,7 @@ class ConstMultiOutput(Family):
             )
         if spec.group > 1 and maps_per_group % maps:
             return f"{config}: with group={spec.group} the {maps} maps of a thread must lie in one group of {maps_per_group}"
-        return map_groups_reason(spec, config, maps)
+        return map_groups_reason(spec, config, maps, math.prod(spec.kernel) * unroll_channels(spec, spec.out_channels))
 
     def compile_units(self, spec, config, epilogue=NONE):
         # one copy of the loop per map group: M multiply-adds per tap in the whole kernel

@@ -4,9 +4,12 @@ BK x BN tiles gathered from the image (through the __constant__ tap table) throu
 cp.async pipeline, and may split the K loop over several blocks whose partial sums a second
 kernel adds in a fixed order, for layers with too few output tiles to fill the GPU.
 
-Here: the tap table, the K split that fills the GPU, the limits both share (group 1, no max
-pool, the table's size), and the kernel that launches either. Each family brings its own
-Config (the block tile, its warp or thread tiles, the stages) and its table of tiles.
+Here: the tap table, the K split that fills the GPU, the limits both share (no max pool, the
+table's size), and the kernel that launches either. Each family brings its own Config (the
+block tile, its warp or thread tiles, the stages) and its table of tiles.
+
+Any group count: each group is a GEMM of its own, K over its C/G channels. A block's map tile
+lies inside one group, so grid y runs over G times the map tiles of one group (`map_tiles`).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from .... import cuda
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import BlockTiledConfig, ConvKernel, Family, load_functions
-from .gemm import k_dim, pixels  # group 1 here: K = C * KH * KW
+from .gemm import k_dim, pixels  # K = C/G * KH * KW: one group's
 
 TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB
 NO_TAP = 0x3FFF  # must match the source: marks the table rows past K
@@ -30,6 +33,7 @@ DEFAULT_SMS = 132  # an H100 SXM; the configs use the real count when a device i
 WAVE_SHARE = 0.8  # a grid of fewer blocks than this share of the SMs leaves too much idle: split K
 WAVE_BALANCE = 0.9  # a K split that fills this share of the block slots over every wave is offered too
 REDUCE_BLOCK = 256
+GRID_Y_LIMIT = 65535
 
 
 class PipelinedConfig(BlockTiledConfig):
@@ -56,6 +60,11 @@ def k_slices(spec: ConvSpec) -> int:
     return -(-k_dim(spec) // TAP_SLICE)
 
 
+def map_tiles(spec: ConvSpec, bm: int) -> int:
+    """Grid y: the BM-map tiles of every group (a tile never spans two groups)."""
+    return spec.group * -(-(spec.out_channels // spec.group) // bm)
+
+
 def columns(spec: ConvSpec, batch: int | None = None) -> int:
     return (spec.batch if batch is None else batch) * pixels(spec)
 
@@ -75,7 +84,7 @@ def tap_table(spec: ConvSpec) -> np.ndarray:
     whole slices. The place is kh*KW + kw when `masks_taps`, with KH*KW for the rows
     past K; else kh*DH << 16 | kw*DW, with NO_TAP << 16 past K (a row outside every image)."""
     (h, w), (kh, kw), (dh, dw) = spec.in_size, spec.kernel, spec.dilations
-    c, i, j = np.meshgrid(np.arange(spec.in_channels), np.arange(kh), np.arange(kw), indexing="ij")
+    c, i, j = np.meshgrid(np.arange(spec.in_channels // spec.group), np.arange(kh), np.arange(kw), indexing="ij")
     offsets = (c * h * w + i * dh * w + j * dw).ravel()
     if masks_taps(spec):
         places, past_k = (i * kw + j).ravel(), kh * kw
@@ -105,7 +114,7 @@ def multiprocessors() -> int:
 
 def grid_blocks(spec: ConvSpec, config: PipelinedConfig) -> int:
     """Output tiles of the layer at its batch: the blocks of an unsplit grid."""
-    return -(-columns(spec) // config.bn) * -(-spec.out_channels // config.bm)
+    return -(-columns(spec) // config.bn) * map_tiles(spec, config.bm)
 
 
 def split_for(spec: ConvSpec, config: PipelinedConfig, sms: int) -> int:
@@ -156,14 +165,16 @@ class PipelinedGemm(Family):
         raise NotImplementedError
 
     def reason(self, spec, config, epilogue):
-        if spec.group != 1:
-            return f"{self.name} implements group=1 only (this Conv has group={spec.group})"
+        if spec.in_channels == spec.group and spec.group > 1:
+            return f"{self.name}: a depthwise Conv is a GEMM of K = {k_dim(spec)} per map; the depthwise family runs it"
         if epilogue.pool:
             return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
         if k_slices(spec) * TAP_SLICE > TAP_TABLE_ROWS:
             return f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table in __constant__ memory"
         if spec.in_size[0] >= NO_TAP or spec.in_size[1] > 0xFFFF:
             return f"images of {spec.in_size} pixels are too large for the packed tap table"
+        if map_tiles(spec, config.bm) > GRID_Y_LIMIT:
+            return f"{config}: {map_tiles(spec, config.bm)} map tiles over {spec.group} groups exceed the grid's y limit of {GRID_Y_LIMIT}"
         tile = config.block[:2]
         if tile not in self.tiles or config != self.tile_config(tile, config.splits):
             return f"{config}: the tiles are {', '.join(self.tile_config(t).name() for t in self.tiles)}"
@@ -214,7 +225,7 @@ class PipelinedGemmKernel(ConvKernel):
         if known is not None:
             return known
         cols = columns(self.spec, batch)
-        grid = (-(-cols // self.config.bn), -(-self.spec.out_channels // self.config.bm), self.splits)
+        grid = (-(-cols // self.config.bn), map_tiles(self.spec, self.config.bm), self.splits)
         outputs = batch * self.spec.out_channels * pixels(self.spec)
         self._geometries[batch] = grid, self.workspace_bytes(batch) // 4, min(-(-outputs // REDUCE_BLOCK), 65535)
         return self._geometries[batch]

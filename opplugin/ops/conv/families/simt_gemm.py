@@ -5,9 +5,11 @@ around plain FP32 fused multiply-adds, so it is FP32-exact *by construction*.
 `simt_gemm_b<BM>x<BN>x<BK>_t<TM>x<TN>_s<S>_o<O>[_k<K>]`: BM x BN is the block's output
 tile (maps x pixels of the batch) and BK its K depth, each thread keeping a TM x TN
 micro-tile in registers, S stages in flight, registers budgeted for O blocks per SM
-(`THREAD_TILES`); `_k<K>` splits the K loop over K blocks. The limits (group 1, no pool,
-the tap table) and the launch are the pipelined GEMMs' (`pipelined`); the tiles, their
-order, the slice depth and the source are this family's own.
+(`THREAD_TILES`); `_k<K>` splits the K loop over K blocks. Any group count: a block's maps
+lie in one group, so narrow groups (ResNeXt's 4, RegNet's 16 maps) take 16- and 8-row
+tiles. The limits (no pool, the tap table), the groups and the launch are the pipelined
+GEMMs' (`pipelined`); the tiles, their order, the slice depth and the source are this
+family's own.
 """
 from __future__ import annotations
 
@@ -60,15 +62,22 @@ THREAD_TILES = {
     (64, 64): ((8, 4), 4),
     (32, 128): ((4, 8), 4),
     (32, 64): ((4, 4), 4),
+    (16, 128): ((2, 8), 4),
+    (16, 64): ((2, 4), 4),
+    (8, 128): ((1, 8), 4),
 }
 
-# The order configs() offers tiles in, by the layer's maps, from `bench --suite cnn` on an H100:
+# The order configs() offers tiles in, by the maps of a group, from `bench --suite cnn` on an H100:
 # at batch 32, 128x64 was fastest on every layer with 128 maps or more but one (ResNet 256->256
-# 14x14: 64x64, 2% ahead), 64x128 on every layer with 64 maps; 32-row tiles for fewer maps.
+# 14x14: 64x64, 2% ahead), 64x128 on every layer with 64 maps; 32-row tiles for fewer maps. A
+# group's maps waste the rest of a tile's rows, so narrow groups take the 16- and 8-row tiles.
+LARGE = ((128, 128), (128, 64), (64, 128), (64, 64))
 TILE_ORDER = (
-    (128, ((128, 64), (64, 128), (64, 64), (128, 128), (32, 128), (32, 64))),
-    (48, ((64, 128), (64, 64), (32, 128), (128, 64), (128, 128), (32, 64))),
-    (0, ((32, 128), (32, 64), (64, 128), (64, 64), (128, 64), (128, 128))),
+    (128, ((128, 64), (64, 128), (64, 64), (128, 128), (32, 128), (32, 64), (16, 128), (16, 64), (8, 128))),
+    (48, ((64, 128), (64, 64), (32, 128), (128, 64), (128, 128), (32, 64), (16, 128), (16, 64), (8, 128))),
+    (24, ((32, 128), (32, 64), (64, 128), (64, 64), (128, 64), (128, 128), (16, 128), (16, 64), (8, 128))),
+    (12, ((16, 128), (16, 64), (32, 128), (32, 64), (8, 128), *LARGE)),
+    (0, ((8, 128), (16, 128), (16, 64), (32, 128), (32, 64), *LARGE)),
 )
 
 
@@ -96,7 +105,7 @@ class SimtGemm(PipelinedGemm):
     def configs(self, spec, epilogue=NONE):
         """Every tile, the likely fastest first (TILE_ORDER), each with the K split that fills the GPU."""
         sms = multiprocessors()
-        order = next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels >= least_maps)
+        order = next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels // spec.group >= least_maps)
         return [with_split(c, split_for(spec, c, sms)) for c in map(self.tile_config, order)]
 
     def compile_units(self, spec, config, epilogue=NONE):

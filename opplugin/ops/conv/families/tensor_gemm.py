@@ -99,7 +99,7 @@ class PipelinedTensorGemm(PipelinedGemm):
         (128x64 split 4) and 512->512 at 7x7 1.19x (split 5 over split 2), while the grids
         of 1.5 waves (VGG 512->512 at 14x14, 128->128 at 28x28) ran 1.01-1.13x slower split."""
         sms = multiprocessors()
-        order = [self.tile_config(t) for t in next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels >= least_maps)]
+        order = [self.tile_config(t) for t in next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels // spec.group >= least_maps)]
         if k_dim(spec) <= SHORT_K:
             unsplit = [c for c in order if split_for(spec, c, sms) == 1]
             order = unsplit[:1] + [c for c in order if c not in unsplit[:1]]

@@ -1,0 +1,163 @@
+// conv_depthwise: 2-D convolution (ONNX Conv) whose groups are narrow: depthwise (C / G == 1,
+// with any depth multiplier M / G) or a few input channels a group (ResNeXt's 4, RegNet's 16),
+// with filters of any size, strides and dilations. The weights are read at call time, so no
+// layer is too wide for it (the constant-memory families stop at 64 KiB of filters).
+//
+// A block computes a BH x BW tile of output pixels of PLANES neighbouring maps of one image
+// (with CG > 1, maps of one group); each thread a TH x TW register tile of one map. What makes
+// it fast:
+// - The block copies the input patch its tile reads ((BH-1)*SH + (KH-1)*DH + 1 rows, likewise
+//   columns, zeros where the window leaves the image) and its maps' filters into shared memory
+//   once, with coalesced loads, STAGE_CHUNK of them in flight per thread. Depthwise, each map
+//   has its patch (SLOTS = PLANES); grouped, the block's maps share their group's CG channel
+//   patches (SLOTS = CG), so each input value read from global memory serves PLANES maps.
+// - A thread then walks, per input channel, the SEG_H input rows its TH output rows need, in
+//   order: it loads a row's SEG_W values into registers once, and each serves every output row
+//   whose window covers that input row, for all of its TW columns and the KW taps: one shared
+//   load feeds up to TH * KW multiply-adds. The loops over rows and taps are unrolled at compile
+//   time (all shapes are -D macros), so accumulators, row values and tap indices are registers
+//   and immediates. The channel loop is not unrolled: unrolled, ptxas hoists every channel's
+//   loads and spills (RegNet's 16 channels a group, 1x4 tiles: 128 registers and 68 bytes spilled).
+// - PITCH (floats per patch row, >= the patch's width) is chosen by the host so that the lanes
+//   of a warp, which start TW*SW columns and TH*SH rows apart, read distinct banks where they can.
+// - Small planes (7x7) put several maps in one block (PLANES) so a block still has enough
+//   threads; large ones tile the plane.
+// FP32-exact by construction: each output is a chain of FP32 fused multiply-adds over its
+// window's taps (channel, kh, kw), then the epilogue (conv_epilogue.cuh): bias, the residual
+// operand r, ACTIVATION. No max pool.
+//
+// Macros: the shape macros (C, M, G, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, HAS_BIAS,
+// RESIDUAL, ACTIVATION) plus TH, TW (rows x columns per thread), BH, BW (the block's output
+// tile), PLANES (maps per block), PITCH.
+// Launch: block (NTHREADS = PLANES * BH/TH * BW/TW), grid (batch * TILES_H * TILES_W,
+// ceil(M / PLANES)), static shared memory. r: the residual operand ([batch][M][OH][OW]; null
+// without RESIDUAL).
+
+#include "conv_epilogue.cuh"
+
+#define CG (C / G)  // input channels per group
+#define MG (M / G)  // maps per group
+#define TAPS (KH * KW)
+#define PATCH_H ((BH - 1) * SH + (KH - 1) * DH + 1)
+#define PATCH_W ((BW - 1) * SW + (KW - 1) * DW + 1)
+#define SEG_H ((TH - 1) * SH + (KH - 1) * DH + 1)  // input rows one thread reads
+#define SEG_W ((TW - 1) * SW + (KW - 1) * DW + 1)  // input columns one thread reads per row
+#define THREADS_W (BW / TW)
+#define THREADS_H (BH / TH)
+#define PLANE_THREADS (THREADS_W * THREADS_H)
+#define NTHREADS (PLANES * PLANE_THREADS)
+#define TILES_W ((OW + BW - 1) / BW)
+#define TILES_H ((OH + BH - 1) / BH)
+#define PATCH_FLOATS (PATCH_H * PITCH)
+#define SLOTS (CG == 1 ? PLANES : CG)  // channel patches: each map's own, or its group's
+#define STAGE_CHUNK 4  // global loads a thread has in flight while staging the patch and filters
+
+static_assert(CG == 1 || MG % PLANES == 0, "a block's maps lie in one group");
+static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
+static_assert(PITCH >= PATCH_W, "a patch row fits its pitch");
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+               const float* __restrict__ r, float* __restrict__ y, int batch)
+{
+    __shared__ float patch[SLOTS * PATCH_FLOATS];
+    __shared__ float filters[PLANES * CG * TAPS];
+
+    const int tile = blockIdx.x % (TILES_H * TILES_W);
+    const int n = blockIdx.x / (TILES_H * TILES_W);
+    const int oh0 = tile / TILES_W * BH;
+    const int ow0 = tile % TILES_W * BW;
+    const int m0 = blockIdx.y * PLANES;
+    const int ih0 = oh0 * SH - PH;  // the patch's corner in the image (negative in the pads)
+    const int iw0 = ow0 * SW - PW;
+
+    // the patch of each slot's input channel, zeros outside the image (and for maps past M), then
+    // the filters: STAGE_CHUNK loads in flight per thread before their stores (a small layer's
+    // blocks have few threads, and one load at a time left them waiting on memory)
+    constexpr int PATCH_COUNT = SLOTS * PATCH_H * PATCH_W;
+    for (int first = threadIdx.x; first < PATCH_COUNT; first += STAGE_CHUNK * NTHREADS) {
+        float v[STAGE_CHUNK];
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;
+            const int slot = i / (PATCH_H * PATCH_W);
+            const int ih = ih0 + i / PATCH_W % PATCH_H;
+            const int iw = iw0 + i % PATCH_W;
+            const int channel = CG == 1 ? (m0 + slot) / MG : m0 / MG * CG + slot;
+            const bool inside = i < PATCH_COUNT && (CG > 1 || m0 + slot < M) && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            v[k] = inside ? __ldg(x + ((((size_t)n * C + channel) * H + ih) * W + iw)) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;
+            if (i < PATCH_COUNT) patch[i / (PATCH_H * PATCH_W) * PATCH_FLOATS + i / PATCH_W % PATCH_H * PITCH + i % PATCH_W] = v[k];
+        }
+    }
+    constexpr int FILTER_COUNT = PLANES * CG * TAPS;
+    for (int first = threadIdx.x; first < FILTER_COUNT; first += STAGE_CHUNK * NTHREADS) {
+        float v[STAGE_CHUNK];
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;
+            v[k] = i < FILTER_COUNT && m0 + i / (CG * TAPS) < M ? __ldg(w + (size_t)m0 * CG * TAPS + i) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < STAGE_CHUNK; ++k)
+            if (first + k * NTHREADS < FILTER_COUNT) filters[first + k * NTHREADS] = v[k];
+    }
+    __syncthreads();
+
+    const int plane = threadIdx.x / PLANE_THREADS;
+    const int ty = threadIdx.x % PLANE_THREADS / THREADS_W;
+    const int tx = threadIdx.x % THREADS_W;
+    const int m = m0 + plane;
+    float acc[TH][TW];
+#pragma unroll
+    for (int i = 0; i < TH; ++i)
+#pragma unroll
+        for (int j = 0; j < TW; ++j) acc[i][j] = 0.0f;
+
+#pragma unroll 1
+    for (int c = 0; c < CG; ++c) {
+        const float* in = patch + (CG == 1 ? plane : c) * PATCH_FLOATS + ty * TH * SH * PITCH + tx * TW * SW;
+        const float* f = filters + (plane * CG + c) * TAPS;
+#pragma unroll
+        for (int row = 0; row < SEG_H; ++row) {
+            float v[SEG_W];
+#pragma unroll
+            for (int k = 0; k < SEG_W; ++k) v[k] = in[row * PITCH + k];
+#pragma unroll
+            for (int i = 0; i < TH; ++i) {
+                const int down = row - i * SH;  // kh * DH for output row i, if this row is in its window
+                if (down < 0 || down % DH != 0 || down / DH >= KH) continue;  // decided at compile time
+                const int kh = down / DH;
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) {
+                    const float tap = f[kh * KW + kw];
+#pragma unroll
+                    for (int j = 0; j < TW; ++j) acc[i][j] = fmaf(v[j * SW + kw * DW], tap, acc[i][j]);
+                }
+            }
+        }
+    }
+
+    if (m >= M) return;
+#if HAS_BIAS
+    const float bias = __ldg(b + m);
+#else
+    const float bias = 0.0f;
+#endif
+    const size_t plane_at = ((size_t)n * M + m) * (OH * OW);
+#pragma unroll
+    for (int i = 0; i < TH; ++i) {
+        const int oh = oh0 + ty * TH + i;
+        if (oh >= OH) break;
+#pragma unroll
+        for (int j = 0; j < TW; ++j) {
+            const int ow = ow0 + tx * TW + j;
+            if (ow >= OW) break;
+            const size_t at = plane_at + oh * OW + ow;
+            y[at] = finish_output(acc[i][j] + bias, residual_at(r, at));
+        }
+    }
+}

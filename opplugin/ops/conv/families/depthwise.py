@@ -1,0 +1,241 @@
+"""Convolution of narrow groups with filters of any size (kernels/conv_depthwise.cu), weights
+read at call time, so no layer is too wide for it:
+
+- `depthwise_t<TH>x<TW>_b<BH>x<BW>_p<P>`: every output map reads one input channel (C / G == 1,
+  any depth multiplier);
+- `grouped_t<TH>x<TW>_b<BH>x<BW>_p<P>`: a few input channels a group (ResNeXt's 4, RegNet's 16),
+  the P maps of a block in one group, sharing its channels' patches.
+
+A block computes a BH x BW tile of output pixels of P maps, each thread a TH x TW register tile
+of one map; the block stages its input patches and its filters in shared memory. The
+heuristic's tile covers the plane with little waste (`plane_tile`) and packs maps into a block
+until it has enough threads (`planes_for`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...config_grammar import Config, tagged
+from ..epilogue import NONE
+from ..spec import ConvSpec
+from .common import CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .pipelined import multiprocessors
+
+SHARED_BYTES = 48 * 1024  # static shared memory of a block
+MAX_THREADS = 512
+BANKS = 32
+# Thread tiles in the order the heuristic tries them: 2 x 4 outputs share input rows and columns
+# at a register count that keeps occupancy (4 x 4 with a 7x7 filter took 159 registers on sm_80);
+# the small ones fit planes of few pixels without waste.
+THREAD_TILES = ((2, 4), (2, 2), (1, 4), (4, 4), (4, 2), (2, 1), (1, 2), (1, 1))
+THREADS_ACROSS = 8  # a block row of threads spans 8 thread tiles: 32 columns at TW = 4
+PLANE_THREADS = 128  # threads a block aims for over one plane before it packs several maps
+LEAST_EFFICIENCY = 0.8  # share of computed outputs that lie in the plane, for the heuristic's tile
+WAVES = 2  # the heuristic packs more maps only while the grid keeps this many blocks per SM
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig(Config):
+    """TH x TW outputs per thread, a BH x BW output tile per block, P maps per block."""
+
+    thread: tuple[int, int] = tagged("t", 2)
+    block: tuple[int, int] = tagged("b", 2)
+    planes: int = tagged("p")
+
+    @property
+    def threads(self) -> int:
+        (th, tw), (bh, bw) = self.thread, self.block
+        return self.planes * (bh // th) * (bw // tw)
+
+
+def patch_size(spec: ConvSpec, block: tuple[int, int]) -> tuple[int, int]:
+    """Input rows x columns a block's output tile reads."""
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
+    return (block[0] - 1) * sh + (kh - 1) * dh + 1, (block[1] - 1) * sw + (kw - 1) * dw + 1
+
+
+def bank_conflicts(spec: ConvSpec, config: DepthwiseConfig, pitch: int) -> int:
+    """The most lanes of a warp's first 32 threads that read one bank at different addresses
+    when each reads the first value of its patch window (one map's lanes; maps sit whole
+    patches apart, which the pitch does not change much)."""
+    (th, tw), (bh, bw) = config.thread, config.block
+    across, per_plane = bw // tw, (bh // th) * (bw // tw)
+    plane_floats = patch_size(spec, config.block)[0] * pitch
+    addresses = set()
+    for lane in range(min(BANKS, config.threads)):
+        plane, inside = divmod(lane, per_plane)
+        ty, tx = divmod(inside, across)
+        slot = plane if depthwise(spec) else 0  # a group's maps read the same channel's patch at once
+        addresses.add(slot * plane_floats + ty * th * spec.strides[0] * pitch + tx * tw * spec.strides[1])
+    per_bank: dict[int, int] = {}
+    for address in addresses:
+        per_bank[address % BANKS] = per_bank.get(address % BANKS, 0) + 1
+    return max(per_bank.values())
+
+
+def pitch_for(spec: ConvSpec, config: DepthwiseConfig) -> int:
+    """Floats per patch row: the patch's width, or up to 32 more where that spreads a warp's reads over more banks."""
+    width = patch_size(spec, config.block)[1]
+    return min(range(width, width + BANKS), key=lambda pitch: (bank_conflicts(spec, config, pitch), pitch))
+
+
+def depthwise(spec: ConvSpec) -> bool:
+    return spec.in_channels == spec.group
+
+
+def shared_bytes(spec: ConvSpec, config: DepthwiseConfig) -> int:
+    """The channel patches (each map's own depthwise, else the group's) and the block's filters."""
+    rows = patch_size(spec, config.block)[0]
+    channels = spec.in_channels // spec.group
+    slots = config.planes if channels == 1 else channels
+    return 4 * (slots * rows * pitch_for(spec, config) + config.planes * channels * int(np.prod(spec.kernel)))
+
+
+def balanced(outputs: int, per_thread: int, most_threads: int) -> int:
+    """Threads along one side of a block: at most `most_threads`, split evenly over the tiles
+    the side needs, so that the last tile is not mostly empty."""
+    threads = -(-outputs // per_thread)
+    tiles = -(-threads // most_threads)
+    return -(-threads // tiles)
+
+
+def plane_tile(spec: ConvSpec, thread: tuple[int, int]) -> tuple[int, int]:
+    """The block tile of this thread tile: up to THREADS_ACROSS tiles across and PLANE_THREADS
+    threads in all, no larger than the plane (rounded up to whole thread tiles), the plane
+    split evenly."""
+    (oh, ow), (th, tw) = spec.out_size, thread
+    across = balanced(ow, tw, THREADS_ACROSS)
+    down = balanced(oh, th, max(1, PLANE_THREADS // across))
+    return down * th, across * tw
+
+
+def efficiency(spec: ConvSpec, block: tuple[int, int]) -> float:
+    """The share of the outputs a grid of these tiles computes that lie inside the plane."""
+    (oh, ow), (bh, bw) = spec.out_size, block
+    return oh * ow / (-(-oh // bh) * bh * -(-ow // bw) * bw)
+
+
+def planes_for(spec: ConvSpec, plane_threads: int, tiles: int) -> int:
+    """Maps per block: a power of 2 that gives a block at least a warp, then more up to
+    PLANE_THREADS threads while the grid at the planned batch keeps WAVES blocks on each SM.
+    Grouped, the maps of a block share their group's patches: as many as MAX_THREADS allow
+    (dividing the group's maps), the same waves permitting."""
+    maps = spec.out_channels // spec.group
+    fits = (lambda p: p <= spec.out_channels) if depthwise(spec) else (lambda p: maps % p == 0)
+    most = PLANE_THREADS if depthwise(spec) else MAX_THREADS
+    planes = 1
+    while planes * plane_threads < 32 and fits(planes * 2):
+        planes *= 2
+    while (planes * 2 * plane_threads <= most and fits(planes * 2)
+           and spec.batch * tiles * -(-spec.out_channels // (planes * 2)) >= WAVES * multiprocessors()):
+        planes *= 2
+    return planes
+
+
+class NarrowGroups(Family):
+    """The depthwise family (`depthwise` True: one input channel a group) or the grouped one."""
+
+    exact = True
+    exact_by = "construction"
+    fuses = True
+    config_type = DepthwiseConfig
+    depthwise = True
+    MOST_CHANNELS = 32  # grouped: input channels a group at most; wider groups fill GEMM tiles well
+
+    def config(self, spec: ConvSpec, thread: tuple[int, int]) -> DepthwiseConfig:
+        block = plane_tile(spec, thread)
+        (oh, ow) = spec.out_size
+        tiles = -(-oh // block[0]) * -(-ow // block[1])
+        plane_threads = (block[0] // thread[0]) * (block[1] // thread[1])
+        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, tiles))
+
+    def configs(self, spec, epilogue=NONE):
+        """Every thread tile's config; first the earliest of THREAD_TILES whose tiles waste at most a fifth
+        of the work, else the least wasteful."""
+        if self._shape_reason(spec, epilogue):
+            return []
+        configs = [self.config(spec, thread) for thread in THREAD_TILES]
+        configs = [c for c in dict.fromkeys(configs) if self.reason(spec, c, epilogue) is None]
+        good = [c for c in configs if efficiency(spec, c.block) >= LEAST_EFFICIENCY]
+        first = good[0] if good else max(configs, key=lambda c: efficiency(spec, c.block), default=None)
+        return [first, *(c for c in configs if c != first)] if first else []
+
+    def unconfigured_reason(self, spec, epilogue):
+        return self._shape_reason(spec, epilogue) or f"no {self.name} tile fits this Conv in shared memory"
+
+    def _shape_reason(self, spec: ConvSpec, epilogue) -> str | None:
+        channels = spec.in_channels // spec.group
+        if self.depthwise and channels != 1:
+            return f"depthwise only: each output map must read one input channel (this Conv has {channels} per group)"
+        if not self.depthwise and not 1 < channels <= self.MOST_CHANNELS:
+            return f"groups of 2 to {self.MOST_CHANNELS} input channels only (this Conv has {channels}); depthwise takes 1"
+        if epilogue.pool:
+            return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
+        return None
+
+    def reason(self, spec, config, epilogue):
+        reason = self._shape_reason(spec, epilogue)
+        if reason:
+            return reason
+        (th, tw), (bh, bw), planes = config.thread, config.block, config.planes
+        if min(th, tw, bh, bw, planes) < 1 or bh % th or bw % tw:
+            return f"{config}: the block tile must be whole thread tiles"
+        if not self.depthwise and (spec.out_channels // spec.group) % planes:
+            return f"{config}: a block's {planes} maps must lie in one group of {spec.out_channels // spec.group}"
+        if th * tw > 32:
+            return f"{config}: a thread tile of {th} x {tw} outputs does not fit in registers (at most 32)"
+        if config.threads > MAX_THREADS:
+            return f"{config}: {config.threads} threads a block, at most {MAX_THREADS}"
+        if shared_bytes(spec, config) > SHARED_BYTES:
+            return f"{config}: the input patch and filters need {shared_bytes(spec, config)} bytes of shared memory, at most {SHARED_BYTES}"
+        return None
+
+    def compile_units(self, spec, config, epilogue=NONE):
+        (th, tw), (bh, bw) = config.thread, config.block
+        defines = shape_defines(spec, epilogue) | dict(TH=th, TW=tw, BH=bh, BW=bw, PLANES=config.planes, PITCH=pitch_for(spec, config))
+        return [CompileUnit("conv_depthwise.cu", "conv_depthwise", defines)]
+
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = load_functions(self.compile_units(spec, config, epilogue))
+        return DepthwiseKernel(spec, config, function, epilogue)
+
+
+class DepthwiseKernel(ConvKernel):
+    reads_weights = True
+    residual_parameter = True
+
+    def __init__(self, spec: ConvSpec, config: DepthwiseConfig, function, epilogue=NONE):
+        super().__init__(spec, config, [function], epilogue)
+        self._function = function
+        (oh, ow), (bh, bw) = spec.out_size, config.block
+        self._tiles = -(-oh // bh) * -(-ow // bw)
+        self._map_blocks = -(-spec.out_channels // config.planes)
+
+    def _launch(self, x, weights, y, batch):
+        w, b, r = weights
+        self._function((batch * self._tiles, self._map_blocks, 1), (self.config.threads, 1, 1), (x, w, b, r, y, np.int32(batch)))
+
+
+class Depthwise(NarrowGroups):
+    name = "depthwise"
+    summary = (
+        "depthwise (one input channel per map) of any filter size, stride and dilation: a block stages its input "
+        "patches and filters in shared memory, each thread computes a register tile of rows x columns whose input "
+        "rows it loads once; weights read at call time; fuses bias, a residual Add and an activation"
+    )
+    depthwise = True
+
+
+class Grouped(NarrowGroups):
+    name = "grouped"
+    summary = (
+        "narrow groups (2 to 32 input channels) of any filter size: the depthwise kernel with a block's maps in one "
+        "group sharing its channels' patches in shared memory; weights read at call time; fuses bias, a residual Add "
+        "and an activation"
+    )
+    depthwise = False
+
+
+FAMILIES: list[Family] = [Depthwise(), Grouped()]

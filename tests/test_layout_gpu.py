@@ -105,7 +105,7 @@ def test_models_with_concats_written_in_place_eager_chunked_and_in_cuda_graphs(n
 
 
 def test_which_producers_write_in_place_on_the_gpu(tmp_path):
-    """Strided producers (layout and elementwise kernels) at any batch; a Conv (contiguous `out` only) where the slice is
+    """Strided producers (layout and pointwise kernels) at any batch; a Conv (contiguous `out` only) where the slice is
     contiguous: at batch 1, not at 6."""
     loaded = load_model(save(nested_concats(), tmp_path / "nested.onnx"))
     runner = Runner(loaded, 6, "cuda", streams=1)

@@ -54,8 +54,13 @@ def run_on_device(model, tmp_path, inputs, compare_onnxruntime=True, tolerance=(
         else:
             arguments.append(cupy.asarray(host))
     poisoned = [cupy.full(group.shape_at(t.shape, BATCH), np.nan, t.dtype) for _, t in group.outputs]
+    if sliced:  # each output a channel slice of a wider NaN-filled buffer too, whose other channels stay NaN
+        buffers = [cupy.full((y.shape[0], y.shape[1] + sliced, *y.shape[2:]), np.nan, y.dtype) for y in poisoned]
+        poisoned = [b[:, 1:1 + y.shape[1]] for b, y in zip(buffers, poisoned)]
     outputs = kernel(arguments, None, out=poisoned)
     assert all(a is b for a, b in zip(outputs, poisoned))
+    if sliced:
+        assert all(cupy.isnan(b[:, :1]).all() and cupy.isnan(b[:, 1 + y.shape[1]:]).all() for b, y in zip(buffers, poisoned))
     got = [cupy.asnumpy(y) for y in outputs]
     exact = group.evaluate([inputs[n] for n in step.inputs])
     for ours, oracle, (_, tensor) in zip(got, exact, group.outputs):
@@ -85,15 +90,16 @@ def test_binary_ops_broadcast_every_operand_form(op, operand, shape, tmp_path):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("operand", ["same", "se_scale"])
-def test_an_input_whose_rows_lie_apart_is_read_in_place(operand, shape, tmp_path):
-    """A channel slice of a wider buffer (DenseNet's Concat prefix): the kernel takes its row stride."""
+def test_tensors_whose_rows_lie_apart_are_read_and_written_in_place(operand, shape, tmp_path):
+    """Inputs and outputs that are channel slices of wider buffers (a Concat's, read or written in place):
+    the kernel takes their row strides."""
     from opplugin.ops.pointwise.plugin import rows_of_contiguous_runs
     import cupy
 
     model = binary_model("Mul", operand, shape=SHAPES[shape])
     assert rows_of_contiguous_runs(cupy.empty((BATCH, 9, 4, 8))[:, 2:5]) and not rows_of_contiguous_runs(cupy.empty((BATCH, 9, 4, 8))[:, :, 1:3])
     _, kernel = run_on_device(model, tmp_path, feeds(model, BATCH, seed=8, poison=True), sliced=4)
-    assert kernel._row_strided  # the batch-following input's row stride is an argument
+    assert kernel._row_strided and kernel._rows_apart_outputs  # the row strides are arguments
 
 
 def test_an_input_off_the_16_byte_boundary_runs_unvectorised(tmp_path):

@@ -51,7 +51,9 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
     """The group's generated kernel; call it with the step's inputs (CuPy arrays; those of constants
     the kernel holds may be anything), `out` to give the outputs' arrays (one array for a group of one output)."""
 
-    out_view = "contiguous"  # it writes C-contiguous outputs: a Concat's slice where that is one run (registry.Kernel)
+    # it writes an output whose rows lie apart (a channel slice of a Concat's buffer) in place, with its row
+    # stride as an argument, and any other view through a contiguous array of its own (registry.Kernel)
+    out_view = "strided"
 
     def __init__(self, group: PointwiseGroup):
         import cupy
@@ -62,7 +64,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
         self.functions = {v: self._module().get_function(codegen.FUNCTIONS[v]) for v in sorted({1, self.width})}
         self.constants = [cupy.asarray(c if c.dtype == np.bool_ else c.astype(np.float32)) for c in group.constants]
         self._batch_argument = group.batch_argument()
-        self._row_strided = codegen.row_strided_positions(group)
+        self._row_strided, self._rows_apart_outputs = codegen.row_strided_positions(group)
 
     def _module(self):
         import cupy
@@ -90,19 +92,25 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
             else:
                 outputs = [out] if isinstance(out, cupy.ndarray) else list(out)
                 if len(outputs) != len(shapes) or any(not isinstance(y, cupy.ndarray) or (tuple(y.shape), y.dtype) != s
-                                                      or not y.flags.c_contiguous for y, s in zip(outputs, shapes)):
-                    raise PluginError(f"{self.name}: out must be C-contiguous CuPy arrays of {[(list(s), str(d)) for s, d in shapes]}")
+                                                      for y, s in zip(outputs, shapes)):
+                    raise PluginError(f"{self.name}: out must be CuPy arrays of {[(list(s), str(d)) for s, d in shapes]}")
+            # what the kernel writes: each output itself where it can, else a contiguous array copied over after
+            targets = [y if rows_of_contiguous_runs(y) else cupy.empty(y.shape, y.dtype) for y in outputs]
             elements = group.elements(rows)
             if elements >= codegen.INDEX_LIMIT and codegen.index_bits(group) == 32:
                 raise PluginError(f"{self.name}: built with 32-bit indices for {group.shape[0]} rows, called with {rows}")
             if elements:
-                operands = [*arrays, *outputs, *self.constants]
-                row_strides = [arrays[k].strides[0] // arrays[k].itemsize for k in self._row_strided]
+                operands = [*arrays, *targets, *self.constants]
+                row_strides = ([arrays[k].strides[0] // arrays[k].itemsize for k in self._row_strided]
+                               + [targets[k].strides[0] // targets[k].itemsize for k in self._rows_apart_outputs])
                 aligned = all(a.data.ptr % 16 == 0 for a in operands) and all(r % 4 == 0 for r in row_strides)
                 width = self.width if aligned else 1
                 vectors = elements // width
                 grid = max(1, min(-(-vectors // BLOCK), BLOCKS_PER_SM * cuda.multiprocessor_count()))
                 self.functions[width]((grid,), (BLOCK,), (*operands, np.int64(rows), *map(np.int64, row_strides)))
+            for y, target in zip(outputs, targets):
+                if target is not y:
+                    y[...] = target
         return outputs
 
     def _checked(self, x: Any, tensor, rows: int) -> Any:

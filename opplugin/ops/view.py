@@ -17,7 +17,7 @@ from .. import cuda
 from ..device import Device
 from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
-from .described import spec_of
+from .described import reason_against, spec_of
 
 
 class ViewKernel(Kernel):
@@ -128,11 +128,7 @@ class SqueezePlugin(ViewPlugin):
         return axes
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        try:
-            spec_of(node, self.describe)
-        except PluginError as err:
-            return str(err)
-        return None
+        return reason_against(node, self.describe)
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         axes = set(spec_of(node, self.describe))
@@ -155,11 +151,7 @@ class UnsqueezePlugin(ViewPlugin):
         return axes
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        try:
-            spec_of(node, self.describe)
-        except PluginError as err:
-            return str(err)
-        return None
+        return reason_against(node, self.describe)
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         axes = spec_of(node, self.describe)

@@ -9,7 +9,7 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import spec_of
+from ..described import reason_against, spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
@@ -105,11 +105,7 @@ class MatMulPlugin(GemmPlugin):
         return MatMulSpec.from_node(node)
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        try:
-            spec_of(node, self.describe)
-        except PluginError as err:
-            return str(err)
-        return None
+        return reason_against(node, self.describe)
 
     def gemm_spec(self, node: NodeInfo) -> GemmSpec:
         spec = spec_of(node, self.describe)

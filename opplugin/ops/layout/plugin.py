@@ -12,7 +12,7 @@ import numpy as np
 from ...device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import spec_of
+from ..described import reason_against, spec_of
 from ..view import ViewKernel
 from . import reference
 from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TransposeTileKernel
@@ -97,11 +97,7 @@ class LayoutPlugin(Plugin):
         return self.make_spec(node)
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        try:
-            spec_of(node, self.describe)
-        except PluginError as err:
-            return str(err)
-        return None
+        return reason_against(node, self.describe)
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
         return f"{self.op_type.lower()}.{'cuda' if device.is_cuda else 'reference'}.{self.suffix_of(spec_of(node, self.describe))}"

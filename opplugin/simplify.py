@@ -238,6 +238,8 @@ class _Graph:
         for node in self.nodes:
             if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in at[0] and node.input[1] not in self.constants:
                 self._fix_reshape_target(node, at, first, second)
+            elif node.op_type == "Gather" and node.input[1] in at[0] and node.input[1] not in self.constants:
+                self._gather_in_order_as_reshape(node, at, first, second)
         self._drop_unread(computed, folded)
 
     def _over_shapes(self, node: onnx.NodeProto, shape_values: set[str]) -> bool:
@@ -268,6 +270,29 @@ class _Graph:
         name = self.new_name(f"{node.name or data}_target")
         self.constants[name] = target
         node.input[1] = name
+
+    def _gather_in_order_as_reshape(self, node: onnx.NodeProto, at: tuple[dict, dict], first: dict, second: dict) -> None:
+        """A Gather from a 1-D tensor whose indices, computed from shapes, are at every probe batch all of its
+        positions in order: a Reshape to the indices' shape (the batch's axis -1). Exporters write a view of a
+        contiguous tensor this way (torch's as_strided becomes Range > Mul > Add > Gather over the flat data)."""
+        data, indices = node.input[0], node.input[1]
+        if _attribute(node, "axis", 0) != 0 or data not in first or data not in second:
+            return
+        shapes = []
+        for probe, known in zip(at, (first, second)):
+            order = np.asarray(probe[indices])
+            if len(known[data]) != 1 or order.size != known[data][0] or not np.array_equal(order.reshape(-1), np.arange(order.size)):
+                return
+            shapes.append(order.shape)
+        varying = [axis for axis, (a, b) in enumerate(zip(*shapes)) if a != b]
+        if len(shapes[0]) != len(shapes[1]) or len(varying) > 1:
+            return
+        target = np.asarray(shapes[0], np.int64)
+        target[varying] = -1  # the axis that follows the batch; the others are the same at every batch
+        name = self.new_name(f"{node.name or data}_target")
+        self.constants[name] = target
+        node.op_type, node.input[1] = "Reshape", name
+        del node.attribute[:]
 
     def _drop_unread(self, nodes: list[onnx.NodeProto], folded: dict[str, int]) -> None:
         """Drop those of `nodes` (shape arithmetic) whose outputs nobody reads any more, last first."""

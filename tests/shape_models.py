@@ -67,3 +67,30 @@ def reshape_to_data(channels: int = 4, size: int = 6) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, ["N", channels, size, size]),
                                helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], initializer=constants)
     return finish(graph)
+
+
+def view_by_gather(channels: int = 6, in_order: bool = True) -> onnx.ModelProto:
+    """A view of a pooled (N, C, 1, 1) tensor written as torch's dynamo exporter writes as_strided:
+    the data flattened, then Gather at indices Range(0, N) * C + (0 .. C-1), computed from the
+    batch; then a Transpose and a Relu that want concrete shapes. With `in_order` False the
+    indices take the channels in reverse: a real gather, which must stay one."""
+    ramp = np.arange(channels)[::1 if in_order else -1].reshape(1, channels, 1, 1)
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"], name="pool"),
+        helper.make_node("Reshape", ["pooled", "flat"], ["flattened"], name="flatten"),
+        helper.make_node("Shape", ["x"], ["n_1d"], name="batch", start=0, end=1),
+        helper.make_node("Squeeze", ["n_1d"], ["n"], name="batch_scalar"),
+        helper.make_node("Range", ["zero", "n", "one"], ["images"], name="range"),
+        helper.make_node("Mul", ["images", "per_image"], ["starts"], name="starts"),
+        helper.make_node("Unsqueeze", ["starts", "axes"], ["starts4"], name="unsqueeze"),
+        helper.make_node("Add", ["starts4", "ramp"], ["indices"], name="indices"),
+        helper.make_node("Gather", ["flattened", "indices"], ["viewed"], name="as_strided", axis=0),
+        helper.make_node("Transpose", ["viewed"], ["nhwc"], name="permute", perm=[0, 2, 3, 1]),
+        helper.make_node("Relu", ["nhwc"], ["y"], name="relu"),
+    ]
+    constants = [_const("flat", [-1]), _const("zero", 0), _const("one", 1), _const("per_image", channels),
+                 _const("axes", [1, 2, 3]), _const("ramp", ramp)]
+    graph = helper.make_graph(nodes, "view_by_gather",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 1, channels])], initializer=constants)
+    return finish(graph)

@@ -10,7 +10,7 @@ from opplugin.device import select_device
 from opplugin.model import load_model
 from opplugin.plan import make_plan
 from opplugin.runtime import Runner
-from shape_models import channel_shuffle, reshape_to_data
+from shape_models import channel_shuffle, reshape_to_data, view_by_gather
 
 CPU = select_device("cpu")
 
@@ -51,3 +51,25 @@ def test_shapes_and_targets_read_from_data_do_not_fold(tmp_path):
     outputs = runner.run({"x": x}).outputs
     np.testing.assert_array_equal(outputs["r"], x)
     np.testing.assert_array_equal(outputs["y"], [4, x.size])
+
+
+def test_a_gather_of_every_position_in_order_is_a_reshape_at_any_batch(tmp_path):
+    """torch's as_strided of a contiguous tensor, exported as Gather at indices computed from the batch:
+    a view, so the plan has no onnxruntime step and the Transpose after it gets concrete shapes."""
+    model = load_model(save(view_by_gather(), tmp_path / "view.onnx"))
+    ops = [n.op_type for n in model.nodes]
+    assert ops == ["GlobalAveragePool", "Reshape", "Reshape", "Transpose", "Relu"]
+    assert model.initializers[model.nodes[2].input[1]].tolist() == [-1, 6, 1, 1]
+    x = np.random.default_rng(7).uniform(-1, 1, (7, 6, 5, 5)).astype(np.float32)
+    runner = Runner(model, 7, "cpu", chunk=3)
+    assert all(step.kind == "plugin" for step in runner.plan.steps)
+    expected = ort.InferenceSession(model.original.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_gather_that_reorders_stays_a_gather(tmp_path):
+    model = load_model(save(view_by_gather(in_order=False), tmp_path / "gather.onnx"))
+    assert "Gather" in [n.op_type for n in model.nodes]
+    x = np.random.default_rng(8).uniform(-1, 1, (3, 6, 5, 5)).astype(np.float32)
+    expected = ort.InferenceSession(model.original.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(Runner(model, 3, "cpu").run({"x": x}).outputs["y"], expected, rtol=1e-6, atol=1e-6)

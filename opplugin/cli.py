@@ -117,6 +117,9 @@ def _add_data(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--std", metavar="S[,S,S]", help="with --images: divided per channel after the mean (default 1)")
     parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the graph's outputs (and --keep tensors) to a .npz file")
     parser.add_argument("--keep", action="append", metavar="TENSOR", help="with --save-outputs: also save this tensor (one that leaves a step)")
+    parser.add_argument("--devices", metavar="all|0,1,...",
+                        help="split the batch in order over these CUDA devices, a runner on each, all at once "
+                             "(all: every GPU; an id may repeat); the report gains a row per device")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,6 +348,31 @@ def _make_runner(args, loaded: Loaded, *, poison: bool = False):
     return runner
 
 
+def _device_slots(args):
+    """--devices as the device slots of a split run; None without it (the single-runner path)."""
+    text = getattr(args, "devices", None)
+    if text is None:
+        return None
+    if args.device == "cpu":
+        raise InputError("--devices splits the batch over CUDA devices; leave out --device cpu")
+    alone = [flag for dest, flag in (("trace", "--trace"), ("sanitize", "--sanitize"), ("watch", "--watch")) if getattr(args, dest, None)]
+    if alone:
+        raise InputError(f"{' and '.join(alone)} follow{'s' if len(alone) == 1 else ''} a single device; leave out --devices")
+    from .runtime.devices import cuda_slots
+
+    return cuda_slots(text)
+
+
+def _make_devices(args, loaded: Loaded, slots, *, poison: bool = False):
+    """A runner per --devices slot, each of the flags' kind, built on its own device for its share of the batch."""
+    from dataclasses import replace
+
+    from .runtime.devices import DeviceRunners
+
+    return DeviceRunners(slots, lambda slot, share: _make_runner(args, replace(loaded, device=slot.device(), batch=share),
+                                                                 poison=poison), loaded.batch)
+
+
 def _check_keep(runner, keep: list[str] | None) -> None:
     """--keep names a tensor that a run hands back: a graph input, or a tensor that leaves a step
     (the runner's own rule), checked before the run starts."""
@@ -389,11 +417,13 @@ def cmd_run(args) -> int:
     from .check import agreement, top1
     from .files import write_atomic
 
+    slots = _device_slots(args)
     looped = _kernel_loops(args, poison=False)
     if looped is not None:
         return looped
     loaded = _load(args)
-    runner = _make_runner(args, loaded)
+    devices = _make_devices(args, loaded, slots) if slots else None
+    runner = devices.runners[0] if devices else _make_runner(args, loaded)
     model, batch, on_gpu = loaded.model, loaded.batch, runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
     inputs = _inputs(args, loaded, pinned=on_gpu)
@@ -407,20 +437,26 @@ def cmd_run(args) -> int:
     repeat = timing["repeat"] if args.repeat is None else args.repeat
     bar = _progress(runner, batch, warmup + repeat)
     try:
-        profile = runner.profile(inputs.feeds, warmup, repeat, keep=tuple(args.keep or ()), progress=bar)
+        measured = (devices or runner).profile(inputs.feeds, warmup, repeat, keep=tuple(args.keep or ()), progress=bar)
     finally:
         bar.close()
-    _save_outputs(args, profile.result.outputs | profile.result.kept)
+    # with --devices: the first device's profile gives the step table, and the last pass holds every output
+    profile, last = (measured.first, measured.last) if devices else (measured, measured.result)
+    _save_outputs(args, last.outputs | last.kept)
 
     extra = {"data": inputs.source}
-    ours = profile.result.outputs[model.outputs[0]]
-    predicted = top1(ours, profile.batch)
+    ours = last.outputs[model.outputs[0]]
+    predicted = top1(ours, batch)
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if not args.no_compare:
-        extra["agreement"] = agreement(profile.plan, inputs.feeds, ours)
+        extra["agreement"] = agreement(runner.describe(batch) if devices else profile.plan, inputs.feeds, ours)
 
     result = reports.build_report(profile, warmup, extra)
+    if devices:
+        import statistics
+
+        result = reports.add_devices(result, measured.rows(), statistics.median(measured.total_ms))
     print(reports.format_text(result, args.wide))
     _warn_cpu_provider(profile)
     if args.json:
@@ -448,16 +484,24 @@ def _warn_cpu_provider(profile) -> None:
 def cmd_check(args) -> int:
     from .check import build_check_report, check, check_chunks, format_check
     from .progress import ProgressBar
+    from .report import format_devices
+    from .runtime.devices import DevicesTally
 
+    slots = _device_slots(args)
     looped = _kernel_loops(args, poison=True)
     if looped is not None:
         return looped
     loaded = _load(args)
-    runner = _make_runner(args, loaded, poison=True)
+    devices = _make_devices(args, loaded, slots, poison=True) if slots else None
+    runner = devices.runners[0] if devices else _make_runner(args, loaded, poison=True)
     model, batch = loaded.model, loaded.batch
     inputs = _inputs(args, loaded, pinned=runner.device.is_cuda)
     _check_keep(runner, args.keep)
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
+    if devices:
+        where += f", split over {', '.join(devices.labels)}"
+    tally = DevicesTally(devices) if devices else None
+    run = tally.run if tally else runner.run
     print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
     plan = runner.describe(batch)
     passes = check_chunks(plan, batch, chunk=args.check_chunk)
@@ -468,8 +512,8 @@ def cmd_check(args) -> int:
     # there are enough passes for the quarters to fall in different ones
     bar = ProgressBar(sys.stderr, plain_lines=len(passes) >= 4)
     try:
-        saved = SavedPieces(runner.run, model.outputs, tuple(args.keep or ())) if args.save_outputs else None
-        result = check(saved.run if saved else runner.run, plan, inputs.feeds, inputs.labels, args.atol, args.rtol, chunk=passes[0].stop, progress=bar)
+        saved = SavedPieces(run, model.outputs, tuple(args.keep or ())) if args.save_outputs else None
+        result = check(saved.run if saved else run, plan, inputs.feeds, inputs.labels, args.atol, args.rtol, chunk=passes[0].stop, progress=bar)
     finally:
         bar.close()
     if saved is not None:
@@ -482,12 +526,27 @@ def cmd_check(args) -> int:
         arbitrate(result, verdicts)
         steps_alone = verdicts_as_json(verdicts, min(ISOLATION_IMAGES, batch))
     print(format_check(result, args.atol, args.rtol, args.wide))
+    split = _devices_section(tally)
+    if split:
+        print()
+        print("\n".join(format_devices(split)))
     if verdicts is not None:
         print()
         print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch)))
     if args.json:
-        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source, steps_alone))
+        _write_json(args.json, build_check_report(result, plan, args.atol, args.rtol, inputs.source, steps_alone) | split)
     return 0 if result.passed else 1
+
+
+def _devices_section(tally) -> dict:
+    """check --devices: each device's images and time over the passes, and the images/s of them all
+    (report.add_devices' keys); {} without --devices."""
+    if tally is None:
+        return {}
+    from .report import add_devices
+
+    section = add_devices({}, tally.rows(), tally.total_ms)
+    return {key: section[key] for key in ("devices", "images_per_s", "host_to_host_ms", "batch")}
 
 
 class SavedPieces:

@@ -148,6 +148,32 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
     return report
 
 
+def add_devices(report: dict[str, Any], rows: list[dict[str, Any]], total_ms: float) -> dict[str, Any]:
+    """A run split over several devices (--devices): the batch and images/s of them all, host to
+    host, and `rows` (runtime.devices.device_rows), one per device. The step table, chunks and
+    copies stay those of the first device's share, which `steps_device` names."""
+    batch = sum(row["images"] for row in rows)
+    first = next(row for row in rows if row["images"])
+    return report | {
+        "batch": batch,
+        "host_to_host_ms": total_ms,
+        "images_per_s": batch / (total_ms / 1e3) if total_ms > 0 else None,
+        "devices": rows,
+        "steps_device": {"device": first["device"], "images": first["images"]},
+    }
+
+
+def format_devices(report: dict[str, Any]) -> list[str]:
+    """A row per device, then the images/s of them all."""
+    header = ["device", "images", "time ms", "images/s"]
+    body = [[row["device"], f"{row['images']:,}", _fmt(row["time_ms"]),
+             "-" if row["images_per_s"] is None else f"{row['images_per_s']:,.0f}"] for row in report["devices"]]
+    rate = report.get("images_per_s")
+    total = (f"All {len(report['devices'])} devices: {report['batch']:,} images in {report['host_to_host_ms']:.3f} ms host to host, "
+             f"{'-' if rate is None else f'{rate:,.0f}'} images/s")
+    return [*text_table(header, body, right=(1, 2, 3)), total]
+
+
 def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -220,8 +246,13 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
         lines.append(f"Test Accuracy: {report['accuracy']:.4f}")
     lines += ["", format_table(report["steps"], wide), ""]
     lines.extend(_graph_lines(report))
-    lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['host_to_host_ms']:.3f} ms")
-    lines.extend(_throughput_lines(report))
+    if report.get("devices"):
+        steps = report["steps_device"]
+        lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms, on {steps['device']} for its {steps['images']:,} images")
+        lines.extend(format_devices(report))
+    else:
+        lines.append(f"Steps total: {report['steps_total_ms']:.3f} ms   end to end (one run, host clock): {report['host_to_host_ms']:.3f} ms")
+        lines.extend(_throughput_lines(report))
     agreement = report.get("agreement")
     if agreement:
         verdict = "PASS" if agreement["passed"] else "FAIL"

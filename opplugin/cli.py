@@ -369,7 +369,7 @@ def _make_devices(args, loaded: Loaded, slots, *, poison: bool = False):
 
     from .runtime.devices import DeviceRunners
 
-    return DeviceRunners(slots, lambda slot, share: _make_runner(args, replace(loaded, device=slot.device(), batch=share),
+    return DeviceRunners(loaded.model, slots, lambda slot, share: _make_runner(args, replace(loaded, device=slot.device(), batch=share),
                                                                  poison=poison), loaded.batch)
 
 

@@ -36,6 +36,16 @@ def is_available() -> bool:
         return False
 
 
+def device_count() -> int:
+    """How many CUDA devices CuPy sees; 0 without CuPy, a driver or a device. Never raises."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # as in is_available
+        return 0
+
+
 def current_properties() -> tuple[str, str]:
     """(name, compute capability "9.0") of the current CUDA device."""
     import cupy

@@ -25,7 +25,9 @@ import numpy as np
 from .. import cuda
 from ..device import CPU, Device, current_cuda_device
 from ..errors import DeviceError, InputError, OpPluginError, first_line, positive_int
+from ..model import Model
 from ..rows import split_even
+from . import chunking
 from .executor import Progress
 from .records import Profile, RunResult
 from .runner import Runner
@@ -57,11 +59,9 @@ class DeviceSlot:
 def cuda_slots(text: str) -> list[DeviceSlot]:
     """The slots of a `--devices` value: "all" (every CUDA device CuPy sees) or ids "0,1,...",
     repeats allowed; InputError in one line when there is no CUDA device or an id is unknown."""
-    if not cuda.is_available():
+    count = cuda.device_count()
+    if not count:
         raise InputError("--devices needs a CUDA device; here plugin steps run the numpy reference on the CPU")
-    import cupy
-
-    count = cupy.cuda.runtime.getDeviceCount()
     if text.strip() == "all":
         return [DeviceSlot(index) for index in range(count)]
     words = [word.strip() for word in text.split(",")]
@@ -146,25 +146,29 @@ class DevicesTally:
         return device_rows(self.devices.labels, self.images, self.times_ms)
 
 
+def _require_rows(layout: chunking.BatchLayout) -> chunking.BatchLayout:
+    if not layout.chunkable:
+        raise InputError(f"--devices cuts the batch into rows, one share per device, and this model cannot be cut: {layout.unchunkable}")
+    return layout
+
+
 class DeviceRunners:
     """A runner per slot, each built inside its device's context by `make_runner(slot, batch)`,
     where `batch` is the largest share of `batch` one device gets. The model must be one that
     runs in chunks: rows of a batch run alone must give those rows of the whole result."""
 
-    def __init__(self, slots: Sequence[DeviceSlot], make_runner: Callable[[DeviceSlot, int], Runner], batch: int):
+    def __init__(self, model: Model, slots: Sequence[DeviceSlot], make_runner: Callable[[DeviceSlot, int], Runner], batch: int):
         if not slots:
             raise InputError("--devices names no device")
         self.slots = list(slots)
         self.batch = positive_int(batch, "batch")
+        _require_rows(chunking.probe_layout(model))  # before any runner is built for a share it cannot take
         share = -(-self.batch // len(self.slots))
         self.runners: list[Runner] = []
         for slot in self.slots:
             with slot.context():
                 self.runners.append(make_runner(slot, share))
-        layout = self.runners[0].layout
-        if not layout.chunkable:
-            raise InputError(f"--devices cuts the batch into rows for each device, and this model cannot be cut: {layout.unchunkable}")
-        self.layout = layout
+        self.layout = _require_rows(self.runners[0].layout)  # the plan's steps may exchange unbatched tensors
 
     @property
     def labels(self) -> list[str]:

@@ -93,20 +93,29 @@ class _Broken(Runner):
         raise self.error
 
 
-@pytest.mark.parametrize("error, said", [(DeviceError("lost the device"), "lost the device"),
-                                         (RuntimeError("CUDA error: illegal address"), "RuntimeError: CUDA error: illegal address")])
-def test_a_failing_runner_fails_the_run_naming_its_device(tiny_model_path, error, said):
-    model = load_model(tiny_model_path)
+def _second_of_three_fails(model, error):
     built = []
 
     def make(slot, share):
         built.append(slot)
         return (_Broken(error, model, share, "cpu") if len(built) == 2 else Runner(model, share, "cpu"))
 
-    devices = DeviceRunners(model, [CPU] * 3, make, 9)
+    return DeviceRunners(model, [CPU] * 3, make, 9)
+
+
+def test_a_failing_runner_fails_the_run_naming_its_device(tiny_model_path):
+    model = load_model(tiny_model_path)
     with pytest.raises(DeviceFailure) as caught:
-        devices.run(_random(model, 9))
-    assert str(caught.value) == f"on cpu #2 (runner 2 of 3): {said}"
+        _second_of_three_fails(model, DeviceError("lost the device")).run(_random(model, 9))
+    assert str(caught.value) == "on cpu #2 (runner 2 of 3): lost the device"
+
+
+def test_an_error_that_is_not_opplugins_keeps_its_type_and_names_the_device(tiny_model_path):
+    """A bug stays a bug (the CLI's internal error, with its traceback), as on one device."""
+    model = load_model(tiny_model_path)
+    with pytest.raises(RuntimeError, match="illegal address") as caught:
+        _second_of_three_fails(model, RuntimeError("CUDA error: illegal address")).run(_random(model, 9))
+    assert caught.value.__notes__ == ["opplugin: on cpu #2 (runner 2 of 3)"]
 
 
 def test_a_model_that_cannot_be_cut_into_rows_is_refused(tmp_path):
@@ -173,15 +182,14 @@ def test_a_failing_device_exits_2_naming_it_and_writes_nothing(two_cpus, monkeyp
 
     def second_fails(self, feeds, keep=(), progress=None):
         if next(iter(feeds.values())).shape[0] == 3:  # batch 7: the second runner's 3 rows
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            raise DeviceError("CUDA error: an illegal memory access was encountered")
         return plain_run(self, feeds, keep, progress)
 
     monkeypatch.setattr(Runner, "run", second_fails)
     monkeypatch.chdir(tmp_path)
     assert main(["run", "lenet86", "--batch", "7", "--devices", "0,1", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == ("opplugin: error: on cpu #2 (runner 2 of 2): RuntimeError: CUDA error: an illegal memory access "
-                       "was encountered")
+    assert err[-1] == "opplugin: error: on cpu #2 (runner 2 of 2): CUDA error: an illegal memory access was encountered"
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

@@ -194,7 +194,8 @@ class DeviceRunners:
     def _together(self, rows: list[slice | None], work: Callable[[int, Runner, slice], Any]) -> list[Any]:
         """`work(index, runner, rows)` for every runner with rows, at once on threads, each inside
         its device's context. Every thread is waited for; then the first failure, in device
-        order, is raised as a DeviceFailure naming its device."""
+        order, is raised: opplugin's errors as a DeviceFailure naming the device, anything else
+        as it is, with a note naming the device."""
         busy = [index for index, piece in enumerate(rows) if piece is not None]
 
         def on_device(index: int) -> Any:
@@ -206,14 +207,17 @@ class DeviceRunners:
         found: list[Any] = [None] * len(rows)
         for index, future in futures.items():
             error = future.exception()
-            if error is not None:
+            if isinstance(error, OpPluginError):
                 raise self._failure(index, error) from error
+            if error is not None:  # a bug, not a failure of the run: its traceback stays, naming the device
+                error.add_note(f"opplugin: on {self.labels[index]} (runner {index + 1} of {len(self.labels)})")
+                raise error
             found[index] = future.result()
         return found
 
     def _failure(self, index: int, error: BaseException) -> DeviceFailure:
         labels = self.labels
-        named = first_line(error, named=not isinstance(error, OpPluginError))
+        named = first_line(error)
         failure = DeviceFailure(f"on {labels[index]} (runner {index + 1} of {len(labels)}): {named}")
         failure.abandon_process = getattr(error, "abandon_process", False)  # a hung kernel: see cli.main
         return failure

@@ -82,14 +82,14 @@ class Predictor:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = self._feeds(batch)
         rows = self._rows(feeds)
-        if rows == 0:  # Ray may hand on an empty batch (after a filter, say): the outputs are empty too
-            outputs = {name: self._empty(name) for name in self.outputs}
-        else:
-            outputs = self.runner.run(feeds).outputs
         carried = {name: self._column(batch, name, "a pass_through column") for name in self.pass_through}
         for name, column in carried.items():
             if len(column) != rows:
                 raise InputError(f"column {name!r} has {len(column)} rows; the batch's inputs have {rows}")
+        if rows == 0:  # Ray may hand on an empty batch (after a filter, say): the outputs are empty too
+            outputs = {name: self._empty(name) for name in self.outputs}
+        else:
+            outputs = self.runner.run(feeds).outputs
         return {name: outputs[name] for name in self.outputs} | carried
 
     # --- reading a batch -------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_a_batch_returns_the_outputs_and_the_pass_through_columns(predictor):
     ({"data": np.zeros((2, 1, 86, 86), np.float32), "id": np.arange(2)}, "the batch has no column 'input'"),
     ({"input": np.ones((2, 1, 86, 86), np.float64), "id": np.arange(2)}, "column 'input' is float64; lenet86 takes float32"),
     ({"input": np.ones((2, 1, 28, 28), np.float32), "id": np.arange(2)}, "column 'input' has shape [2, 1, 28, 28]; lenet86 takes [N, 1, 86, 86]"),
-    ({"input": np.ones((2, 1, 86, 86), np.float32)}, "the batch has no column 'id'"),
+    ({"input": np.ones((2, 1, 86, 86), np.float32)}, "the batch has no column 'id' (a pass_through column"),
     ({"input": np.ones((2, 1, 86, 86), np.float32), "id": np.arange(3)}, "column 'id' has 3 rows"),
 ])
 def test_a_bad_batch_is_one_input_error(predictor, batch, message):

@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGES = 300
 SHARDS = 4  # .npy files, read as blocks of different sizes
 MODEL = "lenet86"
+# Ray Data waits, rather than fails, for resources it cannot get (as when its actors hold every CPU): past
+# this the test fails instead of holding up the suite
+PIPELINE_TIMEOUT_S = 180
 
 
 def _images() -> np.ndarray:
@@ -39,6 +42,22 @@ def _single_process(images: np.ndarray, folder: Path) -> dict[str, np.ndarray]:
     assert status == 0
     with np.load(saved) as outputs:
         return {name: outputs[name] for name in outputs.files}
+
+
+def _within(seconds: float, work):
+    """work(), or a test failure once it has run `seconds` (the cluster is then shut down, which ends it)."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError as Late
+
+    import ray
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(work).result(timeout=seconds)
+    except Late:
+        ray.shutdown()
+        pytest.fail(f"the Ray Data pipeline did not finish within {seconds} s")
+    finally:
+        pool.shutdown(wait=False)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +93,7 @@ def test_two_actors_give_the_single_process_outputs_bit_for_bit(ray_cluster, tmp
         # half a CPU each: the two actors leave the cluster's other CPU to the task reading the shards
         scored = dataset.map_batches(Predictor, fn_constructor_kwargs={"model": MODEL, "device": "cpu", "batch": 64},
                                      concurrency=2, num_cpus=0.5, batch_size=64, batch_format="numpy")
-        batches = list(scored.iter_batches(batch_size=None, batch_format="numpy"))
+        batches = _within(PIPELINE_TIMEOUT_S, lambda: list(scored.iter_batches(batch_size=None, batch_format="numpy")))
     finally:
         options.preserve_order = ordered
     assert len(batches) >= IMAGES // 64  # the actors saw several batches, not the data set in one piece

@@ -1,4 +1,6 @@
 """The numpy reference Conv against onnxruntime on configurations drawn by hypothesis."""
+import functools
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -68,3 +70,32 @@ def test_an_image_gives_the_same_bits_whatever_batch_it_comes_in():
     whole = conv(x, w, b)
     for start, stop in [(0, 1), (0, 7), (7, 14), (14, 23)]:
         np.testing.assert_array_equal(conv(x[start:stop], w, b), whole[start:stop])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_epilogue_pools_before_a_nondecreasing_activation_with_the_same_values(dtype):
+    """Epilogue.apply pools the raw sums first where the kernels may (pool_first): a nondecreasing
+    activation commutes with max, so the values, NaN and infinities included, are ONNX's order's exactly."""
+    from opplugin.ops.activation import KINDS, Activation
+    from opplugin.ops.conv.epilogue import Epilogue
+
+    rng = np.random.default_rng(11)
+    y = (rng.standard_normal((3, 4, 9, 10)) * 5).astype(dtype)
+    y[0, 0, 0, 0] = y[2, 3, 5, 5] = np.nan
+    y[1, 1, 2, 3] = y[2, 3, 5, 4] = np.inf
+    y[2, 2, 4, 4] = -np.inf
+    taken = 0
+    for op in KINDS:
+        activation = Activation(op, *KINDS[op].defaults)
+        for pool in [(2, 2), (3, 3), (4, 4)]:
+            epilogue = Epilogue(activation=activation, pool=pool)
+            if not epilogue.pool_first:
+                continue
+            activated, (kh, kw) = activation.apply(y, np), pool
+            windows = [activated[:, :, i : y.shape[2] // kh * kh : kh, j : y.shape[3] // kw * kw : kw]
+                       for i in range(kh) for j in range(kw)]
+            onnx_order = functools.reduce(np.maximum, windows)
+            got = epilogue.apply(y)
+            assert got.dtype == onnx_order.dtype and np.array_equal(got, onnx_order, equal_nan=True), (op, pool)
+            taken += 1
+    assert taken >= 15  # Relu, LeakyRelu, Sigmoid, Tanh, Clip, HardSigmoid at three pools

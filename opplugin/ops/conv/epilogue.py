@@ -85,21 +85,27 @@ class Epilogue:
         MaxPool treats a NaN differently by its place in the window, so no fixed
         rule matches it; instead every NaN or +inf that reaches a window shows in
         this output, and the runner reruns such chunks on onnxruntime's nodes."""
+        if self.pool_first:  # the same values (a nondecreasing activation commutes with max), on a pooled array
+            return self._activated(self._pooled(y, xp), xp)
         if self.residual:
             if residual is None:
                 raise ValueError(f"the epilogue {self.suffix} needs its residual operand")
             y = y + xp.asarray(residual, dtype=y.dtype)
-        if self.activation:
-            y = self.activation.apply(y, xp)
-        if self.pool:
-            kh, kw = self.pool
-            oh, ow = y.shape[2] // kh, y.shape[3] // kw
-            pooled = y[:, :, 0 : oh * kh : kh, 0 : ow * kw : kw]
-            for i in range(kh):
-                for j in range(kw):
-                    pooled = xp.maximum(pooled, y[:, :, i : oh * kh : kh, j : ow * kw : kw])
-            y = pooled
-        return y
+        return self._pooled(self._activated(y, xp), xp)
+
+    def _activated(self, y: Any, xp: Any) -> Any:
+        return self.activation.apply(y, xp) if self.activation else y
+
+    def _pooled(self, y: Any, xp: Any) -> Any:
+        if not self.pool:
+            return y
+        kh, kw = self.pool
+        oh, ow = y.shape[2] // kh, y.shape[3] // kw
+        pooled = y[:, :, 0 : oh * kh : kh, 0 : ow * kw : kw]
+        for i in range(kh):
+            for j in range(kw):
+                pooled = xp.maximum(pooled, y[:, :, i : oh * kh : kh, j : ow * kw : kw])
+        return pooled
 
     def apply_cupy(self, y: Any, residual: Any = None) -> Any:
         import cupy

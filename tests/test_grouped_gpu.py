@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx_builders import conv_model
+from family_gpu_checks import MAX_RELATIVE_L2, draw, run_and_compare
 from onnx_builders import conv_spec as conv
 
 from opplugin.check import check
@@ -21,7 +22,6 @@ from opplugin.runtime import Runner
 
 pytestmark = pytest.mark.gpu
 
-MAX_RELATIVE_L2 = 1e-5
 GROUPED_LAYERS = {layer.name: layer for layer in cnn_layers.LAYERS if layer.group > 1}
 
 
@@ -35,33 +35,6 @@ def offered(spec):
 
 
 CASES = [(name, batch, config) for name in GROUPED_LAYERS for batch in (1, 2) for config in offered(GROUPED_LAYERS[name].spec(batch))]
-
-
-def draw(spec, residual: bool = False):
-    """(seed, x, w, b, r): standard-normal float32 drawn fresh, never all zeros."""
-    seed = np.random.SeedSequence().entropy
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(spec.input_shape(), dtype=np.float32)
-    w = rng.standard_normal(spec.weight_shape, dtype=np.float32)
-    b = rng.standard_normal(spec.out_channels, dtype=np.float32)
-    r = rng.standard_normal(spec.output_shape(), dtype=np.float32) if residual else None
-    return seed, x, w, b, r
-
-
-def run_and_compare(spec, config, epilogue, x, w, b, r, context):
-    import cupy
-
-    kernel = families.build_kernel(spec, config, (w, b), epilogue)
-    assert kernel.variant == str(config)
-    out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
-    inputs = [cupy.asarray(a) for a in (x, w, b)] + ([] if r is None else [cupy.asarray(r)])
-    [y] = kernel(inputs, None, out=out)
-    assert y is out
-    got = cupy.asnumpy(y)
-    assert not np.isnan(got).any(), f"{context}: {int(np.isnan(got).sum())} outputs never written"
-    expected = reference.expected(spec, epilogue, x, w, b, r)
-    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
-    assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} > {MAX_RELATIVE_L2}"
 
 
 @pytest.mark.parametrize(("layer", "batch", "config"), CASES, ids=[f"{n}-b{b}-{c}" for n, b, c in CASES])

@@ -201,6 +201,8 @@ def _bench_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
     bench.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside their peers (PyTorch eager, in a CUDA graph and torch.compile; onnxruntime CUDA, with and without its CUDA graph) instead")
+    bench.add_argument("--peers", nargs="+", choices=e2e.PEERS, metavar="PEER",
+                       help=f"with --e2e: time only these peers ({', '.join(e2e.PEERS)}; default all); opplugin's rows always run")
     return bench
 
 

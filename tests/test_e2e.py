@@ -236,3 +236,35 @@ def test_the_committed_e2e_run_has_the_shared_header_a_row_per_candidate_and_its
         rows = [r for r in payload["rows"] if (r["model"], r["batch"]) == (case["model"], case["batch"])]
         floor_keys = ("flops", "weight_bytes", "input_bytes", "activation_bytes", "floor_ms", "floor_bound")
         assert e2e.case_record(case["model"], case["batch"], rows, {k: case[k] for k in floor_keys}) == case
+
+
+def test_peers_left_out_of_peers_get_skipped_rows_and_are_never_timed(monkeypatch, tmp_path):
+    monkeypatch.setattr(e2e, "release_device_memory", lambda: 0)
+    timed = []
+
+    def timer(name):
+        def time(*args, **kwargs):
+            timed.append(name)
+            raise PeerUnavailable(f"{name} cannot run here")
+        return time
+
+    monkeypatch.setattr(e2e, "time_opplugin", timer("opplugin"))
+    monkeypatch.setattr(e2e_torch, "time_eager", timer("pytorch_eager"))
+    monkeypatch.setattr(e2e_torch, "time_graph", timer("pytorch_graph"))
+    monkeypatch.setattr(e2e_onnxruntime, "time_cuda", timer("onnxruntime_cuda"))
+    monkeypatch.setattr(e2e_onnxruntime, "time_cuda_graph", timer("onnxruntime_cuda_graph"))
+    monkeypatch.setattr(e2e_torch.TorchModel, "get", lambda self: None)
+    path = save(tiny_cnn(), tmp_path / "tiny.onnx")
+    rows = e2e.bench_case(Path(path), load_model(path), 2, 0, 1, peers=("onnxruntime_cuda",))
+    assert [r["peer"] for r in rows] == list(e2e.CANDIDATES)
+    status = {r["peer"]: r["status"] for r in rows}
+    assert status == {"opplugin_graphs": "unavailable", "opplugin_eager": "unavailable", "onnxruntime_cuda": "unavailable",
+                      "pytorch_eager": "skipped", "pytorch_graph": "skipped", "torch_compile_graph": "skipped",
+                      "onnxruntime_cuda_graph": "skipped"}
+    assert timed == ["opplugin", "opplugin", "onnxruntime_cuda"]
+
+
+def test_bench_peers_takes_only_known_peer_names(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["bench", "--e2e", "m.onnx", "--peers", "tensorrt"])
+    assert exit.value.code == 2 and "invalid choice: 'tensorrt'" in capsys.readouterr().err

@@ -158,8 +158,9 @@ def measured_row(row: dict[str, Any], timer: Callable[[], dict[str, Any]], refer
 
 
 def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, seed: int = 0,
-               torch_model: e2e_torch.TorchModel | None = None) -> list[dict[str, Any]]:
-    """A row per candidate (CANDIDATES, in order) for one model at one batch."""
+               torch_model: e2e_torch.TorchModel | None = None, peers: tuple[str, ...] = PEERS) -> list[dict[str, Any]]:
+    """A row per candidate (CANDIDATES, in order) for one model at one batch; a peer not in
+    `peers` gets a "skipped" row, so every table keeps its columns."""
     feeds = make_inputs(model, batch, "random", seed, pinned=True).feeds
     references = sessions.Reference(model.original)({k: np.array(v) for k, v in feeds.items()})
     outputs = {name: tuple(references[name].shape) for name in model.outputs}
@@ -176,6 +177,9 @@ def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, s
     }
     rows = []
     for candidate in CANDIDATES:
+        if candidate in PEERS and candidate not in peers:
+            rows.append({**empty_row(model.name, batch, candidate), "status": "skipped", "reason": "not asked for (--peers)"})
+            continue
         row = measured_row(empty_row(model.name, batch, candidate), timers[candidate], references[model.outputs[0]])
         rows.append(row)
         print(f"{model.name} batch {batch} {candidate}: {row['status']}, {row['host_to_host_ms']} ms host to host, "
@@ -225,7 +229,7 @@ def load_torch_cudnn_first() -> None:
 
 
 def run_e2e(models: list[str], batches: list[int], warmup: int, repeat: int,
-            checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            checkpoint: Callable[[dict[str, Any]], None] | None = None, peers: tuple[str, ...] = PEERS) -> dict[str, Any]:
     device = select_device("cuda")
     load_torch_cudnn_first()
     loaded = [(Path(name), load_model(name)) for name in models]
@@ -235,12 +239,12 @@ def run_e2e(models: list[str], batches: list[int], warmup: int, repeat: int,
     roof = roofline.measure()
     release_device_memory()
     payload = header(SCHEMA, device, [m.name for _, m in loaded], list(batches))
-    payload.update(warmup=warmup, repeat=repeat, tolerance=FP32_TOLERANCE, opplugin_default=opplugin_default(),
+    payload.update(warmup=warmup, repeat=repeat, tolerance=FP32_TOLERANCE, opplugin_default=opplugin_default(), peers=list(peers),
                    roofline=roof.record(), cases=[], rows=[])
     for path, model in loaded:
         torch_model = e2e_torch.TorchModel(path, model)
         for batch in batches:
-            rows = bench_case(path, model, batch, warmup, repeat, torch_model=torch_model)
+            rows = bench_case(path, model, batch, warmup, repeat, torch_model=torch_model, peers=peers)
             floor = model_work(model, batch).record(roof.bytes_per_s, roof.flops_per_s)
             payload["rows"].extend(rows)
             payload["cases"].append(case_record(model.name, batch, rows, floor))
@@ -267,7 +271,8 @@ def main_from_args(args: Any) -> int:
     def write(payload: dict[str, Any]) -> None:
         write_atomic(args.json, dumps(payload))
 
-    payload = json_safe(run_e2e(list(args.e2e), batches, warmup, repeat, checkpoint=write if args.json else None))
+    peers = tuple(args.peers or PEERS)
+    payload = json_safe(run_e2e(list(args.e2e), batches, warmup, repeat, checkpoint=write if args.json else None, peers=peers))
     print(format_text(payload), end="")
     if args.json:
         write(payload)

@@ -21,6 +21,7 @@ their build time (plans, kernel compiles) is reported apart.
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -152,7 +153,8 @@ def time_list(model: Model, feeds: dict[str, np.ndarray], batch: int, entry: Dev
         "max_abs_vs_one": _max_abs(last.outputs, one), "per_runner": measured.rows(),
     }
     outputs = last.outputs
-    del devices, measured, last  # each list's runners go before the next list's are built
+    del devices, measured, last  # each list's runners go before the next list's are built,
+    gc.collect()  # cycles and all, so that the next list's runners size their chunks on the whole device
     if entry.slots[0].cuda_id is not None:
         cuda.release_cached_memory()
     return row, outputs

@@ -203,7 +203,20 @@ def _bench_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside their peers (PyTorch eager, in a CUDA graph and torch.compile; onnxruntime CUDA, with and without its CUDA graph) instead")
     bench.add_argument("--peers", nargs="+", choices=e2e.PEERS, metavar="PEER",
                        help=f"with --e2e: time only these peers ({', '.join(e2e.PEERS)}; default all); opplugin's rows always run")
+    _add_scaling(bench)
     return bench
+
+
+def _add_scaling(bench: argparse.ArgumentParser) -> None:
+    from .lab import scaling
+
+    bench.add_argument("--scaling", nargs="?", const=scaling.DEFAULT_MODEL, metavar="MODEL",
+                       help=f"instead: images/s of one batch split over 1 to N devices, host to host from pinned memory, and the "
+                            f"scaling efficiency (default model {scaling.DEFAULT_MODEL}, --batches {scaling.DEFAULT_BATCHES[0]})")
+    bench.add_argument("--devices", nargs="+", metavar="all|0,1,...",
+                       help="with --scaling: the device lists to time, each as in run --devices, one of them a single device "
+                            "(default 0, 0,1, ... up to every GPU; 0,0 puts two runners on one GPU)")
+    bench.add_argument("--plot", metavar="FILE.png", help="with --scaling: also draw images/s and efficiency against the devices (needs matplotlib)")
 
 
 def _tune_parser(commands, batch_help: str) -> argparse.ArgumentParser:
@@ -610,6 +623,14 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.scaling is None and (args.devices or args.plot):
+        raise InputError(f"{'--devices' if args.devices else '--plot'} applies to bench --scaling")
+    if args.scaling is not None:
+        if args.e2e:
+            raise InputError("--scaling and --e2e are two benchmarks; give one")
+        from .lab import scaling
+
+        return scaling.main_from_args(args)
     if args.e2e:
         from .lab import e2e
 

@@ -24,7 +24,7 @@ from .errors import InputError
 STDOUT = "-"
 
 # dest: flag, for every option naming a file a command writes
-OUTPUT_FLAGS = {"json": "--json", "csv": "--csv", "trace": "--trace", "save_outputs": "--save-outputs"}
+OUTPUT_FLAGS = {"json": "--json", "csv": "--csv", "trace": "--trace", "save_outputs": "--save-outputs", "plot": "--plot"}
 # the outputs that may be `-` (standard output): text reports, not binary files
 STDOUT_FLAGS = ("json", "csv")
 
@@ -117,8 +117,9 @@ def _models(args: argparse.Namespace) -> Iterator[Path]:
     from .model import SHIPPED_MODELS, resolve_model_path
 
     names = []
-    if isinstance(getattr(args, "model", None), str):
-        names.append(args.model)
+    for dest in ("model", "scaling"):  # scaling: bench --scaling MODEL
+        if isinstance(getattr(args, dest, None), str):
+            names.append(getattr(args, dest))
     for dest in ("models", "e2e"):
         names += getattr(args, dest, None) or []
     if getattr(args, "command", None) == "bench" and not getattr(args, "models", None):

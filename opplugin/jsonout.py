@@ -6,7 +6,8 @@ Every report starts with these five keys, in this order:
 - `schema`: the file's kind and version, bumped whenever its keys change:
   "opplugin-run/3" (`run --json`), "opplugin-check/1" (`check --json`),
   "opplugin-plan/4" (`plan --json`), "opplugin-bench/2" (`bench --json`),
-  "opplugin-tune/1" (`tune --json`), "opplugin-bench-e2e/3" (`bench --e2e --json`). The trace that `run --trace` writes is in
+  "opplugin-tune/1" (`tune --json`), "opplugin-bench-e2e/3" (`bench --e2e --json`),
+  "opplugin-bench-scaling/1" (`bench --scaling --json`). The trace that `run --trace` writes is in
   the Chrome trace-event format; it carries the same header, schema
   "opplugin-trace/1", under its "otherData" key.
 - `opplugin_version`: the version that wrote the file.
@@ -17,7 +18,7 @@ Every report starts with these five keys, in this order:
 - `model`: the model's name. `bench` measures several models: there it is the
   list of their names.
 - `batch`: the images per run. `bench` measures several batch sizes: there it
-  is their list.
+  is their list (`bench --scaling` too).
 
 A key with no value is present with the value null (never left out), and
 floats that are not finite (NaN, Inf) are written as null, so the file is

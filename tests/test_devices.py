@@ -176,7 +176,8 @@ def test_check_with_devices_compares_every_piece_and_reports_the_devices(two_cpu
     assert np.array_equal(np.load(tmp_path / "c.npz")["probabilities"], whole.outputs["probabilities"])
 
 
-@pytest.mark.parametrize("extra", [["--json", "r.json", "--csv", "r.csv", "--save-outputs", "o.npz"]])
+@pytest.mark.parametrize("extra", [["run", "--json", "r.json", "--csv", "r.csv", "--save-outputs", "o.npz"],
+                                   ["check", "--json", "r.json", "--save-outputs", "o.npz"]])
 def test_a_failing_device_exits_2_naming_it_and_writes_nothing(two_cpus, monkeypatch, tmp_path, capsys, extra):
     plain_run = Runner.run
 
@@ -187,7 +188,7 @@ def test_a_failing_device_exits_2_naming_it_and_writes_nothing(two_cpus, monkeyp
 
     monkeypatch.setattr(Runner, "run", second_fails)
     monkeypatch.chdir(tmp_path)
-    assert main(["run", "lenet86", "--batch", "7", "--devices", "0,1", *extra]) == 2
+    assert main([extra[0], "lenet86", "--batch", "7", "--devices", "0,1", *extra[1:]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "opplugin: error: on cpu #2 (runner 2 of 2): CUDA error: an illegal memory access was encountered"
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -51,6 +51,20 @@ def test_run_devices_0_0_saves_what_a_single_device_run_saves(tmp_path, capsys):
     assert all(row["images_per_s"] > 0 for row in data["devices"]) and data["images_per_s"] > 0
 
 
+def test_a_users_inputs_go_to_pinned_memory_and_come_back_in_order(tmp_path, capsys):
+    """--load-inputs with --devices: the file's rows are copied into pinned memory once, and
+    each runner's share (a view of it) goes up by DMA; the outputs are the file's order."""
+    rng = np.random.default_rng(7)
+    inputs, single, split, report = tmp_path / "in.npy", tmp_path / "single.npz", tmp_path / "split.npz", tmp_path / "r.json"
+    np.save(inputs, rng.random((3001, 1, 86, 86), dtype=np.float32))
+    common = ["run", "lenet86", "--load-inputs", str(inputs), "--chunk", str(CHUNK), "--no-compare", "--repeat", "1", "--warmup", "0"]
+    assert main([*common, "--save-outputs", str(single)]) == 0
+    assert main([*common, "--devices", "0,0", "--save-outputs", str(split), "--json", str(report)]) == 0
+    assert "input in pinned memory" in capsys.readouterr().out
+    assert json.loads(report.read_text())["input_pinned"] is True
+    assert np.array_equal(np.load(split)["probabilities"], np.load(single)["probabilities"])
+
+
 def test_check_devices_0_0_passes(capsys):
     assert main(["check", "lenet86", "--batch", "2000", "--devices", "0,0"]) == 0
     out = capsys.readouterr().out

@@ -14,6 +14,8 @@ tune         `opplugin tune`: every configuration of each Conv step, the fastest
 user_trial   a --kernel file's Conv kernel through the trial, beside the families
 peers        cuDNN through PyTorch, onnxruntime's CUDA provider
 streams      one Conv host to host, serial and over several streams
+scaling      `bench --scaling`: one batch split over 1 to N devices, images/s and efficiency
+scaling_text its table and its picture
 bench_text   the bench's tables
 roofline     this device's measured copy bandwidth and FP32 rate
 nvrtc_check  every Conv variant compiled without a GPU (opplugin.nvrtc), ptxas's figures

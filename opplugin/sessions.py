@@ -41,7 +41,7 @@ class Reference:
     `views` names tensors that the simplified graph writes in another layout (Simplification.views:
     name -> (original tensor, perm)): asked for one, the reference gives the original tensor transposed."""
 
-    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (),
+    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (), *,
                  views: dict[str, tuple[str, tuple[int, ...]]] | None = None):
         proto = copy.deepcopy(model)
         self.views = {name: view for name, view in (views or {}).items() if name in extra_outputs}

@@ -42,13 +42,14 @@ def test_the_rewritten_region_matches_onnxruntime_on_the_original_graph(name, gr
         ours = runner.run({"x": x}).outputs
         for output, value in expected.items():
             np.testing.assert_allclose(ours[output], value, rtol=1e-4, atol=1e-4, err_msg=output)
-    result = check(runner.run, plan, {"x": x})
+    fresh_runner = Runner(load_model(save(model, tmp_path / "m.onnx")), batch, "cuda", cuda_graphs=graphs)
+    result = check(fresh_runner.run, fresh_runner.describe(), {"x": x})  # as `opplugin check` does: a runner of its own
     assert result.passed, [r for r in result.records if not r["passed"]]
 
 
 def test_the_convnext_mlp_runs_on_conv_kernels_with_gelu_and_the_residual_fused(tmp_path):
     runner = Runner(load_model(save(convnext_block(channels=96, size=14), tmp_path / "m.onnx")), 8, "cuda")
     plan = runner.describe()
-    assert [step.ops for step in plan.steps] == [["Conv"], ["LayerNormalization"], ["Conv", "Gelu"], ["Conv", "Add"]]
+    assert [list(step.ops) for step in plan.steps] == [["Conv"], ["LayerNormalization"], ["Conv", "Gelu"], ["Conv", "Add"]]
     names = [runner.kernels[step.name].name for step in plan.steps]
     assert names[2].startswith("conv.") and names[2].endswith("+gelu") and names[3].endswith("+add"), names

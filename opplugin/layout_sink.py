@@ -100,7 +100,7 @@ def to_channel_first(value: np.ndarray) -> np.ndarray:
         return value
     padded = value.reshape((1,) * (4 - value.ndim) + value.shape).transpose(TO_CHANNEL_FIRST)
     shape = list(padded.shape)
-    while len(shape) > 1 and shape[0] == 1 and len(shape) > 0:
+    while len(shape) > 1 and shape[0] == 1:
         shape.pop(0)
     return np.ascontiguousarray(padded.reshape(shape))
 

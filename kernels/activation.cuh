@@ -20,6 +20,14 @@ __device__ __forceinline__ float opplugin_sigmoid(float v)
     return __fdividef(1.0f, 1.0f + expf(-v));
 }
 
+// Gelu as its formula: 0.5 v (1 + erf(v / sqrt 2)), or with tanh_form the tanh approximation
+__device__ __forceinline__ float opplugin_gelu(float v, float tanh_form)
+{
+    if (tanh_form != 0.0f)
+        return 0.5f * v * (1.0f + tanhf(0x1.988454p-1f * (v + 0.044715f * v * v * v)));
+    return 0.5f * v * (1.0f + erff(v * 0x1.6a09e6p-1f));
+}
+
 #ifndef ACTIVATION
 #define ACTIVATION(v) (v)
 #endif

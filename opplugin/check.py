@@ -319,7 +319,7 @@ def check(
     kept = kept_tensors(plan)
     rows_list = check_chunks(plan, batch, budget_bytes, chunk)
     batched = _batched(plan)
-    reference = Reference(model.original, kept)  # the graph as loaded, before simplification
+    reference = Reference(model.original, kept, views=model.simplification.views)  # the graph as loaded, before simplification
 
     stats = {(step.name, name): ErrorStats(atol, rtol) for step in plan.plugin_steps for name in step.outputs}
     output_stats = {name: ErrorStats(atol, rtol) for name in model.outputs}

@@ -36,16 +36,24 @@ def cuda_provider(device_id: int) -> tuple[str, dict[str, str]]:
 
 class Reference:
     """The unmodified model on onnxruntime's CPU provider, also returning
-    `extra_outputs` (intermediate tensors); one session serves every call."""
+    `extra_outputs` (intermediate tensors); one session serves every call.
 
-    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = ()):
+    `views` names tensors that the simplified graph writes in another layout (Simplification.views:
+    name -> (original tensor, perm)): asked for one, the reference gives the original tensor transposed."""
+
+    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (), *,
+                 views: dict[str, tuple[str, tuple[int, ...]]] | None = None):
         proto = copy.deepcopy(model)
+        self.views = {name: view for name, view in (views or {}).items() if name in extra_outputs}
         existing = {o.name for o in proto.graph.output}
-        for name in extra_outputs:
+        for name in dict.fromkeys(self.views.get(n, (n,))[0] for n in extra_outputs):
             if name not in existing:
                 proto.graph.output.append(helper.make_empty_tensor_value_info(name))
         self.session = session(proto, arena=False)
         self.names = [o.name for o in proto.graph.output]
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.names, self.session.run(self.names, feeds)))
+        values = dict(zip(self.names, self.session.run(self.names, feeds)))
+        for name, (source, perm) in self.views.items():
+            values[name] = np.ascontiguousarray(np.transpose(values[source], perm))
+        return values

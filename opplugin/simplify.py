@@ -33,6 +33,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from .conv_affine import fold_channel_affine, fold_channel_affines
+from .layout_sink import sink_channel_last_regions
+from .ops.pointwise.gelu_pattern import fold_decomposed_gelus
 from .ops.reduction.layernorm_pattern import fold_decomposed_layernorms
 from .skeleton import SMALL_CONSTANT, copy_without_initializers, skeleton, with_initializers
 
@@ -58,6 +61,8 @@ class Simplification:
     constants_folded: dict[str, int] = field(default_factory=dict)  # op type -> nodes evaluated into initializers
     batchnorms_folded: int = 0  # BatchNormalization nodes folded into the Conv before them
     dropped: dict[str, int] = field(default_factory=dict)  # op type -> identities removed (Identity, Dropout)
+    # a tensor written in another layout than the original's -> (original tensor, perm that makes it): layout_sink.py
+    views: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -88,9 +93,11 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
     graph = _Graph(model)
     dropped = graph.drop_identities()
     folded = graph.fold_constants() | fold_decomposed_layernorms(graph)  # the LayerNorm pattern's constants are folded by now
+    folded |= fold_decomposed_gelus(graph) | sink_channel_last_regions(graph)
     batchnorms = graph.fold_batchnorms()
+    folded |= fold_channel_affines(graph)  # after the BatchNormalizations: a scale after one folds too
     graph.write_back()  # constants that only fed folded nodes go too
-    return graph.proto, graph.constants, Simplification(folded, batchnorms, dropped)
+    return graph.proto, graph.constants, Simplification(folded, batchnorms, dropped, graph.views)
 
 
 def _count(counts: dict[str, int], op: str) -> None:
@@ -107,6 +114,7 @@ class _Graph:
         self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         self.inputs = {i.name for i in graph.input if i.name not in self.constants}
         self.outputs = {o.name for o in graph.output}
+        self.views: dict[str, tuple[str, tuple[int, ...]]] = {}  # see Simplification.views
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -444,10 +452,7 @@ def fold_batchnorm(weights: np.ndarray, bias: np.ndarray | None, scale: np.ndarr
     computed in float64 and stored as float32:
     W' = W * scale / sqrt(var + eps) per output channel, b' = (b - mean) * scale / sqrt(var + eps) + B."""
     factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + np.float64(epsilon))
-    b = np.zeros(weights.shape[0]) if bias is None else bias.astype(np.float64)
-    folded_weights = weights.astype(np.float64) * factor.reshape(-1, *([1] * (weights.ndim - 1)))
-    folded_bias = (b - mean.astype(np.float64)) * factor + offset.astype(np.float64)
-    return folded_weights.astype(np.float32), folded_bias.astype(np.float32)
+    return fold_channel_affine(weights, bias, factor, offset.astype(np.float64) - mean.astype(np.float64) * factor)
 
 
 def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:

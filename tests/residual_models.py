@@ -7,7 +7,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_builders import finish
-from opplugin.ops.activation import SILU, Activation
+from opplugin.ops.activation import GELU, SILU, Activation
 
 CHANNELS, MAPS, SIZE = 3, 4, 8
 
@@ -37,6 +37,10 @@ def activation_nodes(activation: Activation, source: str, out: str) -> tuple[lis
                 helper.make_node("Mul", ["sig", source], [out], name="mul")], {}
     if activation.op == "Clip":
         return [helper.make_node("Clip", [source, "lo", "hi"], [out], name="clip")], {"lo": activation.a, "hi": activation.b}
+    if activation.op == GELU:  # written out, as exporters before opset 20 do: loading makes it one node
+        return [helper.make_node("Div", [source, "root2"], ["scaled"], name="div"), helper.make_node("Erf", ["scaled"], ["e"], name="erf"),
+                helper.make_node("Add", ["e", "one"], ["p"], name="add1"), helper.make_node("Mul", [source, "p"], ["xp"], name="mul"),
+                helper.make_node("Mul", ["xp", "half"], [out], name="half")], {"root2": np.sqrt(2), "one": 1.0, "half": 0.5}
     attributes = {}
     if activation.op in ("LeakyRelu", "HardSigmoid") and activation != Activation.plain(activation.op):
         attributes = {"alpha": activation.a} | ({"beta": activation.b} if activation.op != "LeakyRelu" else {})

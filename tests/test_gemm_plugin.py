@@ -16,7 +16,7 @@ from opplugin.cli import main
 from opplugin.device import select_device
 from opplugin.errors import PluginError
 from opplugin.model import Model, load_model
-from opplugin.ops.activation import KINDS, SILU, Activation, cuda_float
+from opplugin.ops.activation import GELU, GELU_TANH, KINDS, SILU, Activation, cuda_float
 from opplugin.ops.gemm import families, reference
 from opplugin.ops.gemm.epilogue import NONE, GemmEpilogue
 from opplugin.ops.gemm.spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
@@ -91,7 +91,8 @@ SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-8, -1e-8, 3.0, -3.0, 
 
 
 @pytest.mark.parametrize("activation", [*(Activation.plain(op) for op in KINDS), Activation("LeakyRelu", 0.3),
-                                        Activation("Clip", 0.0, 6.0), Activation("Clip", -1.0), Activation("HardSigmoid", 0.1, 0.6)],
+                                        Activation("Clip", 0.0, 6.0), Activation("Clip", -1.0), Activation("HardSigmoid", 0.1, 0.6),
+                                        Activation(GELU, GELU_TANH)],
                          ids=lambda a: a.suffix)
 def test_activation_meaning_matches_onnxruntime_with_nan_and_inf(activation):
     x = np.concatenate([SPECIAL, np.random.default_rng(0).standard_normal(50).astype(np.float32) * 4])
@@ -100,6 +101,8 @@ def test_activation_meaning_matches_onnxruntime_with_nan_and_inf(activation):
         extra = [np.float32(activation.a), np.float32(activation.b)]
     elif activation.op in ("LeakyRelu", "HardSigmoid"):
         attributes = {"alpha": activation.a} | ({"beta": activation.b} if activation.op == "HardSigmoid" else {})
+    elif activation.op == GELU:  # ONNX's own Gelu, from opset 20
+        attributes = {"approximate": "tanh" if activation.a == GELU_TANH else "none"}
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), f"e{i}") for i, v in enumerate(extra)]
     if activation.op == SILU:  # no ONNX op: x * Sigmoid(x)
         nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
@@ -107,7 +110,8 @@ def test_activation_meaning_matches_onnxruntime_with_nan_and_inf(activation):
         nodes = [helper.make_node(activation.op, ["x", *(f"e{i}" for i in range(len(extra)))], ["y"], **attributes)]
     graph = helper.make_graph(nodes, "act", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(x)])], initializer=inits)
-    theirs = onnxruntime_output(finish(graph), {"x": x})
+    model = finish(graph) if activation.op != GELU else helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    theirs = onnxruntime_output(model, {"x": x})
     with np.errstate(over="ignore", invalid="ignore"):
         ours = activation.apply(x.astype(np.float64))
     assert np.array_equal(np.isnan(ours), np.isnan(theirs)), (x[np.isnan(ours) != np.isnan(theirs)])

@@ -28,9 +28,9 @@ def references(monkeypatch):
     built = []
 
     class Recording(Reference):
-        def __init__(self, model_proto, extra_outputs=()):
+        def __init__(self, model_proto, extra_outputs=(), **options):
             built.append(model_proto)
-            super().__init__(model_proto, extra_outputs)
+            super().__init__(model_proto, extra_outputs, **options)
 
     monkeypatch.setattr(check_module, "Reference", Recording)
     return built

@@ -22,6 +22,29 @@ from ..registry import NodeInfo
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 SILU = "Silu"
+GELU = "Gelu"
+GELU_TANH = 1.0  # Gelu's parameter a: 1 for approximate="tanh", 0 for the erf form
+# the domain of the functions load-time simplification writes for ops an older opset lacks
+# (a Gelu before opset 20, see ops/pointwise/gelu_pattern.py): their meaning is the op's
+OPPLUGIN_DOMAIN = "opplugin"
+
+_erf64 = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is float64-accurate
+
+
+def erf(v: Any, xp: Any = np) -> Any:
+    """erf elementwise, in v's dtype (CuPy's own on CuPy arrays)."""
+    if xp is np:
+        return np.asarray(_erf64(v), dtype=v.dtype)
+    import cupyx.scipy.special
+
+    return cupyx.scipy.special.erf(v)
+
+
+def _gelu(xp: Any, v: Any, tanh_form: float) -> Any:
+    """0.5 v (1 + erf(v / sqrt 2)), or with tanh_form 0.5 v (1 + tanh(sqrt(2 / pi) (v + 0.044715 v^3)))."""
+    if tanh_form == GELU_TANH:
+        return 0.5 * v * (1 + xp.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v * v * v)))
+    return 0.5 * v * (1 + erf(v / math.sqrt(2), xp))
 
 
 @dataclass(frozen=True)
@@ -52,6 +75,8 @@ KINDS: dict[str, Kind] = {
                       (1 / 6, 0.5)),
     # no ONNX op: the pattern x * Sigmoid(x) (a Sigmoid and a Mul reading both), which a plan recognises as one
     SILU: Kind(lambda xp, v, a, b: v * (1 / (1 + xp.exp(-v))), "((v) * opplugin_sigmoid(v))"),
+    # ONNX's Gelu (opset 20) or the opplugin function of its erf form; a is GELU_TANH for approximate="tanh"
+    GELU: Kind(lambda xp, v, a, b: _gelu(xp, v, a), "opplugin_gelu(v, {a})"),
 }
 
 
@@ -83,6 +108,8 @@ class Activation:
     @property
     def suffix(self) -> str:
         """For kernel names: "+relu", "+leakyrelu", "+clip0_6"."""
+        if self.op == GELU and self.a == GELU_TANH:
+            return "+gelutanh"
         if self.op == "Clip":
             bounds = ["" if abs(x) >= FLOAT32_MAX else f"{x:g}" for x in (self.a, self.b)]  # no bound given: nothing shown
             return f"+clip{bounds[0]}_{bounds[1]}".replace("-", "m").replace(".", "p")
@@ -113,11 +140,16 @@ class Activation:
 
 def from_node(node: NodeInfo) -> Activation | None:
     """The Activation a node computes, or None when it is no activation of the table
-    (or a Clip whose bounds are not constants). SiLU is two nodes: see `silu_pair`."""
-    kind = KINDS.get(node.op_type) if node.op_type != SILU and node.node.domain in ("", "ai.onnx") else None
+    (or a Clip whose bounds are not constants, a Gelu of no ONNX form). SiLU is two nodes: see `silu_pair`."""
+    domains = ("", "ai.onnx", OPPLUGIN_DOMAIN) if node.op_type == GELU else ("", "ai.onnx")
+    kind = KINDS.get(node.op_type) if node.op_type != SILU and node.node.domain in domains else None
     if kind is None or len([o for o in node.node.output if o]) != 1:
         return None
     a, b = kind.defaults
+    if node.op_type == GELU:
+        form = node.attributes.get("approximate", "none")
+        form = form.decode() if isinstance(form, bytes) else form
+        return Activation(GELU, GELU_TANH if form == "tanh" else 0.0) if form in ("none", "tanh") else None
     if node.op_type == "Clip":
         if node.attributes.keys() & {"min", "max"}:  # opset < 11: bounds are attributes
             a, b = float(node.attributes.get("min", a)), float(node.attributes.get("max", b))

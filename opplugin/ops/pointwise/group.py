@@ -162,7 +162,7 @@ class _Lowering:
 
     def _lower(self, node: NodeInfo) -> None:
         where = f"{node.op_type} {node.name}"
-        if node.node.domain not in ("", "ai.onnx"):
+        if node.node.domain not in ("", "ai.onnx") and not (node.op_type == "Gelu" and node.node.domain == activations.OPPLUGIN_DOMAIN):
             raise PluginError(f"{where}: domain {node.node.domain!r} is not ONNX's")
         outputs = [o for o in node.node.output if o]
         if len(outputs) != 1:
@@ -182,6 +182,12 @@ class _Lowering:
     def _op(self, node: NodeInfo, where: str) -> tuple[str, list[str], tuple[float, ...]]:
         """(op of ops.py, operand tensor names, parameters) of a node."""
         inputs = [i for i in node.node.input]
+        if node.op_type == "Gelu":
+            form = node.attributes.get("approximate", "none")
+            form = form.decode() if isinstance(form, bytes) else form
+            if form not in ("none", "tanh"):
+                raise PluginError(f"{where}: approximate={form!r} is not an ONNX Gelu form")
+            return "Gelu", inputs, (GELU_TANH if form == "tanh" else 0.0, 0.0)
         if node.op_type in activations.KINDS:
             activation = activations.from_node(node)
             if activation is None:
@@ -189,12 +195,6 @@ class _Lowering:
             return node.op_type, inputs[:1], (activation.a, activation.b)
         if node.op_type == "Elu":
             return "Elu", inputs, (float(node.attributes.get("alpha", 1.0)),)
-        if node.op_type == "Gelu":
-            form = node.attributes.get("approximate", "none")
-            form = form.decode() if isinstance(form, bytes) else form
-            if form not in ("none", "tanh"):
-                raise PluginError(f"{where}: approximate={form!r} is not an ONNX Gelu form")
-            return "Gelu", inputs, (GELU_TANH if form == "tanh" else 0.0,)
         if node.op_type == "BatchNormalization":
             return self._batch_norm(node, where)
         if node.op_type == "Cast":

@@ -14,7 +14,6 @@ so Gelu(-inf) is NaN there as here.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,13 +23,8 @@ from .. import activation as activations
 from ..activation import Activation, cuda_float
 
 VARIADIC = 1 << 30  # no upper bound on the operand count
-GELU_TANH = 1.0  # Gelu's parameter: 1 for approximate="tanh", 0 for the erf form
-
-_erf64 = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is float64-accurate
-
-
-def erf(v: np.ndarray) -> np.ndarray:
-    return np.asarray(_erf64(v), dtype=v.dtype)
+GELU_TANH = activations.GELU_TANH
+erf = activations.erf
 
 
 @dataclass(frozen=True)
@@ -76,14 +70,7 @@ class ActivationOp(Op):
 
 
 def _activation(op: str) -> Op:
-    return ActivationOp(lambda o, p: Activation(op, *p).apply(o[0]), "", activation=op)
-
-
-def _gelu(o: list[np.ndarray], p: tuple[float, ...]) -> np.ndarray:
-    v = o[0]
-    if p[0] == GELU_TANH:
-        return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v * v * v)))
-    return 0.5 * v * (1 + erf(v / math.sqrt(2)))
+    return ActivationOp(lambda o, p: Activation(op, *p).apply(o[0]), "", flops=10 if op == activations.GELU else 1, activation=op)
 
 
 OPS: dict[str, Op] = {
@@ -108,7 +95,6 @@ OPS: dict[str, Op] = {
     "Erf": Op(lambda o, p: erf(o[0]), "erff({0})", flops=8),
     "Elu": Op(lambda o, p: np.where(o[0] < 0, p[0] * np.expm1(o[0]), o[0]), "({0} < 0.0f ? {p0} * expm1f({0}) : {0})", flops=4),
     "Softplus": Op(lambda o, p: np.log1p(np.exp(-np.abs(o[0]))) + np.maximum(o[0], 0), "opplugin_softplus({0})", flops=8),
-    "Gelu": Op(_gelu, "opplugin_gelu({0}, {p0})", flops=10),
     # a Cast's rounding is its value's own type (codegen.py, group.py): the op itself is the identity
     "Cast": Op(lambda o, p: o[0], "{0}", flops=0),
     **{op: _activation(op) for op in activations.KINDS if op != activations.SILU},

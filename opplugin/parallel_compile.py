@@ -22,8 +22,8 @@ from . import kernel_cache
 from .errors import KernelCompileError
 from .kernel_cache import CompileJob
 
-# NVRTC's peak memory on the largest unrolled kernels is a few hundred MiB; a worker is
-# given this much of the available memory, so that a small machine runs fewer at once.
+# Each worker is counted as needing this much of the available memory (generous for NVRTC
+# on the largest unrolled kernels), so that a machine short of memory runs fewer at once.
 MEMORY_PER_WORKER = 1 << 30
 # "threads" share this process; "processes" are spawned (the caller may hold threads,
 # onnxruntime's or CUDA's, which a fork would copy half-way)

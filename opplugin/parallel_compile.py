@@ -5,10 +5,11 @@ NVRTC compiles one source on one core, and a model's plan holds tens of distinct
 (efficientnet_b0 at batch 1: 78, some seconds each when fully unrolled), so a cold first
 run spent a minute and a half on one core of 16. Both NVRTC bindings (nvrtc.py) release
 the GIL while NVRTC compiles, so threads compile side by side, and they beat worker
-processes, which each start NVRTC afresh (a cold `opplugin run` of efficientnet_b0 at
-batch 1 on the 16 cores of an H200 machine: its 78 kernels in 9.4 s and 76 s of CPU on
-threads, 11.8 s and 105 s on spawned processes). Processes remain a choice (`pool=`). The workers write nothing: each returns its cubin or
-NVRTC's log, and the calling thread writes the cache (kernel_cache.store), whole files only.
+processes (a cold `opplugin run` of efficientnet_b0 at batch 1 on the 16 cores of an
+H200 machine: its 78 kernels in 9.4 s and 76 s of CPU on threads, 11.8 s and 105 s on
+spawned processes). Processes remain a choice (`pool=`). The workers write nothing: each
+returns its cubin or NVRTC's log, and the calling thread writes the cache
+(kernel_cache.store), whole files only.
 """
 from __future__ import annotations
 

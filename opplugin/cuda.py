@@ -16,8 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import resources
-from .errors import KernelCompileError
+from . import kernel_cache, nvrtc, resources
 
 # Options every kernel is compiled with. No --use_fast_math: the variants are
 # FP32-exact (FMA contraction is allowed; it rounds once instead of twice).
@@ -73,29 +72,44 @@ def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
     return BASE_OPTIONS + macros
 
 
-def compile_module(source_file: str, defines: Mapping[str, Any], name_expressions: Sequence[str] | None = None):
-    """A cupy.RawModule for kernels/<source_file> specialised by `defines`.
+def compile_module(source_file: str, defines: Mapping[str, Any]):
+    """A cupy.RawModule for kernels/<source_file> specialised by `defines` (compile_source)."""
+    return compile_source(resources.kernel_source(source_file), nvrtc_options(defines), source_file)
 
-    Cached by (source text, options, name expressions). Note that CuPy itself
-    also shares one loaded module between equal (source, options): callers that
-    put per-node data in a module's globals (constant memory) must make the
-    options differ between nodes whose data differ.
+
+def compile_source(source: str, options: tuple[str, ...], label: str):
+    """A cupy.RawModule of CUDA `source` compiled with `options` for the current device, loaded
+    from the kernel cache (kernel_cache.py: compiled there first when missing; KernelCompileError
+    naming `label` when NVRTC rejects it).
+
+    Loaded once per (source, options): equal compiles share one module, and so one set of
+    module globals. Callers that put per-node data in a module's globals (constant memory)
+    must make the options differ between nodes whose data differ.
     """
-    import cupy
-
-    source = resources.kernel_source(source_file)
-    options = nvrtc_options(defines)
-    names = tuple(name_expressions) if name_expressions else None
-    key = (source, options, names)
+    key = (source, options)
     module = _modules.get(key)
     if module is None:
-        module = cupy.RawModule(code=source, options=options, name_expressions=names)
-        try:
-            module.compile()  # now rather than at first use, so a failure names this source and its options
-        except cupy.cuda.compiler.CompileException as err:
-            raise KernelCompileError(source_file, options, err.get_message()) from None
+        path = kernel_cache.binary_path(kernel_cache.CompileJob(label, source, tuple(options), device_arch()))
+        import cupy
+
+        module = cupy.RawModule(path=str(path))
         _modules[key] = module
     return module
+
+
+def device_arch() -> str:
+    """The architecture the current device's kernels are compiled for ("sm_90")."""
+    return _arch_for(device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_for(device: int) -> str:
+    """The device's compute capability, or the highest one below it that the installed NVRTC
+    knows (a cubin runs on later minor versions of its major one), as CuPy chooses it."""
+    major, minor = current_properties()[1].split(".")
+    capability = int(major) * 10 + int(minor)
+    known = [arch for arch in nvrtc.supported_archs() if arch <= capability]
+    return f"sm_{max(known) if known else capability}"
 
 
 def event():

@@ -164,7 +164,10 @@ class Plugin(Protocol):
         ...
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        """A kernel for the node, computing the `fused` followers too (as `fuse` agreed)."""
+        """A kernel for the node, computing the `fused` followers too (as `fuse` agreed). A runner
+        may start it again: a build that loads a kernel missing from the kernel cache
+        (cuda.compile_module) stops there until the plan's missing kernels are compiled
+        (runtime/prebuild.py), so building must not depend on a build before it."""
         ...
 
     def describe(self, node: NodeInfo) -> Any:

@@ -1,13 +1,10 @@
 """Hard inputs: kernels that fail to compile, NaN and Inf, bad requests; each gives a
 typed error with a clear first line, or propagates exactly as onnxruntime does."""
-import sys
-import types
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from opplugin import cuda
+from opplugin import cuda, nvrtc
 from opplugin.check import compare
 from opplugin.cli import main
 from opplugin.errors import InputError, KernelCompileError, PluginError
@@ -19,30 +16,16 @@ from opplugin.runtime import Runner
 NVRTC_LOG = 'conv_baseline.cu(31): error: identifier "oops" is undefined\n\n1 error detected in the compilation of "conv_baseline.cu".'
 
 
-class _CompileException(Exception):
-    """Stands in for cupy.cuda.compiler.CompileException: NVRTC's log is its message."""
-
-    def get_message(self):
-        return str(self)
-
-
-class _RawModule:
-    def __init__(self, code, options, name_expressions=None):
-        self.options = options
-
-    def compile(self):
-        raise _CompileException(NVRTC_LOG)
-
-
 @pytest.fixture
-def failing_nvrtc(monkeypatch):
-    """A CuPy whose NVRTC rejects every source (CuPy itself needs a GPU here)."""
-    fake = types.SimpleNamespace(RawModule=_RawModule,
-                                 cuda=types.SimpleNamespace(compiler=types.SimpleNamespace(CompileException=_CompileException)))
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+def failing_nvrtc(monkeypatch, tmp_path):
+    """An NVRTC that rejects every source, for a device of sm_90 (CuPy itself needs a GPU here)."""
+    monkeypatch.setenv("OPPLUGIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cuda, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(nvrtc, "compile_program", lambda source, options, name: (None, NVRTC_LOG))
+    monkeypatch.setattr(nvrtc, "nvrtc_version", lambda: (13, 0))
 
 
-def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failing_nvrtc):
+def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failing_nvrtc, tmp_path):
     with pytest.raises(KernelCompileError) as info:
         cuda.compile_module("conv_baseline.cu", {"C": 1, "OW": "oops", "PADDED": True})
     err = info.value
@@ -53,6 +36,7 @@ def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failin
     assert rest[-1].startswith("1 error detected")
     assert err.log == NVRTC_LOG and "-DOW=oops" in err.options
     assert not any("oops" in str(key) for key in cuda._modules)  # a failed compile is not cached
+    assert not list((tmp_path / "kernels").iterdir())  # nor written
 
 
 def test_the_cli_prints_the_compile_error_then_the_log(monkeypatch, capsys):

@@ -40,6 +40,7 @@ from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
 from .describe import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
+from .prebuild import build_all
 from .records import PlanRecord, Profile, RunResult, graph_totals, sum_by_step
 from .timeline import Timeline, copy_figures
 
@@ -107,7 +108,8 @@ class Runner:
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
         with building_for(self.cuda_graphs):  # what a variant costs the host depends on it (ops/conv/cost.py)
-            self.kernels: dict[str, Kernel] = {step.name: self._build(step) for step in self.plan.plugin_steps}
+            # every kernel the builds load is compiled first, in parallel (prebuild.py)
+            self.kernels: dict[str, Kernel] = build_all(self.plan.plugin_steps, self._build)
         self.providers = self._providers()
         self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
         self.constants = self._upload_constants()

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ... import cuda
-from ...errors import KernelCompileError, PluginError
+from ...errors import PluginError
 from ...registry import Kernel
 from .strides import contiguous_strides, element_strides, outer_stride
 
@@ -27,14 +27,7 @@ def _macro_list(values: Sequence[int]) -> str:
 @functools.lru_cache(maxsize=None)
 def _generated(source: str, options: tuple[str, ...], function: str):
     """A function of a generated CUDA source (Concat's), compiled once per text."""
-    import cupy
-
-    module = cupy.RawModule(code=source, options=cuda.BASE_OPTIONS + options)
-    try:
-        module.compile()
-    except cupy.cuda.compiler.CompileException as err:
-        raise KernelCompileError("generated concat source", options, err.get_message()) from None
-    return module.get_function(function)
+    return cuda.compile_source(source, cuda.BASE_OPTIONS + options, "generated concat source").get_function(function)
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import cuda
 from ...device import Device
-from ...errors import KernelCompileError, PluginError
+from ...errors import PluginError
 from ...registry import Kernel, NodeGroup, NodeInfo, Plugin
 from . import codegen
 from .group import PointwiseGroup
@@ -67,14 +67,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
         self._row_strided, self._rows_apart_outputs = codegen.row_strided_positions(group)
 
     def _module(self):
-        import cupy
-
-        module = cupy.RawModule(code=self.source, options=cuda.BASE_OPTIONS)
-        try:
-            module.compile()
-        except cupy.cuda.compiler.CompileException as err:
-            raise KernelCompileError(self.name, cuda.BASE_OPTIONS, err.get_message()) from None
-        return module
+        return cuda.compile_source(self.source, cuda.BASE_OPTIONS, self.name)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Sequence[Any] | None = None) -> list[Any]:
         import cupy

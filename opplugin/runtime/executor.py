@@ -39,6 +39,10 @@ class FlagSink(Protocol):
 
     def copy_in(self, chunk: int, slots: list[int], source: Any) -> None: ...
 
+    def send_home(self, chunk: int) -> None:
+        """The chunk's flags to the host, after its work on its lane's stream."""
+        ...
+
 
 class Results:
     """The host arrays a run returns, filled chunk by chunk (from several threads)."""
@@ -163,6 +167,7 @@ class PlanExecutor:
         self.step_times_in_graphs: bool | None = None
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
         self._dying: dict[tuple[int, frozenset[str]], list[str]] = {}  # (first step, held) -> what a replay frees
+        self._runs = _runs_of_steps(plan)
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
         for index, step in enumerate(plan.steps):
@@ -176,23 +181,18 @@ class PlanExecutor:
             values.put_feed(name, array[rows] if name in self.layout.batched_inputs else array, inputs.pinned[name])
         batch = rows.stop - rows.start
         held = frozenset(self.plan.model.outputs) | frozenset(inputs.keep)
-        steps = self.plan.steps
-        index = 0
-        while index < len(steps):
-            if isinstance(steps[index], PluginStep):
-                end = index
-                while end < len(steps) and isinstance(steps[end], PluginStep):
-                    end += 1
-                self._plugin_run(lane, values, range(index, end), held, chunk, batch, inputs.flags, inputs.step_times)
-                index = end
+        for indices in self._runs:
+            if isinstance(self.plan.steps[indices.start], PluginStep):
+                self._plugin_run(lane, values, indices, held, chunk, batch, inputs.flags, inputs.step_times)
             else:
-                self._ort(lane, values, steps[index], batch)
-                self._drop_dead(values, index, held)
-                index += 1
+                self._ort(lane, values, self.plan.steps[indices.start], batch)
+                self._drop_dead(values, indices.start, held)
         for name in self.plan.model.outputs:
             inputs.outputs.place(name, rows, values.get(name), lane, staged=True)
         for name in inputs.keep:
             inputs.kept.place(name, rows, values.get(name), lane, staged=False)
+        if inputs.flags is not None:
+            inputs.flags.send_home(chunk)
         lane.finish_chunk()
 
     def _drop_dead(self, values: _Values, index: int, held: frozenset[str]) -> None:
@@ -208,7 +208,8 @@ class PlanExecutor:
         same stream and untimed."""
         outside = self._outside_inputs(indices)
         for name in outside:
-            values.on_device(name)
+            if name not in self.constants:  # the constants are on the device already
+                values.on_device(name)
         if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside,
                                                                    step_times):
             return
@@ -379,6 +380,17 @@ class PlanExecutor:
         lane.run_blocking(step.name, "onnxruntime", lambda: session.run_with_iobinding(binding))
         for name, value in outputs.items():
             values.put(name, value)
+
+
+def _runs_of_steps(plan: Plan) -> list[range]:
+    """The plan's steps in runs: each onnxruntime step alone, consecutive plugin steps together."""
+    runs: list[range] = []
+    for index, step in enumerate(plan.steps):
+        if runs and isinstance(step, PluginStep) and isinstance(plan.steps[runs[-1].start], PluginStep):
+            runs[-1] = range(runs[-1].start, index + 1)
+        else:
+            runs.append(range(index, index + 1))
+    return runs
 
 
 class ChunkScheduler:

@@ -16,9 +16,10 @@ step events (as `profile` takes its step table): the difference is what the even
 cost. Each row also gives the fixed host cost of a run, from the same two chains.
 
 `--profile` prints where eager runs of the long chain spend their host time
-(cProfile). On the CPU the kernels are replaced by ones that hand back their first
-result, so that the profile shows the runtime's own path per step (the same there
-as on a GPU, less the CUDA calls) rather than numpy's convolutions.
+(cProfile), and on a GPU graphed ones too. On the CPU the kernels are replaced by
+ones that hand back their first result, so that the profile shows the runtime's own
+path per step (the same there as on a GPU, less the CUDA calls) rather than numpy's
+convolutions.
 """
 from __future__ import annotations
 
@@ -114,20 +115,23 @@ def without_kernel_work(runner: Runner, feeds: dict) -> None:
                                                           [kept[name] for name in step.outputs])
 
 
-def profile_eager(model, device, runs: int = 20, top: int = 25) -> None:
+def profile_runs(model, device, cuda_graphs: bool = False, runs: int = 20, top: int = 25) -> None:
+    """cProfile of `runs` runs, eager or (on a GPU) replayed as CUDA graphs without step events."""
     feeds = {"x": np.random.default_rng(0).standard_normal((1, CHANNELS, SIZE, SIZE)).astype(np.float32)}
-    runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=False)
+    runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=cuda_graphs)
     if not device.is_cuda:
         without_kernel_work(runner, feeds)
-    runner.run(feeds)
+    for _ in range(3):  # compile, capture, settle
+        runner.run(feeds, step_times=False)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(runs):
-        runner.run(feeds)
+        runner.run(feeds, step_times=False)
     profiler.disable()
     steps = runs * len(runner.plan.plugin_steps)
     what = "" if device.is_cuda else ", each kernel handing back its first result"
-    print(f"\ncProfile of {runs} eager runs ({steps} plugin steps{what}), by own time:")
+    how = "graphed runs (no step events)" if cuda_graphs else "eager runs"
+    print(f"\ncProfile of {runs} {how} ({steps} plugin steps{what}), by own time:")
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
@@ -159,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"device": device.name, "rows": rows}, indent=2))
         if args.profile:
-            profile_eager(long, device)
+            profile_runs(long, device)
+            if device.is_cuda:
+                profile_runs(long, device, cuda_graphs=True)
     return 0
 
 

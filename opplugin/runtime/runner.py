@@ -332,7 +332,7 @@ class Runner:
         inputs = ChunkInputs(feeds, pinned, keep, Results(batch, self.layout.chunkable, single),
                              Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)), step_times)
         if self._chains:
-            self._chains.reset()
+            self._chains.reset(min(len(self.scheduler.lanes), len(chunks)))
         for lane in self.scheduler.lanes:
             lane.start_run()  # the last run's timings are read: its events may be recorded again
         started = time.perf_counter()

@@ -282,12 +282,13 @@ class PlanExecutor:
         return True
 
     def _dying_in(self, indices: range, held: frozenset[str]) -> list[str]:
-        """The tensors read for the last time by a run of steps (what _drop_dead frees step by step), found once."""
+        """The tensors from outside a replayed run of steps that it reads for the last time, found once
+        (the run's own intermediates live in its graph, never among a chunk's values)."""
         key = (indices.start, held)
         dying = self._dying.get(key)
         if dying is None:
-            dying = self._dying[key] = [name for index in indices for name in self.plan.steps[index].inputs
-                                        if self.last_use.get(name) == index and name not in held and name not in self.constants]
+            dying = self._dying[key] = [name for name in self._outside_inputs(indices) if name not in self.constants
+                                        and name not in held and indices.start <= self.last_use.get(name, -1) < indices.stop]
         return dying
 
     def _capture(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], outside: list[str],

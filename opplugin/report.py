@@ -136,6 +136,8 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
         "cuda_graphs": {name: list(steps) for name, steps in profile.graphs.items()},
         # each graph whose steps were timed inside it -> its median replay time (input copies included)
         "cuda_graph_ms": {name: _median(ms) for name, ms in profile.graph_ms.items()},
+        # each graph -> its median replay time without the step events: the replays host_to_host_ms comes from
+        "cuda_graph_untimed_ms": {name: _median(ms) for name, ms in getattr(profile, "untimed_graph_ms", {}).items()},
         # runs of plugin steps that could not be captured and ran eagerly: first step -> why
         "cuda_graph_failures": dict(last.graph_failures),
         # what the caller knows and the runtime does not: where the inputs came from, the
@@ -222,6 +224,10 @@ def _graph_lines(report: dict[str, Any]) -> list[str]:
             inside = sum(rows.get(step, 0.0) for name in timed for step in graphs.get(name, ()))
             lines[-1] += (f"; step times from events inside the graphs: {inside:.3f} ms of the replays' "
                           f"{sum(timed.values()):.3f} ms (the rest: input copies and launch)")
+            untimed = report.get("cuda_graph_untimed_ms") or {}
+            if untimed:
+                lines[-1] += (f"; without those events the replays take {sum(untimed.values()):.3f} ms, "
+                              "and host to host is timed on such runs")
         if len(timed) < len(graphs):
             lines[-1] += "; graphs without events inside are timed as one row each"
     for first, why in (report.get("cuda_graph_failures") or {}).items():

@@ -77,6 +77,9 @@ def test_the_text_says_how_graphed_steps_were_timed_and_which_runs_ran_eagerly()
     [line] = _graph_lines(_report(cuda_graphs={name: ["conv1", "fc"]}, cuda_graph_ms={name: 0.75}))
     assert line == ("CUDA graphs: 1 graph(s) replayed 2 plugin steps; step times from events inside the graphs: "
                     "0.700 ms of the replays' 0.750 ms (the rest: input copies and launch)")
+    [line] = _graph_lines(_report(cuda_graphs={name: ["conv1", "fc"]}, cuda_graph_ms={name: 0.75}, cuda_graph_untimed_ms={name: 0.5}))
+    assert line.endswith("(the rest: input copies and launch); without those events the replays take 0.500 ms, "
+                         "and host to host is timed on such runs")
     [line] = _graph_lines(_report(cuda_graphs={name: ["conv1", "fc"]}, cuda_graph_ms={}))
     assert line.endswith("graphs without events inside are timed as one row each")
     lines = _graph_lines(_report(cuda_graph_failures={"conv1": "CUDARuntimeError: operation not permitted when stream is capturing"}))
@@ -111,3 +114,34 @@ def test_a_runner_asks_for_graphs_by_default_and_runs_eagerly_on_the_cpu_without
         assert not result.graphs and not result.graph_failures and not result.graph_ms
         assert [t.name for t in result.times] == [s.name for s in runner.plan.steps]
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_gets_a_timed_and_an_untimed_graph_the_second_sharing_the_firsts_buffers():
+    graphs = SegmentGraphs()
+    assert not graphs.due((0, 8), timed=False)  # first met (in either kind): eager
+    timed = SegmentGraph("graph conv1..fc (2 steps)", ("conv1", "fc"), graph=None, inputs={"x": "buffer"}, outputs={},
+                         pool="pool", timed=True)
+    assert graphs.due((0, 8), timed=True)
+    graphs.add((0, 8), timed)
+    assert graphs.get((0, 8), timed=True) is timed and graphs.get((0, 8), timed=False) is None
+    assert graphs.due((0, 8), timed=False) and not graphs.due((0, 8), timed=True)
+    assert graphs.sibling((0, 8), timed=False) is timed and graphs.sibling((0, 8), timed=True) is None
+    graphs.add((0, 8), SegmentGraph(timed.name, timed.steps, graph=None, inputs=timed.inputs, outputs={}, pool=timed.pool,
+                                    timed=False))
+    assert not graphs.due((0, 8), timed=False) and graphs.get((0, 8), timed=False).pool == "pool"
+    assert graphs.captured() == [(0, 8)] and graphs.named_steps() == {timed.name: ("conv1", "fc")}
+
+
+def test_an_untimed_replay_leaves_its_steps_without_rows_and_a_profile_takes_its_wall_clock_from_it():
+    from opplugin.runtime.records import Profile, RunResult, StepTime
+
+    timed = RunResult({}, {}, [StepTime("conv1", "plugin", 0.4), StepTime("fc", "plugin", 0.3)], total_ms=2.0,
+                      graph_ms={"graph conv1..fc (2 steps)": 0.75})
+    untimed = RunResult({}, {}, [], total_ms=1.2, graph_ms={"graph conv1..fc (2 steps)": 0.6})
+    profile = Profile(plan=None, result=timed)
+    profile.add(timed, untimed)
+    profile.add(timed)  # eager: one run gives both
+    assert profile.total_ms == [1.2, 2.0]
+    assert profile.step_ms == {"conv1": [0.4, 0.4], "fc": [0.3, 0.3]}
+    assert profile.graph_ms == {"graph conv1..fc (2 steps)": [0.75, 0.75]}
+    assert profile.untimed_graph_ms == {"graph conv1..fc (2 steps)": [0.6]}

@@ -28,15 +28,36 @@ def test_replayed_graphs_give_the_eager_runs_results_on_fresh_inputs_each_time(n
     eager = Runner(model, 64, "cuda", chunk=64, streams=1, cuda_graphs=False)
     graphs = Runner(model, 64, "cuda", chunk=64, streams=1)  # graphs by default
     assert graphs.cuda_graphs and not eager.cuda_graphs
-    for seed in range(4):  # pass 1 eager, pass 2 captures, passes 3 and 4 replay on new inputs
+    # pass 1 eager, pass 2 captures the untimed graph, pass 3 the timed one (over the same buffers), then replays
+    for seed in range(6):
         feeds = make_inputs(model, 64, "random", seed=seed).feeds
-        out = graphs.run(feeds)
+        out = graphs.run(feeds, step_times=seed % 2 == 0)
         np.testing.assert_array_equal(out.outputs[model.outputs[0]], eager.run(feeds).outputs[model.outputs[0]])
         assert compare(out.outputs[model.outputs[0]], _reference(model, feeds))["passed"]
         assert bool(out.graphs) == (seed > 0)
     assert not graphs.graph_failures()
     steps = [s.name for s in graphs.plan.plugin_steps]
     assert [n for members in out.graphs.values() for n in members] == steps  # every plugin step is in a graph
+    [lane] = graphs.scheduler.lanes
+    [key] = lane.graphs.captured()
+    timed, untimed = lane.graphs.get(key, timed=True), lane.graphs.get(key, timed=False)
+    assert timed.step_marks and not untimed.step_marks and timed.inputs is untimed.inputs and timed.pool is untimed.pool
+
+
+def test_untimed_replays_time_the_run_and_timed_ones_its_steps():
+    model = load_model("lenet86")
+    runner = Runner(model, 16, "cuda", chunk=16, streams=1)
+    feeds = make_inputs(model, 16, "random", seed=3).feeds
+    profile = runner.profile(feeds, warmup=2, repeat=7)
+    [(graph, members)] = profile.graphs.items()
+    untimed, timed = runner.run(feeds, step_times=False), runner.run(feeds)
+    np.testing.assert_array_equal(untimed.outputs["probabilities"], timed.outputs["probabilities"])
+    assert not {t.name for t in untimed.times} & set(members) and set(members) <= {t.name for t in timed.times}
+    assert set(untimed.graph_ms) == set(timed.graph_ms) == {graph}
+    # the profile's wall clock is the untimed runs'; those replays carry no step events, so they are no slower
+    untimed_ms, timed_ms = np.median(profile.untimed_graph_ms[graph]), np.median(profile.graph_ms[graph])
+    print(f"lenet86 at 16: replays {untimed_ms:.4f} ms without step events, {timed_ms:.4f} ms with them")
+    assert len(profile.total_ms) == 7 and untimed_ms <= timed_ms + EVENT_SLACK_MS
 
 
 def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
@@ -87,17 +108,21 @@ def test_each_step_keeps_its_row_timed_by_events_inside_the_replay(name):
 @pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
 def test_graphed_step_times_are_close_to_eager_ones(name):
     """Printed for the record (-rP); a kernel step's graphed time is its kernel's, so near its eager time. A
-    step with no device work (a view) is timed by the host clock eagerly and by two adjacent events in a graph."""
+    step with no device work (a view) is timed by the host clock eagerly and by two adjacent events in a graph.
+    Each side is compared by its quickest reading: whatever else shares the device (other test workers) or
+    holds up the host only ever adds to a reading, and the medians of 9 runs do not always outlast that."""
     model = load_model(name)
     feeds = make_inputs(model, 1024, "random").feeds
-    medians, runners = {}, {}
+    quickest, medians, runners = {}, {}, {}
     for graphs in (False, True):
         runners[graphs] = Runner(model, 1024, "cuda", chunk=1024, streams=1, cuda_graphs=graphs)
         profile = runners[graphs].profile(feeds, warmup=2, repeat=9)
+        quickest[graphs] = {s.name: min(profile.step_ms[s.name]) for s in profile.plan.plugin_steps}
         medians[graphs] = {s.name: profile.median(s.name) for s in profile.plan.plugin_steps}
-    for step, eager in medians[False].items():
-        graphed = medians[True][step]
-        print(f"{name} {step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%})")
+    for step, eager in quickest[False].items():
+        graphed = quickest[True][step]
+        print(f"{name} {step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%}); "
+              f"medians {medians[False][step]:.4f} and {medians[True][step]:.4f} ms")
         if runners[True].kernels[step].device_work:
             assert 0.5 * eager - EVENT_SLACK_MS <= graphed <= 1.5 * eager + EVENT_SLACK_MS
         else:

@@ -7,13 +7,19 @@ work per step is a few microseconds and a run's wall time is the host's. Two cha
 of different length run through one kind of Runner each; the difference of their
 median host-to-host times over the difference of their step counts is the host time
 per step, free of the fixed cost of a run (copies in and out, the final wait). Under a
-CUDA graph that is the device's time per step, events between steps included: the
-"no step events" row shows what those cost.
+CUDA graph that is the device's time per step.
 
 Rows: eager (every step launched from Python, `cuda_graphs=False`) and, on a GPU,
-graphed (the default: each run of steps replayed as one CUDA graph). `--profile`
-prints where an eager run of the long chain spends its host time (cProfile), which
-works on the CPU as well: the per-step path of the runtime is the same there.
+graphed (the default: each run of steps replayed as one CUDA graph, without the
+events that time each step, as `profile` times host to host) and graphed with those
+step events (as `profile` takes its step table): the difference is what the events
+cost. Each row also gives the fixed host cost of a run, from the same two chains.
+
+`--profile` prints where eager runs of the long chain spend their host time
+(cProfile), and on a GPU graphed ones too. On the CPU the kernels are replaced by
+ones that hand back their first result, so that the profile shows the runtime's own
+path per step (the same there as on a GPU, less the CUDA calls) rather than numpy's
+convolutions.
 """
 from __future__ import annotations
 
@@ -60,42 +66,72 @@ def load_chain(steps: int, folder: Path):
     return load_model(path)
 
 
-def median_run_ms(runner: Runner, feeds: dict, repeat: int) -> float:
+def median_run_ms(runner: Runner, feeds: dict, repeat: int, step_times: bool) -> float:
+    """The median host-to-host time of a run, as the caller sees it (the result's records included)."""
     for _ in range(3):  # compile, capture, settle
-        runner.run(feeds)
+        runner.run(feeds, step_times=step_times)
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        runner.run(feeds)
+        runner.run(feeds, step_times=step_times)
         times.append((time.perf_counter() - started) * 1e3)
     return statistics.median(times)
 
 
 def per_step_us(short, long, device, cuda_graphs: bool, repeat: int, step_events: bool = True) -> dict:
-    """µs of host time per plugin step, from the two chains' median run times; without
-    `step_events`, graphs are captured without the events that time each step."""
+    """µs of host time per plugin step, from the two chains' median run times, and the fixed
+    cost of a run (the short chain's time less its steps'); without `step_events`, graphs
+    replay without the events that time each step."""
     feeds = {"x": np.random.default_rng(0).standard_normal((1, CHANNELS, SIZE, SIZE)).astype(np.float32)}
     runs = {}
     for model in (short, long):
         runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=cuda_graphs)
-        if not step_events:
-            runner.executor.step_times_in_graphs = False
-        runs[len(runner.plan.plugin_steps)] = median_run_ms(runner, feeds, repeat)
+        runs[len(runner.plan.plugin_steps)] = median_run_ms(runner, feeds, repeat, step_events)
     (few, few_ms), (many, many_ms) = sorted(runs.items())
-    return {"steps": [few, many], "run_ms": [few_ms, many_ms], "us_per_step": (many_ms - few_ms) * 1e3 / (many - few)}
+    us_per_step = (many_ms - few_ms) * 1e3 / (many - few)
+    return {"steps": [few, many], "run_ms": [few_ms, many_ms], "us_per_step": us_per_step,
+            "us_per_run": few_ms * 1e3 - few * us_per_step}
 
 
-def profile_eager(model, device, runs: int = 20, top: int = 25) -> None:
+class _FirstResult:
+    """A kernel that hands back what the kernel it stands for returned the first time: the
+    runtime's path per step without the step's work (for profiling on the CPU)."""
+
+    def __init__(self, kernel, outputs):
+        self.kernel, self.outputs = kernel, outputs
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __call__(self, inputs, stream=None, **out):
+        return list(self.outputs)
+
+
+def without_kernel_work(runner: Runner, feeds: dict) -> None:
+    """Every kernel of the runner's executor replaced by its first result (see _FirstResult)."""
+    kept = runner.run(feeds, keep=tuple(step.outputs[0] for step in runner.plan.plugin_steps)).kept
+    for step in runner.plan.plugin_steps:
+        runner.executor.kernels[step.name] = _FirstResult(runner.executor.kernels[step.name],
+                                                          [kept[name] for name in step.outputs])
+
+
+def profile_runs(model, device, cuda_graphs: bool = False, runs: int = 20, top: int = 25) -> None:
+    """cProfile of `runs` runs, eager or (on a GPU) replayed as CUDA graphs without step events."""
     feeds = {"x": np.random.default_rng(0).standard_normal((1, CHANNELS, SIZE, SIZE)).astype(np.float32)}
-    runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=False)
-    runner.run(feeds)
+    runner = Runner(model, 1, device, chunk=1, streams=1, cuda_graphs=cuda_graphs)
+    if not device.is_cuda:
+        without_kernel_work(runner, feeds)
+    for _ in range(3):  # compile, capture, settle
+        runner.run(feeds, step_times=False)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(runs):
-        runner.run(feeds)
+        runner.run(feeds, step_times=False)
     profiler.disable()
     steps = runs * len(runner.plan.plugin_steps)
-    print(f"\ncProfile of {runs} eager runs ({steps} plugin steps), by own time:")
+    what = "" if device.is_cuda else ", each kernel handing back its first result"
+    how = "graphed runs (no step events)" if cuda_graphs else "eager runs"
+    print(f"\ncProfile of {runs} {how} ({steps} plugin steps{what}), by own time:")
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
@@ -113,20 +149,23 @@ def main(argv: list[str] | None = None) -> int:
         short, long = (load_chain(n, Path(folder)) for n in args.steps)
         rows = {"eager": per_step_us(short, long, device, False, args.repeat)}
         if device.is_cuda:
-            rows["graphed"] = per_step_us(short, long, device, True, args.repeat)
-            rows["graphed, no step events"] = per_step_us(short, long, device, True, args.repeat, step_events=False)
+            rows["graphed"] = per_step_us(short, long, device, True, args.repeat, step_events=False)
+            rows["graphed, step events"] = per_step_us(short, long, device, True, args.repeat)
         where = device.name if device.is_cuda else "CPU (numpy reference kernels: their compute counts too)"
         print(f"Host time per plugin step, chains of {args.steps[0]} and {args.steps[1]} 3x3 Convs "
               f"({CHANNELS} maps of {SIZE}x{SIZE}, batch 1), on {where}:")
         for label, row in rows.items():
-            print(f"  {label:24s} {row['us_per_step']:7.2f} µs/step   (runs: {row['run_ms'][0]:.3f} ms, {row['run_ms'][1]:.3f} ms)")
+            print(f"  {label:24s} {row['us_per_step']:7.2f} µs/step  {row['us_per_run']:7.1f} µs/run   "
+                  f"(runs: {row['run_ms'][0]:.3f} ms, {row['run_ms'][1]:.3f} ms)")
         if device.is_cuda:
             verdict = "meets" if rows["eager"]["us_per_step"] <= TARGET_US else "misses"
             print(f"  eager {verdict} the target of {TARGET_US:.0f} µs/step")
         if args.json:
             Path(args.json).write_text(json.dumps({"device": device.name, "rows": rows}, indent=2))
         if args.profile:
-            profile_eager(long, device)
+            profile_runs(long, device)
+            if device.is_cuda:
+                profile_runs(long, device, cuda_graphs=True)
     return 0
 
 

@@ -34,7 +34,11 @@ from .timeline import Timeline
 
 
 class NonFiniteFlags:
-    """flags[chunk, slot]: did watched output `slot` of this chunk hold a NaN or an Inf?"""
+    """flags[chunk, slot]: did watched output `slot` of this chunk hold a NaN or an Inf?
+
+    On a device, each lane sends its chunk's row home (`send_home`) into page-locked memory at
+    the end of the chunk, on its stream, so that reading them after the run (`raised`) waits
+    for nothing more. A runner keeps one set per chunk count and clears it for each run (`clear`)."""
 
     def __init__(self, chunks: int, slots: int, on_device: bool):
         self.on_device = on_device
@@ -42,11 +46,31 @@ class NonFiniteFlags:
         if on_device:
             import cupy
 
-            # zeroed on the current stream, which the run's Timeline waits for before any
-            # chunk starts (see Runner._run_chunks), so a flag is only ever set after it
             self._flags = cupy.zeros((chunks, slots), dtype=cupy.bool_)
+            self._home = cuda.pinned_empty((chunks, slots), np.bool_)
+            self._home[...] = False
         else:
             self._flags = np.zeros((chunks, slots), dtype=bool)
+
+    def clear(self) -> None:
+        """Every flag down for a new run. On a device, zeroed on the current stream, which the run's
+        Timeline waits for before any chunk starts (see Runner._run_chunks), so a flag is only ever set
+        after it; the host's copies are zeroed now (the last run's lanes have finished)."""
+        if self.on_device:
+            import cupy
+
+            cupy.cuda.runtime.memsetAsync(self._flags.data.ptr, 0, self._flags.nbytes, cupy.cuda.get_current_stream().ptr)
+            self._home[...] = False
+        else:
+            self._flags[...] = False
+
+    def send_home(self, chunk: int) -> None:
+        """Copy this chunk's flags to the host, on the current stream (the chunk's lane's), after its work."""
+        if self.on_device:
+            import cupy
+
+            self._flags[chunk].data.copy_to_host_async(self._home[chunk].ctypes.data, self.slots,
+                                                       cupy.cuda.get_current_stream())
 
     def record(self, chunk: int, slot: int, value: Any) -> None:
         """Flag this output; on a device, enqueued on the current stream."""
@@ -70,8 +94,9 @@ class NonFiniteFlags:
                 start = end
 
     def raised(self) -> list[int]:
-        """The chunks with any flag set. On a device, call once every chunk's stream has finished."""
-        flags = self._flags.get() if self.on_device else self._flags
+        """The chunks with any flag set. On a device, call once every chunk's stream has finished
+        (after each chunk sent its row home)."""
+        flags = self._home if self.on_device else self._flags
         return [int(i) for i in np.flatnonzero(flags.any(axis=1))]
 
 
@@ -159,15 +184,23 @@ class ExactPath:
         self.requested_variants, self.cpu_session = requested_variants, cpu_session
         self.watched = watched_outputs(plan, kernels)
         self._executor: PlanExecutor | None = None
+        self._flags: dict[int, NonFiniteFlags] = {}  # by chunk count, reused run after run
 
     @property
     def built(self) -> bool:
         return self._executor is not None
 
     def flags(self, chunks: int) -> NonFiniteFlags | None:
-        """Flags for a run of `chunks` chunks; None when no step is watched."""
+        """Flags for a run of `chunks` chunks, all down; None when no step is watched."""
         columns = sum(len(slots) for slots in self.watched.values())
-        return NonFiniteFlags(chunks, columns, self.device.is_cuda) if columns else None
+        if not columns:
+            return None
+        flags = self._flags.get(chunks)
+        if flags is None:
+            flags = self._flags[chunks] = NonFiniteFlags(chunks, columns, self.device.is_cuda)
+        else:
+            flags.clear()
+        return flags
 
     def rerun(self, scheduler: ChunkScheduler, inputs: ChunkInputs, chunks: list[slice], flagged: list[int]) -> None:
         """Runs the flagged chunks again; their rows of the outputs and kept tensors

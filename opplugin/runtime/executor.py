@@ -27,7 +27,7 @@ from .chunking import BatchLayout
 from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
 from .nonfinite import write_flag
-from .timeline import Timeline
+from .timeline import GRAPH, Timeline
 
 Progress = Callable[[str, int, int], None]
 
@@ -38,6 +38,10 @@ class FlagSink(Protocol):
     def record(self, chunk: int, slot: int, value: Any) -> None: ...
 
     def copy_in(self, chunk: int, slots: list[int], source: Any) -> None: ...
+
+    def send_home(self, chunk: int) -> None:
+        """The chunk's flags to the host, after its work on its lane's stream."""
+        ...
 
 
 class Results:
@@ -68,10 +72,13 @@ class Results:
 
 
 class _Values:
-    """Where each tensor of one chunk is: on the host, on the device, or both."""
+    """Where each tensor of one chunk is: on the host, on the device, or both. The runner's
+    `constants` (weights, on the device where there is one) are read in place: putting
+    hundreds of them into every chunk's dicts cost a large model tens of microseconds a run."""
 
-    def __init__(self, lane: Lane):
+    def __init__(self, lane: Lane, constants: dict[str, Any]):
         self.lane = lane
+        self.constants = constants
         self.host: dict[str, Any] = {}
         self.device: dict[str, Any] = {}
         self.pinned_feeds: dict[str, bool] = {}
@@ -88,17 +95,23 @@ class _Values:
         self.pinned_feeds[name] = pinned
 
     def get(self, name: str) -> Any:
-        return self.device[name] if name in self.device else self.host[name]
+        if name in self.device:
+            return self.device[name]
+        return self.host[name] if name in self.host else self.constants[name]
 
     def on_host(self, name: str) -> np.ndarray:
         if name not in self.host:
-            self.host[name] = self.lane.to_host(name, self.device[name])
+            if name not in self.device and name in self.constants and not self.lane.on_device:
+                return self.constants[name]
+            self.host[name] = self.lane.to_host(name, self.device[name] if name in self.device else self.constants[name])
         return self.host[name]
 
     def on_device(self, name: str) -> Any:
         if not self.lane.on_device:
             return self.on_host(name)
         if name not in self.device:
+            if name in self.constants:
+                return self.constants[name]
             if name in self.pinned_feeds:
                 self.device[name] = self.lane.upload(name, self.host[name], self.pinned_feeds[name])
             else:
@@ -121,6 +134,8 @@ class ChunkInputs:
     kept: Results
     # where fused steps flag NaN or Inf per chunk (None: no fused steps, or not watched)
     flags: FlagSink | None = None
+    # whether CUDA graphs replay with the events that time each step (Runner.run's `step_times`)
+    step_times: bool = True
 
 
 class PlanExecutor:
@@ -151,6 +166,8 @@ class PlanExecutor:
         # whether captures record events between steps; None: decided at the first capture (see _steps_timed_in_graphs)
         self.step_times_in_graphs: bool | None = None
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
+        self._dying: dict[tuple[int, frozenset[str]], list[str]] = {}  # (first step, held) -> what a replay frees
+        self._runs = _runs_of_steps(plan)
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
         for index, step in enumerate(plan.steps):
@@ -159,47 +176,42 @@ class PlanExecutor:
 
     def run_chunk(self, lane: Lane, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
         lane.start_chunk(timeline, chunk)
-        values = _Values(lane)
+        values = _Values(lane, self.constants)
         for name, array in inputs.feeds.items():
             values.put_feed(name, array[rows] if name in self.layout.batched_inputs else array, inputs.pinned[name])
-        for name, value in self.constants.items():
-            values.put(name, value)
         batch = rows.stop - rows.start
-        held = set(self.plan.model.outputs) | set(inputs.keep)
-        steps = self.plan.steps
-        index = 0
-        while index < len(steps):
-            if isinstance(steps[index], PluginStep):
-                end = index
-                while end < len(steps) and isinstance(steps[end], PluginStep):
-                    end += 1
-                self._plugin_run(lane, values, range(index, end), held, chunk, batch, inputs.flags)
-                index = end
+        held = frozenset(self.plan.model.outputs) | frozenset(inputs.keep)
+        for indices in self._runs:
+            if isinstance(self.plan.steps[indices.start], PluginStep):
+                self._plugin_run(lane, values, indices, held, chunk, batch, inputs.flags, inputs.step_times)
             else:
-                self._ort(lane, values, steps[index], batch)
-                self._drop_dead(values, index, held)
-                index += 1
+                self._ort(lane, values, self.plan.steps[indices.start], batch)
+                self._drop_dead(values, indices.start, held)
         for name in self.plan.model.outputs:
             inputs.outputs.place(name, rows, values.get(name), lane, staged=True)
         for name in inputs.keep:
             inputs.kept.place(name, rows, values.get(name), lane, staged=False)
+        if inputs.flags is not None:
+            inputs.flags.send_home(chunk)
         lane.finish_chunk()
 
-    def _drop_dead(self, values: _Values, index: int, held: set[str]) -> None:
+    def _drop_dead(self, values: _Values, index: int, held: frozenset[str]) -> None:
         for name in self.plan.steps[index].inputs:
             if self.last_use.get(name) == index and name not in held and name not in self.constants:
                 values.drop(name)
 
-    def _plugin_run(self, lane: Lane, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
-                    flags: FlagSink | None) -> None:
+    def _plugin_run(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], chunk: int, batch: int,
+                    flags: FlagSink | None, step_times: bool = True) -> None:
         """Consecutive plugin steps: inputs from outside the run go to the device first,
         then the kernels are enqueued back to back (or replayed as one CUDA graph). A
         watched step's output is checked for NaN and Inf right after its kernel, on the
         same stream and untimed."""
         outside = self._outside_inputs(indices)
         for name in outside:
-            values.on_device(name)
-        if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside):
+            if name not in self.constants:  # the constants are on the device already
+                values.on_device(name)
+        if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside,
+                                                                   step_times):
             return
         pending: dict[str, Any] = {}  # Concat buffers written in place before their Concat runs
         with lane.segment():
@@ -244,43 +256,61 @@ class PlanExecutor:
         self._outside[indices.start] = list(outside)
         return self._outside[indices.start]
 
-    def _graph_run(self, lane: Lane, values: _Values, indices: range, held: set[str], chunk: int, batch: int,
-                   flags: FlagSink | None, outside: list[str]) -> bool:
-        """Runs the steps as this lane's CUDA graph for them at this chunk size, captured the
-        second time they are met; False (run them eagerly) the first time and when the
-        capture failed."""
+    def _graph_run(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], chunk: int, batch: int,
+                   flags: FlagSink | None, outside: list[str], step_times: bool) -> bool:
+        """Runs the steps as this lane's CUDA graph for them at this chunk size, timed step by step
+        or not (`step_times`), captured the second time they are met; False (run them eagerly) the
+        first time and when the capture failed."""
         key = (indices.start, batch)
-        segment = lane.graphs.get(key)
-        if segment is None and lane.graphs.due(key):
-            segment = self._capture(lane, values, indices, held, outside, key, flags is not None)
+        timed = step_times and self._steps_timed_in_graphs()
+        segment = lane.graphs.get(key, timed)
+        if segment is None and lane.graphs.due(key, timed):
+            segment = self._capture(lane, values, indices, held, outside, key, flags is not None, timed)
         if segment is None:
             return False
         current = {name: values.on_device(name) for name in segment.inputs}
+        # a replay stands for its steps (a row of its own) only where steps were asked for and cannot be timed inside it
+        kind = "plugin" if step_times and not segment.step_marks else GRAPH
         with lane.segment():
-            outputs = lane.run_graph(segment.name, segment.step_marks, lambda: segment.replay(current, lane.stream))
+            outputs = lane.run_graph(segment.name, segment.step_marks, lambda: segment.replay(current, lane.stream), kind)
         if flags is not None and segment.flag_slots:
             flags.copy_in(chunk, segment.flag_slots, segment.flags)  # the graph flagged its watched outputs itself
         for name, value in outputs.items():
             values.put(name, value)
-        for index in indices:
-            self._drop_dead(values, index, held)
+        for name in self._dying_in(indices, held):
+            values.drop(name)
         return True
 
-    def _capture(self, lane: Lane, values: _Values, indices: range, held: set[str], outside: list[str],
-                 key: tuple[int, int], flagged: bool) -> SegmentGraph | None:
-        """The steps' graph, kept in lane.graphs, or None (the reason kept there) when they cannot be
-        captured. With `flagged`, the graph flags its watched outputs (NaN or Inf) into a buffer of
-        its own, copied out after each replay."""
+    def _dying_in(self, indices: range, held: frozenset[str]) -> list[str]:
+        """The tensors from outside a replayed run of steps that it reads for the last time, found once
+        (the run's own intermediates live in its graph, never among a chunk's values)."""
+        key = (indices.start, held)
+        dying = self._dying.get(key)
+        if dying is None:
+            dying = self._dying[key] = [name for name in self._outside_inputs(indices) if name not in self.constants
+                                        and name not in held and indices.start <= self.last_use.get(name, -1) < indices.stop]
+        return dying
+
+    def _capture(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], outside: list[str],
+                 key: tuple[int, int], flagged: bool, timed: bool) -> SegmentGraph | None:
+        """The steps' graph (`timed`: with the events that time each step), kept in lane.graphs, or None
+        (the reason kept there) when they cannot be captured. With `flagged`, the graph flags its watched
+        outputs (NaN or Inf) into a buffer of its own, copied out after each replay. A run's second graph
+        shares the first one's input buffers, pool and flag buffer."""
         import cupy
 
+        sibling = lane.graphs.sibling(key, timed)
         constants = {name: values.on_device(name) for name in outside if name in self.constants}
         copied = {name: values.on_device(name) for name in outside if name not in self.constants}
         slots = [slot for index in indices for slot in self.watched.get(index, ())] if flagged else []
-        flag_buffer = cupy.empty(len(slots), dtype=cupy.bool_) if slots else None
+        if sibling is not None and sibling.flags is not None:
+            flag_buffer = sibling.flags
+        else:
+            flag_buffer = cupy.empty(len(slots), dtype=cupy.bool_) if slots else None
         enqueue = self._enqueue_steps(lane, indices, held, constants, flag_buffer, key[1])
         names = [self.plan.steps[index].name for index in indices]
         try:
-            segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots, timed=self._steps_timed_in_graphs())
+            segment = capture(names, copied, enqueue, lane.stream, flag_buffer, slots, timed=timed, sibling=sibling)
         except Exception as err:
             if cuda.is_out_of_memory(err):
                 raise
@@ -296,7 +326,7 @@ class PlanExecutor:
             self.step_times_in_graphs = cuda.can_record_in_capture() is None
         return self.step_times_in_graphs
 
-    def _enqueue_steps(self, lane: Lane, indices: range, held: set[str], constants: dict[str, Any],
+    def _enqueue_steps(self, lane: Lane, indices: range, held: frozenset[str], constants: dict[str, Any],
                        flag_buffer: Any, batch: int) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:
         """What a capture runs: the steps' kernels on the lane's stream, each between the clock's
         events, each watched output flagged into `flag_buffer`; returns the tensors read after the run."""
@@ -351,6 +381,17 @@ class PlanExecutor:
         lane.run_blocking(step.name, "onnxruntime", lambda: session.run_with_iobinding(binding))
         for name, value in outputs.items():
             values.put(name, value)
+
+
+def _runs_of_steps(plan: Plan) -> list[range]:
+    """The plan's steps in runs: each onnxruntime step alone, consecutive plugin steps together."""
+    runs: list[range] = []
+    for index, step in enumerate(plan.steps):
+        if runs and isinstance(step, PluginStep) and isinstance(plan.steps[runs[-1].start], PluginStep):
+            runs[-1] = range(runs[-1].start, index + 1)
+        else:
+            runs.append(range(index, index + 1))
+    return runs
 
 
 class ChunkScheduler:

@@ -22,6 +22,13 @@ them again, and the step spans are read from them once the lane has waited for t
 The replay itself is timed as one span of kind GRAPH too (its input copies included), which
 the step table leaves out. Where events cannot be recorded in a capture, a replay is one
 span of kind "plugin", a row of its own.
+
+Those event nodes cost the device several microseconds each, so a run of steps may have two
+graphs: a timed one (with the event nodes) and an untimed one, captured over the same input
+buffers and the same memory pool. A run asks for one or the other (Runner.run's
+`step_times`): `profile` times host to host with untimed replays and takes the step table
+from timed ones. The two never run at once (one lane, one chunk at a time), so they may
+share the pool's blocks.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ class SegmentGraph:
     flag_slots: list[int] = field(default_factory=list)
     # each step's (name, start event, end event), recorded by the graph at every replay (see StepClock)
     step_marks: tuple[tuple[str, Any, Any], ...] = ()
+    timed: bool = True  # captured with the step events (which it may still lack: see can_record_in_capture)
 
     def replay(self, values: dict[str, Any], stream: Any) -> dict[str, Any]:
         """Copy the outside inputs in, launch the graph on `stream`; returns the outputs."""
@@ -59,21 +67,26 @@ class SegmentGraph:
 
 
 class SegmentGraphs:
-    """The graphs of one lane, by key (first step, chunk rows), and the runs that could not be
-    captured. A run gets its graph the second time it is met (see `due`)."""
+    """The graphs of one lane, by key (first step, chunk rows) and whether they time their steps,
+    and the runs that could not be captured. A run gets its graph the second time it is met
+    (see `due`); its timed and untimed graphs are captured as runs ask for them."""
 
     def __init__(self) -> None:
-        self._graphs: dict[tuple[int, int], SegmentGraph] = {}
+        self._graphs: dict[tuple[int, int, bool], SegmentGraph] = {}
         self._seen: set[tuple[int, int]] = set()
         self._failed: dict[tuple[int, int], str] = {}
 
-    def get(self, key: tuple[int, int]) -> SegmentGraph | None:
-        return self._graphs.get(key)
+    def get(self, key: tuple[int, int], timed: bool = True) -> SegmentGraph | None:
+        return self._graphs.get((*key, timed))
 
-    def due(self, key: tuple[int, int]) -> bool:
-        """Whether to capture the run without a graph at `key` now: not the first time it is
-        met (that pass runs eagerly), nor after its capture failed."""
-        if key in self._failed or key in self._graphs:
+    def sibling(self, key: tuple[int, int], timed: bool) -> SegmentGraph | None:
+        """The run's graph of the other kind, whose input buffers and pool a new capture shares."""
+        return self._graphs.get((*key, not timed))
+
+    def due(self, key: tuple[int, int], timed: bool = True) -> bool:
+        """Whether to capture the run at `key` (timed or not) now: not the first time it is met
+        (that pass runs eagerly), nor after its capture failed, nor when it has that graph."""
+        if key in self._failed or (*key, timed) in self._graphs:
             return False
         if key not in self._seen:
             self._seen.add(key)
@@ -81,7 +94,7 @@ class SegmentGraphs:
         return True
 
     def add(self, key: tuple[int, int], segment: SegmentGraph) -> None:
-        self._graphs[key] = segment
+        self._graphs[(*key, segment.timed)] = segment
 
     def fail(self, key: tuple[int, int], why: str) -> None:
         """The run at `key` cannot be captured (`why`): it stays eager."""
@@ -89,7 +102,7 @@ class SegmentGraphs:
 
     def captured(self) -> list[tuple[int, int]]:
         """The keys of the runs that have a graph."""
-        return list(self._graphs)
+        return list(dict.fromkeys((first, rows) for first, rows, _timed in self._graphs))
 
     def failures(self) -> dict[tuple[int, int], str]:
         return dict(self._failed)
@@ -149,17 +162,22 @@ def capture(
     flags: Any = None,
     flag_slots: Sequence[int] = (),
     timed: bool = True,
+    sibling: SegmentGraph | None = None,
 ) -> SegmentGraph:
     """Captures `run_steps(values, clock)` on `stream` into a graph. `outside` maps each tensor the
     run reads from outside (its current device array) to be copied into an input buffer; the
     rest of what it reads (constants) must keep its address. `run_steps` enqueues the steps'
     kernels, each between clock.start() and clock.stop(name) (which record events into the
     graph when `timed`), and returns the tensors the graph must keep (those read after the
-    run); it writes the NaN/Inf `flags` of the watched outputs, if any, for `flag_slots`."""
+    run); it writes the NaN/Inf `flags` of the watched outputs, if any, for `flag_slots`.
+    With `sibling` (the same run's graph of the other kind), the new graph reads the sibling's
+    input buffers and draws on its pool."""
     import cupy
 
-    inputs = {name: cupy.empty_like(value) for name, value in outside.items()}
-    pool = cupy.cuda.MemoryPool()
+    if sibling is not None:
+        inputs, pool = sibling.inputs, sibling.pool
+    else:
+        inputs, pool = {name: cupy.empty_like(value) for name, value in outside.items()}, cupy.cuda.MemoryPool()
     clock = StepClock(stream if timed else None)
     with cupy.cuda.using_allocator(pool.malloc):
         stream.begin_capture()
@@ -170,7 +188,7 @@ def capture(
             raise
         graph = stream.end_capture()
     return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, list(flag_slots),
-                        tuple(clock.marks))
+                        tuple(clock.marks), timed)
 
 
 def _abandon(stream: Any) -> None:

@@ -36,20 +36,27 @@ class Chains:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: dict[str, Any] = {}
+        self._shared = True  # whether more than one lane works in this run
 
-    def reset(self) -> None:
+    def reset(self, lanes: int = 2) -> None:
+        """A new run, on `lanes` lanes at once: with one, its stream keeps the order by itself."""
         with self._lock:
             self._last.clear()
+            self._shared = lanes > 1
 
     @contextlib.contextmanager
-    def ordered(self, chain: str, stream: Any) -> Iterator[None]:
-        """Work enqueued inside starts after the previous item of `chain` has finished."""
+    def ordered(self, chain: str, stream: Any, events: "EventPool") -> Iterator[None]:
+        """Work enqueued inside starts after the previous item of `chain` has finished. The event
+        that marks its end comes from the enqueuing lane's `events` (recorded again next run)."""
+        if not self._shared:
+            yield
+            return
         with self._lock:
             previous = self._last.get(chain)
             if previous is not None:
                 stream.wait_event(previous)
             yield
-            self._last[chain] = stream.record()
+            self._last[chain] = events.record(stream)
 
 
 class EventPool:
@@ -140,10 +147,10 @@ class Lane(Protocol):
         """fn(), which enqueues no device work, timed by the host clock."""
         ...
 
-    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
-        """fn(), which replays CUDA graph `name`: timed as a whole, and each of its steps by the
-        events the graph records (`step_marks`: step, start, end); without marks the replay
-        is one step of its own."""
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any], kind: str = GRAPH) -> Any:
+        """fn(), which replays CUDA graph `name`: timed as a whole, a span of `kind` (GRAPH, or
+        "plugin" where the replay is a step of its own), and each of its steps by the events
+        the graph records (`step_marks`: step, start, end), if any."""
         ...
 
     def untimed(self, fn: Callable[[], Any]) -> Any:
@@ -207,7 +214,7 @@ class HostLane(Lane):
 
     run_host = run_kernel
 
-    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any], kind: str = GRAPH) -> Any:
         raise RuntimeError("CUDA graphs need a CUDA device")
 
     def untimed(self, fn: Callable[[], Any]) -> Any:
@@ -290,14 +297,14 @@ class CudaLane(Lane):
         return out, end
 
     def _chained_copy(self, chain: str, name: str, fn: Callable[[], Any]) -> None:
-        with self.chains.ordered(chain, self.stream):
+        with self.chains.ordered(chain, self.stream, self.events):
             self._event_timed(name, COPY, fn)
 
     @contextlib.contextmanager
     def segment(self) -> Iterator[None]:
         """A run of kernels that starts after the previous lane's run has finished."""
         self._step_end = None
-        with self.chains.ordered("compute", self.stream):
+        with self.chains.ordered("compute", self.stream, self.events):
             yield
         self._step_end = None
 
@@ -318,14 +325,13 @@ class CudaLane(Lane):
         self.events.rewind()
         self._step_end = None
 
-    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any]) -> Any:
-        """A replay, timed as a whole (kind GRAPH) and per step by the graph's own events. Those
-        are recorded again by the next replay of the graph, which on this lane comes in a later
-        chunk: finish_chunk reads them after waiting for the stream."""
-        if not step_marks:
-            return self._event_timed(name, "plugin", fn)[0]
-        out, _end = self._event_timed(name, GRAPH, fn)
-        self._graph_steps.extend((step, self.recording.next(), start, end) for step, start, end in step_marks)
+    def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any], kind: str = GRAPH) -> Any:
+        """A replay, timed as a whole (a span of `kind`) and per step by the graph's own events, if
+        it has them. Those are recorded again by the next replay of the graph, which on this lane
+        comes in a later chunk: finish_chunk reads them after waiting for the stream."""
+        out, _end = self._event_timed(name, kind, fn)
+        if step_marks:
+            self._graph_steps.extend((step, self.recording.next(), start, end) for step, start, end in step_marks)
         return out
 
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:

@@ -88,7 +88,8 @@ class RunResult:
     spans: list[Span] = field(default_factory=list, repr=False)
     # with CUDA graphs: each replayed graph's span name -> the plan steps it ran
     graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # each graph whose steps were timed inside it -> its replays' time (input copies included), summed over chunks
+    # each graph replayed as a whole (its steps timed inside it, or not timed: step_times off) -> its
+    # replays' time (input copies included), summed over chunks
     graph_ms: dict[str, float] = field(default_factory=dict)
     # runs of plugin steps that could not be captured and ran eagerly: first step -> why
     graph_failures: dict[str, str] = field(default_factory=dict)
@@ -108,6 +109,8 @@ class Profile:
     copy_exposed_ms: list[float] = field(default_factory=list)
     graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # as in RunResult, over every timed run
     graph_ms: dict[str, list[float]] = field(default_factory=dict)  # each graph's replay time, one reading per timed run
+    # each graph's replay time without step events (the runs total_ms comes from), one reading per timed pass
+    untimed_graph_ms: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -117,10 +120,14 @@ class Profile:
         """The median time of a step over the timed runs, in ms."""
         return statistics.median(self.step_ms[name])
 
-    def add(self, result: RunResult) -> None:
-        """Count one timed run; the last one's outputs and spans are kept."""
+    def add(self, result: RunResult, wall: RunResult | None = None) -> None:
+        """Count one timed pass; the last one's outputs and spans are kept. `wall`, where given, is
+        the same pass run without step events inside CUDA graphs: the host-to-host time is its."""
         self.result = result
-        self.total_ms.append(result.total_ms)
+        self.total_ms.append((wall or result).total_ms)
+        if wall is not None:
+            for name, ms in wall.graph_ms.items():
+                self.untimed_graph_ms.setdefault(name, []).append(ms)
         self.copy_ms.append(result.copy_ms)
         self.copy_hidden_ms.append(result.copy_hidden_ms)
         self.copy_exposed_ms.append(result.copy_exposed_ms)
@@ -145,7 +152,7 @@ def sum_by_step(spans: list[Span]) -> list[StepTime]:
 
 
 def graph_totals(spans: list[Span]) -> dict[str, float]:
-    """Per CUDA graph whose steps were timed inside it, its replays' time summed over chunks, in ms."""
+    """Per CUDA graph replayed as a span of kind GRAPH, its replays' time summed over chunks, in ms."""
     totals: dict[str, float] = {}
     for span in spans:
         if span.kind == GRAPH:

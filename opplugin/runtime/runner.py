@@ -20,6 +20,7 @@ What the runner ran and measured comes back as plain records (records.py).
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import Any
 
@@ -282,20 +283,24 @@ class Runner:
 
     # --- running ------------------------------------------------------------------------
 
-    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None) -> RunResult:
+    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None,
+            *, step_times: bool = True) -> RunResult:
         """One pass over the batch (any size). Returns host copies of the graph outputs and of `keep`.
-        `progress(label, images_done, images)` is called as chunks finish."""
+        `progress(label, images_done, images)` is called as chunks finish. With `step_times` off,
+        CUDA graphs replay without the events that time each step (graphs.py): their steps get no
+        rows, each replay is one span of kind GRAPH, and the run is as quick as it gets."""
         batch = self.check_feeds(feeds)
-        crossing = set(feeds) | {name for step in self.plan.steps for name in step.outputs}
-        hidden = [name for name in keep if name not in crossing]
-        if hidden:
-            raise InputError(f"cannot keep {hidden}: only inputs and tensors that leave a step can be kept "
-                             f"({', '.join(sorted(crossing))})")
+        if keep:
+            crossing = set(feeds) | {name for step in self.plan.steps for name in step.outputs}
+            hidden = [name for name in keep if name not in crossing]
+            if hidden:
+                raise InputError(f"cannot keep {hidden}: only inputs and tensors that leave a step can be kept "
+                                 f"({', '.join(sorted(crossing))})")
         feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
         while True:
             chunks = chunking.split_rows(batch, self.chunk) if self.layout.chunkable else [slice(0, batch)]
             try:
-                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress)
+                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times)
             except Exception as err:
                 if not cuda.is_out_of_memory(err):
                     raise
@@ -322,14 +327,14 @@ class Runner:
                                  f"(about {self.peak_image_bytes} bytes per image live): {cause}")
 
     def _run_chunks(self, feeds: dict[str, np.ndarray], batch: int, chunks: list[slice], keep: tuple[str, ...],
-                    progress: Progress | None) -> RunResult:
+                    progress: Progress | None, step_times: bool = True) -> RunResult:
         on_gpu = self.device.is_cuda
         pinned = {name: on_gpu and cuda.is_pinned(value) for name, value in feeds.items()}
         single = len(chunks) == 1
         inputs = ChunkInputs(feeds, pinned, keep, Results(batch, self.layout.chunkable, single),
-                             Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)))
+                             Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)), step_times)
         if self._chains:
-            self._chains.reset()
+            self._chains.reset(min(len(self.scheduler.lanes), len(chunks)))
         for lane in self.scheduler.lanes:
             lane.start_run()  # the last run's timings are read: its events may be recorded again
         started = time.perf_counter()
@@ -377,23 +382,32 @@ class Runner:
     ) -> Profile:
         """Runs warm-up passes, then `repeat` timed passes; keeps every reading.
         `progress(label, images_done, images)` counts images over all passes;
-        the label says "warm-up" or "timed run"."""
+        the label says "warm-up" or "timed run".
+
+        With CUDA graphs, each pass is two runs: one whose graphs replay without step events,
+        which gives the host-to-host time (and each replay's own), then one whose graphs time
+        every step, which gives the step table. Eagerly, one run gives both."""
         repeat = positive_int(repeat, "repeat")
         warmup = positive_int(warmup, "warm-up", allow_zero=True)
         batch = self.check_feeds(feeds)
         passes = warmup + repeat
+        runs = 2 if self.cuda_graphs else 1  # runs per pass
         profile = None
         for number in range(passes):
             label = "warm-up" if number < warmup else "timed run"
 
-            def report(_label: str, done: int, total: int, offset: int = number * batch, label: str = label) -> None:
+            def report(_label: str, done: int, total: int, offset: int = number * batch * runs, label: str = label) -> None:
                 if progress:
-                    progress(label, offset + done, passes * batch)
+                    progress(label, offset + done, passes * batch * runs)
 
+            wall = None
+            if runs == 2:
+                wall = self.run(feeds, (), report, step_times=False)
+                report = functools.partial(report, offset=(number * runs + 1) * batch)
             result = self.run(feeds, keep if number >= warmup else (), report)
             if number < warmup:
                 continue
             if profile is None:
                 profile = Profile(self.describe(batch), result)
-            profile.add(result)
+            profile.add(result, wall)
         return profile

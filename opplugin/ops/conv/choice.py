@@ -7,7 +7,10 @@
    this node (its own batch bucket, else the nearest tuned one within a factor
    of 16) and that variant can still run the node, it is the choice.
 
-2. Otherwise a heuristic, which times nothing. It prefers the families in the
+2. Otherwise a heuristic, which times nothing. A Conv that is a dense layer (its filter
+   covers its whole input map: the squeeze and excite Convs of SE blocks) runs on the
+   Gemm kernel the Gemm heuristic gives that layer (`dense_gemv` at batch 1-16, see
+   families/dense.py), unless its epilogue has no place there. Otherwise it prefers the families in the
    order the seeds' optimisations build on each other, most refined first, and
    takes the first one that can run the node with its fused epilogue, if any:
    register tiles of rows x columns x maps (`const_tile`), then of rows x
@@ -39,8 +42,9 @@ from ...errors import PluginError
 from ...tuning_cache import CacheKey, key_for, lookup
 from . import cost, families
 from .epilogue import NONE, Epilogue
+from .families.dense import dense_family, is_dense
 from .families.gemm import k_dim
-from .families.pipelined import multiprocessors
+from .families.pipelined import PipelinedConfig, multiprocessors
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
@@ -76,7 +80,13 @@ def prefers_tensor_cores(spec: ConvSpec) -> bool:
     return spec.group == 1 and spec.out_channels >= TENSOR_CORE_MIN_MAPS and k >= TENSOR_CORE_MIN_K and big_enough
 
 
-def preference(spec: ConvSpec) -> tuple[str, ...]:
+def preference(spec: ConvSpec, epilogue: Epilogue = NONE) -> tuple[str, ...]:
+    if is_dense(spec) and spec.group == 1:
+        return (dense_family(spec, epilogue), *general_preference(spec))
+    return general_preference(spec)
+
+
+def general_preference(spec: ConvSpec) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
         first = ("simt_gemm", "tc_3xtf32") if k_dim(spec) <= SIMT_MAX_K else ("tc_3xtf32", "simt_gemm")
         return (*first, *(name for name in PREFERENCE if name not in first))
@@ -99,7 +109,7 @@ def first_fitting(spec: ConvSpec, order, weights, epilogue: Epilogue = NONE) -> 
 
 
 def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue) -> families.Config:
-    order = preference(spec)
+    order = preference(spec, epilogue)
     # when none fuses the epilogue, the plain kernel runs and the epilogue follows in CuPy
     config, fused = first_fitting(spec, order, weights, epilogue), epilogue
     if config is None:
@@ -113,6 +123,8 @@ def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue:
     """The family's pick or the same tile with less K split, whichever the cost model (cost.py)
     predicts fastest: a split is a second launch, which costs the host more than it saves
     at small batches unless a CUDA graph launches it."""
+    if not isinstance(config, PipelinedConfig):
+        return config  # no second launch to weigh (a dense Gemm's `k` splits K over the warps of one block)
     candidates = [c for c in cost.split_alternatives(config) if families.unsupported_reason(spec, c, weights, epilogue) is None]
     return cost.cheapest(spec, candidates, multiprocessors()) if len(candidates) > 1 else config
 

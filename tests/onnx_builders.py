@@ -198,3 +198,25 @@ def identities_and_constants(seed: int = 0) -> onnx.ModelProto:
                      numpy_helper.from_array(np.array(0.5, np.float32), "ratio")],
     )
     return finish(graph)
+
+
+def se_block(channels: int, squeezed: int, size: int, rng) -> onnx.ModelProto:
+    """A squeeze-and-excitation block, batch axis "N": x -> GlobalAveragePool -> Conv 1x1 -> Relu
+    -> Conv 1x1 -> HardSigmoid -> Mul with x (its two Convs are dense layers on 1x1 maps)."""
+    def weights(name, m, c):
+        return [numpy_helper.from_array(rng.standard_normal((m, c, 1, 1), dtype=np.float32) * np.float32(c ** -0.5), f"{name}_w"),
+                numpy_helper.from_array(rng.standard_normal(m, dtype=np.float32), f"{name}_b")]
+
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"], name="pool"),
+        helper.make_node("Conv", ["pooled", "squeeze_w", "squeeze_b"], ["s"], name="squeeze"),
+        helper.make_node("Relu", ["s"], ["s_act"], name="squeeze_relu"),
+        helper.make_node("Conv", ["s_act", "excite_w", "excite_b"], ["e"], name="excite"),
+        helper.make_node("HardSigmoid", ["e"], ["scale"], name="excite_gate"),
+        helper.make_node("Mul", ["x", "scale"], ["y"], name="rescale"),
+    ]
+    graph = helper.make_graph(
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, size, size])],
+        weights("squeeze", squeezed, channels) + weights("excite", channels, squeezed))
+    return finish(graph)

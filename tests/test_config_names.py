@@ -21,6 +21,7 @@ SPECS = {
     "lenet86.conv2": conv(10000, 4, 16, (40, 40), (7, 7)),
     "ece408_high.conv": conv(10000, 1, 50, (28, 28), (5, 5)),
     "depthwise": conv(4, 8, 8, (19, 21), (3, 3), pads=(1, 1, 1, 1), group=8),
+    **{f"se squeeze 480->20 @{batch}": conv(batch, 480, 20, (1, 1), (1, 1)) for batch in (1, 32)},  # dense: the Gemm kernels
     **{f"{layer.name} @{batch}": layer.spec(batch) for layer in cnn_layers.LAYERS for batch in (1, 32)},
 }
 EPILOGUES = [NONE, Epilogue("Relu", (2, 2)), Epilogue("Relu", residual=True)]

@@ -400,7 +400,9 @@ def test_the_heuristic_pick_for_each_shipped_step_does_not_spill(step):
 def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
     covered = {families.family_of(config).name for _, config in TUNING_CASES}
     exact = {name for name, family in families.FAMILIES.items() if family.exact}
-    assert covered == exact
+    # the dense families run only Convs whose filter covers the whole map, which the shipped models have none of
+    dense = {name for name in exact if name.startswith("dense_")}
+    assert covered == exact - dense and dense
 
 
 @pytest.mark.parametrize(("layer", "config", "arch"), list(CNN_REPRESENTATIVES))

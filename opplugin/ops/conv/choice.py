@@ -7,7 +7,10 @@
    this node (its own batch bucket, else the nearest tuned one within a factor
    of 16) and that variant can still run the node, it is the choice.
 
-2. Otherwise a heuristic, which times nothing. It prefers the families in the
+2. Otherwise a heuristic, which times nothing. A Conv that is a dense layer (its filter
+   covers its whole input map: the squeeze and excite Convs of SE blocks) runs on the
+   Gemm kernel the Gemm heuristic gives that layer (`dense_gemv` at batch 1-16, see
+   families/dense.py), unless its epilogue has no place there. Otherwise it prefers the families in the
    order the seeds' optimisations build on each other, most refined first, and
    takes the first one that can run the node with its fused epilogue, if any:
    register tiles of rows x columns x maps (`const_tile`), then of rows x
@@ -16,9 +19,10 @@
    tensor-core implicit GEMM (`tc_3xtf32`, FP32-exact by measurement, weights
    in global memory), the FP32 SIMT implicit GEMM (`simt_gemm`), then
    `baseline`, which runs every 2-D Conv (also with weights computed at run
-   time). A layer with 16 maps or more, a long K and enough work at the planned
-   batch (see `prefers_tensor_cores`) tries the GEMMs first: there their reuse
-   beats the constant-memory families, whose strength is few maps; the SIMT
+   time). A layer with 16 maps or more and a long K, or too few outputs at the
+   planned batch to give the constant-memory families a block per SM (see
+   `prefers_tensor_cores`), tries the GEMMs first: there their reuse and
+   grids beat the constant-memory families, whose strength is few maps; the SIMT
    GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
    `const_rb` first, then the `depthwise` family (weights in global memory,
    any filter size); other grouped layers try `grouped` (narrow groups), the
@@ -28,28 +32,39 @@
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations. Where the pick splits K, the cost
    model (cost.py) weighs the split's second launch against what it saves, with
-   the host's launch cost only when no CUDA graph replays the kernels.
+   the host's launch cost only when no CUDA graph replays the kernels; where the
+   GEMM's pick is short of one wave of blocks, the model ranks its other tiles too.
 
 Both give a `Config`; the cache's names are parsed here, where they come in.
 """
 from __future__ import annotations
+
+import math
 
 from ...device import Device
 from ...errors import PluginError
 from ...tuning_cache import CacheKey, key_for, lookup
 from . import cost, families
 from .epilogue import NONE, Epilogue
+from .families.dense import dense_family, is_dense
 from .families.gemm import k_dim
-from .families.pipelined import multiprocessors
+from .families.pipelined import PipelinedConfig, multiprocessors
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
-# The tensor-core GEMM comes first from this many output maps (per group), GEMM K and
-# multiply-adds at the planned batch: below that the launch dominates, and the constant-
-# memory families (one launch, no K loop to set up) are as fast or faster.
+# The GEMMs come first from this many output maps (per group) where K is this long or the
+# constant-memory families' grid would leave SMs idle. With a long K their operand reuse wins at
+# any size; at batch 1 the constant families give too few threads, each with a long chain of
+# multiply-adds. Graphed on an H200 at batch 1: DenseNet's 1x1 96->128 at 56x56 ran 50 µs on
+# const_tile and 8.9 on tc_3xtf32, MobileNetV2's 1x1 96->24 at 56x56 29 and 4.3, RegNetY's 1x1
+# s2 32->64 (K = 32) 17 and 4.0 on simt_gemm (tools/pick_study.py).
 TENSOR_CORE_MIN_MAPS = 16
 TENSOR_CORE_MIN_K = 64
-TENSOR_CORE_MIN_FLOPS = 1e8
+# A constant-memory block's outputs (256 threads of 2x2 pixels x 16 maps, const_tile's usual
+# tile): a layer with fewer outputs than this per SM gives those families less than a block an SM.
+CONSTANT_BLOCK_OUTPUTS = 256 * 64
+# Grouped layers go to the SIMT GEMM only with at least this much work (multiply-adds x 2).
+GROUPED_GEMM_MIN_FLOPS = 1e8
 # Up to this GEMM K (a 1x1 layer's input channels) the FP32 SIMT GEMM goes before the tensor cores:
 # ResNet's 1x1 64->256 at 56x56, batch 32, ran 0.115 ms on simt_gemm and 0.156 on tc_3xtf32 (H100),
 # whose three MMAs per tile and 32-deep slices have too short a K loop to hide their cost.
@@ -70,20 +85,32 @@ GROUPED_PREFERENCE = ("grouped", "simt_gemm", "const_tile", "const_rb", "const_m
 GROUPED_GEMM_MIN_MAPS = 16
 
 
+def constant_grid_short(spec: ConvSpec, sms: int) -> bool:
+    """Whether the constant-memory families' grid has fewer blocks than the GPU has SMs."""
+    outputs = spec.batch * spec.out_channels * math.prod(spec.out_size)
+    return outputs < sms * CONSTANT_BLOCK_OUTPUTS
+
+
 def prefers_tensor_cores(spec: ConvSpec) -> bool:
-    k = k_dim(spec)
-    big_enough = spec.flops() >= TENSOR_CORE_MIN_FLOPS
-    return spec.group == 1 and spec.out_channels >= TENSOR_CORE_MIN_MAPS and k >= TENSOR_CORE_MIN_K and big_enough
+    """Whether the GEMMs go before the constant-memory families (see TENSOR_CORE_MIN_MAPS)."""
+    enough_k = k_dim(spec) >= TENSOR_CORE_MIN_K or constant_grid_short(spec, multiprocessors())
+    return spec.group == 1 and spec.out_channels >= TENSOR_CORE_MIN_MAPS and enough_k
 
 
-def preference(spec: ConvSpec) -> tuple[str, ...]:
+def preference(spec: ConvSpec, epilogue: Epilogue = NONE) -> tuple[str, ...]:
+    if is_dense(spec) and spec.group == 1:
+        return (dense_family(spec, epilogue), *general_preference(spec))
+    return general_preference(spec)
+
+
+def general_preference(spec: ConvSpec) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
         first = ("simt_gemm", "tc_3xtf32") if k_dim(spec) <= SIMT_MAX_K else ("tc_3xtf32", "simt_gemm")
         return (*first, *(name for name in PREFERENCE if name not in first))
     if spec.group > 1 and spec.in_channels == spec.group:
         return DEPTHWISE_PREFERENCE
     if spec.group > 1:
-        if spec.out_channels // spec.group >= GROUPED_GEMM_MIN_MAPS and spec.flops() >= TENSOR_CORE_MIN_FLOPS:
+        if spec.out_channels // spec.group >= GROUPED_GEMM_MIN_MAPS and spec.flops() >= GROUPED_GEMM_MIN_FLOPS:
             return ("simt_gemm", *(name for name in GROUPED_PREFERENCE if name != "simt_gemm"))
         return GROUPED_PREFERENCE
     return PREFERENCE
@@ -99,7 +126,7 @@ def first_fitting(spec: ConvSpec, order, weights, epilogue: Epilogue = NONE) -> 
 
 
 def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue) -> families.Config:
-    order = preference(spec)
+    order = preference(spec, epilogue)
     # when none fuses the epilogue, the plain kernel runs and the epilogue follows in CuPy
     config, fused = first_fitting(spec, order, weights, epilogue), epilogue
     if config is None:
@@ -110,11 +137,20 @@ def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue) -> families.Co
 
 
 def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue: Epilogue) -> families.Config:
-    """The family's pick or the same tile with less K split, whichever the cost model (cost.py)
-    predicts fastest: a split is a second launch, which costs the host more than it saves
-    at small batches unless a CUDA graph launches it."""
-    candidates = [c for c in cost.split_alternatives(config) if families.unsupported_reason(spec, c, weights, epilogue) is None]
-    return cost.cheapest(spec, candidates, multiprocessors()) if len(candidates) > 1 else config
+    """The family's pick or another of its configurations, whichever the cost model (cost.py)
+    predicts fastest: the same tile with less K split (a split is a second launch, which costs
+    the host more than it saves at small batches unless a CUDA graph launches it), and where the
+    pick's grid is short of one wave, the family's other tiles too (their order was measured on
+    grids of several waves; on a short one, a smaller tile gives more blocks)."""
+    if not isinstance(config, PipelinedConfig):
+        return config  # no second launch to weigh (a dense Gemm's `k` splits K over the warps of one block)
+    sms = multiprocessors()
+    candidates = cost.split_alternatives(config)
+    if cost.under_one_wave(spec, config, sms):
+        for other in families.FAMILIES[config.family].configs(spec, epilogue):
+            candidates += cost.split_alternatives(other)
+    candidates = [c for c in dict.fromkeys(candidates) if families.unsupported_reason(spec, c, weights, epilogue) is None]
+    return cost.cheapest(spec, candidates, sms) if len(candidates) > 1 else config
 
 
 def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:

@@ -79,6 +79,13 @@ def device_us(spec: ConvSpec, config, sms: int) -> float:
     return 2 * LAUNCH_DEVICE_US + compute + 2 * partial_bytes / BANDWIDTH_BYTES_PER_US
 
 
+def under_one_wave(spec: ConvSpec, config, sms: int) -> bool:
+    """Whether the configuration's grid (K split included) leaves block slots of the SMs empty."""
+    from .families.pipelined import grid_blocks
+
+    return grid_blocks(spec, config) * getattr(config, "splits", 1) < sms * config.min_blocks
+
+
 def predict(spec: ConvSpec, config, sms: int, replayed: bool | None = None) -> Cost:
     replayed = launches_replayed() if replayed is None else replayed
     return Cost(device_us(spec, config, sms), host_us(config, replayed))

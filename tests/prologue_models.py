@@ -73,3 +73,20 @@ def feeds(model: onnx.ModelProto, batch: int, seed: int = 1) -> dict[str, np.nda
         shape = [batch if d.dim_param else d.dim_value for d in value.type.tensor_type.shape.dim]
         result[value.name] = rng.standard_normal(shape).astype(np.float32)
     return result
+
+
+def dense_model(channels: int = 128, growth: int = 64, size: int = 28, seed: int = 0) -> onnx.ModelProto:
+    """Two DenseNet layers: c0 = Conv(x); cat1 = Concat(x, c0); c1 = Conv(Relu(BatchNormalization(cat1)));
+    y = Concat(x, c0, c1). cat1 is a prefix of y's buffer, read in place by the fused step."""
+    rng = np.random.default_rng(seed)
+    wide = channels + growth
+    params = {f"bn_{k}": v for k, v in batchnorm_params(rng, wide).items()}
+    inits = {"w0": rng.standard_normal((growth, channels, 1, 1)).astype(np.float32) / np.sqrt(channels),
+             "w1": rng.standard_normal((growth, wide, 1, 1)).astype(np.float32) / np.sqrt(wide)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0"),
+             helper.make_node("Concat", ["x", "c0"], ["cat1"], name="cat1", axis=1),
+             helper.make_node("BatchNormalization", ["cat1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["normed"], name="bn"),
+             helper.make_node("Relu", ["normed"], ["activated"], name="relu"),
+             helper.make_node("Conv", ["activated", "w1"], ["c1"], name="conv1"),
+             helper.make_node("Concat", ["x", "c0", "c1"], ["y"], name="cat2", axis=1)]
+    return _model(nodes, params | inits, channels, growth, size, ["y"], False)

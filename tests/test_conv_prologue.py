@@ -180,3 +180,22 @@ def test_gpu_plans_fuse_the_pointwise_steps_into_their_convs(name, op, left):
     assert len(standalone) == left and len(fused) >= 15
     names = {s.plugin.kernel_name(s.node, plan.device, None, s.fused, prologue=s.prologue).split("*")[0] for s in fused}
     assert names <= {"conv.bn_relu", "conv.scale"}
+
+
+def test_tuning_times_a_fused_step_with_its_prologue_and_keys_it_so(tmp_path):
+    from opplugin.lab.tune import conv_steps
+    from opplugin.ops.conv.choice import tuning_key
+
+    model = load_model(save(se_model(channels=128, maps=64, size=28), tmp_path / "model.onnx"))
+    [(step, spec, epilogue)] = conv_steps(model, 8, Device("cuda", "offline", "9.0"))
+    assert step.prologue and epilogue.prologue == Prologue(SCALE)
+    assert "scale*" in str(tuning_key(spec, epilogue, "gpu")) and "scale*" not in str(tuning_key(spec, Epilogue(), "gpu"))
+
+
+def test_plan_shows_the_prologue_in_the_ops_and_the_kernel_name(tmp_path, capsys):
+    path = save(bn_model(Activation.plain("Relu"), channels=128, maps=64, size=28), tmp_path / "model.onnx")
+    plan = make_plan(load_model(path), 8, Device("cuda", "offline", "9.0"))
+    [step] = plan.plugin_steps
+    assert step.plugin.kernel_name(step.node, plan.device, None, step.fused, prologue=step.prologue).startswith("conv.bn_relu*tc_3xtf32")
+    assert main(["plan", path, "--device", "cpu", "--batch", "4"]) == 0
+    assert "BatchNormalization" in capsys.readouterr().out

@@ -9,9 +9,9 @@ import os
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx_builders import save
+from onnx import helper
+from onnx_builders import finish, save
 from prologue_models import bn_model, feeds, se_model
-from residual_models import activation_nodes  # noqa: F401  (the activations' nodes, used by bn_model)
 
 from opplugin.cli import main
 from opplugin.device import Device, select_device
@@ -111,10 +111,6 @@ def test_silu_before_a_conv_is_no_prologue(tmp_path):
 
 
 def test_an_activation_after_a_conv_stays_in_that_convs_epilogue(tmp_path):
-    from onnx import helper
-
-    from onnx_builders import finish
-
     model = bn_model(None)
     graph = model.graph
     # conv > Relu > conv2: the Relu belongs to the first Conv's epilogue, not the second's prologue
@@ -199,3 +195,11 @@ def test_plan_shows_the_prologue_in_the_ops_and_the_kernel_name(tmp_path, capsys
     assert step.plugin.kernel_name(step.node, plan.device, None, step.fused, prologue=step.prologue).startswith("conv.bn_relu*tc_3xtf32")
     assert main(["plan", path, "--device", "cpu", "--batch", "4"]) == 0
     assert "BatchNormalization" in capsys.readouterr().out
+
+
+def test_a_named_variant_without_the_prologue_runs_it_in_cupy_first(tmp_path):
+    path = save(bn_model(Activation.plain("Relu"), channels=128, maps=64, size=28), tmp_path / "model.onnx")
+    plan = make_plan(load_model(path), 8, Device("cuda", "offline", "9.0"))
+    [step] = plan.plugin_steps
+    name = step.plugin.kernel_name(step.node, plan.device, "baseline", step.fused, prologue=step.prologue)
+    assert name == "cupy bn_relu, then conv.baseline"

@@ -15,7 +15,7 @@ from ..described import spec_of
 from .. import activation
 from . import reference
 from .epilogue import NONE, RESIDUAL_INPUT, Epilogue, kernel_name
-from .prologue import PROLOGUE_INPUT, Prologue, from_nodes
+from .prologue import PROLOGUE_INPUT, from_nodes
 from .spec import ConvSpec
 
 

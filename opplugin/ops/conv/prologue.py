@@ -92,13 +92,6 @@ def from_nodes(chain: Sequence[NodeInfo], data: str) -> Prologue | None:
     return Prologue(AFFINE, affine.a, affine.b, act) if act is not None else None
 
 
-def operand_of(chain: Sequence[NodeInfo], data: str) -> str | None:
-    """The tensor a scale prologue reads besides `data` (None for the affine kind)."""
-    if len(chain) == 1 and chain[0].op_type == "Mul":
-        return next(n for n in chain[0].node.input if n != data)
-    return None
-
-
 def _scale(node: NodeInfo, data: str) -> Prologue | None:
     """A Mul of `data` (N, C, H, W) by a run-time float32 s of shape (N, C, 1, 1)."""
     names = list(node.node.input)

@@ -10,6 +10,14 @@
 // k = (c, kh, kw) of KDIM = C/G*KH*KW (one group's input channels), columns the output
 // pixels (n, oh, ow) of the batch.
 //
+// X may be a view whose images lie `x_image` floats apart (a channel slice of a larger buffer:
+// DenseNet's Concat), each image's C x H x W values contiguous.
+//
+// The prologue (PROLOGUE, opplugin/ops/conv/prologue.py) transforms each B value inside the image
+// after it lands in shared memory, before the slice is multiplied: 1, x * pro[n * C + c] (a per-
+// (image, channel) scale); 2, PROLOGUE_ACTIVATION(fmaf(x, pro[c], pro[C + c])) (a per-channel
+// affine, then an activation). A padded position (zero-filled) is left as it is.
+//
 // Groups: each group is a GEMM of its own MG maps, K over its CG input channels. A block's
 // map tile lies inside one group (MapTile): grid y runs over the groups' map tiles, the A
 // rows stop at the group's last map, and the B gather starts at the group's first channel.
@@ -20,6 +28,12 @@
 #define MAP_TILES ((MG + BM - 1) / BM)  // BM-map tiles of one group
 #define P (OH * OW)
 #define NO_TAP 0x3fff  // kh*DH of a k past KDIM: no pixel row is that far down
+#ifndef PROLOGUE
+#define PROLOGUE 0
+#endif
+#ifndef PROLOGUE_ACTIVATION
+#define PROLOGUE_ACTIVATION(v) (v)
+#endif
 
 // k -> {c*H*W + kh*DH*W + kw*DW, the tap's place}; filled by the host. The place is
 // kh*KW + kw with TAP_MASK (windows of at most 63 taps: a thread keeps a bit per tap
@@ -73,9 +87,10 @@ struct Columns {
     int column;          // within the tile
     long long origin;    // x offset of (image, the group's channel 0, ih0, iw0); ih0, iw0 may be negative (pads)
     int ih0, iw0;
+    int image;           // n of this column (its 4-pixel group lies in one image)
     bool live;           // column inside the batch
 
-    __device__ __forceinline__ Columns(int col0, int total, int group)
+    __device__ __forceinline__ Columns(int col0, int total, int group, int x_image)
     {
         const int piece = threadIdx.x % GROUPS;
         first_row = threadIdx.x / GROUPS;
@@ -89,9 +104,10 @@ struct Columns {
         const int q = live ? col : 0;
         const int n = q / P;
         const int p = q % P;
+        image = n;
         ih0 = (p / OW) * SH - PH;
         iw0 = (p % OW) * SW - PW;
-        origin = (long long)n * (C * H * W) + (long long)group * (CG * H * W) + (long long)ih0 * W + iw0;
+        origin = (long long)n * x_image + (long long)group * (CG * H * W) + (long long)ih0 * W + iw0;
 #if TAP_MASK
         inside = 0;
 #pragma unroll
@@ -103,6 +119,18 @@ struct Columns {
     }
 };
 
+// Whether B row `tap` of this thread's column lies inside the image (and K, and the batch).
+__device__ __forceinline__ bool tap_inside(const Columns& cols, int2 tap)
+{
+#if TAP_MASK
+    return (cols.inside >> tap.y) & 1;  // tap.y: the tap's index in the window, KH*KW past K
+#else
+    const int dh = tap.y >> 16;
+    const int dw = tap.y & 0xffff;
+    return cols.live && (unsigned)(cols.ih0 + dh) < (unsigned)H && (unsigned)(cols.iw0 + dw) < (unsigned)W;
+#endif
+}
+
 // Copies this thread's share of the BK x BN B slice from k0 on, gathered from the image.
 __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict__ x, const Columns& cols, int k0)
 {
@@ -110,19 +138,44 @@ __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict_
     for (int i = 0; i < Columns::ROWS; ++i) {
         const int row = cols.first_row + i * Columns::ROW_STEP;
         const int2 tap = taps[k0 + row];
-#if TAP_MASK
-        const bool valid = (cols.inside >> tap.y) & 1;  // tap.y: the tap's index in the window, KH*KW past K
-#else
-        const int dh = tap.y >> 16;
-        const int dw = tap.y & 0xffff;
-        const bool valid = cols.live && (unsigned)(cols.ih0 + dh) < (unsigned)H && (unsigned)(cols.iw0 + dw) < (unsigned)W;
-#endif
+        const bool valid = tap_inside(cols, tap);
 #if B_VEC == 4
         copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
 #else
         copy_async4(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
 #endif
     }
+}
+
+// The prologue on this thread's share of the B slice from k0 on (what copy_b_slice copied, landed):
+// each value inside the image transformed in place; none without PROLOGUE.
+__device__ __forceinline__ void prologue_b_slice(float* Bs, const float* __restrict__ pro, const Columns& cols, int k0)
+{
+#if PROLOGUE
+#pragma unroll
+    for (int i = 0; i < Columns::ROWS; ++i) {
+        const int row = cols.first_row + i * Columns::ROW_STEP;
+        const int k = k0 + row;
+        if (!tap_inside(cols, taps[k])) continue;  // zero-filled: padding, or past K or the batch
+        const int c = (int)blockIdx.y / MAP_TILES * CG + k / (KH * KW);  // the input channel of row k
+#if PROLOGUE == 1
+        const float s = __ldg(pro + (size_t)cols.image * C + c);
+#else
+        const float a = __ldg(pro + c);
+        const float b = __ldg(pro + C + c);
+#endif
+        float* at = Bs + row * B_STRIDE + cols.column;
+#pragma unroll
+        for (int j = 0; j < B_VEC; ++j) {
+            const float v = at[j];
+#if PROLOGUE == 1
+            at[j] = v * s;
+#else
+            at[j] = PROLOGUE_ACTIVATION(fmaf(v, a, b));
+#endif
+        }
+    }
+#endif
 }
 
 #define A_PIECES (BM * BK / A_VEC)

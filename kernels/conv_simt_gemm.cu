@@ -47,14 +47,15 @@
 // at 128 for 4 blocks, or BK = 32, ran slower (less ILP per warp), so the tiles keep these.
 //
 // Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
-// HAS_BIAS, RESIDUAL, ACTIVATION) plus BM, BN, BK, TM, TN, STAGES, KSLICES, A_VEC,
+// HAS_BIAS, RESIDUAL, ACTIVATION, PROLOGUE, PROLOGUE_ACTIVATION) plus BM, BN, BK, TM, TN, STAGES, KSLICES, A_VEC,
 // B_VEC, OUT_VEC, TAP_MASK, KPAD (rows of `taps`, at least KDIM rounded up to BK)
 // and MIN_BLOCKS.
 // Launch: block (NTHREADS = BM/TM * BN/TN), grid (ceil(batch*OH*OW / BN),
 // G * ceil(M/G / BM), KSLICES), dynamic shared memory STAGES * (BM*(BK+4) + BK*BN) * 4
 // bytes. With KSLICES > 1 the partial sums go to `partial` ([KSLICES][M][batch*OH*OW])
 // and conv_k_slices_reduce (one thread per output) writes y. r is the residual
-// operand ([batch][M][OH][OW]; null without RESIDUAL).
+// operand ([batch][M][OH][OW]; null without RESIDUAL), pro the prologue's (s [batch][C], or a [C]
+// then b [C]; null without PROLOGUE), x_image the floats between X's images (C*H*W unless X is a view).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the pipelined SIMT implicit GEMM needs sm_80 or newer (cp.async)"
@@ -151,7 +152,7 @@ __device__ __forceinline__ void store_group(float4 sums, int m, int col, int tot
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, const float* __restrict__ r,
-               float* __restrict__ y, float* __restrict__ partial, int batch)
+               const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image)
 {
     const int tx = threadIdx.x % THREADS_N;
     const int ty = threadIdx.x / THREADS_N;
@@ -159,7 +160,7 @@ conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const f
     const int m0 = maps.first;
     const int col0 = blockIdx.x * BN;
     const int total = batch * P;
-    const Columns cols(col0, total, maps.group);
+    const Columns cols(col0, total, maps.group, x_image);
     const SliceRun run;  // this block's share of K
 
     extern __shared__ float4 shared_tiles[];  // STAGES A slices, then STAGES B slices
@@ -175,6 +176,7 @@ conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const f
     for (int s = 0; s < STAGES - 1 + run.count; ++s) {
         if (s >= STAGES - 1) {
             wait_copies<STAGES - 2>();  // slice s - STAGES + 1 has landed (this thread's copies)
+            prologue_b_slice(Bs + (s - STAGES + 1) % STAGES * B_STAGE, pro, cols, (run.first + s - STAGES + 1) * BK);
             __syncthreads();            // ... and everyone's; the stage copied below is no longer read
         }
         if (s < run.count) {

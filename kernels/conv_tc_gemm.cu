@@ -47,13 +47,14 @@
 // C c0, c1 = [g][2t], [g][2t+1], c2, c3 = [g+8][2t], [g+8][2t+1].
 //
 // Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
-// HAS_BIAS, RESIDUAL, ACTIVATION) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
+// HAS_BIAS, RESIDUAL, ACTIVATION, PROLOGUE, PROLOGUE_ACTIVATION) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
 // TAP_MASK, KPAD (rows of `taps`: KDIM rounded up to BK) and MIN_BLOCKS.
 // Launch: block (NTHREADS), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES),
 // dynamic shared memory STAGES * (BM*(BK+4) + BK*(BN+8)) * 4 bytes.
 // With KSLICES > 1 the partial sums go to `partial` ([KSLICES][M][batch*OH*OW])
 // and conv_k_slices_reduce (one thread per output) writes y. r is the residual operand
-// ([batch][M][OH][OW]; null without RESIDUAL).
+// ([batch][M][OH][OW]; null without RESIDUAL), pro the prologue's (s [batch][C], or a [C] then b [C];
+// null without PROLOGUE), x_image the floats between X's images (C*H*W unless X is a view).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the tensor-core implicit GEMM needs sm_80 or newer (mma.sync TF32, cp.async)"
@@ -249,7 +250,7 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, const float* __restrict__ r,
-             float* __restrict__ y, float* __restrict__ partial, int batch)
+             const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image)
 {
     extern __shared__ float4 shared_tiles[];
     float* As = reinterpret_cast<float*>(shared_tiles);
@@ -259,7 +260,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
     const int col0 = blockIdx.x * BN;
     const MapTile maps;
     const int m0 = maps.first;
-    const Columns cols(col0, total, maps.group);
+    const Columns cols(col0, total, maps.group, x_image);
 
     const SliceRun run;  // this block's share of the k slices
 
@@ -276,6 +277,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
     }
     for (int i = 0; i < run.count; ++i) {
         wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
+        prologue_b_slice(Bs + i % STAGES * B_STAGE, pro, cols, (run.first + i) * BK);
         __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
         const int next = i + STAGES - 1;
         if (next < run.count) {

@@ -117,7 +117,7 @@ def isolate_steps(runner, feeds: dict[str, np.ndarray], result: CheckResult, ato
         verdict = StepVerdict(step.name, kernel.name, stats.result() | {"same_specials": stats.same_specials}, record)
         if not verdict.own_passed:  # on the images where it fails: float64 is slow
             rows = stats.bad_rows[:ARBITRATION_IMAGES] if runner.layout.chunkable else None
-            read = {i for n in [step.node, *step.fused] for i in n.node.input if i in theirs}
+            read = {i for n in step.kernel_nodes for i in n.node.input if i in theirs}
             _judge_by_float64(verdict, step, plan.model, _rows(dict(zip(step.outputs, outputs)), rows, runner.layout),
                               _rows({n: theirs[n] for n in [*read, *step.outputs]}, rows, runner.layout), atol, rtol)
         verdicts.append(verdict)
@@ -132,7 +132,7 @@ def _rows(values: dict[str, np.ndarray], rows: list[int] | None, layout) -> dict
 def _judge_by_float64(verdict: StepVerdict, step, model, ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
                       atol: float, rtol: float) -> None:
     """Fill `verdict.exact`: opplugin's and onnxruntime's outputs of the step against its nodes in float64."""
-    nodes = [step.node.node, *(f.node for f in step.fused)]
+    nodes = [n.node for n in step.kernel_nodes]
     try:
         exact = float64.evaluate(nodes, theirs, model.initializers, step.outputs, model.bare.opset_import)
     except Exception as err:  # an op onnx's evaluator cannot run: no arbitration, the verdict stands

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 from .device import Device
 from .errors import PluginError
 from .model import Model
+from .prologue_fusion import find_prologues, give_way, prologue_inputs
 from .registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from .texttable import OP_SEPARATOR
 
@@ -32,18 +33,27 @@ class PluginStep:
     fused: list[NodeInfo] = field(default_factory=list)
     # set for a group step (registry.GroupPlugin): `node` and `fused` are its nodes, in graph order
     group: NodeGroup | None = None
+    # nodes before `node` that the plugin applies to its first input as it loads it (prologue_fusion.py)
+    prologue: list[NodeInfo] = field(default_factory=list)
 
     @property
     def ops(self) -> list[str]:
-        return [self.node.op_type, *(n.op_type for n in self.fused)]
+        return [n.op_type for n in self.kernel_nodes]
 
     @property
     def node_names(self) -> list[str]:
-        return [self.node.name, *(n.name for n in self.fused)]
+        return [n.name for n in self.kernel_nodes]
+
+    @property
+    def kernel_nodes(self) -> list[NodeInfo]:
+        """Every node the step's kernel runs, in graph order."""
+        return [*self.prologue, self.node, *self.fused]
 
     def build(self, device: Device, variant: str | None = None) -> Kernel:
         if self.group is not None:
             return self.plugin.build_group(self.group, device, variant)
+        if self.prologue:
+            return self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue)
         return self.plugin.build(self.node, device, variant, fused=self.fused)
 
 
@@ -100,7 +110,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     registry = plugins() if registry is None else registry
     tensors = model.infer(batch) if tensors is None else tensors
     grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
-    consumed_later = _consumers_after(grouping.groups, grouping.fused, model.outputs)
+    consumed_later = _consumers_after(grouping.groups, grouping.fused, model.outputs, grouping.prologues)
     steps: list[Step] = []
     for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo) and group.name in grouping.node_groups:
@@ -112,7 +122,10 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
             followers = grouping.fused[group.name]
             outputs = list((followers[-1] if followers else group).node.output)
             inputs = step_inputs(group, followers, model)
-            steps.append(PluginStep(group.name, group, registry[group.op_type], inputs, outputs, followers))
+            prologue = grouping.prologues.get(group.name, [])
+            if prologue:
+                inputs = prologue_inputs(prologue, registry[group.op_type].prologue_input, inputs, model.initializers)
+            steps.append(PluginStep(group.name, group, registry[group.op_type], inputs, outputs, followers, prologue=prologue))
             continue
         number = sum(isinstance(s, OrtStep) for s in steps) + 1
         nodes = [info.node for info in group]
@@ -135,12 +148,15 @@ class _Grouping:
     node_groups: dict[str, NodeGroup] = field(default_factory=dict)  # lead node name -> its group, for a group step
     fallbacks: dict[str, str] = field(default_factory=dict)
     given_up: dict[str, str] = field(default_factory=dict)
+    prologues: dict[str, list[NodeInfo]] = field(default_factory=dict)  # plugin node name -> the nodes its kernel applies first
 
     @classmethod
     def of(cls, infos: list[NodeInfo], model: Model, device: Device, registry: dict[str, Plugin]) -> "_Grouping":
         grouping, taken = cls(), set()
         readers = _readers(infos)
         made_by = {o: index for index, info in enumerate(infos) for o in info.node.output if o}
+        grouping.prologues = find_prologues(infos, readers, made_by, set(model.outputs), device, registry)
+        taken.update(n.name for chain in grouping.prologues.values() for n in chain)
         for info in infos:
             if info.name in taken:
                 continue
@@ -163,6 +179,7 @@ class _Grouping:
                 grouping.fused[info.name] = followers
                 if why:
                     grouping.given_up[info.name] = why
+                give_way(grouping.prologues, followers, taken)  # an epilogue goes first
                 taken.update(f.name for f in followers)
                 continue
             if plugin:
@@ -363,15 +380,16 @@ def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
         return f"{type(err).__name__}: {err}"
 
 
-def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outputs: list[str]) -> list[set[str]]:
+def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outputs: list[str],
+                     prologues: dict[str, list[NodeInfo]]) -> list[set[str]]:
     """For each group, the tensor names read by any later group (a plugin step's fused
-    followers too: a residual Add reads its other operand) or by the graph's outputs."""
+    followers and prologue too: a residual Add reads its other operand) or by the graph's outputs."""
     needed: set[str] = set(graph_outputs)
     after: list[set[str]] = [set() for _ in groups]
     for index in range(len(groups) - 1, -1, -1):
         after[index] = set(needed)
         group = groups[index]
-        members = [group, *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group
+        members = [*prologues.get(group.name, []), group, *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group
         for info in members:
             needed.update(n for n in info.node.input if n)
     return after

@@ -20,17 +20,21 @@ def draw(spec, residual: bool = False):
     return seed, x, w, b, r
 
 
-def run_and_compare(spec, config, epilogue, x, w, b, r, context):
+def run_and_compare(spec, config, epilogue, x, w, b, r, context, scale=None, x_on_device=None):
+    """`scale`: a prologue's operand (input 4); `x_on_device`: X as given to the kernel (a view), else x copied there."""
     import cupy
 
     kernel = families.build_kernel(spec, config, (w, b), epilogue)
     assert kernel.variant == str(config)  # a Config or its name
     out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
-    inputs = [cupy.asarray(a) for a in (x, w, b)] + ([] if r is None else [cupy.asarray(r)])
+    x_given = cupy.asarray(x) if x_on_device is None else x_on_device
+    inputs = [x_given] + [cupy.asarray(a) for a in (w, b)] + ([] if r is None else [cupy.asarray(r)])
+    if scale is not None:
+        inputs += [None] * (4 - len(inputs)) + [cupy.asarray(scale)]
     [y] = kernel(inputs, None, out=out)
     assert y is out
     got = cupy.asnumpy(y)
     assert not np.isnan(got).any(), f"{context}: {int(np.isnan(got).sum())} outputs never written"
-    expected = reference.expected(spec, epilogue, x, w, b, r)
+    expected = reference.expected(spec, epilogue, x, w, b, r, scale)
     error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} > {MAX_RELATIVE_L2}"

@@ -27,6 +27,7 @@ from ..ops.conv import families, reference
 from ..ops.conv.epilogue import Epilogue
 from ..ops.conv.families import Config
 from ..ops.conv.families.common import Family, Weights
+from ..ops.conv.prologue import PROLOGUE_INPUT
 from ..ops.conv.spec import ConvSpec
 
 # relative L2 error against float64 a result may have and still count as correct
@@ -61,9 +62,14 @@ class Problem:
             shape = spec.output_shape(int(x.shape[0]))
             self.residual = cupy.random.standard_normal(shape, dtype=cupy.float32) if residual is None else residual
             self.inputs = self.inputs[:2] + [self.inputs[2] if b is not None else None, self.residual]
+        self.scale = None
+        if epilogue.prologue and epilogue.prologue.takes_operand:  # then the prologue's scale, input 4 of the step
+            self.scale = cupy.random.uniform(-2.0, 2.0, (int(x.shape[0]), spec.in_channels, 1, 1), dtype=cupy.float32)
+            self.inputs = self.inputs + [None] * (PROLOGUE_INPUT - len(self.inputs)) + [self.scale]
         self.indices = check_indices(int(x.shape[0]))
         r = None if self.residual is None else cupy.asnumpy(self.residual[self.indices])
-        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b, r)
+        s = None if self.scale is None else cupy.asnumpy(self.scale[self.indices])
+        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b, r, s)
 
     @classmethod
     def random(cls, spec: ConvSpec, epilogue: Epilogue, weights: Weights | None = None) -> "Problem":

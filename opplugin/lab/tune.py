@@ -27,8 +27,10 @@ from ..ops.conv import families
 from ..ops.conv.choice import tuning_key
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
+from ..ops.conv.prologue import from_nodes
 from ..ops.conv.spec import ConvSpec
 from ..plan import PluginStep, make_plan
+from ..prologue_fusion import data_input
 from ..texttable import text_table
 from .trial import EXACT_TOLERANCE, Problem, Trial, run_trial
 
@@ -107,8 +109,10 @@ def conv_steps(model: Model, batch: int, device: Device) -> list[tuple[PluginSte
     for step in plan.plugin_steps:
         if step.node.op_type != "Conv":
             continue
-        epilogue = epilogue_of(step.fused) if step.fused else NONE
-        found.append((step, conv_spec(step.node), epilogue or NONE))
+        epilogue = (epilogue_of(step.fused) if step.fused else NONE) or NONE
+        if step.prologue:  # tuned as the fused step runs: the cache keys it by its prologue too
+            epilogue = dataclasses.replace(epilogue, prologue=from_nodes(step.prologue, data_input(step.prologue[0])))
+        found.append((step, conv_spec(step.node), epilogue))
     return found
 
 

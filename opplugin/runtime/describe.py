@@ -76,7 +76,10 @@ def _planned_implementation(plan: Plan, step: Step, variants: Mapping[str, str],
     if step.kind != "plugin":
         return ort_name
     op_type = step.node.op_type
-    named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused)
+    if step.prologue:
+        named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused, prologue=step.prologue)
+    else:
+        named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused)
     return named or f"{op_type} plugin"
 
 

@@ -118,7 +118,7 @@ def reruns_differently(step: PluginStep, kernel: Kernel) -> bool:
     A plain kernel with nothing to give way to would run the same again: not worth watching."""
     if step.node.op_type in NAN_BY_POSITION:
         return True
-    return not kernel.nonfinite_exact and (bool(step.fused) or _exact_variant(step.plugin) is not None)
+    return not kernel.nonfinite_exact and (bool(step.fused or step.prologue) or _exact_variant(step.plugin) is not None)
 
 
 def _exact_variant(plugin: Plugin) -> Callable[[NodeInfo, Device], str] | None:
@@ -146,9 +146,14 @@ def split_fused(plan: Plan) -> Plan:
     steps: list[Step] = []
     for step in plan.steps:
         # a group step (registry.GroupPlugin) stays whole: its kernel follows onnxruntime's NaN and Inf or is watched as one
-        if not isinstance(step, PluginStep) or step.group is not None or not (step.fused or step.node.op_type in NAN_BY_POSITION):
+        if not isinstance(step, PluginStep) or step.group is not None or not (step.fused or step.prologue or step.node.op_type in NAN_BY_POSITION):
             steps.append(step)
             continue
+        if step.prologue:  # the nodes the kernel applied to its input run first, on onnxruntime
+            steps.append(_ort_step(plan, f"{step.name} prologue", [info.node for info in step.prologue], [step.node.node.input[0]]))
+            if not step.fused and step.node.op_type not in NAN_BY_POSITION:
+                steps.append(PluginStep(step.name, step.node, step.plugin, list(step.node.node.input), list(step.outputs)))
+                continue
         if step.node.op_type in NAN_BY_POSITION:
             nodes = [step.node.node, *(info.node for info in step.fused)]
             inputs = outside_inputs(nodes, plan.model)
@@ -162,6 +167,12 @@ def split_fused(plan: Plan) -> Plan:
         sub = sub_model(plan.model, f"{plan.model.name}_{step.name}_epilogue", nodes, inputs, list(step.outputs), plan.tensors)
         steps.append(OrtStep(f"{step.name} epilogue", nodes, inputs, list(step.outputs), sub))
     return Plan(plan.model, plan.batch, plan.device, steps, plan.tensors, dict(plan.fallbacks))
+
+
+def _ort_step(plan: Plan, name: str, nodes: list, outputs: list[str]) -> OrtStep:
+    inputs = outside_inputs(nodes, plan.model)
+    sub = sub_model(plan.model, f"{plan.model.name}_{name.replace(' ', '_')}", nodes, inputs, outputs, plan.tensors)
+    return OrtStep(name, nodes, inputs, outputs, sub)
 
 
 class ExactPath:
@@ -230,7 +241,7 @@ class ExactPath:
         (the plugin's own choice if it cannot be), and where that kernel does not keep NaN and
         Inf either (3xTF32), the variant its plugin names for them (`nonfinite_exact_variant`)."""
         kernel = self.kernels[step.name]
-        was_fused = any(s.name == step.name and s.fused and s.group is None for s in self.plan.plugin_steps)
+        was_fused = any(s.name == step.name and (s.fused or s.prologue) and s.group is None for s in self.plan.plugin_steps)
         if not was_fused and not reruns_differently(step, kernel):
             return kernel
         requested = self.requested_variants.get(step.node.op_type)

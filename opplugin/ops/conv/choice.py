@@ -196,7 +196,7 @@ def shape_signature(spec: ConvSpec, epilogue: Epilogue) -> str:
         f"g{spec.group}",
         "bias" if spec.has_bias else "nobias",
     ]
-    return " ".join(parts) + (f" {epilogue.suffix}" if epilogue.suffix else "")
+    return " ".join(parts) + (f" {epilogue.signature}" if epilogue.signature else "")
 
 
 def tuning_key(spec: ConvSpec, epilogue: Epilogue, gpu: str, version: str | None = None) -> CacheKey:

@@ -15,12 +15,13 @@ output is finished before the pool (`pool_first` False).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..activation import Activation
+from .prologue import Prologue
 
 # where a fused step's kernel finds the residual operand: after the Conv's X, W and B (B may be empty)
 RESIDUAL_INPUT = 3
@@ -35,6 +36,9 @@ class Epilogue:
     activation: Activation | None = None
     pool: tuple[int, int] | None = None  # max pool window = stride (kh, kw), no pads
     residual: bool = False  # an Add of a tensor shaped like the conv output, before the activation
+    # what the kernel applies to each input value it loads (prologue.py): fused work before the Conv,
+    # held here so that every family's choice, limits and macros see it with the rest
+    prologue: Prologue | None = None
 
     def __post_init__(self):
         if isinstance(self.activation, str):
@@ -52,6 +56,17 @@ class Epilogue:
         return "".join(parts)
 
     @property
+    def signature(self) -> str:
+        """The prologue's prefix and the suffix: what the tuning cache keys a fused step by."""
+        return (self.prologue.prefix if self.prologue else "") + self.suffix
+
+    def without_prologue(self) -> "Epilogue":
+        return replace(self, prologue=None)
+
+    def prologue_only(self) -> "Epilogue":
+        return Epilogue(prologue=self.prologue)
+
+    @property
     def pool_first(self) -> bool:
         """Whether a kernel may pool the raw sums and add the bias and activate once per pooled value."""
         return bool(self.pool) and not self.residual and (self.activation is None or self.activation.nondecreasing)
@@ -59,7 +74,8 @@ class Epilogue:
     def defines(self) -> dict[str, int | str]:
         """The -D macros kernels/conv_epilogue.cuh reads (the pool's size is a shape macro)."""
         activation = self.activation.define() if self.activation else {}
-        return activation | {"RESIDUAL": int(self.residual), "POOL_FIRST": int(self.pool_first)}
+        prologue = self.prologue.defines() if self.prologue else {}
+        return activation | prologue | {"RESIDUAL": int(self.residual), "POOL_FIRST": int(self.pool_first)}
 
     def output_size(self, conv_size: tuple[int, ...]) -> tuple[int, ...]:
         """Spatial size after the pool (floor mode drops a partial last window)."""
@@ -117,5 +133,6 @@ NONE = Epilogue()
 
 
 def kernel_name(variant: str, epilogue: Epilogue = NONE) -> str:
-    """A Conv kernel's name in reports: "conv.<configured name><epilogue>", e.g. "conv.const_mo_m4+relu"."""
-    return f"conv.{variant}{epilogue.suffix}"
+    """A Conv kernel's name in reports: "conv.<prologue><configured name><epilogue>", e.g. "conv.const_mo_m4+relu",
+    "conv.bn_relu*tc_3xtf32_b64x128x32_w32x64_s3"."""
+    return f"conv.{epilogue.prologue.prefix if epilogue.prologue else ''}{variant}{epilogue.suffix}"

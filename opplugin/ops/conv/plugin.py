@@ -2,18 +2,20 @@
 with the residual Add, activation and max pool that follow a Conv fused into its kernel."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
 from ...device import Device
 from ...errors import PluginError
+from ...prologue_fusion import data_input
 from ...registry import Kernel, NodeInfo, Plugin
 from ..described import spec_of
 from .. import activation
 from . import reference
 from .epilogue import NONE, RESIDUAL_INPUT, Epilogue, kernel_name
+from .prologue import PROLOGUE_INPUT, from_nodes
 from .spec import ConvSpec
 
 
@@ -33,25 +35,33 @@ class ReferenceConvKernel(Kernel):
         return self.spec.bytes_moved(batch)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
-        x, w = inputs[0], inputs[1]
+        x, w = prologue_applied(inputs, self.epilogue), inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
         y = reference.conv(x, w, b, self.spec.strides, self.spec.pads, self.spec.dilations, self.spec.group)
         return [self.epilogue.apply(y.astype(np.float32, copy=False), residual_operand(inputs, self.epilogue))]
 
 
-def unfused_name(conv_name: str, epilogue: Epilogue) -> str:
-    return f"{conv_name}, then cupy{epilogue.suffix}"
+def unfused_name(conv_name: str, epilogue: Epilogue, kernel_epilogue: Epilogue = NONE) -> str:
+    """The name of a kernel of `kernel_epilogue` run with the rest of `epilogue` in CuPy: a prologue
+    it does not apply before it, an output part it does not fuse after it."""
+    before = epilogue.prologue if kernel_epilogue.prologue is None else None
+    name = f"cupy {before.prefix.rstrip('*')}, then {conv_name}" if before else conv_name
+    unfused_after = epilogue.without_prologue() != kernel_epilogue.without_prologue()
+    return f"{name}, then cupy{epilogue.suffix}" if unfused_after else name
 
 
 class UnfusedEpilogueKernel(Kernel):
     """A CUDA variant without a fused epilogue, followed by the epilogue as CuPy
-    array operations: what a chosen variant that cannot fuse still runs as."""
+    array operations: what a chosen variant that cannot fuse still runs as. A
+    prologue the variant does not apply goes before it the same way."""
 
     def __init__(self, conv_kernel: Kernel, epilogue: Epilogue):
         self.conv = conv_kernel
         self.spec = conv_kernel.spec
         self.epilogue = epilogue
-        self.name = unfused_name(conv_kernel.name, epilogue)
+        fused = getattr(conv_kernel, "epilogue", NONE)  # what the conv's own kernel applies
+        self.prologue_before = epilogue.prologue if fused.prologue is None else None
+        self.name = unfused_name(conv_kernel.name, epilogue, fused)
         # see ConvKernel.nonfinite_exact; the conv's own kernel may not promise it either (3xTF32)
         self.nonfinite_exact = epilogue.pool is None and conv_kernel.nonfinite_exact
         self.variant = conv_kernel.variant
@@ -68,9 +78,16 @@ class UnfusedEpilogueKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         from ... import cuda
 
-        [y] = self.conv(inputs[:RESIDUAL_INPUT], stream)
+        import cupy
+
         with cuda.on_stream(stream):
-            return [self.epilogue.apply_cupy(y, residual_operand(inputs, self.epilogue))]
+            x = prologue_applied(inputs, Epilogue(prologue=self.prologue_before), cupy)
+            conv_inputs = [x, *inputs[1:RESIDUAL_INPUT]]
+            if not self.prologue_before and self.epilogue.prologue:  # the conv applies the prologue: give it its operand
+                conv_inputs += [None] * (PROLOGUE_INPUT - RESIDUAL_INPUT) + list(inputs[PROLOGUE_INPUT:PROLOGUE_INPUT + 1])
+        [y] = self.conv(conv_inputs, stream)
+        with cuda.on_stream(stream):
+            return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
 class ConvPlugin(Plugin):
@@ -127,15 +144,37 @@ class ConvPlugin(Plugin):
                 return count
         return 0
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
-        choice = self._choose(node, device, variant, fused)
+    # where a fused prologue's operand comes in the step's inputs (prologue.py)
+    prologue_input = PROLOGUE_INPUT
+
+    def fuse_prologue(self, node: NodeInfo, chain: Sequence[NodeInfo], data: str, device: Device) -> bool:
+        """Whether this plugin runs `chain` (pointwise nodes in graph order from the tensor `data`, the last
+        one writing the Conv's X) inside the Conv's kernel: when the nodes make a Prologue and, on a GPU,
+        the family the Conv would get without them applies it."""
+        prologue = from_nodes(chain, data)
+        if prologue is None:
+            return False
+        if not device.is_cuda:
+            return True
+        from . import families
+        from .choice import choose_config
+
+        spec, weights = conv_spec(node), constant_weights(node)
+        plain = choose_config(spec, weights, NONE, device)
+        return families.family_of(plain).takes_prologue and families.checked(spec, plain, weights, Epilogue(prologue=prologue))[1] is None
+
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = ()) -> str:
+        choice = self._choose(node, device, variant, fused, prologue)
         if choice.config is None:
             return kernel_name("reference", choice.epilogue)
-        name = kernel_name(choice.config.name(), choice.kernel_epilogue)
-        return name if choice.kernel_epilogue == choice.epilogue else unfused_name(name, choice.epilogue)
+        if choice.kernel_epilogue == choice.epilogue:
+            return kernel_name(choice.config.name(), choice.kernel_epilogue)
+        return unfused_name(kernel_name(choice.config.name(), choice.kernel_epilogue), choice.epilogue, choice.kernel_epilogue)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        choice = self._choose(node, device, variant, fused)
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = ()) -> Kernel:
+        choice = self._choose(node, device, variant, fused, prologue)
         if choice.config is None:
             return ReferenceConvKernel(choice.spec, choice.epilogue)
         from . import families
@@ -143,12 +182,18 @@ class ConvPlugin(Plugin):
         kernel = families.build_checked(choice.spec, choice.config, choice.weights, choice.kernel_epilogue)
         return kernel if choice.kernel_epilogue == choice.epilogue else UnfusedEpilogueKernel(kernel, choice.epilogue)
 
-    def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> "_Choice":
+    def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
+                prologue: Sequence[NodeInfo] = ()) -> "_Choice":
         """What `build` makes for the node, decided without compiling anything."""
         spec = conv_spec(node)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
             raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
+        if prologue:
+            taken = from_nodes(prologue, data_input(prologue[0]))
+            if taken is None:
+                raise PluginError(f"Conv {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
+            epilogue = replace(epilogue, prologue=taken)
         if not device.is_cuda:
             if variant not in (None, "reference"):
                 from .families import parse
@@ -165,8 +210,9 @@ class ConvPlugin(Plugin):
             wanted = family if config is None else config
         else:
             wanted = choose_config(spec, weights, epilogue, device)
-        # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel
-        for kernel_epilogue in dict.fromkeys((epilogue, NONE)):
+        # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel,
+        # and one that applies no prologue runs that before the kernel
+        for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
             config, reason = families.checked(spec, wanted, weights, kernel_epilogue)
             if reason is None:
                 return _Choice(spec, epilogue, config, kernel_epilogue, weights)
@@ -195,6 +241,19 @@ def describe(node: NodeInfo) -> ConvSpec:
 def conv_spec(node: NodeInfo) -> ConvSpec:
     """The node's ConvSpec: the plan's record of it, or (for a NodeInfo made by hand) made now."""
     return spec_of(node, describe)
+
+
+def prologue_applied(inputs: Sequence[Any], epilogue: Epilogue, xp: Any = np) -> Any:
+    """The Conv's X: the step's first input with the epilogue's prologue applied (as it is without one)."""
+    x = inputs[0]
+    if epilogue.prologue is None:
+        return x
+    scale = None
+    if epilogue.prologue.takes_operand:
+        if len(inputs) <= PROLOGUE_INPUT or inputs[PROLOGUE_INPUT] is None:
+            raise PluginError(f"the prologue {epilogue.prologue.prefix} needs its scale operand, input {PROLOGUE_INPUT} of the step")
+        scale = inputs[PROLOGUE_INPUT]
+    return epilogue.prologue.apply(x, scale, xp)
 
 
 def residual_operand(inputs: Sequence[Any], epilogue: Epilogue) -> Any:

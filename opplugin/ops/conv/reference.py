@@ -73,9 +73,13 @@ def conv(
 
 
 def expected(spec: "ConvSpec", epilogue: "Epilogue", x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-             residual: np.ndarray | None = None) -> np.ndarray:
-    """The oracle: the step's output (conv, then the epilogue with its residual operand)
-    computed in float64 from float32 inputs, for checking a kernel that runs `spec` with `epilogue`."""
+             residual: np.ndarray | None = None, scale: np.ndarray | None = None) -> np.ndarray:
+    """The oracle: the step's output (the epilogue's prologue on x, with its scale operand; conv;
+    then the epilogue with its residual operand) computed in float64 from float32 inputs, for
+    checking a kernel that runs `spec` with `epilogue`."""
     as64 = None if b is None else np.asarray(b, np.float64)
-    y = conv(np.asarray(x, np.float64), np.asarray(w, np.float64), as64, spec.strides, spec.pads, spec.dilations, spec.group)
+    x = np.asarray(x, np.float64)
+    if epilogue.prologue:
+        x = epilogue.prologue.apply(x, None if scale is None else np.asarray(scale, np.float64))
+    y = conv(x, np.asarray(w, np.float64), as64, spec.strides, spec.pads, spec.dilations, spec.group)
     return epilogue.apply(y, None if residual is None else np.asarray(residual, np.float64))

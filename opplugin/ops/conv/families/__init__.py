@@ -106,7 +106,9 @@ def _shared_reason(spec: ConvSpec, family: Family, epilogue: Epilogue) -> str | 
             f"filters and bias need {constant_bytes(spec)} bytes, more than the 64 KiB "
             f"({CONSTANT_MEMORY_BYTES} bytes) of __constant__ memory"
         )
-    if epilogue != NONE and not family.fuses:
+    if epilogue.prologue and not family.takes_prologue:
+        return f"{family.name} applies no prologue ({epilogue.prologue.prefix.rstrip('*')}) to its input"
+    if epilogue.without_prologue() != NONE and not family.fuses:
         return f"{family.name} has no fused epilogue ({epilogue.suffix.lstrip('+')})"
     return None
 

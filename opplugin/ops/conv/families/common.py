@@ -24,6 +24,7 @@ from ....errors import PluginError
 from ....registry import Kernel
 from ...config_grammar import Config
 from ..epilogue import NONE, RESIDUAL_INPUT, Epilogue, kernel_name
+from ..prologue import PROLOGUE_INPUT
 from ..spec import ConvSpec
 
 CONSTANT_MEMORY_BYTES = 64 * 1024  # the __constant__ space of every CUDA device so far
@@ -206,6 +207,7 @@ class Family:
     exact_by: str = "construction"
     constant_weights: bool = False  # filters go into __constant__ memory at build time
     fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
+    takes_prologue: bool = False  # can apply a Prologue (prologue.py) to the input values it loads
     config_type: type[Config] = Config  # no fields: the family's name is its one configuration
 
     def __init_subclass__(cls, **kwargs):
@@ -252,6 +254,8 @@ class ConvKernel(Kernel):
     out_view = "contiguous"  # __call__ takes out= (registry.Kernel)
     # the kernel takes a pointer to the residual operand after the weights' (null without one): the fusing families
     residual_parameter = False
+    # ... and then one to the prologue's operand (null without a prologue): the families that take a prologue
+    prologue_parameter = False
 
     def __init__(self, spec: ConvSpec, config: Config, functions: Sequence[Any], epilogue: Epilogue = NONE, *, alignment: int = 4):
         self.spec = spec
@@ -306,12 +310,12 @@ class ConvKernel(Kernel):
         if batch * math.prod(spec.out_size) > INT32_MAX:
             raise PluginError(f"{self.name}: batch {batch} is too large for 32-bit indexing; split the batch")
         with cuda.on_stream(stream):
-            x = cupy.ascontiguousarray(x)
-            if x.data.ptr % self.alignment:
-                x = x.copy()  # a fresh allocation is aligned for the kernel's vector loads
+            x = self._input_array(cupy, x)
             weights = self._weight_args(cupy, inputs) if self.reads_weights else ()
             if self.residual_parameter:
                 weights += (self._residual_arg(cupy, inputs, batch),)
+            if self.prologue_parameter:
+                weights += (self._prologue_arg(cupy, inputs, batch),)
             y = self._output(cupy, out, batch)
             target = y if y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
             if batch:
@@ -320,10 +324,35 @@ class ConvKernel(Kernel):
                 y[...] = target
         return [y]
 
+    def _input_array(self, cupy: Any, x: Any) -> Any:
+        """X as the kernel reads it: contiguous, aligned for its vector loads."""
+        x = cupy.ascontiguousarray(x)
+        return x if x.data.ptr % self.alignment == 0 else x.copy()  # a fresh allocation is aligned
+
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
         """Launch on x into y; `weights` are the pointer arguments between them: (w, b) when the
-        kernel reads its weights, then the residual's when it takes one."""
+        kernel reads its weights, then the residual's when it takes one, then the prologue's."""
         raise NotImplementedError
+
+    _prologue_constants: Any = None  # an affine prologue's a and b on the device, uploaded at the first call
+
+    def _prologue_arg(self, cupy: Any, inputs: Sequence[Any], batch: int) -> Any:
+        """The prologue's operand: the scale s as a contiguous (batch, C) device array, an affine's
+        constants (a then b), or a null pointer without a prologue."""
+        prologue = self.epilogue.prologue
+        if prologue is None:
+            return np.uint64(0)
+        if not prologue.takes_operand:
+            if self._prologue_constants is None:
+                self._prologue_constants = cupy.asarray(prologue.constants())
+            return self._prologue_constants
+        if len(inputs) <= PROLOGUE_INPUT or inputs[PROLOGUE_INPUT] is None:
+            raise PluginError(f"{self.name}: the prologue's scale operand (input {PROLOGUE_INPUT}) is missing from the inputs")
+        s = checked_array(cupy, inputs[PROLOGUE_INPUT], "prologue scale operand", self.name)
+        shape = (batch, self.spec.in_channels, 1, 1)
+        if tuple(s.shape) != shape:
+            raise PluginError(f"{self.name}: the prologue's scale operand has shape {tuple(s.shape)}, expected {shape}")
+        return cupy.ascontiguousarray(s)
 
     def _residual_arg(self, cupy: Any, inputs: Sequence[Any], batch: int) -> Any:
         """The residual operand as a contiguous, aligned device array; a null pointer without one."""

@@ -157,6 +157,7 @@ class PipelinedGemm(Family):
     `tile_config`, `configs` (each tile's config with a K split: `with_split`) and `compile_units`."""
 
     fuses = True  # bias, a residual Add and an activation; not the max pool
+    takes_prologue = True  # a scale or affine + activation on each B value it loads (prologue_b_slice)
     split = False  # 3xTF32: each operand split into two TF32 parts (an infinite input turns into NaN)
     tiles: dict[tuple[int, int], Any] = {}
 
@@ -198,6 +199,10 @@ class PipelinedGemmKernel(ConvKernel):
 
     reads_weights = True
     residual_parameter = True
+    prologue_parameter = True
+    # X may be a view whose images lie apart (a channel slice of a Concat's buffer): the kernel takes
+    # the distance between images as an argument (registry.Kernel)
+    in_views = True
 
     @property
     def nonfinite_exact(self) -> bool:
@@ -230,15 +235,27 @@ class PipelinedGemmKernel(ConvKernel):
         self._geometries[batch] = grid, self.workspace_bytes(batch) // 4, min(-(-outputs // REDUCE_BLOCK), 65535)
         return self._geometries[batch]
 
+    def _input_array(self, cupy: Any, x: Any) -> Any:
+        """X as it is where each image's C x H x W values are contiguous and the images lie a multiple
+        of the alignment apart (the kernel is given that distance); else a contiguous copy."""
+        if x.ndim == 4 and x.shape[0] > 1 and x.data.ptr % self.alignment == 0:
+            image = x.strides[0]
+            per_image = cupy.ndarray(x.shape[1:], x.dtype, x.data, strides=x.strides[1:])
+            if per_image.flags.c_contiguous and image >= per_image.nbytes and image % self.alignment == 0:
+                return x
+        return super()._input_array(cupy, x)
+
     def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
         import cupy
 
-        w, b, r = weights
+        w, b, r, pro = weights
+        x_image = x.strides[0] // 4 if batch > 1 else int(np.prod(x.shape[1:]))
         if w.data.ptr % self.weight_alignment:
             w = w.copy()
         grid, workspace, reduce_blocks = self._geometry(batch)
         partial = cupy.empty(workspace, dtype=cupy.float32) if self.splits > 1 else None
         target = np.uint64(0) if partial is None else partial
-        self._gemm(grid, (self.config.threads, 1, 1), (x, w, b, r, y, target, np.int32(batch)), shared_mem=self._shared)
+        self._gemm(grid, (self.config.threads, 1, 1), (x, w, b, r, pro, y, target, np.int32(batch), np.int32(x_image)),
+                   shared_mem=self._shared)
         if partial is not None:
             self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch)))

@@ -259,6 +259,8 @@ RESIDUAL_STEPS = {
     # the grouped and depthwise families with the activations their models fuse
     "resnext50 g32 3x3 128ch 56+relu": (CNN_SPECS["resnext50 g32 3x3 128ch 56"], Epilogue("Relu")),
     "efficientnetb0 dw 5x5 672ch 14+silu": (CNN_SPECS["efficientnetb0 dw 5x5 672ch 14"], Epilogue(Activation("Silu"))),
+    # a squeeze-and-excitation Conv on a 1x1 map: the dense families (the Gemm kernels, activation only)
+    "efficientnetb0 se 480->20 1x1 map+silu": (conv(32, 480, 20, (1, 1), (1, 1)), Epilogue(Activation("Silu"))),
     # the blocked families' pools after a residual or a non-monotone activation (each output finished first)
     "lenet86.conv2+add+relu+maxpool4": (SHAPES["lenet86.conv2"], Epilogue("Relu", (4, 4), residual=True)),
     "lenet86.conv1+hardswish+maxpool2": (SHAPES["lenet86.conv1"], Epilogue("HardSwish", (2, 2))),

@@ -7,20 +7,31 @@ def _segment(name: str, steps: tuple[str, ...]) -> SegmentGraph:
     return SegmentGraph(name, steps, graph=None, inputs={}, outputs={}, pool=None)
 
 
+# runs of steps as a lane meets them: (first step, chunk rows, kept outputs)
+EIGHT, FOUR = (0, 8, frozenset()), (0, 4, frozenset())
+
+
 def test_a_run_is_due_for_capture_the_second_time_it_is_met_and_never_after_a_failure():
     graphs = SegmentGraphs()
-    assert not graphs.due((0, 8)) and graphs.due((0, 8))  # the first pass runs eagerly
-    assert not graphs.due((0, 4))
-    graphs.add((0, 8), _segment("graph conv1..fc (3 steps)", ("conv1", "conv2", "fc")))
-    assert not graphs.due((0, 8)) and graphs.get((0, 8)).steps == ("conv1", "conv2", "fc")
-    assert graphs.due((0, 4))
-    graphs.fail((0, 4), "RuntimeError: the kernel synchronises")
-    assert not graphs.due((0, 4)) and graphs.get((0, 4)) is None
-    assert graphs.captured() == [(0, 8)]
-    assert graphs.failures() == {(0, 4): "RuntimeError: the kernel synchronises"}
+    assert not graphs.due(EIGHT) and graphs.due(EIGHT)  # the first pass runs eagerly
+    assert not graphs.due(FOUR)
+    graphs.add(EIGHT, _segment("graph conv1..fc (3 steps)", ("conv1", "conv2", "fc")))
+    assert not graphs.due(EIGHT) and graphs.get(EIGHT).steps == ("conv1", "conv2", "fc")
+    assert graphs.due(FOUR)
+    graphs.fail(FOUR, "RuntimeError: the kernel synchronises")
+    assert not graphs.due(FOUR) and graphs.get(FOUR) is None
+    assert graphs.captured() == [EIGHT]
+    assert graphs.failures() == {FOUR: "RuntimeError: the kernel synchronises"}
     assert graphs.named_steps() == {"graph conv1..fc (3 steps)": ("conv1", "conv2", "fc")}
     graphs.clear()
-    assert graphs.captured() == [] and graphs.failures() == {} and not graphs.due((0, 8))
+    assert graphs.captured() == [] and graphs.failures() == {} and not graphs.due(EIGHT)
+
+
+def test_a_run_that_keeps_an_intermediate_is_a_run_of_its_own():
+    graphs = SegmentGraphs()
+    graphs.add(EIGHT, _segment("graph conv1..fc (3 steps)", ("conv1", "conv2", "fc")))
+    keeping = (0, 8, frozenset({"conv1_out"}))  # the graph of EIGHT does not return conv1's output
+    assert graphs.get(keeping) is None and not graphs.due(keeping) and graphs.due(keeping)
 
 
 def test_graph_names_say_their_first_and_last_step():
@@ -118,18 +129,18 @@ def test_a_runner_asks_for_graphs_by_default_and_runs_eagerly_on_the_cpu_without
 
 def test_a_run_gets_a_timed_and_an_untimed_graph_the_second_sharing_the_firsts_buffers():
     graphs = SegmentGraphs()
-    assert not graphs.due((0, 8), timed=False)  # first met (in either kind): eager
+    assert not graphs.due((0, 8, frozenset()), timed=False)  # first met (in either kind): eager
     timed = SegmentGraph("graph conv1..fc (2 steps)", ("conv1", "fc"), graph=None, inputs={"x": "buffer"}, outputs={},
                          pool="pool", timed=True)
-    assert graphs.due((0, 8), timed=True)
-    graphs.add((0, 8), timed)
-    assert graphs.get((0, 8), timed=True) is timed and graphs.get((0, 8), timed=False) is None
-    assert graphs.due((0, 8), timed=False) and not graphs.due((0, 8), timed=True)
-    assert graphs.sibling((0, 8), timed=False) is timed and graphs.sibling((0, 8), timed=True) is None
-    graphs.add((0, 8), SegmentGraph(timed.name, timed.steps, graph=None, inputs=timed.inputs, outputs={}, pool=timed.pool,
+    assert graphs.due((0, 8, frozenset()), timed=True)
+    graphs.add((0, 8, frozenset()), timed)
+    assert graphs.get((0, 8, frozenset()), timed=True) is timed and graphs.get((0, 8, frozenset()), timed=False) is None
+    assert graphs.due((0, 8, frozenset()), timed=False) and not graphs.due((0, 8, frozenset()), timed=True)
+    assert graphs.sibling((0, 8, frozenset()), timed=False) is timed and graphs.sibling((0, 8, frozenset()), timed=True) is None
+    graphs.add((0, 8, frozenset()), SegmentGraph(timed.name, timed.steps, graph=None, inputs=timed.inputs, outputs={}, pool=timed.pool,
                                     timed=False))
-    assert not graphs.due((0, 8), timed=False) and graphs.get((0, 8), timed=False).pool == "pool"
-    assert graphs.captured() == [(0, 8)] and graphs.named_steps() == {timed.name: ("conv1", "fc")}
+    assert not graphs.due((0, 8, frozenset()), timed=False) and graphs.get((0, 8, frozenset()), timed=False).pool == "pool"
+    assert graphs.captured() == [(0, 8, frozenset())] and graphs.named_steps() == {timed.name: ("conv1", "fc")}
 
 
 def test_an_untimed_replay_leaves_its_steps_without_rows_and_a_profile_takes_its_wall_clock_from_it():

@@ -60,6 +60,22 @@ def test_untimed_replays_time_the_run_and_timed_ones_its_steps():
     assert len(profile.total_ms) == 7 and untimed_ms <= timed_ms + EVENT_SLACK_MS
 
 
+def test_a_run_that_keeps_an_intermediate_after_replays_gets_it_from_a_graph_of_its_own():
+    model = load_model("lenet86")
+    runner = Runner(model, 32, "cuda", chunk=32, streams=1)
+    eager = Runner(model, 32, "cuda", chunk=32, streams=1, cuda_graphs=False)
+    inner = runner.plan.plugin_steps[0].outputs[0]  # read by the next step only: inside the replayed graph
+    for seed in range(3):  # eager, then captured, then replayed
+        runner.run(make_inputs(model, 32, "random", seed=seed).feeds)
+    for seed in range(3, 6):  # the kept run is met anew: eager, captured, replayed
+        feeds = make_inputs(model, 32, "random", seed=seed).feeds
+        kept, expected = runner.run(feeds, keep=(inner,)), eager.run(feeds, keep=(inner,))
+        np.testing.assert_array_equal(kept.kept[inner], expected.kept[inner])
+        np.testing.assert_array_equal(kept.outputs["probabilities"], expected.outputs["probabilities"])
+    [lane] = runner.scheduler.lanes
+    assert {key[2] for key in lane.graphs.captured()} == {frozenset(), frozenset({inner})}
+
+
 def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
     model = load_model("lenet86")
     runner = Runner(model, 1000, "cuda", chunk=300, streams=2)  # chunks of 300 and a last one of 100
@@ -67,7 +83,7 @@ def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
     for seed in range(3):
         feeds = make_inputs(model, 1000, "random", seed=seed).feeds
         np.testing.assert_array_equal(runner.run(feeds).outputs["probabilities"], eager.run(feeds).outputs["probabilities"])
-    sizes = {rows for lane in runner.scheduler.lanes for (_first, rows) in lane.graphs.captured()}
+    sizes = {rows for lane in runner.scheduler.lanes for (_first, rows, _kept) in lane.graphs.captured()}
     assert sizes == {300, 100}
 
 

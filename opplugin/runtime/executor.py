@@ -261,7 +261,10 @@ class PlanExecutor:
         """Runs the steps as this lane's CUDA graph for them at this chunk size, timed step by step
         or not (`step_times`), captured the second time they are met; False (run them eagerly) the
         first time and when the capture failed."""
-        key = (indices.start, batch)
+        # a graph returns only what is read after its steps: a run that keeps one of their
+        # intermediates (run(keep=...), check) needs a graph of its own that returns it too
+        kept = frozenset(name for index in indices for name in self.plan.steps[index].outputs if name in held)
+        key = (indices.start, batch, kept)
         timed = step_times and self._steps_timed_in_graphs()
         segment = lane.graphs.get(key, timed)
         if segment is None and lane.graphs.due(key, timed):
@@ -292,7 +295,7 @@ class PlanExecutor:
         return dying
 
     def _capture(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], outside: list[str],
-                 key: tuple[int, int], flagged: bool, timed: bool) -> SegmentGraph | None:
+                 key: GraphKey, flagged: bool, timed: bool) -> SegmentGraph | None:
         """The steps' graph (`timed`: with the events that time each step), kept in lane.graphs, or None
         (the reason kept there) when they cannot be captured. With `flagged`, the graph flags its watched
         outputs (NaN or Inf) into a buffer of its own, copied out after each replay. A run's second graph

@@ -66,24 +66,29 @@ class SegmentGraph:
         return self.outputs
 
 
+# a run of steps as one lane meets it: its first step, the chunk's rows, and the tensors among
+# its steps' outputs that the run must return although no later step reads them (kept ones)
+GraphKey = tuple[int, int, frozenset]
+
+
 class SegmentGraphs:
-    """The graphs of one lane, by key (first step, chunk rows) and whether they time their steps,
+    """The graphs of one lane, by key (GraphKey) and whether they time their steps,
     and the runs that could not be captured. A run gets its graph the second time it is met
     (see `due`); its timed and untimed graphs are captured as runs ask for them."""
 
     def __init__(self) -> None:
-        self._graphs: dict[tuple[int, int, bool], SegmentGraph] = {}
-        self._seen: set[tuple[int, int]] = set()
-        self._failed: dict[tuple[int, int], str] = {}
+        self._graphs: dict[tuple[int, int, frozenset, bool], SegmentGraph] = {}
+        self._seen: set[GraphKey] = set()
+        self._failed: dict[GraphKey, str] = {}
 
-    def get(self, key: tuple[int, int], timed: bool = True) -> SegmentGraph | None:
+    def get(self, key: GraphKey, timed: bool = True) -> SegmentGraph | None:
         return self._graphs.get((*key, timed))
 
-    def sibling(self, key: tuple[int, int], timed: bool) -> SegmentGraph | None:
+    def sibling(self, key: GraphKey, timed: bool) -> SegmentGraph | None:
         """The run's graph of the other kind, whose input buffers and pool a new capture shares."""
         return self._graphs.get((*key, not timed))
 
-    def due(self, key: tuple[int, int], timed: bool = True) -> bool:
+    def due(self, key: GraphKey, timed: bool = True) -> bool:
         """Whether to capture the run at `key` (timed or not) now: not the first time it is met
         (that pass runs eagerly), nor after its capture failed, nor when it has that graph."""
         if key in self._failed or (*key, timed) in self._graphs:
@@ -93,18 +98,18 @@ class SegmentGraphs:
             return False
         return True
 
-    def add(self, key: tuple[int, int], segment: SegmentGraph) -> None:
+    def add(self, key: GraphKey, segment: SegmentGraph) -> None:
         self._graphs[(*key, segment.timed)] = segment
 
-    def fail(self, key: tuple[int, int], why: str) -> None:
+    def fail(self, key: GraphKey, why: str) -> None:
         """The run at `key` cannot be captured (`why`): it stays eager."""
         self._failed[key] = why
 
-    def captured(self) -> list[tuple[int, int]]:
+    def captured(self) -> list[GraphKey]:
         """The keys of the runs that have a graph."""
-        return list(dict.fromkeys((first, rows) for first, rows, _timed in self._graphs))
+        return list(dict.fromkeys(key[:-1] for key in self._graphs))
 
-    def failures(self) -> dict[tuple[int, int], str]:
+    def failures(self) -> dict[GraphKey, str]:
         return dict(self._failed)
 
     def named_steps(self) -> dict[str, tuple[str, ...]]:

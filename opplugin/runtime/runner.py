@@ -243,7 +243,7 @@ class Runner:
     def graph_failures(self) -> dict[str, str]:
         """Runs of plugin steps that could not be captured as CUDA graphs: first step -> why."""
         return {self.plan.steps[first].name: why
-                for lane in self.scheduler.lanes for (first, _rows), why in lane.graphs.failures().items()}
+                for lane in self.scheduler.lanes for (first, _rows, _kept), why in lane.graphs.failures().items()}
 
     def chunks_for(self, batch: int) -> int:
         """How many chunks a run of `batch` images takes now."""

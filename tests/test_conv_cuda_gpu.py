@@ -173,13 +173,16 @@ def test_vector_loads_and_stores_take_misaligned_arrays():
     assert_close(y, expected_output(spec, x, w, b), f"{kernel.name} on misaligned arrays (seed {seed})")
 
 
+DENSE_LAYER = conv(3, 20, 12, (7, 7), (7, 7))  # the filter covers the whole map: one output per map and image
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", EXACT)
 def test_new_output_on_a_side_stream(variant):
     import cupy
 
-    # the depthwise and grouped families run grouped layers only
-    cases = [CASES[case] for case in ("stride2_asym_pads_odd", "depthwise_dilation2", "group2_stride2")]
+    # the depthwise and grouped families run grouped layers only, the dense ones dense layers (a filter over the whole map)
+    cases = [CASES[case] for case in ("stride2_asym_pads_odd", "depthwise_dilation2", "group2_stride2")] + [DENSE_LAYER]
     spec = next(spec for spec in cases if families.unsupported_reason(spec, variant, random_problem(spec)[2:]) is None)
     seed, x, w, b = random_problem(spec)
     kernel = families.build_kernel(spec, variant, (w, b))

@@ -7,6 +7,7 @@ from opplugin.check import check
 from opplugin.data import make_inputs
 from opplugin.model import load_model
 from opplugin.ops.conv import families
+from opplugin.ops.conv.families.dense import FAMILIES as DENSE_FAMILIES
 from opplugin.runtime import Runner
 
 pytestmark = pytest.mark.gpu
@@ -27,8 +28,12 @@ def test_shipped_model_on_all_test_images_matches_onnxruntime(name):
     assert result.accuracy == result.reference_accuracy
 
 
-# every exact family but depthwise and grouped, which run grouped Convs only (test_grouped_gpu.py runs them in models)
-@pytest.mark.parametrize("variant", [name for name, family in families.FAMILIES.items() if family.exact and name not in ("depthwise", "grouped")])
+# every exact family but those that take one kind of Conv only: depthwise and grouped (test_grouped_gpu.py runs
+# them in models) and the dense ones, a filter over the whole map (test_conv_dense_gpu.py runs them in an SE block)
+ONE_KIND_ONLY = ("depthwise", "grouped", *(family.name for family in DENSE_FAMILIES))
+
+
+@pytest.mark.parametrize("variant", [name for name, family in families.FAMILIES.items() if family.exact and name not in ONE_KIND_ONLY])
 def test_every_variant_runs_the_tiny_model(variant, tiny_model_path):
     model = load_model(tiny_model_path)
     runner = Runner(model, 9, "cuda", variants={"Conv": variant})

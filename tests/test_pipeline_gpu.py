@@ -101,11 +101,14 @@ def test_out_of_memory_halves_the_chunk_then_fails_clearly(lenet):
         result = runner.run(feeds)
         assert runner.chunk_retries >= 1 and result.chunks > 1
         _assert_same_run(runner, result.outputs["probabilities"], expected)
+        # a runner that has run holds its CUDA graphs and their buffers, and may need no new memory
+        # at all: a fresh one (its weights on the device already) must find none for a chunk
+        fresh = Runner(model, 3000, "cuda", streams=3)
         gc.collect()
         pool.free_all_blocks()  # the limit counts the blocks the pool keeps for reuse too
         pool.set_limit(size=pool.used_bytes() + 1024)
         with pytest.raises(OutOfDeviceMemory, match="out of device memory even with chunks of 1 image"):
-            runner.run(feeds)
+            fresh.run(feeds)
     finally:
         pool.set_limit(size=0)
     runner.chunk = 512

@@ -398,9 +398,12 @@ def _runs_of_steps(plan: Plan) -> list[range]:
 
 
 class ChunkScheduler:
-    """Hands the chunks of a run to the lanes: one thread per lane, each taking the
-    next chunk as soon as its lane is free. The threads are made at first need and
-    live as long as the scheduler."""
+    """Hands the chunks of a run to the lanes: one thread per lane, lane k taking chunks
+    k, k + n, k + 2n, ... of n lanes. Chunks are equal but for the last, so a fixed hand-out
+    balances as well as a first-free one, and a batch size always meets the same lanes with
+    the same chunk sizes: their CUDA graphs (one per lane and chunk size) are all captured
+    by the time a batch size has run twice. The threads are made at first need and live as
+    long as the scheduler."""
 
     def __init__(self, lanes: Sequence[Lane]):
         self.lanes = list(lanes)
@@ -426,27 +429,25 @@ class ChunkScheduler:
         self._run_on_threads(chunks, work, done)
 
     def _run_on_threads(self, chunks: Sequence[slice], work: Callable[[Lane, int, slice], None], done: _ImagesDone) -> None:
-        queue = iter(list(enumerate(chunks)))
-        queue_lock = threading.Lock()
+        lanes = self.lanes[: len(chunks)]
         stop = threading.Event()
         errors: list[BaseException] = []
 
-        def lane_loop(lane: Lane) -> None:
+        def lane_loop(first: int) -> None:
+            lane = lanes[first]
             with lane.activate():
-                while not stop.is_set():
-                    with queue_lock:
-                        item = next(queue, None)
-                    if item is None:
+                for index in range(first, len(chunks), len(lanes)):
+                    if stop.is_set():
                         return
                     try:
-                        work(lane, *item)
+                        work(lane, index, chunks[index])
                     except BaseException as err:  # handed to the caller below
                         stop.set()
                         errors.append(err)
                         return
-                    done.add(item[1])
+                    done.add(chunks[index])
 
-        futures = [self._threads().submit(lane_loop, lane) for lane in self.lanes[: len(chunks)]]
+        futures = [self._threads().submit(lane_loop, first) for first in range(len(lanes))]
         try:
             for future in futures:
                 future.result()

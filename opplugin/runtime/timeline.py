@@ -78,7 +78,11 @@ class Timeline:
     def spans(self) -> list[Span]:
         """Every span, in chunk order and within a chunk in execution order (waits for the device)."""
         if self.on_gpu:
-            cuda.synchronize()
+            # each lane's last event, not the whole device: another runner's stream may be capturing
+            # a graph (run --devices 0,0), and a device-wide wait is not allowed while one does
+            last = {lane: end for _name, _kind, _chunk, _order, start, end, lane in self._pending if not isinstance(start, float)}
+            for end in last.values():
+                end.synchronize()
         spans = list(self._settled)
         for name, kind, chunk, order, start, end, lane in self._pending:
             if isinstance(start, float):

@@ -40,7 +40,30 @@
 // saying whether it lies inside the image for its column; rows past K get KH*KW, a
 // bit that is never set), else (kh*DH << 16) | kw*DW for a bounds test (rows past K:
 // NO_TAP << 16).
+//
+// TAPS_BY_CHANNEL: K is past what 64 KiB of __constant__ rows hold (a 3x3 Conv over more than
+// 910 channels), so the table holds channel 0's window (KH*KW rows) and one row for past K,
+// and a k = c*KH*KW + j adds c*H*W to row j (a division by a compile-time constant). Only with
+// TAP_MASK: with the packed bounds test too, the 64x128 tile spills on sm_80 (255 registers).
+#ifndef TAPS_BY_CHANNEL
+#define TAPS_BY_CHANNEL 0
+#endif
+#if TAPS_BY_CHANNEL
+__constant__ int2 taps[KH * KW + 1];
+
+__device__ __forceinline__ int2 tap_at(int k)
+{
+    if (k >= KDIM) return taps[KH * KW];
+    const int c = k / (KH * KW);
+    int2 tap = taps[k - c * (KH * KW)];
+    tap.x += c * (H * W);
+    return tap;
+}
+#else
 __constant__ int2 taps[KPAD];
+
+__device__ __forceinline__ int2 tap_at(int k) { return taps[k]; }
+#endif
 
 __device__ __forceinline__ void copy_async4(float* shared, const float* global, bool valid)
 {
@@ -137,7 +160,7 @@ __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict_
 #pragma unroll
     for (int i = 0; i < Columns::ROWS; ++i) {
         const int row = cols.first_row + i * Columns::ROW_STEP;
-        const int2 tap = taps[k0 + row];
+        const int2 tap = tap_at(k0 + row);
         const bool valid = tap_inside(cols, tap);
 #if B_VEC == 4
         copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
@@ -156,7 +179,7 @@ __device__ __forceinline__ void prologue_b_slice(float* Bs, const float* __restr
     for (int i = 0; i < Columns::ROWS; ++i) {
         const int row = cols.first_row + i * Columns::ROW_STEP;
         const int k = k0 + row;
-        if (!tap_inside(cols, taps[k])) continue;  // zero-filled: padding, or past K or the batch
+        if (!tap_inside(cols, tap_at(k))) continue;  // zero-filled: padding, or past K or the batch
         const int c = (int)blockIdx.y / MAP_TILES * CG + k / (KH * KW);  // the input channel of row k
 #if PROLOGUE == 1
         const float s = __ldg(pro + (size_t)cols.image * C + c);

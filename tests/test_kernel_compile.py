@@ -422,6 +422,31 @@ def test_depthwise_configurations_for_real_cnn_layers_compile_without_spills(lay
         assert usage.spills == 0 and usage.stack_frame == 0, usage.log
 
 
+# K past the 8192-row tap table (TAPS_BY_CHANNEL): selecsls42b's head, 3x3 over 960 channels at 7x7, on both
+# archs, and a 7x7 window, the widest the tap mask takes, on sm_80 (where registers ran out for wider ones);
+# each family's pick.
+LONG_K_SPECS = {
+    "3x3x960": (conv(32, 960, 1024, (7, 7), (3, 3), pads=(1, 1, 1, 1)), ARCHS),
+    "7x7x168": (conv(8, 168, 64, (20, 20), (7, 7), pads=(3, 3, 3, 3), strides=(2, 2)), ("sm_80",)),
+}
+LONG_K_CASES = [
+    (name, families.configure(spec, family), arch)
+    for name, (spec, archs) in LONG_K_SPECS.items()
+    for family in REPRESENTED_FAMILIES
+    for arch in archs
+]
+
+
+@pytest.mark.parametrize(("layer", "config", "arch"), LONG_K_CASES)
+def test_a_long_k_gemm_reads_its_taps_by_channel_without_spills(layer, config, arch):
+    spec, _ = LONG_K_SPECS[layer]
+    units = nvrtc_check.variant_units(spec, config)
+    assert all(unit.defines.get("TAPS_BY_CHANNEL") == 1 for unit in units)
+    for usage in compile_cache.check_variant(spec, config, arch):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        assert usage.spills == 0 and usage.stack_frame == 0, usage.log
+
+
 def test_every_real_cnn_case_has_a_representative_of_its_code_shape():
     represented = [case for cases in CNN_REPRESENTATIVES.values() for case in cases]
     assert sorted(represented, key=str) == sorted(((name, config, arch) for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES

@@ -17,6 +17,7 @@ from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_config, prefers_tensor_cores
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import pipelined
+from opplugin.ops.conv.families.pipelined import tiles_header_defines
 
 VGG_512 = conv(1, 512, 512, (14, 14), (3, 3), pads=(1, 1, 1, 1))
 RESNET_64 = conv(32, 64, 64, (56, 56), (3, 3), pads=(1, 1, 1, 1))
@@ -53,8 +54,12 @@ def test_limits_are_stated():
     assert families.unsupported_reason(grouped, "tc_3xtf32", None) is None  # any group count
     assert "not a max pool" in families.unsupported_reason(RESNET_64, "tc_3xtf32", None, Epilogue("Relu", (2, 2)))
     assert families.unsupported_reason(RESNET_64, "tc_3xtf32", None, Epilogue("Relu")) is None
-    huge_k = conv(1, 1024, 16, (5, 5), (3, 3))  # K = 9216 > the 8192-row tap table
-    assert "tap table" in families.unsupported_reason(huge_k, "tc_3xtf32", None)
+    huge_k = conv(1, 1024, 16, (5, 5), (3, 3))  # K = 9216 > the 8192-row tap table: it holds one channel's taps
+    assert families.unsupported_reason(huge_k, "tc_3xtf32", None) is None
+    wide_window = conv(1, 102, 8, (20, 20), (9, 9))  # K = 8262 and 81 taps: no tap mask to read them by channel
+    assert "too wide to read them by channel" in families.unsupported_reason(wide_window, "tc_3xtf32", None)
+    huge_image = conv(1, 4096, 16, (1024, 1024), (1, 1))  # 4096 channels of 1024 x 1024: past int32 offsets
+    assert "int32 offsets" in families.unsupported_reason(huge_image, "tc_3xtf32", None)
 
 
 def test_small_outputs_split_k_to_fill_the_gpu_and_large_ones_do_not():
@@ -84,6 +89,36 @@ def test_tap_table_gives_each_k_its_offset_and_place_in_the_window():
     wide = conv(1, 2, 4, (20, 20), (9, 9), pads=(4, 4, 4, 4))
     wide_table = pipelined.tap_table(wide)
     assert wide_table[9 + 2, 1] == (1 << 16) | 2 and (wide_table[162:, 1] >> 16 == pipelined.NO_TAP).all()
+
+
+def _emulated_taps(spec, table, by_channel):
+    """Each k's row as the kernel's tap_at reads it (conv_implicit_tiles.cuh), for k up to KPAD."""
+    kpad = pipelined.k_slices(spec) * pipelined.TAP_SLICE
+    if not by_channel:
+        return table[:kpad]
+    window = spec.kernel[0] * spec.kernel[1]
+    k_dim = spec.in_channels // spec.group * window
+    rows = [table[window] if k >= k_dim else table[k % window] + (k // window * spec.in_size[0] * spec.in_size[1], 0)
+            for k in range(kpad)]
+    return np.array(rows, dtype=np.int64)
+
+
+@pytest.mark.parametrize("spec", [
+    conv(1, 1024, 16, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # K = 9216, the window's bits (TAP_MASK)
+    conv(1, 102, 8, (20, 20), (9, 9), pads=(4, 4, 4, 4), dilations=(1, 2)),  # 81 taps: the packed bounds test
+    conv(1, 2048, 64, (5, 6), (3, 3), group=2),  # a group's K = 9216
+])
+def test_a_long_k_reads_one_channels_taps_as_the_whole_table_would_have_them(spec, monkeypatch):
+    assert pipelined.taps_by_channel(spec)
+    window = spec.kernel[0] * spec.kernel[1]
+    short = pipelined.tap_table(spec)
+    assert short.shape == (window + 1, 2)  # 8 bytes a row: far under 64 KiB
+    assert tiles_header_defines(spec, 1)["TAPS_BY_CHANNEL"] == 1
+    monkeypatch.setattr(pipelined, "TAP_TABLE_ROWS", 1 << 20)  # as if __constant__ memory held every row
+    assert not pipelined.taps_by_channel(spec)
+    whole = pipelined.tap_table(spec)
+    np.testing.assert_array_equal(_emulated_taps(spec, short, by_channel=True), whole)
+    assert "TAPS_BY_CHANNEL" not in tiles_header_defines(spec, 1)  # the other layers' sources stay as they were
 
 
 def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few():

@@ -79,18 +79,27 @@ def masks_taps(spec: ConvSpec) -> bool:
     return int(np.prod(spec.kernel)) < 64
 
 
+def taps_by_channel(spec: ConvSpec) -> bool:
+    """Whether K's rows outgrow the table, so that it holds one channel's window and the kernel
+    adds each k's channel offset itself (TAPS_BY_CHANNEL)."""
+    return k_slices(spec) * TAP_SLICE > TAP_TABLE_ROWS
+
+
 def tap_table(spec: ConvSpec) -> np.ndarray:
     """k -> (c*H*W + kh*DH*W + kw*DW, the tap's place), as int32 pairs, for K rounded up to
     whole slices. The place is kh*KW + kw when `masks_taps`, with KH*KW for the rows
-    past K; else kh*DH << 16 | kw*DW, with NO_TAP << 16 past K (a row outside every image)."""
+    past K; else kh*DH << 16 | kw*DW, with NO_TAP << 16 past K (a row outside every image).
+    Where `taps_by_channel`, the rows of channel 0 alone, then one row for past K."""
     (h, w), (kh, kw), (dh, dw) = spec.in_size, spec.kernel, spec.dilations
-    c, i, j = np.meshgrid(np.arange(spec.in_channels // spec.group), np.arange(kh), np.arange(kw), indexing="ij")
+    channels = 1 if taps_by_channel(spec) else spec.in_channels // spec.group
+    c, i, j = np.meshgrid(np.arange(channels), np.arange(kh), np.arange(kw), indexing="ij")
     offsets = (c * h * w + i * dh * w + j * dw).ravel()
     if masks_taps(spec):
         places, past_k = (i * kw + j).ravel(), kh * kw
     else:
         places, past_k = ((i * dh) << 16 | (j * dw)).ravel(), NO_TAP << 16
-    table = np.zeros((k_slices(spec) * TAP_SLICE, 2), dtype=np.int32)
+    rows = offsets.size + 1 if taps_by_channel(spec) else k_slices(spec) * TAP_SLICE
+    table = np.zeros((rows, 2), dtype=np.int32)
     table[:, 1] = past_k
     table[: offsets.size, 0] = offsets
     table[: offsets.size, 1] = places
@@ -101,8 +110,9 @@ def tiles_header_defines(spec: ConvSpec, splits: int) -> dict[str, int]:
     """The macros kernels/conv_implicit_tiles.cuh reads besides the shape's and the tile's: the K
     split, 16-byte weight rows (A_VEC) and pixel groups (B_VEC), the window test, the tap table's rows."""
     pointwise_vectors = is_pointwise(spec) and pixels(spec) % 4 == 0
+    by_channel = {"TAPS_BY_CHANNEL": 1} if taps_by_channel(spec) else {}  # else left out: the sources it had
     return dict(KSLICES=splits, A_VEC=4 if k_dim(spec) % 4 == 0 else 1, B_VEC=4 if pointwise_vectors else 1,
-                TAP_MASK=int(masks_taps(spec)), KPAD=k_slices(spec) * TAP_SLICE)
+                TAP_MASK=int(masks_taps(spec)), KPAD=k_slices(spec) * TAP_SLICE, **by_channel)
 
 
 def multiprocessors() -> int:
@@ -170,8 +180,11 @@ class PipelinedGemm(Family):
             return f"{self.name}: a depthwise Conv is a GEMM of K = {k_dim(spec)} per map; the depthwise family runs it"
         if epilogue.pool:
             return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
-        if k_slices(spec) * TAP_SLICE > TAP_TABLE_ROWS:
-            return f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table in __constant__ memory"
+        if taps_by_channel(spec) and not masks_taps(spec):
+            return (f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table, and a window of {np.prod(spec.kernel)} "
+                    f"taps is too wide to read them by channel (the kernel spills)")
+        if spec.in_channels // spec.group * spec.in_size[0] * spec.in_size[1] >= 2**31:
+            return f"a group's {spec.in_channels // spec.group} channels of {spec.in_size} pixels are past the int32 offsets of the tap table"
         if spec.in_size[0] >= NO_TAP or spec.in_size[1] > 0xFFFF:
             return f"images of {spec.in_size} pixels are too large for the packed tap table"
         if map_tiles(spec, config.bm) > GRID_Y_LIMIT:

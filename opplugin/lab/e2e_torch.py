@@ -62,19 +62,30 @@ def torch_module(torch: Any, path: Path, model: Model) -> tuple[Any, str]:
     """The module with the file's weights: tools/export_models.py's MODEL.pt, else onnx2torch's conversion."""
     saved = path.with_suffix(".pt")
     if saved.is_file():
-        try:
-            import torchvision
-        except ImportError:
-            raise PeerUnavailable(f"{saved.name} names a torchvision model and torchvision is not installed") from None
         state = torch.load(saved, map_location="cpu", weights_only=True)
-        module = getattr(torchvision.models, state["arch"])(weights=None, **state.get("kwargs", {}))
+        source = state.get("source", "torchvision")  # files written before timm models were exported have no source
+        module = _architecture(source, saved.name)(state["arch"], **state.get("kwargs", {}))
         module.load_state_dict(state["state_dict"])
-        return module, f"torchvision {state['arch']} ({saved.name})"
+        return module, f"{source} {state['arch']} ({saved.name})"
     try:
         from onnx2torch import convert
     except ImportError:
         raise PeerUnavailable(f"no {saved.name} beside the model (tools/export_models.py writes one) and onnx2torch is not installed") from None
     return convert(model.original), "onnx2torch"
+
+
+def _architecture(source: str, saved: str) -> Callable[..., Any]:
+    """The constructor of an architecture by name, random weights, from the library `source` names."""
+    try:
+        if source == "timm":
+            import timm
+
+            return lambda arch, **kwargs: timm.create_model(arch, pretrained=False, **kwargs)
+        import torchvision
+
+        return lambda arch, **kwargs: getattr(torchvision.models, arch)(weights=None, **kwargs)
+    except ImportError:
+        raise PeerUnavailable(f"{saved} names a {source} model and {source} is not installed") from None
 
 
 def fp32_settings(torch: Any) -> None:

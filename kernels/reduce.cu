@@ -1,5 +1,6 @@
 // Reductions and normalisations over one run of adjacent axes of a float32 tensor:
-// reduce_rows (ReduceSum, ReduceMean, ReduceMax), softmax_rows (Softmax, LogSoftmax)
+// reduce_rows (ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+// ReduceSumSquare, ReduceLogSum), softmax_rows (Softmax, LogSoftmax)
 // and normalize_rows (LayerNormalization, GroupNormalization, InstanceNormalization).
 //
 // The tensor is seen as (outer, EXTENT, INNER) (opplugin/ops/reduction/rows.py): element
@@ -40,15 +41,26 @@
 // a group of fewer than 32 threads is an aligned part of a warp: its shuffles stay inside it
 #define FIRST_OFFSET (GROUP_THREADS >= 32 ? 16 : GROUP_THREADS / 2)
 
+// how partial results combine: REDUCE_OP's codes (a mean sums, then divides by the extent)
+#define COMBINE_SUM 0
+#define COMBINE_MAX 2
+#define COMBINE_MIN 3
+#define COMBINE_PROD 4
+
 __device__ __forceinline__ float nan_max(float m, float v)
 {
     return (v > m || v != v) ? v : m;
 }
 
-template <bool IS_MAX>
+__device__ __forceinline__ float nan_min(float m, float v)
+{
+    return (v < m || v != v) ? v : m;
+}
+
+template <int OP>
 __device__ __forceinline__ float combine(float a, float b)
 {
-    return IS_MAX ? nan_max(a, b) : a + b;
+    return OP == COMBINE_MAX ? nan_max(a, b) : OP == COMBINE_MIN ? nan_min(a, b) : OP == COMBINE_PROD ? a * b : a + b;
 }
 
 // Where a thread works: its group's o and i, and whether that i exists.
@@ -74,14 +86,14 @@ __device__ __forceinline__ Place place(long long groups)
 
 // The combination of v over the TY threads of p's group that share p.tx, in every one of them.
 // Every thread of the block calls it (the shuffles and barriers need them all).
-template <bool IS_MAX>
+template <int OP>
 __device__ __forceinline__ float group_combine(float v, float* partial, const Place& p)
 {
 #if TX < 32
     // lanes tx, tx + TX, tx + 2 TX, ... of a warp (or of a smaller group) hold the same i
 #pragma unroll
     for (int offset = FIRST_OFFSET; offset >= TX; offset >>= 1)
-        v = combine<IS_MAX>(v, __shfl_xor_sync(0xffffffffu, v, offset));
+        v = combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, offset));
 #endif
 #if SLOTS > 1
     const int local = p.ty * TX + p.tx;
@@ -92,7 +104,7 @@ __device__ __forceinline__ float group_combine(float v, float* partial, const Pl
     v = partial[p.group * SLOTS * TX + p.tx];
 #pragma unroll
     for (int s = 1; s < SLOTS; ++s)
-        v = combine<IS_MAX>(v, partial[(p.group * SLOTS + s) * TX + p.tx]);
+        v = combine<OP>(v, partial[(p.group * SLOTS + s) * TX + p.tx]);
     __syncthreads();  // before the next combine writes the slots again
 #endif
     return v;
@@ -121,23 +133,39 @@ __device__ __forceinline__ float group_combine(float v, float* partial, const Pl
 #define LOAD_ROW(fill)
 #endif
 
-#ifdef REDUCE_OP  // 0 sum, 1 mean, 2 max
+#ifdef REDUCE_OP  // 0 sum, 1 mean, 2 max, 3 min, 4 product
+// REDUCE_MAP: what the first stage applies to each input value (0 x, 1 |x|, 2 x * x); REDUCE_FINISH:
+// what the last applies to its result (0 nothing, 1 sqrt, 2 log). A stage between passes sums on.
+#ifndef REDUCE_MAP
+#define REDUCE_MAP 0
+#endif
+#ifndef REDUCE_FINISH
+#define REDUCE_FINISH 0
+#endif
+
+__device__ __forceinline__ float mapped(float v)
+{
+    return REDUCE_MAP == 1 ? fabsf(v) : REDUCE_MAP == 2 ? v * v : v;
+}
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) reduce_rows(const float* __restrict__ x, float* __restrict__ y, long long groups)
 {
     PARTIAL_SPACE;
     const Place p = place(groups);
     const float* row = x + p.o * ROW_ELEMENTS + p.i;
-    constexpr bool is_max = REDUCE_OP == 2;
-    float acc = is_max ? NEG_INF : 0.0f;
+    const float start = REDUCE_OP == COMBINE_MAX ? NEG_INF : REDUCE_OP == COMBINE_MIN ? -NEG_INF : REDUCE_OP == COMBINE_PROD ? 1.0f : 0.0f;
+    float acc = start;
     if (p.valid) {
 #pragma unroll 4
         for (int r = p.ty; r < EXTENT; r += TY)
-            acc = combine<is_max>(acc, __ldg(row + (long long)r * INNER));
+            acc = combine<REDUCE_OP>(acc, mapped(__ldg(row + (long long)r * INNER)));
     }
-    acc = group_combine<is_max>(acc, partial, p);
+    acc = group_combine<REDUCE_OP>(acc, partial, p);
+    if (REDUCE_OP == 1) acc /= (float)EXTENT;
+    if (REDUCE_FINISH == 1) acc = sqrtf(acc);
+    if (REDUCE_FINISH == 2) acc = logf(acc);
     if (p.valid && p.ty == 0)
-        y[p.o * INNER + p.i] = REDUCE_OP == 1 ? acc / (float)EXTENT : acc;
+        y[p.o * INNER + p.i] = acc;
 }
 
 #endif  // REDUCE_OP
@@ -153,10 +181,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) softmax_rows(const f
     LOAD_ROW(NEG_INF)
     float top = NEG_INF;
     FOR_EACH_R(k, r) top = nan_max(top, VALUE(k, r));
-    top = group_combine<true>(top, partial, p);
+    top = group_combine<COMBINE_MAX>(top, partial, p);
     float sum = 0.0f;
     FOR_EACH_R(k, r) sum += expf(VALUE(k, r) - top);
-    sum = group_combine<false>(sum, partial, p);
+    sum = group_combine<COMBINE_SUM>(sum, partial, p);
 #if SOFTMAX_LOG
     const float log_sum = logf(sum);
     FOR_EACH_R(k, r) out[(long long)r * INNER] = (VALUE(k, r) - top) - log_sum;
@@ -180,13 +208,13 @@ normalize_rows(const float* __restrict__ x, const float* __restrict__ scale, con
     LOAD_ROW(0.0f)
     float sum = 0.0f;
     FOR_EACH_R(k, r) sum += VALUE(k, r);
-    const float mean = group_combine<false>(sum, partial, p) / (float)EXTENT;
+    const float mean = group_combine<COMBINE_SUM>(sum, partial, p) / (float)EXTENT;
     float squares = 0.0f;
     FOR_EACH_R(k, r) {
         const float d = VALUE(k, r) - mean;
         squares = fmaf(d, d, squares);
     }
-    const float variance = group_combine<false>(squares, partial, p) / (float)EXTENT;
+    const float variance = group_combine<COMBINE_SUM>(squares, partial, p) / (float)EXTENT;
     const float inv = 1.0f / sqrtf(variance + EPSILON);
     const long long channel0 = (long long)(p.o % NGROUPS) * EXTENT;
     FOR_EACH_R(k, r) {

@@ -41,8 +41,8 @@ BUILTINS = {
     "GlobalAveragePool": "opplugin.ops.pool:GlobalAveragePoolPlugin",
     "ReduceMean": "opplugin.ops.reduction:ReduceMeanPlugin",  # over H and W of NCHW: the global average pool's kernel
     **{op: f"opplugin.ops.reduction:{op}Plugin"
-       for op in ("ReduceSum", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
-                  "InstanceNormalization")},
+       for op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+                  "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization")},
     "Squeeze": "opplugin.ops.view:SqueezePlugin",
     "Unsqueeze": "opplugin.ops.view:UnsqueezePlugin",
     **{op: f"opplugin.ops.layout:{op}Plugin" for op in ("Concat", "Transpose", "Slice", "Split", "Pad", "Resize")},

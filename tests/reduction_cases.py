@@ -73,6 +73,13 @@ CASES = {
     "ReduceMean over H and W (the global pool kernel)": (reduce_model("ReduceMean", (1, 32, 7, 7), [2, 3], 0), (2, 32, 7, 7)),
     "ReduceMean over H, inner 5, opset 17": (reduce_model("ReduceMean", (1, 3, 33, 5), [2], 1, opset=17), (2, 3, 33, 5)),
     "ReduceSum, every axis but the batch, opset 11": (reduce_model("ReduceSum", (1, 4, 9), [1, 2], 0, opset=11), (3, 4, 9)),
+    "ReduceL2 over H and W of NHWC (ConvNeXt V2's response norm)": (reduce_model("ReduceL2", (1, 7, 7, 40), [1, 2]), (2, 7, 7, 40)),
+    "ReduceL2 over axes 1 and 3 (two stages: squares, then the root)": (reduce_model("ReduceL2", (1, 5, 6, 7), [1, 3], 0), (3, 5, 6, 7)),
+    "ReduceL1 over C of NCHW, keepdims 0": (reduce_model("ReduceL1", (1, 24, 5, 5), [1], 0), (2, 24, 5, 5)),
+    "ReduceSumSquare last axis, opset 13": (reduce_model("ReduceSumSquare", (1, 300), [1], 1, opset=13), (2, 300)),
+    "ReduceMin over H": (reduce_model("ReduceMin", (1, 3, 33, 5), [2]), (2, 3, 33, 5)),
+    "ReduceProd over C of NCHW": (reduce_model("ReduceProd", (1, 6, 4, 4), [1]), (2, 6, 4, 4)),
+    "ReduceLogSum of a row of 1000": (reduce_model("ReduceLogSum", (1, 1000), [1], 0), (2, 1000)),
     "Softmax over classes": (node_model("Softmax", (1, 10), {"axis": -1}, opset=13), (8, 10)),
     "Softmax over C of NCHW": (node_model("Softmax", (1, 19, 9, 11), {"axis": 1}, opset=13), (2, 19, 9, 11)),
     "Softmax opset 11, axis 1: the rest as one row": (node_model("Softmax", (1, 3, 4, 5), {"axis": 1}, opset=11), (2, 3, 4, 5)),
@@ -99,7 +106,8 @@ def random_case(draw) -> tuple[onnx.ModelProto, tuple[int, ...]]:
 
     rank = draw(st.integers(2, 4))
     shape = (draw(st.integers(1, 3)), *(draw(st.integers(1, 40 if rank == 2 else 9)) for _ in range(rank - 1)))
-    kind = draw(st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization"]))
+    kind = draw(st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+                                 "Softmax", "LogSoftmax", "LayerNormalization"]))
     if kind.startswith("Reduce"):
         axes = draw(st.lists(st.integers(1, rank - 1), min_size=1, max_size=rank - 1, unique=True))
         return reduce_model(kind, shape, axes, int(draw(st.booleans()))), shape

@@ -617,8 +617,8 @@ def test_every_activation_with_a_residual_compiles_without_spills(activation, va
 # --- reductions, normalisations and batched MatMul: inner and strided rows, cached and re-read, staged axes ---
 
 def _reduce_units(spec: ReduceSpec) -> dict:
-    return {f"{spec.op} stage {i}": (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(spec, rows), "reduce_rows")
-            for i, rows in enumerate(spec.stages)}
+    return {f"{spec.op} stage {i}": (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(spec, i), "reduce_rows")
+            for i in range(len(spec.stages))}
 
 
 def _row_units() -> dict:
@@ -626,7 +626,14 @@ def _row_units() -> dict:
     units |= {f"reduce max over C, H of NCHW ({k})": v for k, v in _reduce_units(
         ReduceSpec("max", (1, 96, 7, 7), (1, 3), True, (Rows(96 * 7, 7, 1), Rows(1, 96, 7 * 7)))).items()}
     units["reduce sum of a 40 K row"] = (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(
-        ReduceSpec("sum", (1, 40000), (1,), False), Rows(1, 40000, 1)), "reduce_rows")
+        ReduceSpec("sum", (1, 40000), (1,), False, (Rows(1, 40000, 1),)), 0), "reduce_rows")
+    # an L2 norm over two stages (its squares in the first, its root in the last), a product and a min
+    units |= {f"reduce l2 over C, H of NCHW ({k})": v for k, v in _reduce_units(
+        ReduceSpec("l2", (1, 96, 7, 7), (1, 3), True, (Rows(96 * 7, 7, 1), Rows(1, 96, 7 * 7)))).items()}
+    units["reduce prod over C of NCHW"] = (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(
+        ReduceSpec("prod", (1, 12, 5, 5), (1,), True, (Rows(1, 12, 25),)), 0), "reduce_rows")
+    units["reduce min of a row"] = (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(
+        ReduceSpec("min", (1, 1000), (1,), True, (Rows(1, 1000, 1),)), 0), "reduce_rows")
     for name, spec in {"softmax over classes": SoftmaxSpec(False, (1, 1000), 1, 2),
                        "softmax over C of NCHW": SoftmaxSpec(False, (1, 19, 9, 11), 1, 2),
                        "logsoftmax over H, inner 3": SoftmaxSpec(True, (1, 3, 70, 3), 2, 3),

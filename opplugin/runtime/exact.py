@@ -101,7 +101,7 @@ class NonFiniteFlags:
 
 
 # op types whose onnxruntime kernels keep or drop a NaN by its place in the window (or the row): no fixed rule matches them
-NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool", "ReduceMax"})
+NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
 
 
 def watched_steps(plan: Plan, kernels: dict[str, Kernel]) -> set[str]:

@@ -15,7 +15,7 @@ from ...registry import Kernel
 from ..activation import cuda_float
 from . import reference
 from .rows import Rows
-from .spec import MAX, MEAN, SUM, NormSpec, ReduceSpec, SoftmaxSpec
+from .spec import L1, L2, LOG_SUM, MAX, MEAN, MIN, PROD, SUM, SUM_SQUARE, NormSpec, ReduceSpec, SoftmaxSpec
 
 SOURCE = "reduce.cu"
 BLOCK = 256  # threads a block aims for: groups of fewer share one
@@ -24,7 +24,11 @@ PER_THREAD = 16  # TY grows until a thread takes at most this many of its row's 
 CACHED_PER_THREAD = 32  # a thread keeps up to this many of its row's values in registers between passes
 SECTOR_FLOATS = 8  # a 32-byte memory sector: a strided row's loads stay whole-sector with 8 neighbouring i a warp
 MIN_GROUPS_PER_IMAGE = 8
-REDUCE_CODES = {SUM: 0, MEAN: 1, MAX: 2}
+# op -> (REDUCE_OP: how values combine, REDUCE_MAP: what the first stage applies to each input value,
+# REDUCE_FINISH: what the last stage applies to its result); stages in between combine as REDUCE_OP
+# says, the sums of an L1, L2, sum of squares or log-sum adding on (kernels/reduce.cu)
+REDUCE_CODES = {SUM: (0, 0, 0), MEAN: (1, 0, 0), MAX: (2, 0, 0), MIN: (3, 0, 0), PROD: (4, 0, 0),
+                L1: (0, 1, 0), L2: (0, 2, 1), SUM_SQUARE: (0, 2, 0), LOG_SUM: (0, 0, 2)}
 
 
 def _power_of_two_at_least(value: int) -> int:
@@ -83,8 +87,16 @@ class Geometry:
 
 # --- what each op compiles -------------------------------------------------------------------
 
-def reduce_defines(spec: ReduceSpec, rows: Rows) -> dict[str, int]:
-    return Geometry.of(rows).defines(rows) | {"REDUCE_OP": REDUCE_CODES[spec.op]}
+def reduce_defines(spec: ReduceSpec, stage: int) -> dict[str, int]:
+    """The macros of `spec`'s stage `stage`: the first maps the input's values, the last finishes the result."""
+    rows = spec.stages[stage]
+    op, value_map, finish = REDUCE_CODES[spec.op]
+    macros = {"REDUCE_OP": op}
+    if value_map and stage == 0:
+        macros["REDUCE_MAP"] = value_map
+    if finish and stage == len(spec.stages) - 1:
+        macros["REDUCE_FINISH"] = finish
+    return Geometry.of(rows).defines(rows) | macros
 
 
 def softmax_defines(spec: SoftmaxSpec) -> dict[str, int]:
@@ -153,7 +165,7 @@ class RowKernel(Kernel):
         self.spec = spec
         self.name = kernel_name(spec, on_device=True)
         if isinstance(spec, ReduceSpec):
-            units = [(rows, reduce_defines(spec, rows)) for rows in spec.stages]
+            units = [(rows, reduce_defines(spec, stage)) for stage, rows in enumerate(spec.stages)]
         else:
             units = [(spec.rows, softmax_defines(spec) if isinstance(spec, SoftmaxSpec) else norm_defines(spec))]
         function = FUNCTIONS[type(spec)]

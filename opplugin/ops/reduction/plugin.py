@@ -70,6 +70,30 @@ class ReduceMaxPlugin(ReducePlugin):
     op_type = "ReduceMax"
 
 
+class ReduceMinPlugin(ReducePlugin):
+    op_type = "ReduceMin"
+
+
+class ReduceProdPlugin(ReducePlugin):
+    op_type = "ReduceProd"
+
+
+class ReduceL1Plugin(ReducePlugin):
+    op_type = "ReduceL1"
+
+
+class ReduceL2Plugin(ReducePlugin):
+    op_type = "ReduceL2"
+
+
+class ReduceSumSquarePlugin(ReducePlugin):
+    op_type = "ReduceSumSquare"
+
+
+class ReduceLogSumPlugin(ReducePlugin):
+    op_type = "ReduceLogSum"
+
+
 class ReduceMeanPlugin(ReducePlugin):
     """Any axes but the batch; over H and W of a 4-D tensor, the global average pool kernel."""
 

@@ -7,18 +7,27 @@ from typing import Any
 
 import numpy as np
 
-from .spec import MAX, MEAN, SUM, NormSpec, ReduceSpec, SoftmaxSpec
+from .spec import L1, L2, LOG_SUM, MAX, MEAN, MIN, PROD, SUM, SUM_SQUARE, NormSpec, ReduceSpec, SoftmaxSpec
+
+
+# ONNX's definition of each Reduce op on the whole tensor
+REDUCTIONS = {
+    SUM: lambda x, axes: np.sum(x, axis=axes, keepdims=True),
+    MEAN: lambda x, axes: np.mean(x, axis=axes, keepdims=True),
+    MAX: lambda x, axes: np.max(x, axis=axes, keepdims=True),
+    MIN: lambda x, axes: np.min(x, axis=axes, keepdims=True),
+    PROD: lambda x, axes: np.prod(x, axis=axes, keepdims=True),
+    L1: lambda x, axes: np.sum(np.abs(x), axis=axes, keepdims=True),
+    L2: lambda x, axes: np.sqrt(np.sum(x * x, axis=axes, keepdims=True)),
+    SUM_SQUARE: lambda x, axes: np.sum(x * x, axis=axes, keepdims=True),
+    LOG_SUM: lambda x, axes: np.log(np.sum(x, axis=axes, keepdims=True)),
+}
 
 
 def reduce(spec: ReduceSpec, x: Any) -> np.ndarray:
     batch = x.shape[0]
-    with np.errstate(invalid="ignore", over="ignore"):
-        if spec.op == MAX:
-            y = np.max(x, axis=spec.axes, keepdims=True)
-        elif spec.op == MEAN:
-            y = np.mean(x, axis=spec.axes, keepdims=True)
-        else:
-            y = np.sum(x, axis=spec.axes, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        y = REDUCTIONS[spec.op](x, spec.axes)
     return y.reshape(spec.output_shape(batch))
 
 

@@ -1,8 +1,9 @@
 """The reductions and normalisations as normalised records, one per node.
 
-- ReduceSpec: ReduceSum, ReduceMean, ReduceMax over any axes but the batch, keepdims either
-  way. Axes that are not adjacent reduce in stages, one run of adjacent axes each (a mean of
-  means over equal counts is the mean).
+- ReduceSpec: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+  ReduceSumSquare and ReduceLogSum over any axes but the batch, keepdims either way. Axes that
+  are not adjacent reduce in stages, one run of adjacent axes each (a mean of means over equal
+  counts is the mean; an L2 norm's first stage sums squares, its last takes the square root).
 - SoftmaxSpec: Softmax and LogSoftmax over one axis (opset 13 and later) or over every axis
   from `axis` on (before 13, the input seen as 2-D).
 - NormSpec: LayerNormalization, GroupNormalization and InstanceNormalization: the mean and
@@ -21,10 +22,10 @@ from ...errors import PluginError
 from ...registry import NodeInfo
 from .rows import Rows, normalised_axes, product, refuse_batch_axis, runs
 
-SUM, MEAN, MAX = "sum", "mean", "max"
-REDUCE_OPS = {"ReduceSum": SUM, "ReduceMean": MEAN, "ReduceMax": MAX}
-# the opset from which a Reduce op reads its axes from an input, not an attribute
-AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18}
+SUM, MEAN, MAX, MIN, PROD = "sum", "mean", "max", "min", "prod"
+L1, L2, SUM_SQUARE, LOG_SUM = "l1", "l2", "sumsquare", "logsum"
+REDUCE_OPS = {"ReduceSum": SUM, "ReduceMean": MEAN, "ReduceMax": MAX, "ReduceMin": MIN, "ReduceProd": PROD,
+              "ReduceL1": L1, "ReduceL2": L2, "ReduceSumSquare": SUM_SQUARE, "ReduceLogSum": LOG_SUM}
 # the domain of the LayerNormalization that simplification writes for a decomposed pattern
 # whose axes ONNX's own LayerNormalization cannot name (see layernorm_pattern.py)
 OPPLUGIN_DOMAIN = "opplugin"
@@ -50,7 +51,7 @@ def _one_output(node: NodeInfo, what: str) -> None:
 
 @dataclass(frozen=True)
 class ReduceSpec:
-    op: str  # SUM, MEAN or MAX
+    op: str  # a value of REDUCE_OPS
     input_shape: tuple[int, ...]  # at the plan's batch
     axes: tuple[int, ...]
     keepdims: bool

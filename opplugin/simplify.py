@@ -266,13 +266,13 @@ class _Graph:
             return
         axis, (small, large) = int(varying[0]), PROBE_BATCHES
         target = targets[0].astype(np.int64)
-        images = [first[data][0], second[data][0]]
-        if images != [small, large] or first[data][1:] != second[data][1:]:
-            return  # the data must have the batch as its first axis, and nothing else change
-        if -1 not in target and targets[0][axis] * large == targets[1][axis] * small:
-            target[axis] = -1  # the element count follows the batch, and so does this axis
-        elif [targets[0][axis], targets[1][axis]] == images and axis == 0 and not _attribute(node, "allowzero", 0):
-            target[axis] = 0  # the batch, as the input has it
+        counts = [int(np.prod(first[data])), int(np.prod(second[data]))]
+        if -1 not in target and targets[0][axis] * large == targets[1][axis] * small and counts[0] * large == counts[1] * small:
+            # the element count follows the batch, and so does this axis alone (the data's first axis may
+            # be the batch times a patch count, as a vision transformer's tokens are): -1 finds it at any batch
+            target[axis] = -1
+        elif axis == 0 and [targets[0][0], targets[1][0]] == [first[data][0], second[data][0]] and not _attribute(node, "allowzero", 0):
+            target[axis] = 0  # the first axis as the input has it
         else:
             return
         name = self.new_name(f"{node.name or data}_target")

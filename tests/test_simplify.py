@@ -284,3 +284,30 @@ def test_a_reshape_target_that_carries_a_free_batch_becomes_a_constant_for_every
         ours, theirs = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
                         for m in (simplified, original))
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_reshape_target_over_patches_of_every_image_gets_minus_one_where_it_follows_the_batch():
+    """A vision transformer's tokens (MobileViT): x is [N*4, 16, 6]; the target is Shape(x)[0:1] then
+    constants, [4N, 4, 4, 6]: its first element follows the batch but is not the batch, so it becomes -1."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["images", "patches"], ["x"], name="patchify"),
+         helper.make_node("Shape", ["x"], ["s"], name="shape"),
+         helper.make_node("Slice", ["s", "zero", "one"], ["n"], name="slice"),
+         helper.make_node("Concat", ["n", "rest"], ["target"], name="concat", axis=0),
+         helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")],
+        "patches", [helper.make_tensor_value_info("images", onnx.TensorProto.FLOAT, ["N", 4, 16, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["M", 4, 4, 6])],
+        initializer=[numpy_helper.from_array(np.array([-1, 16, 6], np.int64), "patches"),
+                     numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                     numpy_helper.from_array(np.array([1], np.int64), "one"),
+                     numpy_helper.from_array(np.array([4, 4, 6], np.int64), "rest")])
+    original = finish(graph)
+    simplified, done = simplify(original)
+    assert [n.op_type for n in simplified.graph.node] == ["Reshape", "Reshape"]
+    target = next(t for t in simplified.graph.initializer if t.name == simplified.graph.node[1].input[1])
+    assert numpy_helper.to_array(target).tolist() == [-1, 4, 4, 6]
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 4, 16, 6)).astype(np.float32)
+        ours, theirs = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"images": x})[0]
+                        for m in (simplified, original))
+        np.testing.assert_array_equal(ours, theirs)

@@ -45,7 +45,7 @@ BUILTINS = {
                   "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization")},
     "Squeeze": "opplugin.ops.view:SqueezePlugin",
     "Unsqueeze": "opplugin.ops.view:UnsqueezePlugin",
-    **{op: f"opplugin.ops.layout:{op}Plugin" for op in ("Concat", "Transpose", "Slice", "Split", "Pad", "Resize")},
+    **{op: f"opplugin.ops.layout:{op}Plugin" for op in ("Concat", "Transpose", "Slice", "Split", "Gather", "Pad", "Resize")},
     # opplugin.ops.pointwise.OPS: each connected group of them one generated kernel, where no Conv or Gemm epilogue took them
     **{op: f"opplugin.ops.pointwise:{op}Plugin"
        for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Min", "Max", "Where", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",

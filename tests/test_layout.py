@@ -22,7 +22,7 @@ from opplugin.errors import PluginError
 from opplugin.lab import nvrtc_check
 from opplugin.model import load_model
 from opplugin.ops.layout import kernels as layout_kernels
-from opplugin.ops.layout.plugin import moves_innermost, slice_pieces, transpose_pieces
+from opplugin.ops.layout.plugin import gather_pieces, moves_innermost, slice_pieces, transpose_pieces
 from opplugin.plan import make_plan
 from opplugin.registry import plugins
 from opplugin.runtime import Runner
@@ -101,6 +101,10 @@ def test_nodes_the_layout_plugins_leave_to_onnxruntime_say_why(tmp_path):
     assert "reflect padding wider than its axis" in _reason(wide, tmp_path)
     crop = single_node("Pad", [x], {"mode": "edge"}, constants=[i64(0, 0, -1, 0, 0, 0, 0, 0)])
     assert "edge padding with negative pads (a crop) is left to onnxruntime" in _reason(crop, tmp_path)
+    uneven = single_node("Gather", [x], {"axis": 3}, constants=[i64(0, 1, 3)])
+    assert "indices do not step evenly" in _reason(uneven, tmp_path)
+    outside = single_node("Gather", [x], {"axis": 1}, constants=[i64(3)])
+    assert "outside axis 1 of extent 3" in _reason(outside, tmp_path)
 
 
 def test_a_concat_of_integers_is_left_to_onnxruntime_with_its_reason(tmp_path):
@@ -289,8 +293,8 @@ def _device_compiles(name, tmp_path):
         out = tuple(merged[p] for p in perm)
         return [("layout_transpose.cu", layout_kernels.transpose_defines(merged, perm, layout_kernels.contiguous_strides(out)),
                  "layout_transpose")]
-    if op in ("Transpose", "Slice", "Split"):
-        pieces = transpose_pieces(spec)(shape) if op == "Transpose" else \
+    if op in ("Transpose", "Slice", "Split", "Gather"):
+        pieces = transpose_pieces(spec)(shape) if op == "Transpose" else gather_pieces(spec)(shape) if op == "Gather" else \
             slice_pieces(spec.slices if op == "Split" else (lambda s: [spec.slices(s)]))(shape)
         return [("layout_gather.cu", layout_kernels.gather_defines(out, base, strides, layout_kernels.contiguous_strides(out), False),
                  "layout_gather") for out, base, strides in pieces]
@@ -365,6 +369,31 @@ def test_random_slices_and_transposes_match_onnxruntime_in_the_reference_and_in_
         if op == "transpose":  # the tiled kernel's view of it: merged axes, the same transpose
             merged, merged_perm = layout_kernels.merged_axes(shape, spec.perm)
             np.testing.assert_array_equal(np.transpose(x.reshape(merged), merged_perm).reshape(expected.shape), expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_gathers_of_even_index_runs_match_onnxruntime_in_the_reference_and_the_kernels_index_plan(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 7, size=rng.integers(2, 6)))
+    axis = int(rng.integers(1, len(shape)))
+    extent = shape[axis]
+    step = int(rng.choice([1, 2, -1, -2, 0]))
+    count = int(rng.integers(1, extent + 1)) if step == 0 else max(1, min(extent, int(rng.integers(1, 5))) // max(1, abs(step)))
+    first = int(rng.integers(0, extent)) if step == 0 else (int(rng.integers(0, extent - abs(step) * (count - 1))) if step > 0 else
+                                                             int(rng.integers(abs(step) * (count - 1), extent)))
+    indices = first + step * np.arange(count)
+    indices = np.where(rng.random(count) < 0.5, indices - extent, indices)  # negative indices count from the end
+    index_shape = [(), (count,), (1, count)][int(rng.integers(0, 3))] if count == 1 else [(count,), (1, count)][int(rng.integers(0, 2))]
+    indices = np.asarray(indices, np.int64).reshape(index_shape)
+    model = single_node("Gather", [shape], {"axis": axis - len(shape) if rng.random() < 0.5 else axis}, constants=[indices])
+    plan = make_plan(load_model(save(model, tmp_path / "gather.onnx")), shape[0], CPU)
+    [step_planned] = plan.steps
+    assert step_planned.kind == "plugin", plan.fallbacks
+    feeds = random_feeds(model, shape[0], seed=seed)
+    expected = onnxruntime_outputs(model, feeds)[0]
+    np.testing.assert_array_equal(step_planned.build(CPU)(list(feeds.values()))[0], expected)
+    [(out_shape, base, strides)] = gather_pieces(step_planned.node.spec)(shape)
+    np.testing.assert_array_equal(_emulated_gather(feeds["x0"], out_shape, base, strides), expected)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -1,4 +1,4 @@
-"""The layout plugins: Concat, Transpose, Slice, Split, Pad and Resize. Each describes its
+"""The layout plugins: Concat, Transpose, Slice, Split, Gather (constant indices that step evenly), Pad and Resize. Each describes its
 node once (spec.py), runs the numpy reference on the CPU device (reference.py) and a CUDA
 kernel specialised to the node's shapes on a GPU (kernels.py). Every kernel can write
 into a strided view of a larger buffer (`out=`), so the runtime may hand a producer its
@@ -16,7 +16,7 @@ from ..described import reason_against, spec_of
 from ..view import ViewKernel
 from . import reference
 from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TransposeTileKernel
-from .spec import ConcatSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
+from .spec import ConcatSpec, GatherSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
 from .strides import contiguous_strides
 
 
@@ -237,6 +237,36 @@ class SplitPlugin(LayoutPlugin):
 
     def cuda_kernel(self, node, spec, name):
         return GatherKernel(name, _bytes_per_image(node), slice_pieces(spec.slices))
+
+
+def gather_pieces(spec: GatherSpec) -> Callable[[tuple[int, ...]], list]:
+    """The one (shape, offset, strides) of a Gather of a C-contiguous input: the index axes step
+    `step` positions of the gathered axis each, the inner ones first."""
+
+    def pieces(shape: tuple[int, ...]) -> list:
+        strides = contiguous_strides(shape)
+        index_strides = contiguous_strides(spec.index_shape) if spec.index_shape else ()
+        along = tuple(spec.step * strides[spec.axis] * s for s in index_strides)
+        out_strides = (*strides[: spec.axis], *along, *strides[spec.axis + 1:])
+        return [(spec.output_shape(shape), spec.first * strides[spec.axis], out_strides)]
+
+    return pieces
+
+
+class GatherPlugin(LayoutPlugin):
+    op_type = "Gather"
+
+    def make_spec(self, node: NodeInfo) -> GatherSpec:
+        return GatherSpec.from_node(node)
+
+    def suffix_of(self, spec: GatherSpec) -> str:
+        return f"axis{spec.axis}"
+
+    def reference_kernel(self, node, spec, name):
+        return ReferenceLayoutKernel(name, _bytes_per_image(node), lambda xs: [reference.gather(spec, xs[0])])
+
+    def cuda_kernel(self, node, spec, name):
+        return GatherKernel(name, _bytes_per_image(node), gather_pieces(spec))
 
 
 class PadPlugin(LayoutPlugin):

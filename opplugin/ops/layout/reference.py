@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .spec import ConcatSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
+from .spec import ConcatSpec, GatherSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
 
 
 def concat(spec: ConcatSpec, inputs: Sequence[np.ndarray]) -> np.ndarray:
@@ -20,6 +20,10 @@ def transpose(spec: TransposeSpec, x: np.ndarray) -> np.ndarray:
 
 def slice_(spec: SliceSpec, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x[spec.slices(x.shape)])
+
+
+def gather(spec: GatherSpec, x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.take(x, spec.indices(), axis=spec.axis))
 
 
 def split(spec: SplitSpec, x: np.ndarray) -> list[np.ndarray]:

@@ -164,6 +164,41 @@ class SplitSpec:
         return [lead + (slice(int(a), int(b)),) for a, b in zip(starts[:-1], starts[1:])]
 
 
+@dataclass(frozen=True)
+class GatherSpec:
+    """Gather by constant indices that step evenly (one index, or a run first, first + step, ...):
+    a strided slice of the data, the indices' shape taking the place of the gathered axis."""
+
+    axis: int
+    first: int  # the first index, as a position in the axis
+    step: int
+    index_shape: tuple[int, ...]
+
+    @classmethod
+    def from_node(cls, node: NodeInfo) -> "GatherSpec":
+        _float32(node)
+        indices = _constant(node, 1, "indices")
+        shape = node.inputs[0].shape
+        axis = _axis(int(node.attributes.get("axis", 0)), len(shape))
+        flat = indices.reshape(-1).astype(np.int64)
+        if not flat.size:
+            raise PluginError("it gathers no index")
+        if flat.min() < -shape[axis] or flat.max() >= shape[axis]:
+            raise PluginError(f"an index of {flat.tolist()[:8]} is outside axis {axis} of extent {shape[axis]}")
+        flat = np.where(flat < 0, flat + shape[axis], flat)
+        steps = np.diff(flat)
+        if steps.size and (steps != steps[0]).any():
+            raise PluginError("its indices do not step evenly; only an even run is a strided copy")
+        return cls(axis, int(flat[0]), int(steps[0]) if steps.size else 1, tuple(int(d) for d in indices.shape))
+
+    def output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (*shape[: self.axis], *self.index_shape, *shape[self.axis + 1:])
+
+    def indices(self) -> np.ndarray:
+        count = int(np.prod(self.index_shape, dtype=np.int64))
+        return (self.first + self.step * np.arange(count)).reshape(self.index_shape)
+
+
 PAD_MODES = ("constant", "reflect", "edge")
 
 

@@ -35,6 +35,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from .conv_affine import fold_channel_affine, fold_channel_affines
 from .layout_sink import sink_channel_last_regions
+from .ops.gemm.einsum_pattern import decompose_einsums
 from .ops.pointwise.gelu_pattern import fold_decomposed_gelus
 from .ops.reduction.layernorm_pattern import fold_decomposed_layernorms
 from .skeleton import SMALL_CONSTANT, copy_without_initializers, skeleton, with_initializers
@@ -93,7 +94,7 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
     graph = _Graph(model)
     dropped = graph.drop_identities()
     folded = graph.fold_constants() | fold_decomposed_layernorms(graph)  # the LayerNorm pattern's constants are folded by now
-    folded |= fold_decomposed_gelus(graph) | sink_channel_last_regions(graph)
+    folded |= fold_decomposed_gelus(graph) | sink_channel_last_regions(graph) | decompose_einsums(graph)
     batchnorms = graph.fold_batchnorms()
     folded |= fold_channel_affines(graph)  # after the BatchNormalizations: a scale after one folds too
     graph.write_back()  # constants that only fed folded nodes go too

@@ -50,7 +50,7 @@ BUILTINS = {
     **{op: f"opplugin.ops.pointwise:{op}Plugin"
        for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Min", "Max", "Where", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",
                   "Log", "Erf", "Elu", "Softplus", "Gelu", "Cast", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid",
-                  "HardSwish", "BatchNormalization")},
+                  "HardSwish", "BatchNormalization", "Expand")},
 }
 
 

@@ -216,7 +216,8 @@ class _Graph:
         same at both becomes a constant: a channel count, H, W. What follows the batch stays
         computed at run time, except a Reshape target: there the batch's element becomes -1
         (or 0, "as the input", beside another -1), so that the target is a constant at every
-        batch, and the nodes that computed it go. Nothing that reads a tensor's values (only
+        batch, and the nodes that computed it go; likewise an Expand target's elements that are
+        its input's own extents become 1. Nothing that reads a tensor's values (only
         its shape) is evaluated: data never folds."""
         shape_nodes, arithmetic, names = [], [], set()
         for node in self.nodes:
@@ -249,6 +250,13 @@ class _Graph:
                 self._fix_reshape_target(node, at, first, second)
             elif node.op_type == "Gather" and node.input[1] in at[0] and node.input[1] not in self.constants:
                 self._gather_in_order_as_reshape(node, at, first, second)
+            elif node.op_type == "Expand" and node.input[1] in at[0] and node.input[1] not in self.constants:
+                if node.input[0] in self.constants:
+                    self._make_for_one_image(node, 1, at, first, second)
+                else:
+                    self._fix_expand_target(node, at, first, second)
+            elif node.op_type == "ConstantOfShape" and node.input[0] in at[0] and node.input[0] not in self.constants:
+                self._make_for_one_image(node, 0, at, first, second)
         self._drop_unread(computed, folded)
 
     def _over_shapes(self, node: onnx.NodeProto, shape_values: set[str]) -> bool:
@@ -279,6 +287,62 @@ class _Graph:
         name = self.new_name(f"{node.name or data}_target")
         self.constants[name] = target
         node.input[1] = name
+
+    def _fix_expand_target(self, node: onnx.NodeProto, at: tuple[dict, dict], first: dict, second: dict) -> None:
+        """A constant target for an Expand whose target follows the batch where its input does: each
+        element that differs between the probes is the input's own extent there (lined up from the
+        last axis), so 1 (broadcasting keeps the input's extent) gives the same shape at every batch."""
+        targets = [np.asarray(probe[node.input[1]]).astype(np.int64) for probe in at]
+        data = node.input[0]
+        if data not in first or data not in second or targets[0].shape != targets[1].shape or targets[0].ndim != 1:
+            return
+        target = targets[0].copy()
+        for axis in np.flatnonzero(targets[0] != targets[1]):
+            place = int(axis) - len(target) + len(first[data])  # the input's axis under this one, lined up from the end
+            if place < 0 or [first[data][place], second[data][place]] != [targets[0][axis], targets[1][axis]]:
+                return
+            target[axis] = 1
+        name = self.new_name(f"{node.name or data}_target")
+        self.constants[name] = target
+        node.input[1] = name
+
+    def _make_for_one_image(self, node: onnx.NodeProto, position: int, at: tuple[dict, dict], first: dict, second: dict) -> None:
+        """An Expand of a constant, or a ConstantOfShape, to a shape whose first element is the batch
+        (a positional encoding built from a mask of zeros): its values are the same for every image, so
+        it is made for one (1 in the batch's place), and what reads only it folds into constants that
+        broadcast along the batch. Kept only where shape inference at both probe batches shows every
+        tensor keeping its shape but those computed from constants alone; else undone."""
+        targets = [np.asarray(probe[node.input[position]]).astype(np.int64) for probe in at]
+        if targets[0].ndim != 1 or targets[0].shape != targets[1].shape or not targets[0].size:
+            return
+        if [targets[0][0], targets[1][0]] != list(PROBE_BATCHES) or (targets[0][1:] != targets[1][1:]).any():
+            return
+        target = targets[0].copy()
+        target[0] = 1
+        name, computed = self.new_name(f"{node.name or node.output[0]}_one_image"), node.input[position]
+        self.constants[name] = target
+        node.input[position] = name
+        if not self._only_constants_reshaped(first, second):
+            node.input[position] = computed
+            del self.constants[name]
+
+    def _only_constants_reshaped(self, first: dict, second: dict) -> bool:
+        """Whether, at both probe batches, every tensor shape inference knew keeps its shape, but those
+        whose nodes read constants and such tensors alone (they fold), and no graph output changes."""
+        for before, batch in ((first, PROBE_BATCHES[0]), (second, PROBE_BATCHES[1])):
+            after = self._static_shapes(batch)
+            changed: set[str] = set()
+            for node in self.nodes:
+                outputs = [o for o in node.output if o and o in before]
+                if any(o not in after for o in outputs):
+                    return False  # shape inference no longer knows it: the change broke something
+                moved = [o for o in outputs if after[o] != before[o]]
+                if not moved:
+                    continue
+                if any(o in self.outputs for o in moved) or not all(i in self.constants or i in changed for i in node.input if i):
+                    return False
+                changed.update(moved)
+        return True
 
     def _gather_in_order_as_reshape(self, node: onnx.NodeProto, at: tuple[dict, dict], first: dict, second: dict) -> None:
         """A Gather from a 1-D tensor whose indices, computed from shapes, are at every probe batch all of its

@@ -100,6 +100,19 @@ def batchnorm_model(then_relu: bool = False, shape=SHAPE, seed: int = 3) -> onnx
     return finish(graph)
 
 
+def expand_model(then_mul: bool, shape=SHAPE) -> onnx.ModelProto:
+    """Expand of a per-(image, channel) s to [1, C, H, W] (the batch kept by broadcasting), then a Mul by x when asked."""
+    c, h, w = shape
+    target = numpy_helper.from_array(np.array([1, c, h, w], np.int64), "target")
+    nodes = [helper.make_node("Expand", ["s", "target"], ["e" if then_mul else "y"], name="node")]
+    inputs = [_value("s", ("N", c, 1, 1))]
+    if then_mul:
+        nodes.append(helper.make_node("Mul", ["e", "x"], ["y"], name="mul"))
+        inputs.insert(0, _value("x", ("N", *shape)))
+    graph = helper.make_graph(nodes, "expand", inputs, [_value("y", ("N", *shape))], initializer=[target])
+    return finish(graph)
+
+
 def se_gelu_model(shape=SHAPE) -> onnx.ModelProto:
     """An SE scale (Sigmoid of a per-(image, channel) input, times x) whose product is also a graph output,
     then GELU written out as exporters do (Div, Erf, Add, Mul, Mul), and a MaxPool reading the product:

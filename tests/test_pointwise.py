@@ -17,7 +17,7 @@ from opplugin.ops.activation import KINDS, SILU
 from opplugin.ops.pointwise import OPS, PointwisePlugin, codegen
 from opplugin.ops.pointwise.group import PointwiseGroup
 from opplugin.plan import make_plan
-from pointwise_cases import (BINARY, OPERANDS, UNARY, assert_close, batchnorm_model, binary_model, cast_model, feeds,
+from pointwise_cases import (BINARY, OPERANDS, UNARY, assert_close, batchnorm_model, binary_model, cast_model, expand_model, feeds,
                              onnxruntime_outputs, se_gelu_model, unary_id, unary_model, where_model)
 from resnet_block import resnet_block
 
@@ -56,7 +56,7 @@ def check_against_onnxruntime(model, tmp_path, rtol=1e-6, atol=1e-6, seed=1):
 def test_every_listed_op_has_a_built_in_plugin_of_the_pointwise_group_kind():
     wanted = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Erf", "Tanh", "Sigmoid", "Relu",
               "LeakyRelu", "Elu", "Clip", "HardSigmoid", "HardSwish", "Softplus", "Min", "Max", "Where", "Cast", "Gelu",
-              "BatchNormalization", "Sum"}
+              "BatchNormalization", "Sum", "Expand"}
     assert wanted | (set(KINDS) - {SILU}) == set(OPS)
     for op in OPS:
         plugin = registry.plugin_for(op)
@@ -115,6 +115,12 @@ def test_float64_arithmetic_is_refused_with_the_reason(tmp_path):
 def test_a_standalone_batchnormalization_is_a_per_channel_affine(then_relu, tmp_path):
     step = check_against_onnxruntime(batchnorm_model(then_relu), tmp_path, rtol=1e-5, atol=1e-5)
     assert step.ops == ["BatchNormalization", *(["Relu"] if then_relu else [])]
+
+
+@pytest.mark.parametrize("then_mul", [False, True], ids=["alone", "mul"])
+def test_an_expand_by_a_constant_shape_broadcasts_in_the_group(then_mul, tmp_path):
+    step = check_against_onnxruntime(expand_model(then_mul), tmp_path)
+    assert step.ops == ["Expand", *(["Mul"] if then_mul else [])]
 
 
 def test_one_group_computes_the_se_scale_and_gelu_and_keeps_the_product_read_outside(tmp_path):
@@ -206,7 +212,7 @@ def test_merged_axes_and_vector_width(tmp_path):
 def _groups_to_compile(tmp_path):
     models = {"se_gelu": se_gelu_model(), "where": where_model(), "bn_relu": batchnorm_model(True), "f16": cast_model(np.float16, "Sigmoid"),
               "f64": cast_model(np.float64), "se_v4": binary_model("Mul", "se_scale", shape=(6, 4, 8)),
-              "row": binary_model("Pow", "runtime_row"), **{unary_id(c): unary_model(*c) for c in UNARY}}
+              "row": binary_model("Pow", "runtime_row"), "expand_mul": expand_model(True), **{unary_id(c): unary_model(*c) for c in UNARY}}
     for name, model in models.items():
         plan = planned(model, tmp_path / name)
         step = next(s for s in plan.steps if s.kind == "plugin")

@@ -16,7 +16,7 @@ from opplugin.device import select_device
 from opplugin.model import load_model
 from opplugin.ops.pointwise.group import PointwiseGroup
 from opplugin.plan import make_plan
-from pointwise_cases import (BINARY, OPERANDS, UNARY, assert_close, batchnorm_model, binary_model, cast_model, feeds,
+from pointwise_cases import (BINARY, OPERANDS, UNARY, assert_close, batchnorm_model, binary_model, cast_model, expand_model, feeds,
                              onnxruntime_outputs, se_gelu_model, unary_id, unary_model, where_model)
 from resnet_block import resnet_block
 
@@ -129,6 +129,13 @@ def test_where_with_a_bool_condition(tmp_path):
 def test_batchnormalization_as_a_per_channel_affine(then_relu, tmp_path):
     model = batchnorm_model(then_relu, shape=SHAPES["v1"])
     run_on_device(model, tmp_path, feeds(model, BATCH, seed=10, poison=True), tolerance=(1e-5, 1e-5))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("then_mul", [False, True], ids=["alone", "mul"])
+def test_an_expand_by_a_constant_shape(then_mul, shape, tmp_path):
+    model = expand_model(then_mul, shape=SHAPES[shape])
+    run_on_device(model, tmp_path, feeds(model, BATCH, seed=12, poison=True), tolerance=(0, 0))
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -107,6 +107,8 @@ class PointwiseGroup:
             for value in self.values:
                 operands = [self._operand(o, inputs, values) for o in value.operands]
                 result = np.asarray(OPS[value.op].meaning(operands, value.params), np.float64)
+                if value.op == "Expand":
+                    result = np.broadcast_to(result, value.tensor.shape)
                 if value.op == "Cast" or value.tensor.dtype == np.float16:  # a float16 node's result is float16
                     result = result.astype(value.tensor.dtype).astype(np.float64)
                 values.append(result)
@@ -202,6 +204,10 @@ class _Lowering:
             if target is None:
                 raise PluginError(f"{where}: only casts between float16, float32 and float64 are implemented")
             return "Cast", inputs, ()
+        if node.op_type == "Expand":
+            if len(inputs) != 2 or inputs[1] not in self.constants_by_name:
+                raise PluginError(f"{where}: the shape to expand to is computed at run time")
+            return "Expand", inputs[:1], ()
         if node.op_type not in OPS or node.op_type == "Affine":
             raise PluginError(f"{where}: {node.op_type} is no pointwise op")
         if any(not name for name in inputs):

@@ -97,5 +97,7 @@ OPS: dict[str, Op] = {
     "Softplus": Op(lambda o, p: np.log1p(np.exp(-np.abs(o[0]))) + np.maximum(o[0], 0), "opplugin_softplus({0})", flops=8),
     # a Cast's rounding is its value's own type (codegen.py, group.py): the op itself is the identity
     "Cast": Op(lambda o, p: o[0], "{0}", flops=0),
+    # Expand by a constant shape: the identity, its value taking the output's shape (group.py broadcasts it)
+    "Expand": Op(lambda o, p: o[0], "{0}", flops=0),
     **{op: _activation(op) for op in activations.KINDS if op != activations.SILU},
 }

@@ -39,10 +39,10 @@ class Reference:
     `extra_outputs` (intermediate tensors); one session serves every call.
 
     `views` names tensors that the simplified graph writes in another layout (Simplification.views:
-    name -> (original tensor, perm)): asked for one, the reference gives the original tensor transposed."""
+    name -> (original tensor, perm[, axes])): asked for one, the reference gives the original tensor
+    transposed, with axes of 1 inserted at `axes` of the result where given."""
 
-    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (), *,
-                 views: dict[str, tuple[str, tuple[int, ...]]] | None = None):
+    def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (), *, views: dict[str, tuple] | None = None):
         proto = copy.deepcopy(model)
         self.views = {name: view for name, view in (views or {}).items() if name in extra_outputs}
         existing = {o.name for o in proto.graph.output}
@@ -54,6 +54,6 @@ class Reference:
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = dict(zip(self.names, self.session.run(self.names, feeds)))
-        for name, (source, perm) in self.views.items():
-            values[name] = np.ascontiguousarray(np.transpose(values[source], perm))
+        for name, (source, perm, *axes) in self.views.items():
+            values[name] = np.ascontiguousarray(np.expand_dims(np.transpose(values[source], perm), tuple(axes[0]) if axes else ()))
         return values

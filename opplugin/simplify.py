@@ -62,8 +62,9 @@ class Simplification:
     constants_folded: dict[str, int] = field(default_factory=dict)  # op type -> nodes evaluated into initializers
     batchnorms_folded: int = 0  # BatchNormalization nodes folded into the Conv before them
     dropped: dict[str, int] = field(default_factory=dict)  # op type -> identities removed (Identity, Dropout)
-    # a tensor written in another layout than the original's -> (original tensor, perm that makes it): layout_sink.py
-    views: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    # a tensor written in another layout than the original's -> (original tensor, perm that makes it[, axes of 1
+    # inserted after]): layout_sink.py, ops/gemm/einsum_pattern.py
+    views: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -115,7 +116,7 @@ class _Graph:
         self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         self.inputs = {i.name for i in graph.input if i.name not in self.constants}
         self.outputs = {o.name for o in graph.output}
-        self.views: dict[str, tuple[str, tuple[int, ...]]] = {}  # see Simplification.views
+        self.views: dict[str, tuple] = {}  # see Simplification.views
 
     # --- helpers --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save
 
+from opplugin.cli import main
 from opplugin.model import load_model
 from opplugin.ops.gemm.einsum_pattern import product_roles
 from opplugin.runtime import Runner
@@ -85,10 +86,13 @@ def test_the_rewrite_gives_the_einsum_and_plans_no_onnxruntime_step(equation, tm
     for batch in (1, 3):
         feeds = _feeds(original, a_shape, b_shape, batch, seed=batch)
         np.testing.assert_allclose(_onnxruntime(simplified, feeds), _onnxruntime(original, feeds), rtol=1e-5, atol=1e-5)
-    runner = Runner(load_model(save(original, tmp_path / "einsum.onnx")), 3, "cpu")
+    path = save(original, tmp_path / "einsum.onnx")
+    runner = Runner(load_model(path), 3, "cpu")
     assert [s.kind for s in runner.plan.steps if s.kind != "plugin"] == [], runner.plan.fallbacks
     feeds = _feeds(original, a_shape, b_shape, 3, seed=7)
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], _onnxruntime(original, feeds), rtol=1e-5, atol=1e-5)
+    # every step between is a view of an operand or of the output: check compares each with the original graph
+    assert main(["check", str(path), "--batch", "3", "--device", "cpu"]) == 0
 
 
 def test_an_equation_that_is_no_matrix_product_stays_an_einsum():

@@ -14,8 +14,10 @@ broadcasting takes them. The operands are arranged as (batch..., A's other free,
 free, rows, contracted) and (..., contracted, columns), an axis of 1 standing in for what one
 lacks where broadcasting would not line it up; one Transpose takes the product to the output's
 order. A Transpose that keeps the order is left out, and a constant operand is arranged here,
-once. The last node writes the Einsum's output, so `check` still compares it with the original
-graph's; other equations stay Einsum nodes (onnxruntime runs them).
+once. The last node writes the Einsum's output; each tensor between is recorded as a view of an
+operand or of the output (transposed, axes of 1 inserted: Simplification.views), so that `check`
+compares every step with the original graph. Other equations stay Einsum nodes (onnxruntime runs
+them), as does an Einsum reading a tensor that is itself such a view.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def decompose_einsums(graph) -> dict[str, int]:
         if node.op_type != "Einsum" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 or len(node.output) != 1:
             continue
         roles = product_roles(_equation(node))
-        if roles is not None:
+        if roles is not None and not any(name in graph.views for name in node.input):
             _rewrite(graph, node, *roles)
             count += 1
     return {COUNT_KEY: count} if count else {}
@@ -71,20 +73,22 @@ def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[
     base = node.name or node.output[0]
     made: list[onnx.NodeProto] = []
 
-    def step(op: str, inputs: list[str], role: str, **attributes) -> str:
+    def step(op: str, inputs: list[str], role: str, view: tuple, **attributes) -> str:
+        """A new node writing a new tensor, which is `view` (Simplification.views) of an original one."""
         result = graph.new_name(f"{base}_{role}")
         made.append(helper.make_node(op, inputs, [result], name=f"{base}/{role}", **attributes))
+        graph.views[result] = view
         return result
 
-    def with_axes(op: str, source: str, axes: list[int], role: str) -> str:
+    def with_axes(op: str, source: str, axes: list[int], role: str, view: tuple) -> str:
         """Squeeze or Unsqueeze `axes` (negative: counted from the end) of `source`."""
         if not axes:
             return source
         if opset(graph.proto) < AXES_INPUT_SINCE:
-            return step(op, [source], role, axes=axes)
+            return step(op, [source], role, view, axes=axes)
         name = graph.new_name(f"{base}_{role}_axes")
         graph.constants[name] = np.asarray(axes, np.int64)
-        return step(op, [source, name], role)
+        return step(op, [source, name], role, view)
 
     def operand(source: str, indices: str, order: list[str], ones: list[int], role: str) -> str:
         """`source` with its axes in `order`, then axes of 1 at the places `ones` of the result."""
@@ -94,9 +98,10 @@ def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[
             name = graph.new_name(f"{base}_{role}")
             graph.constants[name] = np.ascontiguousarray(np.expand_dims(np.transpose(constant, perm), tuple(ones)))
             return name
+        original = source
         if perm != sorted(perm):
-            source = step("Transpose", [source], f"{role}_t", perm=perm)
-        return with_axes("Unsqueeze", source, ones, f"{role}_ones")
+            source = step("Transpose", [source], f"{role}_t", (original, tuple(perm)), perm=perm)
+        return with_axes("Unsqueeze", source, ones, f"{role}_ones", (original, tuple(perm), tuple(ones)))
 
     rows, columns = free_a[-1:], free_b[-1:]
     extra_a, extra_b = free_a[:-1], free_b[:-1]
@@ -110,12 +115,16 @@ def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[
     right_ones = [nb + k for k in range(a_ones)] + ([] if contracted else [right_rank - 2]) + ([] if columns else [right_rank - 1])
     left = operand(node.input[0], a, batch + extra_a + rows + contracted, left_ones, "a")
     right = operand(node.input[1], b, batch + extra_b + contracted + columns, right_ones, "b")
-    result = step("MatMul", [left, right], "matmul")
-    result = with_axes("Squeeze", result, ([] if rows else [-2]) + ([] if columns else [-1]), "squeeze")
     product = batch + extra_a + extra_b + rows + columns
+    to_product = tuple(out.index(x) for x in product)  # the Einsum's output in the product's order
+    squeezed = ([] if rows else [-2]) + ([] if columns else [-1])
+    rank = len(product) + len(squeezed)
+    result = step("MatMul", [left, right], "matmul", (node.output[0], to_product, tuple(rank + k for k in squeezed)))
+    result = with_axes("Squeeze", result, squeezed, "squeeze", (node.output[0], to_product))
     perm = [product.index(x) for x in out]
     if perm != sorted(perm):
-        step("Transpose", [result], "out_t", perm=perm)
+        step("Transpose", [result], "out_t", (node.output[0], tuple(range(len(out)))), perm=perm)
+    del graph.views[made[-1].output[0]]
     made[-1].output[0] = node.output[0]  # the last node writes the Einsum's output
     at = graph.nodes.index(node)
     graph.nodes[at:at + 1] = made

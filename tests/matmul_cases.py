@@ -7,9 +7,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def matmul_model(a_shape, b_shape, constant: str = "b", activation: str | None = None, softmax: bool = False,
-                 opset: int = 17, seed: int = 0) -> onnx.ModelProto:
-    """y = MatMul(a, b) (then the activation, then a Softmax over the last axis); `constant` names the
-    operand that is an initializer ("a", "b" or ""), the others are graph inputs with the batch axis "N"."""
+                 opset: int = 17, seed: int = 0, bias: tuple[int, ...] | None = None, bias_first: bool = False) -> onnx.ModelProto:
+    """y = MatMul(a, b) (then an Add of a constant of shape `bias`, its first operand where `bias_first`, then
+    the activation, then a Softmax over the last axis); `constant` names the operand that is an initializer
+    ("a", "b" or ""), the others are graph inputs with the batch axis "N"."""
     rng = np.random.default_rng(seed)
     inputs, inits = [], []
     for name, shape in (("a", a_shape), ("b", b_shape)):
@@ -19,6 +20,10 @@ def matmul_model(a_shape, b_shape, constant: str = "b", activation: str | None =
             inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", *shape[1:]]))
     nodes = [helper.make_node("MatMul", ["a", "b"], ["mm"], name="mm")]
     last = "mm"
+    if bias is not None:
+        inits.append(numpy_helper.from_array(rng.uniform(-1, 1, bias).astype(np.float32), "bias"))
+        nodes.append(helper.make_node("Add", ["bias", last] if bias_first else [last, "bias"], ["biased"], name="add"))
+        last = "biased"
     if activation:
         nodes.append(helper.make_node(activation, [last], ["act"], name="act"))
         last = "act"
@@ -42,6 +47,15 @@ CASES = {
     "batched, a constant B broadcast over the batch": ((2, 4, 70, 20), (4, 20, 65), "b", "Tanh", False),
     "batched, a constant B of rank 4 broadcast over axis 1": ((2, 3, 8, 5), (1, 1, 5, 6), "b", None, False),
     "batched, a constant A, B at run time": ((3, 12), (2, 3, 12, 7), "a", None, False),
+}
+
+
+# name -> (A shape, B shape, bias shape, bias first, activation): a Linear layer's MatMul by a constant B, then
+# its bias Add, which the Gemm families take as their column bias (shapes at batch 2)
+BIAS_CASES = {
+    "tokens (N, T, C) x (C, 4C) + bias (4C,)": ((2, 49, 32), (32, 128), (128,), False, None),
+    "bias (1, 1, N) first, then Relu": ((2, 5, 24), (24, 10), (1, 1, 10), True, "Relu"),
+    "2-D rows + bias (1, N), then Sigmoid": ((2, 37), (37, 19), (1, 19), False, "Sigmoid"),
 }
 
 

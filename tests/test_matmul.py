@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from matmul_cases import CASES, fresh_inputs, matmul_model
+from matmul_cases import BIAS_CASES, CASES, fresh_inputs, matmul_model
 from opplugin.device import CPU, Device
 from reduction_cases import planned
 
@@ -43,6 +43,31 @@ def test_the_form_each_matmul_takes_on_a_gpu(case, kernel):
     plan = planned(matmul_model(a_shape, b_shape, constant, act, softmax), 8, GPU)
     [step] = plan.steps
     assert step.plugin.kernel_name(step.node, GPU, fused=step.fused).startswith(kernel)
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_bias_add_after_a_flat_matmul_is_its_gemm_bias(case, batch):
+    a_shape, b_shape, bias, first, act = BIAS_CASES[case]
+    model = matmul_model(a_shape, b_shape, activation=act, bias=bias, bias_first=first)
+    plan = planned(model, batch)
+    [step] = plan.steps
+    assert step.ops == ["MatMul", "Add", *([act] if act else [])] and step.inputs == ["a", "b"]
+    kernel = step.build(CPU)
+    feeds = fresh_inputs(model, batch, len(case))
+    [ours] = kernel([feeds["a"], plan.model.initializers["b"]])
+    np.testing.assert_allclose(ours, onnxruntime_outputs(model, feeds), rtol=1e-5, atol=1e-5)
+    rows = batch * int(np.prod(a_shape[1:-1]))
+    assert kernel.flops(batch) == 2 * rows * b_shape[0] * b_shape[1] + rows * b_shape[1]  # the bias counts
+    gpu_step = planned(model, 8, GPU).steps[0]
+    assert gpu_step.ops == step.ops and gpu_step.plugin.kernel_name(gpu_step.node, GPU, fused=gpu_step.fused).startswith("matmul.")
+
+
+@pytest.mark.parametrize("bias", [(2, 1, 10), (5, 10)])
+def test_an_add_that_is_no_column_bias_stays_a_step_of_its_own(bias):
+    """(2, 1, 10) has a batch axis and (5, 10) a value per row: neither is one value per output column."""
+    plan = planned(matmul_model((2, 5, 24), (24, 10), bias=bias), 2)
+    assert [s.ops for s in plan.steps] == [["MatMul"], ["Add"]]
 
 
 def test_the_flat_form_counts_every_row():

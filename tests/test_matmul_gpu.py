@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from matmul_cases import CASES, fresh_inputs, matmul_model
+from matmul_cases import BIAS_CASES, CASES, fresh_inputs, matmul_model
 from opplugin.device import current_cuda_device
 from opplugin.ops.activation import Activation
 from reduction_cases import planned
@@ -15,8 +15,10 @@ from reduction_cases import planned
 pytestmark = pytest.mark.gpu
 
 
-def float64_oracle(a, b, activation, softmax):
+def float64_oracle(a, b, activation, softmax, bias=None):
     y = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
     if activation:
         y = Activation.plain(activation).apply(y)
     if softmax:
@@ -46,6 +48,30 @@ def test_matmul_matches_float64_and_onnxruntime(case, batch):
     exact = float64_oracle(*operands, act, softmax)
     k = a_shape[-1]
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6 * k)
+    np.testing.assert_allclose(got, theirs, rtol=1e-5, atol=2e-6 * k)
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES))
+@pytest.mark.parametrize("batch", [1, 6])
+def test_a_linear_layers_bias_add_fuses_as_the_gemm_bias(case, batch):
+    import cupy
+
+    a_shape, b_shape, bias, first, act = BIAS_CASES[case]
+    model = matmul_model(a_shape, b_shape, activation=act, bias=bias, bias_first=first)
+    device = current_cuda_device()
+    plan = planned(model, batch, device)
+    [step] = plan.steps
+    assert step.ops == ["MatMul", "Add", *([act] if act else [])]
+    kernel = step.build(device)
+    feeds = fresh_inputs(model, batch, batch + len(case))
+    weights, constant = plan.model.initializers["b"], plan.model.initializers["bias"]
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    out = cupy.full(theirs.shape, np.nan, dtype=cupy.float32)
+    [y] = kernel([cupy.asarray(feeds["a"]), cupy.asarray(weights)], None, out=out)
+    got = cupy.asnumpy(y)
+    assert y.data.ptr == out.data.ptr and not np.isnan(got).any()
+    k = a_shape[-1]
+    np.testing.assert_allclose(got, float64_oracle(feeds["a"], weights, act, False, constant), rtol=1e-5, atol=1e-6 * k)
     np.testing.assert_allclose(got, theirs, rtol=1e-5, atol=2e-6 * k)
 
 

@@ -31,8 +31,9 @@ def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE) -> str:
 class ReferenceGemmKernel(Kernel):
     """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused)."""
 
-    def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm"):
-        self.spec, self.epilogue = spec, epilogue
+    def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm", bias: np.ndarray | None = None):
+        """`bias`: a constant C that the inputs do not carry (a MatMul's fused bias Add)."""
+        self.spec, self.epilogue, self.bias = spec, epilogue, bias
         self.name = kernel_name(op, "reference", epilogue)
 
     def flops(self, batch: int) -> int:
@@ -42,7 +43,7 @@ class ReferenceGemmKernel(Kernel):
         return self.spec.bytes_moved(batch)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
-        c = inputs[2] if len(inputs) > 2 else None
+        c = inputs[2] if len(inputs) > 2 and inputs[2] is not None else self.bias
         y = reference.run(self.spec, self.epilogue, inputs[0], inputs[1], c)
         return [np.asarray(y, np.float32)]
 

@@ -2,6 +2,7 @@
 with the activation and row Softmax that follow fused into the kernel where they can be."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -15,7 +16,7 @@ from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, kernel_name
 from .matmul import BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel
-from .spec import BIAS_FULL, GemmSpec
+from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
 
 class GemmPlugin(Plugin):
@@ -68,15 +69,21 @@ class GemmPlugin(Plugin):
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
         spec, epilogue, config = self._choose(node, device, variant, fused)
+        bias = self._parts(node, fused)[2]
         op = node.op_type.lower()
         if config is None:
-            return ReferenceGemmKernel(spec, epilogue, op)
-        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2), op)
+            return ReferenceGemmKernel(spec, epilogue, op, bias)
+        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2) if bias is None else bias, op)
+
+    def _parts(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, Sequence[NodeInfo], np.ndarray | None]:
+        """(the GemmSpec the families run, the followers its epilogue computes, a constant bias a fused
+        node brings): a Gemm's C is its own input, so no follower brings one here."""
+        return self.gemm_spec(node), fused, None
 
     def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]):
         """(spec, epilogue, Config) of what `build` makes, decided without compiling; the Config is
         None on the CPU device (the numpy reference)."""
-        spec = self.gemm_spec(node)
+        spec, fused, _ = self._parts(node, fused)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
             raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
@@ -117,9 +124,18 @@ class MatMulPlugin(GemmPlugin):
         return super().variant_notes(node, device) if spec_of(node, self.describe).is_flat else {}
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
+        """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: an activation."""
         if spec_of(node, self.describe).is_flat:
-            return super().fuse(node, followers, device)
+            bias = _bias_add(node, followers)
+            return super().fuse(node, followers, device) if bias is None else 1 + super().fuse(node, followers[1:], device)
         return 1 if followers and activation.from_node(followers[0]) else 0
+
+    def _parts(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, Sequence[NodeInfo], np.ndarray | None]:
+        spec = self.gemm_spec(node)
+        bias = _bias_add(node, fused)
+        if bias is None:
+            return spec, fused, None
+        return dataclasses.replace(spec, bias=BIAS_COLUMN, bias_shape=(spec.n,)), fused[1:], bias
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
         if spec_of(node, self.describe).is_flat:
@@ -168,6 +184,25 @@ def _row_softmax(node: NodeInfo) -> bool:
         return False
     # the default axis, 1 before opset 13 and -1 since, is the row either way for 2-D
     return int(node.attributes.get("axis", -1)) in (rank - 1, -1)
+
+
+def _bias_add(node: NodeInfo, followers: Sequence[NodeInfo]) -> np.ndarray | None:
+    """The float32 bias of N values that the first follower, an Add of a constant along the product's last
+    axis ([N], [1, N], ... of no higher rank), adds to a MatMul's output (a Linear layer's); else None."""
+    if not followers or followers[0].op_type != "Add" or len(followers[0].node.input) != 2:
+        return None
+    add, product = followers[0], node.node.output[0]
+    if list(add.node.input).count(product) != 1:
+        return None
+    other = add.node.input[1] if add.node.input[0] == product else add.node.input[0]
+    value = add.constants.get(other)
+    if value is None:
+        return None
+    value = np.asarray(value)
+    n, rank = int(node.outputs[0].shape[-1]), len(node.outputs[0].shape)
+    if value.dtype != np.float32 or value.ndim > rank or not value.ndim or value.shape[-1] != n or value.size != n:
+        return None
+    return value.reshape(n)
 
 
 def _constant(node: NodeInfo, index: int) -> np.ndarray | None:

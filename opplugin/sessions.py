@@ -2,7 +2,9 @@
 provider's options, and the reference (the unmodified model on the CPU provider)."""
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from typing import Any, Sequence
 
 import numpy as np
@@ -14,13 +16,30 @@ CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
-def session(model: onnx.ModelProto, providers: Sequence[Any] = (CPU_PROVIDER,), *, arena: bool = True) -> ort.InferenceSession:
+def session(model: onnx.ModelProto, providers: Sequence[Any] = (CPU_PROVIDER,), *, arena: bool = True,
+            optimization: ort.GraphOptimizationLevel | None = None) -> ort.InferenceSession:
     """A session that logs errors only. `arena=False` stops the CPU provider keeping
-    (and rounding up to a power of two) its largest allocation for good."""
+    (and rounding up to a power of two) its largest allocation for good; `optimization`
+    replaces onnxruntime's default level (all of its graph optimisations)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = arena
+    if optimization is not None:
+        options.graph_optimization_level = optimization
     return ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+
+
+def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """The CPU provider's session of a model whose intermediate tensors are asked for as outputs. Its
+    fullest optimisation can lose such a tensor (onnxruntime 1.32: a grouped Conv whose output an Add
+    also reads is fused into the Add, and the session fails to find the Conv's output, as in FastViT);
+    then the session is made without the layout optimisations that do it."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):  # onnxruntime prints its provider fallback there
+            return session(model, arena=False)
+    except Exception:  # onnxruntime raises its own exception types, or RuntimeError
+        return session(model, arena=False, optimization=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
 
 
 def has_cuda() -> bool:
@@ -49,7 +68,7 @@ class Reference:
         for name in dict.fromkeys(self.views.get(n, (n,))[0] for n in extra_outputs):
             if name not in existing:
                 proto.graph.output.append(helper.make_empty_tensor_value_info(name))
-        self.session = session(proto, arena=False)
+        self.session = reference_session(proto)
         self.names = [o.name for o in proto.graph.output]
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -350,3 +350,28 @@ def test_checks_json_records_carry_the_nan_and_inf_counts(tiny_model_path, tmp_p
     assert main(["check", tiny_model_path, "--batch", "2", "--device", "cpu", "--json", str(tmp_path / "c.json")]) == 0
     records = json.loads((tmp_path / "c.json").read_text())["records"]
     assert records and all(r[key] == 0 for r in records for key in SPECIAL_COUNT_KEYS)
+
+
+def test_check_survives_onnxruntime_losing_a_conv_output_it_fused_into_an_add(tmp_path):
+    """FastViT's reparameterised branches: two grouped stride-2 Convs read the same x and an Add sums them.
+    Asked for the first Conv's output too, onnxruntime 1.32's fullest optimisation fuses it into the Add and
+    then fails to find it; the reference session is made without those layout optimisations instead."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx_builders import save
+
+    from opplugin.cli import main
+
+    rng = np.random.default_rng(0)
+
+    def weights(name, shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["large"], pads=[3] * 4, strides=[2, 2], group=48, kernel_shape=[7, 7], name="large"),
+             helper.make_node("Conv", ["x", "w2", "b2"], ["small"], pads=[1] * 4, strides=[2, 2], group=48, kernel_shape=[3, 3], name="small"),
+             helper.make_node("Add", ["large", "small"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 48, 14, 14])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 96, 7, 7])],
+                              [weights("w1", (96, 1, 7, 7)), weights("b1", (96,)), weights("w2", (96, 1, 3, 3)), weights("b2", (96,))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert main(["check", save(model, tmp_path / "branches.onnx"), "--batch", "2", "--device", "cpu"]) == 0

@@ -62,36 +62,14 @@ class ReducePlugin(RowPlugin):
     spec_type = ReduceSpec
 
 
-class ReduceSumPlugin(ReducePlugin):
-    op_type = "ReduceSum"
+def _reduce_plugin(op_type: str) -> type:
+    return type(f"{op_type}Plugin", (ReducePlugin,), {"op_type": op_type, "__module__": __name__})
 
 
-class ReduceMaxPlugin(ReducePlugin):
-    op_type = "ReduceMax"
-
-
-class ReduceMinPlugin(ReducePlugin):
-    op_type = "ReduceMin"
-
-
-class ReduceProdPlugin(ReducePlugin):
-    op_type = "ReduceProd"
-
-
-class ReduceL1Plugin(ReducePlugin):
-    op_type = "ReduceL1"
-
-
-class ReduceL2Plugin(ReducePlugin):
-    op_type = "ReduceL2"
-
-
-class ReduceSumSquarePlugin(ReducePlugin):
-    op_type = "ReduceSumSquare"
-
-
-class ReduceLogSumPlugin(ReducePlugin):
-    op_type = "ReduceLogSum"
+# one class per op type (the registry tells built-ins by their class); ReduceMean's is its own, below
+(ReduceSumPlugin, ReduceMaxPlugin, ReduceMinPlugin, ReduceProdPlugin, ReduceL1Plugin, ReduceL2Plugin, ReduceSumSquarePlugin,
+ ReduceLogSumPlugin) = (_reduce_plugin(op) for op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                                                      "ReduceSumSquare", "ReduceLogSum"))
 
 
 class ReduceMeanPlugin(ReducePlugin):

@@ -53,6 +53,9 @@ SHAPE_ARITHMETIC = {"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast",
 # the batch (one small and one large, so that neither a clamp nor an integer division of the
 # batch is mistaken for a constant).
 PROBE_BATCHES = (2, 1009)
+# a batch of rewrites that shape inference refuses is tried again one at a time, at most this many (each
+# try infers the graph's shapes twice)
+MAX_ONE_IMAGE_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,7 @@ class _Graph:
                 self._fold(node, [at[0][o] if o else None for o in node.output], folded)
             else:
                 computed.append(node)
+        one_image: list[tuple[onnx.NodeProto, int]] = []  # (node, place of its shape input): see _make_for_one_image
         for node in self.nodes:
             if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in at[0] and node.input[1] not in self.constants:
                 self._fix_reshape_target(node, at, first, second)
@@ -253,11 +257,12 @@ class _Graph:
                 self._gather_in_order_as_reshape(node, at, first, second)
             elif node.op_type == "Expand" and node.input[1] in at[0] and node.input[1] not in self.constants:
                 if node.input[0] in self.constants:
-                    self._make_for_one_image(node, 1, at, first, second)
+                    one_image.append((node, 1))
                 else:
                     self._fix_expand_target(node, at, first, second)
             elif node.op_type == "ConstantOfShape" and node.input[0] in at[0] and node.input[0] not in self.constants:
-                self._make_for_one_image(node, 0, at, first, second)
+                one_image.append((node, 0))
+        self._make_for_one_image(one_image, at, first, second)
         self._drop_unread(computed, folded)
 
     def _over_shapes(self, node: onnx.NodeProto, shape_values: set[str]) -> bool:
@@ -307,25 +312,43 @@ class _Graph:
         self.constants[name] = target
         node.input[1] = name
 
-    def _make_for_one_image(self, node: onnx.NodeProto, position: int, at: tuple[dict, dict], first: dict, second: dict) -> None:
-        """An Expand of a constant, or a ConstantOfShape, to a shape whose first element is the batch
-        (a positional encoding built from a mask of zeros): its values are the same for every image, so
-        it is made for one (1 in the batch's place), and what reads only it folds into constants that
+    def _make_for_one_image(self, candidates: list[tuple[onnx.NodeProto, int]], at: tuple[dict, dict], first: dict,
+                            second: dict) -> None:
+        """Expands of a constant, and ConstantOfShapes, to a shape whose first element is the batch (a
+        positional encoding built from a mask of zeros): their values are the same for every image, so
+        each is made for one (1 in the batch's place), and what reads only them folds into constants that
         broadcast along the batch. Kept only where shape inference at both probe batches shows every
-        tensor keeping its shape but those computed from constants alone; else undone."""
-        targets = [np.asarray(probe[node.input[position]]).astype(np.int64) for probe in at]
-        if targets[0].ndim != 1 or targets[0].shape != targets[1].shape or not targets[0].size:
+        tensor keeping its shape but those computed from constants alone: all at once, else (a few)
+        one at a time, each undone where it fails."""
+        changes = []
+        for node, position in candidates:
+            targets = [np.asarray(probe[node.input[position]]).astype(np.int64) for probe in at]
+            if targets[0].ndim != 1 or targets[0].shape != targets[1].shape or not targets[0].size:
+                continue
+            if [targets[0][0], targets[1][0]] == list(PROBE_BATCHES) and (targets[0][1:] == targets[1][1:]).all():
+                target = targets[0].copy()
+                target[0] = 1
+                name = self.new_name(f"{node.name or node.output[0]}_one_image")
+                self.constants[name] = target
+                changes.append((node, position, node.input[position], name))
+        if not changes:
             return
-        if [targets[0][0], targets[1][0]] != list(PROBE_BATCHES) or (targets[0][1:] != targets[1][1:]).any():
+
+        def apply(chosen, on: bool) -> None:
+            for node, position, computed, name in chosen:
+                node.input[position] = name if on else computed
+
+        apply(changes, True)
+        if self._only_constants_reshaped(first, second):
             return
-        target = targets[0].copy()
-        target[0] = 1
-        name, computed = self.new_name(f"{node.name or node.output[0]}_one_image"), node.input[position]
-        self.constants[name] = target
-        node.input[position] = name
-        if not self._only_constants_reshaped(first, second):
-            node.input[position] = computed
-            del self.constants[name]
+        apply(changes, False)
+        for change in changes[:MAX_ONE_IMAGE_TRIES] if len(changes) > 1 else []:
+            apply([change], True)
+            if not self._only_constants_reshaped(first, second):
+                apply([change], False)
+        for node, position, computed, name in changes:
+            if node.input[position] != name:
+                del self.constants[name]
 
     def _only_constants_reshaped(self, first: dict, second: dict) -> bool:
         """Whether, at both probe batches, every tensor shape inference knew keeps its shape, but those

@@ -396,3 +396,34 @@ def test_an_expand_target_that_carries_the_inputs_own_batch_becomes_a_constant(t
     x = np.random.default_rng(5).standard_normal((3, 3, 6)).astype(np.float32)
     theirs = ort.InferenceSession(original.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_of_two_batch_shaped_constants_the_one_that_lines_up_folds_and_the_other_stays():
+    """Tried together, shape inference refuses the pair (the ConstantOfShape meets x along axis 1); one at a
+    time, the Expand's encoding folds and the ConstantOfShape stays as it was."""
+    nodes = [*_batch_of("x"),
+             helper.make_node("Concat", ["x_batch", "three"], ["ones_shape"], name="ones_shape", axis=0),
+             helper.make_node("Expand", ["one_f", "ones_shape"], ["ones"], name="ones"),
+             helper.make_node("CumSum", ["ones", "axis1"], ["position"], name="cumsum"),
+             helper.make_node("Add", ["x", "position"], ["y"], name="add"),
+             helper.make_node("Concat", ["x_batch", "two"], ["pad_shape"], name="pad_shape", axis=0),
+             helper.make_node("ConstantOfShape", ["pad_shape"], ["pad"], name="pad",
+                              value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [0.5])),
+             helper.make_node("Concat", ["x", "pad"], ["z"], name="concat", axis=1)]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3]),
+                               helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["N", 5])],
+                              initializer=[*SMALL_INTS, numpy_helper.from_array(np.array([3], np.int64), "three"),
+                                           numpy_helper.from_array(np.array([2], np.int64), "two"),
+                                           numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+                                           numpy_helper.from_array(np.array(1, np.int64), "axis1")])
+    original = finish(graph)
+    simplified, _ = simplify(original)
+    ops = [n.op_type for n in simplified.graph.node]
+    assert "Expand" not in ops and "CumSum" not in ops and "ConstantOfShape" in ops
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3)).astype(np.float32)
+        ours, theirs = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                        for m in (simplified, original))
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -19,21 +19,20 @@ from pathlib import Path
 
 from opplugin.device import Device
 from opplugin.errors import OpPluginError
-from opplugin.model import load_model
+from opplugin.model import Model, load_model
 from opplugin.plan import make_plan
 from opplugin.runtime.describe import record_plan_alone
 
 
-def census(path: Path, batch: int, device: Device) -> dict:
+def census(model: Model, name: str, batch: int, device: Device) -> dict:
     """One model at one batch: counts of what its plan runs."""
-    model = load_model(path)
     plan = make_plan(model, batch, device)
     record = record_plan_alone(plan)
     plugin = [s for s in record.steps if s.kind == "plugin"]
     ort = [s for s in record.steps if s.kind != "plugin"]
     families = Counter(_family(s.implementation) for s in plugin)
     return {
-        "model": path.stem,
+        "model": name,
         "batch": batch,
         "steps": len(record.steps),
         "plugin_steps": len(plugin),
@@ -43,6 +42,25 @@ def census(path: Path, batch: int, device: Device) -> dict:
         "families": dict(families.most_common()),
         "fallbacks": dict(Counter(plan.fallbacks.values())),
     }
+
+
+def rows_of(path: Path, batches: list[int], device: Device) -> list[dict]:
+    """A row per batch of the model in `path`, loaded once; where it cannot be loaded or planned, the row says why."""
+    try:
+        model = load_model(path)
+    except OpPluginError as err:
+        return [_failed(path, batch, err) for batch in batches]
+    rows = []
+    for batch in batches:
+        try:
+            rows.append(census(model, path.stem, batch, device))
+        except OpPluginError as err:
+            rows.append(_failed(path, batch, err))
+    return rows
+
+
+def _failed(path: Path, batch: int, err: OpPluginError) -> dict:
+    return {"model": path.stem, "batch": batch, "error": str(err).splitlines()[0]}
 
 
 def _family(implementation: str) -> str:
@@ -65,18 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'model':<24} {'batch':>5} {'steps':>6} {'ort':>4} {'baseline':>8}  onnxruntime ops / fallbacks", flush=True)
     for path in args.models:
-        for batch in args.batches:
-            try:
-                row = census(path, batch, device)
-            except OpPluginError as err:
-                row = {"model": path.stem, "batch": batch, "error": str(err).splitlines()[0]}
-                print(f"{path.stem:<24} {batch:>5}  error: {row['error'][:120]}", flush=True)
-                rows.append(row)
-                continue
+        for row in rows_of(path, args.batches, device):
             rows.append(row)
+            if "error" in row:
+                print(f"{row['model']:<24} {row['batch']:>5}  error: {row['error'][:120]}", flush=True)
+                continue
             left = ", ".join(f"{op} {n}" for op, n in row["onnxruntime_ops"].items())
             why = "; ".join(f"{n}x {reason[:60]}" for reason, n in row["fallbacks"].items())
-            print(f"{row['model']:<24} {batch:>5} {row['steps']:>6} {row['onnxruntime_steps']:>4} {row['conv_baseline']:>8}  "
+            print(f"{row['model']:<24} {row['batch']:>5} {row['steps']:>6} {row['onnxruntime_steps']:>4} {row['conv_baseline']:>8}  "
                   f"{left}{' | ' if left and why else ''}{why}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -1,8 +1,9 @@
-"""The layout plugins: Concat, Transpose, Slice, Split, Gather (constant indices that step evenly), Pad and Resize. Each describes its
-node once (spec.py), runs the numpy reference on the CPU device (reference.py) and a CUDA
-kernel specialised to the node's shapes on a GPU (kernels.py). Every kernel can write
-into a strided view of a larger buffer (`out=`), so the runtime may hand a producer its
-slice of a Concat's output instead of copying it there (runtime/buffers.py)."""
+"""The layout plugins: Concat, Transpose, Slice, Split, Gather (constant indices that step
+evenly), Pad and Resize. Each describes its node once (spec.py), runs the numpy reference
+on the CPU device (reference.py) and a CUDA kernel specialised to the node's shapes on a
+GPU (kernels.py). Every kernel can write into a strided view of a larger buffer (`out=`),
+so the runtime may hand a producer its slice of a Concat's output instead of copying it
+there (runtime/buffers.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence

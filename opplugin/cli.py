@@ -198,6 +198,9 @@ def _bench_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, help=f"untimed calls before timing (default {BENCH_WARMUP})")
     bench.add_argument("--repeat", type=int, help=f"timed samples; the tables give medians (default {BENCH_REPEAT})")
     bench.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
+    bench.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                       help="time each Conv candidate replayed from a CUDA graph of back-to-back calls, as run launches its steps "
+                            "(default; --no-cuda-graphs times eager calls, the host's launch cost included)")
     bench.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
     bench.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
     bench.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside their peers (PyTorch eager, in a CUDA graph and torch.compile; onnxruntime CUDA, with and without its CUDA graph) instead")
@@ -623,6 +626,9 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.cuda_graphs is not None and (args.e2e or args.scaling is not None or args.suite == "gemm"):
+        raise InputError("--cuda-graphs / --no-cuda-graphs applies to the Conv suites (--suite models or cnn): "
+                         "--e2e times opplugin both ways, --scaling and --suite gemm time eager calls")
     if args.scaling is None and (args.devices or args.plot):
         raise InputError(f"{'--devices' if args.devices else '--plot'} applies to bench --scaling")
     if args.scaling is not None:

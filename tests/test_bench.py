@@ -259,6 +259,42 @@ def test_bench_options_from_the_command_line():
     defaults = bench.options_from_args(build_parser().parse_args(["bench"]))
     assert list(defaults.batches) == [100, 1000, 10000] and defaults.warmup == 3 and defaults.repeat == 20
     assert list(defaults.models) == ["lenet86", "ece408_high"] and not defaults.all_configs
+    assert defaults.cuda_graphs and not bench.options_from_args(build_parser().parse_args(["bench", "--no-cuda-graphs"])).cuda_graphs
+
+
+@pytest.mark.parametrize("argv", [["--e2e", "m.onnx"], ["--suite", "gemm"], ["--scaling"]])
+def test_cuda_graphs_flag_is_refused_where_it_changes_nothing(argv, capsys):
+    assert main(["bench", "--no-cuda-graphs", *argv]) == 2
+    assert "applies to the Conv suites" in capsys.readouterr().err
+
+
+# --- timing replayed from a CUDA graph, or eagerly where the calls cannot be captured ---
+
+
+def test_graph_timing_sizes_the_graph_to_a_sample_and_divides_by_its_calls(monkeypatch):
+    captured, replays = [], []
+
+    def capture(fn, calls):
+        captured.append(calls)
+        return lambda: replays.append(calls)
+
+    # one call of the 1-call graph takes 0.004 ms; each sample of the sized graph 1.0 ms
+    monkeypatch.setattr(cuda, "time_ms", lambda fn, warmup, repeat, stream=None, calls=1: [0.004 if not captured[1:] else 1.0] * repeat)
+    timing = trial.time_call(lambda: None, warmup=2, repeat=5, capture=capture)
+    assert captured == [1, 250]  # 1 ms / 0.004 ms
+    assert timing == trial.Timing(1.0 / 250, 250, "cuda-graph")
+
+
+def test_calls_that_cannot_be_captured_are_timed_eagerly_and_say_why(monkeypatch):
+    def capture(fn, calls):
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(trial, "median_ms", lambda fn, warmup, repeat: (0.25, 4))
+    timing = trial.time_call(lambda: None, warmup=1, repeat=3, capture=capture)
+    assert (timing.ms, timing.calls, timing.timer) == (0.25, 4, "cuda-events")
+    assert "cannot be captured" in timing.note and "operation not permitted" in timing.note
+    assert trial.time_call(lambda: None, warmup=1, repeat=3) == trial.Timing(0.25, 4, "cuda-events")
 
 
 # --- the onnxruntime peer's model -----------------------------------------------------
@@ -353,6 +389,9 @@ def test_small_bench_runs_and_every_row_is_correct(tmp_path):
     assert {"baseline", "const_rb"} <= {r["family"] for r in variants}
     for row in variants:
         assert row["ms"] > 0 and row["rel_error"] <= row["tolerance"] and row["x_floor"] > 0
+        assert (row["timer"], row["reason"]) == ("cuda-graph", None), row["name"]  # every family's calls can be captured
+    cudnn = [r for r in rows if r["name"].startswith("cudnn") and r["status"] == "ok"]
+    assert all(r["timer"] == "cuda-graph" for r in cudnn), [(r["name"], r["reason"]) for r in cudnn]
     for step in payload["steps"]:
         assert step["best"] is not None and step["floor_ms"] > 0
         if not step["fused"]:

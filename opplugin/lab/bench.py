@@ -30,18 +30,20 @@ from ..device import CPU, current_cuda_device
 from ..errors import DeviceError, InputError, PluginError, batch_sizes, first_line, positive_int
 from ..files import write_atomic
 from ..jsonout import dumps, header, json_safe
+from ..launch_mode import building_for
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.families import Config
 from ..ops.conv.families.common import ConvKernel, Family
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.spec import ConvSpec
+from . import graphed
 from . import peers as peer_module
 from . import roofline
 from .bench_text import format_text
 from .cnn_layers import LAYERS, SUITE_BATCHES, layer_weights
 from .streams import host_to_host
-from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Problem, Trial, median_ms, run_trial
+from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Capture, Problem, Trial, median_ms, run_trial, time_call
 
 # 2: the header every report shares (jsonout.py): device gains kind and memory_bytes;
 #    model and batch are the lists of models and batch sizes measured
@@ -100,6 +102,9 @@ class Options:
     suite: str = "models"  # "models": the Conv steps of `models`; "cnn": the real-CNN layer set (cnn_layers.py)
     families: Sequence[str] | None = None  # time only these families (and the peers); None: all
     kernels: Sequence[str] = ()  # --kernel Conv=FILE files (any number), benched beside the families
+    # time each candidate replayed from a CUDA graph, as a runner launches its steps by default
+    # (the host's launch cost left out); False: eager calls, each paying it
+    cuda_graphs: bool = True
 
     def validate(self) -> None:
         if not self.batches:
@@ -345,6 +350,7 @@ class Bench:
                 "suite": self.options.suite,
                 "families": list(self.options.families or families.FAMILIES),
                 "min_sample_ms": MIN_SAMPLE_MS,
+                "cuda_graphs": self.options.cuda_graphs,
                 "tolerances": {"exact": EXACT_TOLERANCE, "fp32_peer": FP32_PEER_TOLERANCE, "inexact": INEXACT_TOLERANCE},
             },
             "roofline": self.roof.record(),
@@ -411,11 +417,14 @@ class Bench:
             floor_ms=self.roof.floor_ms(flops, nbytes),
             bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s),
         )
-        default = runner_default(spec, (case.w, case.b), epilogue)
+        # the picks for launches as this bench times them: the cost model weighs the host's part only eagerly
+        with building_for(self.options.cuda_graphs):
+            default = runner_default(spec, (case.w, case.b), epilogue)
+            candidates = self._candidates(spec, epilogue, default)
         step["default"] = default and default.name()
         self.steps.append(step)
         problem = Problem.random(spec, epilogue, (case.w, case.b))
-        for variant, heuristic in self._candidates(spec, epilogue, default):
+        for variant, heuristic in candidates:
             self._add(self._bench_variant(step, problem, variant, heuristic))
         for source in self.user_sources:
             self._add(self._bench_user(step, problem, source))
@@ -459,7 +468,7 @@ class Bench:
     def _bench_variant(self, step, problem: Problem, variant: Config | Family, heuristic: bool) -> dict[str, Any]:
         family = families.family_of(variant)
         tolerance = EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
-        trial = run_trial(problem, variant, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat)
+        trial = run_trial(problem, variant, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat, capture=self._capture())
         if isinstance(variant, Config):
             self.configs[trial.variant] = variant
         return variant_row(step, trial, problem.epilogue, family, heuristic, tolerance)
@@ -468,14 +477,18 @@ class Bench:
         """A --kernel file's row: checked and timed like a family, under the file's name."""
         from .user_trial import user_trial
 
-        trial = user_trial(problem, source, EXACT_TOLERANCE, self.options.warmup, self.options.repeat)
+        trial = user_trial(problem, source, EXACT_TOLERANCE, self.options.warmup, self.options.repeat, self._capture())
         # FP32 as far as its check against float64 shows: exact by measurement, never by construction
         common = dict(family="user", exact=True, exact_by="measurement", heuristic=True, tolerance=EXACT_TOLERANCE, rel_error=trial.rel_error,
                       implementation=trial.kernel_name, bytes=trial.bytes)
         label = source.label + problem.epilogue.suffix
         if trial.status != "ok":
             return make_row(step, label, "variant", status=trial.status, reason=trial.reason, **common)
-        return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer="cuda-events", **common)
+        return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer=trial.timer, reason=trial.reason, **common)
+
+    def _capture(self) -> Capture | None:
+        """How opplugin's calls are captured for timing: into CUDA graphs, unless the bench times eager calls."""
+        return graphed.cupy_replay if self.options.cuda_graphs else None
 
     def _bench_peer(self, step, problem: Problem, peer) -> dict[str, Any]:
         tolerance = FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
@@ -486,7 +499,12 @@ class Bench:
             if unwritten or not rel_error <= tolerance:
                 why = f"{unwritten} NaN outputs" if unwritten else f"relative error {rel_error:.3g} > {tolerance:g}"
                 return make_row(step, peer.name, "peer", status="incorrect", reason=why, rel_error=rel_error, **common)
-            ms, calls = median_ms(run, self.options.warmup, self.options.repeat, host_clock=peer.timer == "host")
+            if self.options.cuda_graphs and peer.capture is not None:
+                timing = time_call(run, self.options.warmup, self.options.repeat, peer.capture)
+                common.update(timer=timing.timer, reason=timing.note)
+                ms, calls = timing.ms, timing.calls
+            else:
+                ms, calls = median_ms(run, self.options.warmup, self.options.repeat, host_clock=peer.timer == "host")
         except peer_module.PeerUnavailable as err:
             return make_row(step, peer.name, "peer", status="unsupported", reason=str(err), **common)
         except Exception as err:
@@ -546,7 +564,7 @@ def variant_row(step: dict[str, Any], trial: Trial, epilogue: Epilogue, family, 
     label = trial.variant + epilogue.suffix
     if trial.status != "ok":
         return make_row(step, label, "variant", status=trial.status, reason=trial.reason, **common)
-    return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer="cuda-events", **common)
+    return make_row(step, label, "variant", ms=trial.ms, calls_per_sample=trial.calls, timer=trial.timer, reason=trial.reason, **common)
 
 
 def run_bench(
@@ -572,6 +590,7 @@ def options_from_args(args: Any) -> Options:
         suite=getattr(args, "suite", None) or "models",
         families=getattr(args, "families", None),
         kernels=_kernel_flags(args),
+        cuda_graphs=getattr(args, "cuda_graphs", None) is not False,
     )
 
 

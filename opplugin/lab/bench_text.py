@@ -29,6 +29,8 @@ def _status(row: dict[str, Any], step: dict[str, Any] | None = None) -> str:
             marks.append("best exact")
         if step and row["kind"] == "variant" and row["name"] == step.get("default"):
             marks.append("default pick")
+        if row.get("reason"):  # asked for a CUDA graph, its calls could not be captured
+            marks.append("timed eagerly")
         return "ok" + (f" ({', '.join(marks)})" if marks else "")
     note = (row["reason"] or "")[:NOTE_WIDTH]
     return f"{row['status'].upper()}: {note}" if row["status"] in ("incorrect", "failed") else f"n/a: {note}"
@@ -71,7 +73,7 @@ def header(payload: dict[str, Any]) -> list[str]:
         f"roofline: copy {roof['copy_gb_per_s'] / 1000:.2f} TB/s ({roof['copy_bytes'] / 2**30:.0f} GiB read+written, device to device), "
         f"FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s ({roof['matmul_n']}^3 matmul, TF32 off; small-product error "
         f"{roof['matmul_rel_error']:.1e}{', TF32 SUSPECTED' if roof['tf32_suspected'] else ''})",
-        f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; "
+        f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; {_sample_words(settings)}; "
         f"vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor",
         "exact: yes = FP32 multiply-adds (exact by construction); measured = other arithmetic (3xTF32) whose measured "
         "error against float64 meets the same bound; NO = opt-in reduced precision",
@@ -80,6 +82,13 @@ def header(payload: dict[str, Any]) -> list[str]:
         if note != "available":
             lines.append(f"peer {peer}: not measured: {note}")
     return lines
+
+
+def _sample_words(settings: dict[str, Any]) -> str:
+    if settings.get("cuda_graphs"):
+        return ("a sample replays one CUDA graph of back-to-back calls, as run launches its steps, so no host launch cost "
+                "(onnxruntime's calls run eagerly; --no-cuda-graphs times every candidate eagerly)")
+    return "a sample is back-to-back eager calls, the host's launch cost included"
 
 
 def step_title(step: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .. import sessions
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.spec import ConvSpec
+from .graphed import torch_replay
 
 ONE_CONV_OPSET = 17
 
@@ -34,6 +35,8 @@ class Peer:
     implementation: str  # what ran, for the table and the JSON
     timer: str  # "cuda-events" or "host" (a call that synchronises before it returns)
     prepare: Callable[..., Callable[[], Any]]  # (spec, epilogue, x, w, b, residual) -> run
+    # (run, calls) -> a replay of `calls` runs from one CUDA graph; None: timed as it runs
+    capture: Callable[[Callable[[], Any], int], Callable[[], Any]] | None = None
 
 
 # --- cuDNN through PyTorch ------------------------------------------------------------
@@ -90,7 +93,10 @@ def cudnn_peer(torch: Any, tf32: bool) -> Peer:
 
         return run
 
-    return Peer(f"cudnn_{mode.lower()}", exact=not tf32, implementation=label, timer="cuda-events", prepare=prepare)
+    def capture(run, calls):
+        return torch_replay(torch, run, calls)
+
+    return Peer(f"cudnn_{mode.lower()}", exact=not tf32, implementation=label, timer="cuda-events", prepare=prepare, capture=capture)
 
 
 def _torch_activation(torch: Any, epilogue: Epilogue) -> Callable[[Any], Any] | None:

@@ -8,7 +8,9 @@ recorded with the reason, never timed, and never raises.
 Times are medians of samples after warm-up. A sample covers enough back-to-back
 calls to last about a millisecond (MIN_SAMPLE_MS), so at small batches the
 figure is the launch-bound rate a caller really gets rather than a single
-launch's latency.
+launch's latency. Given a capturer (graphed.py), a sample is instead one replay of a
+CUDA graph of those calls, as a runner launches its steps by default: the figure is then
+the device's time per call, free of the host's launch cost.
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ BENCH_REPEAT = 20
 CHECKED_IMAGES_PER_END = 4
 MIN_SAMPLE_MS = 1.0  # one timing sample spans at least this much work
 MAX_CALLS_PER_SAMPLE = 256
+# (fn, calls) -> a function replaying `calls` calls of fn from one CUDA graph (graphed.py)
+Capture = Callable[[Callable[[], Any], int], Callable[[], Any]]
 
 
 def check_indices(batch: int) -> list[int]:
@@ -148,8 +152,45 @@ def median_ms(fn: Callable[[], Any], warmup: int, repeat: int, *, stream: Any = 
 
     fn()
     [once] = samples(0, 1, 1)
-    calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_MS / max(once, 1e-6))))
+    calls = calls_per_sample(once)
     return statistics.median(samples(warmup, repeat, calls)), calls
+
+
+def calls_per_sample(once_ms: float) -> int:
+    """Back-to-back calls that make a sample of about MIN_SAMPLE_MS, one call taking `once_ms`."""
+    return max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_MS / max(once_ms, 1e-6))))
+
+
+def graph_median_ms(fn: Callable[[], Any], capture: Capture, warmup: int, repeat: int) -> tuple[float, int]:
+    """(median ms per call, calls per graph), as `median_ms` but each sample replays one CUDA
+    graph of back-to-back calls (`capture(fn, calls)` makes it; see graphed.py), the way a
+    runner launches its steps by default: the host's launch cost is left out."""
+    fn()
+    [once] = cuda.time_ms(capture(fn, 1), 1, 1)
+    calls = calls_per_sample(once)
+    replay = capture(fn, calls)
+    return statistics.median(cuda.time_ms(replay, warmup, repeat)) / calls, calls
+
+
+@dataclass(frozen=True)
+class Timing:
+    ms: float
+    calls: int  # per sample
+    timer: str  # "cuda-graph" (events around a graph of the calls) or "cuda-events" (eager calls)
+    note: str | None = None  # why a call asked to be timed in a graph was timed eagerly
+
+
+def time_call(fn: Callable[[], Any], warmup: int, repeat: int, capture: Capture | None = None) -> Timing:
+    """fn's median ms per call: replayed from a CUDA graph where `capture` is given and the
+    calls can be captured, else launched eagerly (and the note says why)."""
+    note = None
+    if capture is not None:
+        try:
+            return Timing(*graph_median_ms(fn, capture, warmup, repeat), "cuda-graph")
+        except Exception as err:  # a call that cannot be captured (one that synchronises) is timed eagerly
+            cuda.synchronize()
+            note = f"timed eagerly: its calls cannot be captured in a CUDA graph ({first_line(err, named=True)})"
+    return Timing(*median_ms(fn, warmup, repeat), "cuda-events", note)
 
 
 @dataclass
@@ -166,6 +207,7 @@ class Trial:
     local_bytes: int | None = None  # local memory per thread, when screened
     ms: float | None = None
     calls: int | None = None
+    timer: str | None = None  # how `ms` was measured (Timing.timer)
 
 
 def local_memory_bytes(kernel: Any) -> int | None:
@@ -177,9 +219,10 @@ def local_memory_bytes(kernel: Any) -> int | None:
 
 
 def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, warmup: int, repeat: int,
-              screen_spills: bool = False) -> Trial:
+              screen_spills: bool = False, capture: Capture | None = None) -> Trial:
     """Build, (screen,) check and time a configuration (a family's: its heuristic's pick) on
-    `problem`; never raises for a failure of the configuration itself."""
+    `problem`; never raises for a failure of the configuration itself. With `capture`, the
+    calls are timed replayed from a CUDA graph (see time_call)."""
     spec, epilogue = problem.spec, problem.epilogue
     config, reason = families.checked(spec, variant, problem.weights, epilogue)
     if reason:
@@ -206,7 +249,8 @@ def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, w
         if unwritten or not trial.rel_error <= tolerance:
             why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
             return dataclasses.replace(trial, status="incorrect", reason=why)
-        trial.ms, trial.calls = median_ms(lambda: kernel(problem.inputs, None, out=out), warmup, repeat)
+        timing = time_call(lambda: kernel(problem.inputs, None, out=out), warmup, repeat, capture)
+        trial.ms, trial.calls, trial.timer, trial.reason = timing.ms, timing.calls, timing.timer, timing.note
     except Exception as err:  # a launch failure: resources, or an error the kernel raised
         return failed_trial(trial, "run failed", err)
     return trial

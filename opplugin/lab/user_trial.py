@@ -11,7 +11,7 @@ from ..user_kernels.compiler import Rejected, compile_node
 from ..user_kernels.contract import conv_user_defines, user_fusable
 from ..user_kernels.plugin import UserKernel, upload_weights, weights_digest
 from ..user_kernels.source import KernelSource
-from .trial import Trial, failed_trial, median_ms
+from .trial import Capture, Trial, failed_trial, time_call
 
 
 def build_for_problem(source: KernelSource, spec, weights, epilogue):
@@ -27,8 +27,9 @@ def build_for_problem(source: KernelSource, spec, weights, epilogue):
     return kernel if fuses or epilogue == NONE else UnfusedEpilogueKernel(kernel, epilogue)
 
 
-def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, repeat: int):
-    """A lab Trial of `source` on `problem`; never raises for a failure of the kernel itself."""
+def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, repeat: int, capture: Capture | None = None):
+    """A lab Trial of `source` on `problem`; never raises for a failure of the kernel itself.
+    With `capture`, timed replayed from a CUDA graph, as `run` launches it by default."""
     label = source.label
     try:
         kernel = build_for_problem(source, problem.spec, problem.weights, problem.epilogue)
@@ -45,7 +46,8 @@ def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, rep
             why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
             return dataclasses.replace(trial, status="incorrect", reason=why)
         user.poison = False  # timed as it runs in `run`
-        trial.ms, trial.calls = median_ms(lambda: kernel(problem.inputs, None), warmup, repeat)
+        timing = time_call(lambda: kernel(problem.inputs, None), warmup, repeat, capture)
+        trial.ms, trial.calls, trial.timer, trial.reason = timing.ms, timing.calls, timing.timer, timing.note
     except Exception as err:
         return failed_trial(trial, "run failed", err)
     return trial

@@ -189,14 +189,14 @@ def capture(
         try:
             outputs = run_steps(dict(inputs), clock)
         except BaseException:
-            _abandon(stream)
+            abandon_capture(stream)
             raise
         graph = stream.end_capture()
     return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, list(flag_slots),
                         tuple(clock.marks), timed)
 
 
-def _abandon(stream: Any) -> None:
+def abandon_capture(stream: Any) -> None:
     """End a capture that failed part-way, dropping what it recorded."""
     try:
         if stream.is_capturing():

@@ -269,12 +269,17 @@ def cnn_markdown(payload: dict[str, Any], chart: str | None) -> list[str]:
     def ratio(value: Any) -> str:
         return "-" if value is None else f"{value:.2f}x"
 
+    if payload["settings"].get("cuda_graphs"):
+        timing = ("each sample replays one CUDA graph of back-to-back calls (cuDNN's through `torch.cuda.CUDAGraph`), as "
+                  "`run` launches its steps by default, so the figures are device time per call, without the host's launch cost.")
+    else:
+        timing = ("each sample is back-to-back eager calls. At batch 1 most layers take a few microseconds of GPU time, so the "
+                  "figures there are mostly the per-call host cost of each implementation.")
     out = [
         f"One `opplugin bench --suite cnn` run on **{device['name']}**: medians of CUDA-event samples; cuDNN through PyTorch with "
         "`cudnn.benchmark` on. \"best exact\" is the fastest FP32-exact variant (3xTF32 counts as exact by measurement: "
         "relative L2 <= 1e-5 against float64); \"default\" is the runner's pick without a tuning cache, and /best its time "
-        "over the best's. At batch 1 most layers take a few microseconds of GPU time, so the figures there are mostly the "
-        "per-call host cost of each implementation.",
+        f"over the best's. Timing: {timing}",
         "",
         "| layer | batch | cuDNN FP32 ms | cuDNN TF32 ms | best exact | ms | vs cuDNN FP32 | default | /best | TF32 ms | vs cuDNN TF32 |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

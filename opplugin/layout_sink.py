@@ -34,6 +34,7 @@ import onnx
 from onnx import helper
 
 from .ops.reduction.layernorm_pattern import FUNCTION_NAME as LAYERNORM_FUNCTION, _declare_function as declare_layernorm
+from .node_attributes import attribute
 from .ops.reduction.spec import OPPLUGIN_DOMAIN
 
 TO_CHANNEL_LAST = (0, 2, 3, 1)
@@ -81,15 +82,9 @@ def sink_channel_last_regions(graph) -> dict[str, int]:
     return {COUNT_KEY: removed} if removed else {}
 
 
-def _attribute(node: onnx.NodeProto, name: str, default=None):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
-
 
 def _is_transpose(node: onnx.NodeProto, perm: tuple[int, ...]) -> bool:
-    return node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and tuple(_attribute(node, "perm", ()) or ()) == perm
+    return node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and tuple(attribute(node, "perm", ()) or ()) == perm
 
 
 def to_channel_first(value: np.ndarray) -> np.ndarray:
@@ -188,7 +183,7 @@ class _Finder:
 
     def _channel_layernorm(self, node: onnx.NodeProto) -> bool:
         """An ONNX LayerNormalization over the last axis only, scale and bias constants along it."""
-        if node.domain not in ("", "ai.onnx") or _attribute(node, "axis", -1) not in (-1, 3):
+        if node.domain not in ("", "ai.onnx") or attribute(node, "axis", -1) not in (-1, 3):
             return False
         params = [i for i in node.input[1:] if i]
         return all(i in self.graph.constants and np.ndim(self.graph.constants[i]) <= 1 for i in params)
@@ -275,7 +270,7 @@ class _Rewrite:
             value = graph.constants[name] if name else np.full(1, fill, np.float32)
             channels_shaped.append(self.constant(f"{name or node.output[0] + '_' + what}_nchw",
                                                  np.asarray(value).reshape(-1, 1, 1)))
-        epsilon = float(_attribute(node, "epsilon", 1e-5))
+        epsilon = float(attribute(node, "epsilon", 1e-5))
         replacement = helper.make_node(LAYERNORM_FUNCTION, [self.name_of(node.input[0]), *channels_shaped],
                                        [self.name_of(node.output[0])], name=node.name, domain=OPPLUGIN_DOMAIN,
                                        axes=[1], epsilon=epsilon)

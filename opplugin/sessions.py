@@ -58,8 +58,9 @@ class Reference:
     `extra_outputs` (intermediate tensors); one session serves every call.
 
     `views` names tensors that the simplified graph writes in another layout (Simplification.views:
-    name -> (original tensor, perm[, axes])): asked for one, the reference gives the original tensor
-    transposed, with axes of 1 inserted at `axes` of the result where given."""
+    name -> (original tensor, perm[, axes[, shape]])): asked for one, the reference gives the original
+    tensor transposed, with axes of 1 inserted at `axes` of the result where given, then reshaped to
+    `shape` where given."""
 
     def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (), *, views: dict[str, tuple] | None = None):
         proto = copy.deepcopy(model)
@@ -73,6 +74,7 @@ class Reference:
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = dict(zip(self.names, self.session.run(self.names, feeds)))
-        for name, (source, perm, *axes) in self.views.items():
-            values[name] = np.ascontiguousarray(np.expand_dims(np.transpose(values[source], perm), tuple(axes[0]) if axes else ()))
+        for name, (source, perm, *rest) in self.views.items():
+            value = np.expand_dims(np.transpose(values[source], perm), tuple(rest[0]) if rest else ())
+            values[name] = np.ascontiguousarray(value.reshape(rest[1]) if len(rest) > 1 else value)
         return values

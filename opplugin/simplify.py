@@ -34,6 +34,8 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from .conv_affine import fold_channel_affine, fold_channel_affines
+from .linear_batchnorm import batchnorm_affine, fold_linear_batchnorms
+from .node_attributes import attribute
 from .layout_sink import sink_channel_last_regions
 from .ops.gemm.einsum_pattern import decompose_einsums
 from .ops.pointwise.gelu_pattern import fold_decomposed_gelus
@@ -66,7 +68,8 @@ class Simplification:
     batchnorms_folded: int = 0  # BatchNormalization nodes folded into the Conv before them
     dropped: dict[str, int] = field(default_factory=dict)  # op type -> identities removed (Identity, Dropout)
     # a tensor written in another layout than the original's -> (original tensor, perm that makes it[, axes of 1
-    # inserted after]): layout_sink.py, ops/gemm/einsum_pattern.py
+    # inserted after[, the shape it is then reshaped to, -1 for the batch]]): layout_sink.py,
+    # ops/gemm/einsum_pattern.py, linear_batchnorm.py
     views: dict[str, tuple] = field(default_factory=dict)
 
     @property
@@ -100,7 +103,7 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
     folded = graph.fold_constants() | fold_decomposed_layernorms(graph)  # the LayerNorm pattern's constants are folded by now
     folded |= fold_decomposed_gelus(graph) | sink_channel_last_regions(graph) | decompose_einsums(graph)
     batchnorms = graph.fold_batchnorms()
-    folded |= fold_channel_affines(graph)  # after the BatchNormalizations: a scale after one folds too
+    folded |= fold_linear_batchnorms(graph) | fold_channel_affines(graph)  # after the Conv's: a scale after one folds too
     graph.write_back()  # constants that only fed folded nodes go too
     return graph.proto, graph.constants, Simplification(folded, batchnorms, dropped, graph.views)
 
@@ -194,7 +197,7 @@ class _Graph:
         while True:
             before = sum(folded.values())
             has_shapes = any(n.op_type in ("Shape", "Size") for n in self.nodes)
-            probes = self._probe_shapes() if has_shapes else ({}, {})
+            probes = self.probe_shapes() if has_shapes else ({}, {})
             known = set(self.constants)
             batch: list[onnx.NodeProto] = []
             for node in list(self.nodes):
@@ -286,7 +289,7 @@ class _Graph:
             # the element count follows the batch, and so does this axis alone (the data's first axis may
             # be the batch times a patch count, as a vision transformer's tokens are): -1 finds it at any batch
             target[axis] = -1
-        elif axis == 0 and [targets[0][0], targets[1][0]] == [first[data][0], second[data][0]] and not _attribute(node, "allowzero", 0):
+        elif axis == 0 and [targets[0][0], targets[1][0]] == [first[data][0], second[data][0]] and not attribute(node, "allowzero", 0):
             target[axis] = 0  # the first axis as the input has it
         else:
             return
@@ -373,7 +376,7 @@ class _Graph:
         positions in order: a Reshape to the indices' shape (the batch's axis -1). Exporters write a view of a
         contiguous tensor this way (torch's as_strided becomes Range > Mul > Add > Gather over the flat data)."""
         data, indices = node.input[0], node.input[1]
-        if _attribute(node, "axis", 0) != 0 or data not in first or data not in second:
+        if attribute(node, "axis", 0) != 0 or data not in first or data not in second:
             return
         shapes = []
         for probe, known in zip(at, (first, second)):
@@ -443,7 +446,7 @@ class _Graph:
             return None
         return dict(zip(outputs, results))
 
-    def _probe_shapes(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    def probe_shapes(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         """Static shapes at each of the PROBE_BATCHES (inferred once when no input's batch is free)."""
         free = any(not i.type.tensor_type.shape.dim[:1] or not i.type.tensor_type.shape.dim[0].HasField("dim_value")
                    for i in self.proto.graph.input if i.name in self.inputs)
@@ -480,7 +483,7 @@ class _Graph:
                 self.constants[conv.input[1]],
                 self.constants[conv.input[2]] if len(conv.input) > 2 and conv.input[2] else None,
                 *(self.constants[name] for name in bn.input[1:5]),
-                epsilon=_attribute(bn, "epsilon", 1e-5),
+                epsilon=attribute(bn, "epsilon", 1e-5),
             )
             names = [self.new_name(f"{conv.input[1]}_bn"), self.new_name(f"{bn.input[2]}_conv")]
             for name, value in zip(names, (weights, bias)):
@@ -497,13 +500,7 @@ class _Graph:
         """The Conv that `bn` can fold into, or None: an inference BatchNormalization with
         constant parameters, after a float32 Conv with constant weights whose output
         nobody else reads."""
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
-            return None
-        if len(bn.input) != 5 or [o for o in bn.output if o] != [bn.output[0]]:
-            return None
-        if _attribute(bn, "training_mode", 0) or _attribute(bn, "spatial", 1) != 1 or _attribute(bn, "is_test", 1) == 0:
-            return None
-        if not all(name in self.constants for name in bn.input[1:5]):
+        if batchnorm_affine(self.constants, bn) is None:
             return None
         source = bn.input[0]
         conv = next((n for n in self.nodes if source in n.output), None)
@@ -547,12 +544,6 @@ def fold_batchnorm(weights: np.ndarray, bias: np.ndarray | None, scale: np.ndarr
 def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
     if node.op_type == "Size":
         return np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
-    start, end = _attribute(node, "start", 0), _attribute(node, "end", None)
+    start, end = attribute(node, "start", 0), attribute(node, "end", None)
     return np.array(shape[start:end], dtype=np.int64)
 
-
-def _attribute(node: onnx.NodeProto, name: str, default):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper
 
+from ...node_attributes import attribute
 from .spec import OPPLUGIN_DOMAIN
 
 FUNCTION_NAME = "LayerNormalization"
@@ -45,12 +46,6 @@ def fold_decomposed_layernorms(graph) -> dict[str, int]:
                 count += 1
     return {COUNT_KEY: count} if count else {}
 
-
-def _attribute(node: onnx.NodeProto, name: str, default=None):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
 
 
 def _opset(proto: onnx.ModelProto) -> int:
@@ -125,9 +120,9 @@ class _Match:
 
 def _reduce_axes(graph, node: onnx.NodeProto) -> tuple[int, ...] | None:
     """A ReduceMean's axes when it keeps its dims and names them as constants, else None."""
-    if node.op_type != "ReduceMean" or not _attribute(node, "keepdims", 1):
+    if node.op_type != "ReduceMean" or not attribute(node, "keepdims", 1):
         return None
-    axes = _attribute(node, "axes")
+    axes = attribute(node, "axes")
     if len(node.input) > 1 and node.input[1]:
         if node.input[1] not in graph.constants:
             return None

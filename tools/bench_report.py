@@ -269,7 +269,7 @@ def cnn_markdown(payload: dict[str, Any], chart: str | None) -> list[str]:
     def ratio(value: Any) -> str:
         return "-" if value is None else f"{value:.2f}x"
 
-    if payload["settings"].get("cuda_graphs"):
+    if payload.get("settings", {}).get("cuda_graphs"):
         timing = ("each sample replays one CUDA graph of back-to-back calls (cuDNN's through `torch.cuda.CUDAGraph`), as "
                   "`run` launches its steps by default, so the figures are device time per call, without the host's launch cost.")
     else:

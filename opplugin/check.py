@@ -198,6 +198,7 @@ class CheckResult:
     chunk_size: int = 0  # images in the largest of them
     bad_rows: list[int] = field(default_factory=list)  # rows (images) where some comparison fails, the first MAX_BAD_ROWS
     arbitrated: bool = False  # whether failing comparisons were judged against float64 (first_bad.arbitrate)
+    uncompared: list[str] = field(default_factory=list)  # steps' outputs the original graph lacks (uncompared_tensors)
 
     @property
     def passed(self) -> bool:
@@ -243,9 +244,23 @@ class Top1Tally:
 
 
 def kept_tensors(plan: PlanRecord) -> tuple[str, ...]:
-    """The plugin steps' outputs that are not graph outputs: what check asks the runner to keep."""
-    outputs = set(plan.model.outputs)
-    return tuple(name for step in plan.plugin_steps for name in step.outputs if name not in outputs)
+    """The plugin steps' outputs that are not graph outputs and that the original graph has (or a
+    recorded view of it gives): what check asks the runner to keep and compares."""
+    outputs, comparable = set(plan.model.outputs), comparable_tensors(plan)
+    return tuple(name for step in plan.plugin_steps for name in step.outputs if name not in outputs and name in comparable)
+
+
+def comparable_tensors(plan: PlanRecord) -> set[str]:
+    """What onnxruntime can give for the model as loaded: its tensors, and Simplification.views."""
+    original = plan.model.original.graph
+    return {o for n in original.node for o in n.output} | {i.name for i in original.input} | set(plan.model.simplification.views)
+
+
+def uncompared_tensors(plan: PlanRecord) -> list[str]:
+    """Plugin steps' outputs that simplification made and the original graph lacks (a helper tensor
+    of a rewrite): no onnxruntime tensor to compare with; the steps that read them are compared."""
+    comparable = comparable_tensors(plan)
+    return [name for step in plan.plugin_steps for name in step.outputs if name not in comparable]
 
 
 def onnxruntime_image_bytes(plan: PlanRecord) -> int:
@@ -321,7 +336,8 @@ def check(
     batched = _batched(plan)
     reference = Reference(model.original, kept, views=model.simplification.views)  # the graph as loaded, before simplification
 
-    stats = {(step.name, name): ErrorStats(atol, rtol) for step in plan.plugin_steps for name in step.outputs}
+    compared = set(kept) | set(model.outputs)
+    stats = {(step.name, name): ErrorStats(atol, rtol) for step in plan.plugin_steps for name in step.outputs if name in compared}
     output_stats = {name: ErrorStats(atol, rtol) for name in model.outputs}
     tally = Top1Tally()
     for rows in rows_list:
@@ -338,7 +354,7 @@ def check(
         if progress and len(rows_list) > 1:
             progress("check", rows.stop, batch)
 
-    result = CheckResult(chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list))
+    result = CheckResult(chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list), uncompared=uncompared_tensors(plan))
     every = [*stats.values(), *output_stats.values()]
     result.bad_rows = sorted({row for figures in every for row in figures.bad_rows})[:MAX_BAD_ROWS]
     implementations = {step.name: step.implementation for step in plan.steps}
@@ -398,6 +414,10 @@ def format_check(result: CheckResult, atol: float, rtol: float, wide: bool = Fal
     lines += ["", f"Pass rule: every element meets {PASS_RULE}, {SCALE_RULE} (a: opplugin, b: onnxruntime),",
               "and NaN and Inf sit where onnxruntime has them;",
               "max rel is the largest |a - b| / |b| where |b| > atol, so it may exceed rtol where atol * s covers the difference."]
+    if result.uncompared:
+        names = ", ".join(elide_middle(name, None if wide else NAME_WIDTH) for name in result.uncompared)
+        lines.append(f"Not compared: {len(result.uncompared)} tensor{'s' if len(result.uncompared) > 1 else ''} made at load "
+                     f"that the original graph lacks ({names}); the steps that read them are compared.")
     if result.top1_agreement is not None:
         lines.append(f"Top-1 agreement with onnxruntime: {result.top1_agreement:.4f}")
     if result.accuracy is not None:
@@ -463,5 +483,6 @@ def build_check_report(result: CheckResult, plan: PlanRecord, atol: float, rtol:
         "accuracy": result.accuracy,
         "reference_accuracy": result.reference_accuracy,
         "arbitrated_by_float64": result.arbitrated,
+        "uncompared": result.uncompared,
         "steps_alone": steps_alone,
     }

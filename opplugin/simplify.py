@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from .batch_broadcast import COUNT_KEY as BROADCAST_KEY
+from .batch_broadcast import broadcast_to_batch
 from .conv_affine import fold_channel_affine, fold_channel_affines
 from .linear_batchnorm import batchnorm_affine, fold_linear_batchnorms
 from .node_attributes import attribute
@@ -266,6 +268,9 @@ class _Graph:
             elif node.op_type == "ConstantOfShape" and node.input[0] in at[0] and node.input[0] not in self.constants:
                 one_image.append((node, 0))
         self._make_for_one_image(one_image, at, first, second)
+        leftover = [n for n in self.nodes if n.op_type == "Expand" and n.input[1] in at[0] and n.input[1] not in self.constants]
+        if leftover and (count := broadcast_to_batch(self, leftover, at, first, second, PROBE_BATCHES)):
+            folded[BROADCAST_KEY] = folded.get(BROADCAST_KEY, 0) + count
         self._drop_unread(computed, folded)
 
     def _over_shapes(self, node: onnx.NodeProto, shape_values: set[str]) -> bool:

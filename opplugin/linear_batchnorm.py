@@ -1,4 +1,4 @@
-"""An inference BatchNormalization after a linear layer, folded into the layer's weight and a bias.
+"""An inference BatchNormalization after or before a linear layer, folded into the layer's weight and a bias.
 
 BatchNorm1d after nn.Linear (LeViT's Linear + BN blocks, the BN neck of re-identification and
 projection heads) exports as Gemm > BatchNormalization, or over tokens as MatMul (N, T, C) >
@@ -11,6 +11,12 @@ the Reshapes and the BatchNormalization go. Where the Reshape after it does not 
 product's shape (LeViT's attention splits the columns into heads), the Reshape before it stays
 and writes the BatchNormalization's tensor; the biased product before it is a recorded view
 (Simplification.views) of that tensor in the product's shape.
+
+A BatchNormalization before linear layers (LeViT's classifier heads read pooled features through
+one; a face model's BatchNorm2d > Flatten > Linear) folds into their weights' rows instead: the
+product of x * factor + shift is x times the rows scaled by factor, plus shift times the weight,
+a bias. Its readers then read its input (through the Flatten, whose output becomes a recorded view
+of that input).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from onnx import helper
 
 from .node_attributes import attribute
 
-COUNT_KEY = "BatchNormalization after MatMul/Gemm"  # "12 BatchNormalization after MatMul/Gemm folded"
+COUNT_KEY = "BatchNormalization into MatMul/Gemm"  # "12 BatchNormalization into MatMul/Gemm folded"
 
 
 def batchnorm_affine(constants: dict[str, np.ndarray], bn: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray] | None:
@@ -40,7 +46,8 @@ def batchnorm_affine(constants: dict[str, np.ndarray], bn: onnx.NodeProto) -> tu
 
 
 def fold_linear_batchnorms(graph) -> dict[str, int]:
-    """Fold each BatchNormalization that normalises a MatMul's or Gemm's output columns into it
+    """Fold each BatchNormalization that normalises a MatMul's or Gemm's output columns into it, or
+    failing that the input features of the MatMuls and Gemms that alone read it
     (simplify's graph: `nodes`, `constants`, `outputs`, `readers`, `new_name`, `probe_shapes`);
     {COUNT_KEY: how many} when any."""
     shapes: list = []  # the probe shapes, inferred once and only where a Reshape stands between
@@ -52,7 +59,7 @@ def fold_linear_batchnorms(graph) -> dict[str, int]:
 
     count = 0
     for bn in [n for n in graph.nodes if n.op_type == "BatchNormalization"]:
-        count += _fold(graph, bn, probes)
+        count += _fold(graph, bn, probes) or _fold_before(graph, bn, probes)
     return {COUNT_KEY: count} if count else {}
 
 
@@ -92,6 +99,86 @@ def _fold(graph, bn: onnx.NodeProto, probes) -> bool:
         reshape.input[0], reshape.output[0] = biased, bn.output[0]
     graph.nodes.remove(bn)
     return True
+
+
+def _fold_before(graph, bn: onnx.NodeProto, probes) -> bool:
+    """Fold `bn` into the linear layers that alone read it (directly, or through a Flatten of its
+    channels and maps), where its input's shape is the same at every batch but the first axis."""
+    affine = batchnorm_affine(graph.constants, bn)
+    if affine is None or bn.output[0] in graph.outputs:
+        return False
+    shapes = [s.get(bn.input[0]) for s in probes()]
+    if any(shape is None or len(shape) < 2 for shape in shapes) or shapes[0][1:] != shapes[1][1:]:
+        return False
+    factor, shift = affine
+    features, flatten = bn.output[0], None
+    if len(shapes[0]) > 2:  # channels and maps: one feature per (channel, position) after Flatten(axis=1)
+        readers = graph.readers(bn.output[0])
+        if len(readers) != 1 or readers[0].op_type != "Flatten" or attribute(readers[0], "axis", 1) != 1:
+            return False
+        flatten, features = readers[0], readers[0].output[0]
+        positions = int(np.prod(shapes[0][2:]))
+        factor, shift = np.repeat(factor, positions), np.repeat(shift, positions)
+    linears = graph.readers(features)
+    if features in graph.outputs or not linears or not all(_reads_features(graph, n, features, len(factor)) for n in linears):
+        return False
+    for linear in linears:
+        _scale_rows(graph, linear, factor, shift)
+    if flatten is None:
+        for linear in linears:
+            linear.input[0] = bn.input[0]
+    else:  # the Flatten now flattens the BatchNormalization's input, under a name of its own
+        flat = graph.new_name(f"{bn.input[0]}_flat")
+        graph.views[flat] = (bn.input[0], tuple(range(len(shapes[0]))), (), (-1, len(factor)))
+        flatten.input[0], flatten.output[0] = bn.input[0], flat
+        for linear in linears:
+            linear.input[0] = flat
+    graph.nodes.remove(bn)
+    return True
+
+
+def _reads_features(graph, linear: onnx.NodeProto, features: str, count: int) -> bool:
+    """Whether `linear` is a MatMul or Gemm that reads `features` as its rows' K = `count` inputs, by a
+    constant weight."""
+    if linear.op_type not in ("MatMul", "Gemm") or linear.domain not in ("", "ai.onnx") or list(linear.input).count(features) != 1:
+        return False
+    if linear.input[0] != features:
+        return False
+    weight = _column_weight(graph, linear)
+    if weight is None:
+        return False
+    transposed = linear.op_type == "Gemm" and attribute(linear, "transB", 0)
+    return weight[0].shape[1 if transposed else 0] == count
+
+
+def _scale_rows(graph, linear: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray) -> None:
+    """(x * factor + shift) @ W = x @ (W's rows times factor) + shift @ W: the new weight, and the bias
+    as Gemm's C (alpha and beta folded in) or an Add after the MatMul that writes its output."""
+    weights = graph.constants[linear.input[1]].astype(np.float64)
+    transposed = linear.op_type == "Gemm" and attribute(linear, "transB", 0)
+    rows = weights.T if transposed else weights  # (K, N)
+    scaled = factor[:, None] * rows
+    bias = shift @ rows
+    weight_name = graph.new_name(f"{linear.input[1]}_bn")
+    graph.constants[weight_name] = (scaled.T if transposed else scaled).astype(np.float32)
+    if linear.op_type == "MatMul":
+        shift_name, product = graph.new_name(f"{linear.output[0]}_bn_shift"), graph.new_name(f"{linear.output[0]}_unshifted")
+        graph.constants[shift_name] = bias.astype(np.float32)
+        target = linear.output[0]
+        linear.input[1], linear.output[0] = weight_name, product
+        add = helper.make_node("Add", [product, shift_name], [target], name=graph.new_name(f"{linear.name or target}_bn_shift"))
+        graph.nodes.insert(graph.nodes.index(linear) + 1, add)
+        return
+    alpha, beta = attribute(linear, "alpha", 1.0), attribute(linear, "beta", 1.0)
+    c = graph.constants[linear.input[2]].astype(np.float64) if len(linear.input) > 2 and linear.input[2] else np.zeros(1)
+    bias_name = graph.new_name(f"{linear.output[0]}_bn_bias")
+    graph.constants[bias_name] = (beta * c + alpha * bias).astype(np.float32)
+    data = linear.input[0]
+    del linear.input[:]
+    linear.input.extend([data, weight_name, bias_name])
+    kept = [a for a in linear.attribute if a.name != "beta"]
+    del linear.attribute[:]
+    linear.attribute.extend(kept)
 
 
 def _fold_into(graph, linear: onnx.NodeProto, affine: tuple[np.ndarray, np.ndarray], target: str) -> None:

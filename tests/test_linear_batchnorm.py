@@ -154,3 +154,65 @@ def test_a_batchnorm_that_cannot_fold_stays(model):
     folded, done = simplify(model)
     assert "BatchNormalization" in [n.op_type for n in folded.graph.node] and COUNT_KEY not in done.constants_folded
     assert_same_outputs(model, folded, (3, *[d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]))
+
+
+# --- a BatchNormalization before the linear layers: into their weights' rows ---
+
+
+def heads_model() -> onnx.ModelProto:
+    """x (N, K) > BN > two Gemm heads (one transB, alpha and beta set), summed: LeViT's classifier."""
+    nodes = [
+        batchnorm("x", "normal"),
+        helper.make_node("Gemm", ["normal", "head_w", "head_b"], ["head"], transB=1),
+        helper.make_node("Gemm", ["normal", "dist_w", "dist_b"], ["dist"], alpha=0.5, beta=2.0),
+        helper.make_node("Add", ["head", "dist"], ["y"]),
+    ]
+    initializers = [
+        constant("head_w", RNG.standard_normal((COLUMNS, DEPTH)).astype(np.float32)),
+        constant("head_b", RNG.standard_normal(COLUMNS).astype(np.float32)),
+        constant("dist_w", RNG.standard_normal((DEPTH, COLUMNS)).astype(np.float32)),
+        constant("dist_b", RNG.standard_normal(COLUMNS).astype(np.float32)),
+        *batchnorm_parameters(DEPTH),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", DEPTH])
+    return finish(helper.make_graph(nodes, "heads", [x], [output("y", ["N", COLUMNS])], initializers))
+
+
+def maps_model(second_reader: bool = False) -> onnx.ModelProto:
+    """x (N, C, 2, 3) > BN > Flatten > MatMul (C*6, COLUMNS): a face model's embedding layer."""
+    nodes = [
+        batchnorm("x", "normal"),
+        helper.make_node("Flatten", ["normal"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),
+    ]
+    outputs = [output("y", ["N", COLUMNS])]
+    if second_reader:
+        nodes.append(helper.make_node("Relu", ["flat"], ["z"]))
+        outputs.append(output("z", ["N", DEPTH * 6]))
+    initializers = [constant("w", RNG.standard_normal((DEPTH * 6, COLUMNS)).astype(np.float32)), *batchnorm_parameters(DEPTH)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", DEPTH, 2, 3])
+    return finish(helper.make_graph(nodes, "maps", [x], outputs, initializers))
+
+
+def test_a_batchnorm_before_two_heads_folds_into_both():
+    model = heads_model()
+    folded, done = simplify(model)
+    assert [n.op_type for n in folded.graph.node] == ["Gemm", "Gemm", "Add"] and done.constants_folded == {COUNT_KEY: 1}
+    assert all(n.input[0] == "x" and "beta" not in [a.name for a in n.attribute] for n in folded.graph.node[:2])
+    assert_same_outputs(model, folded, (4, DEPTH))
+
+
+def test_a_batchnorm_of_maps_before_flatten_folds_and_the_flatten_is_a_view(tmp_path):
+    model = maps_model()
+    folded, done = simplify(model)
+    assert [n.op_type for n in folded.graph.node] == ["Flatten", "MatMul", "Add"]
+    flat = folded.graph.node[0].output[0]
+    assert done.views == {flat: ("x", (0, 1, 2, 3), (), (-1, DEPTH * 6))}
+    assert_same_outputs(model, folded, (3, DEPTH, 2, 3))
+    assert main(["check", save(model, tmp_path / "maps.onnx"), "--batch", "3", "--device", "cpu", "--data", "random"]) == 0
+
+
+def test_a_batchnorm_whose_features_another_node_reads_stays():
+    model = maps_model(second_reader=True)
+    folded, done = simplify(model)
+    assert "BatchNormalization" in [n.op_type for n in folded.graph.node] and COUNT_KEY not in done.constants_folded

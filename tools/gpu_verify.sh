@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU verification of a change, in one go: the GPU test suite (SKIP_TESTS=1 leaves
-# it out; GPU_TESTS="tests/test_a_gpu.py ..." runs those files alone), `opplugin check` on both shipped models, `opplugin run` at batch 100, 1000
+# it out; GPU_TESTS="tests/test_a_gpu.py ..." runs those files alone), `opplugin check` on the three shipped models, `opplugin run` at batch 100, 1000
 # and 10000, lenet86 on 100,000 random images, and with BENCH=1 `opplugin bench`
 # (bench.json, bench.txt). Run it from anywhere on a machine with a CUDA GPU; logs and
 # JSON go to $RESULTS (default: a new folder under $TMPDIR, never the checkout). Exits 2
@@ -24,7 +24,7 @@ workers=()
 python3 -c 'import xdist' 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-14}")
 # shellcheck disable=SC2086  # GPU_TESTS is a list of paths
 [ -n "${SKIP_TESTS:-}" ] || step gpu-tests.log python3 -m pytest -m gpu -q -p no:cacheprovider --durations=25 "${workers[@]}" ${GPU_TESTS:-}
-for model in lenet86 ece408_high; do
+for model in lenet86 ece408_high mlp_onehidden; do
     step "check-$model.log" python3 -m opplugin.cli check "$model" --batch 10000 --json "$out/check-$model.json"
     for batch in 100 1000 10000; do
         step "run-$model-$batch.log" python3 -m opplugin.cli run "$model" --batch "$batch" --json "$out/run-$model-$batch.json"

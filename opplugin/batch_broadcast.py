@@ -27,15 +27,15 @@ MIN_OPSET = 10  # Slice with its bounds as inputs, and Where
 
 def broadcast_to_batch(graph, candidates: Sequence[onnx.NodeProto], at: tuple[dict, dict], first: dict, second: dict,
                        batches: tuple[int, int]) -> int:
-    """Rewrite each Expand of `candidates` whose target is (batch, then extents of its input or 1) at both
-    probe batches (`at`: the evaluated shape values; `first`, `second`: the static shapes there); how many."""
+    """Rewrite each Expand of `candidates`, of a float32 constant, whose target is (batch, then extents of
+    its input or 1) at both probe batches (`at`: the evaluated shape values; `first`, `second`: the static shapes there); how many."""
     opset = next((o.version for o in graph.proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     source = _batch_source(graph, first, second, batches)
     if opset < MIN_OPSET or source is None:
         return 0
     done = 0
     for expand in candidates:
-        if expand in graph.nodes and _broadcasts_along_the_batch(expand, _static_shape(graph, expand.input[0], first, second), at, batches):
+        if expand in graph.nodes and _broadcasts_along_the_batch(expand, _static_shape(graph, expand.input[0]), at, batches):
             _rewrite(graph, expand, source, len(at[0][expand.input[1]]), first)
             done += 1
     return done
@@ -51,18 +51,16 @@ def _batch_source(graph, first: dict, second: dict, batches: tuple[int, int]) ->
     return None
 
 
-def _static_shape(graph, name: str, first: dict, second: dict) -> tuple[int, ...] | None:
-    """A constant's shape, or a tensor's that is the same at both probe batches; else None."""
-    if name in graph.constants:
-        return tuple(graph.constants[name].shape)
-    return first.get(name) if first.get(name) == second.get(name) else None
+def _static_shape(graph, name: str) -> tuple[int, ...] | None:
+    """A float32 constant's shape (Where takes its value and the probe's type alike); else None."""
+    value = graph.constants.get(name)
+    return tuple(value.shape) if value is not None and value.dtype == np.float32 else None
 
 
 def _broadcasts_along_the_batch(expand: onnx.NodeProto, shape: tuple[int, ...] | None, at: tuple[dict, dict],
                                 batches: tuple[int, int]) -> bool:
     """Whether the target is the batch, then for each later axis 1 or the input's own extent there
-    (lined up from the last axis), and the input (of `shape`, the same at every batch) has 1 (or no
-    axis) under the batch's."""
+    (lined up from the last axis), and the input (of `shape`) has 1 (or no axis) under the batch's."""
     targets = [np.asarray(probe.get(expand.input[1], [])).astype(np.int64).reshape(-1) for probe in at]
     if shape is None or len(targets[0]) < 1 or targets[0].shape != targets[1].shape:
         return False

@@ -81,3 +81,14 @@ def test_the_plan_has_no_onnxruntime_step_and_check_names_the_helpers(tmp_path, 
 def test_an_expand_that_also_widens_an_axis_stays():
     folded, done = simplify(class_token_model(expand_tokens=2))
     assert "Expand" in [n.op_type for n in folded.graph.node] and COUNT_KEY not in done.constants_folded
+
+
+def test_an_expand_of_integers_stays():
+    """Where takes the probe's type too: an int64 constant (position ids, say) is left to onnxruntime."""
+    model = class_token_model()
+    token = next(t for t in model.graph.initializer if t.name == "token")
+    token.CopyFrom(numpy_helper.from_array(np.arange(WIDTH, dtype=np.int64).reshape(1, 1, WIDTH), "token"))
+    model.graph.node[3].input[0] = "expanded_float"
+    model.graph.node.insert(3, helper.make_node("Cast", ["expanded"], ["expanded_float"], to=TensorProto.FLOAT))
+    folded, done = simplify(model)
+    assert "Expand" in [n.op_type for n in folded.graph.node] and COUNT_KEY not in done.constants_folded

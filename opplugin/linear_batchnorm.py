@@ -48,7 +48,7 @@ def batchnorm_affine(constants: dict[str, np.ndarray], bn: onnx.NodeProto) -> tu
 def fold_linear_batchnorms(graph) -> dict[str, int]:
     """Fold each BatchNormalization that normalises a MatMul's or Gemm's output columns into it, or
     failing that the input features of the MatMuls and Gemms that alone read it
-    (simplify's graph: `nodes`, `constants`, `outputs`, `readers`, `new_name`, `probe_shapes`);
+    (simplify's graph: `nodes`, `constants`, `outputs`, `readers`, `writer`, `new_name`, `probe_shapes`);
     {COUNT_KEY: how many} when any."""
     shapes: list = []  # the probe shapes, inferred once and only where a Reshape stands between
 
@@ -65,11 +65,11 @@ def fold_linear_batchnorms(graph) -> dict[str, int]:
 
 def _fold(graph, bn: onnx.NodeProto, probes) -> bool:
     affine = batchnorm_affine(graph.constants, bn)
-    source = _writer(graph, bn.input[0]) if affine else None
+    source = graph.writer(bn.input[0]) if affine else None
     if source is None:
         return False
     reshape = source if source.op_type == "Reshape" else None
-    linear = _writer(graph, reshape.input[0]) if reshape else source
+    linear = graph.writer(reshape.input[0]) if reshape else source
     if linear is None or linear.op_type not in ("MatMul", "Gemm") or linear.domain not in ("", "ai.onnx"):
         return False
     weight = _column_weight(graph, linear)
@@ -183,10 +183,6 @@ def _scale_rows(graph, linear: onnx.NodeProto, factor: np.ndarray, shift: np.nda
 
 def _fold_into(graph, linear: onnx.NodeProto, affine: tuple[np.ndarray, np.ndarray], target: str) -> None:
     (_fold_gemm if linear.op_type == "Gemm" else _fold_matmul)(graph, linear, *affine, target)
-
-
-def _writer(graph, name: str) -> onnx.NodeProto | None:
-    return next((n for n in graph.nodes if name in n.output), None)
 
 
 def _column_weight(graph, linear: onnx.NodeProto) -> tuple[np.ndarray, int] | None:

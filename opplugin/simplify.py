@@ -131,6 +131,10 @@ class _Graph:
     def readers(self, name: str) -> list[onnx.NodeProto]:
         return [n for n in self.nodes if name in n.input]
 
+    def writer(self, name: str) -> onnx.NodeProto | None:
+        """The node that writes `name`; None for a graph input or a constant."""
+        return next((n for n in self.nodes if name in n.output), None)
+
     def rename_reads(self, old: str, new: str) -> None:
         for node in self.nodes:
             for index, name in enumerate(node.input):
@@ -508,7 +512,7 @@ class _Graph:
         if batchnorm_affine(self.constants, bn) is None:
             return None
         source = bn.input[0]
-        conv = next((n for n in self.nodes if source in n.output), None)
+        conv = self.writer(source)
         if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
             return None
         if source in self.outputs or len(self.readers(source)) != 1:

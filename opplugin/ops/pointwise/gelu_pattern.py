@@ -31,7 +31,7 @@ GELU_SINCE = 20  # the opset that has ONNX's own Gelu
 
 def fold_decomposed_gelus(graph) -> dict[str, int]:
     """Rewrite every decomposed erf-form GELU of simplify's graph (its `nodes`, `constants`,
-    `outputs`, `readers` and `proto`) into one node; {COUNT_KEY: how many} when any, else {}."""
+    `outputs`, `readers`, `writer` and `proto`) into one node; {COUNT_KEY: how many} when any, else {}."""
     count = 0
     for node in list(graph.nodes):
         if node in graph.nodes and node.op_type == "Erf" and node.domain in ("", "ai.onnx"):
@@ -63,13 +63,9 @@ def _other(node: onnx.NodeProto, name: str) -> str:
     return node.input[1] if node.input[0] == name else node.input[0]
 
 
-def _producer(graph, name: str) -> onnx.NodeProto | None:
-    return next((n for n in graph.nodes if name in n.output), None)
-
-
 def _match(graph, erf: onnx.NodeProto) -> tuple[list[onnx.NodeProto], str] | None:
     """(the pattern's nodes, x) for the GELU around `erf`, or None."""
-    scaled = _producer(graph, erf.input[0])
+    scaled = graph.writer(erf.input[0])
     if scaled is None or len(scaled.input) != 2 or len(graph.readers(scaled.output[0])) != 1 or scaled.output[0] in graph.outputs:
         return None
     if scaled.op_type == "Div" and _constant_is(graph, scaled.input[1], math.sqrt(2)):
@@ -95,7 +91,7 @@ def _match(graph, erf: onnx.NodeProto) -> tuple[list[onnx.NodeProto], str] | Non
                                   _constant_is(graph, _other(second, first.output[0]), 0.5)):
             return None
         return [*nodes, second], x
-    half = _producer(graph, factor)  # (x * 0.5) * p
+    half = graph.writer(factor)  # (x * 0.5) * p
     if half is None or half.op_type != "Mul" or len(half.input) != 2 or graph.readers(factor) != [first] or factor in graph.outputs:
         return None
     if not (x in half.input and _constant_is(graph, _other(half, x), 0.5)):

@@ -246,20 +246,21 @@ class Top1Tally:
 def kept_tensors(plan: PlanRecord) -> tuple[str, ...]:
     """The plugin steps' outputs that are not graph outputs and that the original graph has (or a
     recorded view of it gives): what check asks the runner to keep and compares."""
-    outputs, comparable = set(plan.model.outputs), comparable_tensors(plan)
+    outputs, comparable = set(plan.model.outputs), comparable_tensors(plan.model)
     return tuple(name for step in plan.plugin_steps for name in step.outputs if name not in outputs and name in comparable)
 
 
-def comparable_tensors(plan: PlanRecord) -> set[str]:
-    """What onnxruntime can give for the model as loaded: its tensors, and Simplification.views."""
-    original = plan.model.original.graph
-    return {o for n in original.node for o in n.output} | {i.name for i in original.input} | set(plan.model.simplification.views)
+def comparable_tensors(model) -> set[str]:
+    """What onnxruntime can give for `model` as loaded (a Model, or a plan record's): its tensors,
+    and Simplification.views."""
+    original = model.original.graph
+    return {o for n in original.node for o in n.output} | {i.name for i in original.input} | set(model.simplification.views)
 
 
 def uncompared_tensors(plan: PlanRecord) -> list[str]:
     """Plugin steps' outputs that simplification made and the original graph lacks (a helper tensor
     of a rewrite): no onnxruntime tensor to compare with; the steps that read them are compared."""
-    comparable = comparable_tensors(plan)
+    comparable = comparable_tensors(plan.model)
     return [name for step in plan.plugin_steps for name in step.outputs if name not in comparable]
 
 

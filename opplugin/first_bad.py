@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import float64
-from .check import CheckResult, ErrorStats
+from .check import CheckResult, ErrorStats, comparable_tensors
 from .errors import first_line
 from .sessions import Reference
 
@@ -94,9 +94,9 @@ def isolate_steps(runner, feeds: dict[str, np.ndarray], result: CheckResult, ato
     where the own error fails, both sides against float64."""
     plan = runner.plan
     piece, _ = _images(runner, feeds, result, images)
-    views = plan.model.simplification.views  # tensors the simplified graph writes transposed
-    original = {o for n in plan.model.original.graph.node for o in n.output} | {i.name for i in plan.model.original.graph.input}
-    wanted = [n for step in plan.plugin_steps for n in [*step.inputs, *step.outputs] if n in original or n in views]
+    views = plan.model.simplification.views  # tensors the simplified graph writes in another layout or shape
+    comparable = comparable_tensors(plan.model)
+    wanted = [n for step in plan.plugin_steps for n in [*step.inputs, *step.outputs] if n in comparable]
     theirs = Reference(plan.model.original, list(dict.fromkeys(wanted)), views=views)(piece)
     theirs.update(piece)
     chained = {r["step"]: r for r in result.records}

@@ -55,6 +55,9 @@ def test_lenet86_split_over_three_runners_equals_one_runner_bit_for_bit():
         assert split.outputs[name].shape == expected.shape
         assert np.array_equal(split.outputs[name], expected)
     assert seen[-1] == (101, 101) and all(total == 101 for _, total in seen)
+    # every runner wrote its rows into the one array handed back: its own outputs are views of it
+    assert all(np.shares_memory(result.outputs["probabilities"], split.outputs["probabilities"]) for result in split.results)
+    assert all(0 <= began <= ended <= split.total_ms for began, ended in split.spans_ms)
 
 
 def test_two_outputs_and_kept_tensors_come_back_in_input_order(tmp_path):
@@ -89,7 +92,7 @@ class _Broken(Runner):
         super().__init__(*args, **kwargs)
         self.error = error
 
-    def run(self, feeds, keep=(), progress=None):
+    def run(self, feeds, keep=(), progress=None, **options):
         raise self.error
 
 
@@ -181,10 +184,10 @@ def test_check_with_devices_compares_every_piece_and_reports_the_devices(two_cpu
 def test_a_failing_device_exits_2_naming_it_and_writes_nothing(two_cpus, monkeypatch, tmp_path, capsys, extra):
     plain_run = Runner.run
 
-    def second_fails(self, feeds, keep=(), progress=None):
+    def second_fails(self, feeds, keep=(), progress=None, **options):
         if next(iter(feeds.values())).shape[0] == 3:  # batch 7: the second runner's 3 rows
             raise DeviceError("CUDA error: an illegal memory access was encountered")
-        return plain_run(self, feeds, keep, progress)
+        return plain_run(self, feeds, keep, progress, **options)
 
     monkeypatch.setattr(Runner, "run", second_fails)
     monkeypatch.chdir(tmp_path)

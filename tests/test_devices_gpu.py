@@ -80,3 +80,17 @@ def test_an_unknown_device_id_is_one_line(capsys):
 
 def test_all_names_every_device():
     assert cuda_slots("all") == [DeviceSlot(index) for index in range(cuda.device_count())]
+
+
+@pytest.mark.skipif(cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpus_equal_one_gpu_bit_for_bit_and_each_runs_on_its_own_device():
+    model = load_model("lenet86")
+    batch = 20_003
+    feeds = make_inputs(model, batch, "random", 6, pinned=True).feeds
+    whole = Runner(model, batch, "cuda", chunk=CHUNK).run(feeds)
+    devices = DeviceRunners(model, cuda_slots("0,1"), lambda slot, share: Runner(model, share, slot.device(), chunk=CHUNK), batch)
+    assert devices.labels == ["cuda:0", "cuda:1"]
+    # each runner's weights were uploaded inside its own device's context
+    assert [{array.device.id for array in runner.constants.values()} for runner in devices.runners] == [{0}, {1}]
+    split = devices.run(feeds)
+    assert np.array_equal(split.outputs["probabilities"], whole.outputs["probabilities"])

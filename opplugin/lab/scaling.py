@@ -127,6 +127,16 @@ def _max_abs(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray] | None) 
     return max(float(np.max(np.abs(ours[name].astype(np.float64) - theirs[name]), initial=0.0)) for name in ours)
 
 
+def _with_spans(rows: list[dict[str, Any]], spans_ms: list[list[tuple[float, float] | None]]) -> list[dict[str, Any]]:
+    """Each runner's row with when its run began and ended in a pass (medians, ms from the
+    pass's start): the pass's time past the last end is the threads' and the gathering's."""
+    for index, row in enumerate(rows):
+        found = [spans[index] for spans in spans_ms if spans[index] is not None]
+        row["started_ms"] = statistics.median(span[0] for span in found) if found else None
+        row["finished_ms"] = statistics.median(span[1] for span in found) if found else None
+    return rows
+
+
 MakeRunner = Callable[[DeviceSlot, int], Runner]
 
 
@@ -150,7 +160,7 @@ def time_list(model: Model, feeds: dict[str, np.ndarray], batch: int, entry: Dev
         "time_ms": ms, "times_ms": list(measured.total_ms), "speedup": None, "efficiency": None, "build_s": build_s,
         "input_pinned": all(result.input_pinned for result in last.results if result is not None),
         **_compare(model, devices, feeds, last.outputs, last.rows, batch),
-        "max_abs_vs_one": _max_abs(last.outputs, one), "per_runner": measured.rows(),
+        "max_abs_vs_one": _max_abs(last.outputs, one), "per_runner": _with_spans(measured.rows(), measured.spans_ms),
     }
     outputs = last.outputs
     del devices, measured, last  # each list's runners go before the next list's are built,

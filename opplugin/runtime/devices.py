@@ -28,7 +28,7 @@ from ..errors import DeviceError, InputError, OpPluginError, first_line, positiv
 from ..model import Model
 from ..rows import split_even
 from . import chunking
-from .executor import Progress
+from .executor import Progress, Results
 from .records import Profile, RunResult
 from .runner import Runner
 
@@ -81,7 +81,9 @@ class DeviceFailure(DeviceError):
 @dataclass
 class DevicesResult:
     """One pass of a batch over the devices: the outputs and kept tensors in input order, each
-    device's rows and RunResult (None where it got no rows), and the wall time of the pass."""
+    device's rows and RunResult (None where it got no rows), the wall time of the pass, and
+    when each device's run began and ended, in ms from the start of the pass (None where it
+    got no rows): what the pass adds to its slowest device is starting threads and gathering."""
 
     outputs: dict[str, np.ndarray]
     kept: dict[str, np.ndarray]
@@ -89,6 +91,7 @@ class DevicesResult:
     results: list[RunResult | None]
     total_ms: float
     batch: int
+    spans_ms: list[tuple[float, float] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -100,6 +103,8 @@ class DevicesProfile:
     profiles: list[Profile | None]
     images: list[int]
     total_ms: list[float] = field(default_factory=list)
+    # each timed pass's DevicesResult.spans_ms
+    spans_ms: list[list[tuple[float, float] | None]] = field(default_factory=list)
     last: DevicesResult | None = None
 
     @property
@@ -222,13 +227,13 @@ class DeviceRunners:
         failure.abandon_process = getattr(error, "abandon_process", False)  # a hung kernel: see cli.main
         return failure
 
-    def _gather(self, results: list[RunResult | None], names: Sequence[str], kept: bool) -> dict[str, np.ndarray]:
-        """Each tensor's rows from every device, in input order; an unbatched one (a kept
+    def _gather_kept(self, results: list[RunResult | None], names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Each kept tensor's rows from every device, in input order; an unbatched one (a kept
         weight input) is the same everywhere and taken once."""
         ran = [result for result in results if result is not None]
         arrays = {}
         for name in names:
-            parts = [(result.kept if kept else result.outputs)[name] for result in ran]
+            parts = [result.kept[name] for result in ran]
             batched = self.layout.is_batched(name) or name in self.layout.batched_inputs
             arrays[name] = np.concatenate(parts) if batched and len(parts) > 1 else parts[0]
         return arrays
@@ -239,12 +244,20 @@ class DeviceRunners:
         batch = self.runners[0].check_feeds(feeds)
         rows = self.split(batch)
         counter = _Counter(progress, len(rows), batch)
+        outputs = Results(batch, chunked=True, single=False)  # every device writes its rows straight in
+        spans: list[tuple[float, float] | None] = [None] * len(rows)
         started = time.perf_counter()
-        results = self._together(rows, lambda index, runner, piece: runner.run(
-            self._piece(feeds, piece), keep, counter.for_device(index)))
+
+        def run_share(index: int, runner: Runner, piece: slice) -> RunResult:
+            began = time.perf_counter()
+            result = runner.run(self._piece(feeds, piece), keep, counter.for_device(index), into=outputs.share(piece))
+            spans[index] = ((began - started) * 1e3, (time.perf_counter() - started) * 1e3)
+            return result
+
+        results = self._together(rows, run_share)
         total_ms = (time.perf_counter() - started) * 1e3
-        return DevicesResult(self._gather(results, self.runners[0].plan.model.outputs, kept=False),
-                             self._gather(results, keep, kept=True), rows, results, total_ms, batch)
+        return DevicesResult({name: outputs.arrays[name] for name in self.runners[0].plan.model.outputs},
+                             self._gather_kept(results, keep), rows, results, total_ms, batch, spans)
 
     def profile(self, feeds: dict[str, np.ndarray], warmup: int = 2, repeat: int = 5, keep: tuple[str, ...] = (),
                 progress: Progress | None = None) -> DevicesProfile:
@@ -272,6 +285,7 @@ class DeviceRunners:
                     found.profiles[index] = Profile(self.runners[index].describe(piece.stop - piece.start), ran)
                 found.profiles[index].add(ran)
             found.total_ms.append(result.total_ms)
+            found.spans_ms.append(result.spans_ms)
             found.last = result
         return found
 

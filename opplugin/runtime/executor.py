@@ -70,6 +70,30 @@ class Results:
             return
         lane.download(name, value, self._target(name, rows, tuple(value.shape), value.dtype), staged)
 
+    def share(self, rows: slice) -> "SharedRows":
+        """The part of these (chunked) arrays that one run over `rows` of the batch fills."""
+        return SharedRows(self, rows)
+
+
+class SharedRows:
+    """One run's rows of a Results that several runs fill at once (runtime/devices.py: a
+    runner per device): each chunk lands straight in the whole batch's arrays, so nothing
+    is gathered afterwards. Rows given to `place` count from the start of this run."""
+
+    def __init__(self, whole: Results, rows: slice):
+        if not whole.chunked or whole.single:
+            raise ValueError("only a chunked, multi-part Results can be shared by rows")
+        self.whole, self.rows = whole, rows
+
+    def place(self, name: str, rows: slice, value: Any, lane: Lane, staged: bool) -> None:
+        start = self.rows.start
+        self.whole.place(name, slice(start + rows.start, start + rows.stop), value, lane, staged)
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """This run's rows of every array placed so far (views of the whole batch's)."""
+        return {name: array[self.rows] for name, array in self.whole.arrays.items()}
+
 
 class _Values:
     """Where each tensor of one chunk is: on the host, on the device, or both. The runner's
@@ -130,7 +154,7 @@ class ChunkInputs:
     feeds: dict[str, np.ndarray]
     pinned: dict[str, bool]
     keep: tuple[str, ...]
-    outputs: Results
+    outputs: Results | SharedRows
     kept: Results
     # where fused steps flag NaN or Inf per chunk (None: no fused steps, or not watched)
     flags: FlagSink | None = None

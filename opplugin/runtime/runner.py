@@ -38,7 +38,7 @@ from ..registry import Kernel, Plugin
 from . import chunking
 from .buffers import InPlace, assign_buffers
 from .exact import ExactPath
-from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results
+from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results, SharedRows
 from .describe import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
 from .prebuild import build_all
@@ -284,11 +284,13 @@ class Runner:
     # --- running ------------------------------------------------------------------------
 
     def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None,
-            *, step_times: bool = True) -> RunResult:
+            *, step_times: bool = True, into: SharedRows | None = None) -> RunResult:
         """One pass over the batch (any size). Returns host copies of the graph outputs and of `keep`.
         `progress(label, images_done, images)` is called as chunks finish. With `step_times` off,
         CUDA graphs replay without the events that time each step (graphs.py): their steps get no
-        rows, each replay is one span of kind GRAPH, and the run is as quick as it gets."""
+        rows, each replay is one span of kind GRAPH, and the run is as quick as it gets. `into`
+        puts the outputs in rows of arrays that other runs fill too (DeviceRunners); the
+        result's outputs are then views of those rows."""
         batch = self.check_feeds(feeds)
         if keep:
             crossing = set(feeds) | {name for step in self.plan.steps for name in step.outputs}
@@ -300,7 +302,7 @@ class Runner:
         while True:
             chunks = chunking.split_rows(batch, self.chunk) if self.layout.chunkable else [slice(0, batch)]
             try:
-                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times)
+                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times, into)
             except Exception as err:
                 if not cuda.is_out_of_memory(err):
                     raise
@@ -327,11 +329,12 @@ class Runner:
                                  f"(about {self.peak_image_bytes} bytes per image live): {cause}")
 
     def _run_chunks(self, feeds: dict[str, np.ndarray], batch: int, chunks: list[slice], keep: tuple[str, ...],
-                    progress: Progress | None, step_times: bool = True) -> RunResult:
+                    progress: Progress | None, step_times: bool = True, into: SharedRows | None = None) -> RunResult:
         on_gpu = self.device.is_cuda
         pinned = {name: on_gpu and cuda.is_pinned(value) for name, value in feeds.items()}
         single = len(chunks) == 1
-        inputs = ChunkInputs(feeds, pinned, keep, Results(batch, self.layout.chunkable, single),
+        outputs = into if into is not None else Results(batch, self.layout.chunkable, single)
+        inputs = ChunkInputs(feeds, pinned, keep, outputs,
                              Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)), step_times)
         if self._chains:
             self._chains.reset(min(len(self.scheduler.lanes), len(chunks)))

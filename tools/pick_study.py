@@ -4,6 +4,7 @@ without graphs. Each variant is checked against float64 before it is timed. Comp
 in parallel worker processes (they fill CuPy's kernel cache), then the timing, one variant at a time.
 
     python tools/pick_study.py --out study.json [--batches 1 32] [--workers 14] [--layers NAME ...]
+    python tools/pick_study.py --out dw.json --suite-layers "mobilenetv2 dw 3x3 s2 144ch 56" --families depthwise unrolled
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-# name: (C, M, input size, kernel, stride, pad, fused activation or None)
+# name: (C, M, input size, kernel, stride, pad, fused activation or None[, groups])
 LAYERS = {
     "effnet se squeeze 480->20": (480, 20, 1, 1, 1, 0, "Silu"),
     "effnet se excite 20->480": (20, 480, 1, 1, 1, 0, "Sigmoid"),
@@ -37,6 +38,7 @@ LAYERS = {
     "mobilenetv2 1x1 96->24 56": (96, 24, 56, 1, 1, 0, None),
     "resnet 1x1 64->256 56": (64, 256, 56, 1, 1, 0, None),
 }
+BUILT_IN = list(LAYERS)
 CONFIGS_PER_FAMILY = 2  # the family's pick and the next few it offers
 # the seeds' teaching steps, never the fastest on these layers: left out to save compiles
 SKIPPED = {"baseline", "unrolled", "const", "tiled", "reduce_tree", "reduce_atomic", "im2col_gemm", "implicit_gemm"}
@@ -46,21 +48,22 @@ CALLS_PER_GRAPH = 20
 def spec_of(name: str, batch: int):
     from opplugin.ops.conv.spec import ConvSpec
 
-    c, m, size, k, stride, pad, _ = LAYERS[name]
-    return ConvSpec(batch, c, m, (size, size), (k, k), (stride, stride), (1, 1), (pad,) * 4, 1, True)
+    c, m, size, k, stride, pad, _, *group = LAYERS[name]
+    return ConvSpec(batch, c, m, (size, size), (k, k), (stride, stride), (1, 1), (pad,) * 4, group[0] if group else 1, True)
 
 
 def epilogue_of(name: str):
     from opplugin.ops.conv.epilogue import NONE, Epilogue
 
-    act = LAYERS[name][-1]
+    act = LAYERS[name][6]
     return Epilogue(act) if act else NONE
 
 
 def weights_of(name: str):
     spec = spec_of(name, 1)
     rng = np.random.default_rng(sorted(LAYERS).index(name))
-    w = rng.standard_normal(spec.weight_shape, dtype=np.float32) * np.float32((spec.in_channels * spec.kernel[0] ** 2) ** -0.5)
+    fan_in = spec.in_channels // spec.group * spec.kernel[0] ** 2
+    w = rng.standard_normal(spec.weight_shape, dtype=np.float32) * np.float32(fan_in ** -0.5)
     return w, rng.standard_normal(spec.out_channels, dtype=np.float32) * np.float32(0.1)
 
 
@@ -74,7 +77,7 @@ def variants(name: str, batch: int, only: set[str] | None = None) -> list[str]:
     spec, epilogue, weights = spec_of(name, batch), epilogue_of(name), weights_of(name)
     names = []
     for family in families.usable_families(spec, weights, epilogue):
-        if family in SKIPPED or only and family not in only:
+        if (family in SKIPPED and not (only and family in only)) or only and family not in only:
             continue
         offered = [c for c in families.FAMILIES[family].configs(spec, epilogue)
                    if families.unsupported_reason(spec, c, weights, epilogue) is None]
@@ -157,12 +160,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--layers", nargs="+", default=list(LAYERS))
+    parser.add_argument("--layers", nargs="+", default=None, help="built-in layers (default all of them)")
     parser.add_argument("--batch32-layers", nargs="*", default=None, help="layers measured at batches above 1 (default: all)")
     parser.add_argument("--workers", type=int, default=14)
     parser.add_argument("--families", nargs="*", default=None, help="time only these families' picks (and the defaults)")
     parser.add_argument("--extra-layers", nargs="*", default=[], help="more layers as NAME=C,M,SIZE,KERNEL,STRIDE,PAD[,ACT]")
+    parser.add_argument("--suite-layers", nargs="*", default=[], help="layers of bench --suite cnn, by name (grouped ones too)")
     args = parser.parse_args()
+    if args.suite_layers:
+        from opplugin.lab.cnn_layers import LAYERS as SUITE
+
+        by_name = {layer.name: layer for layer in SUITE}
+        unknown = [name for name in args.suite_layers if name not in by_name]
+        if unknown:
+            parser.error(f"no suite layer {unknown}; the suite has {sorted(by_name)}")
+        for name in args.suite_layers:
+            layer = by_name[name]
+            LAYERS[name] = (layer.in_channels, layer.out_channels, layer.size, layer.kernel, layer.stride, layer.pad, None, layer.group)
+    # the named layers; by default the built-in ones, unless suite layers are named
+    args.layers = [*(args.layers if args.layers is not None else [] if args.suite_layers else BUILT_IN), *args.suite_layers]
     for text in args.extra_layers:
         name, fields = text.split("=")
         *numbers, act = fields.split(",") if not fields.split(",")[-1].isdigit() else (*fields.split(","), None)

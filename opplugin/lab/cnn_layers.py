@@ -64,6 +64,8 @@ LAYERS = (
     Layer("efficientnetb0 dw 5x5 1152ch 7", 1152, 1152, 7, 5, pad=2, group=1152),
     Layer("convnext-t dw 7x7 96ch 56", 96, 96, 56, 7, pad=3, group=96),
     Layer("convnext-t dw 7x7 768ch 7", 768, 768, 7, 7, pad=3, group=768),
+    Layer("efficientnetb0 dw 5x5 s2 144ch 56", 144, 144, 56, 5, stride=2, pad=2, group=144),
+    Layer("efficientnetb0 dw 5x5 s2 672ch 14", 672, 672, 14, 5, stride=2, pad=2, group=672),
 )
 
 

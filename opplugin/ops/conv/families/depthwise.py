@@ -173,6 +173,8 @@ class NarrowGroups(Family):
             return f"groups of 2 to {self.MOST_CHANNELS} input channels only (this Conv has {channels}); depthwise takes 1"
         if epilogue.pool:
             return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
+        if spec.in_channels * int(np.prod(spec.in_size)) >= 2**31:
+            return f"{self.name} indexes one image's input with 32-bit offsets: at most 2**31 - 1 values an image"
         return None
 
     def reason(self, spec, config, epilogue):

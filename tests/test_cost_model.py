@@ -56,7 +56,7 @@ def test_ranking_by_predicted_time_keeps_the_split_under_graphs_and_drops_it_eag
     replayed = cost.cheapest(VGG_512_B1, candidates, SMS, replayed=True)
     assert replayed == min(candidates, key=lambda c: cost.device_us(VGG_512_B1, c, SMS))
     small = conv(1, 32, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1))  # a few µs of work: launches decide
-    tiny = dataclasses.replace(split, splits=2)
+    tiny = families.parse("tc_3xtf32_b32x64x32_w32x16_s3_k2")[1]  # its smallest tile, K in two
     eager = [cost.predict(small, c, SMS, replayed=False).total_us for c in (tiny, dataclasses.replace(tiny, splits=1))]
     assert eager[1] < eager[0]
     assert cost.cheapest(small, [tiny, dataclasses.replace(tiny, splits=1)], SMS, replayed=False).splits == 1

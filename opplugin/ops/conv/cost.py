@@ -7,8 +7,9 @@ for the partial sums. Eagerly that costs the host about as much as the kernel it
 the split is worth it only where it saves more device time than that; under a graph only
 its device cost remains (the reduce kernel's start and the partial sums' round trip).
 
-The device term models what differs between the K splits of one tile: waves of blocks
-over the SMs, each block walking its share of K in slices. It ranks the splits of one
+The device term models what differs between the K splits and tiles of one family: waves of
+blocks over the SMs, each block walking its share of K in slices at a rate that grows with
+its tile's operand reuse. It ranks the splits of one
 configuration, not families against each other; that stays the heuristic's order, and
 `opplugin tune` stays the way to measure.
 """
@@ -31,6 +32,12 @@ LAUNCH_DEVICE_US = 2.0
 # and the memory bandwidth the partial sums go through (HBM3, in bytes per µs).
 SM_FLOP_PER_US = 435e3
 BANDWIDTH_BYTES_PER_US = 3.0e6
+# A block tile's multiply-adds per operand value loaded (BM x BN / (BM + BN)) at which its slices
+# run at half the SM's FP32 rate: a small tile reloads its operands for few multiply-adds each.
+# Fitted to the K splits and tiles of six 3x3 layers at batch 1 on an H200 (tools/pick_study.py,
+# graphed): without it the model put VGG's 512->512 at 14x14 on 32x64 tiles split 4 ways, 56 µs,
+# against 38 µs for 128x64 tiles split 15 ways; with it every layer's pick was within 1.13x of the best.
+HALF_RATE_INTENSITY = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +78,9 @@ def device_us(spec: ConvSpec, config, sms: int) -> float:
     blocks = grid_blocks(spec, config) * splits
     slots = sms * config.min_blocks
     waves = -(-blocks // slots)
-    slice_us = 2 * config.bm * config.bn * TAP_SLICE * config.min_blocks / SM_FLOP_PER_US  # slots share an SM
+    intensity = config.bm * config.bn / (config.bm + config.bn)
+    rate = SM_FLOP_PER_US * intensity / (intensity + HALF_RATE_INTENSITY)
+    slice_us = 2 * config.bm * config.bn * TAP_SLICE * config.min_blocks / rate  # slots share an SM
     compute = waves * -(-k_slices(spec) // splits) * slice_us
     if splits == 1:
         return LAUNCH_DEVICE_US + compute

@@ -27,7 +27,7 @@
    `const_rb` first, then the `depthwise` family (weights in global memory,
    any filter size); other grouped layers try `grouped` (narrow groups), the
    SIMT GEMM, then the constant-memory families (`GROUPED_PREFERENCE`), the
-   SIMT GEMM first for groups of 16 maps or more at a large batch. A
+   SIMT GEMM first for groups of 16 maps or more. A
    family gives the configuration its `configs()` lists first: the one its author expects to be fastest without spilling. When no
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations. Where the pick splits K, the cost
@@ -63,8 +63,6 @@ TENSOR_CORE_MIN_K = 64
 # A constant-memory block's outputs (256 threads of 2x2 pixels x 16 maps, const_tile's usual
 # tile): a layer with fewer outputs than this per SM gives those families less than a block an SM.
 CONSTANT_BLOCK_OUTPUTS = 256 * 64
-# Grouped layers go to the SIMT GEMM only with at least this much work (multiply-adds x 2).
-GROUPED_GEMM_MIN_FLOPS = 1e8
 # Up to this GEMM K (a 1x1 layer's input channels) the FP32 SIMT GEMM goes before the tensor cores:
 # ResNet's 1x1 64->256 at 56x56, batch 32, ran 0.115 ms on simt_gemm and 0.156 on tc_3xtf32 (H100),
 # whose three MMAs per tile and 32-deep slices have too short a K loop to hide their cost.
@@ -78,10 +76,10 @@ DEPTHWISE_PREFERENCE = ("const_rb", "depthwise", "const_tile", "const_mo", "cons
 # the depthwise kernel, a block's maps sharing their group's input patches), then the SIMT
 # GEMM's FP32 FMAs, whose small tiles waste less of a narrow group than the tensor cores' 32-row ones.
 GROUPED_PREFERENCE = ("grouped", "simt_gemm", "const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
-# ... but groups of this many maps or more, with the work of a large batch, fill the SIMT GEMM's
-# 16-row tiles: on an H200 at batch 32 RegNetY-800MF's 144-channel 3x3 (groups of 16) ran 0.068 ms
-# there and 0.096 on `grouped`, ResNeXt-50's 512-channel one 0.059 and 0.076; at batch 1 (and for
-# ResNeXt's groups of 4 at any batch) `grouped` was faster.
+# ... but groups of this many maps or more fill the SIMT GEMM's 16-row tiles: on an H200 at batch 32
+# RegNetY-800MF's 144-channel 3x3 (groups of 16) ran 0.068 ms there and 0.096 on `grouped`,
+# ResNeXt-50's 512-channel one 0.059 and 0.076; at batch 1, on the 16 x 64 tiles the cost model
+# takes for a short grid, 7.4 and 7.5 µs against 13.8 and 12.5 (ResNeXt's groups of 4 stay on `grouped`).
 GROUPED_GEMM_MIN_MAPS = 16
 
 
@@ -110,7 +108,7 @@ def general_preference(spec: ConvSpec) -> tuple[str, ...]:
     if spec.group > 1 and spec.in_channels == spec.group:
         return DEPTHWISE_PREFERENCE
     if spec.group > 1:
-        if spec.out_channels // spec.group >= GROUPED_GEMM_MIN_MAPS and spec.flops() >= GROUPED_GEMM_MIN_FLOPS:
+        if spec.out_channels // spec.group >= GROUPED_GEMM_MIN_MAPS:
             return ("simt_gemm", *(name for name in GROUPED_PREFERENCE if name != "simt_gemm"))
         return GROUPED_PREFERENCE
     return PREFERENCE

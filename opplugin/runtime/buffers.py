@@ -217,6 +217,11 @@ class InPlace:
         self.plan, self.layout, self.assignment, self.on_device = plan, layout, assignment, on_device
         self.buffers = {slot.buffer for slot in assignment.slots.values()}  # the Concat outputs written in place
 
+    def places(self, index: int) -> bool:
+        """Whether step `index` writes into a Concat's buffer (or is a Concat): `call` runs it."""
+        step = self.plan.steps[index]
+        return index in self.assignment.concats or (len(step.outputs) == 1 and step.outputs[0] in self.assignment.slots)
+
     def call(self, index: int, kernel: Kernel, args: Sequence[Any], stream: Any, pending: MutableMapping[str, Any],
              batch: int) -> list[Any]:
         step = self.plan.steps[index]

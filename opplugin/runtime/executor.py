@@ -192,6 +192,7 @@ class PlanExecutor:
         self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
         self._dying: dict[tuple[int, frozenset[str]], list[str]] = {}  # (first step, held) -> what a replay frees
         self._runs = _runs_of_steps(plan)
+        self._single_output = frozenset(index for index, step in enumerate(plan.steps) if len(step.outputs) == 1)
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
         for index, step in enumerate(plan.steps):
@@ -245,7 +246,7 @@ class PlanExecutor:
                 args = [values.on_device(n) if n else None for n in step.inputs]
                 run = lane.run_kernel if kernel.device_work else lane.run_host
                 outs = self._checked(step, run(step.name, "plugin",
-                                               lambda i=index, k=kernel, a=args: self._call(i, k, a, lane.stream, pending, batch)))
+                                               lambda i=index, k=kernel, a=args: self._call(i, k, a, lane, pending, batch)))
                 for name, value in zip(step.outputs, outs):
                     values.put(name, value)
                 if flags is not None and index in self.watched:
@@ -253,11 +254,22 @@ class PlanExecutor:
                         lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
                 self._drop_dead(values, index, held)
 
-    def _call(self, index: int, kernel: Kernel, args: list[Any], stream: Any, pending: dict[str, Any], batch: int) -> list[Any]:
-        """The step's kernel on `args`, writing in place where the buffer assignment says so."""
-        if self.in_place is None:
-            return kernel(args, stream)
-        return self.in_place.call(index, kernel, args, stream, pending, batch)
+    def _call(self, index: int, kernel: Kernel, args: list[Any], lane: Lane, pending: dict[str, Any], batch: int) -> list[Any]:
+        """The step's kernel on `args`, writing in place where the buffer assignment says so, else
+        (eager, on a device) into the array it wrote at this chunk size last time (prebound.py)."""
+        if self.in_place is not None and self.in_place.places(index):
+            return self.in_place.call(index, kernel, args, lane.stream, pending, batch)
+        prebound = lane.prebound if not self.cuda_graphs and index in self._single_output and getattr(kernel, "out_view", "") else None
+        if prebound is None:
+            return kernel(args, lane.stream)
+        out = prebound.get(index, batch)
+        outs = kernel(args, lane.stream) if out is None else kernel(args, lane.stream, out=out)
+        if len(outs) == 1 and (out is None or outs[0] is out):
+            if out is None:
+                prebound.keep(index, batch, outs[0])
+        else:
+            prebound.drop(index)
+        return outs
 
     def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:
         """A kernel's outputs, one per output of its step."""
@@ -367,7 +379,7 @@ class PlanExecutor:
                 step = self.plan.steps[index]
                 args = [local[n] if n else None for n in step.inputs]
                 clock.start()
-                outs = self._checked(step, self._call(index, self.kernels[step.name], args, lane.stream, pending, batch))
+                outs = self._checked(step, self._call(index, self.kernels[step.name], args, lane, pending, batch))
                 clock.stop(step.name)
                 local.update(zip(step.outputs, outs))
                 if flag_buffer is not None and self.watched.get(index):

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import cuda, hostwork
 from .graphs import SegmentGraphs
+from .prebound import PreboundOutputs
 from .timeline import COPY, GRAPH, Timeline
 
 # Pageable inputs below this size go up directly: the driver's own staging is as quick.
@@ -112,6 +113,7 @@ class Lane(Protocol):
     stream: Any  # the CUDA stream its work goes on (None on the host)
     device_id: int | None
     graphs: SegmentGraphs  # runs of plugin steps captured as CUDA graphs on this lane (none on the host)
+    prebound: PreboundOutputs | None  # eager steps' output arrays kept for the next run (none on the host)
 
     def activate(self) -> contextlib.AbstractContextManager:
         """Makes this lane current in the calling thread for the time of a run."""
@@ -182,6 +184,7 @@ class HostLane(Lane):
     def __init__(self, index: int = 0) -> None:
         self.recording = _Recording(index)
         self.graphs = SegmentGraphs()  # stays empty: CUDA graphs need a device
+        self.prebound = None  # numpy outputs are cheap to allocate
 
     def activate(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -264,6 +267,7 @@ class CudaLane(Lane):
         self.recording = _Recording(index)
         self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
         self.graphs = SegmentGraphs()  # runs of plugin steps captured on this lane's stream
+        self.prebound = PreboundOutputs()  # eager steps' outputs, reused run after run
         # the steps of this chunk's replays: (step, order, start, end), read once the stream is done
         self._graph_steps: list[tuple[str, int, Any, Any]] = []
         self.events = EventPool()

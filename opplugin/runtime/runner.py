@@ -317,6 +317,7 @@ class Runner:
             cuda.synchronize()
             for lane in self.scheduler.lanes:
                 lane.graphs.clear()  # their memory pools go with them
+                lane.prebound.clear()
             cuda.release_cached_memory()
 
     def _out_of_memory_error(self, batch: int, err: BaseException) -> OutOfDeviceMemory:

@@ -30,6 +30,7 @@ from ..spec import ConvSpec
 CONSTANT_MEMORY_BYTES = 64 * 1024  # the __constant__ space of every CUDA device so far
 BLOCK = 256  # threads per block: 8 warps, enough to hide load latency at these small per-thread costs
 INT32_MAX = 2**31 - 1
+FLOAT32 = np.dtype(np.float32)  # CuPy arrays' dtypes are NumPy's: `is` tells float32 from the rest
 # Most multiply-adds per tap-loop body for which the channel loop is unrolled too:
 # past this, ptxas time grows fast (seconds) while a channel loop costs little,
 # since its index is uniform across the warp.
@@ -297,17 +298,14 @@ class ConvKernel(Kernel):
         y is `out` when given (written in full), else a new array."""
         import cupy
 
-        spec = self.spec
         if not inputs:
             raise PluginError(f"{self.name}: no inputs given")
-        x = checked_array(cupy, inputs[0], "input X", self.name)
-        if x.ndim != 4 or tuple(x.shape[1:]) != (spec.in_channels, *spec.in_size):
-            raise PluginError(
-                f"{self.name}: input X has shape {tuple(x.shape)}, expected (N, {spec.in_channels}, "
-                f"{spec.in_size[0]}, {spec.in_size[1]})"
-            )
-        batch = int(x.shape[0])
-        if batch * math.prod(spec.out_size) > INT32_MAX:
+        x = inputs[0]
+        # the checks of the common case first, cheaply: an eager step's host time is what they cost
+        if not (isinstance(x, cupy.ndarray) and x.dtype is FLOAT32 and x.shape[1:] == self._input_image and x.ndim == 4):
+            x = self._checked_input(cupy, x)
+        batch = x.shape[0]
+        if batch > self._most_images:
             raise PluginError(f"{self.name}: batch {batch} is too large for 32-bit indexing; split the batch")
         with cuda.on_stream(stream):
             x = self._input_array(cupy, x)
@@ -317,12 +315,32 @@ class ConvKernel(Kernel):
             if self.prologue_parameter:
                 weights += (self._prologue_arg(cupy, inputs, batch),)
             y = self._output(cupy, out, batch)
-            target = y if y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
+            target = y if self.alignment <= 4 or y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
             if batch:
                 self._launch(x, weights, target, batch)
             if target is not y:
                 y[...] = target
         return [y]
+
+    @functools.cached_property
+    def _input_image(self) -> tuple[int, ...]:
+        return (self.spec.in_channels, *self.spec.in_size)
+
+    @functools.cached_property
+    def _most_images(self) -> int:
+        """The largest batch whose outputs a kernel can index with 32-bit ints."""
+        return INT32_MAX // math.prod(self.spec.out_size)
+
+    def _checked_input(self, cupy: Any, x: Any) -> Any:
+        """X, or a PluginError naming what is wrong with it."""
+        x = checked_array(cupy, x, "input X", self.name)
+        spec = self.spec
+        if x.ndim != 4 or tuple(x.shape[1:]) != self._input_image:
+            raise PluginError(
+                f"{self.name}: input X has shape {tuple(x.shape)}, expected (N, {spec.in_channels}, "
+                f"{spec.in_size[0]}, {spec.in_size[1]})"
+            )
+        return x
 
     def _input_array(self, cupy: Any, x: Any) -> Any:
         """X as the kernel reads it: contiguous, aligned for its vector loads."""
@@ -404,6 +422,8 @@ class ConvKernel(Kernel):
         shape = self.output_shape(batch)
         if out is None:
             return cupy.empty(shape, dtype=cupy.float32)
+        if isinstance(out, cupy.ndarray) and out.dtype is FLOAT32 and out.shape == shape and out.flags.c_contiguous:
+            return out  # a prebound output (runtime/prebound.py) or a Concat's slice, as expected
         out = checked_array(cupy, out, "output", self.name)
         if tuple(out.shape) != shape or not out.flags.c_contiguous:
             raise PluginError(f"{self.name}: output must be a C-contiguous float32 array of shape {shape}")
@@ -431,6 +451,6 @@ class GridKernel(ConvKernel):
 def checked_array(cupy: Any, array: Any, what: str, kernel: str) -> Any:
     if not isinstance(array, cupy.ndarray):
         raise PluginError(f"{kernel}: {what} must be a CuPy array on the GPU, got {type(array).__name__}")
-    if array.dtype != cupy.float32:
+    if array.dtype is not FLOAT32 and array.dtype != cupy.float32:
         raise PluginError(f"{kernel}: {what} must be float32, got {array.dtype}")
     return array

@@ -1,0 +1,55 @@
+"""Output arrays that eager runs of one lane reuse, run after run.
+
+Without CUDA graphs every plugin step is launched from Python, and allocating its output
+from CuPy's pool costs the host about 3.7 µs a step on an H200 (tools/host_step_bench.py),
+a fifth of what the step costs in all. A lane that runs the same steps at the same chunk
+size again hands each step the array that step wrote last time (`out=`), when its kernel
+takes one (Kernel.out_view) and the step has one output.
+
+Reuse is safe because a lane runs its chunks one after another on one stream: everything
+that read a step's output in the last chunk (the later steps, the copies to the host) was
+enqueued on that stream before the step writes it again, and onnxruntime steps in between
+run to completion before the next step is launched.
+
+Each step keeps one array, for the chunk size it last ran at. The arrays outlive their
+chunk, so a lane holds at most `budget_bytes` of them; past that, steps allocate as before.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+BUDGET_BYTES = 64 * 2**20  # per lane: small chunks, where the host's time per step matters
+
+
+class PreboundOutputs:
+    """Per step index, the output array of its last run at one chunk size."""
+
+    def __init__(self, budget_bytes: int = BUDGET_BYTES):
+        self.budget_bytes = budget_bytes
+        self._arrays: dict[int, tuple[int, Any]] = {}
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def get(self, index: int, batch: int) -> Any | None:
+        """The array step `index` wrote at this chunk size, if it keeps one."""
+        found = self._arrays.get(index)
+        return found[1] if found is not None and found[0] == batch else None
+
+    def keep(self, index: int, batch: int, array: Any) -> None:
+        """Keeps `array` for the step's next run at this chunk size, within the budget."""
+        self.drop(index)
+        if self._bytes + array.nbytes <= self.budget_bytes:
+            self._arrays[index] = (batch, array)
+            self._bytes += array.nbytes
+
+    def drop(self, index: int) -> None:
+        found = self._arrays.pop(index, None)
+        if found is not None:
+            self._bytes -= found[1].nbytes
+
+    def clear(self) -> None:
+        self._arrays.clear()
+        self._bytes = 0

@@ -144,7 +144,8 @@ def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few()
 
 def test_the_layer_set_is_the_issues():
     names = [layer.name for layer in cnn_layers.LAYERS]
-    assert len(names) == len(set(names)) == 22  # issue 24 added the grouped and wide depthwise layers
+    # issue 24 added the grouped and wide depthwise layers, then EfficientNet-B0's stride-2 depthwise ones
+    assert len(names) == len(set(names)) == 24
     shapes = {layer.name: layer.spec(32) for layer in cnn_layers.LAYERS}
     assert shapes["resnet stem 3->64 7x7 s2 224"].out_size == (112, 112)
     assert shapes["resnet 1x1 s2 256->512 56"].out_size == (28, 28)
@@ -152,6 +153,7 @@ def test_the_layer_set_is_the_issues():
     assert shapes["resnext50 g32 3x3 128ch 56"].weight_shape == (128, 4, 3, 3)
     assert shapes["regnety800mf gw16 3x3 144ch 28"].weight_shape == (144, 16, 3, 3)
     assert shapes["convnext-t dw 7x7 768ch 7"].out_size == (7, 7)
+    assert shapes["efficientnetb0 dw 5x5 s2 672ch 14"].out_size == (7, 7)
     assert families.constant_bytes(shapes["mnist 32->64 3x3 14"]) > families.CONSTANT_MEMORY_BYTES
     w, b = cnn_layers.layer_weights(cnn_layers.LAYERS[0])
     w2, _ = cnn_layers.layer_weights(cnn_layers.LAYERS[0])
@@ -162,7 +164,7 @@ def test_suite_option_defaults_to_batch_1_and_32():
     options = bench.options_from_args(build_parser().parse_args(["bench", "--suite", "cnn", "--families", "tc_3xtf32"]))
     assert options.suite == "cnn" and list(options.batches) == [1, 32] and list(options.families) == ["tc_3xtf32"]
     cases = bench.suite_cases()
-    assert len(cases) == 22 and all(case.epilogue is None and case.model == "cnn" for case in cases)
+    assert len(cases) == 24 and all(case.epilogue is None and case.model == "cnn" for case in cases)
 
 
 def test_suite_summary_compares_best_default_and_tf32_with_cudnn():

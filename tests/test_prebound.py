@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opplugin.runtime.prebound import PreboundOutputs
+from opplugin.runtime.prebound import PreboundOutputs, owns
 
 
 def test_a_step_gets_back_the_array_of_its_last_run_at_the_same_chunk_size_only():
@@ -26,3 +26,10 @@ def test_arrays_past_the_budget_are_not_kept():
     kept.keep(1, 1, np.empty(100))
     kept.clear()
     assert kept.get(1, 1) is None and kept.nbytes == 0
+
+
+def test_only_an_array_the_kernel_allocated_is_kept_for_the_next_run():
+    x = np.ones((4, 8), np.float32)
+    assert owns(np.empty((4, 8)), [x])
+    assert not owns(x[:2], [x])  # a view of the input (a Slice along the batch): not the step's memory
+    assert not owns(x, [x])  # the input itself, handed on

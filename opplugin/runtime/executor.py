@@ -27,6 +27,7 @@ from .chunking import BatchLayout
 from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
 from .nonfinite import write_flag
+from .prebound import owns
 from .timeline import GRAPH, Timeline
 
 Progress = Callable[[str, int, int], None]
@@ -263,12 +264,14 @@ class PlanExecutor:
         if prebound is None:
             return kernel(args, lane.stream)
         out = prebound.get(index, batch)
-        outs = kernel(args, lane.stream) if out is None else kernel(args, lane.stream, out=out)
-        if len(outs) == 1 and (out is None or outs[0] is out):
-            if out is None:
-                prebound.keep(index, batch, outs[0])
-        else:
-            prebound.drop(index)
+        if out is not None:
+            outs = kernel(args, lane.stream, out=out)
+            if len(outs) != 1 or outs[0] is not out:
+                prebound.drop(index)
+            return outs
+        outs = kernel(args, lane.stream)
+        if len(outs) == 1 and owns(outs[0], args):
+            prebound.keep(index, batch, outs[0])
         return outs
 
     def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:

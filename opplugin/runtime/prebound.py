@@ -11,14 +11,24 @@ that read a step's output in the last chunk (the later steps, the copies to the 
 enqueued on that stream before the step writes it again, and onnxruntime steps in between
 run to completion before the next step is launched.
 
+Only an array the step's kernel allocated is kept (`owns`): a kernel may hand back a view
+of its input (a Slice along the batch axis) or an input itself, and writing into that next
+time would write into memory the step does not own.
+
 Each step keeps one array, for the chunk size it last ran at. The arrays outlive their
 chunk, so a lane holds at most `budget_bytes` of them; past that, steps allocate as before.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 BUDGET_BYTES = 64 * 2**20  # per lane: small chunks, where the host's time per step matters
+
+
+def owns(output: Any, inputs: Sequence[Any]) -> bool:
+    """Whether a step's output is an array of its own: no view of another array (NumPy and
+    CuPy arrays say so by their `base`) and none of the step's inputs."""
+    return getattr(output, "base", None) is None and all(output is not value for value in inputs)
 
 
 class PreboundOutputs:

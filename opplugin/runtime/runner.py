@@ -355,8 +355,9 @@ class Runner:
         spans = timeline.spans()
         copied, hidden, exposed = copy_figures(spans)
         batched = [name for name in feeds if name in self.layout.batched_inputs] or list(feeds)
+        placed = outputs.arrays  # a SharedRows makes its views on each reading
         return RunResult(
-            outputs={name: inputs.outputs.arrays[name] for name in self.plan.model.outputs},
+            outputs={name: placed[name] for name in self.plan.model.outputs},
             kept={name: inputs.kept.arrays[name] for name in keep},
             times=sum_by_step(spans),
             total_ms=total,

@@ -122,10 +122,15 @@ def efficiency(spec: ConvSpec, block: tuple[int, int]) -> float:
     return oh * ow / (-(-oh // bh) * bh * -(-ow // bw) * bw)
 
 
+def plane_tiles(spec: ConvSpec, block: tuple[int, int]) -> int:
+    """Block tiles that cover one output plane."""
+    (oh, ow), (bh, bw) = spec.out_size, block
+    return -(-oh // bh) * -(-ow // bw)
+
+
 def grid_blocks(spec: ConvSpec, config: DepthwiseConfig) -> int:
     """Blocks of the launch: a tile of the plane, for a block's maps, for each image."""
-    (oh, ow), (bh, bw) = spec.out_size, config.block
-    return spec.batch * -(-oh // bh) * -(-ow // bw) * -(-spec.out_channels // config.planes)
+    return spec.batch * plane_tiles(spec, config.block) * -(-spec.out_channels // config.planes)
 
 
 def planes_for(spec: ConvSpec, plane_threads: int, tiles: int) -> int:
@@ -158,10 +163,8 @@ class NarrowGroups(Family):
 
     def config(self, spec: ConvSpec, thread: tuple[int, int]) -> DepthwiseConfig:
         block = plane_tile(spec, thread)
-        (oh, ow) = spec.out_size
-        tiles = -(-oh // block[0]) * -(-ow // block[1])
         plane_threads = (block[0] // thread[0]) * (block[1] // thread[1])
-        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, tiles))
+        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, plane_tiles(spec, block)))
 
     def configs(self, spec, epilogue=NONE):
         """Every thread tile's config; first the earliest of THREAD_TILES whose tiles waste at most a fifth
@@ -225,8 +228,7 @@ class DepthwiseKernel(ConvKernel):
     def __init__(self, spec: ConvSpec, config: DepthwiseConfig, function, epilogue=NONE):
         super().__init__(spec, config, [function], epilogue)
         self._function = function
-        (oh, ow), (bh, bw) = spec.out_size, config.block
-        self._tiles = -(-oh // bh) * -(-ow // bw)
+        self._tiles = plane_tiles(spec, config.block)
         self._map_blocks = -(-spec.out_channels // config.planes)
 
     def _launch(self, x, weights, y, batch):

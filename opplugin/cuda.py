@@ -72,12 +72,12 @@ def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
     return BASE_OPTIONS + macros
 
 
-def compile_module(source_file: str, defines: Mapping[str, Any]):
+def compile_module(source_file: str, defines: Mapping[str, Any], *, arch_specific: bool = False):
     """A cupy.RawModule for kernels/<source_file> specialised by `defines` (compile_source)."""
-    return compile_source(resources.kernel_source(source_file), nvrtc_options(defines), source_file)
+    return compile_source(resources.kernel_source(source_file), nvrtc_options(defines), source_file, arch_specific=arch_specific)
 
 
-def compile_source(source: str, options: tuple[str, ...], label: str):
+def compile_source(source: str, options: tuple[str, ...], label: str, *, arch_specific: bool = False):
     """A cupy.RawModule of CUDA `source` compiled with `options` for the current device, loaded
     from the kernel cache (kernel_cache.py: compiled there first when missing; KernelCompileError
     naming `label` when NVRTC rejects it).
@@ -85,11 +85,15 @@ def compile_source(source: str, options: tuple[str, ...], label: str):
     Loaded once per (source, options): equal compiles share one module, and so one set of
     module globals. Callers that put per-node data in a module's globals (constant memory)
     must make the options differ between nodes whose data differ.
+
+    `arch_specific` compiles for the device's architecture-specific target ("sm_90a"), whose
+    instructions (wgmma) run on that compute capability alone.
     """
-    key = (source, options)
+    key = (source, options, arch_specific)
     module = _modules.get(key)
     if module is None:
-        path = kernel_cache.binary_path(kernel_cache.CompileJob(label, source, tuple(options), device_arch()))
+        arch = device_arch() + ("a" if arch_specific else "")
+        path = kernel_cache.binary_path(kernel_cache.CompileJob(label, source, tuple(options), arch))
         import cupy
 
         module = cupy.RawModule(path=str(path))

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 
 from opplugin import cuda, resources
 from opplugin.lab import nvrtc_check
+from opplugin.ops.conv.families.common import unit_arch
 
 FAST_OPTIONS: tuple[str, ...] = ("--Ofast-compile=max",)
 CACHE_ENV = "OPPLUGIN_COMPILE_CACHE"
@@ -250,9 +251,9 @@ def check_source(source_file: str, defines: Mapping[str, Any], kernel: str, arch
 
 def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None, fast: bool = False) -> list[nvrtc_check.ResourceUsage]:
     """As nvrtc_check.check_variant: every kernel of a Conv variant for a ConvSpec."""
-    return [check_source(unit.source, unit.defines, unit.function, arch, fast)
+    return [check_source(unit.source, unit.defines, unit.function, unit_arch(unit, arch), fast)
             for unit in nvrtc_check.variant_units(spec, variant, epilogue)]
 
 
 def variant_keys(spec, variant: str, arch: str, epilogue=None, fast: bool = False) -> list[Key]:
-    return [key(unit.source, unit.defines, arch, fast) for unit in nvrtc_check.variant_units(spec, variant, epilogue)]
+    return [key(unit.source, unit.defines, unit_arch(unit, arch), fast) for unit in nvrtc_check.variant_units(spec, variant, epilogue)]

@@ -72,7 +72,10 @@ def check_source(
 
 def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None) -> list[ResourceUsage]:
     """Compile every kernel of a Conv variant ("baseline", "const_mo_m8", ...) for a ConvSpec."""
-    return [check_source(unit.source, unit.defines, unit.function, arch) for unit in variant_units(spec, variant, epilogue)]
+    from ..ops.conv.families.common import unit_arch
+
+    return [check_source(unit.source, unit.defines, unit.function, unit_arch(unit, arch))
+            for unit in variant_units(spec, variant, epilogue)]
 
 
 def variant_units(spec, variant: str, epilogue=None) -> list:

@@ -39,6 +39,11 @@ UNROLL_BUDGET = 1024
 Weights = tuple[np.ndarray, "np.ndarray | None"]
 
 
+def unit_arch(unit: "CompileUnit", arch: str) -> str:
+    """The target `unit` is compiled for on a GPU of architecture `arch`: "sm_90a" for wgmma's code."""
+    return arch + "a" if unit.arch_specific else arch
+
+
 @dataclass(frozen=True)
 class CompileUnit:
     """One kernel function of a variant: kernels/<source>, specialised by `defines`."""
@@ -46,6 +51,7 @@ class CompileUnit:
     source: str
     function: str
     defines: dict[str, int | str] = field(default_factory=dict)
+    arch_specific: bool = False  # compiled for "sm_90a" rather than "sm_90": uses wgmma
 
 
 def constant_bytes(spec: ConvSpec) -> int:
@@ -145,7 +151,7 @@ def load_functions(units: Sequence[CompileUnit], constants: Mapping[str, np.ndar
     extra = {"OPPLUGIN_WEIGHTS_DIGEST": constants_digest(constants)} if constants else {}
     modules, functions = {}, []
     for unit in units:
-        module = cuda.compile_module(unit.source, unit.defines | extra)
+        module = cuda.compile_module(unit.source, unit.defines | extra, arch_specific=unit.arch_specific)
         functions.append(module.get_function(unit.function))  # compiles and loads the module
         modules[id(module)] = module
     for module in modules.values():
@@ -210,6 +216,7 @@ class Family:
     fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
     takes_prologue: bool = False  # can apply a Prologue (prologue.py) to the input values it loads
     config_type: type[Config] = Config  # no fields: the family's name is its one configuration
+    archs: tuple[str, ...] | None = None  # the architectures it runs on ("sm_90"); None: sm_80 and later
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

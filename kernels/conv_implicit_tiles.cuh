@@ -94,10 +94,26 @@ struct MapTile {
           end(group * MG + MG) {}
 };
 
+// Where image value (k row, pixel column) of a slice lies in Bs, and which column and first row a
+// thread copies: rows B_STRIDE floats apart and consecutive threads on consecutive columns, unless
+// the includer lays the tile out otherwise (conv_wgmma: K-major in wgmma's 128-byte swizzle, each warp
+// on 16 columns x 2 rows, so that a warp's 4-byte stores span 16 of the 32 banks twice).
+#ifndef B_AT
+#define B_AT(row, column) ((row) * B_STRIDE + (column))
+#endif
+
+// A bit per tap of a window and one more (the rows past K): 32 bits where they fit, since a 64-bit
+// shift and test cost three more instructions a copy.
+#if KH * KW < 32
+typedef unsigned int TapBits;
+#else
+typedef unsigned long long TapBits;
+#endif
+
 // The B columns this thread copies: the same for every k slice.
 struct Columns {
 #if TAP_MASK
-    unsigned long long inside;  // bit kh*KW + kw: that tap of this column's window lies inside the image
+    TapBits inside;  // bit kh*KW + kw: that tap of this column's window lies inside the image
 #endif
 #if B_VEC == 4
     static constexpr int GROUPS = BN / 4;  // 4-pixel groups per tile row
@@ -115,8 +131,13 @@ struct Columns {
 
     __device__ __forceinline__ Columns(int col0, int total, int group, int x_image)
     {
+#ifdef B_COLUMN_OF
+        const int piece = B_COLUMN_OF(threadIdx.x);
+        first_row = B_ROW_OF(threadIdx.x);
+#else
         const int piece = threadIdx.x % GROUPS;
         first_row = threadIdx.x / GROUPS;
+#endif
 #if B_VEC == 4
         column = piece * 4;
 #else
@@ -136,7 +157,7 @@ struct Columns {
 #pragma unroll
         for (int j = 0; j < KH * KW; ++j) {
             const bool in = (unsigned)(ih0 + (j / KW) * DH) < (unsigned)H && (unsigned)(iw0 + (j % KW) * DW) < (unsigned)W;
-            inside |= (unsigned long long)(in && live) << j;
+            inside |= (TapBits)(in && live) << j;
         }
 #endif
     }
@@ -163,9 +184,9 @@ __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict_
         const int2 tap = tap_at(k0 + row);
         const bool valid = tap_inside(cols, tap);
 #if B_VEC == 4
-        copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+        copy_async16(Bs + B_AT(row, cols.column), valid ? x + (cols.origin + tap.x) : x, valid);
 #else
-        copy_async4(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
+        copy_async4(Bs + B_AT(row, cols.column), valid ? x + (cols.origin + tap.x) : x, valid);
 #endif
     }
 }
@@ -187,7 +208,7 @@ __device__ __forceinline__ void prologue_b_slice(float* Bs, const float* __restr
         const float a = __ldg(pro + c);
         const float b = __ldg(pro + C + c);
 #endif
-        float* at = Bs + row * B_STRIDE + cols.column;
+        float* at = Bs + B_AT(row, cols.column);
 #pragma unroll
         for (int j = 0; j < B_VEC; ++j) {
             const float v = at[j];
@@ -201,6 +222,7 @@ __device__ __forceinline__ void prologue_b_slice(float* Bs, const float* __restr
 #endif
 }
 
+#ifdef A_STRIDE  // else the includer lays out and copies its weight tile itself (conv_wgmma)
 #define A_PIECES (BM * BK / A_VEC)
 static_assert(A_PIECES % NTHREADS == 0 || A_PIECES < NTHREADS, "every thread copies as many A pieces, or at most one");
 
@@ -208,11 +230,11 @@ static_assert(A_PIECES % NTHREADS == 0 || A_PIECES < NTHREADS, "every thread cop
 // A_VEC floats a copy; pieces past the group's maps or KDIM are zero-filled.
 __device__ __forceinline__ void copy_weights(float* As, const float* __restrict__ w, const MapTile& maps, int k0)
 {
-    constexpr int PIECES_PER_ROW = BK / A_VEC;
 #pragma unroll
     for (int turn = 0; turn < (A_PIECES + NTHREADS - 1) / NTHREADS; ++turn) {
         const int piece = turn * NTHREADS + threadIdx.x;
         if (A_PIECES < NTHREADS && piece >= A_PIECES) break;  // a small tile: fewer pieces than threads
+        constexpr int PIECES_PER_ROW = BK / A_VEC;
         const int m = piece / PIECES_PER_ROW;
         const int k = piece % PIECES_PER_ROW * A_VEC;
         const int m0 = maps.first;
@@ -225,6 +247,7 @@ __device__ __forceinline__ void copy_weights(float* As, const float* __restrict_
 #endif
     }
 }
+#endif
 
 // y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order
 extern "C" __global__ void __launch_bounds__(256)

@@ -1,5 +1,5 @@
-"""On the GPU: the Conv prologue (ops/conv/prologue.py) in both implicit-GEMM families (tc_3xtf32,
-simt_gemm), both kinds, against the float64 reference with fresh random inputs and the output
+"""On the GPU: the Conv prologue (ops/conv/prologue.py) in the implicit-GEMM families (tc_3xtf32,
+wg_3xtf32 on Hopper, simt_gemm), both kinds, against the float64 reference with fresh random inputs and the output
 poisoned with NaN first: 1x1 layers with float4 and scalar B copies, a padded 3x3 (padding stays
 zero), split K, groups, X read in place as a channel slice of a larger buffer; then plans whose
 pointwise steps fuse, run against onnxruntime CPU."""
@@ -17,12 +17,13 @@ from opplugin.model import load_model
 from opplugin.ops.activation import Activation
 from opplugin.ops.conv import families
 from opplugin.ops.conv.epilogue import Epilogue
+from opplugin.ops.conv.families import wgmma_gemm
 from opplugin.ops.conv.prologue import AFFINE, SCALE, Prologue
 from opplugin.runtime import Runner
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ("tc_3xtf32", "simt_gemm")
+FAMILIES = ("tc_3xtf32", *(("wg_3xtf32",) if wgmma_gemm.runs_here() else ()), "simt_gemm")
 SHAPES = {
     "1x1-float4": conv(2, 64, 48, (14, 14), (1, 1)),
     "1x1-scalar": conv(3, 40, 24, (7, 7), (1, 1)),

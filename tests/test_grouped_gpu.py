@@ -31,7 +31,7 @@ def offered(spec):
     if spec.in_channels == spec.group:
         return families.FAMILIES["depthwise"].configs(spec)[:3]
     return [*families.FAMILIES["grouped"].configs(spec)[:2], *families.FAMILIES["simt_gemm"].configs(spec)[:2],
-            *families.FAMILIES["tc_3xtf32"].configs(spec)[:1]]
+            *families.FAMILIES["tc_3xtf32"].configs(spec)[:1], *families.FAMILIES["wg_3xtf32"].configs(spec)[:1]]
 
 
 CASES = [(name, batch, config) for name in GROUPED_LAYERS for batch in (1, 2) for config in offered(GROUPED_LAYERS[name].spec(batch))]

@@ -90,6 +90,9 @@ def variant_archs(variant: str) -> tuple[str, ...]:
     have no code for one of the two alone (test_fast_checked_sources_have_no_code_for_one_arch_alone),
     so sm_90's compile would be the same code through another ptxas, and sm_80 is the older target:
     the one an instruction newer than Ampere would fail on."""
+    archs = families.FAMILIES[variant].archs
+    if archs:
+        return archs  # its code runs on these alone (wg_3xtf32: sm_90a), so it compiles for nothing else
     return ARCHS if variant in CONSTANT_FAMILIES else ("sm_80",)
 
 
@@ -144,6 +147,16 @@ CNN_DEPTHWISE_CASES = [
     for batch in (32, 1)
     for config in dict.fromkeys(families.FAMILIES[family].configs(layer.spec(batch))[:3])
     for arch in ARCHS
+]
+
+# The wgmma GEMM's first four configurations on each layer of the suite it runs, at batch 32 and 1
+# (K splits), for Hopper alone (sm_90a): its producers and consumers share 512 threads' registers.
+CNN_WGMMA_CASES = [
+    (layer.name, batch, config)
+    for layer in cnn_layers.LAYERS
+    if families.unsupported_reason(layer.spec(32), "wg_3xtf32", None) is None
+    for batch in (32, 1)
+    for config in dict.fromkeys(families.FAMILIES["wg_3xtf32"].configs(layer.spec(batch))[:4])
 ]
 
 # The pipelined implicit GEMMs (conv_tc_gemm.cu, conv_simt_gemm.cu, both on conv_implicit_tiles.cuh)
@@ -277,7 +290,7 @@ def _residual_cases():
         if families.unsupported_reason(spec, "tc_3xtf32_b64x64x32_w32x32_s3_k4", None, epilogue) is None:
             configs.append("tc_3xtf32_b64x64x32_w32x32_s3_k4")
         for config in dict.fromkeys(configs):
-            for arch in ARCHS:
+            for arch in families.family_of(config).archs or ARCHS:
                 yield step, config, arch
 
 
@@ -310,6 +323,8 @@ def compile_jobs():
         yield from _units_jobs(CNN_SPECS[name], config, arch)
     for name, batch, config, arch in CNN_DEPTHWISE_CASES:
         yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
+    for name, batch, config in CNN_WGMMA_CASES:
+        yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, "sm_90")
     for step in SHIPPED_STEPS:
         spec, epilogue = SHIPPED_STEPS[step]
         yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
@@ -435,6 +450,20 @@ LONG_K_CASES = [
     for family in REPRESENTED_FAMILIES
     for arch in archs
 ]
+
+
+@pytest.mark.parametrize(("layer", "batch", "config"), CNN_WGMMA_CASES)
+def test_wgmma_configurations_for_real_cnn_layers_compile_for_hopper_without_spills(layer, batch, config):
+    spec = dataclasses.replace(CNN_SPECS[layer], batch=batch)
+    for usage in compile_cache.check_variant(spec, config, "sm_90"):
+        assert usage.arch == "sm_90a"
+        assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage.log
+
+
+def test_wgmma_gemm_compiles_for_hopper_alone():
+    spec = CNN_SPECS[CNN_WGMMA_CASES[0][0]]
+    with pytest.raises(nvrtc_check.CompileError, match="needs sm_90a"):
+        nvrtc_check.check_source("conv_wgmma.cu", nvrtc_check.variant_units(spec, "wg_3xtf32")[0].defines, "conv_wgmma", "sm_90")
 
 
 @pytest.mark.parametrize(("layer", "config", "arch"), LONG_K_CASES)

@@ -12,11 +12,12 @@ from onnx_builders import conv_spec as conv
 from opplugin.ops.conv import families
 from opplugin.ops.activation import Activation
 from opplugin.ops.conv.epilogue import NONE, Epilogue
-from opplugin.ops.conv.families import pipelined
+from opplugin.ops.conv.families import pipelined, wgmma_gemm
 from opplugin.ops.conv.prologue import AFFINE, SCALE, Prologue
 
 pytestmark = pytest.mark.gpu
 
+GEMMS = ("tc_3xtf32", *(("wg_3xtf32",) if wgmma_gemm.runs_here() else ()), "simt_gemm")  # wgmma: Hopper alone
 SPECS = {
     "3x3x960": conv(2, 960, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # selecsls42b's head, fewer maps
     "grouped_3x3x1024": conv(1, 2048, 64, (5, 6), (3, 3), group=2),  # a group's K = 9216
@@ -25,7 +26,7 @@ SPECS = {
 CASES = [
     (name, config)
     for name, spec in SPECS.items()
-    for family in ("tc_3xtf32", "simt_gemm")
+    for family in GEMMS
     for config in dict.fromkeys([families.configure(spec, family), pipelined.with_split(families.configure(spec, family), 1)])
 ]
 
@@ -38,7 +39,7 @@ def test_a_long_k_matches_float64(layer, config):
     run_and_compare(spec, config, NONE, x, w, b, None, f"{config} on {layer} (seed {seed})")
 
 
-@pytest.mark.parametrize("family", ["tc_3xtf32", "simt_gemm"])
+@pytest.mark.parametrize("family", GEMMS)
 @pytest.mark.parametrize("kind", ["scale", "bn_relu"])
 def test_a_long_k_fuses_its_residual_and_prologue(family, kind):
     spec = SPECS["3x3x960"]

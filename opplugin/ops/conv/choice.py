@@ -23,7 +23,8 @@
    planned batch to give the constant-memory families a block per SM (see
    `prefers_tensor_cores`), tries the GEMMs first: there their reuse and
    grids beat the constant-memory families, whose strength is few maps; the SIMT
-   GEMM goes first where K is short (`SIMT_MAX_K`). Depthwise layers try
+   GEMM goes first where K is short (`SIMT_MAX_K`), the wgmma GEMM (`wg_3xtf32`, Hopper
+   alone) before `tc_3xtf32` on the widest layers (`prefers_wgmma`). Depthwise layers try
    `const_rb` first, then the `depthwise` family (weights in global memory,
    any filter size); other grouped layers try `grouped` (narrow groups), the
    SIMT GEMM, then the constant-memory families (`GROUPED_PREFERENCE`), the
@@ -48,7 +49,7 @@ from . import cost, families
 from .epilogue import NONE, Epilogue
 from .families.dense import dense_family, is_dense
 from .families.gemm import k_dim
-from .families.pipelined import PipelinedConfig, multiprocessors
+from .families.pipelined import PipelinedConfig, columns, multiprocessors
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
@@ -67,6 +68,13 @@ CONSTANT_BLOCK_OUTPUTS = 256 * 64
 # ResNet's 1x1 64->256 at 56x56, batch 32, ran 0.115 ms on simt_gemm and 0.156 on tc_3xtf32 (H100),
 # whose three MMAs per tile and 32-deep slices have too short a K loop to hide their cost.
 SIMT_MAX_K = 64
+# On Hopper (where wg_3xtf32 runs; it declines elsewhere and tc_3xtf32 follows) the wgmma GEMM goes
+# first from this many maps a group and output pixels of the batch: on an H200 at batch 32 it ran
+# VGG's 512->512 at 14x14 0.60 ms (tc_3xtf32 0.64), ResNet's 128->128 at 28x28 0.168 (0.182),
+# 256->256 at 14x14 0.195 (0.209), 512->512 at 7x7 0.180 (0.213); on ResNet's 64->64 at 56x56
+# 0.217 (0.188), and at batch 1 it was ahead on some layers and behind on others.
+WGMMA_MIN_MAPS = 128
+WGMMA_MIN_COLUMNS = 32 * 7 * 7
 # Depthwise layers (one map per group) ran fastest on const_rb's row tiles on an H100:
 # MobileNetV2's 3x3 32-channel layer at 112x112, 0.046 against const_tile's 0.075 ms at batch 32.
 # Wider ones, whose filters outgrow constant memory or whose map groups make too much code, take
@@ -101,9 +109,17 @@ def preference(spec: ConvSpec, epilogue: Epilogue = NONE) -> tuple[str, ...]:
     return general_preference(spec)
 
 
+def prefers_wgmma(spec: ConvSpec) -> bool:
+    """Whether the wgmma GEMM goes before tc_3xtf32 (see WGMMA_MIN_MAPS)."""
+    return spec.out_channels // spec.group >= WGMMA_MIN_MAPS and columns(spec) >= WGMMA_MIN_COLUMNS
+
+
 def general_preference(spec: ConvSpec) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
-        first = ("simt_gemm", "tc_3xtf32") if k_dim(spec) <= SIMT_MAX_K else ("tc_3xtf32", "simt_gemm")
+        if k_dim(spec) <= SIMT_MAX_K:
+            first = ("simt_gemm", "tc_3xtf32")
+        else:
+            first = ("wg_3xtf32", "tc_3xtf32", "simt_gemm") if prefers_wgmma(spec) else ("tc_3xtf32", "simt_gemm")
         return (*first, *(name for name in PREFERENCE if name not in first))
     if spec.group > 1 and spec.in_channels == spec.group:
         return DEPTHWISE_PREFERENCE
@@ -152,9 +168,9 @@ def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue:
 
 
 def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:
-    """The heuristic's order without the 3xTF32 GEMM (an infinite input comes out NaN there),
+    """The heuristic's order without the 3xTF32 GEMMs (an infinite input comes out NaN there),
     the SIMT implicit GEMM before `baseline`: the exact path's variant for such chunks."""
-    order = [name for name in preference(spec) if name != "tc_3xtf32"]
+    order = [name for name in preference(spec) if not getattr(families.FAMILIES[name], "split", False)]
     order.insert(order.index("baseline"), "implicit_gemm")
     config = first_fitting(spec, order, weights)
     if config is None:

@@ -51,7 +51,7 @@ __all__ = [
 
 # The modules of this package that define families, in the order of the seeds'
 # optimisation story: each family is one step. Each module has a FAMILIES list.
-FAMILY_MODULES = ("direct", "unrolled", "tiled", "reduction", "blocked", "gemm", "mixed", "tensor_gemm", "simt_gemm", "depthwise", "dense")
+FAMILY_MODULES = ("direct", "unrolled", "tiled", "reduction", "blocked", "gemm", "mixed", "tensor_gemm", "wgmma_gemm", "simt_gemm", "depthwise", "dense")
 FAMILIES: dict[str, Family] = {
     family.name: family
     for module in FAMILY_MODULES

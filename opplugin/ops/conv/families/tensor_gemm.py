@@ -20,13 +20,10 @@ from dataclasses import dataclass
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from .common import CompileUnit, Family, shape_defines
-from .gemm import k_dim
-from .pipelined import PipelinedConfig, PipelinedGemm, balancing_split, grid_blocks, multiprocessors, split_for
-from .pipelined import tiles_header_defines, with_split
+from .pipelined import PipelinedConfig, PipelinedGemm, split_configs, tile_order, tiles_header_defines
 
 SLICE_DEPTH = 32  # BK: four m16n8k8 steps per pipeline stage
 STAGES = 3
-SHORT_K = 512  # up to this GEMM K, an unsplit smaller tile beats a split larger one
 
 
 @dataclass(frozen=True)
@@ -88,27 +85,8 @@ class PipelinedTensorGemm(PipelinedGemm):
         return TensorGemmConfig(self.name, (*tile, SLICE_DEPTH), WARP_TILES[tile], STAGES, splits)
 
     def configs(self, spec, epilogue=NONE):
-        """Every tile, the heuristic's pick first (TILE_ORDER), each with the K split that
-        fills the GPU, then with the split that balances its waves (`balancing_split`).
-
-        With a short K, a smaller tile that fills the GPU unsplit goes first: splitting
-        costs a second kernel that a few slices per block do not repay (the MNIST 32->64
-        layer at batch 32 ran 1.5x faster on 32x64 tiles than on 64x128 split 4). A first
-        tile whose grid is short of one block per slot goes first with its balancing
-        split: on an H100 at batch 32 that ran ResNet 256->256 at 14x14 1.16x faster
-        (128x64 split 4) and 512->512 at 7x7 1.19x (split 5 over split 2), while the grids
-        of 1.5 waves (VGG 512->512 at 14x14, 128->128 at 28x28) ran 1.01-1.13x slower split."""
-        sms = multiprocessors()
-        order = [self.tile_config(t) for t in next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels // spec.group >= least_maps)]
-        if k_dim(spec) <= SHORT_K:
-            unsplit = [c for c in order if split_for(spec, c, sms) == 1]
-            order = unsplit[:1] + [c for c in order if c not in unsplit[:1]]
-        configs = [with_split(c, split_for(spec, c, sms)) for c in order]
-        balanced = [with_split(c, balancing_split(spec, c, sms)) for c in order]
-        first = order[0]
-        if grid_blocks(spec, first) * split_for(spec, first, sms) < sms * first.min_blocks:
-            configs.insert(0, balanced[0])
-        return list(dict.fromkeys(configs + balanced))
+        """Every tile, the heuristic's pick first (TILE_ORDER), each with its K splits (`split_configs`)."""
+        return split_configs(spec, [self.tile_config(t) for t in tile_order(TILE_ORDER, spec)])
 
     def compile_units(self, spec, config, epilogue=NONE):
         defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, config.splits) | {

@@ -249,6 +249,23 @@ __device__ __forceinline__ void copy_weights(float* As, const float* __restrict_
 }
 #endif
 
+// The sum v of output map m at column col (a pixel of the batch): into y, finished by the epilogue
+// (bias, the residual at the output's own index, the activation), or with a K split into this
+// block's slice of `partial` ([KSLICES][M][total]) for conv_k_slices_reduce.
+__device__ __forceinline__ void store_sum(float* __restrict__ y, float* __restrict__ partial, const float* __restrict__ b,
+                                          const float* __restrict__ r, int total, int col, int m, float v)
+{
+#if KSLICES == 1
+    const size_t at = (size_t)(col / P) * (M * P) + col % P + (size_t)m * P;
+#if HAS_BIAS
+    v += b[m];
+#endif
+    y[at] = finish_output(v, residual_at(r, at));
+#else
+    partial[((size_t)blockIdx.z * M + m) * total + col] = v;
+#endif
+}
+
 // y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order
 extern "C" __global__ void __launch_bounds__(256)
 conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const float* __restrict__ r,

@@ -299,26 +299,12 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
         for (int half = 0; half < 2; ++half) {
             const int col = col0 + warp_n * WN + nt * 8 + 2 * t + half;
             if (col >= total) continue;
-#if KSLICES == 1
-            const size_t at = (size_t)(col / P) * (M * P) + col % P;
-#else
-            float* out = partial + (size_t)blockIdx.z * M * total + col;
-#endif
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
                 for (int upper = 0; upper < 2; ++upper) {
                     const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
-                    if (m >= maps.end) continue;
-                    float v = acc[mt][nt][2 * upper + half];
-#if KSLICES == 1
-#if HAS_BIAS
-                    v += b[m];
-#endif
-                    y[at + (size_t)m * P] = finish_output(v, residual_at(r, at + (size_t)m * P));
-#else
-                    out[(size_t)m * total] = v;
-#endif
+                    if (m < maps.end) store_sum(y, partial, b, r, total, col, m, acc[mt][nt][2 * upper + half]);
                 }
             }
         }

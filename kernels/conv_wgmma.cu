@@ -355,26 +355,12 @@ conv_wgmma(const float* __restrict__ x, const float* __restrict__ w, const float
     for (int upper = 0; upper < 2; ++upper) {
         const int col = col0 + row0 + g + 8 * upper;
         if (col >= total) continue;
-#if KSLICES == 1
-        const size_t at = (size_t)(col / P) * (M * P) + col % P;
-#else
-        float* out = partial + (size_t)blockIdx.z * M * total + col;
-#endif
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
                 const int m = m0 + 8 * j + 2 * t + q;
-                if (m >= maps.end) continue;
-                float v = acc[4 * j + 2 * upper + q];
-#if KSLICES == 1
-#if HAS_BIAS
-                v += b[m];
-#endif
-                y[at + (size_t)m * P] = finish_output(v, residual_at(r, at + (size_t)m * P));
-#else
-                out[(size_t)m * total] = v;
-#endif
+                if (m < maps.end) store_sum(y, partial, b, r, total, col, m, acc[4 * j + 2 * upper + q]);
             }
         }
     }

@@ -247,17 +247,18 @@ struct WeightCopies {
             const int k = k0 + first_k + i * K_STEP;
             const bool inside = live && k < KDIM;
             const float* from = inside ? row + k0 + i * K_STEP : w;
+            float* to = As + A_AT(threadIdx.x % BM, first_k + i * K_STEP);
 #if A_VEC == 4
-            copy_async16(As + A_AT(threadIdx.x % BM, first_k + i * K_STEP), from, inside);
+            copy_async16(to, from, inside);
 #else
-            copy_async4(As + A_AT(threadIdx.x % BM, first_k + i * K_STEP), from, inside);
+            copy_async4(to, from, inside);
 #endif
         }
     }
 };
 
 // This thread's image copies: one column of the tile (Columns), rows first_row, first_row + 2, ...;
-// the window's origin in x and the place of row first_row in a stage are worked out once.
+// the window's origin in x is worked out once.
 struct ImageCopies {
     const float* origin;  // x at (image, the group's channel 0, ih0, iw0); only tap offsets inside the image are added
 

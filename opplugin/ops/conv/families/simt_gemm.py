@@ -20,7 +20,7 @@ from ..epilogue import NONE
 from ..spec import ConvSpec
 from .common import CompileUnit, Family, shape_defines
 from .gemm import pixels
-from .pipelined import PipelinedConfig, PipelinedGemm, multiprocessors, split_for, tiles_header_defines, with_split
+from .pipelined import PipelinedConfig, PipelinedGemm, multiprocessors, split_for, tile_order, tiles_header_defines, with_split
 
 SLICE_DEPTH = 16  # BK: four float4 reads of A per slice; the tap table (32-row slices) covers it
 STAGES = 4  # BK slices in flight in shared memory
@@ -105,8 +105,7 @@ class SimtGemm(PipelinedGemm):
     def configs(self, spec, epilogue=NONE):
         """Every tile, the likely fastest first (TILE_ORDER), each with the K split that fills the GPU."""
         sms = multiprocessors()
-        order = next(tiles for least_maps, tiles in TILE_ORDER if spec.out_channels // spec.group >= least_maps)
-        return [with_split(c, split_for(spec, c, sms)) for c in map(self.tile_config, order)]
+        return [with_split(c, split_for(spec, c, sms)) for c in map(self.tile_config, tile_order(TILE_ORDER, spec))]
 
     def compile_units(self, spec, config, epilogue=NONE):
         tm, tn = config.thread

@@ -17,13 +17,12 @@ from opplugin.model import load_model
 from opplugin.ops.activation import Activation
 from opplugin.ops.conv import families
 from opplugin.ops.conv.epilogue import Epilogue
-from opplugin.ops.conv.families import wgmma_gemm
 from opplugin.ops.conv.prologue import AFFINE, SCALE, Prologue
 from opplugin.runtime import Runner
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ("tc_3xtf32", *(("wg_3xtf32",) if wgmma_gemm.runs_here() else ()), "simt_gemm")
+FAMILIES = ("tc_3xtf32", *(("wg_3xtf32",) if families.FAMILIES["wg_3xtf32"].runs_here() else ()), "simt_gemm")
 SHAPES = {
     "1x1-float4": conv(2, 64, 48, (14, 14), (1, 1)),
     "1x1-scalar": conv(3, 40, 24, (7, 7), (1, 1)),

@@ -12,12 +12,12 @@ from onnx_builders import conv_spec as conv
 from opplugin.ops.conv import families
 from opplugin.ops.activation import Activation
 from opplugin.ops.conv.epilogue import NONE, Epilogue
-from opplugin.ops.conv.families import pipelined, wgmma_gemm
+from opplugin.ops.conv.families import pipelined
 from opplugin.ops.conv.prologue import AFFINE, SCALE, Prologue
 
 pytestmark = pytest.mark.gpu
 
-GEMMS = ("tc_3xtf32", *(("wg_3xtf32",) if wgmma_gemm.runs_here() else ()), "simt_gemm")  # wgmma: Hopper alone
+GEMMS = ("tc_3xtf32", *(("wg_3xtf32",) if families.FAMILIES["wg_3xtf32"].runs_here() else ()), "simt_gemm")  # wgmma: Hopper alone
 SPECS = {
     "3x3x960": conv(2, 960, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # selecsls42b's head, fewer maps
     "grouped_3x3x1024": conv(1, 2048, 64, (5, 6), (3, 3), group=2),  # a group's K = 9216

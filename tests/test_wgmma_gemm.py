@@ -14,7 +14,6 @@ from opplugin import cuda
 from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_config, nonfinite_exact_config, prefers_wgmma
 from opplugin.ops.conv.epilogue import NONE, Epilogue
-from opplugin.ops.conv.families import wgmma_gemm
 from opplugin.ops.conv.families.common import unit_arch
 
 VGG_512 = conv(32, 512, 512, (14, 14), (3, 3), pads=(1, 1, 1, 1))

@@ -19,6 +19,7 @@ from typing import Union
 
 import numpy as np
 
+from .... import cuda
 from ....errors import PluginError
 from ... import config_grammar
 from ...config_grammar import Config
@@ -96,6 +97,9 @@ def configure(spec: ConvSpec, variant: Variant, epilogue: Epilogue = NONE) -> Co
 def _shared_reason(spec: ConvSpec, family: Family, epilogue: Epilogue) -> str | None:
     if spec.rank != 2:
         return f"only 2-D convolution is implemented (this Conv is {spec.rank}-D)"
+    if not family.runs_here():
+        capabilities = " or ".join(f"{int(arch[3:]) // 10}.{int(arch[3:]) % 10}" for arch in family.archs)
+        return f"{family.name} runs on compute capability {capabilities} alone; this GPU's code is {cuda.device_arch()}"
     if spec.out_channels > 65535:
         return f"{spec.out_channels} output maps exceed the grid's y limit of 65535"
     pixels = int(np.prod(spec.out_size))

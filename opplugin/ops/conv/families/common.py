@@ -224,6 +224,10 @@ class Family:
         if not cls.__doc__ and cls.summary:
             cls.__doc__ = f"`{cls.name}`: {cls.summary}."
 
+    def runs_here(self) -> bool:
+        """Whether the current GPU runs the family's code (`archs`); True without a device (offline compiles)."""
+        return self.archs is None or not cuda.is_available() or cuda.device_arch() in self.archs
+
     def configs(self, spec: ConvSpec, epilogue: Epilogue = NONE) -> list[Config]:
         """The configurations tuning tries for this node; the first is the heuristic's pick."""
         return [Config(self.name)]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .... import cuda
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from .common import CompileUnit, Family, shape_defines
@@ -61,11 +60,6 @@ TILE_ORDER = (
 )
 
 
-def runs_here() -> bool:
-    """Whether the current device runs sm_90a code; True with no device (offline compiles)."""
-    return not cuda.is_available() or cuda.device_arch() == HOPPER
-
-
 class WgmmaGemm(PipelinedGemm):
     name = "wg_3xtf32"
     summary = (
@@ -85,11 +79,6 @@ class WgmmaGemm(PipelinedGemm):
 
     def tile_config(self, tile, splits=1):
         return WgmmaGemmConfig(self.name, (*tile, SLICE_DEPTH), STAGES, splits)
-
-    def reason(self, spec, config, epilogue):
-        if not runs_here():
-            return f"{self.name} runs on compute capability 9.0 alone (wgmma); this GPU's code is {cuda.device_arch()}"
-        return super().reason(spec, config, epilogue)
 
     def configs(self, spec, epilogue=NONE):
         """Every tile, by TILE_ORDER, each with its K splits (`split_configs`)."""

@@ -35,6 +35,7 @@
 #define PROLOGUE_ACTIVATION(v) (v)
 #endif
 
+#ifdef B_STRIDE  // the includer gathers its B tile from the image here (conv_wgmma copies a channel-last one)
 // k -> {c*H*W + kh*DH*W + kw*DW, the tap's place}; filled by the host. The place is
 // kh*KW + kw with TAP_MASK (windows of at most 63 taps: a thread keeps a bit per tap
 // saying whether it lies inside the image for its column; rows past K get KH*KW, a
@@ -63,6 +64,8 @@ __device__ __forceinline__ int2 tap_at(int k)
 __constant__ int2 taps[KPAD];
 
 __device__ __forceinline__ int2 tap_at(int k) { return taps[k]; }
+#endif
+
 #endif
 
 __device__ __forceinline__ void copy_async4(float* shared, const float* global, bool valid)
@@ -94,14 +97,6 @@ struct MapTile {
           end(group * MG + MG) {}
 };
 
-// Where image value (k row, pixel column) of a slice lies in Bs, and which column and first row a
-// thread copies: rows B_STRIDE floats apart and consecutive threads on consecutive columns, unless
-// the includer lays the tile out otherwise (conv_wgmma: K-major in wgmma's 128-byte swizzle, each warp
-// on 16 columns x 2 rows, so that a warp's 4-byte stores span 16 of the 32 banks twice).
-#ifndef B_AT
-#define B_AT(row, column) ((row) * B_STRIDE + (column))
-#endif
-
 // A bit per tap of a window and one more (the rows past K): 32 bits where they fit, since a 64-bit
 // shift and test cost three more instructions a copy.
 #if KH * KW < 32
@@ -110,6 +105,7 @@ typedef unsigned int TapBits;
 typedef unsigned long long TapBits;
 #endif
 
+#ifdef B_STRIDE
 // The B columns this thread copies: the same for every k slice.
 struct Columns {
 #if TAP_MASK
@@ -131,13 +127,8 @@ struct Columns {
 
     __device__ __forceinline__ Columns(int col0, int total, int group, int x_image)
     {
-#ifdef B_COLUMN_OF
-        const int piece = B_COLUMN_OF(threadIdx.x);
-        first_row = B_ROW_OF(threadIdx.x);
-#else
-        const int piece = threadIdx.x % GROUPS;
+        const int piece = threadIdx.x % GROUPS;  // consecutive threads on consecutive columns
         first_row = threadIdx.x / GROUPS;
-#endif
 #if B_VEC == 4
         column = piece * 4;
 #else
@@ -184,9 +175,9 @@ __device__ __forceinline__ void copy_b_slice(float* Bs, const float* __restrict_
         const int2 tap = tap_at(k0 + row);
         const bool valid = tap_inside(cols, tap);
 #if B_VEC == 4
-        copy_async16(Bs + B_AT(row, cols.column), valid ? x + (cols.origin + tap.x) : x, valid);
+        copy_async16(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
 #else
-        copy_async4(Bs + B_AT(row, cols.column), valid ? x + (cols.origin + tap.x) : x, valid);
+        copy_async4(Bs + row * B_STRIDE + cols.column, valid ? x + (cols.origin + tap.x) : x, valid);
 #endif
     }
 }
@@ -208,7 +199,7 @@ __device__ __forceinline__ void prologue_b_slice(float* Bs, const float* __restr
         const float a = __ldg(pro + c);
         const float b = __ldg(pro + C + c);
 #endif
-        float* at = Bs + B_AT(row, cols.column);
+        float* at = Bs + row * B_STRIDE + cols.column;
 #pragma unroll
         for (int j = 0; j < B_VEC; ++j) {
             const float v = at[j];
@@ -221,6 +212,8 @@ __device__ __forceinline__ void prologue_b_slice(float* Bs, const float* __restr
     }
 #endif
 }
+
+#endif
 
 #ifdef A_STRIDE  // else the includer lays out and copies its weight tile itself (conv_wgmma)
 #define A_PIECES (BM * BK / A_VEC)

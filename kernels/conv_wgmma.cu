@@ -1,42 +1,54 @@
-// conv_wgmma: 2-D convolution (ONNX Conv, any group count) as an FP32-exact implicit GEMM on
-// Hopper's asynchronous warpgroup MMA, wgmma (sm_90a alone; conv_tc_gemm is the path elsewhere).
+// conv_wgmma: 2-D convolution (ONNX Conv, any group count whose groups have a multiple of 32
+// input channels) as an FP32-exact implicit GEMM on Hopper's asynchronous warpgroup MMA, wgmma
+// (sm_90a alone; conv_tc_gemm is the path elsewhere).
 //
 // Why: conv_tc_gemm's 3xTF32 loop on mma.sync is bound by its instruction mix (ncu on VGG
 // 512->512 at batch 32: 218 registers, 12.5% occupancy, issue slots half busy): each warp loads
 // and splits its own operand fragments, and the MMAs wait on them. Here both operands stay in
 // shared memory, where wgmma reads them through descriptors, and the work is split between
 // warpgroups that do one thing each (as CUTLASS's Hopper kernels do):
-// - producers (the first NTHREADS threads) gather a slice's weights and image values with
-//   cp.async, split them into big + small parts, and hand the stage over through an mbarrier;
+// - producers (the first NTHREADS threads) copy each slice's operands with 16-byte cp.async and
+//   hand the stage over through an mbarrier;
 // - consumers (a warpgroup per 64 pixels) issue the slice's 12 wgmmas, wait, release the stage,
 //   and add the slice's sums to their running sums.
 // setmaxnreg moves registers from the producers, who need few, to the consumers' accumulators.
 //
-// The product, per group: Y[pixel][map] = sum_k X[pixel][k] * W[map][k], k = (c, kh, kw) over
-// KDIM = C/G*KH*KW; a block has BN pixels (n, oh, ow) of the batch, 64 a consumer warpgroup
-// (wgmma's M), and BM maps (wgmma's N: 64 or 128) inside one group (MapTile). The im2col gather's
-// tap table, the K split, the prologue and the epilogue are conv_tc_gemm's (conv_implicit_tiles.cuh).
+// The operands arrive split and K-major, so that a producer only copies:
+// - the weights, rearranged once at build time (WgmmaGemmKernel) to W[map][k] with
+//   k = (kh*KW + kw)*CG + c, and their small parts beside them;
+// - the image, rewritten channel-last by conv_split_channel_last before each call (after the
+//   prologue), its values and their small parts: a slice of 32 k is one window tap's 32 channels,
+//   128 contiguous bytes a pixel, so a pixel's slice is eight 16-byte copies and one test of
+//   whether the tap lies inside the image. (ncu and timings of the NCHW gather this replaced, on
+//   ResNet 128->128 at batch 32: the producers, one 4-byte copy and one __constant__ tap lookup a
+//   value, then a split in shared memory, kept the consumers waiting; copying nothing ran the
+//   kernel 1.97x faster.)
+//
+// The product, per group: Y[pixel][map] = sum_k X[pixel][k] * W[map][k] over KDIM = CG*KH*KW; a
+// block has BN pixels (n, oh, ow) of the batch, 64 a consumer warpgroup (wgmma's M), and BM maps
+// (wgmma's N: 64 or 128) inside one group (MapTile). The K split and the epilogue are
+// conv_tc_gemm's (conv_implicit_tiles.cuh).
 //
 // Arithmetic (3xTF32, as conv_tc_gemm's SPLIT): each operand a = big + small. The tensor core
 // reads an FP32 value as TF32 by dropping its low 13 bits, so the raw value is its own big part,
 // and small = a - (a with those bits cleared), exact in FP32 (truncated to TF32 in turn). Per k8
-// step, small*big, big*small and big*big go into `part`, the slice's sum, which is added to the
-// running sum with a rounded FP32 add: a long K of truncating tensor-core adds would drift.
+// step, small*big, big*small and big*big go into `part`, the sum of a pair of slices, which is
+// added to the running sum with a rounded FP32 add: a long K of truncating tensor-core adds would drift.
 //
-// Shared memory: STAGES stages, each the BM x BK weights and the BN x BK image values of a slice,
-// then two buffers of small parts (one being written, one multiplied), all K-major in wgmma's
-// 128-byte swizzle: a row's 32 k are one 128-byte line, its 16-byte quads permuted by row % 8, so
-// that the tensor cores' reads of 8 rows at one k quad, and the copies' writes, spread over the banks.
-// Then a `full` and an `empty` mbarrier per stage. Copies run LAG = STAGES - 2 slices ahead of the
-// split, so that their latency hides behind LAG slices of multiplying.
+// Shared memory: STAGES stages, each the BM x BK weights, their small parts, the BN x BK image
+// values and theirs, all K-major in wgmma's 128-byte swizzle: a row's 32 k are one 128-byte line,
+// its 16-byte quads permuted by row % 8, so that the tensor cores' reads of 8 rows at one k quad,
+// and the copies' writes of a row's 8 quads, spread over the banks. Then a `full` and an `empty`
+// mbarrier per stage. Copies run LAG = STAGES - 1 slices ahead of the one being multiplied.
 //
 // Accumulators (lane = 4*g + t; consumer warp w owns pixel rows 16w..16w+15): those of n8 block j
 // are d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1].
 //
-// Macros: the shape macros, BM, BN (a multiple of 64), BK, STAGES, KSLICES, A_VEC, B_VEC (1),
-// TAP_MASK, KPAD. Launch: block (BN * 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM),
-// KSLICES), dynamic shared memory ((STAGES + 2) * (A_STAGE + B_STAGE) * 4 + STAGES * 16 + 1024) bytes.
-// With KSLICES > 1 the partial sums go to `partial` and conv_k_slices_reduce finishes them.
+// Macros: the shape macros, BM, BN (a multiple of 64), BK (32), STAGES, KSLICES, TAP_MASK (1),
+// KPAD, PROLOGUE. Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
+// 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * 2
+// * (BM + BN) * BK * 4 + STAGES * 16 + 1024) bytes. With KSLICES > 1 the partial sums go to
+// `partial` and conv_k_slices_reduce finishes them.
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "conv_wgmma needs sm_90a (wgmma); conv_tc_gemm runs on other GPUs"
@@ -44,7 +56,7 @@
 
 #include "conv_epilogue.cuh"
 
-#define KTILES ((KDIM + BK - 1) / BK)
+#define KTILES (KDIM / BK)
 #define NTHREADS (BN * 2)           // producers; as many consumers: a warpgroup per 64 pixels
 #define BLOCK_THREADS (2 * NTHREADS)
 #define ACC (BM / 2)                // accumulators a consumer thread: 64 x BM over a warpgroup's 128 threads
@@ -59,41 +71,63 @@
 #endif
 #define A_STAGE (BM * BK)
 #define B_STAGE (BN * BK)
-#define RAW (A_STAGE + B_STAGE)     // a slice's values: a stage; their small parts: a small buffer
-#define LAG (STAGES - 2)            // slices copied ahead of the one being split
+#define STAGE (2 * (A_STAGE + B_STAGE))  // a slice: weights, their small parts, image values, theirs
+#define LAG (STAGES - 1)                 // slices copied ahead of the one being multiplied
+#define QUADS (BK / 4)                   // 16-byte copies a row of a slice
 // value (row, k) of a K-major operand in wgmma's 128-byte swizzle: a row's BK = 32 values are one
 // 128-byte line, its 16-byte quad q stored at quad q ^ (row % 8)
 #define SWIZZLED_AT(row, k) ((row) * BK + ((((k) / 4) ^ ((row) % 8)) * 4) + (k) % 4)
-#define A_AT(m, k) SWIZZLED_AT(m, k)
-#define B_AT(row, column) SWIZZLED_AT(column, row)
-// each warp copies 16 columns x 2 rows a turn: its stores then fill 16 banks twice
-#define B_COLUMN_OF(thread) ((thread) / 32 * 16 + (thread) % 32 / 2)
-#define B_ROW_OF(thread) ((thread) % 2)
 
 #include "conv_implicit_tiles.cuh"
 
 static_assert(BM == 64 || BM == 128, "a wgmma's N: 64 or 128 maps");
-static_assert(BN % 64 == 0 && BK == 32 && B_VEC == 1, "64 pixels a warpgroup, a row's slice one 128-byte line, one pixel a copy");
-static_assert(Columns::ROW_STEP == 2, "B_ROW_OF's two rows a turn");
-static_assert(STAGES >= 3, "slices in flight, one being split and one being multiplied");
+static_assert(BN % 64 == 0 && BK == 32, "64 pixels a warpgroup, a row's slice one 128-byte line");
+static_assert(CG % BK == 0, "a slice is 32 channels of one window tap");
+static_assert(TAP_MASK, "a bit per window tap");
+static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
 
-// The small parts of a slice's values (its RAW floats at `stage`, big parts as they are) into
-// `small`, alike laid out; the producers share the work.
-__device__ __forceinline__ void split_slice(const float* stage, float* small)
+__device__ __forceinline__ float small_part(float v) { return v - __uint_as_float(__float_as_uint(v) & 0xffffe000u); }
+
+// The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which).
+__device__ __forceinline__ float prologue_value(float v, const float* __restrict__ pro, int n, int c)
 {
-    static_assert(RAW / 4 % NTHREADS == 0, "every producer splits as many float4s");
-    const float4* from = reinterpret_cast<const float4*>(stage);
-    float4* to = reinterpret_cast<float4*>(small);
+#if PROLOGUE == 1
+    return v * __ldg(pro + (size_t)n * C + c);
+#elif PROLOGUE == 2
+    return PROLOGUE_ACTIVATION(fmaf(v, __ldg(pro + c), __ldg(pro + C + c)));
+#else
+    return v;
+#endif
+}
+
+// big, small = X after the prologue, channel-last ([batch][H*W][C]), and its small parts; X's images
+// lie x_image floats apart. A block transposes 32 channels x 32 pixels of one image through shared
+// memory, so that both its reads (along pixels) and its writes (along channels) are coalesced.
+// Launch: block (32, 8), grid (batch * ceil(H*W / 32), C / 32).
+extern "C" __global__ void __launch_bounds__(256)
+conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ pro, float* __restrict__ big,
+                        float* __restrict__ small, int x_image)
+{
+    constexpr int PIXEL_TILES = (H * W + 31) / 32;
+    __shared__ float tile[32][33];  // [channel][pixel], a column apart in banks
+    const int n = blockIdx.x / PIXEL_TILES;
+    const int p0 = blockIdx.x % PIXEL_TILES * 32;
+    const int c0 = blockIdx.y * 32;
+    const float* image = x + (size_t)n * x_image;
 #pragma unroll
-    for (int turn = 0; turn < RAW / 4 / NTHREADS; ++turn) {
-        const int i = turn * NTHREADS + threadIdx.x;
-        const float4 v = from[i];
-        float4 s;
-        s.x = v.x - __uint_as_float(__float_as_uint(v.x) & 0xffffe000u);
-        s.y = v.y - __uint_as_float(__float_as_uint(v.y) & 0xffffe000u);
-        s.z = v.z - __uint_as_float(__float_as_uint(v.z) & 0xffffe000u);
-        s.w = v.w - __uint_as_float(__float_as_uint(v.w) & 0xffffe000u);
-        to[i] = s;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int p = p0 + threadIdx.x;
+        tile[i][threadIdx.x] = p < H * W ? prologue_value(image[(size_t)(c0 + i) * (H * W) + p], pro, n, c0 + i) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int p = p0 + i;
+        if (p >= H * W) continue;
+        const float v = tile[threadIdx.x][i];
+        const size_t at = ((size_t)n * (H * W) + p) * C + c0 + threadIdx.x;
+        big[at] = v;
+        small[at] = small_part(v);
     }
 }
 
@@ -133,8 +167,6 @@ __device__ __forceinline__ void barrier_wait(unsigned long long* bar, int phase)
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)), "r"(phase & 1) : "memory");
 }
-// the producers alone (named barrier 1; __syncthreads is barrier 0)
-__device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(NTHREADS) : "memory"); }
 
 // Keeps the compiler from moving reads or writes of accumulators across the asynchronous wgmmas.
 __device__ __forceinline__ void pin(float (&d)[ACC])
@@ -193,21 +225,21 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[ACC], unsigned long long a
 #endif
 }
 
-// Issues part = this consumer warpgroup's 64 pixels x BM maps of the slice at `stage` (its small parts at `small`).
-__device__ __forceinline__ void issue_slice(float (&part)[ACC], const float* stage, const float* small)
+// Issues part (+)= this consumer warpgroup's 64 pixels x BM maps of the slice at `stage` (`adds`: onto
+// what part holds, else over it).
+__device__ __forceinline__ void issue_slice(float (&part)[ACC], const float* stage, bool adds)
 {
     const int pixels = (threadIdx.x - NTHREADS) / 128 * 64;  // the warpgroup's first row of the image tile
-    const float* image = stage + A_STAGE + B_AT(0, pixels);
-    const float* image_small = small + A_STAGE + B_AT(0, pixels);
+    const float* image = stage + 2 * A_STAGE + SWIZZLED_AT(pixels, 0);
     pin(part);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 8) {
-        const unsigned long long w_big = descriptor(stage + A_AT(0, kk));
-        const unsigned long long w_small = descriptor(small + A_AT(0, kk));
-        const unsigned long long x_big = descriptor(image + B_AT(kk, 0));
-        const unsigned long long x_small = descriptor(image_small + B_AT(kk, 0));
-        wgmma_tile(part, x_small, w_big, kk > 0);
+        const unsigned long long w_big = descriptor(stage + SWIZZLED_AT(0, kk));
+        const unsigned long long w_small = descriptor(stage + A_STAGE + SWIZZLED_AT(0, kk));
+        const unsigned long long x_big = descriptor(image + SWIZZLED_AT(0, kk));
+        const unsigned long long x_small = descriptor(image + B_STAGE + SWIZZLED_AT(0, kk));
+        wgmma_tile(part, x_small, w_big, adds || kk > 0);
         wgmma_tile(part, x_big, w_small, 1);
         wgmma_tile(part, x_big, w_big, 1);
     }
@@ -221,102 +253,119 @@ __device__ __forceinline__ void add_part(float (&acc)[ACC], float (&part)[ACC])
     for (int j = 0; j < ACC; ++j) acc[j] += part[j];
 }
 
-// This thread's weight copies: consecutive threads on consecutive maps (the eight lanes of a 16-byte
-// store phase then fill one 128-byte line), so every piece it copies lies in one map row (NTHREADS is a
-// multiple of BM), so the row's address and whether it is inside the group are worked out once.
+// This thread's weight copies: eight consecutive threads on a row's eight quads (one 128-byte line
+// read, all 32 banks written), rows NTHREADS / 8 apart.
 struct WeightCopies {
-    static constexpr int PIECES = A_STAGE / A_VEC / NTHREADS;  // copies a slice
-    static constexpr int K_STEP = NTHREADS / BM * A_VEC;       // k between them
-    const float* row;  // the row's first weight, k = first_k
-    int first_k;       // this thread's first k of a slice
-    bool live;         // the map lies inside the group
+    static constexpr int ROW_STEP = NTHREADS / QUADS;
+    static constexpr int TURNS = BM / ROW_STEP;
+    int quad, first_row;
 
-    __device__ __forceinline__ WeightCopies(const float* __restrict__ w, const MapTile& maps)
+    __device__ __forceinline__ WeightCopies() : quad(threadIdx.x % QUADS), first_row(threadIdx.x / QUADS)
     {
-        static_assert(NTHREADS % BM == 0 && A_STAGE % (A_VEC * NTHREADS) == 0, "whole rows of pieces");
-        const int m = threadIdx.x % BM;
-        first_k = threadIdx.x / BM * A_VEC;
-        live = maps.first + m < maps.end;
-        row = w + (size_t)(live ? maps.first + m : maps.first) * KDIM + first_k;
+        static_assert(BM % ROW_STEP == 0, "whole turns of rows");
     }
 
-    __device__ __forceinline__ void copy(float* As, const float* __restrict__ w, int k0) const
+    __device__ __forceinline__ void copy(float* stage, const float* __restrict__ w_big, const float* __restrict__ w_small,
+                                         const MapTile& maps, int k0) const
     {
 #pragma unroll
-        for (int i = 0; i < PIECES; ++i) {
-            const int k = k0 + first_k + i * K_STEP;
-            const bool inside = live && k < KDIM;
-            const float* from = inside ? row + k0 + i * K_STEP : w;
-            float* to = As + A_AT(threadIdx.x % BM, first_k + i * K_STEP);
-#if A_VEC == 4
-            copy_async16(to, from, inside);
-#else
-            copy_async4(to, from, inside);
-#endif
+        for (int turn = 0; turn < TURNS; ++turn) {
+            const int m = first_row + turn * ROW_STEP;
+            const bool inside = maps.first + m < maps.end;
+            const size_t from = inside ? (size_t)(maps.first + m) * KDIM + k0 + quad * 4 : 0;
+            const int to = SWIZZLED_AT(m, quad * 4);
+            copy_async16(stage + to, w_big + from, inside);
+            copy_async16(stage + A_STAGE + to, w_small + from, inside);
         }
     }
 };
 
-// This thread's image copies: one column of the tile (Columns), rows first_row, first_row + 2, ...;
-// the window's origin in x is worked out once.
-struct ImageCopies {
-    const float* origin;  // x at (image, the group's channel 0, ih0, iw0); only tap offsets inside the image are added
+// This thread's image copies: eight consecutive threads on a pixel's eight quads of the slice's 32
+// channels, pixels NTHREADS / 8 apart; where each of its pixels' windows lies in the channel-last
+// image, and which of their taps lie inside it, worked out once.
+struct PixelCopies {
+    static constexpr int PIXEL_STEP = NTHREADS / QUADS;
+    static constexpr int TURNS = BN / PIXEL_STEP;
+    long long origin[TURNS];  // (image, ih0, iw0, the group's channel 0 + this quad's); ih0, iw0 may be negative (pads)
+    TapBits inside[TURNS];    // bit kh*KW + kw: that tap of the pixel's window lies inside the image
+    int quad, first_pixel;
 
-    __device__ __forceinline__ ImageCopies(const float* __restrict__ x, const Columns& cols) : origin(x + cols.origin) {}
-
-    __device__ __forceinline__ void copy(float* Bs, const float* __restrict__ x, const Columns& cols, int k0) const
+    __device__ __forceinline__ PixelCopies(int col0, int total, int group) : quad(threadIdx.x % QUADS), first_pixel(threadIdx.x / QUADS)
     {
 #pragma unroll
-        for (int i = 0; i < Columns::ROWS; ++i) {
-            const int row = cols.first_row + 2 * i;
-            const int2 tap = tap_at(k0 + row);
-            const bool valid = tap_inside(cols, tap);
-            copy_async4(Bs + B_AT(row, cols.column), valid ? origin + tap.x : x, valid);
+        for (int turn = 0; turn < TURNS; ++turn) {
+            const int col = col0 + first_pixel + turn * PIXEL_STEP;
+            const bool live = col < total;
+            const int n = live ? col / P : 0;
+            const int p = live ? col % P : 0;
+            const int ih0 = (p / OW) * SH - PH;
+            const int iw0 = (p % OW) * SW - PW;
+            origin[turn] = ((long long)(n * H + ih0) * W + iw0) * C + group * CG + quad * 4;
+            TapBits bits = 0;
+#pragma unroll
+            for (int j = 0; j < KH * KW; ++j) {
+                const bool in = (unsigned)(ih0 + (j / KW) * DH) < (unsigned)H && (unsigned)(iw0 + (j % KW) * DW) < (unsigned)W;
+                bits |= (TapBits)(in && live) << j;
+            }
+            inside[turn] = bits;
+        }
+    }
+
+    __device__ __forceinline__ void copy(float* stage, const float* __restrict__ x_big, const float* __restrict__ x_small, int k0) const
+    {
+        const int tap = k0 / CG;  // the slice's window tap and first channel
+        const int kh = tap / KW;
+        const long long offset = ((long long)(kh * DH) * W + (tap - kh * KW) * DW) * C + (k0 - tap * CG);
+#pragma unroll
+        for (int turn = 0; turn < TURNS; ++turn) {
+            const bool valid = (inside[turn] >> tap) & 1;
+            const long long from = valid ? origin[turn] + offset : 0;
+            const int to = SWIZZLED_AT(first_pixel + turn * PIXEL_STEP, quad * 4);
+            copy_async16(stage + 2 * A_STAGE + to, x_big + from, valid);
+            copy_async16(stage + 2 * A_STAGE + B_STAGE + to, x_small + from, valid);
         }
     }
 };
 
-// The producers' part: copy slice j while slices j - LAG + 1 .. j - 1 are in flight, then apply
-// the prologue to slice j - LAG and split it into the small buffer that slice j - LAG - 2 left.
-__device__ __forceinline__ void produce(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ pro,
-                                        float* stages, float* smalls, unsigned long long* full, unsigned long long* empty,
-                                        const MapTile& maps, const SliceRun& run, int col0, int total, int x_image)
+// The producers' part: hand slice j - LAG over once this thread's copies of it have landed (each
+// producer arrives for its own), then copy slice j while slices j - LAG + 1 .. j - 1 are in flight.
+// The hand-over comes first: the consumers may need that slice to release the stage slice j goes to.
+__device__ __forceinline__ void produce(const float* __restrict__ x_big, const float* __restrict__ x_small,
+                                        const float* __restrict__ w_big, const float* __restrict__ w_small, float* stages,
+                                        unsigned long long* full, unsigned long long* empty, const MapTile& maps,
+                                        const SliceRun& run, int col0, int total)
 {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-    const Columns cols(col0, total, maps.group, x_image);
-    const WeightCopies weights(w, maps);
-    const ImageCopies image(x, cols);
+    const WeightCopies weights;
+    const PixelCopies image(col0, total, maps.group);
     for (int j = 0; j < run.count + LAG; ++j) {
+        const int ready = j - LAG;
+        if (ready >= 0) {
+            wait_copies<LAG - 1>();  // of the j groups committed, all but the newest LAG - 1: slice `ready`'s
+            publish_to_async_proxy();
+            barrier_arrive(full + ready % STAGES);
+        }
         if (j < run.count) {
-            float* stage = stages + j % STAGES * RAW;
+            float* stage = stages + j % STAGES * STAGE;
             if (j >= STAGES) barrier_wait(empty + j % STAGES, j / STAGES - 1);  // slice j - STAGES is multiplied
-            weights.copy(stage, w, (run.first + j) * BK);
-            image.copy(stage + A_STAGE, x, cols, (run.first + j) * BK);
+            const int k0 = (run.first + j) * BK;
+            weights.copy(stage, w_big, w_small, maps, k0);
+            image.copy(stage, x_big, x_small, k0);
         }
         commit_copies();  // an empty group keeps the count of groups in step
-        const int ready = j - LAG;
-        if (ready < 0) continue;
-        float* stage = stages + ready % STAGES * RAW;
-        wait_copies<LAG>();  // this thread's copies of slice `ready` have landed
-        prologue_b_slice(stage + A_STAGE, pro, cols, (run.first + ready) * BK);
-        if (ready >= 2) barrier_wait(empty + (ready - 2) % STAGES, (ready - 2) / STAGES);  // its small buffer is free
-        producers_sync();  // every producer's copies have landed, prologue applied
-        split_slice(stage, smalls + ready % 2 * RAW);
-        publish_to_async_proxy();
-        barrier_arrive(full + ready % STAGES);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
-conv_wgmma(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, const float* __restrict__ r,
-           const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image)
+conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, const float* __restrict__ w_big,
+           const float* __restrict__ w_small, const float* __restrict__ b, const float* __restrict__ r,
+           float* __restrict__ y, float* __restrict__ partial, int batch)
 {
     extern __shared__ float4 shared_tiles[];
     // the swizzle's atoms are 1024 bytes, aligned so; the launch gives 1024 bytes to spare
     const unsigned int misaligned = shared_address(shared_tiles) % 1024;
     float* stages = reinterpret_cast<float*>(reinterpret_cast<char*>(shared_tiles) + (misaligned ? 1024 - misaligned : 0));
-    float* smalls = stages + STAGES * RAW;
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smalls + 2 * RAW);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(stages + STAGES * STAGE);
     unsigned long long* empty = full + STAGES;
     const int total = batch * P;
     const int col0 = blockIdx.x * BN;
@@ -332,7 +381,7 @@ conv_wgmma(const float* __restrict__ x, const float* __restrict__ w, const float
     }
     __syncthreads();
     if (threadIdx.x < NTHREADS) {
-        produce(x, w, pro, stages, smalls, full, empty, maps, run, col0, total, x_image);
+        produce(x_big, x_small, w_big, w_small, stages, full, empty, maps, run, col0, total);
         return;
     }
 
@@ -340,12 +389,21 @@ conv_wgmma(const float* __restrict__ x, const float* __restrict__ w, const float
     float acc[ACC], part[ACC];
 #pragma unroll
     for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+    // Slices go to part in pairs: the second's wgmmas are issued before the first's are waited for,
+    // so that the tensor cores have work across the turn; each stage is released as its wgmmas end.
     for (int i = 0; i < run.count; ++i) {
+        const bool opens = i % 2 == 0;  // a pair's first slice
         barrier_wait(full + i % STAGES, i / STAGES);
-        issue_slice(part, stages + i % STAGES * RAW, smalls + i % 2 * RAW);
-        wgmma_wait<0>();
-        barrier_arrive(empty + i % STAGES);
-        add_part(acc, part);
+        issue_slice(part, stages + i % STAGES * STAGE, !opens);
+        if (!opens) {
+            wgmma_wait<1>();
+            barrier_arrive(empty + (i - 1) % STAGES);
+        }
+        if (!opens || i == run.count - 1) {
+            wgmma_wait<0>();
+            barrier_arrive(empty + i % STAGES);
+            add_part(acc, part);
+        }
     }
 
     const int lane = threadIdx.x % 32;

@@ -46,6 +46,10 @@ CASES = {
     "pointwise_vectors_k16": conv(3, 16, 40, (8, 12), (1, 1)),
     "k333_m70_tile_tails": conv(2, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),
     "deep_k_small_output": conv(1, 160, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)),
+    # groups of 32 channels (wg_3xtf32): maps and pixels that end inside a tile, odd pads, dilation, groups
+    "c32_stride2_odd_pads_m70": conv(3, 32, 70, (17, 23), (3, 3), strides=(2, 2), pads=(1, 0, 2, 1)),
+    "c64_group2_dilation2": conv(2, 64, 40, (13, 11), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=2),
+    "c64_pointwise_odd_pixels": conv(3, 64, 48, (7, 9), (1, 1)),
 }
 # the plain names plus explicit configurations: 3 maps leave a short last group for most M
 # FP32-exact families only: fp16/tf32 are held to their own bounds in test_mixed_variants.py
@@ -53,8 +57,8 @@ EXACT = [name for name, family in families.FAMILIES.items() if family.exact]
 VARIANTS = [*EXACT, "const_mo_m1", "const_mo_m3", "const_rb_t2x1_m1", "const_rb_t8x1_m4", "const_rb_t16x1_m3", "im2col_gemm_64x64", "implicit_gemm_4x1024", "implicit_gemm_128x64", "tiled_b32x8", "tiled_b16x16", "tiled_b8x32", "tiled_b4x64", "reduce_tree_c2", "reduce_tree_c4", "reduce_tree_c8", "reduce_atomic_c2", "reduce_atomic_c4", "reduce_atomic_c8",
             "tc_3xtf32_b128x128x32_w64x32_s3", "tc_3xtf32_b64x128x32_w32x64_s3", "tc_3xtf32_b32x64x32_w32x16_s3", "tc_3xtf32_b64x64x32_w32x32_s3_k4", "tc_3xtf32_b128x64x32_w64x32_s3_k16",
             "tc_3xtf32_b128x64x32_w64x32_s3_k3", "tc_3xtf32_b64x64x32_w32x32_s3_k5",
-            "wg_3xtf32_b128x128x32_s4", "wg_3xtf32_b64x128x32_s4", "wg_3xtf32_b128x64x32_s4", "wg_3xtf32_b64x64x32_s4_k4",
-            "wg_3xtf32_b128x128x32_s4_k3",
+            "wg_3xtf32_b128x128x32_s3", "wg_3xtf32_b64x128x32_s3", "wg_3xtf32_b128x64x32_s3", "wg_3xtf32_b64x64x32_s3_k4",
+            "wg_3xtf32_b128x128x32_s3_k3",
             "simt_gemm_b128x128x16_t8x8_s4_o1", "simt_gemm_b64x128x16_t8x8_s4_o3", "simt_gemm_b64x64x16_t8x4_s4_o4", "simt_gemm_b32x64x16_t4x4_s4_o4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "simt_gemm_b128x64x16_t8x8_s4_o3_k16",
             "simt_gemm_b16x128x16_t2x8_s4_o4", "simt_gemm_b16x64x16_t2x4_s4_o4_k2", "simt_gemm_b8x128x16_t1x8_s4_o4",
             "depthwise_t1x1_b4x8_p4", "depthwise_t4x4_b16x32_p1", "depthwise_t2x4_b8x8_p2", "grouped_t1x1_b4x8_p2", "grouped_t2x4_b8x8_p4"]
@@ -127,13 +131,14 @@ FUSED_CASES = {
     # an activation alone (the tensor-core GEMM fuses no pool), also after split K
     "relu_only_k333": (conv(2, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)), Epilogue("Relu")),
     "tanh_only_deep_k": (conv(1, 160, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)), Epilogue("Tanh")),
+    "relu_only_c64_tails": (conv(2, 64, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)), Epilogue("Relu")),
 }
 # every fusing family by its plain name, plus tiles that pool within a thread,
 # across 2 and 4 lanes, and in both at once
 FUSED_VARIANTS = [
     *(name for name, family in families.FAMILIES.items() if family.fuses and family.exact),
     "const_tile_t4x4_m4", "const_tile_t2x2_m16", "const_tile_t1x4_m8", "const_tile_t2x1_m4", "const_tile_t4x1_m2",
-    "tc_3xtf32_b64x64x32_w32x32_s3_k4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "wg_3xtf32_b64x64x32_s4_k4",
+    "tc_3xtf32_b64x64x32_w32x32_s3_k4", "simt_gemm_b64x64x16_t8x4_s4_o4_k4", "wg_3xtf32_b64x64x32_s3_k4",
 ]
 
 
@@ -183,8 +188,10 @@ DENSE_LAYER = conv(3, 20, 12, (7, 7), (7, 7))  # the filter covers the whole map
 def test_new_output_on_a_side_stream(variant):
     import cupy
 
-    # the depthwise and grouped families run grouped layers only, the dense ones dense layers (a filter over the whole map)
-    cases = [CASES[case] for case in ("stride2_asym_pads_odd", "depthwise_dilation2", "group2_stride2")] + [DENSE_LAYER]
+    # the depthwise and grouped families run grouped layers only, the dense ones dense layers (a filter over
+    # the whole map), wg_3xtf32 groups of 32 channels
+    cases = [CASES[case] for case in ("stride2_asym_pads_odd", "depthwise_dilation2", "group2_stride2", "c32_stride2_odd_pads_m70")]
+    cases += [DENSE_LAYER]
     spec = next(spec for spec in cases if families.unsupported_reason(spec, variant, random_problem(spec)[2:]) is None)
     seed, x, w, b = random_problem(spec)
     kernel = families.build_kernel(spec, variant, (w, b))

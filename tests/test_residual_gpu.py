@@ -28,6 +28,7 @@ CASES = {
     "pointwise_vectors": conv(3, 16, 40, (8, 12), (1, 1)),  # float4 rows in const_tile, pixel groups in the GEMM
     "tile_tails_k333": conv(2, 37, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),
     "deep_k_small_output": conv(1, 160, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # the GEMM splits K
+    "c64_tile_tails": conv(2, 64, 70, (9, 11), (3, 3), pads=(1, 1, 1, 1)),  # groups of 32 channels: wg_3xtf32 too
 }
 FUSING = [name for name, family in families.FAMILIES.items() if family.fuses]
 VARIANTS = [*FUSING, "const_tile_t2x4_m8", "const_rb_t4x1_m4", "tc_3xtf32_b64x64x32_w32x32_s3_k4", "tc_3xtf32_b32x64x32_w32x16_s3_k2", "tc_tf32_b64x64x32_w32x32_s3_k4"]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from onnx_builders import conv_spec as conv
+from opplugin import cuda
 from opplugin.cli import build_parser
 from opplugin.lab import bench, cnn_layers
 from opplugin.lab.bench_text import summary_lines
@@ -121,7 +122,10 @@ def test_a_long_k_reads_one_channels_taps_as_the_whole_table_would_have_them(spe
     assert "TAPS_BY_CHANNEL" not in tiles_header_defines(spec, 1)  # the other layers' sources stay as they were
 
 
-def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few():
+def test_runner_prefers_tensor_cores_for_many_maps_and_constant_memory_for_few(monkeypatch):
+    # planned for an sm_80 GPU: where Hopper's wg_3xtf32 goes first is test_wgmma_gemm.py's
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "device_arch", lambda: "sm_80")
     assert prefers_tensor_cores(RESNET_64) and not prefers_tensor_cores(conv(1, 4, 8, (40, 40), (7, 7)))
     assert heuristic_config(RESNET_64, ones(RESNET_64), NONE).name() == "tc_3xtf32_b64x128x32_w32x64_s3"
     # past 64 KiB of filters the default is no longer the baseline

@@ -50,6 +50,7 @@ from .epilogue import NONE, Epilogue
 from .families.dense import dense_family, is_dense
 from .families.gemm import k_dim
 from .families.pipelined import PipelinedConfig, columns, multiprocessors
+from .families.wgmma_gemm import LONG_K
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
@@ -69,12 +70,17 @@ CONSTANT_BLOCK_OUTPUTS = 256 * 64
 # whose three MMAs per tile and 32-deep slices have too short a K loop to hide their cost.
 SIMT_MAX_K = 64
 # On Hopper (where wg_3xtf32 runs; it declines elsewhere and tc_3xtf32 follows) the wgmma GEMM goes
-# first from this many maps a group and output pixels of the batch: on an H200 at batch 32 it ran
-# VGG's 512->512 at 14x14 0.60 ms (tc_3xtf32 0.64), ResNet's 128->128 at 28x28 0.168 (0.182),
-# 256->256 at 14x14 0.195 (0.209), 512->512 at 7x7 0.180 (0.213); on ResNet's 64->64 at 56x56
-# 0.217 (0.188), and at batch 1 it was ahead on some layers and behind on others.
-WGMMA_MIN_MAPS = 128
+# first from this many maps a group, where each input value meets enough multiply-adds to repay its
+# channel-last copy (three passes over the input), and where the batch has enough output pixels or
+# K is long enough to split (wgmma_gemm.LONG_K). On an H200 (bench --suite cnn, graphed, ms,
+# wg_3xtf32 then tc_3xtf32): at batch 32 VGG's 512->512 at 14x14 0.294 and 0.607, ResNet's 128->128
+# at 28x28 0.094 and 0.158, 64->64 at 56x56 (576 multiply-adds an input value) 0.123 and 0.170, but
+# its 1x1 s2 256->512 (128 an input value) 0.184 and 0.156; at batch 1 VGG's 512->512 (196 pixels,
+# K 4608) 0.020 and 0.036, ResNet's 256->256 0.015 and 0.016, but the MNIST 32->64 at 14x14 (K 288)
+# 0.010 and 0.008.
+WGMMA_MIN_MAPS = 64
 WGMMA_MIN_COLUMNS = 32 * 7 * 7
+WGMMA_MIN_REUSE = 256
 # Depthwise layers (one map per group) ran fastest on const_rb's row tiles on an H100:
 # MobileNetV2's 3x3 32-channel layer at 112x112, 0.046 against const_tile's 0.075 ms at batch 32.
 # Wider ones, whose filters outgrow constant memory or whose map groups make too much code, take
@@ -111,7 +117,10 @@ def preference(spec: ConvSpec, epilogue: Epilogue = NONE) -> tuple[str, ...]:
 
 def prefers_wgmma(spec: ConvSpec) -> bool:
     """Whether the wgmma GEMM goes before tc_3xtf32 (see WGMMA_MIN_MAPS)."""
-    return spec.out_channels // spec.group >= WGMMA_MIN_MAPS and columns(spec) >= WGMMA_MIN_COLUMNS
+    maps = spec.out_channels // spec.group
+    reuse = maps * k_dim(spec) * math.prod(spec.out_size) / (spec.in_channels * math.prod(spec.in_size))
+    enough_work = columns(spec) >= WGMMA_MIN_COLUMNS or k_dim(spec) >= LONG_K
+    return maps >= WGMMA_MIN_MAPS and reuse >= WGMMA_MIN_REUSE and enough_work
 
 
 def general_preference(spec: ConvSpec) -> tuple[str, ...]:

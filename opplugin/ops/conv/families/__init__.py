@@ -121,8 +121,13 @@ def checked(spec: ConvSpec, variant: Variant, weights: Weights | None, epilogue:
     """(the Config `variant` stands for on this node, None when it can run the node with this
     epilogue, else the reason, shown by `opplugin plan`); the Config is None where there is none."""
     config, reason = _fitting(spec, variant, epilogue)
-    if not reason and FAMILIES[config.family].constant_weights and weights is None:
+    if reason or weights is not None:
+        return config, reason
+    family = FAMILIES[config.family]
+    if family.constant_weights:
         reason = "the weights are not constant (not initializers): __constant__ memory is filled once, at build time"
+    elif family.weights_at_build:
+        reason = f"the weights are not constant (not initializers): {family.name} rearranges them once, at build time"
     return config, reason
 
 

@@ -213,6 +213,7 @@ class Family:
     # "measurement" (other arithmetic whose measured error meets the same bound, e.g. 3xTF32)
     exact_by: str = "construction"
     constant_weights: bool = False  # filters go into __constant__ memory at build time
+    weights_at_build: bool = False  # rearranges the weights on the device at build time (they must be constant)
     fuses: bool = False  # can run an Epilogue (activation, max pool) in the same kernel
     takes_prologue: bool = False  # can apply a Prologue (prologue.py) to the input values it loads
     config_type: type[Config] = Config  # no fields: the family's name is its one configuration

@@ -88,7 +88,8 @@ static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
 
 __device__ __forceinline__ float small_part(float v) { return v - __uint_as_float(__float_as_uint(v) & 0xffffe000u); }
 
-// The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which).
+// The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which;
+// prologue_b_slice there applies the same arithmetic to the NCHW gather).
 __device__ __forceinline__ float prologue_value(float v, const float* __restrict__ pro, int n, int c)
 {
 #if PROLOGUE == 1
@@ -141,8 +142,8 @@ __device__ __forceinline__ unsigned long long descriptor(const float* tile)
     return ((at & 0x3FFFF) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32) | (SWIZZLE_128B << 62);
 }
 
-// wgmma reads shared memory through the async proxy: make this thread's ordinary stores (and the
-// cp.async copies it waited for) visible to it
+// wgmma reads shared memory through the async proxy: make the cp.async copies this thread waited
+// for visible to it
 __device__ __forceinline__ void publish_to_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -31,7 +31,7 @@ from .tensor_gemm import Split3xTf32Gemm
 
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
 STAGES = 3  # two slices in flight, one multiplied
-TF32_DROPPED = np.uint32(0xFFFFE000)  # the bits of an FP32 value a TF32 operand keeps
+TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value a TF32 operand keeps
 TRANSPOSE_TILE = 32  # conv_split_channel_last's block: 32 channels x 32 pixels
 # A first tile whose waves leave SMs idle gives way: with a K from LONG_K on, to its K split that
 # balances the waves (the reduce is repaid), with a shorter one to the tile of half its pixels
@@ -150,7 +150,7 @@ def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """W as the kernel reads it: rows of k = (kh*KW + kw)*C/G + c, and the small TF32 parts of those
     values (each value less its TF32 bits, exact in FP32); the values themselves are the big parts."""
     rows = np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
-    return rows, rows - (rows.view(np.uint32) & TF32_DROPPED).view(np.float32)
+    return rows, rows - (rows.view(np.uint32) & TF32_KEPT).view(np.float32)
 
 
 class WgmmaGemmKernel(PipelinedGemmKernel):
@@ -172,6 +172,8 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         # another stream must find the weights whole
         cupy.cuda.get_current_stream().synchronize()
         self._image_floats = spec.in_channels * spec.in_size[0] * spec.in_size[1]
+        # conv_split_channel_last's blocks: 32-pixel tiles of each image, 32-channel tiles
+        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // TRANSPOSE_TILE), spec.in_channels // TRANSPOSE_TILE)
 
     def workspace_bytes(self, batch: int) -> int:
         """The channel-last image and its small parts, then the K split's partial sums."""
@@ -186,9 +188,8 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         values = batch * self._image_floats
         scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the two images, then the partial sums
         x_big, x_small, partial = scratch[:values], scratch[values:2 * values], scratch[2 * values:]
-        pixel_tiles = -(-self.spec.in_size[0] * self.spec.in_size[1] // TRANSPOSE_TILE)
-        self._split((batch * pixel_tiles, self.spec.in_channels // TRANSPOSE_TILE, 1), (TRANSPOSE_TILE, 8, 1),
-                    (x, pro, x_big, x_small, np.int32(x_image)))
+        pixel_tiles, channel_tiles = self._transpose_tiles
+        self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
         target = partial if self.splits > 1 else np.uint64(0)
         self._gemm(grid, (self.config.threads, 1, 1),
                    (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch)), shared_mem=self._shared)

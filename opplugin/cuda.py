@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import kernel_cache, nvrtc, resources
+from . import kernel_cache, launches, nvrtc, resources
 
 # Options every kernel is compiled with. No --use_fast_math: the variants are
 # FP32-exact (FMA contraction is allowed; it rounds once instead of twice).
@@ -88,6 +88,9 @@ def compile_source(source: str, options: tuple[str, ...], label: str, *, arch_sp
 
     `arch_specific` compiles for the device's architecture-specific target ("sm_90a"), whose
     instructions (wgmma) run on that compute capability alone.
+
+    The module comes wrapped (launches.Module), so that the launches of its functions can be
+    recorded and replayed.
     """
     key = (source, options, arch_specific)
     module = _modules.get(key)
@@ -96,7 +99,7 @@ def compile_source(source: str, options: tuple[str, ...], label: str, *, arch_sp
         path = kernel_cache.binary_path(kernel_cache.CompileJob(label, source, tuple(options), arch))
         import cupy
 
-        module = cupy.RawModule(path=str(path))
+        module = launches.Module(cupy.RawModule(path=str(path)))
         _modules[key] = module
     return module
 

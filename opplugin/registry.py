@@ -134,6 +134,11 @@ class Kernel(Protocol):
     # False for a kernel that enqueues nothing on the device (a reshape view): its step is then
     # timed by the host clock, not by CUDA events
     device_work: bool = True
+    # True for a kernel with `out_view` whose calls launch device work only through the Functions
+    # of opplugin's modules (cuda.compile_source), with launches that follow from its buffers'
+    # addresses and the batch alone: an eager run then replays them from packed arguments
+    # while the buffers stay the same (launches.py, runtime/replays.py)
+    replayable: bool = False
 
     def flops(self, batch: int) -> int:
         """Arithmetic operations of one call at this batch, for GFLOP/s."""

@@ -9,6 +9,7 @@ so the kernels of one chunk follow each other on the device without a gap.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +29,11 @@ from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
 from .nonfinite import write_flag
 from .prebound import owns
+from .replays import RunReplay, address
 from .timeline import GRAPH, Timeline
 
 Progress = Callable[[str, int, int], None]
+_EXECUTOR_TOKENS = itertools.count()
 
 
 class FlagSink(Protocol):
@@ -101,9 +104,10 @@ class _Values:
     `constants` (weights, on the device where there is one) are read in place: putting
     hundreds of them into every chunk's dicts cost a large model tens of microseconds a run."""
 
-    def __init__(self, lane: Lane, constants: dict[str, Any]):
+    def __init__(self, lane: Lane, constants: dict[str, Any], reuse_inputs: bool = False):
         self.lane = lane
         self.constants = constants
+        self.reuse_inputs = reuse_inputs  # feeds go up into the arrays they went into last run (eager runs)
         self.host: dict[str, Any] = {}
         self.device: dict[str, Any] = {}
         self.pinned_feeds: dict[str, bool] = {}
@@ -138,7 +142,7 @@ class _Values:
             if name in self.constants:
                 return self.constants[name]
             if name in self.pinned_feeds:
-                self.device[name] = self.lane.upload(name, self.host[name], self.pinned_feeds[name])
+                self.device[name] = self.lane.upload(name, self.host[name], self.pinned_feeds[name], self.reuse_inputs)
             else:
                 self.device[name] = self.lane.to_device(name, self.host[name])
         return self.device[name]
@@ -190,10 +194,14 @@ class PlanExecutor:
         self.in_place = in_place
         # whether captures record events between steps; None: decided at the first capture (see _steps_timed_in_graphs)
         self.step_times_in_graphs: bool | None = None
-        self._outside: dict[int, list[str]] = {}  # first step of a run of plugin steps -> its outside inputs
-        self._dying: dict[tuple[int, frozenset[str]], list[str]] = {}  # (first step, held) -> what a replay frees
+        self._outside: dict[tuple[int, int], list[str]] = {}  # (first, stop) of a run of plugin steps -> its outside inputs
+        self._dying: dict[tuple[int, int, frozenset[str]], list[str]] = {}  # (first, stop, held) -> what a replay frees
         self._runs = _runs_of_steps(plan)
         self._single_output = frozenset(index for index, step in enumerate(plan.steps) if len(step.outputs) == 1)
+        # what names each step in the lanes' per-step stores (prebound outputs, replays), which every executor shares
+        token = next(_EXECUTOR_TOKENS)
+        self._step_keys = [(token, index) for index in range(len(plan.steps))]
+        self._parts: dict[tuple[int, int], list[tuple[range, bool]]] = {}  # a run's steps cut by _eager_parts
         # after which step each tensor is read for the last time
         self.last_use: dict[str, int] = {}
         for index, step in enumerate(plan.steps):
@@ -202,7 +210,7 @@ class PlanExecutor:
 
     def run_chunk(self, lane: Lane, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
         lane.start_chunk(timeline, chunk)
-        values = _Values(lane, self.constants)
+        values = _Values(lane, self.constants, reuse_inputs=not self.cuda_graphs)
         for name, array in inputs.feeds.items():
             values.put_feed(name, array[rows] if name in self.layout.batched_inputs else array, inputs.pinned[name])
         batch = rows.stop - rows.start
@@ -241,37 +249,93 @@ class PlanExecutor:
             return
         pending: dict[str, Any] = {}  # Concat buffers written in place before their Concat runs
         with lane.segment():
+            for part, whole in self._eager_parts(lane, indices, flags):
+                if whole:
+                    self._replayable_part(lane, values, part, held, batch, pending)
+                else:
+                    self._eager_steps(lane, values, part, held, chunk, batch, flags, pending)
+
+    def _eager_steps(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], chunk: int, batch: int,
+                     flags: FlagSink | None, pending: dict[str, Any]) -> None:
+        """Steps launched one by one from Python, each timed by the lane."""
+        for index in indices:
+            step = self.plan.steps[index]
+            kernel = self.kernels[step.name]
+            args = [values.on_device(n) if n else None for n in step.inputs]
+            run = lane.run_kernel if kernel.device_work else lane.run_host
+            outs = self._checked(step, run(step.name, "plugin",
+                                           lambda i=index, k=kernel, a=args: self._call(i, k, a, lane, pending, batch)))
+            for name, value in zip(step.outputs, outs):
+                values.put(name, value)
+            if flags is not None and index in self.watched:
+                for slot, value in zip(self.watched[index], outs):
+                    lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
+            self._drop_dead(values, index, held)
+
+    def _replayable_part(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], batch: int,
+                         pending: dict[str, Any]) -> None:
+        """Steps whose kernels can all be replayed (replays.py): in one go when the lane kept them
+        as a RunReplay on the buffers they now read, else one by one, after which they are kept
+        so when every one of them replayed."""
+        part_key = (self._step_keys[indices.start], indices.stop, batch, held)
+        inputs_key = (batch, *(address(values.get(name)) for name in self._outside_inputs(indices)))
+        kept = lane.replays.runs.get(part_key)
+        if kept is not None and kept.inputs_key == inputs_key:
+            lane.run_replayed(kept.names, kept.replays)
+            for name, value in kept.exported.items():
+                values.put(name, value)
+            for name in self._dying_in(indices, held):
+                values.drop(name)
+            return
+        hits = lane.replays.hits
+        self._eager_steps(lane, values, indices, held, 0, batch, None, pending)
+        lane.replays.runs.pop(part_key, None)
+        if lane.replays.hits - hits == len(indices):  # every step replayed: next time, the part goes in one go
+            produced = [name for index in indices for name in self.plan.steps[index].outputs]
+            lane.replays.runs[part_key] = RunReplay(
+                [self.plan.steps[index].name for index in indices],
+                [lane.replays.replay_of(self._step_keys[index]) for index in indices], inputs_key,
+                {name: values.device[name] for name in produced if name in values.device})
+
+    def _eager_parts(self, lane: Lane, indices: range, flags: FlagSink | None) -> list[tuple[range, bool]]:
+        """A run of steps cut where steps that may be kept whole as a RunReplay (a replayable kernel
+        writing its one output into an array of its own, not in place in a Concat's buffer) meet
+        steps that may not; (part, whether it may be). Not on the host, nor for a run whose steps are watched."""
+        if self.cuda_graphs or lane.replays is None or flags is not None:
+            return [(indices, False)]
+        parts = self._parts.get((indices.start, indices.stop))
+        if parts is None:
+            wholes = [index in self._single_output and getattr(self.kernels[self.plan.steps[index].name], "replayable", False)
+                      and not (self.in_place is not None and self.in_place.places(index)) for index in indices]
+            parts, first = [], indices.start
             for index in indices:
-                step = self.plan.steps[index]
-                kernel = self.kernels[step.name]
-                args = [values.on_device(n) if n else None for n in step.inputs]
-                run = lane.run_kernel if kernel.device_work else lane.run_host
-                outs = self._checked(step, run(step.name, "plugin",
-                                               lambda i=index, k=kernel, a=args: self._call(i, k, a, lane, pending, batch)))
-                for name, value in zip(step.outputs, outs):
-                    values.put(name, value)
-                if flags is not None and index in self.watched:
-                    for slot, value in zip(self.watched[index], outs):
-                        lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
-                self._drop_dead(values, index, held)
+                if index + 1 == indices.stop or wholes[index + 1 - indices.start] != wholes[index - indices.start]:
+                    parts.append((range(first, index + 1), wholes[index - indices.start]))
+                    first = index + 1
+            self._parts[(indices.start, indices.stop)] = parts
+        return parts
 
     def _call(self, index: int, kernel: Kernel, args: list[Any], lane: Lane, pending: dict[str, Any], batch: int) -> list[Any]:
         """The step's kernel on `args`, writing in place where the buffer assignment says so, else
-        (eager, on a device) into the array it wrote at this chunk size last time (prebound.py)."""
+        (eager, on a device) into the array it wrote at this chunk size last time (prebound.py),
+        replaying the launches it made there last time when the buffers are the same (replays.py)."""
         if self.in_place is not None and self.in_place.places(index):
             return self.in_place.call(index, kernel, args, lane.stream, pending, batch)
         prebound = lane.prebound if not self.cuda_graphs and index in self._single_output and getattr(kernel, "out_view", "") else None
         if prebound is None:
             return kernel(args, lane.stream)
-        out = prebound.get(index, batch)
+        step = self._step_keys[index]  # lanes are shared with the exact path's executor: its steps are not ours
+        out = prebound.get(step, batch)
         if out is not None:
-            outs = kernel(args, lane.stream, out=out)
+            outs = lane.replays.call(step, kernel, args, lane.stream, out, batch)
             if len(outs) != 1 or outs[0] is not out:
-                prebound.drop(index)
+                prebound.drop(step)
+                lane.replays.drop(step)
             return outs
         outs = kernel(args, lane.stream)
         if len(outs) == 1 and owns(outs[0], args):
-            prebound.keep(index, batch, outs[0])
+            prebound.keep(step, batch, outs[0])
+            lane.replays.drop(step)
         return outs
 
     def _checked(self, step: PluginStep, outs: list[Any]) -> list[Any]:
@@ -283,7 +347,7 @@ class PlanExecutor:
 
     def _outside_inputs(self, indices: range) -> list[str]:
         """The tensors a run of steps reads that none of its steps writes, in order of first use."""
-        known = self._outside.get(indices.start)
+        known = self._outside.get((indices.start, indices.stop))
         if known is not None:
             return known
         produced: set[str] = set()
@@ -292,8 +356,8 @@ class PlanExecutor:
             step = self.plan.steps[index]
             outside.update((name, None) for name in step.inputs if name and name not in produced)
             produced.update(step.outputs)
-        self._outside[indices.start] = list(outside)
-        return self._outside[indices.start]
+        known = self._outside[(indices.start, indices.stop)] = list(outside)
+        return known
 
     def _graph_run(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], chunk: int, batch: int,
                    flags: FlagSink | None, outside: list[str], step_times: bool) -> bool:
@@ -326,7 +390,7 @@ class PlanExecutor:
     def _dying_in(self, indices: range, held: frozenset[str]) -> list[str]:
         """The tensors from outside a replayed run of steps that it reads for the last time, found once
         (the run's own intermediates live in its graph, never among a chunk's values)."""
-        key = (indices.start, held)
+        key = (indices.start, indices.stop, held)
         dying = self._dying.get(key)
         if dying is None:
             dying = self._dying[key] = [name for name in self._outside_inputs(indices) if name not in self.constants

@@ -25,6 +25,7 @@ import numpy as np
 from .. import cuda, hostwork
 from .graphs import SegmentGraphs
 from .prebound import PreboundOutputs
+from .replays import StepReplays
 from .timeline import COPY, GRAPH, Timeline
 
 # Pageable inputs below this size go up directly: the driver's own staging is as quick.
@@ -77,6 +78,14 @@ class EventPool:
         event.record(stream)
         return event
 
+    def take(self, count: int) -> list[Any]:
+        """`count` events for the caller to record (by their pointers), in order."""
+        while len(self._events) < self._used + count:
+            self._events.append(cuda.event())
+        taken = self._events[self._used: self._used + count]
+        self._used += count
+        return taken
+
     def rewind(self) -> None:
         """A new run starts: every event may be recorded again."""
         self._used = 0
@@ -114,6 +123,7 @@ class Lane(Protocol):
     device_id: int | None
     graphs: SegmentGraphs  # runs of plugin steps captured as CUDA graphs on this lane (none on the host)
     prebound: PreboundOutputs | None  # eager steps' output arrays kept for the next run (none on the host)
+    replays: StepReplays | None  # eager steps' launches on those arrays, replayed next run (none on the host)
 
     def activate(self) -> contextlib.AbstractContextManager:
         """Makes this lane current in the calling thread for the time of a run."""
@@ -121,8 +131,9 @@ class Lane(Protocol):
 
     def start_chunk(self, timeline: Timeline, chunk: int) -> None: ...
 
-    def upload(self, name: str, rows: np.ndarray, pinned: bool) -> Any:
-        """A chunk's input rows where its kernels read them."""
+    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False) -> Any:
+        """A chunk's input rows where its kernels read them; with `reuse`, in the array they went
+        into last time at this shape (an eager run's replays find them there)."""
         ...
 
     def to_host(self, name: str, value: Any) -> np.ndarray:
@@ -155,6 +166,10 @@ class Lane(Protocol):
         the graph records (`step_marks`: step, start, end), if any."""
         ...
 
+    def run_replayed(self, names: Sequence[str], replays: Sequence[Callable[[], None]]) -> None:
+        """Plugin steps `names` replayed from their recorded launches (replays.py), each timed as a step."""
+        ...
+
     def untimed(self, fn: Callable[[], Any]) -> Any:
         """fn(), device work between steps that belongs to none (a NaN/Inf flag)."""
         ...
@@ -185,6 +200,7 @@ class HostLane(Lane):
         self.recording = _Recording(index)
         self.graphs = SegmentGraphs()  # stays empty: CUDA graphs need a device
         self.prebound = None  # numpy outputs are cheap to allocate
+        self.replays = None
 
     def activate(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -192,7 +208,7 @@ class HostLane(Lane):
     def start_chunk(self, timeline: Timeline, chunk: int) -> None:
         self.recording.start(timeline, chunk)
 
-    def upload(self, name: str, rows: np.ndarray, pinned: bool) -> np.ndarray:
+    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False) -> np.ndarray:
         return rows
 
     def to_host(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -219,6 +235,9 @@ class HostLane(Lane):
 
     def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any], kind: str = GRAPH) -> Any:
         raise RuntimeError("CUDA graphs need a CUDA device")
+
+    def run_replayed(self, names: Sequence[str], replays: Sequence[Callable[[], None]]) -> None:
+        raise RuntimeError("recorded launches need a CUDA device")
 
     def untimed(self, fn: Callable[[], Any]) -> Any:
         return fn()
@@ -268,6 +287,7 @@ class CudaLane(Lane):
         self._unstage: list[tuple[str, np.ndarray, np.ndarray]] = []
         self.graphs = SegmentGraphs()  # runs of plugin steps captured on this lane's stream
         self.prebound = PreboundOutputs()  # eager steps' outputs, reused run after run
+        self.replays = StepReplays()  # and the launches that wrote them, made again from packed arguments
         # the steps of this chunk's replays: (step, order, start, end), read once the stream is done
         self._graph_steps: list[tuple[str, int, Any, Any]] = []
         self.events = EventPool()
@@ -316,6 +336,27 @@ class CudaLane(Lane):
         out, self._step_end = self._event_timed(name, kind, fn, start=self._step_end)
         return out
 
+    def run_replayed(self, names: Sequence[str], replays: Sequence[Callable[[], None]]) -> None:
+        """Plugin steps replayed from their recorded launches (replays.py), back to back, each timed
+        by the CUDA events recorded between them, as run_kernel times a step: one loop for them all."""
+        import cupy
+
+        record, stream = cupy.cuda.runtime.eventRecord, self.stream.ptr
+        start = self._step_end
+        events = self.events.take(len(names) + (start is None))
+        if start is None:
+            start, events = events[0], events[1:]
+            record(start.ptr, stream)
+        recording = self.recording
+        spans = []
+        for name, replay, end in zip(names, replays, events):
+            replay()
+            record(end.ptr, stream)
+            spans.append((name, "plugin", recording.chunk, recording.next(), start, end, recording.lane))
+            start = end
+        recording.timeline.device_spans(spans)
+        self._step_end = start
+
     def run_host(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """Work that enqueues nothing on the device (a reshape view), timed by the host clock."""
         self._step_end = None
@@ -346,20 +387,32 @@ class CudaLane(Lane):
 
     # --- copies ---------------------------------------------------------------------
 
-    def upload(self, name: str, rows: np.ndarray, pinned: bool) -> Any:
+    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False) -> Any:
         """A device copy of input rows: by DMA straight from pinned rows, else through
-        this lane's staging buffer (filled by a few threads), small ones directly."""
+        this lane's staging buffer (filled by a few threads), small ones directly; with
+        `reuse`, into the array they went into last time (_input_buffer)."""
         import cupy
 
         source = rows
         if not rows.flags.c_contiguous or (not pinned and rows.nbytes >= STAGE_MIN_BYTES):
             source = self.staging.view(f"in {name}", rows.shape, rows.dtype)
             self.recording.host_timed(f"stage H2D {name}", COPY, lambda: hostwork.copy(source, rows))
-        device = cupy.empty(rows.shape, rows.dtype)
+        device = self._input_buffer(cupy, name, rows.shape, rows.dtype) if reuse else cupy.empty(rows.shape, rows.dtype)
         if rows.nbytes:
             self._chained_copy("h2d", f"copy H2D {name}",
                                lambda: device.data.copy_from_host_async(source.ctypes.data, rows.nbytes, self.stream))
         return device
+
+    def _input_buffer(self, cupy: Any, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The array input `name` went up into last time at this shape, kept with the prebound outputs
+        (within their budget), so that the steps reading it find it where they did (replays.py). Safe
+        for the reason reusing those is: everything that read it was enqueued on this stream."""
+        key, size = ("input", name), (tuple(shape), np.dtype(dtype))
+        kept = self.prebound.get(key, size)
+        if kept is None:
+            kept = cupy.empty(shape, dtype)
+            self.prebound.keep(key, size, kept)
+        return kept
 
     def to_host(self, name: str, value: Any) -> np.ndarray:
         """A host copy of a device tensor for host work (onnxruntime's CPU provider).

@@ -20,7 +20,7 @@ chunk, so a lane holds at most `budget_bytes` of them; past that, steps allocate
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 BUDGET_BYTES = 64 * 2**20  # per lane: small chunks, where the host's time per step matters
 
@@ -32,31 +32,31 @@ def owns(output: Any, inputs: Sequence[Any]) -> bool:
 
 
 class PreboundOutputs:
-    """Per step index, the output array of its last run at one chunk size."""
+    """Per step (a key its executor names it by), the output array of its last run at one chunk size."""
 
     def __init__(self, budget_bytes: int = BUDGET_BYTES):
         self.budget_bytes = budget_bytes
-        self._arrays: dict[int, tuple[int, Any]] = {}
+        self._arrays: dict[Hashable, tuple[int, Any]] = {}
         self._bytes = 0
 
     @property
     def nbytes(self) -> int:
         return self._bytes
 
-    def get(self, index: int, batch: int) -> Any | None:
-        """The array step `index` wrote at this chunk size, if it keeps one."""
-        found = self._arrays.get(index)
+    def get(self, step: Hashable, batch: int) -> Any | None:
+        """The array `step` wrote at this chunk size, if it keeps one."""
+        found = self._arrays.get(step)
         return found[1] if found is not None and found[0] == batch else None
 
-    def keep(self, index: int, batch: int, array: Any) -> None:
+    def keep(self, step: Hashable, batch: int, array: Any) -> None:
         """Keeps `array` for the step's next run at this chunk size, within the budget."""
-        self.drop(index)
+        self.drop(step)
         if self._bytes + array.nbytes <= self.budget_bytes:
-            self._arrays[index] = (batch, array)
+            self._arrays[step] = (batch, array)
             self._bytes += array.nbytes
 
-    def drop(self, index: int) -> None:
-        found = self._arrays.pop(index, None)
+    def drop(self, step: Hashable) -> None:
+        found = self._arrays.pop(step, None)
         if found is not None:
             self._bytes -= found[1].nbytes
 

@@ -66,6 +66,11 @@ class Timeline:
         with self._lock:
             self._pending.append((name, kind, chunk, order, start, end, lane))
 
+    def device_spans(self, spans: list[tuple[str, str, int, int, Any, Any, int]]) -> None:
+        """Spans timed by recorded CUDA events, as `device` takes them, several at once."""
+        with self._lock:
+            self._pending.extend(spans)
+
     def device_settled(self, name: str, kind: str, chunk: int, order: int, start: Any, end: Any, lane: int = 0) -> None:
         """A span timed by two CUDA events that have completed and will be recorded again (a
         CUDA graph's own, at its next replay): read now."""

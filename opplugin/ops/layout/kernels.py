@@ -64,6 +64,7 @@ class LayoutKernel(Kernel):
 
     nonfinite_exact = True
     out_view = "strided"  # see registry.Kernel
+    replayable = True
 
     def __init__(self, name: str, bytes_per_image: int, fixed_bytes: int = 0):
         self.name = name

@@ -35,6 +35,7 @@ class ReferenceLayoutKernel(LayoutKernel):
     """The numpy reference as the CPU device's kernel; with `out=`, it writes the result there."""
 
     in_views = True  # numpy reads any view (registry.Kernel)
+    replayable = False  # numpy work: nothing to record
 
     def __init__(self, name: str, bytes_per_image: int, compute: Callable[[Sequence[np.ndarray]], list[np.ndarray]],
                  flops_per_image: int = 0):

@@ -54,6 +54,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
     # it writes an output whose rows lie apart (a channel slice of a Concat's buffer) in place, with its row
     # stride as an argument, and any other view through a contiguous array of its own (registry.Kernel)
     out_view = "strided"
+    replayable = True  # see registry.Kernel
 
     def __init__(self, group: PointwiseGroup):
         import cupy

@@ -68,6 +68,7 @@ class PoolKernel(Kernel):
     """kernels/pool.cu specialised for one node; call it with [X] (a CuPy array)."""
 
     out_view = "contiguous"  # __call__ takes out= (registry.Kernel)
+    replayable = True
 
     def __init__(self, spec: PoolSpec):
         self.spec = spec

@@ -265,6 +265,7 @@ class ConvKernel(Kernel):
 
     reads_weights = False
     out_view = "contiguous"  # __call__ takes out= (registry.Kernel)
+    replayable = True  # launches only through its Functions; scratch and copies it allocates refuse a recording
     # the kernel takes a pointer to the residual operand after the weights' (null without one): the fusing families
     residual_parameter = False
     # ... and then one to the prologue's operand (null without a prologue): the families that take a prologue

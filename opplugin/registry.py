@@ -112,7 +112,7 @@ class Kernel(Protocol):
     The members with a value here are optional: a subclass gets these defaults. An object
     that does not subclass Kernel must have every member (the runner checks with isinstance).
 
-    Two more optional members, read with getattr (runtime/buffers.py), let a Concat's producers
+    Three more optional members, read with getattr (runtime/buffers.py), let a Concat's producers
     write straight into its output:
     - `out_view`: how `__call__(inputs, stream, out=Y)` may be handed the array Y to write its one
       output into (in full): "contiguous" (a C-contiguous Y) or "strided" (any view, e.g. a channel
@@ -121,7 +121,13 @@ class Kernel(Protocol):
       (axis, ((start, stop) of each input along it)); with it, `copying(positions)` returns the
       kernel that copies only the other inputs into `out=` (None when none is left to copy).
     - `in_views`: True for a kernel that reads strided views as they are (a slice of a Concat's
-      buffer); its input may then be such a view rather than a tensor of its own."""
+      buffer); its input may then be such a view rather than a tensor of its own.
+
+    And one that saves an eager step its Python call (runtime/replays.py):
+    - `replayable`: True for a kernel with `out_view` whose calls launch device work only through
+      the functions of opplugin's modules (cuda.compile_source), with launches that follow from its
+      buffers' addresses and the batch alone: an eager run then replays them from packed arguments
+      while the buffers stay the same (launches.py)."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants
@@ -134,11 +140,6 @@ class Kernel(Protocol):
     # False for a kernel that enqueues nothing on the device (a reshape view): its step is then
     # timed by the host clock, not by CUDA events
     device_work: bool = True
-    # True for a kernel with `out_view` whose calls launch device work only through the Functions
-    # of opplugin's modules (cuda.compile_source), with launches that follow from its buffers'
-    # addresses and the batch alone: an eager run then replays them from packed arguments
-    # while the buffers stay the same (launches.py, runtime/replays.py)
-    replayable: bool = False
 
     def flops(self, batch: int) -> int:
         """Arithmetic operations of one call at this batch, for GFLOP/s."""

@@ -59,3 +59,26 @@ def test_entry_point_group_is_loaded(clean_registry, monkeypatch):
     registry._entry_points_loaded = False
     registry.unregister("Relu")
     assert isinstance(registry.plugins()["Relu"], ReluPlugin)
+
+
+def test_a_kernel_need_not_say_whether_it_replays():
+    """The members read with getattr (out_view, in_views, replayable) are not asked of a kernel
+    that does not subclass Kernel: a plugin written before them keeps working."""
+
+    class Doubling:  # every Protocol member, none of the optional ones
+        name, variant, nonfinite_exact, device_work = "double", None, True, True
+
+        def flops(self, batch):
+            return batch
+
+        def bytes_moved(self, batch):
+            return 8 * batch
+
+        def workspace_bytes(self, batch):
+            return 0
+
+        def __call__(self, inputs, stream=None):
+            return [inputs[0] * 2]
+
+    kernel = Doubling()
+    assert isinstance(kernel, registry.Kernel) and not getattr(kernel, "replayable", False)

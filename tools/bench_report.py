@@ -3,7 +3,7 @@
 
     python tools/bench_report.py BENCH.json [--out tools/benchmark] [--batch 10000]
 
-    python tools/bench_report.py BENCH.json --e2e E2E.json     # also the whole-model table
+    python tools/bench_report.py BENCH.json --e2e E2E.json     # also the whole-model table (several files: a table each)
     python tools/bench_report.py BENCH.json --cnn CNN.json     # also the real-CNN layer table (bench --suite cnn)
 
 writes OUT/BENCHMARK.md (one row per optimisation, one column per conv, each cell
@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bench_json", help="the file `opplugin bench --json` wrote")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for BENCHMARK.md and variants.png (default tools/benchmark)")
     parser.add_argument("--batch", type=int, help="the batch the tables show (default 10000, else the largest)")
-    parser.add_argument("--e2e", metavar="E2E_JSON", help="also the table of an `opplugin bench --e2e --json` run")
+    parser.add_argument("--e2e", metavar="E2E_JSON", nargs="+",
+                        help="also the tables of `opplugin bench --e2e --json` runs (one each, in order: a set of models "
+                             "and peers too long for one invocation is run in parts)")
     parser.add_argument("--cnn", metavar="CNN_JSON", help="also the table and chart of an `opplugin bench --suite cnn --json` run")
     args = parser.parse_args(argv)
     payload = json.loads(Path(args.bench_json).read_text())
@@ -348,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.e2e:
         from opplugin.lab.e2e_table import format_markdown  # the table `bench --e2e` prints, so both read alike
 
-        page += "\n## Whole models end to end\n\n" + format_markdown(json.loads(Path(args.e2e).read_text()))
+        runs = [json.loads(Path(path).read_text()) for path in args.e2e]
+        page += "\n## Whole models end to end\n\n"
+        for number, run in enumerate(runs, 1):
+            if len(runs) > 1:
+                page += f"### Run {number} of {len(runs)}: {', '.join(run['model'])}\n\n"
+            page += format_markdown(run) + ("\n" if number < len(runs) else "")
     if args.cnn:
         cnn = json.loads(Path(args.cnn).read_text())
         cnn_problem = draw_cnn_chart(cnn, out / "cnn_layers.png")

@@ -12,6 +12,7 @@ import pytest
 from onnx_builders import conv_spec as conv
 from opplugin import cuda
 from opplugin.ops.conv import families
+from opplugin.launch_mode import building_for
 from opplugin.ops.conv.choice import heuristic_config, nonfinite_exact_config, prefers_wgmma
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families.common import unit_arch
@@ -100,6 +101,24 @@ def test_hopper_takes_it_for_the_widest_layers_and_other_gpus_keep_tc_3xtf32(gpu
     assert not prefers_wgmma(mnist) and heuristic_config(mnist, ones(mnist), NONE).family == "tc_3xtf32"
     # NaN and Inf: neither 3xTF32 GEMM, whose split makes a NaN of an infinity
     assert nonfinite_exact_config(VGG_512, ones(VGG_512)).family == "simt_gemm"
+
+
+def test_at_batch_1_graphed_runs_take_it_for_short_grids_of_enough_work(gpu_of):
+    """ConvNeXt-T's MLP and ResNet's 128->128 at batch 1: 2**25 multiply-adds or more with a K of
+    384 or more go to its 64-map tiles split over K, launched from a graph; eagerly, where its
+    extra launch and scratch cost the host more than it saves, and for the MNIST layer, tc_3xtf32."""
+    gpu_of("sm_90")
+    mlp = [conv(1, 384, 1536, (14, 14), (1, 1)), conv(1, 1536, 384, (14, 14), (1, 1)), conv(1, 768, 3072, (7, 7), (1, 1))]
+    resnet = conv(1, 128, 128, (28, 28), (3, 3), pads=(1, 1, 1, 1))
+    mnist = conv(1, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))
+    short_k = conv(1, 256, 1024, (14, 14), (1, 1))  # 51 M multiply-adds, but a K of 256
+    with building_for(True):
+        assert all(prefers_wgmma(spec) for spec in [*mlp, resnet]) and not prefers_wgmma(mnist) and not prefers_wgmma(short_k)
+        assert heuristic_config(resnet, ones(resnet), NONE).name() == "wg_3xtf32_b64x128x32_s3_k9"
+        assert heuristic_config(mlp[1], ones(mlp[1]), NONE).name() == "wg_3xtf32_b64x128x32_s3_k10"
+    with building_for(False):
+        assert not any(prefers_wgmma(spec) for spec in [*mlp, resnet])
+        assert heuristic_config(resnet, ones(resnet), NONE).family == "tc_3xtf32"
 
     gpu_of("sm_80")
     assert "compute capability 9.0 alone" in families.unsupported_reason(VGG_512, "wg_3xtf32", None)

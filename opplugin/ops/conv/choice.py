@@ -44,6 +44,7 @@ import math
 
 from ...device import Device
 from ...errors import PluginError
+from ...launch_mode import launches_replayed
 from ...tuning_cache import CacheKey, key_for, lookup
 from . import cost, families
 from .epilogue import NONE, Epilogue
@@ -81,6 +82,14 @@ SIMT_MAX_K = 64
 WGMMA_MIN_MAPS = 64
 WGMMA_MIN_COLUMNS = 32 * 7 * 7
 WGMMA_MIN_REUSE = 256
+# ... and, launched from a CUDA graph, on a short grid of enough multiply-adds with a K long enough to
+# split, where its 64-map tiles split K to fill the SMs: at batch 1 on an H200 (graphed, µs, the new
+# default then tc_3xtf32's) ResNet's 128->128 at 28x28 10.4 and 14.8, ConvNeXt-T's MLP 384->1536 and
+# 1536->384 at 14x14 12.7 and 16.6, 11.6 and 15.6, 768->3072 at 7x7 12.0 and 15.7; every new default
+# within 1.03x of the best exact variant. Launched eagerly, its extra launch (the channel-last copy)
+# and scratch cost the host more than that: ConvNeXt-T at batch 1 ran 5.8 ms eager against 3.5.
+WGMMA_MIN_MACS = 2**25
+WGMMA_MIN_SPLIT_K = 384
 # Depthwise layers (one map per group) ran fastest on const_rb's row tiles on an H100:
 # MobileNetV2's 3x3 32-channel layer at 112x112, 0.046 against const_tile's 0.075 ms at batch 32.
 # Wider ones, whose filters outgrow constant memory or whose map groups make too much code, take
@@ -119,7 +128,9 @@ def prefers_wgmma(spec: ConvSpec) -> bool:
     """Whether the wgmma GEMM goes before tc_3xtf32 (see WGMMA_MIN_MAPS)."""
     maps = spec.out_channels // spec.group
     reuse = maps * k_dim(spec) * math.prod(spec.out_size) / (spec.in_channels * math.prod(spec.in_size))
-    enough_work = columns(spec) >= WGMMA_MIN_COLUMNS or k_dim(spec) >= LONG_K
+    macs = maps * spec.group * k_dim(spec) * columns(spec)
+    short_grid_gain = launches_replayed() and macs >= WGMMA_MIN_MACS and k_dim(spec) >= WGMMA_MIN_SPLIT_K
+    enough_work = columns(spec) >= WGMMA_MIN_COLUMNS or k_dim(spec) >= LONG_K or short_grid_gain
     return maps >= WGMMA_MIN_MAPS and reuse >= WGMMA_MIN_REUSE and enough_work
 
 

@@ -370,6 +370,25 @@ def test_report_without_matplotlib_still_writes_the_table(tmp_path, monkeypatch,
     assert not (out / "variants.png").exists()
 
 
+def test_report_draws_each_models_worst_ratio_over_its_runs(tmp_path):
+    """The committed end-to-end runs (three parts of one session): a table each, and one chart whose
+    bar for a model run in several parts is its highest ratio to the fastest peer of a run."""
+    pytest.importorskip("matplotlib")
+    tool = load_report_tool()
+    runs = [ROOT / "tools" / "benchmark" / name for name in ("e2e.json", "e2e-2.json", "e2e-3.json")]
+    payloads = [json.loads(path.read_text()) for path in runs]
+    ratios = tool.e2e_ratios(payloads)
+    for model, batch in ratios:
+        found = [c["opplugin_graphs_over_fastest_peer"] for p in payloads for c in p["cases"] if (c["model"], c["batch"]) == (model, batch)]
+        assert ratios[(model, batch)] == max(found)
+    assert len({model for model, _ in ratios}) == 11 and {batch for _, batch in ratios} == {1, 32}
+    out = tmp_path / "docs"
+    assert tool.main([str(write_synthetic(tmp_path)), "--out", str(out), "--e2e", *map(str, runs)]) == 0
+    text = (out / "BENCHMARK.md").read_text()
+    assert text.count("### Run ") == 3 and "![opplugin over the fastest peer](e2e.png)" in text
+    assert (out / "e2e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- on the GPU -----------------------------------------------------------------------
 
 

@@ -210,16 +210,27 @@ def render_markdown(payload: dict[str, Any], batch: int, chart: str | None) -> s
     return "\n".join(out) + "\n"
 
 
-def draw_chart(payload: dict[str, Any], batch: int, path: Path) -> str | None:
-    """The PNG chart; returns None, or why it could not be drawn."""
+NO_MATPLOTLIB = "matplotlib is not installed (pip install matplotlib): the chart was not drawn"
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot drawing to files (Agg), or None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        import matplotlib.ticker
     except ImportError:
-        return "matplotlib is not installed (pip install matplotlib): the chart was not drawn"
+        return None
+    return plt
+
+
+def draw_chart(payload: dict[str, Any], batch: int, path: Path) -> str | None:
+    """The PNG chart; returns None, or why it could not be drawn."""
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    import matplotlib.ticker
     steps = [s for s in payload["steps"] if s["batch"] == batch]
     shown = [
         sorted(
@@ -304,13 +315,9 @@ def cnn_markdown(payload: dict[str, Any], chart: str | None) -> list[str]:
 
 def draw_cnn_chart(payload: dict[str, Any], path: Path) -> str | None:
     """Speed-up over cuDNN FP32 of the best exact variant and of the default pick, per layer and batch."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install matplotlib): the chart was not drawn"
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     lines = payload["suite_summary"]["layers"]
     labels = [f"{line['step'].removeprefix('cnn ')}, batch {line['batch']}" for line in lines]
     best = [line["best_vs_cudnn_fp32"] or 0 for line in lines]
@@ -323,6 +330,44 @@ def draw_cnn_chart(payload: dict[str, Any], path: Path) -> str | None:
     ax.set_yticks(list(ys), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("speed-up over cuDNN FP32 (higher is better; 0: no exact variant runs the layer)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def e2e_ratios(runs: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """Per (model, batch), opplugin's default (CUDA graphs) host to host over the fastest peer of its
+    run; where a model ran in several runs (peers in parts), the highest of its ratios."""
+    ratios: dict[tuple[str, int], float] = {}
+    for run in runs:
+        for case in run["cases"]:
+            ratio = case.get("opplugin_graphs_over_fastest_peer")
+            if ratio:
+                key = (case["model"], case["batch"])
+                ratios[key] = max(ratio, ratios.get(key, 0.0))
+    return ratios
+
+
+def draw_e2e_chart(runs: list[dict[str, Any]], path: Path) -> str | None:
+    """opplugin's default over the fastest peer, per model, a bar per batch (e2e_ratios)."""
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    ratios = e2e_ratios(runs)
+    models = list(dict.fromkeys(model for model, _ in ratios))
+    batches = sorted({batch for _, batch in ratios})
+    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.45 * len(models)))
+    height = 0.8 / max(1, len(batches))
+    for k, batch in enumerate(batches):
+        ys = [y - 0.4 + height * (k + 0.5) for y in range(len(models))]
+        ax.barh(ys, [ratios.get((m, batch), 0) for m in models], height=height, label=f"batch {batch}")
+    ax.axvline(1.0, color="tab:red", linewidth=1.5, label="fastest peer")
+    ax.set_yticks(list(range(len(models))), models, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("opplugin (CUDA graphs, the default) over the fastest peer, host to host (lower is better)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -351,7 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         from opplugin.lab.e2e_table import format_markdown  # the table `bench --e2e` prints, so both read alike
 
         runs = [json.loads(Path(path).read_text()) for path in args.e2e]
+        e2e_problem = draw_e2e_chart(runs, out / "e2e.png")
+        problem = problem or e2e_problem
         page += "\n## Whole models end to end\n\n"
+        if not e2e_problem:
+            page += ("![opplugin over the fastest peer](e2e.png)\n\nEach bar: opplugin's default (CUDA graphs) host to "
+                     "host over the fastest peer of its run; where a model ran in several runs, the highest ratio.\n\n")
         for number, run in enumerate(runs, 1):
             if len(runs) > 1:
                 page += f"### Run {number} of {len(runs)}: {', '.join(run['model'])}\n\n"

@@ -328,14 +328,7 @@ def draw_cnn_chart(payload: dict[str, Any], path: Path) -> str | None:
     ax.barh([y + 0.2 for y in ys], default, height=0.4, color="tab:cyan", label="default pick")
     ax.axvline(1.0, color="tab:orange", linewidth=1.5, label="cuDNN FP32")
     ax.set_yticks(list(ys), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("speed-up over cuDNN FP32 (higher is better; 0: no exact variant runs the layer)")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    return _saved_bars(plt, fig, ax, "speed-up over cuDNN FP32 (higher is better; 0: no exact variant runs the layer)", path)
 
 
 def e2e_ratios(runs: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
@@ -366,8 +359,13 @@ def draw_e2e_chart(runs: list[dict[str, Any]], path: Path) -> str | None:
         ax.barh(ys, [ratios.get((m, batch), 0) for m in models], height=height, label=f"batch {batch}")
     ax.axvline(1.0, color="tab:red", linewidth=1.5, label="fastest peer")
     ax.set_yticks(list(range(len(models))), models, fontsize=8)
+    return _saved_bars(plt, fig, ax, "opplugin (CUDA graphs, the default) over the fastest peer, host to host (lower is better)", path)
+
+
+def _saved_bars(plt: Any, fig: Any, ax: Any, xlabel: str, path: Path) -> None:
+    """A horizontal bar chart finished (first row on top, its axis label and legend) and written to `path`."""
     ax.invert_yaxis()
-    ax.set_xlabel("opplugin (CUDA graphs, the default) over the fastest peer, host to host (lower is better)")
+    ax.set_xlabel(xlabel)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """Kernel launches that can be recorded once and replayed from packed arguments.
 
 An eager step launched from Python pays, on every call, for its kernel's checks, for
-working out its grid and for CuPy's packing of each argument: about 15 µs of host time
-on an H200's host, where cuLaunchKernel on a ready parameter block takes about 3.5 µs
-(tools/host_step_bench.py). A call that runs on the same buffers as the last one makes
-the same launches, so the runtime records them once (`Recording`) and replays them
-(`Replay`) while the buffers stay the same (runtime/replays.py).
+working out its grid and for CuPy's packing of each argument: 11 to 17 µs of host time
+for one small Conv on an H200's host, where cuLaunchKernel on a ready parameter block
+took about 3.5 µs and CuPy's launch of the same kernel 6 to 9. A call that runs on the
+same buffers as the last one makes the same launches, so the runtime records them once
+(`Recording`) and replays them (`Replay`) while the buffers stay the same
+(runtime/replays.py; tools/host_step_bench.py measures what a step costs the host).
 
 Every function opplugin compiles (cuda.compile_source) is a `Function`: it launches as
 CuPy launches it, and while a Recording is active in the thread it also keeps the launch

@@ -198,7 +198,8 @@ class PlanExecutor:
         self._dying: dict[tuple[int, int, frozenset[str]], list[str]] = {}  # (first, stop, held) -> what a replay frees
         self._runs = _runs_of_steps(plan)
         self._single_output = frozenset(index for index, step in enumerate(plan.steps) if len(step.outputs) == 1)
-        # what names each step in the lanes' per-step stores (prebound outputs, replays), which every executor shares
+        # each step's key in a lane's per-step stores (prebound outputs, replays): the exact path's executor
+        # runs its split plan on the same lanes, and its step 5 is not ours
         token = next(_EXECUTOR_TOKENS)
         self._step_keys = [(token, index) for index in range(len(plan.steps))]
         self._parts: dict[tuple[int, int], list[tuple[range, bool]]] = {}  # a run's steps cut by _eager_parts
@@ -324,7 +325,7 @@ class PlanExecutor:
         prebound = lane.prebound if not self.cuda_graphs and index in self._single_output and getattr(kernel, "out_view", "") else None
         if prebound is None:
             return kernel(args, lane.stream)
-        step = self._step_keys[index]  # lanes are shared with the exact path's executor: its steps are not ours
+        step = self._step_keys[index]
         out = prebound.get(step, batch)
         if out is not None:
             outs = lane.replays.call(step, kernel, args, lane.stream, out, batch)

@@ -115,7 +115,7 @@ class Recording:
     def __enter__(self) -> "Recording":
         if getattr(_active, "recording", None) is not None:
             raise RuntimeError("a Recording is already active in this thread")
-        self._watch = _AllocationWatch(self)
+        self._watch = _allocation_watch(self)
         self._watch.__enter__()
         _active.recording = self
         return self
@@ -154,7 +154,7 @@ def _stream_pointer(stream: Any) -> int:
     return int(stream.ptr)
 
 
-def _AllocationWatch(recording: Recording) -> Any:
+def _allocation_watch(recording: Recording) -> Any:
     """A CuPy memory hook that refuses the recording at the first device allocation."""
     from cupy.cuda import memory_hook
 

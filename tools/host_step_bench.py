@@ -102,7 +102,9 @@ def per_step_us(short, long, device, cuda_graphs: bool, repeat: int, step_events
             clock.seconds = 0.0
             turn += [run_ms(runner, feeds, step_events), clock.seconds * 1e3]
         turns.append(turn)
-    per_step = lambda short_ms, long_ms: (long_ms - short_ms) * 1e3 / (many - few)  # noqa: E731
+    def per_step(short_ms: float, long_ms: float) -> float:
+        return (long_ms - short_ms) * 1e3 / (many - few)
+
     us_per_step = statistics.median(per_step(t[0], t[2]) for t in turns)
     few_ms, many_ms = (statistics.median(t[k] for t in turns) for k in (0, 2))
     replays = runners[1].scheduler.lanes[0].replays  # how many of the long chain's steps an eager run replays

@@ -128,7 +128,7 @@ def prefers_wgmma(spec: ConvSpec) -> bool:
     """Whether the wgmma GEMM goes before tc_3xtf32 (see WGMMA_MIN_MAPS)."""
     maps = spec.out_channels // spec.group
     reuse = maps * k_dim(spec) * math.prod(spec.out_size) / (spec.in_channels * math.prod(spec.in_size))
-    macs = maps * spec.group * k_dim(spec) * columns(spec)
+    macs = spec.out_channels * k_dim(spec) * columns(spec)
     short_grid_gain = launches_replayed() and macs >= WGMMA_MIN_MACS and k_dim(spec) >= WGMMA_MIN_SPLIT_K
     enough_work = columns(spec) >= WGMMA_MIN_COLUMNS or k_dim(spec) >= LONG_K or short_grid_gain
     return maps >= WGMMA_MIN_MAPS and reuse >= WGMMA_MIN_REUSE and enough_work

@@ -53,9 +53,9 @@ class NonFiniteFlags:
             self._flags = np.zeros((chunks, slots), dtype=bool)
 
     def clear(self) -> None:
-        """Every flag down for a new run. On a device, zeroed on the current stream, which the run's
-        Timeline waits for before any chunk starts (see Runner._run_chunks), so a flag is only ever set
-        after it; the host's copies are zeroed now (the last run's lanes have finished)."""
+        """Every flag down for a new run. On a device, zeroed on the current stream, ahead of the origin
+        of the run's Timeline, which every lane's stream waits for before its first chunk, so a flag is
+        only ever set after it; the host's copies are zeroed now (the last run's lanes have finished)."""
         if self.on_device:
             import cupy
 

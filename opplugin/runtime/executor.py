@@ -27,7 +27,7 @@ from .buffers import InPlace
 from .chunking import BatchLayout
 from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
-from .nonfinite import write_flag
+from .nonfinite import clear_flags, raise_flag
 from .prebound import owns
 from .replays import RunReplay, address
 from .timeline import GRAPH, Timeline
@@ -135,14 +135,16 @@ class _Values:
             self.host[name] = self.lane.to_host(name, self.device[name] if name in self.device else self.constants[name])
         return self.host[name]
 
-    def on_device(self, name: str) -> Any:
+    def on_device(self, name: str, into: Any = None) -> Any:
+        """The tensor on the device; a feed not there yet goes up into `into` where given (a CUDA
+        graph's input buffer, which the replay then reads in place)."""
         if not self.lane.on_device:
             return self.on_host(name)
         if name not in self.device:
             if name in self.constants:
                 return self.constants[name]
             if name in self.pinned_feeds:
-                self.device[name] = self.lane.upload(name, self.host[name], self.pinned_feeds[name], self.reuse_inputs)
+                self.device[name] = self.lane.upload(name, self.host[name], self.pinned_feeds[name], self.reuse_inputs, into)
             else:
                 self.device[name] = self.lane.to_device(name, self.host[name])
         return self.device[name]
@@ -242,12 +244,12 @@ class PlanExecutor:
         watched step's output is checked for NaN and Inf right after its kernel, on the
         same stream and untimed."""
         outside = self._outside_inputs(indices)
-        for name in outside:
-            if name not in self.constants:  # the constants are on the device already
-                values.on_device(name)
         if self.cuda_graphs and lane.on_device and self._graph_run(lane, values, indices, held, chunk, batch, flags, outside,
                                                                    step_times):
             return
+        for name in outside:
+            if name not in self.constants:  # the constants are on the device already
+                values.on_device(name)
         pending: dict[str, Any] = {}  # Concat buffers written in place before their Concat runs
         with lane.segment():
             for part, whole in self._eager_parts(lane, indices, flags):
@@ -375,7 +377,7 @@ class PlanExecutor:
             segment = self._capture(lane, values, indices, held, outside, key, flags is not None, timed)
         if segment is None:
             return False
-        current = {name: values.on_device(name) for name in segment.inputs}
+        current = {name: values.on_device(name, into=buffer) for name, buffer in segment.inputs.items()}
         # a replay stands for its steps (a row of its own) only where steps were asked for and cannot be timed inside it
         kind = "plugin" if step_times and not segment.step_marks else GRAPH
         with lane.segment():
@@ -443,6 +445,8 @@ class PlanExecutor:
         def enqueue(local: dict[str, Any], clock: StepClock) -> dict[str, Any]:
             local.update(constants)
             position, pending = 0, {}
+            if flag_buffer is not None:
+                clear_flags(flag_buffer)  # once, before the first step's clock: each flag is then only raised
             for index in indices:
                 step = self.plan.steps[index]
                 args = [local[n] if n else None for n in step.inputs]
@@ -453,7 +457,7 @@ class PlanExecutor:
                 if flag_buffer is not None and self.watched.get(index):
                     clock.pause()  # the flags are untimed, as in an eager run
                     for _slot, value in zip(self.watched[index], outs):
-                        write_flag(flag_buffer[position], value)
+                        raise_flag(flag_buffer[position], value)
                         position += 1
                 for name in step.inputs:  # freed inside the capture: its memory serves later steps of the graph
                     if self.last_use.get(name) == index and name not in after and name not in constants:

@@ -131,9 +131,10 @@ class Lane(Protocol):
 
     def start_chunk(self, timeline: Timeline, chunk: int) -> None: ...
 
-    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False) -> Any:
-        """A chunk's input rows where its kernels read them; with `reuse`, in the array they went
-        into last time at this shape (an eager run's replays find them there)."""
+    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False, into: Any = None) -> Any:
+        """A chunk's input rows where its kernels read them: in `into` where given and of their
+        shape (a CUDA graph's input buffer); with `reuse`, in the array they went into last time
+        at this shape (an eager run's replays find them there)."""
         ...
 
     def to_host(self, name: str, value: Any) -> np.ndarray:
@@ -208,7 +209,7 @@ class HostLane(Lane):
     def start_chunk(self, timeline: Timeline, chunk: int) -> None:
         self.recording.start(timeline, chunk)
 
-    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False) -> np.ndarray:
+    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False, into: Any = None) -> np.ndarray:
         return rows
 
     def to_host(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -305,6 +306,8 @@ class CudaLane(Lane):
         return stack
 
     def start_chunk(self, timeline: Timeline, chunk: int) -> None:
+        if self.recording.timeline is not timeline and timeline.origin_event is not None:
+            self.stream.wait_event(timeline.origin_event)  # the run's first chunk here: nothing of it before the origin
         self.recording.start(timeline, chunk)
         self._unstage.clear()
         self._graph_steps.clear()
@@ -387,17 +390,23 @@ class CudaLane(Lane):
 
     # --- copies ---------------------------------------------------------------------
 
-    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False) -> Any:
+    def upload(self, name: str, rows: np.ndarray, pinned: bool, reuse: bool = False, into: Any = None) -> Any:
         """A device copy of input rows: by DMA straight from pinned rows, else through
-        this lane's staging buffer (filled by a few threads), small ones directly; with
-        `reuse`, into the array they went into last time (_input_buffer)."""
+        this lane's staging buffer (filled by a few threads), small ones directly. It lands
+        in `into` where that fits (a CUDA graph's input buffer: no copy at the replay), else
+        with `reuse` in the array the rows went into last time (_input_buffer), else in a new one."""
         import cupy
 
         source = rows
         if not rows.flags.c_contiguous or (not pinned and rows.nbytes >= STAGE_MIN_BYTES):
             source = self.staging.view(f"in {name}", rows.shape, rows.dtype)
             self.recording.host_timed(f"stage H2D {name}", COPY, lambda: hostwork.copy(source, rows))
-        device = self._input_buffer(cupy, name, rows.shape, rows.dtype) if reuse else cupy.empty(rows.shape, rows.dtype)
+        if into is not None and tuple(into.shape) == rows.shape and into.dtype == rows.dtype and into.flags.c_contiguous:
+            device = into
+        elif reuse:
+            device = self._input_buffer(cupy, name, rows.shape, rows.dtype)
+        else:
+            device = cupy.empty(rows.shape, rows.dtype)
         if rows.nbytes:
             self._chained_copy("h2d", f"copy H2D {name}",
                                lambda: device.data.copy_from_host_async(source.ctypes.data, rows.nbytes, self.stream))

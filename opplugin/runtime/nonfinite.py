@@ -45,6 +45,20 @@ def write_flag(target: Any, value: Any) -> None:
 
     if value.dtype == np.float32 and value.flags.c_contiguous or value.size == 0:
         cupy.cuda.runtime.memsetAsync(target.data.ptr, 0, 1, cupy.cuda.get_current_stream().ptr)
+    raise_flag(target, value)
+
+
+def raise_flag(target: Any, value: Any) -> None:
+    """write_flag for a `target` already zeroed (a CUDA graph zeroes all its flags at once):
+    one launch per output, the fewest nodes a graph can have for it."""
+    if value.dtype == np.float32 and value.flags.c_contiguous or value.size == 0:
         set_flag(target.data.ptr, value)
     else:
         _any_nonfinite_kernel()(value, out=target)
+
+
+def clear_flags(flags: Any) -> None:
+    """Zero a device bool array on the current stream (captured into a graph as one memset node)."""
+    import cupy
+
+    cupy.cuda.runtime.memsetAsync(flags.data.ptr, 0, flags.nbytes, cupy.cuda.get_current_stream().ptr)

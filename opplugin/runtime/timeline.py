@@ -3,8 +3,11 @@ copy time was hidden behind compute.
 
 On a GPU, kernels and copies are timed by CUDA events and host work (onnxruntime
 on the CPU, copies into pinned buffers) by the host clock; both are placed on
-one time line that starts at an event the host waited for, so they line up to
-within tens of microseconds. Readings are taken after the run has finished.
+one time line that starts at an origin event, recorded on the caller's stream as
+the host clock is read, so they line up to within tens of microseconds. The host does
+not wait for the origin: each lane's stream does (`CudaLane.start_chunk`), which
+also orders what the run enqueued on the caller's stream before it (the NaN/Inf
+flags' reset) ahead of the lanes' work. Readings are taken after the run has finished.
 """
 from __future__ import annotations
 
@@ -46,11 +49,10 @@ class Timeline:
         self._lock = threading.Lock()
         self._pending: list[tuple[str, str, int, int, Any, Any, int]] = []
         self._settled: list[Span] = []
-        self._origin_event = None
+        self.origin_event = None
         if on_gpu:
-            self._origin_event = cuda.event()
-            self._origin_event.record()
-            self._origin_event.synchronize()
+            self.origin_event = cuda.event()
+            self.origin_event.record()
         self._origin_host = time.perf_counter()
 
     def now(self) -> float:
@@ -74,8 +76,8 @@ class Timeline:
     def device_settled(self, name: str, kind: str, chunk: int, order: int, start: Any, end: Any, lane: int = 0) -> None:
         """A span timed by two CUDA events that have completed and will be recorded again (a
         CUDA graph's own, at its next replay): read now."""
-        begin_ms = cuda.elapsed_ms(self._origin_event, start)
-        end_ms = cuda.elapsed_ms(self._origin_event, end)
+        begin_ms = cuda.elapsed_ms(self.origin_event, start)
+        end_ms = cuda.elapsed_ms(self.origin_event, end)
         with self._lock:
             self._settled.append(Span(name, kind, chunk, order, begin_ms, max(begin_ms, end_ms), lane, DEVICE))
 
@@ -93,7 +95,7 @@ class Timeline:
         def at(event: Any) -> float:
             found = read.get(id(event))
             if found is None:
-                found = read[id(event)] = cuda.elapsed_ms(self._origin_event, event)
+                found = read[id(event)] = cuda.elapsed_ms(self.origin_event, event)
             return found
 
         for name, kind, chunk, order, start, end, lane in self._pending:

@@ -144,15 +144,18 @@ def test_a_run_gets_a_timed_and_an_untimed_graph_the_second_sharing_the_firsts_b
 
 
 def test_an_untimed_replay_leaves_its_steps_without_rows_and_a_profile_takes_its_wall_clock_from_it():
-    from opplugin.runtime.records import Profile, RunResult, StepTime
+    from opplugin.runtime.records import Profile, RunResult, RunTiming
+    from opplugin.runtime.timeline import GRAPH, Span
 
-    timed = RunResult({}, {}, [StepTime("conv1", "plugin", 0.4), StepTime("fc", "plugin", 0.3)], total_ms=2.0,
-                      graph_ms={"graph conv1..fc (2 steps)": 0.75})
-    untimed = RunResult({}, {}, [], total_ms=1.2, graph_ms={"graph conv1..fc (2 steps)": 0.6})
+    graph = "graph conv1..fc (2 steps)"
+    timed = RunResult({}, {}, total_ms=2.0, timing=RunTiming.of(
+        [Span(graph, GRAPH, 0, 1, 0.0, 0.75), Span("conv1", "plugin", 0, 2, 0.0, 0.5), Span("fc", "plugin", 0, 3, 0.5, 0.75)],
+        {graph: ("conv1", "fc")}))
+    untimed = RunResult({}, {}, total_ms=1.2, timing=RunTiming.of([Span(graph, GRAPH, 0, 1, 0.0, 0.6)], {graph: ("conv1", "fc")}))
     profile = Profile(plan=None, result=timed)
     profile.add(timed, untimed)
     profile.add(timed)  # eager: one run gives both
     assert profile.total_ms == [1.2, 2.0]
-    assert profile.step_ms == {"conv1": [0.4, 0.4], "fc": [0.3, 0.3]}
+    assert profile.step_ms == {"conv1": [0.5, 0.5], "fc": [0.25, 0.25]}
     assert profile.graph_ms == {"graph conv1..fc (2 steps)": [0.75, 0.75]}
     assert profile.untimed_graph_ms == {"graph conv1..fc (2 steps)": [0.6]}

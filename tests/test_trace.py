@@ -12,7 +12,7 @@ from opplugin.cli import main
 from opplugin.device import Device
 from opplugin.model import load_model
 from opplugin.runtime import Runner
-from opplugin.runtime.records import Profile, RunResult, sum_by_step
+from opplugin.runtime.records import Profile, RunResult, RunTiming
 from opplugin.runtime.timeline import Span
 
 REQUIRED = {"X": {"name", "ph", "ts", "dur", "pid", "tid"}, "M": {"name", "ph", "pid", "args"}}
@@ -104,7 +104,7 @@ def gpu_like_profile():
             Span("copy D2H pool2_out", "copy", chunk, 5, t + 0.8, t + 0.9, lane, "device"),
             Span("onnxruntime1", "onnxruntime", chunk, 6, t + 0.9, t + 1.0, lane, "host"),
         ]
-    result = RunResult({}, {}, sum_by_step(spans), 1.6, batch=4, chunks=2, chunk_size=2, streams=2, spans=spans)
+    result = RunResult({}, {}, 1.6, batch=4, chunks=2, chunk_size=2, streams=2, timing=RunTiming.of(spans))
     profile = Profile(plan, result)
     profile.add(result)
     return profile

@@ -97,6 +97,8 @@ class NonFiniteFlags:
         """The chunks with any flag set. On a device, call once every chunk's stream has finished
         (after each chunk sent its row home)."""
         flags = self._home if self.on_device else self._flags
+        if not flags.any():  # the usual answer, in a third of the time
+            return []
         return [int(i) for i in np.flatnonzero(flags.any(axis=1))]
 
 

@@ -167,6 +167,8 @@ class ChunkInputs:
     flags: FlagSink | None = None
     # whether CUDA graphs replay with the events that time each step (Runner.run's `step_times`)
     step_times: bool = True
+    # host work for a lane to do while it waits for its chunk on the device (reading the last run's timings)
+    while_waiting: Callable[[], None] | None = None
 
 
 class PlanExecutor:
@@ -230,7 +232,7 @@ class PlanExecutor:
             inputs.kept.place(name, rows, values.get(name), lane, staged=False)
         if inputs.flags is not None:
             inputs.flags.send_home(chunk)
-        lane.finish_chunk()
+        lane.finish_chunk(inputs.while_waiting)
 
     def _drop_dead(self, values: _Values, index: int, held: frozenset[str]) -> None:
         for name in self.plan.steps[index].inputs:

@@ -62,12 +62,14 @@ class Chains:
 
 
 class EventPool:
-    """The timing events of one lane, made once and recorded again run after run: a run's
-    events are read when its timeline is (Timeline.spans, at the end of the run), so the
-    next run may reuse them. Creating an event costs the host more than recording one."""
+    """The timing events of one lane, made once and recorded again run after run. Runs take
+    turns between two sets: a run's events stay as they were through the next run, which
+    reads them while it waits for the device (see Runner._run_chunks); the run after that
+    records them again. Creating an event costs the host more than recording one."""
 
     def __init__(self) -> None:
-        self._events: list[Any] = []
+        self._sets: tuple[list[Any], list[Any]] = ([], [])
+        self._events = self._sets[0]
         self._used = 0
 
     def record(self, stream: Any) -> Any:
@@ -86,8 +88,10 @@ class EventPool:
         self._used += count
         return taken
 
-    def rewind(self) -> None:
-        """A new run starts: every event may be recorded again."""
+    def rewind(self, generation: int) -> None:
+        """A new run starts, with the set of `generation` (0 or 1): the run before the last one's
+        timings have been read, and its events may be recorded again."""
+        self._events = self._sets[generation % 2]
         self._used = 0
 
 
@@ -175,15 +179,19 @@ class Lane(Protocol):
         """fn(), device work between steps that belongs to none (a NaN/Inf flag)."""
         ...
 
-    def start_run(self) -> None:
-        """A new run starts: the previous run's timings have been read."""
+    def start_run(self, generation: int = 0) -> None:
+        """A new run starts, timed with the event set of `generation` (0 or 1): the timings of
+        the last run that used it have been read."""
         ...
 
     def run_blocking(self, name: str, kind: str, fn: Callable[[], Any]) -> Any:
         """fn(), host work that reads the lane's results so far, timed by the host clock."""
         ...
 
-    def finish_chunk(self) -> None: ...
+    def finish_chunk(self, while_waiting: Callable[[], None] | None = None) -> None:
+        """The chunk's work is done once this returns; `while_waiting` is host work done
+        while the device finishes it."""
+        ...
 
     def staging_bytes(self) -> int:
         """Bytes of pinned staging memory this lane holds."""
@@ -243,11 +251,12 @@ class HostLane(Lane):
     def untimed(self, fn: Callable[[], Any]) -> Any:
         return fn()
 
-    def start_run(self) -> None:
+    def start_run(self, generation: int = 0) -> None:
         pass
 
-    def finish_chunk(self) -> None:
-        pass
+    def finish_chunk(self, while_waiting: Callable[[], None] | None = None) -> None:
+        if while_waiting is not None:
+            while_waiting()
 
     def staging_bytes(self) -> int:
         return 0
@@ -369,8 +378,8 @@ class CudaLane(Lane):
         self._step_end = None
         return fn()
 
-    def start_run(self) -> None:
-        self.events.rewind()
+    def start_run(self, generation: int = 0) -> None:
+        self.events.rewind(generation)
         self._step_end = None
 
     def run_graph(self, name: str, step_marks: Sequence[tuple[str, Any, Any]], fn: Callable[[], Any], kind: str = GRAPH) -> Any:
@@ -459,8 +468,10 @@ class CudaLane(Lane):
             self._event_timed(f"copy D2H {name}", COPY,
                               lambda: value.data.copy_to_host_async(target.ctypes.data, value.nbytes, self.stream))
 
-    def finish_chunk(self) -> None:
-        """Wait for the lane's stream, then copy staged outputs to their targets."""
+    def finish_chunk(self, while_waiting: Callable[[], None] | None = None) -> None:
+        """Wait for the lane's stream (doing `while_waiting` first), then copy staged outputs to their targets."""
+        if while_waiting is not None:
+            while_waiting()
         self.stream.synchronize()
         recording = self.recording
         for step, order, start, end in self._graph_steps:

@@ -5,15 +5,17 @@ report.py and check.py read these and nothing else of the runtime.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from ..device import Device
 from ..model import Model
 from .chunking import BatchLayout
-from .timeline import GRAPH, Span
+from .timeline import GRAPH, Span, copy_figures
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,41 @@ class StepTime:
     ms: float
 
 
+class RunTiming:
+    """A run's spans and what they add up to. On a GPU they are read from the run's CUDA events
+    when first asked for (`read`), not as the run returns: the runner reads them while its next
+    run waits for the device, if no one asked before (Runner._run_chunks)."""
+
+    def __init__(self, read: Callable[[], list[Span]], graph_steps: Callable[[list[Span]], dict[str, tuple[str, ...]]]):
+        self._read, self._graph_steps = read, graph_steps
+
+    @classmethod
+    def of(cls, spans: list[Span], graphs: dict[str, tuple[str, ...]] | None = None) -> "RunTiming":
+        """The timing of spans already read; `graphs` names the steps of each graph span."""
+        return cls(lambda: spans, lambda _spans: dict(graphs or {}))
+
+    @functools.cached_property
+    def spans(self) -> list[Span]:
+        return self._read()
+
+    @functools.cached_property
+    def times(self) -> list[StepTime]:
+        return sum_by_step(self.spans)
+
+    @functools.cached_property
+    def copies(self) -> tuple[float, float, float]:
+        """(copy, hidden, exposed) ms: see timeline.copy_figures."""
+        return copy_figures(self.spans)
+
+    @functools.cached_property
+    def graphs(self) -> dict[str, tuple[str, ...]]:
+        return self._graph_steps(self.spans)
+
+    @functools.cached_property
+    def graph_ms(self) -> dict[str, float]:
+        return graph_totals(self.spans)
+
+
 @dataclass
 class RunResult:
     """One run of a batch: the graph outputs, the intermediate tensors asked to be kept,
@@ -71,28 +108,54 @@ class RunResult:
 
     outputs: dict[str, np.ndarray]
     kept: dict[str, np.ndarray]
-    times: list[StepTime]
-    total_ms: float  # host to host: from the caller's arrays to the returned ones
+    total_ms: float  # host to host: the whole call, from the caller's arrays to the returned ones
     batch: int = 0
     chunks: int = 1
     chunk_size: int = 0
     streams: int = 1
     input_pinned: bool = False
-    copy_ms: float = 0.0  # summed duration of every copy
-    copy_hidden_ms: float = 0.0  # copy time that overlapped compute
-    copy_exposed_ms: float = 0.0  # copy time with nothing computing
     # chunks that held NaN or Inf after a fused step and ran again on the exact path
     # (fused steps split into Conv + onnxruntime's own nodes); its time is in total_ms only
     exact_reruns: int = 0
     exact_ms: float = 0.0
-    spans: list[Span] = field(default_factory=list, repr=False)
-    # with CUDA graphs: each replayed graph's span name -> the plan steps it ran
-    graphs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # each graph replayed as a whole (its steps timed inside it, or not timed: step_times off) -> its
-    # replays' time (input copies included), summed over chunks
-    graph_ms: dict[str, float] = field(default_factory=dict)
     # runs of plugin steps that could not be captured and ran eagerly: first step -> why
     graph_failures: dict[str, str] = field(default_factory=dict)
+    timing: RunTiming = field(default_factory=lambda: RunTiming.of([]), repr=False)
+
+    @property
+    def spans(self) -> list[Span]:
+        return self.timing.spans
+
+    @property
+    def times(self) -> list[StepTime]:
+        """Each step's and copy's time, summed over chunks."""
+        return self.timing.times
+
+    @property
+    def copy_ms(self) -> float:
+        """The summed duration of every copy."""
+        return self.timing.copies[0]
+
+    @property
+    def copy_hidden_ms(self) -> float:
+        """Copy time that overlapped compute."""
+        return self.timing.copies[1]
+
+    @property
+    def copy_exposed_ms(self) -> float:
+        """Copy time with nothing computing."""
+        return self.timing.copies[2]
+
+    @property
+    def graphs(self) -> dict[str, tuple[str, ...]]:
+        """With CUDA graphs: each replayed graph's span name -> the plan steps it ran."""
+        return self.timing.graphs
+
+    @property
+    def graph_ms(self) -> dict[str, float]:
+        """Each graph replayed as a whole (its steps timed inside it, or not timed: step_times off)
+        -> its replays' time (input copies included), summed over chunks."""
+        return self.timing.graph_ms
 
 
 @dataclass

@@ -42,8 +42,8 @@ from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Resul
 from .describe import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
 from .prebuild import build_all
-from .records import PlanRecord, Profile, RunResult, graph_totals, sum_by_step
-from .timeline import Timeline, copy_figures
+from .records import PlanRecord, Profile, RunResult, RunTiming
+from .timings import RunTimings
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
 DEFAULT_STREAMS = 3
@@ -127,6 +127,7 @@ class Runner:
                                      InPlace(self.plan, self.layout, self.buffers, self.device.is_cuda))
         self._chains = Chains() if self.device.is_cuda else None
         self.scheduler = ChunkScheduler(self._lanes())
+        self._timings = RunTimings(self.device.is_cuda)
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -291,6 +292,7 @@ class Runner:
         rows, each replay is one span of kind GRAPH, and the run is as quick as it gets. `into`
         puts the outputs in rows of arrays that other runs fill too (DeviceRunners); the
         result's outputs are then views of those rows."""
+        started = time.perf_counter()
         batch = self.check_feeds(feeds)
         if keep:
             crossing = set(feeds) | {name for step in self.plan.steps for name in step.outputs}
@@ -302,7 +304,7 @@ class Runner:
         while True:
             chunks = chunking.split_rows(batch, self.chunk) if self.layout.chunkable else [slice(0, batch)]
             try:
-                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times, into)
+                return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times, into, started)
             except Exception as err:
                 if not cuda.is_out_of_memory(err):
                     raise
@@ -330,19 +332,16 @@ class Runner:
                                  f"(about {self.peak_image_bytes} bytes per image live): {cause}")
 
     def _run_chunks(self, feeds: dict[str, np.ndarray], batch: int, chunks: list[slice], keep: tuple[str, ...],
-                    progress: Progress | None, step_times: bool = True, into: SharedRows | None = None) -> RunResult:
+                    progress: Progress | None, step_times: bool, into: SharedRows | None, started: float) -> RunResult:
         on_gpu = self.device.is_cuda
         pinned = {name: on_gpu and cuda.is_pinned(value) for name, value in feeds.items()}
         single = len(chunks) == 1
         outputs = into if into is not None else Results(batch, self.layout.chunkable, single)
-        inputs = ChunkInputs(feeds, pinned, keep, outputs,
-                             Results(batch, self.layout.chunkable, single), self.exact.flags(len(chunks)), step_times)
+        timeline, earlier = self._timings.start(self.scheduler.lanes)
+        inputs = ChunkInputs(feeds, pinned, keep, outputs, Results(batch, self.layout.chunkable, single),
+                             self.exact.flags(len(chunks)), step_times, earlier)
         if self._chains:
             self._chains.reset(min(len(self.scheduler.lanes), len(chunks)))
-        for lane in self.scheduler.lanes:
-            lane.start_run()  # the last run's timings are read: its events may be recorded again
-        started = time.perf_counter()
-        timeline = Timeline(on_gpu)
         self.scheduler.run(
             chunks, lambda lane, index, rows: self.executor.run_chunk(lane, timeline, index, rows, inputs), progress
         )
@@ -351,31 +350,24 @@ class Runner:
         if flagged:
             self.exact.rerun(self.scheduler, inputs, chunks, flagged)
         exact_ms = (time.perf_counter() - exact_started) * 1e3 if flagged else 0.0
-        total = (time.perf_counter() - started) * 1e3
-        spans = timeline.spans()
-        copied, hidden, exposed = copy_figures(spans)
         batched = [name for name in feeds if name in self.layout.batched_inputs] or list(feeds)
         placed = outputs.arrays  # a SharedRows makes its views on each reading
-        return RunResult(
+        result = RunResult(
             outputs={name: placed[name] for name in self.plan.model.outputs},
             kept={name: inputs.kept.arrays[name] for name in keep},
-            times=sum_by_step(spans),
-            total_ms=total,
+            total_ms=0.0,
             batch=batch,
             chunks=len(chunks),
             chunk_size=max(c.stop - c.start for c in chunks),
             streams=min(len(self.scheduler.lanes), len(chunks)),
             input_pinned=all(pinned[name] for name in batched),
-            copy_ms=copied,
-            copy_hidden_ms=hidden,
-            copy_exposed_ms=exposed,
             exact_reruns=len(flagged),
             exact_ms=exact_ms,
-            spans=spans,
-            graphs=self._graph_steps(spans),
-            graph_ms=graph_totals(spans),
-            graph_failures=self.graph_failures(),
+            graph_failures=self.graph_failures() if self.cuda_graphs else {},
+            timing=RunTiming(timeline.spans, self._graph_steps),
         )
+        result.total_ms = (time.perf_counter() - started) * 1e3
+        return result
 
     def profile(
         self,

@@ -44,14 +44,17 @@ class Span(NamedTuple):
 class Timeline:
     """Collects the spans of one run from every stream and thread."""
 
-    def __init__(self, on_gpu: bool):
+    def __init__(self, on_gpu: bool, origin: Any = None):
+        """`origin`: the CUDA event to record as the origin (a new one if None), free to record
+        again once the spans of the timeline that last used it have been read."""
         self.on_gpu = on_gpu
         self._lock = threading.Lock()
+        self._reading = threading.Lock()
         self._pending: list[tuple[str, str, int, int, Any, Any, int]] = []
         self._settled: list[Span] = []
         self.origin_event = None
         if on_gpu:
-            self.origin_event = cuda.event()
+            self.origin_event = origin if origin is not None else cuda.event()
             self.origin_event.record()
         self._origin_host = time.perf_counter()
 
@@ -83,13 +86,27 @@ class Timeline:
 
     def spans(self) -> list[Span]:
         """Every span, in chunk order and within a chunk in execution order (waits for the device)."""
+        self.settle()
+        return sorted(self._settled, key=lambda s: (s.chunk, s.order))
+
+    def settle(self) -> None:
+        """Read every span timed so far (waiting for the device where it must): the events that
+        timed them may be recorded again afterwards. Calling it again reads only what came since."""
+        with self._reading:  # a second caller waits for the first one's readings rather than missing them
+            self._settle()
+
+    def _settle(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
         if self.on_gpu:
             # each lane's last event, not the whole device: another runner's stream may be capturing
             # a graph (run --devices 0,0), and a device-wide wait is not allowed while one does
-            last = {lane: end for _name, _kind, _chunk, _order, start, end, lane in self._pending if not isinstance(start, float)}
+            last = {lane: end for _name, _kind, _chunk, _order, start, end, lane in pending if not isinstance(start, float)}
             for end in last.values():
                 end.synchronize()
-        spans = list(self._settled)
+        spans = []
         read: dict[int, float] = {}  # event -> ms: consecutive steps share an event, read once
 
         def at(event: Any) -> float:
@@ -98,7 +115,7 @@ class Timeline:
                 found = read[id(event)] = cuda.elapsed_ms(self.origin_event, event)
             return found
 
-        for name, kind, chunk, order, start, end, lane in self._pending:
+        for name, kind, chunk, order, start, end, lane in pending:
             if isinstance(start, float):
                 clock = HOST
                 begin_ms, end_ms = (start - self._origin_host) * 1e3, (end - self._origin_host) * 1e3
@@ -106,7 +123,8 @@ class Timeline:
                 clock = DEVICE
                 begin_ms, end_ms = at(start), at(end)
             spans.append(Span(name, kind, chunk, order, begin_ms, max(begin_ms, end_ms), lane, clock))
-        return sorted(spans, key=lambda s: (s.chunk, s.order))
+        with self._lock:
+            self._settled.extend(spans)
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

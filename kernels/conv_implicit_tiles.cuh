@@ -243,26 +243,29 @@ __device__ __forceinline__ void copy_weights(float* As, const float* __restrict_
 #endif
 
 // The sum v of output map m at column col (a pixel of the batch): into y, finished by the epilogue
-// (bias, the residual at the output's own index, the activation), or with a K split into this
-// block's slice of `partial` ([KSLICES][M][total]) for conv_k_slices_reduce.
+// (bias, the residual at the output's own index, the activation) and flagged if not finite, or with
+// a K split into this block's slice of `partial` ([KSLICES][M][total]) for conv_k_slices_reduce.
 __device__ __forceinline__ void store_sum(float* __restrict__ y, float* __restrict__ partial, const float* __restrict__ b,
-                                          const float* __restrict__ r, int total, int col, int m, float v)
+                                          const float* __restrict__ r, unsigned char* nonfinite, int total, int col, int m, float v)
 {
 #if KSLICES == 1
     const size_t at = (size_t)(col / P) * (M * P) + col % P + (size_t)m * P;
 #if HAS_BIAS
     v += b[m];
 #endif
-    y[at] = finish_output(v, residual_at(r, at));
+    const float out = finish_output(v, residual_at(r, at));
+    y[at] = out;
+    flag_nonfinite(nonfinite, out);
 #else
     partial[((size_t)blockIdx.z * M + m) * total + col] = v;
 #endif
 }
 
-// y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order
+// y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order;
+// nonfinite (null: not watched) raised where an output is NaN or Inf
 extern "C" __global__ void __launch_bounds__(256)
 conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const float* __restrict__ r,
-                     float* __restrict__ y, int batch)
+                     float* __restrict__ y, int batch, unsigned char* nonfinite)
 {
     const int total = batch * P;
     const size_t outputs = (size_t)batch * M * P;
@@ -277,7 +280,9 @@ conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict_
 #if HAS_BIAS
         v += b[m];
 #endif
-        y[i] = finish_output(v, residual_at(r, i));
+        const float out = finish_output(v, residual_at(r, i));
+        y[i] = out;
+        flag_nonfinite(nonfinite, out);
     }
 }
 

@@ -56,6 +56,7 @@
 // and conv_k_slices_reduce (one thread per output) writes y. r is the residual
 // operand ([batch][M][OH][OW]; null without RESIDUAL), pro the prologue's (s [batch][C], or a [C]
 // then b [C]; null without PROLOGUE), x_image the floats between X's images (C*H*W unless X is a view).
+// nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the pipelined SIMT implicit GEMM needs sm_80 or newer (cp.async)"
@@ -113,9 +114,11 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[TM][TN], const float
     }
 }
 
-// Writes 4 sums of map m at columns col.. (bias, residual and activation unless K is split).
+// Writes 4 sums of map m at columns col.. (bias, residual and activation unless K is split), flagging
+// outputs that are NaN or Inf in nonfinite (null: not watched; as conv_tc_gemm's, see flag_nonfinite).
 __device__ __forceinline__ void store_group(float4 sums, int m, int col, int total, const float* __restrict__ b,
-                                            const float* __restrict__ r, float* __restrict__ y, float* __restrict__ partial)
+                                            const float* __restrict__ r, float* __restrict__ y, float* __restrict__ partial,
+                                            unsigned char* nonfinite)
 {
 #if KSLICES == 1
 #if HAS_BIAS
@@ -130,12 +133,15 @@ __device__ __forceinline__ void store_group(float4 sums, int m, int col, int tot
     const float4 v = make_float4(finish_output(sums.x + bias, res.x), finish_output(sums.y + bias, res.y),
                                  finish_output(sums.z + bias, res.z), finish_output(sums.w + bias, res.w));
     *reinterpret_cast<float4*>(y + at) = v;
+    flag_nonfinite4(nonfinite, v);
 #else
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         if (col + j >= total) return;
         const size_t at = (size_t)((col + j) / P) * (M * P) + (size_t)m * P + (col + j) % P;
-        y[at] = finish_output(lane_of(sums, j) + bias, residual_at(r, at));
+        const float out = finish_output(lane_of(sums, j) + bias, residual_at(r, at));
+        y[at] = out;
+        flag_nonfinite(nonfinite, out);
     }
 #endif
 #else
@@ -152,7 +158,8 @@ __device__ __forceinline__ void store_group(float4 sums, int m, int col, int tot
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, const float* __restrict__ r,
-               const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image)
+               const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image,
+               unsigned char* nonfinite)
 {
     const int tx = threadIdx.x % THREADS_N;
     const int ty = threadIdx.x / THREADS_N;
@@ -199,7 +206,7 @@ conv_simt_gemm(const float* __restrict__ x, const float* __restrict__ w, const f
 #pragma unroll
         for (int q = 0; q < COL_GROUPS; ++q) {
             const float4 sums = make_float4(acc[i][4 * q], acc[i][4 * q + 1], acc[i][4 * q + 2], acc[i][4 * q + 3]);
-            store_group(sums, m, col0 + q * GROUP_SPAN + 4 * tx, total, b, r, y, partial);
+            store_group(sums, m, col0 + q * GROUP_SPAN + 4 * tx, total, b, r, y, partial, nonfinite);
         }
     }
 }

@@ -55,6 +55,8 @@
 // and conv_k_slices_reduce (one thread per output) writes y. r is the residual operand
 // ([batch][M][OH][OW]; null without RESIDUAL), pro the prologue's (s [batch][C], or a [C] then b [C];
 // null without PROLOGUE), x_image the floats between X's images (C*H*W unless X is a view).
+// nonfinite: a byte raised where an output is NaN or Inf (null: the step is not watched; see
+// flag_nonfinite), here or, with a K split, in conv_k_slices_reduce.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the tensor-core implicit GEMM needs sm_80 or newer (mma.sync TF32, cp.async)"
@@ -250,7 +252,8 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
 conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, const float* __restrict__ r,
-             const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image)
+             const float* __restrict__ pro, float* __restrict__ y, float* __restrict__ partial, int batch, int x_image,
+             unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
     float* As = reinterpret_cast<float*>(shared_tiles);
@@ -304,7 +307,7 @@ conv_tc_gemm(const float* __restrict__ x, const float* __restrict__ w, const flo
 #pragma unroll
                 for (int upper = 0; upper < 2; ++upper) {
                     const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
-                    if (m < maps.end) store_sum(y, partial, b, r, total, col, m, acc[mt][nt][2 * upper + half]);
+                    if (m < maps.end) store_sum(y, partial, b, r, nonfinite, total, col, m, acc[mt][nt][2 * upper + half]);
                 }
             }
         }

@@ -48,7 +48,7 @@
 // KPAD, PROLOGUE. Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
 // 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * 2
 // * (BM + BN) * BK * 4 + STAGES * 16 + 1024) bytes. With KSLICES > 1 the partial sums go to
-// `partial` and conv_k_slices_reduce finishes them.
+// `partial` and conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "conv_wgmma needs sm_90a (wgmma); conv_tc_gemm runs on other GPUs"
@@ -360,7 +360,7 @@ __device__ __forceinline__ void produce(const float* __restrict__ x_big, const f
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, const float* __restrict__ w_big,
            const float* __restrict__ w_small, const float* __restrict__ b, const float* __restrict__ r,
-           float* __restrict__ y, float* __restrict__ partial, int batch)
+           float* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
     // the swizzle's atoms are 1024 bytes, aligned so; the launch gives 1024 bytes to spare
@@ -420,7 +420,7 @@ conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, c
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
                 const int m = m0 + 8 * j + 2 * t + q;
-                if (m < maps.end) store_sum(y, partial, b, r, total, col, m, acc[4 * j + 2 * upper + q]);
+                if (m < maps.end) store_sum(y, partial, b, r, nonfinite, total, col, m, acc[4 * j + 2 * upper + q]);
             }
         }
     }

@@ -127,7 +127,12 @@ class Kernel(Protocol):
     - `replayable`: True for a kernel with `out_view` whose calls launch device work only through
       the functions of opplugin's modules (cuda.compile_source), with launches that follow from its
       buffers' addresses and the batch alone: an eager run then replays them from packed arguments
-      while the buffers stay the same (launches.py)."""
+      while the buffers stay the same (launches.py).
+
+    And one that spares a watched step its NaN/Inf check (runtime/exact.py):
+    - `flags_nonfinite`: True for a kernel of one output whose `__call__(inputs, stream, nonfinite=A)`
+      sets the zeroed device byte at address A if any output value is NaN or Inf, as it stores them;
+      a CUDA graph then passes it the step's flag instead of checking the output in a pass of its own."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants

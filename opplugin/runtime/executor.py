@@ -437,6 +437,12 @@ class PlanExecutor:
             self.step_times_in_graphs = cuda.can_record_in_capture() is None
         return self.step_times_in_graphs
 
+    def _flags_itself(self, index: int, kernel: Kernel) -> bool:
+        """Whether watched step `index` raises its own NaN/Inf flag as its kernel stores (registry.Kernel's
+        `flags_nonfinite`): one output, written where the kernel puts it (not in place in a Concat's buffer)."""
+        in_place = self.in_place is not None and self.in_place.places(index)
+        return len(self.watched[index]) == 1 and getattr(kernel, "flags_nonfinite", False) and not in_place
+
     def _enqueue_steps(self, lane: Lane, indices: range, held: frozenset[str], constants: dict[str, Any],
                        flag_buffer: Any, batch: int) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:
         """What a capture runs: the steps' kernels on the lane's stream, each between the clock's
@@ -451,12 +457,18 @@ class PlanExecutor:
                 clear_flags(flag_buffer)  # once, before the first step's clock: each flag is then only raised
             for index in indices:
                 step = self.plan.steps[index]
+                kernel = self.kernels[step.name]
                 args = [local[n] if n else None for n in step.inputs]
+                watched = flag_buffer is not None and bool(self.watched.get(index))
                 clock.start()
-                outs = self._checked(step, self._call(index, self.kernels[step.name], args, lane, pending, batch))
+                if watched and self._flags_itself(index, kernel):  # its flag raised as it stores
+                    outs = self._checked(step, kernel(args, lane.stream, nonfinite=flag_buffer[position].data.ptr))
+                    position, watched = position + 1, False
+                else:
+                    outs = self._checked(step, self._call(index, kernel, args, lane, pending, batch))
                 clock.stop(step.name)
                 local.update(zip(step.outputs, outs))
-                if flag_buffer is not None and self.watched.get(index):
+                if watched:
                     clock.pause()  # the flags are untimed, as in an eager run
                     for _slot, value in zip(self.watched[index], outs):
                         raise_flag(flag_buffer[position], value)

@@ -270,6 +270,9 @@ class ConvKernel(Kernel):
     residual_parameter = False
     # ... and then one to the prologue's operand (null without a prologue): the families that take a prologue
     prologue_parameter = False
+    # whether a call can raise a NaN/Inf flag as it stores its outputs (`nonfinite`), sparing a
+    # watched step the pass over them that would check them after it (runtime/exact.py)
+    flags_nonfinite = False
 
     def __init__(self, spec: ConvSpec, config: Config, functions: Sequence[Any], epilogue: Epilogue = NONE, *, alignment: int = 4):
         self.spec = spec
@@ -306,9 +309,10 @@ class ConvKernel(Kernel):
         """Scratch device memory a call of this batch allocates besides its output."""
         return 0
 
-    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
         """[y] for the step's inputs (X, W, B, then the residual operand of a fused Add);
-        y is `out` when given (written in full), else a new array."""
+        y is `out` when given (written in full), else a new array. `nonfinite`, for a kernel that
+        `flags_nonfinite`: the device address of a zeroed byte it sets if y holds a NaN or an Inf."""
         import cupy
 
         if not inputs:
@@ -329,7 +333,11 @@ class ConvKernel(Kernel):
                 weights += (self._prologue_arg(cupy, inputs, batch),)
             y = self._output(cupy, out, batch)
             target = y if self.alignment <= 4 or y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
-            if batch:
+            if batch and nonfinite:
+                if not self.flags_nonfinite:
+                    raise PluginError(f"{self.name}: this kernel does not flag NaN and Inf itself")
+                self._launch(x, weights, target, batch, nonfinite=nonfinite)
+            elif batch:
                 self._launch(x, weights, target, batch)
             if target is not y:
                 y[...] = target

@@ -246,6 +246,7 @@ class PipelinedGemmKernel(ConvKernel):
     # X may be a view whose images lie apart (a channel slice of a Concat's buffer): the kernel takes
     # the distance between images as an argument (registry.Kernel)
     in_views = True
+    flags_nonfinite = True  # store_sum and conv_k_slices_reduce raise it
 
     @property
     def nonfinite_exact(self) -> bool:
@@ -288,7 +289,7 @@ class PipelinedGemmKernel(ConvKernel):
                 return x
         return super()._input_array(cupy, x)
 
-    def _launch(self, x: Any, weights: tuple, y: Any, batch: int) -> None:
+    def _launch(self, x: Any, weights: tuple, y: Any, batch: int, nonfinite: int = 0) -> None:
         import cupy
 
         w, b, r, pro = weights
@@ -298,7 +299,8 @@ class PipelinedGemmKernel(ConvKernel):
         grid, workspace, reduce_blocks = self._geometry(batch)
         partial = cupy.empty(workspace, dtype=cupy.float32) if self.splits > 1 else None
         target = np.uint64(0) if partial is None else partial
-        self._gemm(grid, (self.config.threads, 1, 1), (x, w, b, r, pro, y, target, np.int32(batch), np.int32(x_image)),
+        flag = np.uint64(nonfinite)
+        self._gemm(grid, (self.config.threads, 1, 1), (x, w, b, r, pro, y, target, np.int32(batch), np.int32(x_image), flag),
                    shared_mem=self._shared)
         if partial is not None:
-            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch)))
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, b, r, y, np.int32(batch), flag))

@@ -179,7 +179,7 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         """The channel-last image and its small parts, then the K split's partial sums."""
         return 8 * batch * self._image_floats + super().workspace_bytes(batch)
 
-    def _launch(self, x, weights, y, batch):
+    def _launch(self, x, weights, y, batch, nonfinite=0):
         import cupy
 
         r, pro = weights
@@ -190,11 +190,11 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         x_big, x_small, partial = scratch[:values], scratch[values:2 * values], scratch[2 * values:]
         pixel_tiles, channel_tiles = self._transpose_tiles
         self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
-        target = partial if self.splits > 1 else np.uint64(0)
+        target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
         self._gemm(grid, (self.config.threads, 1, 1),
-                   (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch)), shared_mem=self._shared)
+                   (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag), shared_mem=self._shared)
         if self.splits > 1:
-            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, self._b, r, y, np.int32(batch)))
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, self._b, r, y, np.int32(batch), flag))
 
 
 FAMILIES: list[Family] = [WgmmaGemm()]

@@ -23,13 +23,16 @@
 //   of a warp, which start TW*SW columns and TH*SH rows apart, read distinct banks where they can.
 // - Small planes (7x7) put several maps in one block (PLANES) so a block still has enough
 //   threads; large ones tile the plane.
+// - STAGED 0 skips the staging: each thread reads its window's inputs and taps straight from
+//   global memory (through L1, where a block's neighbouring windows meet). A short grid (batch 1,
+//   a stride of 2) reuses too little of a patch to repay the staging's loads, stores and barrier.
 // FP32-exact by construction: each output is a chain of FP32 fused multiply-adds over its
 // window's taps (channel, kh, kw), then the epilogue (conv_epilogue.cuh): bias, the residual
 // operand r, ACTIVATION. No max pool.
 //
 // Macros: the shape macros (C, M, G, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, HAS_BIAS,
 // RESIDUAL, ACTIVATION) plus TH, TW (rows x columns per thread), BH, BW (the block's output
-// tile), PLANES (maps per block), PITCH.
+// tile), PLANES (maps per block), PITCH, STAGED (1: patches and filters in shared memory).
 // Launch: block (NTHREADS = PLANES * BH/TH * BW/TW), grid (batch * TILES_H * TILES_W,
 // ceil(M / PLANES)), static shared memory. r: the residual operand ([batch][M][OH][OW]; null
 // without RESIDUAL).
@@ -59,6 +62,9 @@
 #define ROW_LANES ((PATCH_W + ROW_ROUNDS - 1) / ROW_ROUNDS)
 #define STAGE_LANES (NTHREADS < ROW_LANES ? NTHREADS : ROW_LANES)
 #define STAGE_GROUPS (NTHREADS / STAGE_LANES)  // whole groups of them
+#ifndef STAGED
+#define STAGED 1
+#endif
 
 static_assert(CG == 1 || MG % PLANES == 0, "a block's maps lie in one group");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
@@ -68,9 +74,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
 conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                const float* __restrict__ r, float* __restrict__ y, int batch)
 {
-    __shared__ float patch[SLOTS * PATCH_FLOATS];
-    __shared__ float filters[PLANES * CG * TAPS];
-
     const int tile = blockIdx.x % (TILES_H * TILES_W);
     const int n = blockIdx.x / (TILES_H * TILES_W);
     const int oh0 = tile / TILES_W * BH;
@@ -79,8 +82,11 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
     const int ih0 = oh0 * SH - PH;  // the patch's corner in the image (negative in the pads)
     const int iw0 = ow0 * SW - PW;
 
-    // the patch of each slot's input channel, zeros outside the image (and for maps past M)
     const float* image = x + (size_t)n * C * H * W;  // offsets inside one image fit an int (the family checks)
+#if STAGED
+    __shared__ float patch[SLOTS * PATCH_FLOATS];
+    __shared__ float filters[PLANES * CG * TAPS];
+    // the patch of each slot's input channel, zeros outside the image (and for maps past M)
 #if PATCH_W > 32
     // A wide patch: groups of STAGE_LANES threads walk its rows, their lanes the columns, so a
     // row's channel, bounds and offset are worked out once for all its values; ROW_LOADS loads
@@ -156,6 +162,7 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
             if (first + k * NTHREADS < FILTER_COUNT) filters[first + k * NTHREADS] = v[k];
     }
     __syncthreads();
+#endif
 
     const int plane = threadIdx.x / PLANE_THREADS;
     const int ty = threadIdx.x % PLANE_THREADS / THREADS_W;
@@ -167,15 +174,34 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
 #pragma unroll
         for (int j = 0; j < TW; ++j) acc[i][j] = 0.0f;
 
+#if !STAGED
+    const int seg_h0 = ih0 + ty * TH * SH;  // the corner of this thread's window rows and columns in the image
+    const int seg_w0 = iw0 + tx * TW * SW;
+#endif
 #pragma unroll 1
     for (int c = 0; c < CG; ++c) {
+#if STAGED
         const float* in = patch + (CG == 1 ? plane : c) * PATCH_FLOATS + ty * TH * SH * PITCH + tx * TW * SW;
         const float* f = filters + (plane * CG + c) * TAPS;
+#else
+        const int channel = CG == 1 ? m / MG : m0 / MG * CG + c;
+        const float* in = image + channel * H * W;
+        const float* f = w + ((size_t)(m < M ? m : 0) * CG + c) * TAPS;  // a map past M reads map 0's, never stored
+#endif
 #pragma unroll
         for (int row = 0; row < SEG_H; ++row) {
             float v[SEG_W];
+#if STAGED
 #pragma unroll
             for (int k = 0; k < SEG_W; ++k) v[k] = in[row * PITCH + k];
+#else
+            const int ih = seg_h0 + row;
+#pragma unroll
+            for (int k = 0; k < SEG_W; ++k) {
+                const int iw = seg_w0 + k;
+                v[k] = m < M && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W ? __ldg(in + ih * W + iw) : 0.0f;
+            }
+#endif
 #pragma unroll
             for (int i = 0; i < TH; ++i) {
                 const int down = row - i * SH;  // kh * DH for output row i, if this row is in its window
@@ -183,7 +209,11 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
                 const int kh = down / DH;
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) {
+#if STAGED
                     const float tap = f[kh * KW + kw];
+#else
+                    const float tap = __ldg(f + kh * KW + kw);
+#endif
 #pragma unroll
                     for (int j = 0; j < TW; ++j) acc[i][j] = fmaf(v[j * SW + kw * DW], tap, acc[i][j]);
                 }

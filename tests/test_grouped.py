@@ -161,11 +161,41 @@ def test_depthwise_tiles_cover_the_plane_with_little_waste():
         configs = DEPTHWISE.configs(spec)
         assert configs and all(DEPTHWISE.reason(spec, c, NONE) is None for c in configs)
         first = configs[0]
-        assert depthwise.efficiency(spec, first.block) >= depthwise.LEAST_EFFICIENCY, (layer.name, first)
+        # an unstaged 2 x 2 tile is taken even where it overhangs a 7x7 plane (8x8: 77% inside), measured quicker
+        least = 0.75 if not first.staged else depthwise.LEAST_EFFICIENCY
+        assert depthwise.efficiency(spec, first.block) >= least, (layer.name, first)
         assert 32 <= first.threads <= depthwise.MAX_THREADS, (layer.name, first)
     # 7x7 planes: several maps a block, a block no larger than the plane
     first = DEPTHWISE.configs(same_pads(768, 768, 7, 7))[0]
     assert first.planes > 1 and first.block[0] <= 8 and first.block[1] <= 8
+
+
+def test_depthwise_layers_of_few_window_loads_or_a_mostly_halo_patch_go_unstaged():
+    assert depthwise.loads_per_output(same_pads(144, 144, 56, 3), (2, 2)) == 16 / 4
+    cases = {  # (maps, plane, filter, stride) -> unstaged first, at batch 1 and 32
+        (144, 56, 3, 2): True,  # MobileNetV2's 3x3 s2: 6.25 window loads an output
+        (672, 14, 5, 2): True,  # EfficientNet-B0's 5x5 s2: 12.25
+        (768, 7, 7, 1): True,  # ConvNeXt-T's 7x7 at 7x7: 16 loads, but a patch 3.25x the tile
+        (96, 56, 7, 1): False,  # ConvNeXt-T's 7x7 at 56x56: 16 loads and a patch 1.5x the tile: staged
+    }
+    for (maps, size, kernel, stride), unstaged in cases.items():
+        for batch in (1, 32):
+            pads = (kernel // 2,) * 4
+            spec = conv(batch, maps, maps, (size, size), (kernel, kernel), strides=(stride, stride), pads=pads, group=maps)
+            first = DEPTHWISE.configs(spec)[0]
+            assert (not first.staged) == unstaged, (maps, size, kernel, stride, batch, first)
+            assert first.staged or first.thread == (2, 2) and DEPTHWISE.reason(spec, first, NONE) is None
+
+
+def test_an_unstaged_config_says_so_in_its_name_and_needs_no_shared_memory():
+    spec = same_pads(144, 144, 56, 3)
+    config = families.parse("depthwise_t2x2_b28x14_p1_l0")[1]
+    assert config.staged == 0 and config.name() == "depthwise_t2x2_b28x14_p1_l0"
+    assert families.parse("depthwise_t2x2_b28x14_p1")[1].staged == 1  # l1, the default, is left out of names
+    assert depthwise.shared_bytes(spec, config) == 0
+    [unit] = families.compile_units(spec, config.name(), NONE)
+    assert unit.defines["STAGED"] == 0
+    assert "l0 (from global memory)" in DEPTHWISE.reason(spec, dataclasses.replace(config, staged=2), NONE)
 
 
 def test_depthwise_pitch_spreads_the_lanes_over_the_banks():

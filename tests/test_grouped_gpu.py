@@ -26,12 +26,15 @@ GROUPED_LAYERS = {layer.name: layer for layer in cnn_layers.LAYERS if layer.grou
 
 
 def offered(spec):
-    """The configurations tried here: the depthwise family's first three on depthwise layers,
-    else the grouped family's first two, the SIMT GEMM's first two and the tensor-core GEMM's first."""
+    """The configurations tried here: the depthwise family's first three and first two unstaged ones on
+    depthwise layers, else the grouped family's first two and first unstaged one, the SIMT GEMM's first
+    two and the tensor-core GEMM's first."""
     if spec.in_channels == spec.group:
-        return families.FAMILIES["depthwise"].configs(spec)[:3]
+        configs = families.FAMILIES["depthwise"].configs(spec)
+        return [*configs[:3], *[c for c in configs if not c.staged][:2]]
     wgmma = [c for c in families.FAMILIES["wg_3xtf32"].configs(spec)[:1] if families.unsupported_reason(spec, c, ones(spec)) is None]
-    return [*families.FAMILIES["grouped"].configs(spec)[:2], *families.FAMILIES["simt_gemm"].configs(spec)[:2],
+    grouped = families.FAMILIES["grouped"].configs(spec)
+    return [*grouped[:2], *[c for c in grouped if not c.staged][:1], *families.FAMILIES["simt_gemm"].configs(spec)[:2],
             *families.FAMILIES["tc_3xtf32"].configs(spec)[:1], *wgmma]
 
 
@@ -54,6 +57,10 @@ RESIDUAL = {
     # a depth multiplier of 2 with dilation; several maps a block with a tile tail; groups of 4 and 16, split K
     "depthwise_t2x4_b8x8_p2": conv(2, 12, 24, (15, 13), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=12),
     "depthwise_t1x4_b7x8_p4": conv(3, 40, 40, (7, 7), (7, 7), pads=(3, 3, 3, 3), group=40),
+    # unstaged: windows read from global memory, with their pads, a depth multiplier, maps past M and a stride
+    "depthwise_t2x2_b8x8_p2_l0": conv(2, 12, 24, (15, 13), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=12),
+    "depthwise_t1x1_b7x8_p3_l0": conv(3, 40, 40, (7, 7), (5, 5), strides=(2, 2), pads=(2, 2, 2, 2), group=40),
+    "grouped_t1x2_b8x8_p2_l0": conv(2, 24, 48, (11, 13), (5, 5), strides=(2, 1), pads=(2, 1, 2, 3), group=6),
     "grouped_t2x4_b8x8_p2": conv(2, 24, 48, (11, 13), (5, 5), strides=(2, 1), pads=(2, 1, 2, 3), group=6),
     "simt_gemm_b8x128x16_t1x8_s4_o4": conv(2, 64, 64, (12, 12), (3, 3), pads=(1, 1, 1, 1), group=16),
     "simt_gemm_b16x64x16_t2x4_s4_o4_k4": conv(1, 96, 96, (7, 7), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),

@@ -38,6 +38,7 @@ TAGS = {
     "o": "occupancy: blocks per SM the registers are budgeted for",
     "r": "rows a warp computes",
     "p": "planes: output maps a thread block computes side by side",
+    "l": "loads: 1 stages a block's inputs in shared memory, 0 reads them from global memory where they are used",
 }
 
 _FIELD = re.compile(r"([a-z]+)(\d+(?:x\d+)*)")

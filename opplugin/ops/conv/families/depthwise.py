@@ -39,15 +39,27 @@ WAVES = 2  # the heuristic packs more maps only while the grid keeps this many b
 # batch 1, 2 x 1 ran 1.00-1.11x the best tile of five such depthwise layers (EfficientNet-B0's
 # and MobileNetV2's stride-2 ones, ConvNeXt-T's 7x7 at 768 maps), where 2 x 4 and 1 x 4 ran up to 1.85x.
 SHORT_GRID_TILES = ((2, 1), (1, 2), (1, 1))
+# The thread tiles offered unstaged (STAGED 0: no shared memory; see kernels/conv_depthwise.cu).
+UNSTAGED_TILES = ((2, 2), (1, 1), (2, 1), (1, 2))
+# A depthwise layer goes unstaged (2 x 2 tiles) where a thread's window loads stay few per output,
+# or where the staged pick's patch is mostly halo, so that staging it buys little reuse. Graphed on an
+# H100, unstaged 2 x 2 ran 1.00-1.05x the best of every suite depthwise layer but one at batch 1 and
+# 32 (EfficientNet-B0's 5x5 and 5x5 s2, MobileNetV2's 3x3 s2, ConvNeXt-T's 7x7 at 7x7), where the
+# staged pick ran up to 1.65x; ConvNeXt-T's 7x7 at 56x56 (16 loads an output, a patch 1.5x its
+# tile) stays staged, 1.00x.
+UNSTAGED_MOST_LOADS = 12.5  # a 2 x 2 tile's window loads per output: 6.25 at 3x3 s2, 12.25 at 5x5 s2, 16 at 7x7
+UNSTAGED_LEAST_HALO = 2.0  # the staged pick's patch values per output of its tile
 
 
 @dataclass(frozen=True)
 class DepthwiseConfig(Config):
-    """TH x TW outputs per thread, a BH x BW output tile per block, P maps per block."""
+    """TH x TW outputs per thread, a BH x BW output tile per block, P maps per block; `staged` 0: no
+    shared memory, each thread reads its window from global memory."""
 
     thread: tuple[int, int] = tagged("t", 2)
     block: tuple[int, int] = tagged("b", 2)
     planes: int = tagged("p")
+    staged: int = tagged("l", default=1)
 
     @property
     def threads(self) -> int:
@@ -91,11 +103,30 @@ def depthwise(spec: ConvSpec) -> bool:
 
 
 def shared_bytes(spec: ConvSpec, config: DepthwiseConfig) -> int:
-    """The channel patches (each map's own depthwise, else the group's) and the block's filters."""
+    """The channel patches (each map's own depthwise, else the group's) and the block's filters; none unstaged."""
+    if not config.staged:
+        return 0
     rows = patch_size(spec, config.block)[0]
     channels = spec.in_channels // spec.group
     slots = config.planes if channels == 1 else channels
     return 4 * (slots * rows * pitch_for(spec, config) + config.planes * channels * int(np.prod(spec.kernel)))
+
+
+def loads_per_output(spec: ConvSpec, thread: tuple[int, int]) -> float:
+    """Input values a thread of this tile reads for each output it computes (its window rows x columns)."""
+    (th, tw), (kh, kw), (sh, sw), (dh, dw) = thread, spec.kernel, spec.strides, spec.dilations
+    return ((th - 1) * sh + (kh - 1) * dh + 1) * ((tw - 1) * sw + (kw - 1) * dw + 1) / (th * tw)
+
+
+def patch_per_output(spec: ConvSpec, block: tuple[int, int]) -> float:
+    """Patch values a block stages for each output of its tile."""
+    rows, columns = patch_size(spec, block)
+    return rows * columns / (block[0] * block[1])
+
+
+def prefers_unstaged(spec: ConvSpec, staged: DepthwiseConfig) -> bool:
+    """Whether a depthwise layer runs quicker unstaged than on `staged` (see UNSTAGED_MOST_LOADS)."""
+    return loads_per_output(spec, UNSTAGED_TILES[0]) <= UNSTAGED_MOST_LOADS or patch_per_output(spec, staged.block) >= UNSTAGED_LEAST_HALO
 
 
 def balanced(outputs: int, per_thread: int, most_threads: int) -> int:
@@ -161,22 +192,27 @@ class NarrowGroups(Family):
     MOST_CHANNELS = 32  # grouped: input channels a group at most; wider groups fill GEMM tiles well
     thread_tiles = THREAD_TILES
 
-    def config(self, spec: ConvSpec, thread: tuple[int, int]) -> DepthwiseConfig:
+    def config(self, spec: ConvSpec, thread: tuple[int, int], staged: int = 1) -> DepthwiseConfig:
         block = plane_tile(spec, thread)
         plane_threads = (block[0] // thread[0]) * (block[1] // thread[1])
-        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, plane_tiles(spec, block)))
+        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, plane_tiles(spec, block)), staged)
 
     def configs(self, spec, epilogue=NONE):
         """Every thread tile's config; first the earliest of THREAD_TILES whose tiles waste at most a fifth
-        of the work, else the least wasteful."""
+        of the work, else the least wasteful, unless a depthwise layer prefers_unstaged."""
         if self._shape_reason(spec, epilogue):
             return []
         configs = [self.config(spec, thread) for thread in self.thread_tiles]
+        configs += [self.config(spec, thread, staged=0) for thread in UNSTAGED_TILES]
         configs = [c for c in dict.fromkeys(configs) if self.reason(spec, c, epilogue) is None]
         good = [c for c in configs if efficiency(spec, c.block) >= LEAST_EFFICIENCY]
         first = good[0] if good else max(configs, key=lambda c: efficiency(spec, c.block), default=None)
         if first is not None and grid_blocks(spec, first) < WAVES * multiprocessors():
-            first = next((c for tile in SHORT_GRID_TILES for c in good if c.thread == tile), first)
+            first = next((c for tile in SHORT_GRID_TILES for c in good if c.thread == tile and c.staged), first)
+        # its tiles may overhang a small plane (8x8 over 7x7): they still ran quickest there
+        unstaged = next((c for c in configs if not c.staged and c.thread == UNSTAGED_TILES[0]), None)
+        if self.depthwise and first is not None and unstaged is not None and prefers_unstaged(spec, first):
+            first = unstaged
         return [first, *(c for c in configs if c != first)] if first else []
 
     def unconfigured_reason(self, spec, epilogue):
@@ -203,6 +239,8 @@ class NarrowGroups(Family):
             return f"{config}: the block tile must be whole thread tiles"
         if not self.depthwise and (spec.out_channels // spec.group) % planes:
             return f"{config}: a block's {planes} maps must lie in one group of {spec.out_channels // spec.group}"
+        if config.staged not in (0, 1):
+            return f"{config}: loads l1 (staged in shared memory) or l0 (from global memory), not l{config.staged}"
         if th * tw > 32:
             return f"{config}: a thread tile of {th} x {tw} outputs does not fit in registers (at most 32)"
         if config.threads > MAX_THREADS:
@@ -213,7 +251,8 @@ class NarrowGroups(Family):
 
     def compile_units(self, spec, config, epilogue=NONE):
         (th, tw), (bh, bw) = config.thread, config.block
-        defines = shape_defines(spec, epilogue) | dict(TH=th, TW=tw, BH=bh, BW=bw, PLANES=config.planes, PITCH=pitch_for(spec, config))
+        defines = shape_defines(spec, epilogue) | dict(TH=th, TW=tw, BH=bh, BW=bw, PLANES=config.planes, PITCH=pitch_for(spec, config),
+                                                       STAGED=config.staged)
         return [CompileUnit("conv_depthwise.cu", "conv_depthwise", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):

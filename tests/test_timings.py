@@ -50,3 +50,16 @@ def test_each_result_keeps_its_own_step_times_however_late_they_are_read():
     for result in results:  # read only now, after the runs that came later
         assert [t.name for t in result.times] == [s.name for s in runner.plan.steps]
         assert all(0.0 <= span.start_ms <= span.end_ms <= result.total_ms for span in result.spans)
+
+
+def test_a_run_resets_its_nan_flags_before_its_timeline_records_the_origin_the_lanes_wait_for():
+    """On a GPU the flags are zeroed on the caller's stream and the lanes wait only for the origin
+    event: a reset after the origin could land after a lane raised a flag."""
+    model = load_model("lenet86")
+    runner = Runner(model, 8, "cpu")
+    calls = []
+    flags, start = runner.exact.flags, runner._timings.start
+    runner.exact.flags = lambda chunks: calls.append("flags") or flags(chunks)
+    runner._timings.start = lambda lanes: calls.append("timeline") or start(lanes)
+    runner.run(make_inputs(model, 8, "random").feeds)
+    assert calls == ["flags", "timeline"]

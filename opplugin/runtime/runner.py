@@ -337,9 +337,9 @@ class Runner:
         pinned = {name: on_gpu and cuda.is_pinned(value) for name, value in feeds.items()}
         single = len(chunks) == 1
         outputs = into if into is not None else Results(batch, self.layout.chunkable, single)
+        flags = self.exact.flags(len(chunks))  # reset on the caller's stream, ahead of the timeline's origin
         timeline, earlier = self._timings.start(self.scheduler.lanes)
-        inputs = ChunkInputs(feeds, pinned, keep, outputs, Results(batch, self.layout.chunkable, single),
-                             self.exact.flags(len(chunks)), step_times, earlier)
+        inputs = ChunkInputs(feeds, pinned, keep, outputs, Results(batch, self.layout.chunkable, single), flags, step_times, earlier)
         if self._chains:
             self._chains.reset(min(len(self.scheduler.lanes), len(chunks)))
         self.scheduler.run(

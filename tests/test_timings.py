@@ -63,3 +63,15 @@ def test_a_run_resets_its_nan_flags_before_its_timeline_records_the_origin_the_l
     runner._timings.start = lambda lanes: calls.append("timeline") or start(lanes)
     runner.run(make_inputs(model, 8, "random").feeds)
     assert calls == ["flags", "timeline"]
+
+
+def test_a_lane_that_finds_the_reading_under_way_leaves_it_to_the_reader():
+    from opplugin.runtime.timeline import Timeline
+
+    timeline = Timeline(on_gpu=False)
+    _timed(timeline, "a")
+    with timeline._reading:  # another lane is reading
+        timeline.settle(wait=False)  # returns at once, to go on with its chunks
+        assert timeline._pending
+    timeline.settle()
+    assert not timeline._pending and [s.name for s in timeline.spans()] == ["a"]

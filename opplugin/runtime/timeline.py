@@ -89,11 +89,16 @@ class Timeline:
         self.settle()
         return sorted(self._settled, key=lambda s: (s.chunk, s.order))
 
-    def settle(self) -> None:
+    def settle(self, wait: bool = True) -> None:
         """Read every span timed so far (waiting for the device where it must): the events that
-        timed them may be recorded again afterwards. Calling it again reads only what came since."""
-        with self._reading:  # a second caller waits for the first one's readings rather than missing them
+        timed them may be recorded again afterwards. Calling it again reads only what came since.
+        A second caller waits for the first one's readings (`wait`), or leaves them to it."""
+        if not self._reading.acquire(blocking=wait):
+            return
+        try:
             self._settle()
+        finally:
+            self._reading.release()
 
     def _settle(self) -> None:
         with self._lock:

@@ -48,7 +48,8 @@ class SegmentGraph:
     inputs: dict[str, Any]  # outside tensor -> the buffer the graph reads it from
     outputs: dict[str, Any]  # tensor -> the array the graph writes it to
     pool: Any  # the graph's own memory pool: alive as long as the graph
-    # the NaN/Inf flags of the run's watched outputs, which the graph writes (see nonfinite.write_flag),
+    # the NaN/Inf flags of the run's watched outputs, which the graph zeroes and raises (nonfinite.raise_flag,
+    # or the step's kernel as it stores: Kernel.flags_nonfinite),
     # and the flag columns they are copied to after each replay
     flags: Any = None
     flag_slots: list[int] = field(default_factory=list)

@@ -29,7 +29,7 @@ from ..plan import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
 from ..registry import Kernel, NodeInfo, Plugin
 from .chunking import BatchLayout
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
-from .nonfinite import set_flag, write_flag
+from .nonfinite import raise_flag, set_flag
 from .timeline import Timeline
 
 
@@ -79,7 +79,7 @@ class NonFiniteFlags:
         elif value.dtype == np.float32 and value.flags.c_contiguous:  # the usual case: one launch, no view
             set_flag(self._flags.data.ptr + chunk * self.slots + slot, value)
         else:
-            write_flag(self._flags[chunk, slot], value)
+            raise_flag(self._flags[chunk, slot], value)
 
     def copy_in(self, chunk: int, slots: list[int], source: Any) -> None:
         """flags[chunk, slots] = source (a device bool array written by a CUDA graph), on the current stream."""

@@ -460,15 +460,16 @@ class PlanExecutor:
                 kernel = self.kernels[step.name]
                 args = [local[n] if n else None for n in step.inputs]
                 watched = flag_buffer is not None and bool(self.watched.get(index))
+                flags_itself = watched and self._flags_itself(index, kernel)
                 clock.start()
-                if watched and self._flags_itself(index, kernel):  # its flag raised as it stores
+                if flags_itself:  # its flag raised as it stores
                     outs = self._checked(step, kernel(args, lane.stream, nonfinite=flag_buffer[position].data.ptr))
-                    position, watched = position + 1, False
+                    position += 1
                 else:
                     outs = self._checked(step, self._call(index, kernel, args, lane, pending, batch))
                 clock.stop(step.name)
                 local.update(zip(step.outputs, outs))
-                if watched:
+                if watched and not flags_itself:
                     clock.pause()  # the flags are untimed, as in an eager run
                     for _slot, value in zip(self.watched[index], outs):
                         raise_flag(flag_buffer[position], value)

@@ -38,19 +38,10 @@ def set_flag(address: int, value: Any) -> None:
         _flag_float32_kernel()((blocks,), (FLAG_BLOCK,), (value, np.int64(value.size), np.uint64(address)))
 
 
-def write_flag(target: Any, value: Any) -> None:
-    """target (one device bool) = does the device array `value` hold a NaN or an Inf? On the
-    current stream, with no host wait (so it can also be captured into a CUDA graph)."""
-    import cupy
-
-    if value.dtype == np.float32 and value.flags.c_contiguous or value.size == 0:
-        cupy.cuda.runtime.memsetAsync(target.data.ptr, 0, 1, cupy.cuda.get_current_stream().ptr)
-    raise_flag(target, value)
-
-
 def raise_flag(target: Any, value: Any) -> None:
-    """write_flag for a `target` already zeroed (a CUDA graph zeroes all its flags at once):
-    one launch per output, the fewest nodes a graph can have for it."""
+    """Set `target` (one device bool, already zeroed: flags are reset once a run, or once a graph
+    replay) if the device array `value` holds a NaN or an Inf; on the current stream, with no host
+    wait, so that it can also be captured into a CUDA graph, as one launch."""
     if value.dtype == np.float32 and value.flags.c_contiguous or value.size == 0:
         set_flag(target.data.ptr, value)
     else:

@@ -17,34 +17,28 @@ from .timeline import Timeline
 
 
 class RunTimings:
-    """The timelines of one runner's runs whose spans may still be unread, by event set."""
+    """Per event set, the timeline of the last run timed with it, whose spans may still be unread."""
 
     def __init__(self, on_gpu: bool):
         self.on_gpu = on_gpu
         self._generation = 0
         self._origins: list[Any] = [None, None]
-        self._unread: list[tuple[int, Timeline]] = []  # (event set, timeline), oldest first
+        self._last: list[Timeline | None] = [None, None]  # by event set, the last run timed with it
 
     def start(self, lanes: Sequence[Lane]) -> tuple[Timeline, Callable[[], None] | None]:
         """A new run (or a new try at one) on `lanes`: its Timeline, and the reading of earlier runs'
         timings for its lanes to do while they wait for the device (None: nothing to read)."""
         self._generation ^= 1
         generation = self._generation
-        for _set, timeline in [entry for entry in self._unread if entry[0] == generation]:
-            timeline.settle()  # its events are about to be recorded again (seldom: the run in between read them)
-        self._unread = [entry for entry in self._unread if entry[0] != generation]
+        if self._last[generation] is not None:
+            self._last[generation].settle()  # its events are about to be recorded again (seldom: the run in between read them)
         for lane in lanes:
             lane.start_run(generation)
         if self.on_gpu and self._origins[generation] is None:
             self._origins[generation] = cuda.event()
-        timeline = Timeline(self.on_gpu, self._origins[generation])
-        earlier = [timeline for _set, timeline in self._unread]
-        self._unread.append((generation, timeline))
-        if not earlier:
+        timeline = self._last[generation] = Timeline(self.on_gpu, self._origins[generation])
+        earlier = self._last[generation ^ 1]
+        if earlier is None:
             return timeline, None
-
-        def read_earlier() -> None:
-            for done in earlier:
-                done.settle(wait=False)  # the first lane to wait reads them; the others go on with their chunks
-
-        return timeline, read_earlier
+        # the first lane to wait reads them; the others go on with their chunks
+        return timeline, lambda: earlier.settle(wait=False)

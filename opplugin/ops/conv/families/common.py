@@ -317,6 +317,8 @@ class ConvKernel(Kernel):
 
         if not inputs:
             raise PluginError(f"{self.name}: no inputs given")
+        if nonfinite and not self.flags_nonfinite:
+            raise PluginError(f"{self.name}: this kernel does not flag NaN and Inf itself")
         x = inputs[0]
         # the checks of the common case first, cheaply: an eager step's host time is what they cost
         if not (isinstance(x, cupy.ndarray) and x.dtype is FLOAT32 and x.shape[1:] == self._input_image and x.ndim == 4):
@@ -334,8 +336,6 @@ class ConvKernel(Kernel):
             y = self._output(cupy, out, batch)
             target = y if self.alignment <= 4 or y.data.ptr % self.alignment == 0 else cupy.empty_like(y)
             if batch and nonfinite:
-                if not self.flags_nonfinite:
-                    raise PluginError(f"{self.name}: this kernel does not flag NaN and Inf itself")
                 self._launch(x, weights, target, batch, nonfinite=nonfinite)
             elif batch:
                 self._launch(x, weights, target, batch)

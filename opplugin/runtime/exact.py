@@ -17,7 +17,7 @@ Its results replace the chunk's. Finite inputs never take it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -49,6 +49,10 @@ class NonFiniteFlags:
             self._flags = cupy.zeros((chunks, slots), dtype=cupy.bool_)
             self._home = cuda.pinned_empty((chunks, slots), np.bool_)
             self._home[...] = False
+            # the runtime's own calls on raw addresses: a run at batch 1 feels each CuPy view it makes
+            self._runtime = cupy.cuda.runtime
+            self._device_at = self._flags.data.ptr
+            self._home_at = self._home.ctypes.data
         else:
             self._flags = np.zeros((chunks, slots), dtype=bool)
 
@@ -59,8 +63,8 @@ class NonFiniteFlags:
         if self.on_device:
             import cupy
 
-            cupy.cuda.runtime.memsetAsync(self._flags.data.ptr, 0, self._flags.nbytes, cupy.cuda.get_current_stream().ptr)
-            self._home[...] = False
+            self._runtime.memsetAsync(self._device_at, 0, self._flags.nbytes, cupy.cuda.get_current_stream().ptr)
+            self._home.fill(False)
         else:
             self._flags[...] = False
 
@@ -69,8 +73,9 @@ class NonFiniteFlags:
         if self.on_device:
             import cupy
 
-            self._flags[chunk].data.copy_to_host_async(self._home[chunk].ctypes.data, self.slots,
-                                                       cupy.cuda.get_current_stream())
+            offset = chunk * self.slots
+            self._runtime.memcpyAsync(self._home_at + offset, self._device_at + offset, self.slots,
+                                      self._runtime.memcpyDeviceToHost, cupy.cuda.get_current_stream().ptr)
 
     def record(self, chunk: int, slot: int, value: Any) -> None:
         """Flag this output; on a device, enqueued on the current stream."""
@@ -81,17 +86,14 @@ class NonFiniteFlags:
         else:
             raise_flag(self._flags[chunk, slot], value)
 
-    def copy_in(self, chunk: int, slots: list[int], source: Any) -> None:
-        """flags[chunk, slots] = source (a device bool array written by a CUDA graph), on the current stream."""
+    def copy_in(self, chunk: int, runs: Sequence[tuple[int, int, int]], source: Any) -> None:
+        """flags[chunk, slot:slot + count] = source[at:at + count] for each (slot, at, count) of `runs`
+        (nonfinite.slot_runs), from a device bool array written by a CUDA graph, on the current stream."""
         import cupy
 
-        stream = cupy.cuda.get_current_stream()
-        start = 0  # one copy per run of consecutive slots (the slots of one run of steps are consecutive)
-        for end in range(1, len(slots) + 1):
-            if end == len(slots) or slots[end] != slots[end - 1] + 1:
-                first, count = slots[start], end - start
-                self._flags[chunk, first:first + count].data.copy_from_device_async(source[start:end].data, count, stream)
-                start = end
+        stream, row, base = cupy.cuda.get_current_stream().ptr, self._device_at + chunk * self.slots, source.data.ptr
+        for slot, at, count in runs:
+            self._runtime.memcpyAsync(row + slot, base + at, count, self._runtime.memcpyDeviceToDevice, stream)
 
     def raised(self) -> list[int]:
         """The chunks with any flag set. On a device, call once every chunk's stream has finished
@@ -196,6 +198,7 @@ class ExactPath:
         self.kernels, self.constants = kernels, constants
         self.requested_variants, self.cpu_session = requested_variants, cpu_session
         self.watched = watched_outputs(plan, kernels)
+        self._columns = sum(len(slots) for slots in self.watched.values())
         self._executor: PlanExecutor | None = None
         self._flags: dict[int, NonFiniteFlags] = {}  # by chunk count, reused run after run
 
@@ -205,12 +208,11 @@ class ExactPath:
 
     def flags(self, chunks: int) -> NonFiniteFlags | None:
         """Flags for a run of `chunks` chunks, all down; None when no step is watched."""
-        columns = sum(len(slots) for slots in self.watched.values())
-        if not columns:
+        if not self._columns:
             return None
         flags = self._flags.get(chunks)
         if flags is None:
-            flags = self._flags[chunks] = NonFiniteFlags(chunks, columns, self.device.is_cuda)
+            flags = self._flags[chunks] = NonFiniteFlags(chunks, self._columns, self.device.is_cuda)
         else:
             flags.clear()
         return flags

@@ -41,7 +41,7 @@ class FlagSink(Protocol):
 
     def record(self, chunk: int, slot: int, value: Any) -> None: ...
 
-    def copy_in(self, chunk: int, slots: list[int], source: Any) -> None: ...
+    def copy_in(self, chunk: int, runs: Sequence[tuple[int, int, int]], source: Any) -> None: ...
 
     def send_home(self, chunk: int) -> None:
         """The chunk's flags to the host, after its work on its lane's stream."""
@@ -165,7 +165,7 @@ class ChunkInputs:
     kept: Results
     # where fused steps flag NaN or Inf per chunk (None: no fused steps, or not watched)
     flags: FlagSink | None = None
-    # whether CUDA graphs replay with the events that time each step (Runner.run's `step_times`)
+    # whether CUDA graphs replay with the events that time each step, and copies are timed (Runner.run's `step_times`)
     step_times: bool = True
     # host work for a lane to do while it waits for its chunk on the device (reading the last run's timings)
     while_waiting: Callable[[], None] | None = None
@@ -200,7 +200,9 @@ class PlanExecutor:
         self.step_times_in_graphs: bool | None = None
         self._outside: dict[tuple[int, int], list[str]] = {}  # (first, stop) of a run of plugin steps -> its outside inputs
         self._dying: dict[tuple[int, int, frozenset[str]], list[str]] = {}  # (first, stop, held) -> what a replay frees
+        self._kept: dict[tuple[int, int, frozenset[str]], frozenset[str]] = {}  # (first, stop, held) -> what it returns kept
         self._runs = _runs_of_steps(plan)
+        self._outputs = frozenset(plan.model.outputs)
         self._single_output = frozenset(index for index, step in enumerate(plan.steps) if len(step.outputs) == 1)
         # each step's key in a lane's per-step stores (prebound outputs, replays): the exact path's executor
         # runs its split plan on the same lanes, and its step 5 is not ours
@@ -214,12 +216,12 @@ class PlanExecutor:
                 self.last_use[name] = index
 
     def run_chunk(self, lane: Lane, timeline: Timeline, chunk: int, rows: slice, inputs: ChunkInputs) -> None:
-        lane.start_chunk(timeline, chunk)
+        lane.start_chunk(timeline, chunk, copies_timed=inputs.step_times)
         values = _Values(lane, self.constants, reuse_inputs=not self.cuda_graphs)
         for name, array in inputs.feeds.items():
             values.put_feed(name, array[rows] if name in self.layout.batched_inputs else array, inputs.pinned[name])
         batch = rows.stop - rows.start
-        held = frozenset(self.plan.model.outputs) | frozenset(inputs.keep)
+        held = self._outputs | frozenset(inputs.keep) if inputs.keep else self._outputs
         for indices in self._runs:
             if isinstance(self.plan.steps[indices.start], PluginStep):
                 self._plugin_run(lane, values, indices, held, chunk, batch, inputs.flags, inputs.step_times)
@@ -369,10 +371,7 @@ class PlanExecutor:
         """Runs the steps as this lane's CUDA graph for them at this chunk size, timed step by step
         or not (`step_times`), captured the second time they are met; False (run them eagerly) the
         first time and when the capture failed."""
-        # a graph returns only what is read after its steps: a run that keeps one of their
-        # intermediates (run(keep=...), check) needs a graph of its own that returns it too
-        kept = frozenset(name for index in indices for name in self.plan.steps[index].outputs if name in held)
-        key = (indices.start, batch, kept)
+        key = (indices.start, batch, self._kept_in(indices, held))
         timed = step_times and self._steps_timed_in_graphs()
         segment = lane.graphs.get(key, timed)
         if segment is None and lane.graphs.due(key, timed):
@@ -384,13 +383,24 @@ class PlanExecutor:
         kind = "plugin" if step_times and not segment.step_marks else GRAPH
         with lane.segment():
             outputs = lane.run_graph(segment.name, segment.step_marks, lambda: segment.replay(current, lane.stream), kind)
-        if flags is not None and segment.flag_slots:
-            flags.copy_in(chunk, segment.flag_slots, segment.flags)  # the graph flagged its watched outputs itself
+        if flags is not None and segment.flag_runs:
+            flags.copy_in(chunk, segment.flag_runs, segment.flags)  # the graph flagged its watched outputs itself
         for name, value in outputs.items():
             values.put(name, value)
         for name in self._dying_in(indices, held):
             values.drop(name)
         return True
+
+    def _kept_in(self, indices: range, held: frozenset[str]) -> frozenset[str]:
+        """The outputs of the steps that `held` keeps, found once. A graph returns only what is read
+        after its steps: a run that keeps one of their intermediates (run(keep=...), check) needs a
+        graph of its own that returns it too."""
+        key = (indices.start, indices.stop, held)
+        kept = self._kept.get(key)
+        if kept is None:
+            steps = self.plan.steps[indices.start:indices.stop]
+            kept = self._kept[key] = frozenset(name for step in steps for name in step.outputs if name in held)
+        return kept
 
     def _dying_in(self, indices: range, held: frozenset[str]) -> list[str]:
         """The tensors from outside a replayed run of steps that it reads for the last time, found once

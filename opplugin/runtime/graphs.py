@@ -32,10 +32,11 @@ share the pool's blocks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import first_line
+from .nonfinite import slot_runs
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,9 @@ class SegmentGraph:
     pool: Any  # the graph's own memory pool: alive as long as the graph
     # the NaN/Inf flags of the run's watched outputs, which the graph zeroes and raises (nonfinite.raise_flag,
     # or the step's kernel as it stores: Kernel.flags_nonfinite),
-    # and the flag columns they are copied to after each replay
+    # and the flag columns they are copied to after each replay: (first column, first flag, count) runs
     flags: Any = None
-    flag_slots: list[int] = field(default_factory=list)
+    flag_runs: tuple[tuple[int, int, int], ...] = ()
     # each step's (name, start event, end event), recorded by the graph at every replay (see StepClock)
     step_marks: tuple[tuple[str, Any, Any], ...] = ()
     timed: bool = True  # captured with the step events (which it may still lack: see can_record_in_capture)
@@ -193,7 +194,7 @@ def capture(
             abandon_capture(stream)
             raise
         graph = stream.end_capture()
-    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, list(flag_slots),
+    return SegmentGraph(graph_name(step_names), tuple(step_names), graph, inputs, outputs, pool, flags, slot_runs(flag_slots),
                         tuple(clock.marks), timed)
 
 

@@ -3,7 +3,7 @@ with no host wait, so that it also works inside a captured CUDA graph (see exact
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -12,6 +12,16 @@ from .. import cuda
 FLAG_SOURCE = "nonfinite.cu"
 FLAG_BLOCK = 256
 FLAG_MAX_BLOCKS = 1024
+
+
+def slot_runs(slots: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """Consecutive slots merged: (first slot, its place in `slots`, how many), one copy each."""
+    runs, start = [], 0
+    for end in range(1, len(slots) + 1):
+        if end == len(slots) or slots[end] != slots[end - 1] + 1:
+            runs.append((slots[start], start, end - start))
+            start = end
+    return tuple(runs)
 
 
 @functools.cache

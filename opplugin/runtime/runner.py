@@ -289,7 +289,8 @@ class Runner:
         """One pass over the batch (any size). Returns host copies of the graph outputs and of `keep`.
         `progress(label, images_done, images)` is called as chunks finish. With `step_times` off,
         CUDA graphs replay without the events that time each step (graphs.py): their steps get no
-        rows, each replay is one span of kind GRAPH, and the run is as quick as it gets. `into`
+        rows, each replay is one span of kind GRAPH, the copies are not timed, and the run is as
+        quick as it gets. `into`
         puts the outputs in rows of arrays that other runs fill too (DeviceRunners); the
         result's outputs are then views of those rows."""
         started = time.perf_counter()

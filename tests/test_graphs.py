@@ -1,6 +1,7 @@
 """SegmentGraphs' book-keeping, which needs no device: a run of plugin steps gets its graph
 the second time it is met, and a run whose capture failed stays eager with its reason."""
 from opplugin.runtime.graphs import SegmentGraph, SegmentGraphs, graph_name
+from opplugin.runtime.nonfinite import slot_runs
 
 
 def _segment(name: str, steps: tuple[str, ...]) -> SegmentGraph:
@@ -32,6 +33,12 @@ def test_a_run_that_keeps_an_intermediate_is_a_run_of_its_own():
     graphs.add(EIGHT, _segment("graph conv1..fc (3 steps)", ("conv1", "conv2", "fc")))
     keeping = (0, 8, frozenset({"conv1_out"}))  # the graph of EIGHT does not return conv1's output
     assert graphs.get(keeping) is None and not graphs.due(keeping) and graphs.due(keeping)
+
+
+def test_a_graphs_flag_slots_go_home_in_one_copy_per_run_of_consecutive_slots():
+    # (first slot, place among the graph's flags, count)
+    assert slot_runs([4, 5, 6, 9, 10, 2]) == ((4, 0, 3), (9, 3, 2), (2, 5, 1))
+    assert slot_runs([7]) == ((7, 0, 1),) and slot_runs([]) == ()
 
 
 def test_graph_names_say_their_first_and_last_step():

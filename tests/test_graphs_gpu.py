@@ -54,6 +54,9 @@ def test_untimed_replays_time_the_run_and_timed_ones_its_steps():
     np.testing.assert_array_equal(untimed.outputs["probabilities"], timed.outputs["probabilities"])
     assert not {t.name for t in untimed.times} & set(members) and set(members) <= {t.name for t in timed.times}
     assert set(untimed.graph_ms) == set(timed.graph_ms) == {graph}
+    # the untimed run's copies go untimed too; the timed run's are its spans
+    assert not [s for s in untimed.spans if s.kind == "copy" and s.clock == "device"]
+    assert {s.name for s in timed.spans if s.kind == "copy"} >= {"copy H2D input", "copy D2H probabilities"}
     # the profile's wall clock is the untimed runs'; those replays carry no step events, so they are no slower
     # (quickest readings: a host held up before a launch lengthens that replay's span, as other test workers do)
     assert len(profile.total_ms) == 7

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +212,19 @@ def test_host_ms_is_the_median_after_warm_up():
     calls = []
     assert host_ms(lambda: calls.append(1), warmup=2, repeat=3) >= 0.0
     assert len(calls) == 5
+
+
+def test_a_warm_up_with_a_time_goes_on_until_that_time_has_passed():
+    calls = []
+
+    def slow():
+        calls.append(time.perf_counter())
+        time.sleep(0.002)
+
+    host_ms(slow, warmup=2, repeat=1, warmup_ms=20.0)
+    warm, timed = calls[:-1], calls[-1]
+    assert len(warm) >= 2 and (timed - warm[0]) * 1e3 >= 19.9  # timing began once 20 ms of warm-up had passed
+    assert (warm[-1] - warm[0]) * 1e3 < 20.0  # and the warm-up made no call after that
 
 
 def test_bench_e2e_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):

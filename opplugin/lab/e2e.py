@@ -47,7 +47,7 @@ from . import e2e_onnxruntime, e2e_torch, roofline
 from .e2e_table import format_text
 from .model_floor import model_work
 from .peers import PeerUnavailable
-from .trial import BENCH_REPEAT, BENCH_WARMUP
+from .trial import BENCH_REPEAT, BENCH_WARMUP, E2E_WARMUP_MS, warm_up
 
 # 3: opplugin's rows named for their mode (opplugin_graphs, opplugin_eager); PyTorch in a CUDA graph,
 # torch.compile in a CUDA graph and onnxruntime's CUDA-graph mode as peers; the measured roofline;
@@ -90,7 +90,9 @@ def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repea
 
     batch = next(iter(feeds.values())).shape[0]
     warmup = max(warmup, 2) if cuda_graphs else warmup  # the first pass runs eagerly, the second captures
-    profile = Runner(model, batch, "cuda", cuda_graphs=cuda_graphs).profile(feeds, warmup, repeat)
+    runner = Runner(model, batch, "cuda", cuda_graphs=cuda_graphs)
+    warm_up(lambda: runner.run(feeds, step_times=False), warmup, E2E_WARMUP_MS)  # as every peer is warmed up
+    profile = runner.profile(feeds, warmup, repeat)
     # Device-resident: a runner that takes the batch in one chunk on one stream, so that the copies of
     # the graph's inputs and outputs overlap nothing and the rest of each run is what they leave
     whole = Runner(model, batch, "cuda", chunk=batch, streams=1, cuda_graphs=cuda_graphs).profile(feeds, warmup, repeat)
@@ -239,7 +241,7 @@ def run_e2e(models: list[str], batches: list[int], warmup: int, repeat: int,
     roof = roofline.measure()
     release_device_memory()
     payload = header(SCHEMA, device, [m.name for _, m in loaded], list(batches))
-    payload.update(warmup=warmup, repeat=repeat, tolerance=FP32_TOLERANCE, opplugin_default=opplugin_default(), peers=list(peers),
+    payload.update(warmup=warmup, warmup_ms=E2E_WARMUP_MS, repeat=repeat, tolerance=FP32_TOLERANCE, opplugin_default=opplugin_default(), peers=list(peers),
                    roofline=roof.record(), cases=[], rows=[])
     for path, model in loaded:
         torch_model = e2e_torch.TorchModel(path, model)

@@ -20,7 +20,7 @@ import numpy as np
 from .. import cuda, sessions
 from ..model import Model
 from .peers import PeerUnavailable
-from .trial import host_ms
+from .trial import E2E_WARMUP_MS, host_ms
 
 
 def unavailable_reason() -> str | None:
@@ -76,9 +76,9 @@ def time_cuda(model: Model, feeds: dict[str, np.ndarray], outputs: dict[str, tup
               warmup: int, repeat: int) -> dict[str, Any]:
     session = cuda_session(model, graph=False)
     first = model.outputs[0]
-    host = host_ms(lambda: session.run([first], feeds), warmup, repeat)
+    host = host_ms(lambda: session.run([first], feeds), warmup, repeat, E2E_WARMUP_MS)
     binding, _, results = bound_on_device(session, feeds, outputs)
-    device = host_ms(lambda: session.run_with_iobinding(binding), warmup, repeat)
+    device = host_ms(lambda: session.run_with_iobinding(binding), warmup, repeat, E2E_WARMUP_MS)
     return {"host_to_host_ms": host, "device_ms": device, "output": results[first].get(),
             "implementation": _implementation(graph=False)}
 
@@ -96,6 +96,6 @@ def time_cuda_graph(model: Model, feeds: dict[str, np.ndarray], outputs: dict[st
         return results[first].get()
 
     warmup = max(warmup, 3)  # onnxruntime runs once plainly, then captures, then replays
-    host = host_ms(host_to_host, warmup, repeat)
-    device = host_ms(lambda: session.run_with_iobinding(binding), warmup, repeat)
+    host = host_ms(host_to_host, warmup, repeat, E2E_WARMUP_MS)
+    device = host_ms(lambda: session.run_with_iobinding(binding), warmup, repeat, E2E_WARMUP_MS)
     return {"host_to_host_ms": host, "device_ms": device, "output": host_to_host(), "implementation": _implementation(graph=True)}

@@ -97,12 +97,18 @@ def notes(payload: dict[str, Any], width: int | None) -> list[str]:
     return lines
 
 
+def _lasting(payload: dict[str, Any]) -> str:
+    """How long each candidate's warm-up lasted at least, where the payload says (runs before it did not)."""
+    return f" and {payload['warmup_ms']:g} ms at least" if payload.get("warmup_ms") else ""
+
+
 def _prose(payload: dict[str, Any], width: int | None) -> list[str]:
     roof = payload.get("roofline") or {}
     default = payload.get("opplugin_default")
     lines = [
         f"End to end on {payload['device']['name']}: ms host to host (pinned host input to host output) and "
-        f"device-resident, medians of {payload['repeat']} after {payload['warmup']} warm-up runs; random weights "
+        f"device-resident, medians of {payload['repeat']} after {payload['warmup']} warm-up runs"
+        f"{_lasting(payload)}; random weights "
         "and inputs, FP32 everywhere (TF32 off), every output checked against onnxruntime CPU first.",
         (f"Floor: the model's FLOPs at {roof['fp32_tflop_per_s']:.1f} TFLOP/s (FP32 SGEMM, TF32 off) or its weights, "
          f"input and activations moved once at {roof['copy_gb_per_s']:.0f} GB/s (device-to-device copy), "

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import first_line
 from ..model import Model
 from .peers import PeerUnavailable, torch_or_reason
-from .trial import host_ms
+from .trial import E2E_WARMUP_MS, host_ms, warm_up
 
 
 class TorchModel:
@@ -96,8 +96,7 @@ def fp32_settings(torch: Any) -> None:
 
 
 def _event_ms(torch: Any, fn: Callable[[], Any], warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        fn()
+    warm_up(lambda: (fn(), torch.cuda.synchronize()), warmup, E2E_WARMUP_MS)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(repeat):
@@ -114,7 +113,7 @@ def time_eager(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat:
     x_host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
     x_device = x_host.cuda()
     with torch.no_grad():
-        host = host_ms(lambda: module(x_host.cuda(non_blocking=True)).cpu(), warmup, repeat)
+        host = host_ms(lambda: module(x_host.cuda(non_blocking=True)).cpu(), warmup, repeat, E2E_WARMUP_MS)
         device = _event_ms(torch, lambda: module(x_device), warmup, repeat)
         output = module(x_host.cuda(non_blocking=True)).cpu().numpy()
     return {"host_to_host_ms": host, "device_ms": device, "output": output,
@@ -160,7 +159,7 @@ def time_graph(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat:
             graph.replay()
             return static_y.cpu()
 
-        host = host_ms(host_to_host, warmup, repeat)
+        host = host_ms(host_to_host, warmup, repeat, E2E_WARMUP_MS)
         device = _event_ms(torch, graph.replay, warmup, repeat)
         output = host_to_host().numpy()
     return {"host_to_host_ms": host, "device_ms": device, "output": output, "implementation": f"{what}, {source}"}

@@ -37,6 +37,10 @@ EXACT_TOLERANCE = 1e-5  # the bound every FP32-exact kernel is held to
 # `opplugin bench` (every suite, --e2e too): untimed calls, then timed samples whose median it reports
 BENCH_WARMUP = 3
 BENCH_REPEAT = 20
+# bench --e2e: every candidate's warm-up also lasts this long, so that each is timed as clocks and caches
+# have settled for it, whatever ran before (the first model of a run came out up to 10% slower without)
+E2E_WARMUP_MS = 50.0
+MAX_WARMUP_CALLS = 1000
 CHECKED_IMAGES_PER_END = 4
 MIN_SAMPLE_MS = 1.0  # one timing sample spans at least this much work
 MAX_CALLS_PER_SAMPLE = 256
@@ -127,11 +131,20 @@ def _host_clock_ms(fn: Callable[[], Any], warmup: int, repeat: int, calls: int) 
     return samples
 
 
-def host_ms(fn: Callable[[], Any], warmup: int, repeat: int) -> float:
-    """Median host-clock ms of fn() after `warmup` calls, with no device sync of its own:
-    fn must return once its work is done (a whole model host to host, say)."""
-    for _ in range(warmup):
+def warm_up(fn: Callable[[], Any], calls: int, min_ms: float = 0.0) -> None:
+    """fn() `calls` times, then again until `min_ms` of wall clock have passed since the first
+    (MAX_WARMUP_CALLS at most)."""
+    started = time.perf_counter()
+    for done in range(MAX_WARMUP_CALLS):
+        if done >= calls and (time.perf_counter() - started) * 1e3 >= min_ms:
+            return
         fn()
+
+
+def host_ms(fn: Callable[[], Any], warmup: int, repeat: int, warmup_ms: float = 0.0) -> float:
+    """Median host-clock ms of fn() after `warmup` calls (lasting `warmup_ms` at least), with no
+    device sync of its own: fn must return once its work is done (a whole model host to host, say)."""
+    warm_up(fn, warmup, warmup_ms)
     samples = []
     for _ in range(repeat):
         start = time.perf_counter()

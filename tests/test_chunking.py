@@ -199,3 +199,17 @@ def test_the_shapes_at_any_batch_follow_from_the_probes_where_every_tensor_scale
         assert chunking.tensors_at(model, layout, 7) == model.infer(7)
     reshape = load_model(save(_reshape_model(), tmp_path / "reshape.onnx"))  # 'r' has 2N rows: neither
     assert chunking.tensors_at(reshape, chunking.probe_layout(reshape), 7) is None
+
+
+@pytest.mark.parametrize("batch, chunk, copied, sizes", [
+    (10000, 2268, True, [2268, 2268, 2268, 1598, 799, 400, 283, 116]),  # lenet86's pipeline on an H200
+    (4500, 1000, True, [1000, 1000, 1000, 750, 375, 188, 125, 62]),
+    (9, 3, True, [3, 3, 3]),  # too few chunks to be a pipeline
+    (10, 4, True, [4, 4, 2]),
+    (10000, 2268, False, [2268, 2268, 2268, 2268, 928]),  # on the host: nothing to copy, equal chunks
+    (16, 16, True, [16]),
+])
+def test_a_pipelined_batch_ends_in_halving_chunks(batch, chunk, copied, sizes):
+    rows = chunking.run_rows(batch, chunk, copied)
+    assert [r.stop - r.start for r in rows] == sizes
+    assert rows[0].start == 0 and rows[-1].stop == batch and all(a.stop == b.start for a, b in zip(rows, rows[1:]))

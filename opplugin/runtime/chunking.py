@@ -36,6 +36,12 @@ MIN_PIPELINE_CHUNKS = 4
 # and ece408 at 10,000 images, not ResNet-18 (49 nodes) at batch 32.
 HOST_MS_PER_NODE = 0.02
 COPY_BYTES_PER_MS = 50e6
+# A pipeline's last chunk computes after the last copy, with nothing left to hide it behind. So the
+# tail of a pipelined batch (its last full chunk and the rest) goes in halving chunks, down to
+# 1/TAIL_DIVISOR of a full one: each one's compute hides behind the next one's copy wherever an
+# image computes in at most half the time it takes to copy (lenet86 on an H200: 0.28 against 0.55 µs),
+# and the last, small chunk's compute is all that is left after the copies.
+TAIL_DIVISOR = 8
 # Share of the free device memory the chunks of all streams may take together;
 # the rest is headroom for the allocator's rounding and onnxruntime's arena.
 DEVICE_MEMORY_SHARE = 0.5
@@ -157,6 +163,25 @@ def pipeline_chunk(batch: int, input_image_bytes: int, nodes: int = 0) -> int:
     by_bytes = max(1, PIPELINE_CHUNK_INPUT_BYTES // input_image_bytes)
     by_count = math.ceil(batch / MIN_PIPELINE_CHUNKS)
     return max(1, min(by_bytes, by_count))
+
+
+def run_rows(batch: int, chunk: int, copied: bool = True) -> list[slice]:
+    """The row ranges a run of `batch` images takes in chunks of at most `chunk`: equal chunks, and
+    where the chunks' inputs are `copied` to a device in a pipeline (MIN_PIPELINE_CHUNKS chunks or
+    more), a tail of halving ones (TAIL_DIVISOR)."""
+    rows = split_rows(batch, chunk)
+    least = chunk // TAIL_DIVISOR
+    if not copied or len(rows) < MIN_PIPELINE_CHUNKS or least < 1:
+        return rows
+    start = rows[-2].start
+    rows = rows[:-2]
+    while batch - start > least:
+        piece = min(chunk, max(least, -(-(batch - start) // 2)))
+        rows.append(slice(start, start + piece))
+        start += piece
+    if start < batch:
+        rows.append(slice(start, batch))
+    return rows
 
 
 def memory_chunk(budget_bytes: int, image_bytes: int, workspace: Callable[[int], int] = lambda n: 0) -> int:

@@ -532,11 +532,12 @@ def _runs_of_steps(plan: Plan) -> list[range]:
 
 class ChunkScheduler:
     """Hands the chunks of a run to the lanes: one thread per lane, lane k taking chunks
-    k, k + n, k + 2n, ... of n lanes. Chunks are equal but for the last, so a fixed hand-out
-    balances as well as a first-free one, and a batch size always meets the same lanes with
-    the same chunk sizes: their CUDA graphs (one per lane and chunk size) are all captured
-    by the time a batch size has run twice. The threads are made at first need and live as
-    long as the scheduler."""
+    k, k + n, k + 2n, ... of n lanes; the calling thread is lane 0's, so the first chunk starts
+    with no hand-over between threads. A fixed hand-out balances about as well as a first-free
+    one (the chunks are equal but for a tail of smaller ones, which a copy-bound pipeline waits
+    on anyway), and a batch size always meets the same lanes with the same chunk sizes: their
+    CUDA graphs (one per lane and chunk size) are all captured by the time a batch size has run
+    twice. The threads are made at first need and live as long as the scheduler."""
 
     def __init__(self, lanes: Sequence[Lane]):
         self.lanes = list(lanes)
@@ -544,7 +545,7 @@ class ChunkScheduler:
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=len(self.lanes), thread_name_prefix="opplugin-lane")
+            self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.lanes) - 1), thread_name_prefix="opplugin-lane")
             weakref.finalize(self, self._pool.shutdown, wait=False)
         return self._pool
 
@@ -580,7 +581,8 @@ class ChunkScheduler:
                         return
                     done.add(chunks[index])
 
-        futures = [self._threads().submit(lane_loop, first) for first in range(len(lanes))]
+        futures = [self._threads().submit(lane_loop, first) for first in range(1, len(lanes))]
+        lane_loop(0)  # its errors go to `errors` like the others'
         try:
             for future in futures:
                 future.result()

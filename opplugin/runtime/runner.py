@@ -248,7 +248,7 @@ class Runner:
 
     def chunks_for(self, batch: int) -> int:
         """How many chunks a run of `batch` images takes now."""
-        return -(-batch // self.chunk) if self.layout.chunkable else 1
+        return len(chunking.run_rows(batch, self.chunk, self.device.is_cuda)) if self.layout.chunkable else 1
 
     # --- checking inputs ----------------------------------------------------------------
 
@@ -303,7 +303,7 @@ class Runner:
                                  f"({', '.join(sorted(crossing))})")
         feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
         while True:
-            chunks = chunking.split_rows(batch, self.chunk) if self.layout.chunkable else [slice(0, batch)]
+            chunks = chunking.run_rows(batch, self.chunk, self.device.is_cuda) if self.layout.chunkable else [slice(0, batch)]
             try:
                 return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times, into, started)
             except Exception as err:

@@ -94,7 +94,7 @@ def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
         feeds = make_inputs(model, 1000, "random", seed=seed).feeds
         np.testing.assert_array_equal(runner.run(feeds).outputs["probabilities"], eager.run(feeds).outputs["probabilities"])
     sizes = {rows for lane in runner.scheduler.lanes for (_first, rows, _kept) in lane.graphs.captured()}
-    assert sizes == {300, 200, 100, 50, 37, 13}
+    assert sizes == {300, 200, 100, 75, 25}
 
 
 # A replay's time is its input copies, the graph's launch and its steps: the steps' events, inside the

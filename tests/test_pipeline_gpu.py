@@ -77,7 +77,7 @@ def test_a_batch_beyond_the_runners_runs_in_more_chunks(lenet):
     runner.chunk = 1000
     feeds = make_inputs(model, 4500, "random", seed=9, pinned=True).feeds
     result = runner.run(feeds)
-    assert result.batch == 4500 and result.chunks == runner.chunks_for(4500) == 8  # 1000 x 3, then 750, 375, 188, 125, 62
+    assert result.batch == 4500 and result.chunks == runner.chunks_for(4500) == 7  # 1000 x 3, then 750, 375, 250, 125
     verdict = compare(result.outputs["probabilities"], _onnxruntime(model, feeds))
     assert verdict["passed"], verdict
 

@@ -178,7 +178,7 @@ def run_rows(batch: int, chunk: int, copied: bool = True) -> list[slice]:
     start = rows[-2].start
     rows = rows[:-2]
     while batch - start > least:
-        piece = min(chunk, max(least, -(-(batch - start) // 2)))
+        piece = max(least, -(-(batch - start) // 2))  # at most a chunk: the tail starts under two
         rows.append(slice(start, start + piece))
         start += piece
     if start < batch:

@@ -248,7 +248,11 @@ class Runner:
 
     def chunks_for(self, batch: int) -> int:
         """How many chunks a run of `batch` images takes now."""
-        return len(chunking.run_rows(batch, self.chunk, self.device.is_cuda)) if self.layout.chunkable else 1
+        return len(self._chunks_of(batch))
+
+    def _chunks_of(self, batch: int) -> list[slice]:
+        """The row ranges a run of `batch` images takes now: one piece for a model that cannot be chunked."""
+        return chunking.run_rows(batch, self.chunk, self.device.is_cuda) if self.layout.chunkable else [slice(0, batch)]
 
     # --- checking inputs ----------------------------------------------------------------
 
@@ -290,9 +294,8 @@ class Runner:
         `progress(label, images_done, images)` is called as chunks finish. With `step_times` off,
         CUDA graphs replay without the events that time each step (graphs.py): their steps get no
         rows, each replay is one span of kind GRAPH, the copies are not timed, and the run is as
-        quick as it gets. `into`
-        puts the outputs in rows of arrays that other runs fill too (DeviceRunners); the
-        result's outputs are then views of those rows."""
+        quick as it gets. `into` puts the outputs in rows of arrays that other runs fill too
+        (DeviceRunners); the result's outputs are then views of those rows."""
         started = time.perf_counter()
         batch = self.check_feeds(feeds)
         if keep:
@@ -303,7 +306,7 @@ class Runner:
                                  f"({', '.join(sorted(crossing))})")
         feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
         while True:
-            chunks = chunking.run_rows(batch, self.chunk, self.device.is_cuda) if self.layout.chunkable else [slice(0, batch)]
+            chunks = self._chunks_of(batch)
             try:
                 return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times, into, started)
             except Exception as err:

@@ -39,6 +39,15 @@ LAYERS = {
     "resnet 1x1 64->256 56": (64, 256, 56, 1, 1, 0, None),
 }
 BUILT_IN = list(LAYERS)
+# grouped 3x3 layers of real networks beyond the suite's, named with --layers (not in the default set)
+LAYERS |= {
+    "resnext50 g32 3x3 256ch 28": (256, 256, 28, 3, 1, 1, "Relu", 32),
+    "resnext50 g32 3x3 s2 256ch 56": (256, 256, 56, 3, 2, 1, "Relu", 32),
+    "resnext101-32x8d g32 3x3 256ch 56": (256, 256, 56, 3, 1, 1, "Relu", 32),
+    "regnety400mf gw8 3x3 104ch 28": (104, 104, 28, 3, 1, 1, "Relu", 13),
+    "resnext50 g32 3x3 1024ch 7": (1024, 1024, 7, 3, 1, 1, "Relu", 32),
+    "gw2 3x3 64ch 56": (64, 64, 56, 3, 1, 1, "Relu", 32),
+}
 CONFIGS_PER_FAMILY = 2  # the family's pick and the next few it offers
 # the seeds' teaching steps, never the fastest on these layers: left out to save compiles
 SKIPPED = {"baseline", "unrolled", "const", "tiled", "reduce_tree", "reduce_atomic", "im2col_gemm", "implicit_gemm"}
@@ -67,9 +76,10 @@ def weights_of(name: str):
     return w, rng.standard_normal(spec.out_channels, dtype=np.float32) * np.float32(0.1)
 
 
-def variants(name: str, batch: int, only: set[str] | None = None) -> list[str]:
-    """The exact families' picks (of `only`, if given) and next configurations, the K splits of
-    the GEMMs' picks, the defaults and every configuration of the graphed default's family."""
+def variants(name: str, batch: int, only: set[str] | None = None, every: bool = False) -> list[str]:
+    """The exact families' picks (of `only`, if given) and next configurations (`every`: all they
+    offer), the K splits of the GEMMs' picks, the defaults and every configuration of the graphed
+    default's family."""
     from opplugin.launch_mode import building_for
     from opplugin.ops.conv import cost, families
     from opplugin.ops.conv.choice import heuristic_config
@@ -82,7 +92,7 @@ def variants(name: str, batch: int, only: set[str] | None = None) -> list[str]:
         offered = [c for c in families.FAMILIES[family].configs(spec, epilogue)
                    if families.unsupported_reason(spec, c, weights, epilogue) is None]
         pick = families.configure(spec, family, epilogue)
-        for config in [pick, *offered[:CONFIGS_PER_FAMILY], *cost.split_alternatives(pick)]:
+        for config in [pick, *(offered if every else offered[:CONFIGS_PER_FAMILY]), *cost.split_alternatives(pick)]:
             if families.unsupported_reason(spec, config, weights, epilogue) is None:
                 names.append(config.name())
     for replayed in (True, False):
@@ -164,6 +174,7 @@ def main() -> int:
     parser.add_argument("--batch32-layers", nargs="*", default=None, help="layers measured at batches above 1 (default: all)")
     parser.add_argument("--workers", type=int, default=14)
     parser.add_argument("--families", nargs="*", default=None, help="time only these families' picks (and the defaults)")
+    parser.add_argument("--every-config", action="store_true", help="time every configuration the families offer, not their first few")
     parser.add_argument("--extra-layers", nargs="*", default=[], help="more layers as NAME=C,M,SIZE,KERNEL,STRIDE,PAD[,ACT]")
     parser.add_argument("--suite-layers", nargs="*", default=[], help="layers of bench --suite cnn, by name (grouped ones too)")
     args = parser.parse_args()
@@ -190,7 +201,7 @@ def main() -> int:
     cases = [(name, batch) for batch in args.batches for name in args.layers
              if batch == 1 or args.batch32_layers is None or name in args.batch32_layers]
     only = set(args.families) if args.families else None
-    plan = {case: variants(*case, only) for case in cases}
+    plan = {case: variants(*case, only, args.every_config) for case in cases}
     # one compile per layer and variant: the batch is a kernel argument
     jobs = list({(name, v): (name, LAYERS[name], batch, v) for (name, batch), names in reversed(plan.items()) for v in names}.values())
     start = time.time()

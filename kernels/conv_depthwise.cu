@@ -23,6 +23,10 @@
 //   of a warp, which start TW*SW columns and TH*SH rows apart, read distinct banks where they can.
 // - Small planes (7x7) put several maps in one block (PLANES) so a block still has enough
 //   threads; large ones tile the plane.
+// - Grouped, a thread may compute MAPS of its group's maps at once (MAPS > 1): each input value
+//   it loads from shared memory then feeds MAPS maps' multiply-adds, where one map a thread
+//   re-read the group's patch once per map. The block's filters are stored MAPS maps innermost,
+//   so a thread reads one tap of its MAPS maps in one vector load.
 // - STAGED 0 skips the staging: each thread reads its window's inputs and taps straight from
 //   global memory (through L1, where a block's neighbouring windows meet). A short grid (batch 1,
 //   a stride of 2) reuses too little of a patch to repay the staging's loads, stores and barrier.
@@ -32,8 +36,9 @@
 //
 // Macros: the shape macros (C, M, G, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, HAS_BIAS,
 // RESIDUAL, ACTIVATION) plus TH, TW (rows x columns per thread), BH, BW (the block's output
-// tile), PLANES (maps per block), PITCH, STAGED (1: patches and filters in shared memory).
-// Launch: block (NTHREADS = PLANES * BH/TH * BW/TW), grid (batch * TILES_H * TILES_W,
+// tile), PLANES (maps per block), MAPS (maps per thread, dividing PLANES), PITCH, STAGED (1:
+// patches and filters in shared memory).
+// Launch: block (NTHREADS = PLANES / MAPS * BH/TH * BW/TW), grid (batch * TILES_H * TILES_W,
 // ceil(M / PLANES)), static shared memory. r: the residual operand ([batch][M][OH][OW]; null
 // without RESIDUAL).
 
@@ -49,7 +54,10 @@
 #define THREADS_W (BW / TW)
 #define THREADS_H (BH / TH)
 #define PLANE_THREADS (THREADS_W * THREADS_H)
-#define NTHREADS (PLANES * PLANE_THREADS)
+#ifndef MAPS
+#define MAPS 1
+#endif
+#define NTHREADS (PLANES / MAPS * PLANE_THREADS)
 #define TILES_W ((OW + BW - 1) / BW)
 #define TILES_H ((OH + BH - 1) / BH)
 #define PATCH_FLOATS (PATCH_H * PITCH)
@@ -68,7 +76,26 @@
 
 static_assert(CG == 1 || MG % PLANES == 0, "a block's maps lie in one group");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
+static_assert(PLANES % MAPS == 0 && (MAPS == 1 || CG > 1), "a thread's maps share their group's patches");
 static_assert(PITCH >= PATCH_W, "a patch row fits its pitch");
+
+// One tap of a thread's MAPS maps, stored side by side (and aligned to their size) in shared memory.
+__device__ __forceinline__ void load_taps(const float* at, float (&taps)[MAPS])
+{
+#if MAPS % 4 == 0
+#pragma unroll
+    for (int q = 0; q < MAPS; q += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(at + q);
+        taps[q] = v.x, taps[q + 1] = v.y, taps[q + 2] = v.z, taps[q + 3] = v.w;
+    }
+#elif MAPS == 2
+    const float2 v = *reinterpret_cast<const float2*>(at);
+    taps[0] = v.x, taps[1] = v.y;
+#else
+#pragma unroll
+    for (int q = 0; q < MAPS; ++q) taps[q] = at[q];
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
@@ -85,7 +112,7 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
     const float* image = x + (size_t)n * C * H * W;  // offsets inside one image fit an int (the family checks)
 #if STAGED
     __shared__ float patch[SLOTS * PATCH_FLOATS];
-    __shared__ float filters[PLANES * CG * TAPS];
+    __shared__ __align__(16) float filters[PLANES * CG * TAPS];  // [PLANES / MAPS][CG][TAPS][MAPS]
     // the patch of each slot's input channel, zeros outside the image (and for maps past M)
 #if PATCH_W > 32
     // A wide patch: groups of STAGE_LANES threads walk its rows, their lanes the columns, so a
@@ -158,21 +185,26 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
             v[k] = i < FILTER_COUNT && m0 + i / (CG * TAPS) < M ? __ldg(w + (size_t)m0 * CG * TAPS + i) : 0.0f;
         }
 #pragma unroll
-        for (int k = 0; k < STAGE_CHUNK; ++k)
-            if (first + k * NTHREADS < FILTER_COUNT) filters[first + k * NTHREADS] = v[k];
+        for (int k = 0; k < STAGE_CHUNK; ++k) {
+            const int i = first + k * NTHREADS;  // (plane * CG + channel) * TAPS + tap, as w holds them
+            const int plane = i / (CG * TAPS);
+            if (i < FILTER_COUNT) filters[((plane / MAPS * CG * TAPS) + i % (CG * TAPS)) * MAPS + plane % MAPS] = v[k];
+        }
     }
     __syncthreads();
 #endif
 
-    const int plane = threadIdx.x / PLANE_THREADS;
+    const int plane = threadIdx.x / PLANE_THREADS;  // the first of this thread's MAPS maps in the block, over MAPS
     const int ty = threadIdx.x % PLANE_THREADS / THREADS_W;
     const int tx = threadIdx.x % THREADS_W;
-    const int m = m0 + plane;
-    float acc[TH][TW];
+    const int m = m0 + plane * MAPS;
+    float acc[MAPS][TH][TW];
 #pragma unroll
-    for (int i = 0; i < TH; ++i)
+    for (int q = 0; q < MAPS; ++q)
 #pragma unroll
-        for (int j = 0; j < TW; ++j) acc[i][j] = 0.0f;
+        for (int i = 0; i < TH; ++i)
+#pragma unroll
+            for (int j = 0; j < TW; ++j) acc[q][i][j] = 0.0f;
 
 #if !STAGED
     const int seg_h0 = ih0 + ty * TH * SH;  // the corner of this thread's window rows and columns in the image
@@ -182,11 +214,11 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
     for (int c = 0; c < CG; ++c) {
 #if STAGED
         const float* in = patch + (CG == 1 ? plane : c) * PATCH_FLOATS + ty * TH * SH * PITCH + tx * TW * SW;
-        const float* f = filters + (plane * CG + c) * TAPS;
+        const float* f = filters + (plane * CG + c) * TAPS * MAPS;
 #else
         const int channel = CG == 1 ? m / MG : m0 / MG * CG + c;
         const float* in = image + channel * H * W;
-        const float* f = w + ((size_t)(m < M ? m : 0) * CG + c) * TAPS;  // a map past M reads map 0's, never stored
+        const float* f = w + ((size_t)(m < M ? m : 0) * CG + c) * TAPS;  // a map past M reads map 0's, never stored (MAPS 1)
 #endif
 #pragma unroll
         for (int row = 0; row < SEG_H; ++row) {
@@ -209,35 +241,42 @@ conv_depthwise(const float* __restrict__ x, const float* __restrict__ w, const f
                 const int kh = down / DH;
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) {
+                    float taps[MAPS];
 #if STAGED
-                    const float tap = f[kh * KW + kw];
+                    load_taps(f + (kh * KW + kw) * MAPS, taps);
 #else
-                    const float tap = __ldg(f + kh * KW + kw);
+#pragma unroll
+                    for (int q = 0; q < MAPS; ++q) taps[q] = __ldg(f + (size_t)q * CG * TAPS + kh * KW + kw);
 #endif
 #pragma unroll
-                    for (int j = 0; j < TW; ++j) acc[i][j] = fmaf(v[j * SW + kw * DW], tap, acc[i][j]);
+                    for (int q = 0; q < MAPS; ++q)
+#pragma unroll
+                        for (int j = 0; j < TW; ++j) acc[q][i][j] = fmaf(v[j * SW + kw * DW], taps[q], acc[q][i][j]);
                 }
             }
         }
     }
 
     if (m >= M) return;
+#pragma unroll
+    for (int q = 0; q < MAPS; ++q) {
 #if HAS_BIAS
-    const float bias = __ldg(b + m);
+        const float bias = __ldg(b + m + q);
 #else
-    const float bias = 0.0f;
+        const float bias = 0.0f;
 #endif
-    const size_t plane_at = ((size_t)n * M + m) * (OH * OW);
+        const size_t plane_at = ((size_t)n * M + m + q) * (OH * OW);
 #pragma unroll
-    for (int i = 0; i < TH; ++i) {
-        const int oh = oh0 + ty * TH + i;
-        if (oh >= OH) break;
+        for (int i = 0; i < TH; ++i) {
+            const int oh = oh0 + ty * TH + i;
+            if (oh >= OH) break;
 #pragma unroll
-        for (int j = 0; j < TW; ++j) {
-            const int ow = ow0 + tx * TW + j;
-            if (ow >= OW) break;
-            const size_t at = plane_at + oh * OW + ow;
-            y[at] = finish_output(acc[i][j] + bias, residual_at(r, at));
+            for (int j = 0; j < TW; ++j) {
+                const int ow = ow0 + tx * TW + j;
+                if (ow >= OW) break;
+                const size_t at = plane_at + oh * OW + ow;
+                y[at] = finish_output(acc[q][i][j] + bias, residual_at(r, at));
+            }
         }
     }
 }

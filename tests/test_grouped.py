@@ -77,14 +77,14 @@ def test_the_heuristic_runs_no_grouped_or_depthwise_layer_on_baseline(name):
 
 def test_the_new_suite_layers_get_the_new_families():
     names = {layer.name: layer for layer in cnn_layers.LAYERS}
-    # the H200's fastest (pick_study, graphed): grouped for groups of 4, the SIMT GEMM for groups of 16
+    # the H100's fastest (pick_study, graphed): grouped, several maps a thread, for groups of 4 and 16
     expected = {
         "efficientnetb0 dw 5x5 1152ch 7": ("depthwise", "depthwise"),
         "convnext-t dw 7x7 768ch 7": ("depthwise", "depthwise"),
         "resnext50 g32 3x3 128ch 56": ("grouped", "grouped"),
-        "resnext50 g32 3x3 512ch 14": ("simt_gemm", "simt_gemm"),
-        "regnety800mf gw16 3x3 144ch 28": ("simt_gemm", "simt_gemm"),
-        "regnety800mf gw16 3x3 320ch 14": ("simt_gemm", "simt_gemm"),
+        "resnext50 g32 3x3 512ch 14": ("grouped", "grouped"),
+        "regnety800mf gw16 3x3 144ch 28": ("grouped", "grouped"),
+        "regnety800mf gw16 3x3 320ch 14": ("grouped", "grouped"),
     }
     for name, picks in expected.items():
         for batch, family in zip((1, 32), picks):
@@ -151,6 +151,32 @@ def test_grouped_blocks_share_their_groups_patches():
         rows = depthwise.patch_size(spec, config.block)[0]
         channels = spec.in_channels // spec.group
         assert depthwise.shared_bytes(spec, config) == 4 * (channels * rows * depthwise.pitch_for(spec, config) + config.planes * channels * 9)
+
+
+def test_grouped_threads_compute_several_maps_of_their_group():
+    grouped = families.FAMILIES["grouped"]
+    # a grid of two blocks an SM or more: 2 x 2 tiles of 4 maps a thread, all 8 of a group's maps a block
+    long = grouped.configs(same_pads(256, 256, 28, 3, group=32, batch=32))[0]
+    assert (long.thread, long.planes, long.maps, long.staged) == ((2, 2), 8, 4, 1)
+    assert long.name() == "grouped_t2x2_b28x14_p8_m4" and long.threads == 2 * 14 * 7
+    # its stride-2 patch outgrows shared memory: unstaged, each thread all of the block's maps
+    strided = grouped.configs(conv(32, 256, 256, (56, 56), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=32))[0]
+    assert (strided.thread, strided.planes, strided.maps, strided.staged) == ((2, 2), 8, 8, 0)
+    # batch 1's short grid: one output of 4 maps a thread; groups of 2 maps: 2 a thread
+    short = grouped.configs(same_pads(128, 128, 56, 3, group=32, batch=1))[0]
+    assert (short.thread, short.planes, short.maps) == ((1, 1), 4, 4)
+    assert grouped.configs(same_pads(64, 64, 56, 3, group=32, batch=1))[0].maps == 2
+    # groups of 32 maps or more go to the SIMT GEMM first; 16 stay on grouped
+    assert heuristic_config(same_pads(1024, 1024, 7, 3, group=32, batch=32), None, NONE).family == "simt_gemm"
+    assert heuristic_config(same_pads(512, 512, 14, 3, group=32, batch=32), None, NONE).family == "grouped"
+    # the compiled kernel gets MAPS; the limits are stated
+    [unit] = families.compile_units(same_pads(256, 256, 28, 3, group=32), long.name(), NONE)
+    assert unit.defines["MAPS"] == 4 and unit.defines["PLANES"] == 8
+    spec = same_pads(256, 256, 28, 3, group=32)
+    assert "must divide the block's 8" in families.unsupported_reason(spec, "grouped_t2x2_b28x14_p8_m3", None)
+    assert "at most 32" in families.unsupported_reason(spec, "grouped_t4x4_b28x28_p8_m4", None)
+    assert "one map a thread" in families.unsupported_reason(same_pads(672, 672, 14, 5), "depthwise_t2x2_b14x14_p4_m2", None)
+    assert families.parse("grouped_t2x2_b28x14_p8")[1].maps == 1  # m1, the default, is left out of names
 
 
 def test_depthwise_tiles_cover_the_plane_with_little_waste():

@@ -34,7 +34,9 @@ def offered(spec):
         return [*configs[:3], *[c for c in configs if not c.staged][:2]]
     wgmma = [c for c in families.FAMILIES["wg_3xtf32"].configs(spec)[:1] if families.unsupported_reason(spec, c, ones(spec)) is None]
     grouped = families.FAMILIES["grouped"].configs(spec)
-    return [*grouped[:2], *[c for c in grouped if not c.staged][:1], *families.FAMILIES["simt_gemm"].configs(spec)[:2],
+    several = [c for c in grouped if c.maps > 1]
+    return [*grouped[:2], *[c for c in grouped if not c.staged][:1], *several[:1], *[c for c in several if c.maps >= 4][:1],
+            *families.FAMILIES["simt_gemm"].configs(spec)[:2],
             *families.FAMILIES["tc_3xtf32"].configs(spec)[:1], *wgmma]
 
 
@@ -62,6 +64,10 @@ RESIDUAL = {
     "depthwise_t1x1_b7x8_p3_l0": conv(3, 40, 40, (7, 7), (5, 5), strides=(2, 2), pads=(2, 2, 2, 2), group=40),
     "grouped_t1x2_b8x8_p2_l0": conv(2, 24, 48, (11, 13), (5, 5), strides=(2, 1), pads=(2, 1, 2, 3), group=6),
     "grouped_t2x4_b8x8_p2": conv(2, 24, 48, (11, 13), (5, 5), strides=(2, 1), pads=(2, 1, 2, 3), group=6),
+    # several maps a thread: staged (vector tap loads of 2 and 4 maps) and unstaged, tails of tiles, dilation
+    "grouped_t2x2_b8x8_p4_m4": conv(2, 24, 48, (11, 13), (5, 5), strides=(2, 1), pads=(2, 1, 2, 3), group=6),
+    "grouped_t1x2_b6x8_p8_m2": conv(3, 32, 64, (13, 9), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=4),
+    "grouped_t2x1_b4x4_p8_m8_l0": conv(2, 32, 64, (9, 11), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=4),
     "simt_gemm_b8x128x16_t1x8_s4_o4": conv(2, 64, 64, (12, 12), (3, 3), pads=(1, 1, 1, 1), group=16),
     "simt_gemm_b16x64x16_t2x4_s4_o4_k4": conv(1, 96, 96, (7, 7), (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2),
     "tc_3xtf32_b32x64x32_w32x16_s3_k2": conv(1, 96, 96, (7, 7), (3, 3), pads=(1, 1, 1, 1), group=3),

@@ -29,7 +29,7 @@
    any filter size), the other way round where the constant-memory grid is short
    of a block an SM; other grouped layers try `grouped` (narrow groups), the
    SIMT GEMM, then the constant-memory families (`GROUPED_PREFERENCE`), the
-   SIMT GEMM first for groups of 16 maps or more. A
+   SIMT GEMM first for groups of 32 maps or more. A
    family gives the configuration its `configs()` lists first: the one its author expects to be fastest without spilling. When no
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations. Where the pick splits K, the cost
@@ -103,11 +103,12 @@ SHORT_GRID_DEPTHWISE_PREFERENCE = ("depthwise", *(name for name in DEPTHWISE_PRE
 # the depthwise kernel, a block's maps sharing their group's input patches), then the SIMT
 # GEMM's FP32 FMAs, whose small tiles waste less of a narrow group than the tensor cores' 32-row ones.
 GROUPED_PREFERENCE = ("grouped", "simt_gemm", "const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
-# ... but groups of this many maps or more fill the SIMT GEMM's 16-row tiles: on an H200 at batch 32
-# RegNetY-800MF's 144-channel 3x3 (groups of 16) ran 0.068 ms there and 0.096 on `grouped`,
-# ResNeXt-50's 512-channel one 0.059 and 0.076; at batch 1, on the 16 x 64 tiles the cost model
-# takes for a short grid, 7.4 and 7.5 µs against 13.8 and 12.5 (ResNeXt's groups of 4 stay on `grouped`).
-GROUPED_GEMM_MIN_MAPS = 16
+# ... but groups of this many maps or more fill the SIMT GEMM's tiles: on an H100 at batch 32, ResNeXt-50's
+# 1024-channel 3x3 (groups of 32) ran 45 µs there and 64 on `grouped` at its best. Groups of 16 stay
+# on `grouped`, whose threads compute 4 maps each (families/depthwise.py): there RegNetY-800MF's 144-channel
+# 3x3 ran 55 µs against the SIMT GEMM's 59, ResNeXt-50's 512-channel one 53 against 53 at batch 32,
+# and at batch 1, 6.9 and 5.0 µs against 7.2 and 7.3.
+GROUPED_GEMM_MIN_MAPS = 32
 
 
 def constant_grid_short(spec: ConvSpec, sms: int) -> bool:

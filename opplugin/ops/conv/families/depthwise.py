@@ -3,16 +3,17 @@ read at call time, so no layer is too wide for it:
 
 - `depthwise_t<TH>x<TW>_b<BH>x<BW>_p<P>`: every output map reads one input channel (C / G == 1,
   any depth multiplier);
-- `grouped_t<TH>x<TW>_b<BH>x<BW>_p<P>`: a few input channels a group (ResNeXt's 4, RegNet's 16),
+- `grouped_t<TH>x<TW>_b<BH>x<BW>_p<P>[_m<MT>]`: a few input channels a group (ResNeXt's 4, RegNet's 16),
   the P maps of a block in one group, sharing its channels' patches.
 
 A block computes a BH x BW tile of output pixels of P maps, each thread a TH x TW register tile
-of one map; the block stages its input patches and its filters in shared memory. The
+of one map (grouped, of MT maps: each input value it reads serves MT maps); the block stages its input patches and its filters in shared memory. The
 heuristic's tile covers the plane with little waste (`plane_tile`) and packs maps into a block
 until it has enough threads (`planes_for`).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,22 +50,36 @@ UNSTAGED_TILES = ((2, 2), (1, 1), (2, 1), (1, 2))
 # tile) stays staged, 1.00x.
 UNSTAGED_MOST_LOADS = 12.5  # a 2 x 2 tile's window loads per output: 6.25 at 3x3 s2, 12.25 at 5x5 s2, 16 at 7x7
 UNSTAGED_LEAST_HALO = 2.0  # the staged pick's patch values per output of its tile
+# Grouped layers: a block computes all of its group's maps, up to GROUP_PLANES, and each thread
+# MAPS_PER_THREAD of them, so that each input value a thread reads from shared memory feeds that
+# many maps' multiply-adds. The heuristic's pick, measured on an H100 (graphed; pick_study.py) on nine
+# grouped 3x3 layers of ResNeXt-50/101, RegNetY-400MF/800MF and groups of 2: where the grid has
+# WAVES blocks an SM, 2 x 2 tiles of 4 maps a thread ran 1.00-1.16x the best configuration of each
+# layer (1.27x for groups of 2 maps), where one map a thread had run up to 1.75x; where the staged
+# patch outgrows shared memory (ResNeXt-50's stride-2 256-channel layer), unstaged 2 x 2 tiles of all
+# the block's maps a thread ran the best, 80 µs, against 293 for the one-map pick. On the short grids
+# of batch 1, 1 x 1 tiles of 4 maps a thread ran 1.00-1.10x the best.
+GROUP_PLANES = 8
+MAPS_PER_THREAD = (1, 2, 4, 8)  # the counts of maps a thread the family offers
+PREFERRED_MAPS = 4
+LONG_GRID_TILE, SHORT_GRID_TILE = (2, 2), (1, 1)
 
 
 @dataclass(frozen=True)
 class DepthwiseConfig(Config):
-    """TH x TW outputs per thread, a BH x BW output tile per block, P maps per block; `staged` 0: no
-    shared memory, each thread reads its window from global memory."""
+    """TH x TW outputs per thread, a BH x BW output tile per block, P maps per block, `maps` of them
+    per thread; `staged` 0: no shared memory, each thread reads its window from global memory."""
 
     thread: tuple[int, int] = tagged("t", 2)
     block: tuple[int, int] = tagged("b", 2)
     planes: int = tagged("p")
+    maps: int = tagged("m", default=1)
     staged: int = tagged("l", default=1)
 
     @property
     def threads(self) -> int:
         (th, tw), (bh, bw) = self.thread, self.block
-        return self.planes * (bh // th) * (bw // tw)
+        return self.planes // max(self.maps, 1) * (bh // th) * (bw // tw)
 
 
 def patch_size(spec: ConvSpec, block: tuple[int, int]) -> tuple[int, int]:
@@ -195,7 +210,7 @@ class NarrowGroups(Family):
     def config(self, spec: ConvSpec, thread: tuple[int, int], staged: int = 1) -> DepthwiseConfig:
         block = plane_tile(spec, thread)
         plane_threads = (block[0] // thread[0]) * (block[1] // thread[1])
-        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, plane_tiles(spec, block)), staged)
+        return DepthwiseConfig(self.name, thread, block, planes_for(spec, plane_threads, plane_tiles(spec, block)), staged=staged)
 
     def configs(self, spec, epilogue=NONE):
         """Every thread tile's config; first the earliest of THREAD_TILES whose tiles waste at most a fifth
@@ -239,10 +254,14 @@ class NarrowGroups(Family):
             return f"{config}: the block tile must be whole thread tiles"
         if not self.depthwise and (spec.out_channels // spec.group) % planes:
             return f"{config}: a block's {planes} maps must lie in one group of {spec.out_channels // spec.group}"
+        if config.maps < 1 or planes % config.maps:
+            return f"{config}: a thread's {config.maps} maps must divide the block's {planes}"
+        if self.depthwise and config.maps > 1:
+            return f"{config}: one map a thread (m1) in depthwise layers; a thread's maps share a group's patches"
         if config.staged not in (0, 1):
             return f"{config}: loads l1 (staged in shared memory) or l0 (from global memory), not l{config.staged}"
-        if th * tw > 32:
-            return f"{config}: a thread tile of {th} x {tw} outputs does not fit in registers (at most 32)"
+        if th * tw * config.maps > 32:
+            return f"{config}: a thread tile of {th} x {tw} outputs of {config.maps} maps does not fit in registers (at most 32)"
         if config.threads > MAX_THREADS:
             return f"{config}: {config.threads} threads a block, at most {MAX_THREADS}"
         if shared_bytes(spec, config) > SHARED_BYTES:
@@ -251,8 +270,8 @@ class NarrowGroups(Family):
 
     def compile_units(self, spec, config, epilogue=NONE):
         (th, tw), (bh, bw) = config.thread, config.block
-        defines = shape_defines(spec, epilogue) | dict(TH=th, TW=tw, BH=bh, BW=bw, PLANES=config.planes, PITCH=pitch_for(spec, config),
-                                                       STAGED=config.staged)
+        defines = shape_defines(spec, epilogue) | dict(TH=th, TW=tw, BH=bh, BW=bw, PLANES=config.planes, MAPS=config.maps,
+                                                       PITCH=pitch_for(spec, config), STAGED=config.staged)
         return [CompileUnit("conv_depthwise.cu", "conv_depthwise", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
@@ -297,6 +316,36 @@ class Grouped(NarrowGroups):
     # to share the staging) do better: graphed on an H200, 2 x 2 ran 1.00-1.15x the best tile of
     # the suite's grouped layers at batch 1 and 32, where 2 x 4 ran up to 1.49x (ResNeXt's 128 maps, batch 1).
     thread_tiles = ((2, 2), *(tile for tile in THREAD_TILES if tile != (2, 2)))
+
+    def configs(self, spec, epilogue=NONE):
+        """Every thread tile with the group's planes (group_planes) and each count of maps a thread
+        (MAPS_PER_THREAD), staged and unstaged, the heuristic's order first (see GROUP_PLANES), then
+        the one-map configs the depthwise heuristic picks."""
+        single = super().configs(spec, epilogue)
+        if not single:
+            return []
+        planes = group_planes(spec)
+        several = [DepthwiseConfig(self.name, thread, plane_tile(spec, thread), planes, maps, staged)
+                   for staged in (1, 0) for thread in self.thread_tiles for maps in MAPS_PER_THREAD if maps <= planes]
+        several = [c for c in several if self.reason(spec, c, epilogue) is None]
+        return list(dict.fromkeys([*(c for c in self.preferred(spec, planes) if c in several), *several, *single]))
+
+    def preferred(self, spec: ConvSpec, planes: int) -> list[DepthwiseConfig]:
+        """The measured picks, in order: on a grid of WAVES blocks an SM, 2 x 2 tiles of PREFERRED_MAPS
+        maps a thread staged, else unstaged with all the block's maps a thread; on a shorter one, 1 x 1 tiles."""
+        maps = min(PREFERRED_MAPS, planes)
+        long_tile = DepthwiseConfig(self.name, LONG_GRID_TILE, plane_tile(spec, LONG_GRID_TILE), planes, maps)
+        if grid_blocks(spec, long_tile) < WAVES * multiprocessors():
+            return [DepthwiseConfig(self.name, SHORT_GRID_TILE, plane_tile(spec, SHORT_GRID_TILE), planes, maps)]
+        return [long_tile, dataclasses.replace(long_tile, maps=planes, staged=0)]
+
+
+def group_planes(spec: ConvSpec) -> int:
+    """Grouped: the maps a block computes, all of its group's up to GROUP_PLANES (a power of 2 dividing them)."""
+    maps, planes = spec.out_channels // spec.group, 1
+    while planes * 2 <= GROUP_PLANES and maps % (planes * 2) == 0:
+        planes *= 2
+    return planes
 
 
 FAMILIES: list[Family] = [Depthwise(), Grouped()]

@@ -7,9 +7,10 @@ read at call time, so no layer is too wide for it:
   the P maps of a block in one group, sharing its channels' patches.
 
 A block computes a BH x BW tile of output pixels of P maps, each thread a TH x TW register tile
-of one map (grouped, of MT maps: each input value it reads serves MT maps); the block stages its input patches and its filters in shared memory. The
-heuristic's tile covers the plane with little waste (`plane_tile`) and packs maps into a block
-until it has enough threads (`planes_for`).
+of one map (grouped: of MT maps, so that each input value it reads serves MT maps); the block
+stages its input patches and its filters in shared memory. The depthwise heuristic's tile covers
+the plane with little waste (`plane_tile`) and packs maps into a block until it has enough threads
+(`planes_for`); the grouped one takes all of a group's maps a block (`Grouped.preferred`).
 """
 from __future__ import annotations
 

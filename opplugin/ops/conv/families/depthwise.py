@@ -326,7 +326,7 @@ class Grouped(NarrowGroups):
         if not single:
             return []
         planes = group_planes(spec)
-        several = [DepthwiseConfig(self.name, thread, plane_tile(spec, thread), planes, maps, staged)
+        several = [DepthwiseConfig(self.name, thread, plane_tile(spec, thread), planes, maps=maps, staged=staged)
                    for staged in (1, 0) for thread in self.thread_tiles for maps in MAPS_PER_THREAD if maps <= planes]
         several = [c for c in several if self.reason(spec, c, epilogue) is None]
         return list(dict.fromkeys([*(c for c in self.preferred(spec, planes) if c in several), *several, *single]))
@@ -335,9 +335,9 @@ class Grouped(NarrowGroups):
         """The measured picks, in order: on a grid of WAVES blocks an SM, 2 x 2 tiles of PREFERRED_MAPS
         maps a thread staged, else unstaged with all the block's maps a thread; on a shorter one, 1 x 1 tiles."""
         maps = min(PREFERRED_MAPS, planes)
-        long_tile = DepthwiseConfig(self.name, LONG_GRID_TILE, plane_tile(spec, LONG_GRID_TILE), planes, maps)
+        long_tile = DepthwiseConfig(self.name, LONG_GRID_TILE, plane_tile(spec, LONG_GRID_TILE), planes, maps=maps)
         if grid_blocks(spec, long_tile) < WAVES * multiprocessors():
-            return [DepthwiseConfig(self.name, SHORT_GRID_TILE, plane_tile(spec, SHORT_GRID_TILE), planes, maps)]
+            return [DepthwiseConfig(self.name, SHORT_GRID_TILE, plane_tile(spec, SHORT_GRID_TILE), planes, maps=maps)]
         return [long_tile, dataclasses.replace(long_tile, maps=planes, staged=0)]
 
 

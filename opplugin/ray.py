@@ -36,10 +36,10 @@ try:
 except ImportError:
     raise RayNotInstalled("opplugin.ray needs Ray Data, which is not installed: pip install 'opplugin[ray]'") from None
 
-from .device import select_device
-from .model import Model, choose_batch, load_model
+from .gpu.device import select_device
+from .graph.model import Model, choose_batch, load_model
 from .runtime import Runner
-from .user_inputs import fix_input_shapes, require_runnable_inputs
+from .inputs.user_data import fix_input_shapes, require_runnable_inputs
 
 # What a Predictor hands on to its Runner; see Runner's docstring for each.
 RUNNER_OPTIONS = ("device", "variants", "registry", "chunk", "streams", "kernels", "cuda_graphs")

@@ -25,7 +25,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import onnx
 
-from .device import Device
+from .gpu.device import Device
 from .errors import PluginError
 
 # op type -> "module:attribute" of the built-in plugin class
@@ -94,6 +94,15 @@ class NodeInfo:
     def op_type(self) -> str:
         return self.node.op_type
 
+    def data_input(self) -> str | None:
+        """The tensor this node transforms, where it is pointwise: its first input that is no
+        constant and has its one output's shape (None where there is none, or several outputs)."""
+        outputs = [t for t in self.outputs if t.name]
+        if len(outputs) != 1:
+            return None
+        shape = tuple(outputs[0].shape)
+        return next((t.name for t in self.inputs if t.name and t.name not in self.constants and tuple(t.shape) == shape), None)
+
 
 @dataclass(frozen=True)
 class NodeGroup:
@@ -123,11 +132,11 @@ class Kernel(Protocol):
     - `in_views`: True for a kernel that reads strided views as they are (a slice of a Concat's
       buffer); its input may then be such a view rather than a tensor of its own.
 
-    And one that saves an eager step its Python call (runtime/replays.py):
+    And one that saves an eager step its Python call (runtime/eager_replay.py):
     - `replayable`: True for a kernel with `out_view` whose calls launch device work only through
       the functions of opplugin's modules (cuda.compile_source), with launches that follow from its
       buffers' addresses and the batch alone: an eager run then replays them from packed arguments
-      while the buffers stay the same (launches.py).
+      while the buffers stay the same (gpu/recorded_launches.py).
 
     And one that spares a watched step its NaN/Inf check (runtime/exact.py):
     - `flags_nonfinite`: True for a kernel of one output whose `__call__(inputs, stream, nonfinite=A)`

@@ -10,18 +10,18 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))  # the builders and cases the tests share
 
-# test_kernel_compile.py's NVRTC compiles take most of the CPU suite's time: they begin once the
+# ops/test_kernel_compile.py's NVRTC compiles take most of the CPU suite's time: they begin once the
 # suite is collected, in one process at the lowest priority that uses a CPU the other tests leave
 # idle, and the module's tests run last (compile_cache.py).
-COMPILE_CHECK = "test_kernel_compile.py"
+COMPILE_CHECK = "ops/test_kernel_compile.py"
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, with the reason, where CuPy sees no CUDA device; the compile
     check's tests go last."""
-    from opplugin import cuda
+    from opplugin.gpu import cuda
 
     items.sort(key=lambda item: item.path.name == COMPILE_CHECK)  # stable: the rest keep their order
     if cuda.is_available():

@@ -1,16 +1,12 @@
 """Hard inputs: kernels that fail to compile, NaN and Inf, bad requests; each gives a
 typed error with a clear first line, or propagates exactly as onnxruntime does."""
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-from opplugin import cuda, nvrtc
-from opplugin.check import compare
+from opplugin.gpu import cuda, nvrtc
 from opplugin.cli import main
 from opplugin.errors import InputError, KernelCompileError, PluginError
-from opplugin.data import make_inputs
-from opplugin.model import load_model
-from opplugin.ops.conv.plugin import ConvPlugin
+from opplugin.graph.model import load_model
 from opplugin.runtime import Runner
 
 NVRTC_LOG = 'conv_baseline.cu(31): error: identifier "oops" is undefined\n\n1 error detected in the compilation of "conv_baseline.cu".'
@@ -40,7 +36,7 @@ def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failin
 
 
 def test_the_cli_prints_the_compile_error_then_the_log(monkeypatch, capsys):
-    import opplugin.cli as cli
+    import opplugin.cli.commands as cli
 
     def broken_runner(args, loaded, poison=False):
         raise KernelCompileError("conv_const.cu", ("--std=c++17", "-DC=1", "-DMO=4"), NVRTC_LOG)

@@ -1,12 +1,11 @@
 """The layering DESIGN.md asks for, read from the source: every module's imports, at
 module level and inside functions, parsed with `ast` (nothing is imported).
 
-- what a run needs (the runtime, the ops, the user kernels' run side, check, data,
-  report) never reaches the lab, the user-kernel tools or the CLI, not even through
-  another module;
-- check and report take only the runtime's plain records from it, and data nothing;
-- nothing but `__main__` imports the CLI;
-- no import cycles, between modules or between opplugin's packages.
+- every module sits on one layer of LAYERS and imports only from its own layer or those
+  below; the packages that share a layer are side by side and import nothing of each other;
+- check and report take only the runtime's plain records from it;
+- no import cycles: between modules, between opplugin's packages, or between the ops;
+- argparse stays in cli/.
 """
 from __future__ import annotations
 
@@ -18,12 +17,25 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "opplugin"
 
-RUN_SIDE = ("opplugin.runtime", "opplugin.ops", "opplugin.user_kernels", "opplugin.check", "opplugin.data", "opplugin.report")
-# what the run side must not reach: measurement, the tools that may use it, the command line
-OFF_LIMITS = ("opplugin.lab", "opplugin.user_kernel_tools", "opplugin.cli")
+# Lowest first. A module belongs to the layer of the longest prefix that names it.
+LAYERS = (
+    ("errors", ("opplugin", "opplugin.errors")),  # `opplugin` alone: the package's version
+    ("core", ("opplugin.core",)),
+    ("toolchains", ("opplugin.gpu", "opplugin.ort")),
+    ("registry", ("opplugin.registry",)),
+    ("graph", ("opplugin.graph",)),
+    ("ops, plan, inputs", ("opplugin.ops", "opplugin.plan", "opplugin.inputs")),
+    ("user kernels", ("opplugin.user_kernels",)),
+    ("runtime", ("opplugin.runtime",)),
+    ("report", ("opplugin.report",)),
+    ("verify", ("opplugin.verify",)),
+    ("front ends", ("opplugin.lab", "opplugin.ray")),
+    ("cli", ("opplugin.cli",)),
+    ("main", ("opplugin.__main__",)),
+)
 
-# Package cycles allowed: none (the tuning cache keys on a signature string that ops/conv makes).
-KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = set()
+# the runtime modules that check and report may read: plain records, no runner
+RECORDS = {"opplugin.runtime.records", "opplugin.runtime.timeline"}
 
 
 def within(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -60,37 +72,43 @@ def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> 
 
 
 @cache
+def trees() -> dict[str, ast.Module]:
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in modules().items()}
+
+
+@cache
 def imports() -> dict[str, frozenset[str]]:
     """Module -> the opplugin modules it imports anywhere in its body."""
     graph = {}
-    for name, path in modules().items():
-        tree = ast.parse(path.read_text(), str(path))
+    for name, tree in trees().items():
         found = set()
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                found.update(_targets(name, path.name == "__init__.py", node))
+                found.update(_targets(name, modules()[name].name == "__init__.py", node))
         graph[name] = frozenset(found - {name})
     return graph
 
 
-def loads(name: str) -> list[str]:
-    """What importing `name` runs: its packages' __init__ first, then the module."""
-    parts = name.split(".")
-    return [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+def external_imports(name: str) -> set[str]:
+    """The top-level names of what module `name` imports from outside opplugin."""
+    found = set()
+    for node in ast.walk(trees()[name]):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"opplugin"}
 
 
-def import_path(start: str, goal) -> list[str] | None:
-    """The shortest chain of imports from `start` to a module for which goal(name) holds."""
-    paths = {start: [start]}
-    queue = [start]
-    for current in queue:
-        for target in sorted({loaded for t in imports()[current] for loaded in loads(t)}):
-            if target not in paths:
-                paths[target] = paths[current] + [target]
-                if goal(target):
-                    return paths[target]
-                queue.append(target)
-    return None
+def layer_of(name: str) -> tuple[int, str]:
+    """(the layer's place in LAYERS, the prefix that put the module there)."""
+    best = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if within(name, (prefix,)) and (best is None or len(prefix) > len(best[1])):
+                best = (index, prefix)
+    assert best is not None, f"{name} is on no layer: add its package to LAYERS"
+    return best
 
 
 def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -122,32 +140,59 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+def collapsed(group) -> dict[str, set[str]]:
+    """The import graph between groups of modules (group(name): the group's name, or None to leave it out)."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in imports().items():
+        source = group(module)
+        if source is None:
+            continue
+        graph.setdefault(source, set()).update(t for t in map(group, targets) if t is not None and t != source)
+    return graph
+
+
 def package_of(name: str) -> str:
     """opplugin.ops.conv.spec -> opplugin.ops; a top-level module is a node of its own."""
     return ".".join(name.split(".")[:2])
 
 
+def op_of(name: str) -> str | None:
+    """opplugin.ops.conv.families.base -> opplugin.ops.conv; None outside an op's folder."""
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[1] == "ops" and (PACKAGE / "ops" / parts[2]).is_dir():
+        return ".".join(parts[:3])
+    return None
+
+
 def test_the_parser_sees_imports_inside_functions_and_relative_ones():
     assert "opplugin.runtime.runner" in modules() and "opplugin" in modules()
-    assert "opplugin.nvrtc" in imports()["opplugin.user_kernels.compiler"]  # inside compile_node
+    assert "opplugin.gpu.nvrtc" in imports()["opplugin.user_kernels.compiler"]  # inside compile_node
     assert "opplugin.ops.conv.spec" in imports()["opplugin.ops.conv.reference"]  # under TYPE_CHECKING
     assert "opplugin.cli" in imports()["opplugin.__main__"]
+    assert op_of("opplugin.ops.conv.families.base") == "opplugin.ops.conv" and op_of("opplugin.ops.activation") is None
 
 
-@pytest.mark.parametrize("module", sorted(m for m in modules() if within(m, RUN_SIDE)))
-def test_the_run_side_never_reaches_the_lab_the_tools_or_the_cli(module):
-    path = import_path(module, lambda name: within(name, OFF_LIMITS))
-    assert path is None, "run side reaches " + " -> ".join(path)
+def test_every_layer_is_a_package_that_exists():
+    for _, prefixes in LAYERS:
+        for prefix in prefixes:
+            assert prefix in modules(), f"LAYERS names {prefix}, which is no module"
 
 
-def test_check_report_and_data_read_no_runtime_but_its_records():
-    for module in ("opplugin.check", "opplugin.report", "opplugin.data"):
-        assert {t for t in imports()[module] if within(t, ("opplugin.runtime",))} <= {"opplugin.runtime.records"}, module
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_a_module_imports_only_its_own_layer_and_those_below(module):
+    place, prefix = layer_of(module)
+    for target in imports()[module]:
+        if module.startswith(target + "."):
+            continue  # a module reading its own package's names: `from . import user_registry`
+        target_place, target_prefix = layer_of(target)
+        assert target_place <= place, f"{module} ({LAYERS[place][0]}) imports {target}, of the higher layer {LAYERS[target_place][0]}"
+        if target_place == place:
+            assert target_prefix == prefix, f"{module} imports {target}: {prefix} and {target_prefix} are side by side on one layer"
 
 
-def test_nothing_but_main_imports_the_cli():
-    importers = sorted(m for m, targets in imports().items() if "opplugin.cli" in targets)
-    assert importers == ["opplugin.__main__"]
+@pytest.mark.parametrize("module", ["opplugin.verify.check", "opplugin.verify.first_bad", *sorted(m for m in modules() if within(m, ("opplugin.report",)))])
+def test_check_and_report_read_no_runtime_but_its_records(module):
+    assert {t for t in imports()[module] if within(t, ("opplugin.runtime",))} <= RECORDS, module
 
 
 def test_no_module_imports_one_that_imports_it_back():
@@ -158,9 +203,12 @@ def test_no_module_imports_one_that_imports_it_back():
 
 
 def test_no_package_imports_one_that_imports_it_back():
-    graph: dict[str, set[str]] = {}
-    for module, targets in imports().items():
-        graph.setdefault(package_of(module), set()).update(package_of(t) for t in targets if package_of(t) != package_of(module))
-    found = {frozenset(c) for c in cycles(graph)}
-    assert found - KNOWN_PACKAGE_CYCLES == set()
-    assert KNOWN_PACKAGE_CYCLES - found == set(), "a known package cycle is gone: drop it from KNOWN_PACKAGE_CYCLES"
+    assert cycles(collapsed(package_of)) == []
+
+
+def test_no_op_imports_one_that_imports_it_back():
+    assert cycles(collapsed(op_of)) == []
+
+
+def test_argparse_stays_in_the_cli():
+    assert [m for m in modules() if not within(m, ("opplugin.cli",)) and "argparse" in external_imports(m)] == []

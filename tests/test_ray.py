@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opplugin import data
+from opplugin.inputs import feeds
 from opplugin.errors import InputError
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+
 IMAGES = 300
 SHARDS = 4  # .npy files, read as blocks of different sizes
 MODEL = "lenet86"
@@ -25,10 +26,10 @@ PIPELINE_TIMEOUT_S = 180
 
 
 def _images() -> np.ndarray:
-    from opplugin.model import load_model
+    from opplugin.graph.model import load_model
 
     model = load_model(MODEL)
-    return data.to_model_input(data.load_test_set()[0][:IMAGES], model.sample_shape())
+    return feeds.to_model_input(feeds.load_test_set()[0][:IMAGES], model.sample_shape())
 
 
 def _single_process(images: np.ndarray, folder: Path) -> dict[str, np.ndarray]:
@@ -105,7 +106,7 @@ def test_two_actors_give_the_single_process_outputs_bit_for_bit(ray_cluster, tmp
         assert got[name].dtype == want.dtype
         assert np.array_equal(got[name], want), f"{name}: {np.count_nonzero(got[name] != want)} values differ"
     # the outputs are the model's, not a copy of the inputs: they classify the images
-    labels = data.load_test_set()[1][:IMAGES]
+    labels = feeds.load_test_set()[1][:IMAGES]
     assert (got["probabilities"].argmax(axis=1) == labels).mean() > 0.8
 
 

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

@@ -8,8 +8,8 @@ import pytest
 from example_plugin import ReluPlugin
 from opplugin import registry
 from opplugin.errors import PluginError
-from opplugin.model import load_model
-from opplugin.plan import PluginStep
+from opplugin.graph.model import load_model
+from opplugin.plan.partition import PluginStep
 from opplugin.runtime import Runner
 
 

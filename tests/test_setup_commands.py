@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+
 
 
 def readme_commands() -> list[str]:
@@ -32,7 +32,7 @@ def test_ci_runs_both_commands_as_written():
 def test_every_subpackage_ships_in_the_wheel():
     import tomllib
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "opplugin").rglob("__init__.py")}
     assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"

@@ -21,8 +21,8 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from opplugin import data  # noqa: E402
-from opplugin.resources import models_dir  # noqa: E402
+from opplugin.inputs import feeds  # noqa: E402
+from opplugin.core.paths import models_dir  # noqa: E402
 
 SUBSETS = (100, 1000, 10000)
 
@@ -36,7 +36,7 @@ def predict(path: Path, images: np.ndarray, batch: int = 1000) -> np.ndarray:
     """Predicted class of each image, by onnxruntime on the CPU."""
     model = onnx.load(str(path))
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    x = data.to_model_input(images, input_shape(model))
+    x = feeds.to_model_input(images, input_shape(model))
     name = sess.get_inputs()[0].name
     out = [sess.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)]
     return np.concatenate(out).argmax(axis=1)
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="ONNX files (default: every *.onnx in models/)")
     args = parser.parse_args(argv)
     paths = args.models or sorted(models_dir().glob("*.onnx"))
-    images, labels = data.load_test_set()
+    images, labels = feeds.load_test_set()
     print(f"onnxruntime {ort.__version__}, CPUExecutionProvider")
     print(f"{'model':<16}" + "".join(f"{'first ' + str(n):>14}" for n in SUBSETS))
     for path in paths:

@@ -25,16 +25,16 @@ python3 -c 'import xdist' 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-14}")
 # shellcheck disable=SC2086  # GPU_TESTS is a list of paths
 [ -n "${SKIP_TESTS:-}" ] || step gpu-tests.log python3 -m pytest -m gpu -q -p no:cacheprovider --durations=25 "${workers[@]}" ${GPU_TESTS:-}
 for model in lenet86 ece408_high mlp_onehidden; do
-    step "check-$model.log" python3 -m opplugin.cli check "$model" --batch 10000 --json "$out/check-$model.json"
+    step "check-$model.log" python3 -m opplugin check "$model" --batch 10000 --json "$out/check-$model.json"
     for batch in 100 1000 10000; do
-        step "run-$model-$batch.log" python3 -m opplugin.cli run "$model" --batch "$batch" --json "$out/run-$model-$batch.json"
+        step "run-$model-$batch.log" python3 -m opplugin run "$model" --batch "$batch" --json "$out/run-$model-$batch.json"
     done
 done
 # issue 4's throughput target: 100,000 images at (close to) the rate of 10,000
-step run-lenet86-100000.log python3 -m opplugin.cli run lenet86 --batch 100000 --data random --json "$out/run-lenet86-100000.json"
+step run-lenet86-100000.log python3 -m opplugin run lenet86 --batch 100000 --data random --json "$out/run-lenet86-100000.json"
 if [ -n "${BENCH:-}" ]; then
     echo "== opplugin bench"
-    python3 -m opplugin.cli bench --json "$out/bench.json" > "$out/bench.txt" 2> "$out/bench.log" || failed=1
+    python3 -m opplugin bench --json "$out/bench.json" > "$out/bench.txt" 2> "$out/bench.log" || failed=1
     tail -5 "$out/bench.log"
 fi
 exit $failed

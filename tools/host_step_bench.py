@@ -12,7 +12,7 @@ per step, free of the fixed cost of a run (copies in and out, the final wait). U
 CUDA graph that is the device's time per step.
 
 Rows: eager (every step launched from Python, `cuda_graphs=False`; on a GPU, steps on the
-same buffers as last run are replayed from their recorded launches, runtime/replays.py) and, on a GPU,
+same buffers as last run are replayed from their recorded launches, runtime/eager_replay.py) and, on a GPU,
 graphed (the default: each run of steps replayed as one CUDA graph, without the
 events that time each step, as `profile` times host to host) and graphed with those
 step events (as `profile` takes its step table): the difference is what the events
@@ -44,8 +44,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from opplugin.device import select_device
-from opplugin.model import load_model
+from opplugin.gpu.device import select_device
+from opplugin.graph.model import load_model
 from opplugin.runtime import Runner
 
 CHANNELS, SIZE = 2, 4

@@ -80,7 +80,7 @@ def variants(name: str, batch: int, only: set[str] | None = None, every: bool = 
     """The exact families' picks (of `only`, if given) and next configurations (`every`: all they
     offer), the K splits of the GEMMs' picks, the defaults and every configuration of the graphed
     default's family."""
-    from opplugin.launch_mode import building_for
+    from opplugin.gpu.launch_mode import building_for
     from opplugin.ops.conv import cost, families
     from opplugin.ops.conv.choice import heuristic_config
 
@@ -123,7 +123,7 @@ def graph_us(kernel, inputs, out, stream) -> float:
     """µs per call of the kernel replayed from a graph of CALLS_PER_GRAPH calls."""
     import cupy
 
-    from opplugin import cuda
+    from opplugin.gpu import cuda
 
     pool = cupy.cuda.MemoryPool()
     with cupy.cuda.using_allocator(pool.malloc):
@@ -195,7 +195,7 @@ def main() -> int:
         *numbers, act = fields.split(",") if not fields.split(",")[-1].isdigit() else (*fields.split(","), None)
         LAYERS[name] = (*map(int, numbers), act)
         args.layers.append(name)
-    from opplugin.launch_mode import building_for
+    from opplugin.gpu.launch_mode import building_for
     from opplugin.ops.conv.choice import heuristic_config
 
     cases = [(name, batch) for batch in args.batches for name in args.layers

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from opplugin import cuda
-from opplugin.check import agreement
-from opplugin.data import make_inputs
-from opplugin.device import current_cuda_device
-from opplugin.model import load_model
+from opplugin.gpu import cuda
+from opplugin.verify.check import agreement
+from opplugin.inputs.feeds import make_inputs
+from opplugin.gpu.device import current_cuda_device
+from opplugin.graph.model import load_model
 from opplugin.ops.conv import ConvPlugin
 from opplugin.registry import Kernel, Plugin
 from opplugin.runtime import Runner

@@ -17,11 +17,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from opplugin.device import Device
+from opplugin.gpu.device import Device
 from opplugin.errors import OpPluginError
-from opplugin.model import Model, load_model
-from opplugin.plan import make_plan
-from opplugin.runtime.describe import record_plan_alone
+from opplugin.graph.model import Model, load_model
+from opplugin.plan.partition import make_plan
+from opplugin.runtime.plan_record import record_plan_alone
 
 
 def census(model: Model, name: str, batch: int, device: Device) -> dict:

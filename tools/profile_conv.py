@@ -18,8 +18,8 @@ import argparse
 import dataclasses
 import statistics
 
-from opplugin import cuda
-from opplugin.device import current_cuda_device
+from opplugin.gpu import cuda
+from opplugin.gpu.device import current_cuda_device
 from opplugin.lab.bench import conv_cases, suite_cases
 from opplugin.lab.trial import Problem
 from opplugin.ops.conv import families

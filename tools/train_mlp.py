@@ -6,7 +6,7 @@
 784 -> 128 (sigmoid) -> 10 (softmax): the network of the one-hidden-layer seed report,
 shaped for Fashion-MNIST. A network this small trains in numpy in a minute or two, so
 unlike tools/train_models.py this script needs no torch. The preprocessing is
-opplugin.data's (pixel / 255), the one the runner uses at inference time; the model
+opplugin.inputs.feeds's (pixel / 255), the one the runner uses at inference time; the model
 takes the same [N, 1, 28, 28] input as ece408_high and flattens it itself.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
 import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from opplugin import data  # noqa: E402
+from opplugin.inputs import feeds  # noqa: E402
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 OPSET = 17
@@ -40,9 +40,9 @@ SEED = 410
 
 
 def load_split(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    images = data.load_idx(data_dir / f"{split}-images-idx3-ubyte.gz")
-    labels = data.load_idx(data_dir / f"{split}-labels-idx1-ubyte.gz")
-    x = data.to_model_input(images, (1, 28, 28)).reshape(len(images), -1)
+    images = feeds.load_idx(data_dir / f"{split}-images-idx3-ubyte.gz")
+    labels = feeds.load_idx(data_dir / f"{split}-labels-idx1-ubyte.gz")
+    x = feeds.to_model_input(images, (1, 28, 28)).reshape(len(images), -1)
     return x, labels.astype(np.int64)
 
 

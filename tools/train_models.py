@@ -5,7 +5,7 @@
 
 Needs torch (CPU is enough). The training images come from the Fashion-MNIST
 IDX files (Debian's dataset-fashion-mnist package by default). Preprocessing goes
-through opplugin.data, the module the runner uses at inference time, so both
+through opplugin.inputs.feeds, the module the runner uses at inference time, so both
 sides see identical pixels. Seeds are fixed; rerunning gives the same models up to
 floating-point nondeterminism in torch's CPU kernels.
 """
@@ -28,7 +28,7 @@ import onnx  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from opplugin import data  # noqa: E402
+from opplugin.inputs import feeds  # noqa: E402
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 OPSET = 17
@@ -100,8 +100,8 @@ BATCH = 128
 
 
 def load_split(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    images = data.load_idx(data_dir / f"{split}-images-idx3-ubyte.gz")
-    labels = data.load_idx(data_dir / f"{split}-labels-idx1-ubyte.gz")
+    images = feeds.load_idx(data_dir / f"{split}-images-idx3-ubyte.gz")
+    labels = feeds.load_idx(data_dir / f"{split}-labels-idx1-ubyte.gz")
     return images, labels.astype(np.int64)
 
 
@@ -119,9 +119,9 @@ def train(name: str, epochs: int, train_set, test_set) -> nn.Module:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     net = cls()
-    x_train = torch.from_numpy(data.to_model_input(train_set[0], cls.input_shape))
+    x_train = torch.from_numpy(feeds.to_model_input(train_set[0], cls.input_shape))
     y_train = torch.from_numpy(train_set[1])
-    x_test = torch.from_numpy(data.to_model_input(test_set[0], cls.input_shape))
+    x_test = torch.from_numpy(feeds.to_model_input(test_set[0], cls.input_shape))
     y_test = torch.from_numpy(test_set[1])
 
     steps_per_epoch = math.ceil(len(x_train) / BATCH)
@@ -210,7 +210,7 @@ def check_export(net: nn.Module, path: Path, images: np.ndarray) -> None:
     """The ONNX file must agree with the torch network it came from."""
     import onnxruntime as ort
 
-    x = data.to_model_input(images, net.input_shape)
+    x = feeds.to_model_input(images, net.input_shape)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(["probabilities"], {"input": x})[0]
     with torch.no_grad():

@@ -18,7 +18,7 @@ scaling      `bench --scaling`: one batch split over 1 to N devices, images/s an
 scaling_text its table and its picture
 bench_text   the bench's tables
 roofline     this device's measured copy bandwidth and FP32 rate
-nvrtc_check  every Conv variant compiled without a GPU (opplugin.nvrtc), ptxas's figures
+nvrtc_check  every Conv variant compiled without a GPU (opplugin.gpu.nvrtc), ptxas's figures
 
 Nothing a run needs imports the lab (tests/test_layering.py): not the runtime, the ops,
 the user kernels' run side, check, data or report.

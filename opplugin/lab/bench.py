@@ -25,16 +25,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import cuda
-from ..device import CPU, current_cuda_device
+from ..gpu import cuda
+from ..gpu.device import CPU, current_cuda_device
 from ..errors import DeviceError, InputError, PluginError, batch_sizes, first_line, positive_int
-from ..files import write_atomic
-from ..jsonout import dumps, header, json_safe
-from ..launch_mode import building_for
+from ..core.files import write_atomic
+from ..report.jsonout import dumps, header, json_safe
+from ..gpu.launch_mode import building_for
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.families import Config
-from ..ops.conv.families.common import ConvKernel, Family
+from ..ops.conv.families.base import ConvKernel, Family
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.spec import ConvSpec
 from . import graphed
@@ -45,7 +45,7 @@ from .cnn_layers import LAYERS, SUITE_BATCHES, layer_weights
 from .streams import host_to_host
 from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Capture, Problem, Trial, median_ms, run_trial, time_call
 
-# 2: the header every report shares (jsonout.py): device gains kind and memory_bytes;
+# 2: the header every report shares (report/jsonout.py): device gains kind and memory_bytes;
 #    model and batch are the lists of models and batch sizes measured
 SCHEMA = "opplugin-bench/2"
 DEFAULT_BATCHES = (100, 1000, 10000)
@@ -140,8 +140,8 @@ class ConvCase:
 def conv_cases(models: Sequence[str]) -> list[ConvCase]:
     """The Conv nodes of the models, with the fusion `make_plan` gives them (CPU plan:
     fusion there depends on the graph alone)."""
-    from ..model import load_model
-    from ..plan import make_plan
+    from ..graph.model import load_model
+    from ..plan.partition import make_plan
 
     cases = []
     for name in models:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..texttable import text_table
+from ..core.texttable import text_table
 
 COLUMNS = ("variant", "exact", "ms", "GFLOP/s", "GB/s", "x floor", "vs base", "vs cuDNN", "rel err", "status")
 NOTE_WIDTH = 70

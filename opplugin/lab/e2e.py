@@ -36,13 +36,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import cuda, sessions
-from ..data import make_inputs
-from ..device import select_device
+from ..gpu import cuda
+from ..ort import sessions
+from ..inputs.feeds import make_inputs
+from ..gpu.device import select_device
 from ..errors import DeviceError, InputError, batch_sizes, first_line
-from ..files import write_atomic
-from ..jsonout import dumps, header, json_safe
-from ..model import Model, load_model
+from ..core.files import write_atomic
+from ..report.jsonout import dumps, header, json_safe
+from ..graph.model import Model, load_model
 from . import e2e_onnxruntime, e2e_torch, roofline
 from .e2e_table import format_text
 from .model_floor import model_work

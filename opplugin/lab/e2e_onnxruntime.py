@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import cuda, sessions
-from ..model import Model
+from ..gpu import cuda
+from ..ort import sessions
+from ..graph.model import Model
 from .peers import PeerUnavailable
 from .trial import E2E_WARMUP_MS, host_ms
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from ..texttable import elide_middle, text_table
+from ..core.texttable import elide_middle, text_table
 
 LINE_WIDTH = 110
 NOTE_NAME_WIDTH = 24  # characters of a model's name in a note

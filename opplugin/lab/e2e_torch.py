@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import first_line
-from ..model import Model
+from ..graph.model import Model
 from .peers import PeerUnavailable, torch_or_reason
 from .trial import E2E_WARMUP_MS, host_ms, warm_up
 

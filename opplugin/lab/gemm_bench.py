@@ -19,15 +19,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import cuda
-from ..device import current_cuda_device
-from ..jsonout import header
+from ..gpu import cuda
+from ..gpu.device import current_cuda_device
+from ..report.jsonout import header
 from ..errors import InputError
 from ..ops.gemm import families
 from ..ops.gemm.epilogue import NONE
 from ..ops.gemm.kernel import GemmKernel
 from ..ops.gemm.spec import BIAS_COLUMN, GemmSpec
-from ..texttable import text_table
+from ..core.texttable import text_table
 from . import roofline
 from .trial import BENCH_REPEAT, BENCH_WARMUP
 
@@ -197,8 +197,8 @@ def format_text(payload: dict[str, Any]) -> str:
 def main_from_args(args: Any) -> int:
     """`opplugin bench --suite gemm`: 0 when every candidate was correct, 1 when some was not."""
     from ..errors import batch_sizes, positive_int
-    from ..files import write_atomic
-    from ..jsonout import dumps
+    from ..core.files import write_atomic
+    from ..report.jsonout import dumps
 
     batches = batch_sizes(args.batches, BATCHES)
     warmup = BENCH_WARMUP if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import Model
+from ..graph.model import Model
 from ..registry import NodeInfo
 from . import roofline
 

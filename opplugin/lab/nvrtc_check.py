@@ -1,5 +1,5 @@
 """Checking Conv variants offline: each compiled to a cubin without a GPU
-(opplugin.nvrtc), with ptxas's resource report. CI uses this to check every variant
+(opplugin.gpu.nvrtc), with ptxas's resource report. CI uses this to check every variant
 for every shipped Conv shape.
 
 A compile takes up to seconds (the fully unrolled map-group kernels), so each
@@ -13,9 +13,9 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
-from .. import cuda, resources
-from ..nvrtc import (CUPY_IMPLIED_OPTIONS, CompileError, NvrtcUnavailable, ResourceUsage, compile_cubin, nvrtc_available,
-                     parse_ptxas_log)
+from ..gpu import cuda
+from ..core import paths
+from ..gpu.nvrtc import CUPY_IMPLIED_OPTIONS, CompileError, NvrtcUnavailable, ResourceUsage, compile_cubin, nvrtc_available, parse_ptxas_log
 
 # The compile's own names too, so that a variant check needs this module alone.
 __all__ = ["CUPY_IMPLIED_OPTIONS", "CompileError", "NvrtcUnavailable", "ResourceUsage", "check_pool", "check_source",
@@ -29,7 +29,7 @@ def _report(source_file: str, options: tuple[str, ...], arch: str) -> tuple[int,
     """(cubin size, log) of kernels/<source_file> compiled with `options` for `arch`."""
     key = (source_file, options, arch)
     if key not in _reports:
-        cubin, log = compile_cubin(resources.kernel_source(source_file), options, arch, name=source_file)
+        cubin, log = compile_cubin(paths.kernel_source(source_file), options, arch, name=source_file)
         _reports[key] = (len(cubin), log)
     return _reports[key]
 
@@ -72,7 +72,7 @@ def check_source(
 
 def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None) -> list[ResourceUsage]:
     """Compile every kernel of a Conv variant ("baseline", "const_mo_m8", ...) for a ConvSpec."""
-    from ..ops.conv.families.common import unit_arch
+    from ..ops.conv.families.base import unit_arch
 
     return [check_source(unit.source, unit.defines, unit.function, unit_arch(unit, arch))
             for unit in variant_units(spec, variant, epilogue)]

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import sessions
+from ..ort import sessions
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.spec import ConvSpec
 from .graphed import torch_replay

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import cuda
+from ..gpu import cuda
 
 COPY_BYTES = 1 << 30  # one GiB copied: long enough that launch costs vanish
 MATMUL_N = 8192  # n^3 multiply-adds: tens of ms in FP32 on a Hopper chip

@@ -1,5 +1,5 @@
 """`opplugin bench --scaling [MODEL]`: images/s of one batch split over 1, 2, ... N devices
-(runtime/devices.py, the path of `run --devices`), and how well it scales.
+(runtime/multi_device.py, the path of `run --devices`), and how well it scales.
 
 For each batch and each device list (default 0; 0,1; ... up to every GPU of the host), the
 batch is split in order over a runner per entry of the list, all running at once, and timed
@@ -30,15 +30,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import cuda
-from ..check import agreement
-from ..data import make_inputs
+from ..gpu import cuda
+from ..verify.check import agreement
+from ..inputs.feeds import make_inputs
 from ..errors import DeviceError, InputError, batch_sizes
-from ..files import write_atomic
-from ..jsonout import dumps, header, json_safe
-from ..model import Model, load_model
+from ..core.files import write_atomic
+from ..report.jsonout import dumps, header, json_safe
+from ..graph.model import Model, load_model
 from ..runtime import Runner
-from ..runtime.devices import DeviceRunners, DeviceSlot, cuda_slots
+from ..runtime.multi_device import DeviceRunners, DeviceSlot, cuda_slots
 
 # 1: a row per batch and device list, each with its runners' own rows
 SCHEMA = "opplugin-bench-scaling/1"

@@ -7,8 +7,8 @@ import io
 from typing import Any
 
 from ..errors import InputError
-from ..files import write_atomic
-from ..texttable import text_table
+from ..core.files import write_atomic
+from ..core.texttable import text_table
 
 SHARED_NOTE = ("* its runners share a GPU (an id repeats): the row exercises the split and the reassembly, "
                "it is not a scaling figure")

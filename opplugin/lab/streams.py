@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import cuda
+from ..gpu import cuda
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE
 from ..ops.conv.families import Config

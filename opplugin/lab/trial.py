@@ -23,12 +23,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import cuda
+from ..gpu import cuda
 from ..errors import first_line
 from ..ops.conv import families, reference
 from ..ops.conv.epilogue import Epilogue
 from ..ops.conv.families import Config
-from ..ops.conv.families.common import Family, Weights
+from ..ops.conv.families.base import Family, Weights
 from ..ops.conv.prologue import PROLOGUE_INPUT
 from ..ops.conv.spec import ConvSpec
 

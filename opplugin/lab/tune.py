@@ -9,7 +9,7 @@ an output poisoned with NaN and checked against the float64 oracle (relative
 L2 error at most 1e-5, nothing left unwritten), and only then timed.
 
 The fastest configuration that passed is the step's choice and goes into the
-tuning cache (`opplugin.tuning_cache`), which `choose_variant` reads.
+tuning cache (`opplugin.ops.conv.tuning_cache`), which `choose_variant` reads.
 """
 from __future__ import annotations
 
@@ -18,20 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import cuda, tuning_cache
-from ..device import Device, current_cuda_device
+from ..gpu import cuda
+from ..ops.conv import tuning_cache
+from ..gpu.device import Device, current_cuda_device
 from ..errors import DeviceError, positive_int
-from ..jsonout import header
-from ..model import Model, load_model
+from ..report.jsonout import header
+from ..graph.model import Model, load_model
 from ..ops.conv import families
 from ..ops.conv.choice import tuning_key
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.prologue import from_nodes
 from ..ops.conv.spec import ConvSpec
-from ..plan import PluginStep, make_plan
-from ..prologue_fusion import data_input
-from ..texttable import text_table
+from ..plan.partition import PluginStep, make_plan
+from ..core.texttable import text_table
 from .trial import EXACT_TOLERANCE, Problem, Trial, run_trial
 
 SCHEMA = "opplugin-tune/1"
@@ -111,7 +111,7 @@ def conv_steps(model: Model, batch: int, device: Device) -> list[tuple[PluginSte
             continue
         epilogue = (epilogue_of(step.fused) if step.fused else NONE) or NONE
         if step.prologue:  # tuned as the fused step runs: the cache keys it by its prologue too
-            epilogue = dataclasses.replace(epilogue, prologue=from_nodes(step.prologue, data_input(step.prologue[0])))
+            epilogue = dataclasses.replace(epilogue, prologue=from_nodes(step.prologue, step.prologue[0].data_input()))
         found.append((step, conv_spec(step.node), epilogue))
     return found
 
@@ -243,7 +243,7 @@ def config_entry(trial: Trial, chosen: bool) -> dict[str, Any]:
 
 
 def build_tune_report(report: TuneReport) -> dict[str, Any]:
-    """The tuning as plain data: the shared header (jsonout.py), how trials ran, and per Conv
+    """The tuning as plain data: the shared header (report/jsonout.py), how trials ran, and per Conv
     step every configuration tried, passing ones fastest first as in the table."""
     steps = []
     for tuned in report.steps:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..graph.functions import OPPLUGIN_DOMAIN
 from ..registry import NodeInfo
 
 
@@ -24,9 +25,6 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 SILU = "Silu"
 GELU = "Gelu"
 GELU_TANH = 1.0  # Gelu's parameter a: 1 for approximate="tanh", 0 for the erf form
-# the domain of the functions load-time simplification writes for ops an older opset lacks
-# (a Gelu before opset 20, see ops/pointwise/gelu_pattern.py): their meaning is the op's
-OPPLUGIN_DOMAIN = "opplugin"
 
 _erf64 = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is float64-accurate
 

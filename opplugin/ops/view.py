@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import cuda
-from ..device import Device
+from ..gpu import cuda
+from ..gpu.device import Device
 from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
-from .described import reason_against, spec_of
+from .specs import reason_against, spec_of
 
 
 class ViewKernel(Kernel):

@@ -7,7 +7,7 @@ lanes     where a chunk runs: the host, or one CUDA stream with pinned staging
 chunking  which tensors scale with the batch, and how many images fit a budget
 timeline  when each step and copy ran, on one clock
 exact     the exact path for chunks with NaN or Inf after a fused step
-records   the plain records report.py and check.py read
+records   the plain records report/timing.py and verify/check.py read
 devices   a runner per device, one batch split in order over them (--devices)
 """
 from .records import PlanRecord, Profile, RunResult, StepRecord, StepTime

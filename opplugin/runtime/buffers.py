@@ -23,9 +23,9 @@ from typing import Any, MutableMapping, Sequence
 
 import numpy as np
 
-from .. import cuda
+from ..gpu import cuda
 from ..errors import PluginError
-from ..plan import OrtStep, Plan, PluginStep
+from ..plan.partition import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .chunking import BatchLayout
 

@@ -16,9 +16,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..errors import InputError
-from ..model import Model
+from ..graph.model import Model
 from ..registry import TensorInfo
-from ..rows import split_rows  # chunking.split_rows: the runner cuts its chunks as check cuts its slices
+from ..core.row_ranges import split_rows  # chunking.split_rows: the runner cuts its chunks as check cuts its slices
 
 # Chunks of about this much input keep several in flight, so that one chunk's
 # copy to the device overlaps the previous chunk's compute. Each chunk costs the

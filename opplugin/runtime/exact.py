@@ -22,10 +22,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from .. import cuda
-from ..device import Device
+from ..gpu import cuda
+from ..gpu.device import Device
 from ..errors import PluginError
-from ..plan import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
+from ..plan.partition import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
 from ..registry import Kernel, NodeInfo, Plugin
 from .chunking import BatchLayout
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor

@@ -19,17 +19,18 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from .. import cuda, hostwork
+from ..gpu import cuda
+from ..core import host_threads
 from ..errors import PluginError
-from ..plan import OrtStep, Plan, PluginStep
+from ..plan.partition import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .buffers import InPlace
 from .chunking import BatchLayout
 from .graphs import SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
 from .nonfinite import clear_flags, raise_flag
-from .prebound import owns
-from .replays import RunReplay, address
+from .output_reuse import owns
+from .eager_replay import RunReplay, address
 from .timeline import GRAPH, Timeline
 
 Progress = Callable[[str, int, int], None]
@@ -70,7 +71,7 @@ class Results:
                 with self._lock:
                     self.arrays[name] = value
                 return
-            hostwork.copy(self._target(name, rows, value.shape, value.dtype), value)
+            host_threads.copy(self._target(name, rows, value.shape, value.dtype), value)
             return
         lane.download(name, value, self._target(name, rows, tuple(value.shape), value.dtype), staged)
 
@@ -80,7 +81,7 @@ class Results:
 
 
 class SharedRows:
-    """One run's rows of a Results that several runs fill at once (runtime/devices.py: a
+    """One run's rows of a Results that several runs fill at once (multi_device.py: a
     runner per device): each chunk lands straight in the whole batch's arrays, so nothing
     is gathered afterwards. Rows given to `place` count from the start of this run."""
 
@@ -281,7 +282,7 @@ class PlanExecutor:
 
     def _replayable_part(self, lane: Lane, values: _Values, indices: range, held: frozenset[str], batch: int,
                          pending: dict[str, Any]) -> None:
-        """Steps whose kernels can all be replayed (replays.py): in one go when the lane kept them
+        """Steps whose kernels can all be replayed (eager_replay.py): in one go when the lane kept them
         as a RunReplay on the buffers they now read, else one by one, after which they are kept
         so when every one of them replayed."""
         part_key = (self._step_keys[indices.start], indices.stop, batch, held)
@@ -324,8 +325,8 @@ class PlanExecutor:
 
     def _call(self, index: int, kernel: Kernel, args: list[Any], lane: Lane, pending: dict[str, Any], batch: int) -> list[Any]:
         """The step's kernel on `args`, writing in place where the buffer assignment says so, else
-        (eager, on a device) into the array it wrote at this chunk size last time (prebound.py),
-        replaying the launches it made there last time when the buffers are the same (replays.py)."""
+        (eager, on a device) into the array it wrote at this chunk size last time (output_reuse.py),
+        replaying the launches it made there last time when the buffers are the same (eager_replay.py)."""
         if self.in_place is not None and self.in_place.places(index):
             return self.in_place.call(index, kernel, args, lane.stream, pending, batch)
         prebound = lane.prebound if not self.cuda_graphs and index in self._single_output and getattr(kernel, "out_view", "") else None

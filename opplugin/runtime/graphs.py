@@ -154,7 +154,7 @@ class StepClock:
         self._last = None
 
     def _record(self) -> Any:
-        from .. import cuda
+        from ..gpu import cuda
 
         event = cuda.event()
         cuda.record_in_capture(event, self.stream)

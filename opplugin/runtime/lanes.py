@@ -22,10 +22,11 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from .. import cuda, hostwork
+from ..gpu import cuda
+from ..core import host_threads
 from .graphs import SegmentGraphs
-from .prebound import PreboundOutputs
-from .replays import StepReplays
+from .output_reuse import PreboundOutputs
+from .eager_replay import StepReplays
 from .timeline import COPY, GRAPH, Timeline
 
 # Pageable inputs below this size go up directly: the driver's own staging is as quick.
@@ -176,7 +177,7 @@ class Lane(Protocol):
         ...
 
     def run_replayed(self, names: Sequence[str], replays: Sequence[Callable[[], None]]) -> None:
-        """Plugin steps `names` replayed from their recorded launches (replays.py), each timed as a step."""
+        """Plugin steps `names` replayed from their recorded launches (eager_replay.py), each timed as a step."""
         ...
 
     def untimed(self, fn: Callable[[], Any]) -> Any:
@@ -252,7 +253,7 @@ class HostLane(Lane):
         return value
 
     def download(self, name: str, value: np.ndarray, target: np.ndarray, staged: bool) -> None:
-        hostwork.copy(target, np.asarray(value))
+        host_threads.copy(target, np.asarray(value))
 
     def segment(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -380,7 +381,7 @@ class CudaLane(Lane):
         return out
 
     def run_replayed(self, names: Sequence[str], replays: Sequence[Callable[[], None]]) -> None:
-        """Plugin steps replayed from their recorded launches (replays.py), back to back, each timed
+        """Plugin steps replayed from their recorded launches (eager_replay.py), back to back, each timed
         by the CUDA events recorded between them, as run_kernel times a step: one loop for them all."""
         import cupy
 
@@ -440,7 +441,7 @@ class CudaLane(Lane):
         source = rows
         if not rows.flags.c_contiguous or (not pinned and rows.nbytes >= STAGE_MIN_BYTES):
             source = self.staging.view(f"in {name}", rows.shape, rows.dtype)
-            self.recording.host_timed(f"stage H2D {name}", COPY, lambda: hostwork.copy(source, rows))
+            self.recording.host_timed(f"stage H2D {name}", COPY, lambda: host_threads.copy(source, rows))
         if into is not None and tuple(into.shape) == rows.shape and into.dtype == rows.dtype and into.flags.c_contiguous:
             device = into
         elif reuse:
@@ -454,7 +455,7 @@ class CudaLane(Lane):
 
     def _input_buffer(self, cupy: Any, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The array input `name` went up into last time at this shape, kept with the prebound outputs
-        (within their budget), so that the steps reading it find it where they did (replays.py). Safe
+        (within their budget), so that the steps reading it find it where they did (eager_replay.py). Safe
         for the reason reusing those is: everything that read it was enqueued on this stream."""
         key, size = ("input", name), (tuple(shape), np.dtype(dtype))
         kept = self.prebound.get(key, size)
@@ -508,7 +509,7 @@ class CudaLane(Lane):
             recording.timeline.device_settled(step, "plugin", recording.chunk, order, start, end, recording.lane)
         self._graph_steps.clear()
         for name, stage, target in self._unstage:
-            self.recording.host_timed(f"stage D2H {name}", COPY, lambda s=stage, t=target: hostwork.copy(t, s))
+            self.recording.host_timed(f"stage D2H {name}", COPY, lambda s=stage, t=target: host_threads.copy(t, s))
         self._unstage.clear()
 
     def staging_bytes(self) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import cuda
+from ..gpu import cuda
 
 FLAG_SOURCE = "nonfinite.cu"
 FLAG_BLOCK = 256

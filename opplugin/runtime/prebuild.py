@@ -5,7 +5,7 @@ know them (the variant chosen, the weights digest of a constant-memory module). 
 steps are built in rounds with the kernel cache's misses deferred
 (kernel_cache.deferring_misses): a build that needs a kernel the cache lacks stops there
 and hands over its compile job; once every step has been tried, the jobs compile in
-parallel (parallel_compile.py), and the steps that stopped are built again. A step that
+parallel (gpu/parallel_compile.py), and the steps that stopped are built again. A step that
 loads k missing kernels one after another takes k rounds; most take one. A step's build
 must therefore be safe to start again, as building it twice is.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol, TypeVar
 
-from .. import kernel_cache, parallel_compile
+from ..gpu import kernel_cache, parallel_compile
 
 # after this many rounds the steps still waiting are built plainly, compiling as they go
 MAX_ROUNDS = 4

@@ -1,7 +1,7 @@
 """The plain records a runner hands out: what it runs (PlanRecord, StepRecord), what
 one run did (RunResult, StepTime) and what repeated runs measured (Profile).
 
-report.py and check.py read these and nothing else of the runtime.
+report/timing.py and verify/check.py read these and nothing else of the runtime.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..device import Device
-from ..model import Model
+from ..gpu.device import Device
+from ..graph.model import Model
 from .chunking import BatchLayout
 from .timeline import GRAPH, Span, copy_figures
 

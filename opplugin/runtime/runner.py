@@ -28,22 +28,23 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .. import cuda, sessions
-from ..device import Device, select_device
+from ..gpu import cuda
+from ..ort import sessions
+from ..gpu.device import Device, select_device
 from ..errors import InputError, OutOfDeviceMemory, PluginError, first_line, positive_int
-from ..launch_mode import building_for
-from ..model import Model
-from ..plan import OrtStep, Plan, PluginStep, make_plan
+from ..gpu.launch_mode import building_for
+from ..graph.model import Model
+from ..plan.partition import OrtStep, Plan, PluginStep, make_plan
 from ..registry import Kernel, Plugin
 from . import chunking
 from .buffers import InPlace, assign_buffers
 from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results, SharedRows
-from .describe import record_plan
+from .plan_record import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
 from .prebuild import build_all
 from .records import PlanRecord, Profile, RunResult, RunTiming
-from .timings import RunTimings
+from .deferred_timings import RunTimings
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
 DEFAULT_STREAMS = 3
@@ -76,8 +77,8 @@ class Runner:
     eagerly, and `graph_failures()` (and each RunResult) says why.
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
-    and `describe(batch)` the plan as a PlanRecord: what report.py and
-    check.py read.
+    and `describe(batch)` the plan as a PlanRecord: what report/timing.py and
+    verify/check.py read.
     """
 
     def __init__(

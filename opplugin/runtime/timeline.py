@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from .. import cuda
+from ..gpu import cuda
 
 COPY = "copy"
 # a CUDA graph's replay as a whole; its steps have spans of their own (see graphs.py)

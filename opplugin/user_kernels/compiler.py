@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import cuda
+from ..gpu import cuda
 from .source import CONTRACT_FILE, KernelSource, UserKernelError
 
 # A source rejects a node's shape with `#error reject: <reason>` (see the starter).
@@ -54,7 +54,7 @@ def compile_node(source: KernelSource, defines: Mapping[str, int], on_gpu: bool,
         except cupy.cuda.compiler.CompileException as err:
             raise_for_log(source, err.get_message(), defines)
         return Compiled(module, options)
-    from ..nvrtc import CompileError, NvrtcUnavailable, compile_cubin, fast_compile_options
+    from ..gpu.nvrtc import CompileError, NvrtcUnavailable, compile_cubin, fast_compile_options
 
     try:  # without a GPU the compile only shows whether the source compiles: the fast mode does
         compile_cubin(text, options + fast_compile_options(), OFFLINE_ARCH, name=source.label)

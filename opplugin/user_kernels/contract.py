@@ -54,7 +54,7 @@ def user_fusable(epilogue) -> bool:
 
 def conv_user_defines(spec, epilogue) -> dict[str, int]:
     """The Conv contract's macros for a spec and the epilogue the kernel applies itself (NONE for none)."""
-    from ..ops.conv.families.common import shape_defines
+    from ..ops.conv.families.base import shape_defines
 
     defines = shape_defines(spec, epilogue)
     for name in ("BLOCK", "RESIDUAL", "POOL_FIRST", "ACTIVATION(v)"):  # the source's own directive says its block size

@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..device import Device
+from ..gpu.device import Device
 from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
 from .compiler import Rejected, compile_node
@@ -64,7 +64,7 @@ class SourceKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         import cupy
 
-        from .. import cuda
+        from ..gpu import cuda
 
         with cuda.on_stream(stream):
             outputs = [cupy.empty(shape, cupy.float32) for shape in self.plugin.output_shapes(self.node, inputs)]

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..device import Device
+from ..gpu.device import Device
 from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
 from .compiler import Compiled, Rejected, compile_node
@@ -74,7 +74,7 @@ class UserKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         import cupy
 
-        from .. import cuda
+        from ..gpu import cuda
 
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(inputs[0], dtype=cupy.float32)
@@ -217,14 +217,14 @@ class UserPlugin(Plugin):
 
 
 def weights_digest(weights: list[np.ndarray]) -> str:
-    from ..ops.conv.families.common import constants_digest
+    from ..ops.conv.families.base import constants_digest
 
     return constants_digest({f"w{i}": w for i, w in enumerate(weights)})
 
 
 def upload_weights(compiled: Compiled, weights: list[np.ndarray]) -> None:
     """W (and B) into the __constant__ arrays W_CONST, B_CONST the runner declares for `weights=constant`."""
-    from ..ops.conv.families.common import upload_constant
+    from ..ops.conv.families.base import upload_constant
 
     for name, values in zip(("W_CONST", "B_CONST"), weights):
         upload_constant(compiled.module, name, values)

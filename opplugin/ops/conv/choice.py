@@ -2,7 +2,7 @@
 
 1. The tuning cache. `opplugin tune MODEL` times every FP32-exact configuration
    of each Conv on this GPU and records the fastest that passed its check (see
-   `opplugin.tuning_cache`: one JSON file keyed by GPU name, node shape and fused
+   `opplugin.ops.conv.tuning_cache`: one JSON file keyed by GPU name, node shape and fused
    epilogue, batch bucket and opplugin version). When the cache has an entry for
    this node (its own batch bucket, else the nearest tuned one within a factor
    of 16) and that variant can still run the node, it is the choice.
@@ -10,7 +10,7 @@
 2. Otherwise a heuristic, which times nothing. A Conv that is a dense layer (its filter
    covers its whole input map: the squeeze and excite Convs of SE blocks) runs on the
    Gemm kernel the Gemm heuristic gives that layer (`dense_gemv` at batch 1-16, see
-   families/dense.py), unless its epilogue has no place there. Otherwise it prefers the families in the
+   ops/conv/families/dense.py), unless its epilogue has no place there. Otherwise it prefers the families in the
    order the seeds' optimisations build on each other, most refined first, and
    takes the first one that can run the node with its fused epilogue, if any:
    register tiles of rows x columns x maps (`const_tile`), then of rows x
@@ -43,16 +43,16 @@ from __future__ import annotations
 
 import math
 
-from ...device import Device
+from ...gpu.device import Device
 from ...errors import PluginError
-from ...launch_mode import launches_replayed
-from ...tuning_cache import CacheKey, key_for, lookup
+from ...gpu.launch_mode import launches_replayed
+from .tuning_cache import CacheKey, key_for, lookup
 from . import cost, families
 from .epilogue import NONE, Epilogue
 from .families.dense import dense_family, is_dense
 from .families.gemm import k_dim
 from .families.pipelined import PipelinedConfig, columns, multiprocessors
-from .families.wgmma_gemm import LONG_K
+from .families.wgmma import LONG_K
 from .spec import ConvSpec
 
 PREFERENCE = ("const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "simt_gemm", "baseline")
@@ -105,7 +105,7 @@ SHORT_GRID_DEPTHWISE_PREFERENCE = ("depthwise", *(name for name in DEPTHWISE_PRE
 GROUPED_PREFERENCE = ("grouped", "simt_gemm", "const_tile", "const_rb", "const_mo", "const", "tc_3xtf32", "baseline")
 # ... but groups of this many maps or more fill the SIMT GEMM's tiles: on an H100 at batch 32, ResNeXt-50's
 # 1024-channel 3x3 (groups of 32) ran 45 µs there and 64 on `grouped` at its best. Groups of 16 stay
-# on `grouped`, whose threads compute 4 maps each (families/depthwise.py): there RegNetY-800MF's 144-channel
+# on `grouped`, whose threads compute 4 maps each (ops/conv/families/depthwise.py): there RegNetY-800MF's 144-channel
 # 3x3 ran 55 µs against the SIMT GEMM's 59, ResNeXt-50's 512-channel one 53 against 53 at batch 32,
 # and at batch 1, 6.9 and 5.0 µs against 7.2 and 7.3.
 GROUPED_GEMM_MIN_MAPS = 32

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from ...launch_mode import launches_replayed
+from ...gpu.launch_mode import launches_replayed
 from .spec import ConvSpec
 
 # Host time per kernel launch and per scratch allocation, eager (tools/host_step_bench.py:

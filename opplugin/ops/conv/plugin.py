@@ -7,11 +7,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...device import Device
+from ...gpu.device import Device
 from ...errors import PluginError
-from ...prologue_fusion import data_input
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import spec_of
+from ..specs import spec_of
 from .. import activation
 from . import reference
 from .epilogue import NONE, RESIDUAL_INPUT, Epilogue, kernel_name
@@ -76,7 +75,7 @@ class UnfusedEpilogueKernel(Kernel):
         return self.conv.workspace_bytes(batch)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
-        from ... import cuda
+        from ...gpu import cuda
 
         import cupy
 
@@ -190,7 +189,7 @@ class ConvPlugin(Plugin):
         if epilogue is None:
             raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
         if prologue:
-            taken = from_nodes(prologue, data_input(prologue[0]))
+            taken = from_nodes(prologue, prologue[0].data_input())
             if taken is None:
                 raise PluginError(f"Conv {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
             epilogue = replace(epilogue, prologue=taken)

@@ -11,7 +11,7 @@ The prologue applies to the values inside the image only: a padded position stay
 is in the Conv of the transformed tensor. This description drives both the numpy reference
 (`apply`) and the CUDA code (`defines`, read by kernels/conv_implicit_tiles.cuh), as the
 epilogue's does (epilogue.py). A plan fuses a pointwise step into its Conv this way only when
-the Conv is its one reader (opplugin/prologue_fusion.py); `from_nodes` reads the nodes.
+the Conv is its one reader (opplugin/plan/prologue.py); `from_nodes` reads the nodes.
 """
 from __future__ import annotations
 

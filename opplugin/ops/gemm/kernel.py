@@ -13,10 +13,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ... import cuda
+from ...gpu import cuda
 from ...errors import PluginError
 from ...registry import Kernel
-from ..conv.families.common import checked_array  # the same operand check as the Conv kernels
+from ..operands import checked_array
 from . import reference
 from .epilogue import NONE, GemmEpilogue
 from .families import GemmConfig, defines, effective_bias

@@ -18,10 +18,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ... import cuda
+from ...gpu import cuda
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo
 from ..activation import Activation
+from ..operands import batched_input
 from .spec import GemmSpec
 
 BATCHED_SOURCE = "gemm_batched.cu"
@@ -214,10 +215,7 @@ class BatchedMatMulKernel(Kernel):
             return self._constants[index]
         x = inputs[index] if len(inputs) > index else None
         expected = (self.spec.a_shape, self.spec.b_shape)[index][1:]
-        if not isinstance(x, cupy.ndarray) or x.dtype != np.float32 or tuple(x.shape[1:]) != expected:
-            got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
-            raise PluginError(f"{self.name}: {'AB'[index]} must be a float32 CuPy array of shape (batch, {', '.join(map(str, expected))}), not {got}")
-        return cupy.ascontiguousarray(x)
+        return cupy.ascontiguousarray(batched_input(cupy, x, expected, "AB"[index], self.name))
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
         import cupy

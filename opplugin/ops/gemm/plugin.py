@@ -7,10 +7,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ...device import Device
+from ...gpu.device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import reason_against, spec_of
+from ..specs import reason_against, spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ... import cuda
+from ...gpu import cuda
 from ...errors import PluginError
 from ...registry import Kernel
 from .strides import contiguous_strides, element_strides, outer_stride

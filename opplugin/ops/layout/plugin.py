@@ -10,10 +10,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...device import Device
+from ...gpu.device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import reason_against, spec_of
+from ..specs import reason_against, spec_of
 from ..view import ViewKernel
 from . import reference
 from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TransposeTileKernel

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...errors import PluginError
+from ...graph.functions import OPPLUGIN_DOMAIN
 from ...registry import NodeInfo
 from .. import activation as activations
 from .ops import GELU_TANH, OPS
@@ -164,7 +165,7 @@ class _Lowering:
 
     def _lower(self, node: NodeInfo) -> None:
         where = f"{node.op_type} {node.name}"
-        if node.node.domain not in ("", "ai.onnx") and not (node.op_type == "Gelu" and node.node.domain == activations.OPPLUGIN_DOMAIN):
+        if node.node.domain not in ("", "ai.onnx") and not (node.op_type == "Gelu" and node.node.domain == OPPLUGIN_DOMAIN):
             raise PluginError(f"{where}: domain {node.node.domain!r} is not ONNX's")
         outputs = [o for o in node.node.output if o]
         if len(outputs) != 1:

@@ -7,8 +7,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ... import cuda
-from ...device import Device
+from ...gpu import cuda
+from ...gpu.device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeGroup, NodeInfo, Plugin
 from . import codegen

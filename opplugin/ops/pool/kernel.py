@@ -5,9 +5,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ... import cuda
-from ...errors import PluginError
+from ...gpu import cuda
 from ...registry import Kernel
+from ..operands import batched_input, contiguous_out
 from . import reference
 from .spec import AVERAGE, MAX, PoolSpec
 
@@ -87,16 +87,10 @@ class PoolKernel(Kernel):
         """[Y] for [X]; Y is `out` when given (a C-contiguous float32 CuPy array, written in full)."""
         import cupy
 
-        x = inputs[0] if inputs else None
-        expected = (self.spec.channels, *self.spec.size)
-        if not isinstance(x, cupy.ndarray) or x.dtype != np.float32 or x.ndim != 4 or tuple(x.shape[1:]) != expected:
-            got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
-            raise PluginError(f"{self.name}: X must be a float32 CuPy array of shape (batch, {', '.join(map(str, expected))}), not {got}")
+        x = batched_input(cupy, inputs[0] if inputs else None, (self.spec.channels, *self.spec.size), "X", self.name)
         batch = int(x.shape[0])
         shape = self.spec.output_shape(batch)
-        if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape
-                                or not out.flags.c_contiguous):
-            raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {shape}")
+        contiguous_out(cupy, out, shape, self.name)
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)
             y = cupy.empty(shape, dtype=cupy.float32) if out is None else out

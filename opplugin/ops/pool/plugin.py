@@ -6,10 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ...device import Device
+from ...gpu.device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import spec_of
+from ..specs import spec_of
 from .kernel import PoolKernel, ReferencePoolKernel, kernel_name
 from .spec import PoolSpec
 

@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ... import cuda
-from ...errors import PluginError
+from ...gpu import cuda
 from ...registry import Kernel
+from ..operands import batched_input, contiguous_out
 from ..activation import cuda_float
 from . import reference
 from .rows import Rows
@@ -189,15 +189,10 @@ class RowKernel(Kernel):
         """[Y] for [X]; Y is `out` when given (a C-contiguous float32 CuPy array, written in full)."""
         import cupy
 
-        x = inputs[0] if inputs else None
-        if type(x) is not cupy.ndarray or x.dtype != np.float32 or x.shape[1:] != self._sample:
-            got = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
-            raise PluginError(f"{self.name}: X must be a float32 CuPy array of shape (batch, {', '.join(map(str, self._sample))}), not {got}")
+        x = batched_input(cupy, inputs[0] if inputs else None, self._sample, "X", self.name)
         batch = int(x.shape[0])
         shape = self.spec.output_shape(batch)
-        if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape
-                                or not out.flags.c_contiguous):
-            raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {shape}")
+        contiguous_out(cupy, out, shape, self.name)
         launches = self._launches.get(batch) or self._launches.setdefault(batch, self._plan_launches(batch))
         with cuda.on_stream(stream):
             source = x if x.flags.c_contiguous else cupy.ascontiguousarray(x)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...device import Device
+from ...gpu.device import Device
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..described import spec_of
+from ..specs import spec_of
 from ..pool import kernel as pool_kernel
 from ..pool.spec import PoolSpec
 from .kernel import ReferenceRowKernel, RowKernel, kernel_name

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import PluginError
+from ...graph.functions import OPPLUGIN_DOMAIN
 from ...registry import NodeInfo
 from .rows import Rows, normalised_axes, product, refuse_batch_axis, runs
 
@@ -26,9 +27,6 @@ SUM, MEAN, MAX, MIN, PROD = "sum", "mean", "max", "min", "prod"
 L1, L2, SUM_SQUARE, LOG_SUM = "l1", "l2", "sumsquare", "logsum"
 REDUCE_OPS = {"ReduceSum": SUM, "ReduceMean": MEAN, "ReduceMax": MAX, "ReduceMin": MIN, "ReduceProd": PROD,
               "ReduceL1": L1, "ReduceL2": L2, "ReduceSumSquare": SUM_SQUARE, "ReduceLogSum": LOG_SUM}
-# the domain of the LayerNormalization that simplification writes for a decomposed pattern
-# whose axes ONNX's own LayerNormalization cannot name (see layernorm_pattern.py)
-OPPLUGIN_DOMAIN = "opplugin"
 
 
 def _where(node: NodeInfo) -> str:

@@ -19,13 +19,13 @@ from typing import Union
 
 import numpy as np
 
-from .... import cuda
+from ....gpu import cuda
 from ....errors import PluginError
 from ... import config_grammar
 from ...config_grammar import Config
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
-from .common import CONSTANT_MEMORY_BYTES, INT32_MAX, CompileUnit, ConvKernel, Family, Weights, constant_bytes
+from .base import CONSTANT_MEMORY_BYTES, INT32_MAX, CompileUnit, ConvKernel, Family, Weights, constant_bytes
 from .direct import default_maps_per_thread
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
 
 # The modules of this package that define families, in the order of the seeds'
 # optimisation story: each family is one step. Each module has a FAMILIES list.
-FAMILY_MODULES = ("direct", "unrolled", "tiled", "reduction", "blocked", "gemm", "mixed", "tensor_gemm", "wgmma_gemm", "simt_gemm", "depthwise", "dense")
+FAMILY_MODULES = ("direct", "unrolled", "tiled", "reduction", "blocked", "gemm", "fp16", "tf32_mma", "tc_gemm", "wgmma", "simt_gemm", "depthwise", "dense")
 FAMILIES: dict[str, Family] = {
     family.name: family
     for module in FAMILY_MODULES

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
-from .common import UNROLL_BUDGET, CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
-from .common import map_groups_reason, shape_defines, unroll_channels
+from .base import UNROLL_BUDGET, CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
+from .base import map_groups_reason, shape_defines, unroll_channels
 from .direct import default_maps_per_thread
 
 ACCUMULATOR_BUDGET = 64  # RT x MO accumulators tuning tries at most; past this ptxas spills

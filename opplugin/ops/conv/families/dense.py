@@ -23,10 +23,11 @@ import numpy as np
 
 from ...gemm import families as gemm
 from ...gemm.epilogue import GemmEpilogue
+from ...gemm.kernel import padded_weights
 from ...gemm.spec import BIAS_COLUMN, BIAS_NONE, GemmSpec
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
-from .common import CompileUnit, ConvKernel, Family, load_functions
+from .base import CompileUnit, ConvKernel, Family, load_functions
 
 PREFIX = "dense_"
 GEMV_SPLITS = (1, 2, 4, 8, 16)  # warps per output: what tuning tries beside the heuristic's
@@ -146,8 +147,6 @@ class DenseConvKernel(ConvKernel):
         self._grids: dict[int, tuple[int, int, int]] = {}
 
     def _padded(self, cupy: Any, w: Any) -> Any:
-        from ...gemm.kernel import padded_weights  # not at the top: gemm.kernel imports this package
-
         return padded_weights(cupy, w.reshape(self._layer.n, self._layer.k), self._layer, self._gemm)
 
     def _launch(self, x, weights, y, batch):

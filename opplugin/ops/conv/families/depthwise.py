@@ -22,7 +22,7 @@ import numpy as np
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .base import CompileUnit, ConvKernel, Family, load_functions, shape_defines
 from .pipelined import multiprocessors
 
 SHARED_BYTES = 48 * 1024  # static shared memory of a block

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
-from .common import map_groups_reason, shape_defines, unroll_channels
+from .base import CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
+from .base import map_groups_reason, shape_defines, unroll_channels
 
 MAX_MAPS_PER_THREAD = 64  # beyond this the accumulators no longer fit in registers
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .... import cuda
+from ....gpu import cuda
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import BLOCK, BlockTiledConfig, CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .base import BLOCK, BlockTiledConfig, CompileUnit, ConvKernel, Family, load_functions, shape_defines
 
 THREADS = BLOCK  # threads per GEMM block
 SHARED_FLOATS = 48 * 1024 // 4  # static shared memory of one block: the BK x (BM + BN) tiles

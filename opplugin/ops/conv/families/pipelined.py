@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .... import cuda
+from ....gpu import cuda
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import BlockTiledConfig, ConvKernel, Family, load_functions
+from .base import BlockTiledConfig, ConvKernel, Family, load_functions
 from .gemm import k_dim, pixels  # K = C/G * KH * KW: one group's
 
 TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB

@@ -14,7 +14,7 @@ import numpy as np
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import BLOCK, UNROLL_BUDGET, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines
+from .base import BLOCK, UNROLL_BUDGET, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines
 from .direct import pixels
 
 # 2, 4 or 8 slices: a block row of BLOCK/SL >= 32 threads is whole warps, so each

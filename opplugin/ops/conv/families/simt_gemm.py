@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import CompileUnit, Family, shape_defines
+from .base import CompileUnit, Family, shape_defines
 from .gemm import pixels
 from .pipelined import PipelinedConfig, PipelinedGemm, multiprocessors, split_for, tile_order, tiles_header_defines, with_split
 

@@ -10,7 +10,7 @@ import numpy as np
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .common import BLOCK, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines, unroll_channels
+from .base import BLOCK, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines, unroll_channels
 
 WIDTHS = (8, 16, 32, 64)  # tile widths a block of BLOCK threads can take (heights 32, 16, 8, 4)
 TUNED_WIDTHS = (16, 32)  # what tuning tries: a half or a whole warp per tile row

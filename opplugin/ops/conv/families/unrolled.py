@@ -8,7 +8,7 @@ without either, so the two differ by exactly this step.
 from __future__ import annotations
 
 from ..epilogue import NONE
-from .common import CompileUnit, Family, GridKernel, load_functions, shape_defines, unroll_channels
+from .base import CompileUnit, Family, GridKernel, load_functions, shape_defines, unroll_channels
 from .direct import pixels
 
 

@@ -1,0 +1,193 @@
+"""The one rule every command keeps about files: nothing it reads is ever written.
+
+Before any work, each file a command will write (`--json`, `--csv`, `--trace`,
+`--save-outputs`) is checked to be writable and compared with every other output
+and with every file the command reads: the model (given by name or by path), its
+external data files, `--kernel` sources, the `--load-inputs` file and the `--images`
+files. Two paths are the same file when they resolve to the same place or name the
+same (device, inode), which catches symbolic and hard links alike. A clash is an
+InputError, one line, before anything is loaded or written. A file the command
+reads but cannot open is refused here too, with the reason.
+
+`-` names standard output for the report files that allow it (`--json`, `--csv`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import InputError
+
+STDOUT = "-"
+
+# dest: flag, for every option naming a file a command writes
+OUTPUT_FLAGS = {"json": "--json", "csv": "--csv", "trace": "--trace", "save_outputs": "--save-outputs", "plot": "--plot"}
+# the outputs that may be `-` (standard output): text reports, not binary files
+STDOUT_FLAGS = ("json", "csv")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a path leads: its resolved path, and (device, inode) when it exists."""
+
+    resolved: str
+    inode: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, path: str | Path) -> "Place":
+        resolved = os.path.realpath(path)
+        try:
+            status = os.stat(resolved)
+        except OSError:
+            return cls(resolved, None)
+        return cls(resolved, (status.st_dev, status.st_ino))
+
+    def same_as(self, other: "Place") -> bool:
+        return self.resolved == other.resolved or (self.inode is not None and self.inode == other.inode)
+
+
+def stdout_outputs(args: argparse.Namespace) -> list[str]:
+    """The flags of the outputs that go to standard output."""
+    return [flag for dest, flag in OUTPUT_FLAGS.items() if getattr(args, dest, None) == STDOUT]
+
+
+def check_files(args: argparse.Namespace) -> None:
+    """InputError for the first output that cannot be written, is given twice, or is a file
+    the command reads; and for a file the command reads that cannot be opened."""
+    from ..core.files import check_writable
+
+    outputs: list[tuple[str, str, Place]] = []
+    for dest, flag in OUTPUT_FLAGS.items():
+        path = getattr(args, dest, None)
+        if path is None:
+            continue
+        if path == STDOUT:
+            if dest not in STDOUT_FLAGS:
+                raise InputError(f"{flag} writes a binary file; give a file path, not -")
+            continue
+        check_writable(path, flag)
+        place = Place.of(path)
+        for other_flag, other_path, other in outputs:
+            if place.same_as(other):
+                raise InputError(f"{flag} {path} is the same file as {other_flag}; give each output its own file")
+        outputs.append((flag, path, place))
+    if len(stdout_outputs(args)) > 1:
+        raise InputError(f"{' and '.join(stdout_outputs(args))} both name standard output (-); give one of them a file")
+
+    reads = list(files_read(args))
+    for what, path in reads:
+        _check_readable(what, path)
+    existing = [(flag, path, place) for flag, path, place in outputs if place.inode is not None]
+    if not existing:
+        return  # a file that does not exist yet cannot be one the command reads
+    read_places = [(what, Place.of(path)) for what, path in reads]
+    read_places += [(what, Place.of(path)) for what, path in external_data_near(args, existing)]
+    for flag, path, place in existing:
+        for what, read in read_places:
+            if place.same_as(read):
+                raise InputError(f"{flag} {path} is the same file as {what}, which the command reads; "
+                                 "give the output another path")
+
+
+def files_read(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(what, path) for each existing file the command reads, as far as the flags say
+    (the models' external data aside: see external_data_near)."""
+    for model in _models(args):
+        yield "the model", str(model)
+    for value in getattr(args, "kernel", None) or []:  # OP=FILE.cu; bench takes several for one op
+        path = value.partition("=")[2]
+        if path and Path(path).is_file():
+            yield "a --kernel source", path
+    load = getattr(args, "load_inputs", None)
+    if load and Path(load).is_file():
+        yield "the --load-inputs file", load
+    folder = getattr(args, "images", None)
+    if folder and Path(folder).is_dir():
+        from ..inputs.user_data import image_files
+
+        for image in image_files(folder):
+            yield "an --images file", str(image)
+
+
+def _models(args: argparse.Namespace) -> Iterator[Path]:
+    """The model files named by the command (resolved from a shipped name), those that exist."""
+    from ..graph.model import SHIPPED_MODELS, resolve_model_path
+
+    names = []
+    for dest in ("model", "scaling"):  # scaling: bench --scaling MODEL
+        if isinstance(getattr(args, dest, None), str):
+            names.append(getattr(args, dest))
+    for dest in ("models", "e2e"):
+        names += getattr(args, dest, None) or []
+    if getattr(args, "command", None) == "bench" and not getattr(args, "models", None):
+        names += SHIPPED_MODELS  # bench's default models
+    for name in names:
+        path = resolve_model_path(name)
+        if path.is_file():
+            yield path
+
+
+def external_data_near(args: argparse.Namespace, outputs: list[tuple[str, str, Place]]) -> Iterator[tuple[str, str]]:
+    """The external data files of the models, read from the models' headers only when an
+    existing output could be one: it lies in a model's folder, or has another hard link."""
+    for model in _models(args):
+        folder = os.path.realpath(model.parent)
+        if not any(place.resolved.startswith(folder + os.sep) or os.stat(place.resolved).st_nlink > 1
+                   for _, _, place in outputs):
+            continue
+        for location in external_data_files(model):
+            yield f"external data of the model ({location})", str(model.parent / location)
+
+
+def external_data_files(model: Path) -> list[str]:
+    """The locations (relative to the model's folder) of the tensors the model keeps in external files."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if not _mentions(model, b"location"):
+        return []  # every external tensor names its file under the key "location": a large model with its weights inline is not parsed
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:  # not ONNX at all: loading it says so, with the reason
+        return []
+    locations = []
+    for tensor in _tensors(proto.graph):
+        if uses_external_data(tensor):
+            locations.append(ExternalDataInfo(tensor).location)
+    return list(dict.fromkeys(locations))
+
+
+def _mentions(path: Path, word: bytes) -> bool:
+    """Whether the file's bytes hold `word` (read through a memory map, not into memory)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(word) != -1
+    except (OSError, ValueError):  # an empty file cannot be mapped
+        return False
+
+
+def _tensors(graph) -> Iterator:
+    """Every tensor of a graph: its initializers, and tensor attributes of its nodes and their subgraphs."""
+    import onnx
+
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield attribute.t
+            yield from attribute.tensors
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _tensors(sub)
+
+
+def _check_readable(what: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise InputError(f"{path} ({what}): cannot read it ({err.strerror or err})") from None

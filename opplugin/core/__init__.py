@@ -1,0 +1,1 @@
+"""Plain helpers every layer may use: files written whole, where opplugin's files live, row ranges, host threads, text tables."""

@@ -1,0 +1,1 @@
+"""The CUDA toolchain: the device, NVRTC compiles, the kernel cache, parallel compiles, recorded launches."""

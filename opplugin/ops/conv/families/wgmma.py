@@ -1,0 +1,198 @@
+"""The Hopper implicit GEMM (kernels/conv_wgmma.cu): tc_3xtf32's implicit GEMM and 3xTF32
+arithmetic on the asynchronous warpgroup MMA, wgmma, of sm_90a. It runs on compute capability 9.0
+alone (H100, H200); tc_3xtf32 stays the path everywhere else.
+
+A block's producer warpgroups copy each slice into shared memory, its consumer warpgroups (one per
+64 pixels) multiply from there; see the kernel's header for why. The operands come split into big
+and small TF32 parts and K-major: the weights rearranged once, at build time, so that a slice is
+one window tap's 32 channels (`split_weights`), and the image rewritten channel-last before each
+call (conv_split_channel_last). So a group's input channels must be a multiple of 32, and the
+weights constant (initializers).
+
+`wg_3xtf32_b<BM>x<BN>x<BK>_s<S>[_k<K>]`: BM maps (one wgmma's N: 64 or 128) x BN pixels of the
+batch a block, BK the K depth of a slice (32: one 128-byte line a row), S slices staged; `_k<K>`
+splits the K loop over K blocks (`pipelined`). FP32-exact by measurement, as tc_3xtf32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...config_grammar import tagged
+from ..epilogue import NONE
+from ..spec import ConvSpec
+from .base import CompileUnit, Family, load_functions, shape_defines
+from .gemm import k_dim
+from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
+from .tc_gemm import Split3xTf32Gemm
+
+SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
+STAGES = 3  # two slices in flight, one multiplied
+TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value a TF32 operand keeps
+TRANSPOSE_TILE = 32  # conv_split_channel_last's block: 32 channels x 32 pixels
+# A first tile whose waves leave SMs idle gives way: with a K from LONG_K on, to its K split that
+# balances the waves (the reduce is repaid), with a shorter one to the tile of half its pixels
+# (twice the blocks). On an H200 at batch 32: VGG 512->512 at 14x14 (K 4608) 0.331 ms split 2
+# against 0.389 unsplit, ResNet 256->256 at 14x14 (2304) 0.124 split 4 against 0.136 split 2,
+# 512->512 at 7x7 0.122 split 5 against 0.137 split 4; ResNet 128->128 at 28x28 (K 1152, 196
+# blocks of 128 x 128: 1.5 waves) 0.120 on 128 x 64 tiles against 0.132, and 0.132 split 2.
+LONG_K = 2048
+HOPPER = "sm_90"  # the one architecture wgmma's code (sm_90a) runs on
+WARPGROUP = 128
+PIXELS_PER_WARPGROUP = 64  # a wgmma's M
+
+
+@dataclass(frozen=True)
+class WgmmaGemmConfig(PipelinedConfig):
+    """A block's output tile and K depth, the stages, the K split."""
+
+    block: tuple[int, int, int] = tagged("b", 3)  # BM maps x BN pixels x BK
+    stages: int = tagged("s")
+    splits: int = tagged("k", default=1)
+
+    @property
+    def threads(self) -> int:
+        """A consumer warpgroup per 64 pixels, as many producer threads."""
+        return 2 * self.bn // PIXELS_PER_WARPGROUP * WARPGROUP
+
+    @property
+    def min_blocks(self) -> int:
+        """The shared memory of the stages, and the consumers' registers, leave room for one block an SM."""
+        return 1
+
+    def shared_bytes(self) -> int:
+        """STAGES slices of weights and image values with their small parts, two mbarriers a stage,
+        and 1024 bytes to align the swizzle's atoms with."""
+        return self.stages * 2 * (self.bm + self.bn) * self.bk * 4 + self.stages * 16 + 1024
+
+
+# maps x pixels; the order the heuristic offers them in, by the maps of a group (as tc_3xtf32's)
+TILES = ((128, 64), (128, 128), (64, 128), (64, 64))
+# On an H200 at batch 32: 128x128 ran fastest on every 3x3 layer of 128 maps or more (VGG 512->512
+# at 14x14, ResNet 128->128 at 28x28, 256->256, 512->512), 64x128 on ResNet 64->64 at 56x56.
+TILE_ORDER = (
+    (128, ((128, 128), (64, 128), (128, 64), (64, 64))),
+    (0, ((64, 128), (128, 128), (64, 64), (128, 64))),
+)
+
+
+class WgmmaGemm(PipelinedGemm):
+    name = "wg_3xtf32"
+    summary = (
+        "tensor cores, FP32-exact by measurement (sm_90 alone: H100, H200): tc_3xtf32's implicit GEMM on Hopper's "
+        "asynchronous warpgroup MMA (wgmma): producer warpgroups copy each slice into swizzled shared memory and "
+        "split it into big + small TF32 parts once, consumer warpgroups multiply from there; split K; fuses bias, "
+        "a residual Add and an activation"
+    )
+    exact = True
+    exact_by = "measurement"
+    split = True
+    expected_relative_error = Split3xTf32Gemm.expected_relative_error
+    max_relative_error = Split3xTf32Gemm.max_relative_error
+    tiles = dict.fromkeys(TILES)
+    config_type = WgmmaGemmConfig
+    archs = (HOPPER,)
+    weights_at_build = True
+
+    def reason(self, spec, config, epilogue):
+        channels = spec.in_channels // spec.group
+        if channels % SLICE_DEPTH:
+            return (f"{self.name} reads a group's input channels {SLICE_DEPTH} at a time from a channel-last copy; "
+                    f"this Conv has {channels} a group")
+        if not masks_taps(spec):
+            return f"{self.name} keeps a bit per window tap; a {spec.kernel[0]}x{spec.kernel[1]} window has too many"
+        return super().reason(spec, config, epilogue)
+
+    def tile_config(self, tile, splits=1):
+        return WgmmaGemmConfig(self.name, (*tile, SLICE_DEPTH), STAGES, splits)
+
+    def configs(self, spec, epilogue=NONE):
+        """Every tile, by TILE_ORDER, each with its K splits (`split_configs`); where the first
+        leaves SMs idle in its last wave, what fills them better first (LONG_K)."""
+        offered = split_configs(spec, [self.tile_config(t) for t in tile_order(TILE_ORDER, spec)])
+        return list(dict.fromkeys([self._balanced(spec, offered[0]), *offered]))
+
+    def _balanced(self, spec: ConvSpec, first: WgmmaGemmConfig) -> WgmmaGemmConfig:
+        sms = multiprocessors()
+        if k_dim(spec) >= LONG_K:
+            return with_split(first, balancing_split(spec, first, sms))
+        narrower = (first.bm, first.bn // 2)
+        if first.splits > 1 or narrower not in self.tiles:
+            return first
+        efficiency = {c: wave_efficiency(grid_blocks(spec, c), sms) for c in (first, self.tile_config(narrower))}
+        best = max(efficiency, key=efficiency.get)
+        return best if efficiency[first] < WAVE_BALANCE else first
+
+    def alignment(self, spec):
+        return 4
+
+    def compile_units(self, spec, config, epilogue=NONE):
+        defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, config.splits) | {
+            "BM": config.bm,
+            "BN": config.bn,
+            "BK": config.bk,
+            "STAGES": config.stages,
+        }
+        units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
+        if config.splits > 1:
+            units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
+        return units + [CompileUnit("conv_wgmma.cu", "conv_split_channel_last", defines, arch_specific=True)]
+
+    def build(self, spec, config, weights, epilogue=NONE):
+        functions = load_functions(self.compile_units(spec, config, epilogue))
+        return WgmmaGemmKernel(spec, config, functions, epilogue, weights)
+
+
+def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W as the kernel reads it: rows of k = (kh*KW + kw)*C/G + c, and the small TF32 parts of those
+    values (each value less its TF32 bits, exact in FP32); the values themselves are the big parts."""
+    rows = np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
+    return rows, rows - (rows.view(np.uint32) & TF32_KEPT).view(np.float32)
+
+
+class WgmmaGemmKernel(PipelinedGemmKernel):
+    """conv_split_channel_last over X, then the GEMM (and the K split's reduce) on the weights and
+    bias it was built with; W and B among a call's inputs are not read."""
+
+    reads_weights = False
+
+    def __init__(self, spec, config, functions, epilogue, weights):
+        import cupy
+
+        super().__init__(spec, config, functions[:-1], epilogue, split_operands=True, alignment=4)
+        self.functions = list(functions)
+        self._split = functions[-1]
+        w, b = weights
+        self._w_big, self._w_small = (cupy.asarray(part) for part in split_weights(spec, w))
+        self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)
+        # a copy from pageable memory may still be on its way when the call returns; a launch on
+        # another stream must find the weights whole
+        cupy.cuda.get_current_stream().synchronize()
+        self._image_floats = spec.in_channels * spec.in_size[0] * spec.in_size[1]
+        # conv_split_channel_last's blocks: 32-pixel tiles of each image, 32-channel tiles
+        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // TRANSPOSE_TILE), spec.in_channels // TRANSPOSE_TILE)
+
+    def workspace_bytes(self, batch: int) -> int:
+        """The channel-last image and its small parts, then the K split's partial sums."""
+        return 8 * batch * self._image_floats + super().workspace_bytes(batch)
+
+    def _launch(self, x, weights, y, batch, nonfinite=0):
+        import cupy
+
+        r, pro = weights
+        x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
+        grid, workspace, reduce_blocks = self._geometry(batch)
+        values = batch * self._image_floats
+        scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the two images, then the partial sums
+        x_big, x_small, partial = scratch[:values], scratch[values:2 * values], scratch[2 * values:]
+        pixel_tiles, channel_tiles = self._transpose_tiles
+        self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
+        target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
+        self._gemm(grid, (self.config.threads, 1, 1),
+                   (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag), shared_mem=self._shared)
+        if self.splits > 1:
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, self._b, r, y, np.int32(batch), flag))
+
+
+FAMILIES: list[Family] = [WgmmaGemm()]

@@ -1,0 +1,309 @@
+"""One batch over several devices: a Runner per device, each given its own consecutive
+rows of the batch, all running at once on threads, their outputs put back in input order.
+
+Each runner is built and run inside its device's CUDA context, so that its constants,
+streams (its own lanes) and onnxruntime session live on that device; the runners share
+nothing but the caller's input arrays, which they only read. A device id may be given
+twice (`0,0`: two runners on one GPU). On the CPU the same class runs several "cpu"
+runners, which is how the mechanism is tested without a GPU.
+
+A run waits for every device before it returns; when one fails, the run fails with an
+error naming that device, and no output is handed back.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..gpu import cuda
+from ..gpu.device import CPU, Device, current_cuda_device
+from ..errors import DeviceError, InputError, OpPluginError, first_line, positive_int
+from ..graph.model import Model
+from ..core.row_ranges import split_even
+from . import chunking
+from .executor import Progress, Results
+from .records import Profile, RunResult
+from .runner import Runner
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """Where one runner runs: a CUDA device id, or the CPU (cuda_id None)."""
+
+    cuda_id: int | None = None
+
+    @property
+    def label(self) -> str:
+        return "cpu" if self.cuda_id is None else f"cuda:{self.cuda_id}"
+
+    def context(self):
+        """The device current on this thread while the runner is built and run."""
+        if self.cuda_id is None:
+            return contextlib.nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(self.cuda_id)
+
+    def device(self) -> Device:
+        """The Device record of this slot (call inside `context()`)."""
+        return CPU if self.cuda_id is None else current_cuda_device()
+
+
+def cuda_slots(text: str) -> list[DeviceSlot]:
+    """The slots of a `--devices` value: "all" (every CUDA device CuPy sees) or ids "0,1,...",
+    repeats allowed; InputError in one line when there is no CUDA device or an id is unknown."""
+    count = cuda.device_count()
+    if not count:
+        raise InputError("--devices needs a CUDA device; here plugin steps run the numpy reference on the CPU")
+    if text.strip() == "all":
+        return [DeviceSlot(index) for index in range(count)]
+    words = [word.strip() for word in text.split(",")]
+    if not all(word.isdigit() for word in words):
+        raise InputError(f"--devices {text}: give all, or device ids such as 0,1")
+    unknown = sorted({int(word) for word in words if int(word) >= count})
+    if unknown:
+        raise InputError(f"--devices {text}: no CUDA device {', '.join(map(str, unknown))}; "
+                         f"this machine has {count} (ids 0 to {count - 1})")
+    return [DeviceSlot(int(word)) for word in words]
+
+
+class DeviceFailure(DeviceError):
+    """One device of a multi-device run failed; the message names it."""
+
+
+@dataclass
+class DevicesResult:
+    """One pass of a batch over the devices: the outputs and kept tensors in input order, each
+    device's rows and RunResult (None where it got no rows), the wall time of the pass, and
+    when each device's run began and ended, in ms from the start of the pass (None where it
+    got no rows): what the pass adds to its slowest device is starting threads and gathering."""
+
+    outputs: dict[str, np.ndarray]
+    kept: dict[str, np.ndarray]
+    rows: list[slice | None]
+    results: list[RunResult | None]
+    total_ms: float
+    batch: int
+    spans_ms: list[tuple[float, float] | None] = field(default_factory=list)
+
+
+@dataclass
+class DevicesProfile:
+    """Timed passes over the devices: a Profile per device (None where it got no rows),
+    the wall time of each pass, and the last pass's outputs."""
+
+    labels: list[str]
+    profiles: list[Profile | None]
+    images: list[int]
+    total_ms: list[float] = field(default_factory=list)
+    # each timed pass's DevicesResult.spans_ms
+    spans_ms: list[list[tuple[float, float] | None]] = field(default_factory=list)
+    last: DevicesResult | None = None
+
+    @property
+    def batch(self) -> int:
+        return sum(self.images)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """A row per device: its images and its median time host to host."""
+        return device_rows(self.labels, self.images,
+                           [statistics.median(p.total_ms) if p is not None else 0.0 for p in self.profiles])
+
+    @property
+    def first(self) -> Profile:
+        """The profile of the first device that ran: its steps make the report's step table."""
+        return next(profile for profile in self.profiles if profile is not None)
+
+
+def device_rows(labels: Sequence[str], images: Sequence[int], times_ms: Sequence[float]) -> list[dict[str, Any]]:
+    """The report's rows, one per device: images, time in ms, images/s (None for a device without rows)."""
+    return [{"device": label, "images": count, "time_ms": ms, "images_per_s": count / (ms / 1e3) if count and ms > 0 else None}
+            for label, count, ms in zip(labels, images, times_ms)]
+
+
+class DevicesTally:
+    """A DeviceRunners' run for check, which runs the batch in pieces: each device's images and
+    time, and the wall time, summed over the pieces."""
+
+    def __init__(self, devices: "DeviceRunners"):
+        self.devices = devices
+        self.images = [0] * len(devices.runners)
+        self.times_ms = [0.0] * len(devices.runners)
+        self.total_ms = 0.0
+
+    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None) -> "DevicesResult":
+        result = self.devices.run(feeds, keep, progress)
+        for index, (rows, ran) in enumerate(zip(result.rows, result.results)):
+            if ran is not None:
+                self.images[index] += rows.stop - rows.start
+                self.times_ms[index] += ran.total_ms
+        self.total_ms += result.total_ms
+        return result
+
+    def rows(self) -> list[dict[str, Any]]:
+        return device_rows(self.devices.labels, self.images, self.times_ms)
+
+
+def _require_rows(layout: chunking.BatchLayout) -> chunking.BatchLayout:
+    if not layout.chunkable:
+        raise InputError(f"--devices cuts the batch into rows, one share per device, and this model cannot be cut: {layout.unchunkable}")
+    return layout
+
+
+class DeviceRunners:
+    """A runner per slot, each built inside its device's context by `make_runner(slot, batch)`,
+    where `batch` is the largest share of `batch` one device gets. The model must be one that
+    runs in chunks: rows of a batch run alone must give those rows of the whole result."""
+
+    def __init__(self, model: Model, slots: Sequence[DeviceSlot], make_runner: Callable[[DeviceSlot, int], Runner], batch: int):
+        if not slots:
+            raise InputError("--devices names no device")
+        self.slots = list(slots)
+        self.batch = positive_int(batch, "batch")
+        _require_rows(chunking.probe_layout(model))  # before any runner is built for a share it cannot take
+        share = -(-self.batch // len(self.slots))
+        self.runners: list[Runner] = []
+        for slot in self.slots:
+            with slot.context():
+                self.runners.append(make_runner(slot, share))
+        self.layout = _require_rows(self.runners[0].layout)  # the plan's steps may exchange unbatched tensors
+
+    @property
+    def labels(self) -> list[str]:
+        """Each runner's device, numbered when a device holds several runners ("cuda:0 #2")."""
+        plain = [slot.label for slot in self.slots]
+        seen: dict[str, int] = {}
+        labels = []
+        for label in plain:
+            seen[label] = seen.get(label, 0) + 1
+            labels.append(label if plain.count(label) == 1 else f"{label} #{seen[label]}")
+        return labels
+
+    def split(self, batch: int) -> list[slice | None]:
+        """Each runner's rows: consecutive, in order, sizes within one of each other; None for
+        the runners left without rows when the batch is smaller than the number of devices."""
+        pieces = split_even(batch, len(self.runners))
+        return pieces + [None] * (len(self.runners) - len(pieces))
+
+    def _piece(self, feeds: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
+        """The runner's rows of the batched inputs (views, so pinned memory stays pinned); the rest whole."""
+        return {name: (value[rows] if name in self.layout.batched_inputs else value) for name, value in feeds.items()}
+
+    def _together(self, rows: list[slice | None], work: Callable[[int, Runner, slice], Any]) -> list[Any]:
+        """`work(index, runner, rows)` for every runner with rows, at once on threads, each inside
+        its device's context. Every thread is waited for; then the first failure, in device
+        order, is raised: opplugin's errors as a DeviceFailure naming the device, anything else
+        as it is, with a note naming the device."""
+        busy = [index for index, piece in enumerate(rows) if piece is not None]
+
+        def on_device(index: int) -> Any:
+            with self.slots[index].context():
+                return work(index, self.runners[index], rows[index])
+
+        with ThreadPoolExecutor(max_workers=len(busy), thread_name_prefix="opplugin-device") as pool:
+            futures = {index: pool.submit(on_device, index) for index in busy}
+        found: list[Any] = [None] * len(rows)
+        for index, future in futures.items():
+            error = future.exception()
+            if isinstance(error, OpPluginError):
+                raise self._failure(index, error) from error
+            if error is not None:  # a bug, not a failure of the run: its traceback stays, naming the device
+                error.add_note(f"opplugin: on {self.labels[index]} (runner {index + 1} of {len(self.labels)})")
+                raise error
+            found[index] = future.result()
+        return found
+
+    def _failure(self, index: int, error: BaseException) -> DeviceFailure:
+        labels = self.labels
+        named = first_line(error)
+        failure = DeviceFailure(f"on {labels[index]} (runner {index + 1} of {len(labels)}): {named}")
+        failure.abandon_process = getattr(error, "abandon_process", False)  # a hung kernel: see cli.main
+        return failure
+
+    def _gather_kept(self, results: list[RunResult | None], names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Each kept tensor's rows from every device, in input order; an unbatched one (a kept
+        weight input) is the same everywhere and taken once."""
+        ran = [result for result in results if result is not None]
+        arrays = {}
+        for name in names:
+            parts = [result.kept[name] for result in ran]
+            batched = self.layout.is_batched(name) or name in self.layout.batched_inputs
+            arrays[name] = np.concatenate(parts) if batched and len(parts) > 1 else parts[0]
+        return arrays
+
+    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None) -> DevicesResult:
+        """One pass of the batch over the devices; the outputs and `keep` come back in input order.
+        `progress(label, images_done, images)` counts the images every device has done."""
+        batch = self.runners[0].check_feeds(feeds)
+        rows = self.split(batch)
+        counter = _Counter(progress, len(rows), batch)
+        outputs = Results(batch, chunked=True, single=False)  # every device writes its rows straight in
+        spans: list[tuple[float, float] | None] = [None] * len(rows)
+        started = time.perf_counter()
+
+        def run_share(index: int, runner: Runner, piece: slice) -> RunResult:
+            began = time.perf_counter()
+            result = runner.run(self._piece(feeds, piece), keep, counter.for_device(index), into=outputs.share(piece))
+            spans[index] = ((began - started) * 1e3, (time.perf_counter() - started) * 1e3)
+            return result
+
+        results = self._together(rows, run_share)
+        total_ms = (time.perf_counter() - started) * 1e3
+        return DevicesResult({name: outputs.arrays[name] for name in self.runners[0].plan.model.outputs},
+                             self._gather_kept(results, keep), rows, results, total_ms, batch, spans)
+
+    def profile(self, feeds: dict[str, np.ndarray], warmup: int = 2, repeat: int = 5, keep: tuple[str, ...] = (),
+                progress: Progress | None = None) -> DevicesProfile:
+        """Warm-up passes, then `repeat` timed passes, every device at once in each; a Profile per
+        device (its own steps, its rows' times) and the wall time of every timed pass."""
+        repeat = positive_int(repeat, "repeat")
+        warmup = positive_int(warmup, "warm-up", allow_zero=True)
+        batch = self.runners[0].check_feeds(feeds)
+        rows = self.split(batch)
+        passes = warmup + repeat
+        found = DevicesProfile(self.labels, [None] * len(rows), [0 if r is None else r.stop - r.start for r in rows])
+        for number in range(passes):
+            label = "warm-up" if number < warmup else "timed run"
+
+            def report(_label: str, done: int, _total: int, offset: int = number * batch, label: str = label) -> None:
+                progress(label, offset + done, passes * batch)
+
+            result = self.run(feeds, keep if number >= warmup else (), report if progress else None)
+            if number < warmup:
+                continue
+            for index, (piece, ran) in enumerate(zip(rows, result.results)):
+                if ran is None:
+                    continue
+                if found.profiles[index] is None:
+                    found.profiles[index] = Profile(self.runners[index].describe(piece.stop - piece.start), ran)
+                found.profiles[index].add(ran)
+            found.total_ms.append(result.total_ms)
+            found.spans_ms.append(result.spans_ms)
+            found.last = result
+        return found
+
+
+class _Counter:
+    """Progress over several devices: each device's images done, summed, passed on."""
+
+    def __init__(self, progress: Progress | None, devices: int, total: int):
+        self.progress, self.done, self.total = progress, [0] * devices, total
+        self.lock = threading.Lock()
+
+    def for_device(self, index: int) -> Progress | None:
+        if not self.progress:
+            return None
+
+        def report(label: str, done: int, _total: int) -> None:
+            with self.lock:  # the devices' threads report at once
+                self.done[index] = done
+                self.progress(label, sum(self.done), self.total)
+
+        return report

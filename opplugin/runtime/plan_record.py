@@ -1,0 +1,89 @@
+"""A plan as a PlanRecord: what `plan` prints and writes, and what a runner hands to
+report/timing.py and verify/check.py.
+
+A runner records its built kernels: each plugin step names its kernel and its cost
+at the record's batch. `plan` records the plan alone and builds nothing: a plugin
+step names the kernel its plugin would build (`Plugin.kernel_name`), without a cost.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..ort import sessions
+from ..plan.partition import Plan, Step
+from ..registry import Kernel
+from . import chunking
+from .records import PlanRecord, StepRecord
+
+
+def record_plan(
+    plan: Plan,
+    batch: int,
+    *,
+    layout: chunking.BatchLayout,
+    peak_image_bytes: int,
+    chunk: int,
+    ort_on_gpu: bool,
+    kernels: Mapping[str, Kernel] | None = None,
+    variants: Mapping[str, str] | None = None,
+    variant_notes: bool = False,
+) -> PlanRecord:
+    """The plan at `batch`. `kernels`: a runner's built kernels, by step name; without
+    them each plugin step names what its plugin would build with `variants` (op type ->
+    variant). `variant_notes`: also each plugin step's variants and why any is not offered."""
+    initializers = plan.model.initializers
+    names = {n for step in plan.steps for n in [*step.inputs, *step.outputs]} | set(plan.model.outputs)
+    shapes = {n: _shape_at(plan, layout, n, batch) for n in names if n and n not in initializers}
+    ort_name = f"onnxruntime {'CUDA' if ort_on_gpu else 'CPU'}"
+    steps = []
+    for step in plan.steps:
+        kernel = (kernels or {}).get(step.name)
+        steps.append(StepRecord(
+            name=step.name,
+            kind=step.kind,
+            ops=tuple(step.ops),
+            implementation=kernel.name if kernel else _planned_implementation(plan, step, variants or {}, ort_name),
+            inputs=tuple(n for n in step.inputs if n and n not in initializers),
+            outputs=tuple(step.outputs),
+            flops=kernel.flops(batch) if kernel else None,
+            bytes_moved=kernel.bytes_moved(batch) if kernel else None,
+            nodes=tuple(step.node_names),
+        ))
+    notes = {}
+    if variant_notes:
+        notes = {s.name: n for s in plan.plugin_steps if (n := s.plugin.variant_notes(s.node, plan.device))}
+    provider = sessions.CUDA_PROVIDER if ort_on_gpu else sessions.CPU_PROVIDER
+    return PlanRecord(plan.model, plan.device, provider, batch, chunk, tuple(steps), shapes, layout, peak_image_bytes,
+                      dict(plan.fallbacks), dict(plan.fusions_given_up), notes)
+
+
+def record_plan_alone(plan: Plan, variants: Mapping[str, str] | None = None) -> PlanRecord:
+    """The plan at its own batch with nothing built: what `opplugin plan` shows."""
+    layout = chunking.probe_layout(plan.model)
+    return record_plan(
+        plan,
+        plan.batch,
+        layout=layout,
+        peak_image_bytes=chunking.peak_image_bytes(plan.model, layout),
+        chunk=plan.batch,
+        ort_on_gpu=plan.device.is_cuda and sessions.has_cuda(),
+        variants=variants,
+        variant_notes=True,
+    )
+
+
+def _planned_implementation(plan: Plan, step: Step, variants: Mapping[str, str], ort_name: str) -> str:
+    if step.kind != "plugin":
+        return ort_name
+    op_type = step.node.op_type
+    if step.prologue:
+        named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused, prologue=step.prologue)
+    else:
+        named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused)
+    return named or f"{op_type} plugin"
+
+
+def _shape_at(plan: Plan, layout: chunking.BatchLayout, name: str, batch: int) -> tuple[int, ...]:
+    if layout.chunkable and layout.is_batched(name):
+        return layout.shape_at(name, batch)
+    return plan.shape_of(name)

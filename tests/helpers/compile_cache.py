@@ -1,0 +1,274 @@
+"""The compile check's NVRTC compiles: each distinct one done once per run, in a pool of
+processes, and kept on disk between runs.
+
+A compile is (kernels/<source>, NVRTC options, arch). `check_source` and `check_variant`
+read ptxas's report of one the way `opplugin.lab.nvrtc_check`'s functions of the same
+names do, from this module's store: this module calls only nvrtc_check's public
+functions (`compile_cubin`, `parse_ptxas_log`, `variant_units`).
+
+`fast=True` adds FAST_OPTIONS (NVRTC's --Ofast-compile=max) to a compile: the same
+source and macros through the front end and ptxas, with less optimisation, 5 to 40
+times quicker on the unrolled kernels. Its register and spill figures are not those of
+the build CuPy makes, so it serves checks that a configuration compiles, never
+resource checks.
+
+The disk store (one small JSON file per compile: cubin size and ptxas log) is keyed by
+a hash of the source text with its headers inlined, the options, the architecture and
+the NVRTC version; it lives in pytest's cache directory (`pytest --cache-clear` or `-p
+no:cacheprovider` gives a cold run) or in $OPPLUGIN_COMPILE_CACHE ("off": none).
+Failed compiles are not stored: the check compiles again and raises with NVRTC's log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from opplugin.gpu import cuda
+from opplugin.core import paths
+from opplugin.lab import nvrtc_check
+from opplugin.ops.conv import families
+from opplugin.ops.conv.families.base import unit_arch
+
+FAST_OPTIONS: tuple[str, ...] = ("--Ofast-compile=max",)
+CACHE_ENV = "OPPLUGIN_COMPILE_CACHE"
+
+Key = tuple[str, tuple[str, ...], str]  # (source file, options, arch)
+
+_reports: dict[Key, tuple[int, str]] = {}  # key -> (cubin bytes, ptxas log)
+_disk: Path | None = None
+
+
+def key(source_file: str, defines: Mapping[str, Any], arch: str, fast: bool = False) -> Key:
+    return source_file, cuda.nvrtc_options(defines) + (FAST_OPTIONS if fast else ()), arch
+
+
+def use_disk(directory: str | os.PathLike | None) -> None:
+    """Keep compiles in `directory` (None: in memory only); $OPPLUGIN_COMPILE_CACHE wins."""
+    global _disk
+    chosen = os.environ.get(CACHE_ENV, directory)
+    _disk = None if chosen in (None, "", "off") else Path(chosen)
+
+
+@lru_cache(maxsize=None)
+def _compiler_version() -> str:
+    from importlib import metadata
+
+    from cuda.bindings import nvrtc  # importable: the caller checked nvrtc_check.nvrtc_available()
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    packages = []
+    for name in ("nvidia-cuda-nvrtc", "cuda-bindings"):
+        try:
+            packages.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return f"nvrtc {major}.{minor} {' '.join(packages)} {' '.join(nvrtc_check.CUPY_IMPLIED_OPTIONS)}"
+
+
+def _path(k: Key) -> Path | None:
+    if _disk is None:
+        return None
+    source_file, options, arch = k
+    text = json.dumps([_compiler_version(), paths.kernel_source(source_file), options, arch])
+    return _disk / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+
+def _load(k: Key) -> bool:
+    path = _path(k)
+    if path is None or not path.is_file():
+        return False
+    try:
+        stored = json.loads(path.read_text())
+        _reports[k] = (int(stored["cubin_bytes"]), str(stored["log"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # unreadable: compile again
+    return True
+
+
+def _store(k: Key, report: tuple[int, str]) -> None:
+    _reports[k] = report
+    path = _path(k)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"cubin_bytes": report[0], "log": report[1]}))
+        temporary.replace(path)
+    except OSError:
+        pass  # a read-only cache directory costs a compile next time, nothing else
+
+
+def _compile(source_file: str, options: tuple[str, ...], arch: str) -> tuple[int, str]:
+    cubin, log = nvrtc_check.compile_cubin(paths.kernel_source(source_file), options, arch, name=source_file)
+    return len(cubin), log
+
+
+def _report(k: Key) -> tuple[int, str]:
+    if k not in _reports and not _load(k):
+        _store(k, _compile(*k))
+    return _reports[k]
+
+
+class _Background:
+    """Compiles keys, the first first, in as many processes as there are CPUs and never more.
+
+    While other tests run beside it (`foreground` false), one process at the lowest priority
+    takes a CPU they leave idle, not one they use (onnxruntime's spinning thread pools slow
+    down many times over when they must share). Once `wait` is called, `workers - 1` processes
+    at normal priority join it and all of them take keys from one queue: the low-priority
+    process keeps a CPU to itself then, so a long compile it began is not starved (a niced
+    process cannot be given its priority back), and no two compiles share a CPU."""
+
+    def __init__(self, keys: list[Key], workers: int, foreground: bool):
+        self.workers, self.cancelled, self.background = workers, False, not foreground
+        self.keys = frozenset(keys)
+        self.queue = list(reversed(keys))  # popped from the end: the first key first
+        self.lock = threading.Lock()
+        self.running = 0  # jobs submitted and not yet done
+        self.idle = threading.Condition(self.lock)
+        # spawn, not fork: the caller holds threads (onnxruntime's, the host-copy pool)
+        self.spawn = multiprocessing.get_context("spawn")
+        self.pools: list[ProcessPoolExecutor] = []
+        if foreground:
+            self._join(workers)
+        else:
+            self._join(1, nice=19)
+
+    def _join(self, processes: int, nice: int = 0) -> None:
+        """Add a pool of `processes` processes, each kept busy with one key at a time."""
+        if processes < 1:
+            return
+        pool = ProcessPoolExecutor(processes, mp_context=self.spawn, initializer=os.nice if nice else None,
+                                   initargs=(nice,) if nice else ())
+        self.pools.append(pool)
+        for _ in range(processes):
+            self._next(pool)
+
+    def _next(self, pool: ProcessPoolExecutor) -> None:
+        with self.lock:
+            if self.cancelled or not self.queue:
+                self.idle.notify_all()
+                return
+            k = self.queue.pop()
+            self.running += 1
+        try:
+            future = pool.submit(_compile, *k)
+        except RuntimeError:  # the pool is shutting down (cancel)
+            with self.lock:
+                self.running -= 1
+                self.idle.notify_all()
+            return
+        future.add_done_callback(lambda future, k=k: self._done(k, future, pool))
+
+    def _done(self, k: Key, future, pool: ProcessPoolExecutor) -> None:
+        try:
+            if not future.cancelled() and future.exception() is None:  # a failure: the check compiles again and raises
+                _store(k, future.result())
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.idle.notify_all()
+            self._next(pool)
+
+    def wait(self) -> None:
+        if self.background:
+            self.background = False
+            self._join(self.workers - 1)  # the background process goes on beside them
+        with self.lock:
+            while self.queue or self.running:
+                self.idle.wait()
+        self._close()
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            self.queue.clear()
+            while self.running:
+                self.idle.wait()
+        self._close()
+
+    def _close(self) -> None:
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.pools.clear()
+
+
+_pending: _Background | None = None
+
+
+def start(keys: Iterable[Key], workers: int | None = None, background: bool = False) -> None:
+    """Compile every distinct key not yet stored, in `workers` processes (default: one per CPU),
+    or first in one low-priority process if `background`, until `wait`; a check of one of them waits."""
+    global _pending
+    wait()
+    todo = [k for k in dict.fromkeys(keys) if k not in _reports and not _load(k)]
+    if todo:
+        _pending = _Background(todo, workers or os.cpu_count() or 1, foreground=not background)
+
+
+def wait() -> None:
+    """Until every compile `start` began is done."""
+    global _pending
+    if _pending is not None:
+        _pending.wait()
+        _pending = None
+
+
+def cancel() -> None:
+    """Begin no more compiles; wait for those under way (seconds at most)."""
+    global _pending
+    if _pending is not None:
+        _pending.cancel()
+        _pending = None
+
+
+def precompile(keys: Iterable[Key], workers: int | None = None) -> None:
+    start(keys, workers)
+    wait()
+
+
+def check_source(source_file: str, defines: Mapping[str, Any], kernel: str, arch: str = "sm_90",
+                 fast: bool = False) -> nvrtc_check.ResourceUsage:
+    """As nvrtc_check.check_source: kernels/<source_file> compiled with `defines` for `arch`
+    (once `start`'s compiles are done if it is among them, else here and now)."""
+    k = key(source_file, defines, arch, fast)
+    if k not in _reports and _pending is not None and k in _pending.keys:
+        wait()
+    cubin_bytes, log = _report(k)
+    usages = nvrtc_check.parse_ptxas_log(log, arch)
+    if kernel not in usages:
+        raise nvrtc_check.CompileError(f"ptxas reported nothing for kernel {kernel!r} in {source_file}:\n{log}")
+    usage = usages[kernel]
+    usage.cubin_bytes, usage.options, usage.log = cubin_bytes, k[1], log
+    return usage
+
+
+def check_variant(spec, variant: str, arch: str = "sm_90", epilogue=None, fast: bool = False) -> list[nvrtc_check.ResourceUsage]:
+    """As nvrtc_check.check_variant: every kernel of a Conv variant for a ConvSpec."""
+    return [check_source(unit.source, unit.defines, unit.function, unit_arch(unit, arch), fast)
+            for unit in nvrtc_check.variant_units(spec, variant, epilogue)]
+
+
+def variant_keys(spec, variant: str, arch: str, epilogue=None, fast: bool = False) -> list[Key]:
+    return [key(unit.source, unit.defines, unit_arch(unit, arch), fast) for unit in nvrtc_check.variant_units(spec, variant, epilogue)]
+
+
+# the constant-memory families: their builds must use no local memory on either architecture
+CONSTANT_FAMILIES = [name for name, family in families.FAMILIES.items() if family.constant_weights]
+
+
+def assert_clean(usage, family: str) -> None:
+    """A compiled kernel's resource report is sane, and a constant-memory family spills nothing."""
+    assert usage.cubin_bytes > 0
+    assert 0 < usage.registers <= 255
+    if family in CONSTANT_FAMILIES:
+        assert (usage.spill_stores, usage.spill_loads) == (0, 0), usage.log
+        assert usage.stack_frame == 0, usage.log

@@ -1,0 +1,146 @@
+"""The CUDA Gemm families against the float64 numpy reference.
+
+GPU tests (marker `gpu`, skipped without a CUDA device). Every case draws fresh
+random operands (never zeros) and poisons the output with NaN before the call, so an
+element a kernel never writes fails. Shapes come from hypothesis too: odd sizes, K
+not a multiple of any tile or of 4, batch 1, both trans flags, every C broadcast,
+alpha and beta, and every activation of the shared table, with a row Softmax where
+the family fuses one.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gemm_cases import C_SHAPES, GemmProblem, error_scale, make_problem
+from opplugin.ops.activation import KINDS, Activation
+from opplugin.ops.gemm import families, reference
+from opplugin.ops.gemm.epilogue import NONE, GemmEpilogue
+from opplugin.ops.gemm.kernel import GemmKernel
+
+pytestmark = pytest.mark.gpu
+RTOL = 2e-6  # per unit of error_scale: float32 accumulation over K leaves ~K * 2^-24 at worst, far less in practice
+ATOL = 1e-6
+
+GPU_SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
+
+# explicit configurations beyond the heuristic's, so that every code path of each source runs
+CONFIGS = ["gemv_w1x1_k1", "gemv_w2x2_k4", "gemv_w4x1_k16", "gemv_w16x2_k1", "gemv_w8x4_k2", "gemv_w16x1_k16",
+           "tiled_b128x128x8_t8x8", "tiled_b128x64x16_t8x4", "tiled_b64x64x16_t4x4", "tiled_b64x32x16_t4x4", "tiled_b32x32x16_t4x4",
+           "rowwarp_r1", "rowwarp_r3", "rowwarp_r4"]
+
+
+def run_poisoned(kernel: GemmKernel, p: GemmProblem, constant: bool) -> np.ndarray:
+    import cupy
+
+    inputs = [cupy.asarray(p.a), cupy.asarray(p.b)] + ([cupy.asarray(p.c)] if p.c is not None else [])
+    out = cupy.full(p.spec.output_shape(), np.nan, dtype=cupy.float32)
+    [y] = kernel(inputs, None, out=out)
+    assert y is out
+    return cupy.asnumpy(y)
+
+
+def check(p: GemmProblem, variant: str, epilogue: GemmEpilogue, constant: bool = True) -> None:
+    config = families.configure(p.spec, variant)
+    reason = families.unsupported_reason(p.spec, config, epilogue)
+    if reason:
+        pytest.skip(reason)
+    kernel = GemmKernel(p.spec, config, epilogue, p.b if constant else None, p.c if constant and p.spec.bias == "column" else None)
+    got = run_poisoned(kernel, p, constant)
+    if constant:  # the runner's call (no `out`) takes the fast path where it can: the same numbers
+        import cupy
+
+        inputs = [cupy.asarray(p.a), cupy.asarray(p.b)] + ([cupy.asarray(p.c)] if p.c is not None else [])
+        np.testing.assert_array_equal(cupy.asnumpy(kernel(inputs)[0]), got)
+    exact = reference.expected(p.spec, epilogue, p.a, p.b, p.c)
+    scale = error_scale(p)
+    if epilogue.softmax:  # a probability moves by at most about twice the error of its row's logits
+        scale = 2 * scale.max(axis=1, keepdims=True) * np.ones_like(scale)
+    tolerance = RTOL * scale + ATOL
+    bad = ~(np.abs(got - exact) <= tolerance)
+    assert not bad.any(), (
+        f"{kernel.name} on {p.spec}: {int(bad.sum())} of {bad.size} wrong, first at {np.argwhere(bad)[0].tolist()}: "
+        f"{got[tuple(np.argwhere(bad)[0])]} vs {exact[tuple(np.argwhere(bad)[0])]}"
+    )
+
+
+SHIPPED = {  # (M, N, K, epilogue): the shipped models' Gemm steps, at small batches
+    "lenet86.fc1": (5, 32, 1024, GemmEpilogue(Activation.plain("Relu"))),
+    "lenet86.fc2": (37, 10, 32, GemmEpilogue(softmax=True)),
+    "ece408_high.fc1": (300, 128, 7200, GemmEpilogue(Activation.plain("Tanh"))),
+    "ece408_high.fc2": (1, 10, 128, GemmEpilogue(softmax=True)),
+    "mlp_onehidden.fc1": (16, 128, 784, GemmEpilogue(Activation.plain("Sigmoid"))),
+    "onehidden.fc1": (3, 128, 32754, NONE),
+}
+
+
+@pytest.mark.parametrize("variant", [*families.FAMILIES, *CONFIGS])
+@pytest.mark.parametrize("case", SHIPPED)
+def test_shipped_shapes(case, variant):
+    m, n, k, epilogue = SHIPPED[case]
+    check(make_problem(m, n, k, trans_b=True, seed=zlib.crc32(f"{case} {variant}".encode())), variant, epilogue)
+
+
+@pytest.mark.parametrize("variant", list(families.FAMILIES))
+def test_heuristic_picks_run_at_batch_one(variant):
+    check(make_problem(1, 67, 131, seed=5), variant, NONE)
+
+
+ACTIVATIONS = [None, *(Activation.plain(op) for op in KINDS), Activation("Clip", 0.0, 6.0), Activation("LeakyRelu", 0.3)]
+
+
+@given(
+    m=st.one_of(st.just(1), st.integers(1, 40), st.integers(41, 300)),
+    n=st.one_of(st.integers(1, 33), st.integers(34, 150)),
+    k=st.one_of(st.integers(1, 9), st.integers(10, 600)),
+    trans_a=st.booleans(),
+    trans_b=st.booleans(),
+    alpha=st.sampled_from([1.0, 0.5, -2.0]),
+    beta=st.sampled_from([1.0, 0.0, 3.0]),
+    c=st.sampled_from(sorted(C_SHAPES)),
+    act=st.sampled_from(range(len(ACTIVATIONS))),
+    softmax=st.booleans(),
+    variant=st.sampled_from([*families.FAMILIES, *CONFIGS]),
+    constant=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+@GPU_SETTINGS
+def test_drawn_shapes(m, n, k, trans_a, trans_b, alpha, beta, c, act, softmax, variant, constant, seed):
+    p = make_problem(m, n, k, trans_a, trans_b, alpha, beta, c, seed)
+    epilogue = GemmEpilogue(ACTIVATIONS[act], softmax and n <= families.MAX_ROWWARP_N)
+    if families.unsupported_reason(p.spec, families.configure(p.spec, variant), epilogue):
+        variant = families.heuristic_config(p.spec, epilogue).name()  # drawing again would waste the example: take the one that runs
+    assert families.unsupported_reason(p.spec, families.configure(p.spec, variant), epilogue) is None
+    check(p, variant, epilogue, constant)
+
+
+def test_nan_and_inf_reach_the_outputs_as_in_the_reference():
+    """A NaN or an infinity in A spreads through the fused epilogue (activation, row Softmax) as in float64 numpy."""
+    p = make_problem(40, 10, 64, trans_b=True, seed=9)
+    p.a[3, 5] = np.nan
+    p.a[7, 1] = np.inf
+    p.a[11, 2] = -np.inf
+    for epilogue in (GemmEpilogue(Activation.plain("Relu")), GemmEpilogue(Activation.plain("Sigmoid"), True), GemmEpilogue(softmax=True)):
+        for variant in families.FAMILIES:
+            config = families.configure(p.spec, variant)
+            if families.unsupported_reason(p.spec, config, epilogue):
+                continue
+            got = run_poisoned(GemmKernel(p.spec, config, epilogue, p.b, p.c), p, True)
+            exact = reference.expected(p.spec, epilogue, p.a, p.b, p.c)
+            assert np.array_equal(np.isnan(got), np.isnan(exact)), (variant, epilogue)
+            assert np.array_equal(np.isposinf(got), np.isposinf(exact)) and np.array_equal(np.isneginf(got), np.isneginf(exact))
+
+
+def test_views_and_plugin_steps_stay_on_the_device():
+    """lenet86 on the GPU: every step is a plugin step, the Flatten a view of the pooled map."""
+    from opplugin.gpu.device import select_device
+    from opplugin.graph.model import load_model
+    from opplugin.plan.partition import PluginStep, make_plan
+
+    for name in ("lenet86", "ece408_high", "mlp_onehidden"):
+        plan = make_plan(load_model(name), 64, select_device("cuda"))
+        assert all(isinstance(step, PluginStep) for step in plan.steps), name

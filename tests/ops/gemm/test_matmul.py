@@ -1,0 +1,112 @@
+"""MatMul of any rank on the CPU device: the plan's form (a Gemm on A's rows, or batched), the reference
+against onnxruntime, the fused epilogue, and what is refused."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from matmul_cases import BIAS_CASES, CASES, fresh_inputs, matmul_model
+from opplugin.gpu.device import CPU, Device
+from reduction_cases import planned
+
+GPU = Device("cuda", "test GPU")
+
+
+def onnxruntime_outputs(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_reference_matches_onnxruntime(case, batch):
+    a_shape, b_shape, constant, act, softmax = CASES[case]
+    model = matmul_model(a_shape, b_shape, constant, act, softmax)
+    plan = planned(model, batch)
+    [step] = plan.steps
+    assert step.ops == ["MatMul", *([act] if act else []), *(["Softmax"] if softmax else [])] and plan.fallbacks == {}
+    feeds = fresh_inputs(model, batch, len(case))
+    [ours] = step.build(CPU)([feeds.get(name, plan.model.initializers.get(name)) for name in step.inputs])
+    theirs = onnxruntime_outputs(model, feeds)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("case", "kernel"), [
+    ("ConvNeXt MLP in: (N, H, W, C) x (C, 4C), Gelu left out", "matmul.tiled_"),
+    ("rank 3 rows, Softmax fused", "matmul.rowwarp_r"),
+    ("batched, both at run time", "matmul.batched"),
+    ("batched, a constant B broadcast over the batch", "matmul.batched+tanh"),
+])
+def test_the_form_each_matmul_takes_on_a_gpu(case, kernel):
+    a_shape, b_shape, constant, act, softmax = CASES[case]
+    plan = planned(matmul_model(a_shape, b_shape, constant, act, softmax), 8, GPU)
+    [step] = plan.steps
+    assert step.plugin.kernel_name(step.node, GPU, fused=step.fused).startswith(kernel)
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_bias_add_after_a_flat_matmul_is_its_gemm_bias(case, batch):
+    a_shape, b_shape, bias, first, act = BIAS_CASES[case]
+    model = matmul_model(a_shape, b_shape, activation=act, bias=bias, bias_first=first)
+    plan = planned(model, batch)
+    [step] = plan.steps
+    assert step.ops == ["MatMul", "Add", *([act] if act else [])] and step.inputs == ["a", "b"]
+    kernel = step.build(CPU)
+    feeds = fresh_inputs(model, batch, len(case))
+    [ours] = kernel([feeds["a"], plan.model.initializers["b"]])
+    np.testing.assert_allclose(ours, onnxruntime_outputs(model, feeds), rtol=1e-5, atol=1e-5)
+    rows = batch * int(np.prod(a_shape[1:-1]))
+    assert kernel.flops(batch) == 2 * rows * b_shape[0] * b_shape[1] + rows * b_shape[1]  # the bias counts
+    gpu_step = planned(model, 8, GPU).steps[0]
+    assert gpu_step.ops == step.ops and gpu_step.plugin.kernel_name(gpu_step.node, GPU, fused=gpu_step.fused).startswith("matmul.")
+
+
+@pytest.mark.parametrize("bias", [(2, 1, 10), (5, 10)])
+def test_an_add_that_is_no_column_bias_stays_a_step_of_its_own(bias):
+    """(2, 1, 10) has a batch axis and (5, 10) a value per row: neither is one value per output column."""
+    plan = planned(matmul_model((2, 5, 24), (24, 10), bias=bias), 2)
+    assert [s.ops for s in plan.steps] == [["MatMul"], ["Add"]]
+
+
+def test_the_flat_form_counts_every_row():
+    plan = planned(matmul_model((2, 7, 7, 96), (96, 384)), 2)
+    kernel = plan.steps[0].build(CPU)
+    assert kernel.flops(2) == 2 * (2 * 49) * 96 * 384
+
+
+def test_strides_broadcast_and_the_batch_axis_moves_even_at_batch_1():
+    from opplugin.ops.gemm.matmul import MatMulSpec
+
+    spec = MatMulSpec((1, 3, 8, 5), (1, 1, 5, 6), False, True)
+    assert spec.strides("a") == (3 * 40, 40) and spec.strides("b") == (0, 0)
+    assert spec.output_shape(4) == (4, 3, 8, 6) and spec.matrices(4) == 12
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape", "constant", "batch", "reason"), [
+    ((2, 8), (8,), "b", 2, "a 1-D operand is not implemented"),
+    # B (batch, 6) multiplies A (batch, 3, 4) only at batch 4, and its first axis is then K, not the batch
+    ((4, 3, 4), (4, 6), "", 4, "B is computed at run time with rank 2 below the output's 3"),
+    # B (batch, 5) is K x N only at batch 7: the batch would be A's rows, not an axis of its own
+    ((7, 7), (7, 5), "", 7, "a 2-D product whose B is computed at run time"),
+    ((3, 6), (6, 5), "a", 6, "a 2-D product whose B is computed at run time (or whose A is a constant)"),
+])
+def test_what_is_not_taken_says_why(a_shape, b_shape, constant, batch, reason):
+    plan = planned(matmul_model(a_shape, b_shape, constant), batch)
+    assert plan.plugin_steps == [] and reason in plan.fallbacks["mm"]
+
+
+def test_an_mlp_block_runs_as_plugin_steps_and_check_passes(tmp_path):
+    from onnx_builders import save
+    from opplugin.verify.check import check
+    from opplugin.graph.model import load_model
+    from opplugin.runtime import Runner
+
+    from matmul_cases import mlp_block
+
+    runner = Runner(load_model(save(mlp_block(), tmp_path / "mlp.onnx")), 3, "cpu")
+    assert [s.ops for s in runner.plan.steps] == [["LayerNormalization"], ["MatMul", "Relu"], ["MatMul", "Softmax"], ["ReduceSum"]]
+    x = np.random.default_rng(4).uniform(-2, 2, (3, 5, 6, 32)).astype(np.float32)
+    result = check(runner.run, runner.describe(), {"x": x})
+    assert result.passed

@@ -1,7 +1,0 @@
-"""The text `opplugin plan` prints for a Plan: its PlanRecord, built without kernels, formatted."""
-from opplugin.plan_report import format_plan
-from opplugin.runtime.describe import record_plan_alone
-
-
-def describe(plan, wide=False):
-    return format_plan(record_plan_alone(plan), wide)

@@ -1,0 +1,127 @@
+"""The report: rows, text, JSON/CSV with the same keys, atomic writes."""
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from opplugin.report import timing as report
+from opplugin.core.files import write_atomic
+from opplugin.graph.model import load_model
+from opplugin.runtime import Runner
+
+
+@pytest.fixture
+def built(tiny_model_path):
+    from opplugin.registry import plugins
+
+    # the Conv plugin alone, so that the Flatten > Gemm > Softmax tail is an onnxruntime row
+    runner = Runner(load_model(tiny_model_path), 4, "cpu", registry={"Conv": plugins()["Conv"]})
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (4, 3, 12, 12)).astype(np.float32)}
+    profile = runner.profile(feeds, warmup=1, repeat=3)
+    return runner, report.build_report(profile, warmup=1, extra={"accuracy": 0.5})
+
+
+def test_rows_cover_every_step_with_stable_keys(built):
+    runner, result = built
+    rows = result["steps"]
+    assert [r["step"] for r in rows] == [step.name for step in runner.plan.steps]
+    assert all(tuple(r) == report.ROW_KEYS for r in rows)
+    conv = rows[0]
+    assert conv["kind"] == "plugin" and conv["implementation"].startswith("conv.reference")
+    assert conv["input_shapes"] == [[4, 3, 12, 12]]
+    assert conv["output_shapes"] == [[4, 4, 6, 6]]
+    expected_flops = runner.kernels["conv1"].flops(4)
+    assert conv["gflops_per_s"] == pytest.approx(expected_flops / conv["time_ms"] / 1e6)
+    ort_row = next(r for r in rows if r["kind"] == "onnxruntime")
+    assert ort_row["gflops_per_s"] is None and ort_row["gb_per_s"] > 0
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert set(result["op_times_ms"]) == {s.name for s in runner.plan.plugin_steps}
+    assert result["repeat"] == 3
+
+
+def test_text_has_the_seeds_lines_and_the_table(built):
+    _, result = built
+    text = report.format_text(result)
+    assert text.count("Op Time: ") == 2
+    assert "Test Accuracy: 0.5000" in text
+    assert "numpy reference" in text
+    for column in ("step", "implementation", "GFLOP/s", "GB/s", "share"):
+        assert column in text
+
+
+def test_json_and_csv_carry_the_same_rows(built, tmp_path):
+    _, result = built
+    write_atomic(tmp_path / "r.json", json.dumps(result))
+    loaded = json.loads((tmp_path / "r.json").read_text())
+    assert loaded["steps"] == result["steps"]
+    rows = list(csv.DictReader(io.StringIO(report.to_csv(result["steps"]))))
+    assert [r["step"] for r in rows] == [r["step"] for r in result["steps"]]
+    assert tuple(rows[0]) == report.ROW_KEYS
+    assert json.loads(rows[0]["input_shapes"]) == [[4, 3, 12, 12]]
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
+    target = tmp_path / "report.json"
+    target.write_text("old")
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(TypeError):
+        write_atomic(target, Unprintable())  # not a str: the write fails midway
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_throughput_and_chunking_are_reported(tiny_model_path):
+    runner = Runner(load_model(tiny_model_path), 10, "cpu", chunk=4)
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (10, 3, 12, 12)).astype(np.float32)}
+    result = report.build_report(runner.profile(feeds, warmup=0, repeat=2), warmup=0)
+    assert result["batch"] == 10 and result["chunks"] == 3 and result["chunk_size"] == 4
+    assert result["host_to_host_ms"] > 0 and "end_to_end_ms" not in result and result["schema"] == report.SCHEMA
+    assert result["images_per_s"] == pytest.approx(10 / (result["host_to_host_ms"] / 1e3))
+    assert result["copy_ms"] == result["copy_hidden_ms"] == result["copy_exposed_ms"] == 0.0  # no copies on the CPU
+    assert result["input_pinned"] is False
+    text = report.format_text(result)
+    assert "images/s (in 3 chunks of up to 4)" in text and "Copies:" not in text
+    # a chunked run's step times are sums over its chunks, and its shapes are the whole batch's
+    assert result["steps"][0]["input_shapes"] == [[10, 3, 12, 12]]
+
+
+def test_text_table_fits_each_column_to_its_widest_cell():
+    from opplugin.core.texttable import text_table
+
+    lines = text_table(["name", "ms"], [["conv.const_tile_t2x2_m8+relu+maxpool4", "1.5"], ["gemm", "12.25"]], right=[1])
+    assert lines == [
+        "name                                      ms",
+        "-------------------------------------  -----",
+        "conv.const_tile_t2x2_m8+relu+maxpool4    1.5",
+        "gemm                                   12.25",
+    ]
+    assert text_table(["a", "b"], [["x", "y"]], rule=False, indent="  ") == ["  a  b", "  x  y"]
+
+
+def test_a_cuda_graph_is_one_row_with_its_steps_work_and_the_text_says_so(tiny_model_path):
+    from opplugin.runtime.graphs import graph_name
+
+    runner = Runner(load_model(tiny_model_path), 4, "cpu")
+    feeds = {"x": np.random.default_rng(0).uniform(0, 1, (4, 3, 12, 12)).astype(np.float32)}
+    profile = runner.profile(feeds, warmup=0, repeat=2)
+    # what a GPU run with cuda_graphs records: the plugin steps' spans replaced by one graph span
+    members = [step.name for step in runner.plan.plugin_steps]
+    name = graph_name(members)
+    readings = [profile.step_ms.pop(m) for m in members]
+    profile.step_ms = {name: [sum(run) for run in zip(*readings)], **profile.step_ms}
+    profile.kinds[name] = "plugin"
+    profile.graphs = {name: tuple(members)}
+    built = report.build_report(profile, warmup=0)
+    row = next(r for r in built["steps"] if r["step"] == name)
+    assert row["implementation"] == f"CUDA graph of {len(members)} plugin steps"
+    assert row["ops"] == " > ".join(op for step in runner.plan.plugin_steps for op in step.ops)
+    total_flops = sum(runner.kernels[m].flops(4) for m in members)
+    assert row["gflops_per_s"] == pytest.approx(total_flops / row["time_ms"] / 1e6)
+    assert row["input_shapes"] == [[4, 3, 12, 12]] and built["cuda_graphs"] == {name: members}
+    assert f"CUDA graphs: 1 graph(s) replayed {len(members)} plugin steps" in report.format_text(built)

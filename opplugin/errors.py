@@ -12,7 +12,14 @@ import numpy as np
 
 
 class OpPluginError(Exception):
-    """Base of every error opplugin raises on purpose."""
+    """Base of every error opplugin raises on purpose. The CLI prints its message after
+    "opplugin: error: ", or as it is where the message says where itself (`located`: a
+    compiler-like "file:line: ..."), and exits 2."""
+
+    located: bool = False
+    # True where the GPU is still busy with a kernel that never finished: the process must exit
+    # at once rather than wait for the device at its normal exit
+    abandon_process: bool = False
 
 
 class ModelError(OpPluginError, ValueError):

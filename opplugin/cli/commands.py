@@ -391,17 +391,6 @@ def _make_devices(args, loaded: Loaded, slots, *, poison: bool = False):
                                                                  poison=poison), loaded.batch)
 
 
-def _check_keep(runner, keep: list[str] | None) -> None:
-    """--keep names a tensor that a run hands back: a graph input, or a tensor that leaves a step
-    (the runner's own rule), checked before the run starts."""
-    plan = runner.plan
-    crossing = {value.name for value in plan.model.inputs} | {name for step in plan.steps for name in step.outputs}
-    hidden = [name for name in keep or () if name not in crossing]
-    if hidden:
-        raise InputError(f"--keep {', '.join(hidden)}: only inputs and tensors that leave a step can be kept "
-                         f"({', '.join(sorted(crossing))})")
-
-
 def _save_outputs(args, outputs: dict[str, Any]) -> None:
     """--save-outputs: the graph's outputs and the --keep tensors, one .npz file."""
     if args.save_outputs:
@@ -445,7 +434,7 @@ def cmd_run(args) -> int:
     model, batch, on_gpu = loaded.model, loaded.batch, runner.device.is_cuda
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
     inputs = _inputs(args, loaded, pinned=on_gpu)
-    _check_keep(runner, args.keep)
+    runner.check_keep(args.keep or (), "--keep")  # before the run starts
     if not on_gpu:
         print("No CUDA device: plugin steps run the numpy reference backend on the CPU.", file=sys.stderr)
     if inputs.random_weights:
@@ -514,7 +503,7 @@ def cmd_check(args) -> int:
     runner = devices.runners[0] if devices else _make_runner(args, loaded, poison=True)
     model, batch = loaded.model, loaded.batch
     inputs = _inputs(args, loaded, pinned=runner.device.is_cuda)
-    _check_keep(runner, args.keep)
+    runner.check_keep(args.keep or (), "--keep")  # before the run starts
     where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
     if devices:
         where += f", split over {', '.join(devices.labels)}"
@@ -541,7 +530,7 @@ def cmd_check(args) -> int:
         from ..verify.first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
 
         verdicts = isolate_steps(runner, inputs.feeds, result, args.atol, args.rtol)
-        arbitrate(result, verdicts)
+        result = arbitrate(result, verdicts)
         steps_alone = verdicts_as_json(verdicts, min(ISOLATION_IMAGES, batch))
     print(format_check(result, args.atol, args.rtol, args.wide))
     split = _devices_section(tally)
@@ -673,8 +662,8 @@ def main(argv: list[str] | None = None) -> int:
         return _closed_pipe()
     except OpPluginError as err:
         # the first line says it all; what follows (a compiler's log) is detail
-        print(err if getattr(err, "located", False) else f"opplugin: error: {err}", file=sys.stderr)
-        if getattr(err, "abandon_process", False):  # a hung kernel: exiting normally would wait for the GPU forever
+        print(err if err.located else f"opplugin: error: {err}", file=sys.stderr)
+        if err.abandon_process:  # a hung kernel: exiting normally would wait for the GPU forever
             sys.stderr.flush()
             os._exit(2)
         return 2

@@ -92,7 +92,7 @@ def time_opplugin(model: Model, feeds: dict[str, np.ndarray], warmup: int, repea
     batch = next(iter(feeds.values())).shape[0]
     warmup = max(warmup, 2) if cuda_graphs else warmup  # the first pass runs eagerly, the second captures
     runner = Runner(model, batch, "cuda", cuda_graphs=cuda_graphs)
-    warm_up(lambda: runner.run(feeds, step_times=False), warmup, E2E_WARMUP_MS)  # as every peer is warmed up
+    warm_up(lambda: runner.run(feeds), warmup, E2E_WARMUP_MS)  # as every peer is warmed up
     profile = runner.profile(feeds, warmup, repeat)
     # Device-resident: a runner that takes the batch in one chunk on one stream, so that the copies of
     # the graph's inputs and outputs overlap nothing and the rest of each run is what they leave

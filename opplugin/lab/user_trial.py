@@ -14,8 +14,9 @@ from ..user_kernels.source import KernelSource
 from .trial import Capture, Trial, failed_trial, time_call
 
 
-def build_for_problem(source: KernelSource, spec, weights, epilogue):
-    """The user kernel for a Conv spec and epilogue (its epilogue as a CuPy step when the source does not fuse it)."""
+def build_for_problem(source: KernelSource, spec, weights, epilogue, *, poison: bool):
+    """The user kernel for a Conv spec and epilogue (its epilogue as a CuPy step when the source does not
+    fuse it); `poison` fills its output with NaN before each launch, so that an unwritten element shows."""
     fuses = source.launch.fuses_epilogue and user_fusable(epilogue)
     defines = conv_user_defines(spec, epilogue if fuses else NONE)
     constant = source.launch.constant_weights
@@ -23,7 +24,7 @@ def build_for_problem(source: KernelSource, spec, weights, epilogue):
     compiled = compile_node(source, defines, True, weights_digest(present) if constant else None)
     if constant:
         upload_weights(compiled, present)
-    kernel = UserKernel(source, "bench", spec.input_shape()[1:], compiled, defines, poison=True, spec=spec)
+    kernel = UserKernel(source, "bench", spec.input_shape()[1:], compiled, defines, poison=poison, spec=spec)
     return kernel if fuses or epilogue == NONE else UnfusedEpilogueKernel(kernel, epilogue)
 
 
@@ -32,21 +33,20 @@ def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, rep
     With `capture`, timed replayed from a CUDA graph, as `run` launches it by default."""
     label = source.label
     try:
-        kernel = build_for_problem(source, problem.spec, problem.weights, problem.epilogue)
+        kernel = build_for_problem(source, problem.spec, problem.weights, problem.epilogue, poison=True)
     except Rejected as reason:
         return Trial(label, "unsupported", f"rejected: {reason}")
     except Exception as err:
         return failed_trial(Trial(label, "failed"), "build failed", err)
     trial = Trial(label, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(problem.spec.batch))
-    user = getattr(kernel, "conv", kernel)
     try:
         [out] = kernel(problem.inputs, None)
         trial.rel_error, unwritten = problem.error(out)
         if unwritten or not trial.rel_error <= tolerance:
             why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
             return dataclasses.replace(trial, status="incorrect", reason=why)
-        user.poison = False  # timed as it runs in `run`
-        timing = time_call(lambda: kernel(problem.inputs, None), warmup, repeat, capture)
+        timed = build_for_problem(source, problem.spec, problem.weights, problem.epilogue, poison=False)  # as `run` runs it
+        timing = time_call(lambda: timed(problem.inputs, None), warmup, repeat, capture)
         trial.ms, trial.calls, trial.timer, trial.reason = timing.ms, timing.calls, timing.timer, timing.note
     except Exception as err:
         return failed_trial(trial, "run failed", err)

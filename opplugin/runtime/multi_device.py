@@ -75,7 +75,12 @@ def cuda_slots(text: str) -> list[DeviceSlot]:
 
 
 class DeviceFailure(DeviceError):
-    """One device of a multi-device run failed; the message names it."""
+    """One device of a multi-device run failed; the message names it, and it leaves the process
+    as the device's own error would (`abandon_process` after a hung kernel)."""
+
+    def __init__(self, message: str, cause: OpPluginError):
+        super().__init__(message)
+        self.abandon_process = cause.abandon_process
 
 
 @dataclass
@@ -220,12 +225,10 @@ class DeviceRunners:
             found[index] = future.result()
         return found
 
-    def _failure(self, index: int, error: BaseException) -> DeviceFailure:
+    def _failure(self, index: int, error: OpPluginError) -> DeviceFailure:
         labels = self.labels
         named = first_line(error)
-        failure = DeviceFailure(f"on {labels[index]} (runner {index + 1} of {len(labels)}): {named}")
-        failure.abandon_process = getattr(error, "abandon_process", False)  # a hung kernel: see cli.main
-        return failure
+        return DeviceFailure(f"on {labels[index]} (runner {index + 1} of {len(labels)}): {named}", error)
 
     def _gather_kept(self, results: list[RunResult | None], names: Sequence[str]) -> dict[str, np.ndarray]:
         """Each kept tensor's rows from every device, in input order; an unbatched one (a kept
@@ -238,9 +241,11 @@ class DeviceRunners:
             arrays[name] = np.concatenate(parts) if batched and len(parts) > 1 else parts[0]
         return arrays
 
-    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None) -> DevicesResult:
+    def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None, *,
+            step_times: bool = False) -> DevicesResult:
         """One pass of the batch over the devices; the outputs and `keep` come back in input order.
-        `progress(label, images_done, images)` counts the images every device has done."""
+        `progress(label, images_done, images)` counts the images every device has done; `step_times`
+        times every step, as Runner.run does."""
         batch = self.runners[0].check_feeds(feeds)
         rows = self.split(batch)
         counter = _Counter(progress, len(rows), batch)
@@ -250,7 +255,8 @@ class DeviceRunners:
 
         def run_share(index: int, runner: Runner, piece: slice) -> RunResult:
             began = time.perf_counter()
-            result = runner.run(self._piece(feeds, piece), keep, counter.for_device(index), into=outputs.share(piece))
+            result = runner.run(self._piece(feeds, piece), keep, counter.for_device(index), step_times=step_times,
+                                into=outputs.share(piece))
             spans[index] = ((began - started) * 1e3, (time.perf_counter() - started) * 1e3)
             return result
 
@@ -275,7 +281,7 @@ class DeviceRunners:
             def report(_label: str, done: int, _total: int, offset: int = number * batch, label: str = label) -> None:
                 progress(label, offset + done, passes * batch)
 
-            result = self.run(feeds, keep if number >= warmup else (), report if progress else None)
+            result = self.run(feeds, keep if number >= warmup else (), report if progress else None, step_times=True)
             if number < warmup:
                 continue
             for index, (piece, ran) in enumerate(zip(rows, result.results)):

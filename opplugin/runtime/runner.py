@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
@@ -287,24 +287,28 @@ class Runner:
             raise InputError(f"the batched inputs have different batch sizes {sorted(batches)}")
         return batches.pop() if batches else self.batch
 
+    def check_keep(self, keep: Sequence[str], what: str = "cannot keep") -> None:
+        """InputError, starting with `what`, unless every name of `keep` is a tensor a run can hand
+        back: a graph input, or a tensor that leaves a step (the others live inside one kernel)."""
+        crossing = {value.name for value in self.plan.model.inputs} | {name for step in self.plan.steps for name in step.outputs}
+        hidden = [name for name in keep if name not in crossing]
+        if hidden:
+            raise InputError(f"{what} {', '.join(hidden)}: only inputs and tensors that leave a step can be kept "
+                             f"({', '.join(sorted(crossing))})")
+
     # --- running ------------------------------------------------------------------------
 
     def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None,
-            *, step_times: bool = True, into: SharedRows | None = None) -> RunResult:
+            *, step_times: bool = False, into: SharedRows | None = None) -> RunResult:
         """One pass over the batch (any size). Returns host copies of the graph outputs and of `keep`.
-        `progress(label, images_done, images)` is called as chunks finish. With `step_times` off,
-        CUDA graphs replay without the events that time each step (graphs.py): their steps get no
-        rows, each replay is one span of kind GRAPH, the copies are not timed, and the run is as
-        quick as it gets. `into` puts the outputs in rows of arrays that other runs fill too
+        `progress(label, images_done, images)` is called as chunks finish. Untimed by default, as
+        quick as it gets: CUDA graphs replay without the events that time each step (graphs.py),
+        so their steps get no rows and each replay is one span of kind GRAPH, and the copies are
+        not timed. `step_times` asks for every step's and copy's time (what `profile` reads). `into` puts the outputs in rows of arrays that other runs fill too
         (DeviceRunners); the result's outputs are then views of those rows."""
         started = time.perf_counter()
         batch = self.check_feeds(feeds)
-        if keep:
-            crossing = set(feeds) | {name for step in self.plan.steps for name in step.outputs}
-            hidden = [name for name in keep if name not in crossing]
-            if hidden:
-                raise InputError(f"cannot keep {hidden}: only inputs and tensors that leave a step can be kept "
-                                 f"({', '.join(sorted(crossing))})")
+        self.check_keep(keep)
         feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
         while True:
             chunks = self._chunks_of(batch)
@@ -404,9 +408,9 @@ class Runner:
 
             wall = None
             if runs == 2:
-                wall = self.run(feeds, (), report, step_times=False)
+                wall = self.run(feeds, (), report)
                 report = functools.partial(report, offset=(number * runs + 1) * batch)
-            result = self.run(feeds, keep if number >= warmup else (), report)
+            result = self.run(feeds, keep if number >= warmup else (), report, step_times=True)
             if number < warmup:
                 continue
             if profile is None:

@@ -234,13 +234,17 @@ class Top1Tally:
         self.correct += int(np.count_nonzero(ours_top1 == labels))
         self.reference_correct += int(np.count_nonzero(ref_top1 == labels)) if ref_top1 is not None else 0
 
-    def fill(self, result: CheckResult) -> None:
-        if not self.classifier or not self.images:
-            return
-        result.top1_agreement = self.agree / self.images
-        if self.labelled:
-            result.accuracy = self.correct / self.images
-            result.reference_accuracy = self.reference_correct / self.images
+    @property
+    def agreement(self) -> float | None:
+        """The share of images whose top-1 matches onnxruntime's; None for an output that is no classifier's."""
+        return self.agree / self.images if self.classifier and self.images else None
+
+    def figures(self) -> dict[str, float | None]:
+        """CheckResult's top-1 fields: agreement, then the accuracy of both sides where there were labels."""
+        labelled = self.agreement is not None and self.labelled
+        return {"top1_agreement": self.agreement,
+                "accuracy": self.correct / self.images if labelled else None,
+                "reference_accuracy": self.reference_correct / self.images if labelled else None}
 
 
 def kept_tensors(plan: PlanRecord) -> tuple[str, ...]:
@@ -355,18 +359,15 @@ def check(
         if progress and len(rows_list) > 1:
             progress("check", rows.stop, batch)
 
-    result = CheckResult(chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list), uncompared=uncompared_tensors(plan))
     every = [*stats.values(), *output_stats.values()]
-    result.bad_rows = sorted({row for figures in every for row in figures.bad_rows})[:MAX_BAD_ROWS]
     implementations = {step.name: step.implementation for step in plan.steps}
-    for (step_name, name), figures in stats.items():
-        record = {"tensor": name, "step": step_name, "implementation": implementations[step_name]}
-        result.records.append(record | figures.result() | figures.specials)
-    for name, figures in output_stats.items():
-        record = {"tensor": name, "step": "model output", "implementation": "whole model"}
-        result.records.append(record | figures.result() | figures.specials)
-    tally.fill(result)
-    return result
+    records = [{"tensor": name, "step": step_name, "implementation": implementations[step_name]} | figures.result() | figures.specials
+               for (step_name, name), figures in stats.items()]
+    records += [{"tensor": name, "step": "model output", "implementation": "whole model"} | figures.result() | figures.specials
+                for name, figures in output_stats.items()]
+    return CheckResult(records, **tally.figures(), chunks=len(rows_list), chunk_size=max(r.stop - r.start for r in rows_list),
+                       bad_rows=sorted({row for figures in every for row in figures.bad_rows})[:MAX_BAD_ROWS],
+                       uncompared=uncompared_tensors(plan))
 
 
 # Host memory onnxruntime may use at a time while `agreement` runs the model on slices
@@ -391,7 +392,7 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
         theirs = reference(piece)[first]
         figures.add(ours, theirs)
         tally.add(ours, theirs, None, rows.stop - rows.start)
-    return figures.result() | {"top1_agreement": tally.agree / tally.images if tally.classifier and tally.images else None}
+    return figures.result() | {"top1_agreement": tally.agreement}
 
 
 

@@ -20,6 +20,7 @@ size (NaN and Inf out of place, or a wrong shape, still fail).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,28 +190,33 @@ def first_bad(verdicts: list[StepVerdict]) -> StepVerdict | None:
     return next((v for v in verdicts if v.own is not None and not v.sound), None)
 
 
-def arbitrate(result: CheckResult, verdicts: list[StepVerdict]) -> None:
-    """Pass, in `result`, the comparisons that failed only by size when every plugin step is
-    sound (see the module's docstring); each gets an "arbitration" saying why. A record keeps
-    what onnxruntime alone said in "passed_against_onnxruntime"."""
-    result.arbitrated = True
+def arbitrate(result: CheckResult, verdicts: list[StepVerdict]) -> CheckResult:
+    """`result` judged by float64: a new result (`result` is left as it was) in which the comparisons
+    that failed only by size pass when every plugin step is sound (see the module's docstring), each
+    with an "arbitration" saying why. Every record keeps what onnxruntime alone said in
+    "passed_against_onnxruntime"."""
     by_step = {v.step: v for v in verdicts}
     everything_sound = all(v.sound for v in verdicts)
-    for record in result.records:
-        record["passed_against_onnxruntime"] = record["passed"]
-        verdict = by_step.get(record["step"])
-        if verdict is not None and verdict.exact is not None:
-            record["float64_max_abs_opplugin"] = verdict.exact["opplugin"].get("max_abs_error")
-            record["float64_max_abs_onnxruntime"] = verdict.exact["onnxruntime"].get("max_abs_error")
-        if record["passed"] or not everything_sound or not _fails_by_size_alone(record):
-            continue
-        record["passed"] = True
-        if verdict is not None and verdict.exact is not None:
-            bound = "" if verdict.fp32_bound is None else f", every element within the FP32 bound (up to {verdict.fp32_bound:.2e})"
-            record["arbitration"] = (f"float64 on the same inputs: opplugin's max abs error "
-                                     f"{record['float64_max_abs_opplugin']:.2e}, onnxruntime's {record['float64_max_abs_onnxruntime']:.2e}{bound}")
-        else:
-            record["arbitration"] = "float32 rounding carried in: every plugin step alone matches onnxruntime or float64"
+    return dataclasses.replace(result, arbitrated=True,
+                               records=[_arbitrated(record, by_step.get(record["step"]), everything_sound) for record in result.records])
+
+
+def _arbitrated(record: dict[str, Any], verdict: StepVerdict | None, everything_sound: bool) -> dict[str, Any]:
+    """One comparison's record with float64's figures, passed where it failed by size alone and every step is sound."""
+    record = {**record, "passed_against_onnxruntime": record["passed"]}
+    if verdict is not None and verdict.exact is not None:
+        record["float64_max_abs_opplugin"] = verdict.exact["opplugin"].get("max_abs_error")
+        record["float64_max_abs_onnxruntime"] = verdict.exact["onnxruntime"].get("max_abs_error")
+    if record["passed"] or not everything_sound or not _fails_by_size_alone(record):
+        return record
+    record["passed"] = True
+    if verdict is not None and verdict.exact is not None:
+        bound = "" if verdict.fp32_bound is None else f", every element within the FP32 bound (up to {verdict.fp32_bound:.2e})"
+        record["arbitration"] = (f"float64 on the same inputs: opplugin's max abs error "
+                                 f"{record['float64_max_abs_opplugin']:.2e}, onnxruntime's {record['float64_max_abs_onnxruntime']:.2e}{bound}")
+    else:
+        record["arbitration"] = "float32 rounding carried in: every plugin step alone matches onnxruntime or float64"
+    return record
 
 
 def _fails_by_size_alone(record: dict[str, Any]) -> bool:

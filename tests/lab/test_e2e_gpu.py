@@ -25,7 +25,7 @@ def test_a_run_copies_no_constant_and_with_the_cuda_provider_nothing_between_ste
     runner = Runner(model, 8, "cuda")
     feeds = make_inputs(model, 8, "random", pinned=True).feeds
     for _ in range(2):  # the second run is what every later run does
-        copied = copied_tensors(runner.run(feeds))
+        copied = copied_tensors(runner.run(feeds, step_times=True))
     assert not copied & set(model.initializers), f"constants copied on a run: {copied & set(model.initializers)}"
     graph_tensors = {"x", *model.outputs}
     # every node has a plugin (the residual Add > Relu fused into the Conv): with either onnxruntime build

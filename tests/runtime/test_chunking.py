@@ -108,8 +108,8 @@ def test_chunked_runs_are_identical_to_one_piece(name, chunk, streams):
     feeds = make_inputs(model, 23).feeds
     whole_runner = Runner(model, 23, "cpu")
     keep = tuple(o for step in whole_runner.plan.plugin_steps for o in step.outputs)
-    whole = whole_runner.run(feeds, keep=keep)
-    chunked = Runner(model, 23, "cpu", chunk=chunk, streams=streams).run(feeds, keep=keep)
+    whole = whole_runner.run(feeds, keep=keep, step_times=True)
+    chunked = Runner(model, 23, "cpu", chunk=chunk, streams=streams).run(feeds, keep=keep, step_times=True)
     assert whole.chunks == 1 and chunked.chunks == -(-23 // chunk)
     for name in whole.outputs:
         np.testing.assert_array_equal(chunked.outputs[name], whole.outputs[name])

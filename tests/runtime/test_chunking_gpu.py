@@ -61,7 +61,7 @@ def test_pinned_input_goes_up_without_staging_and_gives_the_same_result(lenet):
     pageable = make_inputs(model, 3000)
     pinned = make_inputs(model, 3000, pinned=True)
     assert pinned.pinned and cuda.is_pinned(pinned.feeds["input"]) and not cuda.is_pinned(pageable.feeds["input"])
-    slow, fast = runner.run(pageable.feeds), runner.run(pinned.feeds)
+    slow, fast = runner.run(pageable.feeds, step_times=True), runner.run(pinned.feeds, step_times=True)
     np.testing.assert_array_equal(slow.outputs["probabilities"], fast.outputs["probabilities"])
     assert fast.input_pinned and not slow.input_pinned
     assert "stage H2D input" in [t.name for t in slow.times]
@@ -197,7 +197,7 @@ def test_a_view_step_is_timed_by_the_host_clock_not_by_events_around_nothing():
     model = load_model("mlp_onehidden")
     runner = Runner(model, 256, "cuda", chunk=256, streams=1)
     views = [s.name for s in runner.plan.plugin_steps if runner.kernels[s.name].name.startswith("view.")]
-    result = runner.run(make_inputs(model, 256, "random").feeds)
+    result = runner.run(make_inputs(model, 256, "random").feeds, step_times=True)
     clocks = {span.name: span.clock for span in result.spans}
     assert views and all(clocks[name] == HOST for name in views)
     assert all(clocks[s.name] == DEVICE for s in runner.plan.plugin_steps if s.name not in views)

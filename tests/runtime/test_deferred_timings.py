@@ -46,7 +46,7 @@ def test_a_run_whose_successor_read_nothing_is_read_before_its_events_are_record
 def test_each_result_keeps_its_own_step_times_however_late_they_are_read():
     model = load_model("lenet86")
     runner = Runner(model, 8, "cpu")
-    results = [runner.run(make_inputs(model, 8, "random", seed=seed).feeds) for seed in range(4)]
+    results = [runner.run(make_inputs(model, 8, "random", seed=seed).feeds, step_times=True) for seed in range(4)]
     for result in results:  # read only now, after the runs that came later
         assert [t.name for t in result.times] == [s.name for s in runner.plan.steps]
         assert all(0.0 <= span.start_ms <= span.end_ms <= result.total_ms for span in result.spans)

@@ -50,7 +50,7 @@ def test_untimed_replays_time_the_run_and_timed_ones_its_steps():
     feeds = make_inputs(model, 16, "random", seed=3).feeds
     profile = runner.profile(feeds, warmup=2, repeat=7)
     [(graph, members)] = profile.graphs.items()
-    untimed, timed = runner.run(feeds, step_times=False), runner.run(feeds)
+    untimed, timed = runner.run(feeds), runner.run(feeds, step_times=True)
     np.testing.assert_array_equal(untimed.outputs["probabilities"], timed.outputs["probabilities"])
     assert not {t.name for t in untimed.times} & set(members) and set(members) <= {t.name for t in timed.times}
     assert set(untimed.graph_ms) == set(timed.graph_ms) == {graph}

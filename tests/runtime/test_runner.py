@@ -22,7 +22,7 @@ def test_swapped_model_matches_onnxruntime(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 6, "cpu")
     feeds = _inputs(6)
     first = runner.plan.plugin_steps[0]  # conv1, with the Relu and MaxPool the plan fuses into it
-    result = runner.run(feeds, keep=tuple(first.outputs))
+    result = runner.run(feeds, keep=tuple(first.outputs), step_times=True)
     np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
     record = runner.describe(6)
     assert result.kept[first.outputs[0]].shape == record.shapes[first.outputs[0]] == (6, 4, 6, 6)

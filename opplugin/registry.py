@@ -5,10 +5,10 @@ cannot run it (`supports` returns the reason, shown by `opplugin plan`) or build
 a `Kernel` for a device: a callable taking the node's inputs as arrays (numpy on
 the CPU device, CuPy on a CUDA device) and returning its outputs.
 
-`Plugin` and `Kernel` list every member the runtime uses. Subclass them: the
-optional members (fusing followers, variants, workspace, NaN/Inf exactness, device
-work) then have their defaults, and a plugin need only write `op_type`, `supports`
-and `build`.
+`Plugin` and `Kernel` list every member the runtime, the plan and other plugins read.
+Subclass them: the optional members (fusing followers and prologues, groups, variants,
+compile jobs, workspace, NaN/Inf exactness, device work, writing into a Concat's slice)
+then have their defaults, and a plugin need only write `op_type`, `supports` and `build`.
 
 Third-party plugins register with `register(plugin)` or through the entry-point
 group ``opplugin.plugins`` (each entry point names a Plugin instance, a Plugin
@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from .gpu.device import Device
+from .gpu.kernel_cache import CompileJob
 from .errors import PluginError
 
 # op type -> "module:attribute" of the built-in plugin class
@@ -81,7 +82,7 @@ class NodeInfo:
     attributes: dict[str, Any]
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     # the plugin's normalised record of the node (a ConvSpec, say), made once by the plan
-    # through `Plugin.describe`; None where no plan made one (a NodeInfo built by hand)
+    # through `Plugin.make_spec`; None where no plan made one (a NodeInfo built by hand)
     spec: Any = None
     # the model's opset of the default ONNX domain (0: unknown), for ops whose meaning changed (Softmax's axis)
     opset: int = 0
@@ -119,29 +120,7 @@ class Kernel(Protocol):
     """A node's computation, built for one device.
 
     The members with a value here are optional: a subclass gets these defaults. An object
-    that does not subclass Kernel must have every member (the runner checks with isinstance).
-
-    Three more optional members, read with getattr (runtime/buffers.py), let a Concat's producers
-    write straight into its output:
-    - `out_view`: how `__call__(inputs, stream, out=Y)` may be handed the array Y to write its one
-      output into (in full): "contiguous" (a C-contiguous Y) or "strided" (any view, e.g. a channel
-      slice of a larger NCHW buffer); absent or "": it takes no `out`.
-    - `input_slices`: for a kernel that copies each input into a slice of its one output (Concat),
-      (axis, ((start, stop) of each input along it)); with it, `copying(positions)` returns the
-      kernel that copies only the other inputs into `out=` (None when none is left to copy).
-    - `in_views`: True for a kernel that reads strided views as they are (a slice of a Concat's
-      buffer); its input may then be such a view rather than a tensor of its own.
-
-    And one that saves an eager step its Python call (runtime/eager_replay.py):
-    - `replayable`: True for a kernel with `out_view` whose calls launch device work only through
-      the functions of opplugin's modules (cuda.compile_source), with launches that follow from its
-      buffers' addresses and the batch alone: an eager run then replays them from packed arguments
-      while the buffers stay the same (gpu/recorded_launches.py).
-
-    And one that spares a watched step its NaN/Inf check (runtime/exact.py):
-    - `flags_nonfinite`: True for a kernel of one output whose `__call__(inputs, stream, nonfinite=A)`
-      sets the zeroed device byte at address A if any output value is NaN or Inf, as it stores them;
-      a CUDA graph then passes it the step's flag instead of checking the output in a pass of its own."""
+    that does not subclass Kernel must have every member (the runner checks with isinstance)."""
 
     name: str  # for the report: says variant and configuration, e.g. "conv.const_mo_m4+relu"
     variant: str | None = None  # the configured variant it was built from, when its plugin has variants
@@ -154,6 +133,26 @@ class Kernel(Protocol):
     # False for a kernel that enqueues nothing on the device (a reshape view): its step is then
     # timed by the host clock, not by CUDA events
     device_work: bool = True
+    # How `__call__(inputs, stream, out=Y)` may be handed the array Y to write its one output into (in
+    # full), so that a Concat's producer writes straight into its slice (runtime/buffers.py):
+    # "contiguous" (a C-contiguous Y), "strided" (any view, e.g. a channel slice of a larger NCHW
+    # buffer), or "": it takes no `out`.
+    out_view: str = ""
+    # For a kernel that copies each input into a slice of its one output (Concat): (axis, ((start, stop)
+    # of each input along it)); None for any other kernel. Such a kernel has `copying` too.
+    input_slices: tuple[int, tuple[tuple[int, int], ...]] | None = None
+    # True for a kernel that reads strided views as they are (a slice of a Concat's buffer): its input
+    # may then be such a view rather than a tensor of its own (runtime/buffers.py)
+    in_views: bool = False
+    # True for a kernel with `out_view` whose calls launch device work only through the functions of
+    # opplugin's modules (gpu/cuda.py), with launches that follow from its buffers' addresses and the
+    # batch alone: an eager run then replays them from packed arguments while the buffers stay the
+    # same (runtime/eager_replay.py, gpu/recorded_launches.py)
+    replayable: bool = False
+    # True for a kernel of one output whose `__call__(inputs, stream, nonfinite=A)` sets the zeroed
+    # device byte at address A if any output value is NaN or Inf, as it stores them: a watched step
+    # then needs no NaN/Inf check of its own after it (runtime/exact.py)
+    flags_nonfinite: bool = False
 
     def flops(self, batch: int) -> int:
         """Arithmetic operations of one call at this batch, for GFLOP/s."""
@@ -168,55 +167,101 @@ class Kernel(Protocol):
         runner sizes its chunks so that this fits beside them."""
         return 0
 
+    def copying(self, positions: frozenset[int]) -> "Kernel | None":
+        """For a kernel with `input_slices`: the kernel that copies only the inputs not at `positions`
+        (their producers wrote those in place) into `out=`; None when none is left to copy."""
+        raise PluginError(f"{self.name} copies no inputs into slices of its output (it has no input_slices)")
+
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         """The node's outputs for its inputs; on a CUDA device, work enqueued on `stream`."""
         ...
 
 
+# What a kernel needs when it does not subclass Kernel (the runner's error message names them)
+KERNEL_MEMBERS = ("name", "variant", "nonfinite_exact", "device_work", "out_view", "input_slices", "in_views", "replayable",
+                  "flags_nonfinite", "flops", "bytes_moved", "workspace_bytes", "copying", "__call__")
+
+
 @runtime_checkable
 class Plugin(Protocol):
-    """Runs the nodes of one ONNX op type."""
+    """Runs the nodes of one ONNX op type.
+
+    `build`, `kernel_name` and `compile_jobs` take the same arguments: the node, the device, the
+    variant asked for (None: the plugin's choice), the `fused` followers (as `fuse` agreed), the
+    `prologue` nodes before it (as `fuse_prologue` agreed), and `graphed`: whether the kernel will
+    be launched from CUDA graphs (then the host's cost of a launch does not count in a choice)."""
 
     op_type: str
+    # Plugins of one group kind run connected nodes together as one kernel (see GroupPlugin); None:
+    # this plugin runs one node at a time, with the followers it fuses
+    group_kind: str | None = None
+    # Where the operand of a fused prologue comes in the step's inputs (plan/prologue.py); None: the
+    # plugin applies no prologue (its `fuse_prologue` is never asked)
+    prologue_input: int | None = None
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         """None when this plugin can run the node on the device, else the reason."""
         ...
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        """A kernel for the node, computing the `fused` followers too (as `fuse` agreed). A runner
-        may start it again: a build that loads a kernel missing from the kernel cache
-        (cuda.compile_module) stops there until the plan's missing kernels are compiled
-        (runtime/prebuild.py), so building must not depend on a build before it."""
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        """A kernel for the node, computing the `fused` followers and the `prologue` nodes too. The
+        kernels it loads are compiled first, side by side, where `compile_jobs` declares them
+        (runtime/prebuild.py); any other it compiles as it goes."""
         ...
 
-    def describe(self, node: NodeInfo) -> Any:
+    def make_spec(self, node: NodeInfo) -> Any:
         """The node's normalised record (attributes resolved, shapes checked) that `supports`,
         `fuse` and `build` read as `node.spec`: the plan calls this once per node. Raise a
         PluginError when the node is not one this plugin can read; its text is the reason
         `opplugin plan` shows. None: the plugin keeps no record."""
         return None
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str | None:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str | None:
         """The name `build` would give the kernel, without building it (what `opplugin plan`
         shows); None when only a build can tell."""
         return None
+
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Sequence[CompileJob]:
+        """The kernel sources `build` will compile for the node, without compiling them: a runner
+        compiles those the kernel cache lacks side by side before it builds (runtime/prebuild.py).
+        None declared: the build compiles as it goes."""
+        return ()
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after `node`, each the only reader of
         the one before) the node's kernel computes as well; 0: none."""
         return 0
 
+    def fuse_prologue(self, node: NodeInfo, chain: Sequence[NodeInfo], data: str, device: Device) -> bool:
+        """Whether the node's kernel applies `chain` (pointwise nodes in graph order from the tensor
+        `data`, the last writing the node's first input) to its input as it loads it; asked only of a
+        plugin with a `prologue_input`."""
+        return False
+
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
         """Per variant this plugin has, why it cannot run the node (None: it can)."""
         return {}
 
+    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:
+        """A variant whose kernel keeps NaN and Inf where onnxruntime would, for the exact path's
+        rerun of a chunk in which a kernel that does not met them (runtime/exact.py); None: none
+        other than what `build` makes."""
+        return None
+
+
+# What a plugin needs when it does not subclass Plugin (register's error message names them)
+PLUGIN_MEMBERS = ("op_type", "group_kind", "prologue_input", "supports", "build", "make_spec", "kernel_name", "compile_jobs",
+                  "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant")
+
 
 class GroupPlugin(Plugin, Protocol):
-    """A plugin that also runs connected nodes together as one kernel (optional members, which the
-    plan reads with getattr). Plugins of one `group_kind` share groups: the plan grows a group from
-    each node such a plugin supports and no other plugin fused first, asking the lead node's plugin
-    whether it `admits` each larger group, and builds the step with `build_group`."""
+    """A plugin that also runs connected nodes together as one kernel (subclass it, as Plugin, for
+    the defaults). Plugins of one `group_kind` share groups: the plan grows a group from each node
+    such a plugin supports and no other plugin fused first, asking the lead node's plugin whether it
+    `admits` each larger group, and builds the step with `build_group`."""
 
     group_kind: str
 
@@ -224,9 +269,14 @@ class GroupPlugin(Plugin, Protocol):
         """None when one kernel of this plugin can run `group`, else the reason."""
         ...
 
-    def build_group(self, group: NodeGroup, device: Device, variant: str | None = None) -> Kernel:
+    def build_group(self, group: NodeGroup, device: Device, variant: str | None = None, graphed: bool = True) -> Kernel:
         """A kernel for `group`: given `group.inputs`, returning `group.outputs`."""
         ...
+
+    def group_compile_jobs(self, group: NodeGroup, device: Device, variant: str | None = None,
+                           graphed: bool = True) -> Sequence[CompileJob]:
+        """The kernel sources `build_group` will compile (see Plugin.compile_jobs)."""
+        return ()
 
 
 _registry: dict[str, Plugin] = {}
@@ -238,8 +288,8 @@ def register(plugin: Plugin, *, replace: bool = False) -> Plugin:
     place of one already registered (a built-in, say)."""
     if isinstance(plugin, type) or not isinstance(plugin, Plugin):
         raise TypeError(
-            f"{plugin!r} is not a Plugin instance: it needs op_type, supports, build, describe, kernel_name, fuse and variant_notes "
-            "(subclass opplugin.registry.Plugin for the defaults of the last two)"
+            f"{plugin!r} is not a Plugin instance: it needs {', '.join(PLUGIN_MEMBERS)} "
+            "(subclass opplugin.registry.Plugin for the defaults of all but op_type, supports and build)"
         )
     if plugin.op_type in _registry and not replace and _registry[plugin.op_type] is not plugin:
         raise PluginError(f"a plugin for {plugin.op_type} is already registered; pass replace=True to override it")

@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="no CUDA device (CuPy missing or no GPU visible)")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not a keyword: tests/gpu/ is a folder's name
             item.add_marker(skip)
 
 

@@ -61,24 +61,89 @@ def test_entry_point_group_is_loaded(clean_registry, monkeypatch):
     assert isinstance(registry.plugins()["Relu"], ReluPlugin)
 
 
-def test_a_kernel_need_not_say_whether_it_replays():
-    """The members read with getattr (out_view, in_views, replayable) are not asked of a kernel
-    that does not subclass Kernel: a plugin written before them keeps working."""
+class Doubling:
+    """A kernel with every member of the protocol, without subclassing it."""
 
-    class Doubling:  # every Protocol member, none of the optional ones
-        name, variant, nonfinite_exact, device_work = "double", None, True, True
+    name, variant, nonfinite_exact, device_work = "double", None, True, True
+    out_view, input_slices, in_views, replayable, flags_nonfinite = "", None, False, False, False
 
-        def flops(self, batch):
-            return batch
+    def flops(self, batch):
+        return batch
 
-        def bytes_moved(self, batch):
-            return 8 * batch
+    def bytes_moved(self, batch):
+        return 8 * batch
 
-        def workspace_bytes(self, batch):
-            return 0
+    def workspace_bytes(self, batch):
+        return 0
 
-        def __call__(self, inputs, stream=None):
-            return [inputs[0] * 2]
+    def copying(self, positions):
+        return None
 
-    kernel = Doubling()
-    assert isinstance(kernel, registry.Kernel) and not getattr(kernel, "replayable", False)
+    def __call__(self, inputs, stream=None):
+        return [inputs[0] * 2]
+
+
+def without(cls: type, member: str) -> type:
+    """`cls` less one of its members."""
+    return type(cls.__name__, (), {name: value for name, value in vars(cls).items() if name != member})
+
+
+def test_a_kernel_that_does_not_subclass_kernel_has_every_member_the_runner_lists():
+    assert isinstance(Doubling(), registry.Kernel)
+    for member in registry.KERNEL_MEMBERS:  # each one is asked for, and the list names them all
+        assert not isinstance(without(Doubling, member)(), registry.Kernel), member
+    assert set(registry.KERNEL_MEMBERS) == {name for name in vars(Doubling) if not name.startswith("__")} | {"__call__"}
+
+
+class OldStyleRelu(ReluPlugin):
+    """Builds a kernel written before the protocol declared out_view, in_views and the rest."""
+
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        return without(Doubling, "replayable")()
+
+
+def test_a_kernel_short_of_a_member_is_refused_with_the_list_of_what_it_needs(tiny_model_path):
+    with pytest.raises(PluginError, match=r"which is not a Kernel \(it needs name, variant, .*replayable.*copying, __call__"):
+        Runner(load_model(tiny_model_path), 3, "cpu", registry=registry.plugins() | {"Relu": OldStyleRelu()})
+
+
+class Identity:
+    """A plugin with every member of the protocol, without subclassing it."""
+
+    op_type, group_kind, prologue_input = "Identity", None, None
+
+    def supports(self, node, device):
+        return None
+
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        return Doubling()
+
+    def make_spec(self, node):
+        return None
+
+    def kernel_name(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        return None
+
+    def compile_jobs(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        return ()
+
+    def fuse(self, node, followers, device):
+        return 0
+
+    def fuse_prologue(self, node, chain, data, device):
+        return False
+
+    def variant_notes(self, node, device):
+        return {}
+
+    def nonfinite_exact_variant(self, node, device):
+        return None
+
+
+def test_a_plugin_that_does_not_subclass_plugin_has_every_member_register_lists():
+    assert isinstance(Identity(), registry.Plugin)
+    for member in registry.PLUGIN_MEMBERS:
+        assert not isinstance(without(Identity, member)(), registry.Plugin), member
+    assert set(registry.PLUGIN_MEMBERS) == {name for name in vars(Identity) if not name.startswith("__")}
+    with pytest.raises(TypeError, match=", ".join(registry.PLUGIN_MEMBERS)):
+        registry.register(without(Identity, "compile_jobs")())

@@ -80,7 +80,6 @@ def variants(name: str, batch: int, only: set[str] | None = None, every: bool = 
     """The exact families' picks (of `only`, if given) and next configurations (`every`: all they
     offer), the K splits of the GEMMs' picks, the defaults and every configuration of the graphed
     default's family."""
-    from opplugin.gpu.launch_mode import building_for
     from opplugin.ops.conv import cost, families
     from opplugin.ops.conv.choice import heuristic_config
 
@@ -95,11 +94,9 @@ def variants(name: str, batch: int, only: set[str] | None = None, every: bool = 
         for config in [pick, *(offered if every else offered[:CONFIGS_PER_FAMILY]), *cost.split_alternatives(pick)]:
             if families.unsupported_reason(spec, config, weights, epilogue) is None:
                 names.append(config.name())
-    for replayed in (True, False):
-        with building_for(replayed):
-            names.append(heuristic_config(spec, weights, epilogue).name())
-    with building_for(True):
-        default = heuristic_config(spec, weights, epilogue)
+    for graphed in (True, False):
+        names.append(heuristic_config(spec, weights, epilogue, graphed).name())
+    default = heuristic_config(spec, weights, epilogue, graphed=True)
     names += [c.name() for c in families.FAMILIES[default.family].configs(spec, epilogue)
               if families.unsupported_reason(spec, c, weights, epilogue) is None]
     return list(dict.fromkeys(names))
@@ -195,7 +192,6 @@ def main() -> int:
         *numbers, act = fields.split(",") if not fields.split(",")[-1].isdigit() else (*fields.split(","), None)
         LAYERS[name] = (*map(int, numbers), act)
         args.layers.append(name)
-    from opplugin.gpu.launch_mode import building_for
     from opplugin.ops.conv.choice import heuristic_config
 
     cases = [(name, batch) for batch in args.batches for name in args.layers
@@ -219,10 +215,8 @@ def main() -> int:
         if not timed:
             continue
         best = min(timed, key=timed.get)
-        with building_for(True):
-            graphed = heuristic_config(spec, weights, epilogue).name()
-        with building_for(False):
-            eager = heuristic_config(spec, weights, epilogue).name()
+        graphed = heuristic_config(spec, weights, epilogue, graphed=True).name()
+        eager = heuristic_config(spec, weights, epilogue, graphed=False).name()
         figure = timed.get(graphed)
         ratio = f"{figure / timed[best]:.2f}x" if figure else "untimed"
         print(f"{name} b{batch}: default {graphed} {figure and round(figure, 1)} us ({ratio}; eager default {eager}), "

@@ -59,7 +59,7 @@ class _CupyOp(Plugin):
     def supports(self, node, device):
         return None if device.is_cuda else "CuPy ops need a GPU"
 
-    def build(self, node, device, variant=None, fused=()):
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
         return _CupyKernel(f"cupy.{self.op_type.lower()}", self._make(node))
 
 
@@ -73,7 +73,7 @@ class _CupyGemm(_CupyOp):
     def fuse(self, node, followers, device):
         return 1 if followers and followers[0].op_type == "Relu" else 0
 
-    def build(self, node, device, variant=None, fused=()):
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
         import cupy
 
         gemm = _gemm(node)

@@ -73,31 +73,47 @@ def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
     return BASE_OPTIONS + macros
 
 
+def module_job(source_file: str, defines: Mapping[str, Any], arch: str, *,
+               arch_specific: bool = False) -> kernel_cache.CompileJob:
+    """The compile of kernels/<source_file> specialised by `defines` for `arch` ("sm_90"): what
+    compile_module loads on a device of that architecture."""
+    return source_job(paths.kernel_source(source_file), nvrtc_options(defines), source_file, arch, arch_specific=arch_specific)
+
+
+def source_job(source: str, options: tuple[str, ...], label: str, arch: str, *,
+               arch_specific: bool = False) -> kernel_cache.CompileJob:
+    """The compile of CUDA `source` with `options` for `arch`; `arch_specific` targets the
+    architecture-specific variant ("sm_90a"), whose instructions (wgmma) run on that compute
+    capability alone. `label` names it in errors."""
+    return kernel_cache.CompileJob(label, source, tuple(options), arch + ("a" if arch_specific else ""))
+
+
 def compile_module(source_file: str, defines: Mapping[str, Any], *, arch_specific: bool = False):
-    """A cupy.RawModule for kernels/<source_file> specialised by `defines` (compile_source)."""
-    return compile_source(paths.kernel_source(source_file), nvrtc_options(defines), source_file, arch_specific=arch_specific)
+    """A cupy.RawModule for kernels/<source_file> specialised by `defines` (see `load`)."""
+    return load(module_job(source_file, defines, device_arch(), arch_specific=arch_specific))
 
 
 def compile_source(source: str, options: tuple[str, ...], label: str, *, arch_specific: bool = False):
-    """A cupy.RawModule of CUDA `source` compiled with `options` for the current device, loaded
-    from the kernel cache (kernel_cache.py: compiled there first when missing; KernelCompileError
-    naming `label` when NVRTC rejects it).
+    """A cupy.RawModule of CUDA `source` compiled with `options` for the current device (see `load`)."""
+    return load(source_job(source, options, label, device_arch(), arch_specific=arch_specific))
 
-    Loaded once per (source, options): equal compiles share one module, and so one set of
-    module globals. Callers that put per-node data in a module's globals (constant memory)
+
+def load(job: kernel_cache.CompileJob):
+    """The module of `job` (compiled for the current device's architecture), loaded from the kernel
+    cache (kernel_cache.py: compiled there first when missing; KernelCompileError naming the job's
+    label when NVRTC rejects it).
+
+    Loaded once per (source, options, architecture): equal compiles share one module, and so one
+    set of module globals. Callers that put per-node data in a module's globals (constant memory)
     must make the options differ between nodes whose data differ.
-
-    `arch_specific` compiles for the device's architecture-specific target ("sm_90a"), whose
-    instructions (wgmma) run on that compute capability alone.
 
     The module comes wrapped (recorded_launches.Module), so that the launches of its functions can be
     recorded and replayed.
     """
-    key = (source, options, arch_specific)
+    key = (job.source, job.options, job.arch)
     module = _modules.get(key)
     if module is None:
-        arch = device_arch() + ("a" if arch_specific else "")
-        path = kernel_cache.binary_path(kernel_cache.CompileJob(label, source, tuple(options), arch))
+        path = kernel_cache.binary_path(job)
         import cupy
 
         module = recorded_launches.Module(cupy.RawModule(path=str(path)))
@@ -112,9 +128,15 @@ def device_arch() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _arch_for(device: int) -> str:
-    """The device's compute capability, or the highest one below it that the installed NVRTC
-    knows (a cubin runs on later minor versions of its major one), as CuPy chooses it."""
-    major, minor = current_properties()[1].split(".")
+    return arch_of(current_properties()[1])
+
+
+@functools.lru_cache(maxsize=None)
+def arch_of(compute_capability: str) -> str:
+    """The architecture kernels are compiled for on a GPU of `compute_capability` ("9.0"): its own,
+    or the highest one below it that the installed NVRTC knows (a cubin runs on later minor
+    versions of its major one), as CuPy chooses it."""
+    major, minor = compute_capability.split(".")
     capability = int(major) * 10 + int(minor)
     known = [arch for arch in nvrtc.supported_archs() if arch <= capability]
     return f"sm_{max(known) if known else capability}"

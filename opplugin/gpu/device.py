@@ -22,6 +22,11 @@ class Device:
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
+    @property
+    def arch(self) -> str:
+        """The architecture its kernels are compiled for ("sm_90"; cuda.arch_of), for a CUDA device."""
+        return cuda.arch_of(self.compute_capability)
+
 
 CPU = Device("cpu")
 

@@ -4,21 +4,17 @@ NVRTC version), named by a hash of them, in ``<cache dir>/kernels`` (core/paths.
 Every kernel the runtime loads comes through `binary_path`: a hit is a file for CuPy to
 load; a miss is compiled here, with NVRTC (nvrtc.py), and written whole or not at all
 (files.write_atomic), so that a process reading the cache never sees
-half a cubin. Inside `deferring_misses()`, a miss is raised as MissingKernel instead of
-compiled: that is how a runner learns which kernels a plan lacks, to compile them all at
-once in parallel (parallel_compile.py) before building its steps.
+half a cubin. A runner compiles the kernels its plugins declare (Plugin.compile_jobs) all at
+once, in parallel (parallel_compile.py), before it builds its steps: those loads are hits.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from . import nvrtc
 from ..core.paths import cache_dir as user_cache_dir
@@ -53,28 +49,6 @@ class CompileJob:
         return digest.hexdigest()[:40] + ".cubin"
 
 
-class MissingKernel(BaseException):
-    """Raised by binary_path inside deferring_misses() for a job not yet in the cache. A
-    BaseException, so that a plugin's own `except Exception` does not take it for a failure."""
-
-    def __init__(self, job: CompileJob):
-        super().__init__(job.label)
-        self.job = job
-
-
-_deferring = contextvars.ContextVar("opplugin_defer_compiles", default=False)
-
-
-@contextlib.contextmanager
-def deferring_misses() -> Iterator[None]:
-    """Within it, binary_path raises MissingKernel for a kernel not in the cache, rather than compile it."""
-    token = _deferring.set(True)
-    try:
-        yield
-    finally:
-        _deferring.reset(token)
-
-
 def cache_dir() -> Path:
     """Where cubins are kept: the cache directory's `kernels` folder, or a folder of this
     process's own when that one cannot be written (a read-only home)."""
@@ -99,13 +73,11 @@ def cached_path(job: CompileJob) -> Path | None:
 
 
 def binary_path(job: CompileJob) -> Path:
-    """The cubin of `job` in the cache, compiled now when missing (MissingKernel instead, inside
-    deferring_misses()); KernelCompileError, naming the kernel, when NVRTC rejects it."""
+    """The cubin of `job` in the cache, compiled now when missing; KernelCompileError, naming the
+    kernel, when NVRTC rejects it."""
     path = cached_path(job)
     if path is not None:
         return path
-    if _deferring.get():
-        raise MissingKernel(job)
     cubin, log = compile_job(job)
     if cubin is None:
         raise KernelCompileError(job.label, job.options, log)

@@ -59,9 +59,11 @@ def reshape_shape(target: Sequence[int], allowzero: bool, shape: tuple[int, ...]
 
 
 class ViewPlugin(Plugin):
-    """A plugin whose kernel is a view: its name is known without building it."""
+    """A plugin whose kernel is a view: its name is known without building it, and it compiles nothing
+    (Plugin.compile_jobs declares none)."""
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         return f"view.{self.op_type.lower()}"
 
 
@@ -71,7 +73,8 @@ class FlattenPlugin(ViewPlugin):
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         return None
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         axis = int(node.attributes.get("axis", 1))
         return ViewKernel(self.kernel_name(node, device), lambda shape: flatten_shape(axis, shape))
 
@@ -84,7 +87,8 @@ class ReshapePlugin(ViewPlugin):
             return "the target shape is computed at run time (a view needs it as a constant)"
         return None
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         target = [int(d) for d in np.asarray(node.constants[node.inputs[1].name]).reshape(-1)]
         allowzero = bool(node.attributes.get("allowzero", 0))
         return ViewKernel(self.kernel_name(node, device), lambda shape: reshape_shape(target, allowzero, shape))
@@ -118,7 +122,7 @@ class SqueezePlugin(ViewPlugin):
 
     op_type = "Squeeze"
 
-    def describe(self, node: NodeInfo) -> list[int]:
+    def make_spec(self, node: NodeInfo) -> list[int]:
         _float32_data(node)
         shape = node.inputs[0].shape
         axes = _axes(node, len(shape))
@@ -128,10 +132,11 @@ class SqueezePlugin(ViewPlugin):
         return axes
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        return reason_against(node, self.describe)
+        return reason_against(node, self.make_spec)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        axes = set(spec_of(node, self.describe))
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        axes = set(spec_of(node, self.make_spec))
         return ViewKernel(self.kernel_name(node, device), lambda shape: tuple(d for a, d in enumerate(shape) if a not in axes))
 
 
@@ -140,7 +145,7 @@ class UnsqueezePlugin(ViewPlugin):
 
     op_type = "Unsqueeze"
 
-    def describe(self, node: NodeInfo) -> list[int]:
+    def make_spec(self, node: NodeInfo) -> list[int]:
         _float32_data(node)
         rank = len(node.inputs[0].shape)
         axes = _axes(node, len(node.outputs[0].shape))
@@ -151,10 +156,11 @@ class UnsqueezePlugin(ViewPlugin):
         return axes
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        return reason_against(node, self.describe)
+        return reason_against(node, self.make_spec)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        axes = spec_of(node, self.describe)
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        axes = spec_of(node, self.make_spec)
 
         def target(shape: tuple[int, ...]) -> tuple[int, ...]:
             dims = list(shape)

@@ -5,12 +5,13 @@ sub-model)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import onnx
 from onnx import helper, numpy_helper
 
 from ..gpu.device import Device
+from ..gpu.kernel_cache import CompileJob
 from ..errors import PluginError
 from ..graph.model import Model
 from .prologue import find_prologues, give_way, prologue_inputs
@@ -49,12 +50,21 @@ class PluginStep:
         """Every node the step's kernel runs, in graph order."""
         return [*self.prologue, self.node, *self.fused]
 
-    def build(self, device: Device, variant: str | None = None) -> Kernel:
+    def build(self, device: Device, variant: str | None = None, graphed: bool = True) -> Kernel:
+        """The step's kernel; `graphed`: it will be launched from CUDA graphs (see registry.Plugin)."""
         if self.group is not None:
-            return self.plugin.build_group(self.group, device, variant)
-        if self.prologue:
-            return self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue)
-        return self.plugin.build(self.node, device, variant, fused=self.fused)
+            return self.plugin.build_group(self.group, device, variant, graphed=graphed)
+        return self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
+
+    def compile_jobs(self, device: Device, variant: str | None = None, graphed: bool = True) -> Sequence[CompileJob]:
+        """The kernel sources `build` with the same arguments will compile (Plugin.compile_jobs)."""
+        if self.group is not None:
+            return self.plugin.group_compile_jobs(self.group, device, variant, graphed=graphed)
+        return self.plugin.compile_jobs(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
+
+    def kernel_name(self, device: Device, variant: str | None = None, graphed: bool = True) -> str | None:
+        """The name `build` with the same arguments would give the kernel (Plugin.kernel_name)."""
+        return self.plugin.kernel_name(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
 
 
 @dataclass
@@ -162,11 +172,11 @@ class _Grouping:
                 continue
             plugin = registry.get(info.op_type)
             if plugin:
-                info, reason = _described(plugin, info)
+                info, reason = _with_spec(plugin, info)
                 reason = reason or _support(plugin, info, device)
             else:
                 reason = "no plugin"
-            if plugin and reason is None and getattr(plugin, "group_kind", None):
+            if plugin and reason is None and plugin.group_kind is not None:
                 grouping.groups.append(info)
                 group = _grown_group(info, infos, plugin, model, readers, made_by, taken, device, registry)
                 grouping.node_groups[info.name] = group
@@ -206,11 +216,11 @@ def _grown_group(lead: NodeInfo, infos: list[NodeInfo], plugin: Plugin, model: M
         if info.name in taken or not produced.intersection(inputs):
             continue
         other = registry.get(info.op_type)
-        if other is None or getattr(other, "group_kind", None) != kind:
+        if other is None or other.group_kind != kind:
             continue
         if any(i not in produced and i not in model.initializers and made_by.get(i, -1) >= lead_at for i in inputs):
             continue
-        info, reason = _described(other, info)
+        info, reason = _with_spec(other, info)
         if reason or _support(other, info, device) is not None:
             continue
         candidate = _node_group([*members, info], readers, model)
@@ -363,10 +373,10 @@ def _fuse_count(plugin: Plugin, info: NodeInfo, chain: list[NodeInfo], device: D
     return max(end for end in ends if end <= count)
 
 
-def _described(plugin: Plugin, info: NodeInfo) -> tuple[NodeInfo, str | None]:
+def _with_spec(plugin: Plugin, info: NodeInfo) -> tuple[NodeInfo, str | None]:
     """The node with the plugin's record of it (made here, once), or the reason the plugin cannot read it."""
     try:
-        return replace(info, spec=plugin.describe(info)), None
+        return replace(info, spec=plugin.make_spec(info)), None
     except PluginError as err:
         return info, str(err)
     except Exception as err:  # a plugin that cannot read a node does not get it

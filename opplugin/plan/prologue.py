@@ -2,7 +2,7 @@
 values it loads (a Conv's prologue, ops/conv/prologue.py), so they need no step of their own.
 
 A chain of up to MAX_PROLOGUE nodes ending in the tensor a plugin node reads as its first
-input is offered to that node's plugin (its `fuse_prologue`) when:
+input is offered to that node's plugin (its `fuse_prologue`, where it declares a `prologue_input`) when:
 - each node's output is read by the next node alone (the last's by the plugin node alone) and is
   no graph output: the fused kernel never writes it;
 - each node transforms one tensor (its *data* input: the first that is no constant and has the
@@ -32,7 +32,7 @@ def find_prologues(infos: list[NodeInfo], readers: dict[str, list[NodeInfo]], ma
     claimed: set[str] = set()
     for info in infos:
         plugin = registry.get(info.op_type)
-        if plugin is None or not hasattr(plugin, "fuse_prologue") or not info.node.input or not info.node.input[0]:
+        if plugin is None or plugin.prologue_input is None or not info.node.input or not info.node.input[0]:
             continue
         chain = _candidate_chain(info, infos, readers, made_by, graph_outputs, claimed)
         for length in range(len(chain), 0, -1):

@@ -69,12 +69,15 @@ class InPlaceConcat(Kernel):
     the buffer assignment: the exact path), it is the whole Concat."""
 
     nonfinite_exact = True
+    # it runs through InPlace.call, with its slice of the buffer: never prebound an array of its own, nor replayed
+    out_view = ""
+    replayable = False
 
     def __init__(self, concat: Kernel, copier: Kernel | None):
         self.concat, self.copier = concat, copier
         self.name = copier.name if copier is not None else f"{concat.name}(written in place)"
         self.device_work = copier is not None
-        self.variant = getattr(concat, "variant", None)
+        self.variant = concat.variant
 
     def flops(self, batch: int) -> int:
         return 0
@@ -86,8 +89,15 @@ class InPlaceConcat(Kernel):
         return self.concat(inputs, stream, **out)
 
 
-def _is_concat(kernel: Any) -> bool:
-    return getattr(kernel, "input_slices", None) is not None
+def _is_concat(kernel: Kernel | None) -> bool:
+    """Whether `kernel` (None: an onnxruntime step's) copies its inputs into slices of its output (Kernel.input_slices)."""
+    return kernel is not None and kernel.input_slices is not None
+
+
+def _reads_views(kernel: Kernel | None) -> bool:
+    """Whether `kernel` (None: an onnxruntime step's) reads a view of a Concat's buffer as it is: a Concat,
+    or a kernel with in_views."""
+    return _is_concat(kernel) or (kernel is not None and kernel.in_views)
 
 
 def assign_buffers(plan: Plan, kernels: dict[str, Kernel]) -> BufferAssignment:
@@ -115,7 +125,7 @@ class _Assigner:
         self.first_writer: dict[str, int] = {}  # a Concat's output -> the earliest step writing into it
         self.placed: set[tuple[str, int, str]] = set()  # (root buffer, offset along the axis, tensor) written there
 
-    def _kernel(self, index: int) -> Any:
+    def _kernel(self, index: int) -> Kernel | None:
         step = self.steps[index]
         return self.kernels.get(step.name) if isinstance(step, PluginStep) else None
 
@@ -151,7 +161,7 @@ class _Assigner:
         output, inputs = step.outputs[0], list(step.inputs)
         if output in self.graph_outputs or output not in self.readers:
             return
-        if not all(_is_concat(k := self._kernel(r)) or getattr(k, "in_views", False) for r in self.readers[output]):
+        if not all(_reads_views(self._kernel(r)) for r in self.readers[output]):
             return
         later = next((t for t in self.concat_at if t > index and self.concat_at[t].input_slices[0] == axis
                       and inputs[0] in self.steps[t].inputs), None)
@@ -193,7 +203,8 @@ class _Assigner:
         if producer is None or inputs.count(name) > 1 or name in self.graph_outputs or name in self.assignment.slots:
             return False
         maker = self.steps[producer]
-        mode = getattr(self._kernel(producer), "out_view", "")
+        kernel = self._kernel(producer)
+        mode = kernel.out_view if kernel is not None else ""  # an onnxruntime step writes no view
         if len(maker.outputs) != 1 or mode not in ("strided", "contiguous") or (mode == "contiguous" and not rows_are_one):
             return False
         if not all(_is_concat(self._kernel(r)) for r in self.readers[name]):

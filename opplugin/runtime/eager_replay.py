@@ -58,7 +58,7 @@ class StepReplays:
             self._unreplayed[step] = 0
             self.hits += 1
             return [out]
-        if step in self.refused or not getattr(kernel, "replayable", False):
+        if step in self.refused or not kernel.replayable:
             return kernel(args, stream, out=out)
         with self._recording() as recording:
             outs = kernel(args, stream, out=out)

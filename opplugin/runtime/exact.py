@@ -26,7 +26,7 @@ from ..gpu import cuda
 from ..gpu.device import Device
 from ..errors import PluginError
 from ..plan.partition import OrtStep, Plan, PluginStep, Step, outside_inputs, sub_model
-from ..registry import Kernel, NodeInfo, Plugin
+from ..registry import Kernel
 from .chunking import BatchLayout
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor
 from .nonfinite import raise_flag, set_flag
@@ -111,10 +111,10 @@ NAN_BY_POSITION = frozenset({"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin
 def watched_steps(plan: Plan, kernels: dict[str, Kernel]) -> set[str]:
     """The plugin steps whose outputs are watched: those the exact path runs differently
     (see reruns_differently)."""
-    return {step.name for step in plan.plugin_steps if reruns_differently(step, kernels[step.name])}
+    return {step.name for step in plan.plugin_steps if reruns_differently(step, kernels[step.name], plan.device)}
 
 
-def reruns_differently(step: PluginStep, kernel: Kernel) -> bool:
+def reruns_differently(step: PluginStep, kernel: Kernel, device: Device) -> bool:
     """Whether the exact path runs this step otherwise than `kernel`: a max pool step
     (NAN_BY_POSITION) goes to onnxruntime, and a kernel that is not NaN/Inf-exact
     (Kernel.nonfinite_exact) is split from its fused followers, or where it fused none gives
@@ -122,12 +122,9 @@ def reruns_differently(step: PluginStep, kernel: Kernel) -> bool:
     A plain kernel with nothing to give way to would run the same again: not worth watching."""
     if step.node.op_type in NAN_BY_POSITION:
         return True
-    return not kernel.nonfinite_exact and (bool(step.fused or step.prologue) or _exact_variant(step.plugin) is not None)
-
-
-def _exact_variant(plugin: Plugin) -> Callable[[NodeInfo, Device], str] | None:
-    """The plugin's optional `nonfinite_exact_variant(node, device)`: the variant that keeps NaN and Inf exactly."""
-    return getattr(plugin, "nonfinite_exact_variant", None)
+    if kernel.nonfinite_exact:
+        return False
+    return bool(step.fused or step.prologue) or step.plugin.nonfinite_exact_variant(step.node, device) is not None
 
 
 def watched_outputs(plan: Plan, kernels: dict[str, Kernel]) -> dict[int, list[int]]:
@@ -246,7 +243,7 @@ class ExactPath:
         Inf either (3xTF32), the variant its plugin names for them (`nonfinite_exact_variant`)."""
         kernel = self.kernels[step.name]
         was_fused = any(s.name == step.name and (s.fused or s.prologue) and s.group is None for s in self.plan.plugin_steps)
-        if not was_fused and not reruns_differently(step, kernel):
+        if not was_fused and not reruns_differently(step, kernel, self.device):
             return kernel
         requested = self.requested_variants.get(step.node.op_type)
         variant = kernel.variant or requested
@@ -256,7 +253,7 @@ class ExactPath:
             if variant == requested:
                 raise
             built = step.build(self.device, requested)
-        exact_variant = _exact_variant(step.plugin)
-        if not built.nonfinite_exact and exact_variant is not None:
-            built = step.build(self.device, exact_variant(step.node, self.device))
-        return built
+        if built.nonfinite_exact:
+            return built
+        exact_variant = step.plugin.nonfinite_exact_variant(step.node, self.device)
+        return built if exact_variant is None else step.build(self.device, exact_variant)

@@ -313,7 +313,7 @@ class PlanExecutor:
             return [(indices, False)]
         parts = self._parts.get((indices.start, indices.stop))
         if parts is None:
-            wholes = [index in self._single_output and getattr(self.kernels[self.plan.steps[index].name], "replayable", False)
+            wholes = [index in self._single_output and self.kernels[self.plan.steps[index].name].replayable
                       and not (self.in_place is not None and self.in_place.places(index)) for index in indices]
             parts, first = [], indices.start
             for index in indices:
@@ -329,7 +329,7 @@ class PlanExecutor:
         replaying the launches it made there last time when the buffers are the same (eager_replay.py)."""
         if self.in_place is not None and self.in_place.places(index):
             return self.in_place.call(index, kernel, args, lane.stream, pending, batch)
-        prebound = lane.prebound if not self.cuda_graphs and index in self._single_output and getattr(kernel, "out_view", "") else None
+        prebound = lane.prebound if not self.cuda_graphs and index in self._single_output and kernel.out_view else None
         if prebound is None:
             return kernel(args, lane.stream)
         step = self._step_keys[index]
@@ -452,7 +452,7 @@ class PlanExecutor:
         """Whether watched step `index` raises its own NaN/Inf flag as its kernel stores (registry.Kernel's
         `flags_nonfinite`): one output, written where the kernel puts it (not in place in a Concat's buffer)."""
         in_place = self.in_place is not None and self.in_place.places(index)
-        return len(self.watched[index]) == 1 and getattr(kernel, "flags_nonfinite", False) and not in_place
+        return len(self.watched[index]) == 1 and kernel.flags_nonfinite and not in_place
 
     def _enqueue_steps(self, lane: Lane, indices: range, held: frozenset[str], constants: dict[str, Any],
                        flag_buffer: Any, batch: int) -> Callable[[dict[str, Any], StepClock], dict[str, Any]]:

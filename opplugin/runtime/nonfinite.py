@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..gpu import cuda
+from ..gpu import cuda, kernel_cache
 
 FLAG_SOURCE = "nonfinite.cu"
 FLAG_BLOCK = 256
@@ -24,10 +24,15 @@ def slot_runs(slots: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
     return tuple(runs)
 
 
+def flag_job(arch: str) -> kernel_cache.CompileJob:
+    """The compile of kernels/nonfinite.cu for `arch`: what _flag_float32_kernel loads."""
+    return cuda.module_job(FLAG_SOURCE, {}, arch)
+
+
 @functools.cache
 def _flag_float32_kernel():
     """kernels/nonfinite.cu: one launch per watched float32 output."""
-    return cuda.compile_module(FLAG_SOURCE, {}).get_function("opplugin_flag_nonfinite")
+    return cuda.load(flag_job(cuda.device_arch())).get_function("opplugin_flag_nonfinite")
 
 
 @functools.cache

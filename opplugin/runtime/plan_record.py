@@ -76,11 +76,7 @@ def _planned_implementation(plan: Plan, step: Step, variants: Mapping[str, str],
     if step.kind != "plugin":
         return ort_name
     op_type = step.node.op_type
-    if step.prologue:
-        named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused, prologue=step.prologue)
-    else:
-        named = step.plugin.kernel_name(step.node, plan.device, variants.get(op_type), step.fused)
-    return named or f"{op_type} plugin"
+    return step.kernel_name(plan.device, variants.get(op_type)) or f"{op_type} plugin"
 
 
 def _shape_at(plan: Plan, layout: chunking.BatchLayout, name: str, batch: int) -> tuple[int, ...]:

@@ -1,22 +1,18 @@
 """Building a plan's kernels with their compiles done first, side by side.
 
-A step's kernel compiles its CUDA sources while it is built: only then does its plugin
-know them (the variant chosen, the weights digest of a constant-memory module). So the
-steps are built in rounds with the kernel cache's misses deferred
-(kernel_cache.deferring_misses): a build that needs a kernel the cache lacks stops there
-and hands over its compile job; once every step has been tried, the jobs compile in
-parallel (gpu/parallel_compile.py), and the steps that stopped are built again. A step that
-loads k missing kernels one after another takes k rounds; most take one. A step's build
-must therefore be safe to start again, as building it twice is.
+Each plugin step says which kernel sources its build will compile (Plugin.compile_jobs, the
+same choice of variant that `build` makes, without compiling); the runtime adds its own (the
+NaN/Inf flag kernel). The jobs the kernel cache lacks compile in parallel
+(gpu/parallel_compile.py), then every step is built once, its loads now cache hits. A step
+whose plugin declares nothing compiles as it builds.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, TypeVar
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from ..gpu import kernel_cache, parallel_compile
-
-# after this many rounds the steps still waiting are built plainly, compiling as they go
-MAX_ROUNDS = 4
+from ..gpu.device import Device
+from . import nonfinite
 
 KernelT = TypeVar("KernelT")
 
@@ -25,29 +21,21 @@ class NamedStep(Protocol):
     name: str
 
 
+def runtime_jobs(device: Device) -> list[kernel_cache.CompileJob]:
+    """The kernels the runtime itself may load on `device`: the NaN/Inf flag kernel of watched steps."""
+    return [nonfinite.flag_job(device.arch)] if device.is_cuda else []
+
+
 def build_all(steps: Iterable[NamedStep], build: Callable[[NamedStep], KernelT],
+              jobs_of: Callable[[NamedStep], Sequence[kernel_cache.CompileJob]],
+              extra_jobs: Sequence[kernel_cache.CompileJob] = (),
               compile_jobs: Callable[[list[kernel_cache.CompileJob]], int] | None = None) -> dict[str, KernelT]:
-    """{step name: build(step)} in the steps' order, every kernel compile the builds need
-    done beforehand by `compile_jobs` (default: parallel_compile.compile_missing, in
-    parallel with a progress line)."""
+    """{step name: build(step)} in the steps' order, after `compile_jobs` (default:
+    parallel_compile.compile_missing, in parallel with a progress line) has compiled what the
+    cache lacks of `extra_jobs` and every step's `jobs_of(step)`."""
     compile_jobs = compile_jobs or parallel_compile.compile_missing
     steps = list(steps)
-    kernels: dict[str, KernelT] = {}
-    waiting = steps
-    for _ in range(MAX_ROUNDS):
-        jobs, stopped = [], []
-        with kernel_cache.deferring_misses():
-            for step in waiting:
-                try:
-                    kernels[step.name] = build(step)
-                except kernel_cache.MissingKernel as missing:
-                    jobs.append(missing.job)
-                    stopped.append(step)
-        if not stopped:
-            break
+    jobs = [*extra_jobs, *(job for step in steps for job in jobs_of(step))]
+    if jobs:  # the CPU device's steps compile nothing
         compile_jobs(jobs)
-        waiting = stopped
-    else:
-        for step in waiting:
-            kernels[step.name] = build(step)
-    return {step.name: kernels[step.name] for step in steps}
+    return {step.name: build(step) for step in steps}

@@ -29,20 +29,20 @@ import onnx
 import onnxruntime as ort
 
 from ..gpu import cuda
+from ..gpu.kernel_cache import CompileJob
 from ..ort import sessions
 from ..gpu.device import Device, select_device
 from ..errors import InputError, OutOfDeviceMemory, PluginError, first_line, positive_int
-from ..gpu.launch_mode import building_for
 from ..graph.model import Model
 from ..plan.partition import OrtStep, Plan, PluginStep, make_plan
-from ..registry import Kernel, Plugin
+from ..registry import KERNEL_MEMBERS, Kernel, Plugin
 from . import chunking
 from .buffers import InPlace, assign_buffers
 from .exact import ExactPath
 from .executor import ChunkInputs, ChunkScheduler, PlanExecutor, Progress, Results, SharedRows
 from .plan_record import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
-from .prebuild import build_all
+from .prebuild import build_all, runtime_jobs
 from .records import PlanRecord, Profile, RunResult, RunTiming
 from .deferred_timings import RunTimings
 
@@ -109,9 +109,9 @@ class Runner:
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
-        with building_for(self.cuda_graphs):  # what a variant costs the host depends on it (ops/conv/cost.py)
-            # every kernel the builds load is compiled first, in parallel (prebuild.py)
-            self.kernels: dict[str, Kernel] = build_all(self.plan.plugin_steps, self._build)
+        # every kernel the plugins declare is compiled first, in parallel (prebuild.py)
+        self.kernels: dict[str, Kernel] = build_all(self.plan.plugin_steps, self._build, self._compile_jobs,
+                                                    runtime_jobs(self.device))
         self.providers = self._providers()
         self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
         self.constants = self._upload_constants()
@@ -133,14 +133,18 @@ class Runner:
     # --- set-up -------------------------------------------------------------------------
 
     def _build(self, step: PluginStep) -> Kernel:
-        kernel = step.build(self.device, self.variants.get(step.node.op_type))
+        # whether the kernels run from CUDA graphs changes what a variant costs the host (ops/conv/cost.py)
+        kernel = step.build(self.device, self.variants.get(step.node.op_type), graphed=self.cuda_graphs)
         if not isinstance(kernel, Kernel):
             raise PluginError(
                 f"the {step.node.op_type} plugin built {type(kernel).__name__} for step {step.name}, which is not a Kernel "
-                "(it needs name, variant, nonfinite_exact, device_work, flops, bytes_moved, workspace_bytes and __call__; "
-                "subclass opplugin.registry.Kernel for the defaults)"
+                f"(it needs {', '.join(KERNEL_MEMBERS)}; subclass opplugin.registry.Kernel for the defaults of all but "
+                "name, flops, bytes_moved and __call__)"
             )
         return kernel
+
+    def _compile_jobs(self, step: PluginStep) -> Sequence[CompileJob]:
+        return step.compile_jobs(self.device, self.variants.get(step.node.op_type), graphed=self.cuda_graphs)
 
     def _chunk_for(self, batch: int) -> int:
         """Images per chunk: what the memory budget allows, and on a GPU no more than overlap wants."""

@@ -50,10 +50,10 @@ class SourceKernel(Kernel):
 
     variant = None
 
-    def __init__(self, plugin: "CudaSourcePlugin", node: NodeInfo, function: Any):
+    def __init__(self, plugin: "CudaSourcePlugin", node: NodeInfo, function: Any, name: str):
         self.plugin, self.node, self.function = plugin, node, function
         self.functions = [function]
-        self.name = plugin.kernel_name(node)
+        self.name = name
 
     def flops(self, batch: int) -> int:
         return self.plugin.flops(self.node, batch)
@@ -95,7 +95,9 @@ class CudaSourcePlugin(Plugin):
             return f"{type(self).__name__} runs CUDA source only, and there is no GPU"
         return None if all(t.dtype.kind == "f" and t.dtype.itemsize == 4 for t in node.inputs if t.name) else "float32 only"
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        """The node's kernel, its source compiled through CuPy (not the kernel cache: compile_jobs declares nothing)."""
         if not device.is_cuda:
             raise PluginError(f"{type(self).__name__} needs a CUDA device")
         source = self._source()
@@ -103,7 +105,7 @@ class CudaSourcePlugin(Plugin):
             compiled = compile_node(source, self.defines(node), on_gpu=True)
         except Rejected as reason:
             raise PluginError(f"{source.path} rejects {node.name}: {reason}") from None
-        return SourceKernel(self, node, compiled.module.get_function(self.entry))
+        return SourceKernel(self, node, compiled.module.get_function(self.entry), self.kernel_name(node, device))
 
     # --- what a subclass writes --------------------------------------------------------
 
@@ -117,7 +119,8 @@ class CudaSourcePlugin(Plugin):
     def launch(self, function: Any, node: NodeInfo, inputs: Sequence[Any], outputs: list[Any], stream: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} must launch its kernel")
 
-    def kernel_name(self, node: NodeInfo) -> str:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         return Path(self.source_path).name if self.source_path else type(self).__name__
 
     def flops(self, node: NodeInfo, batch: int) -> int:

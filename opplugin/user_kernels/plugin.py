@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..gpu.device import Device
+from ..gpu.kernel_cache import CompileJob
 from ..errors import PluginError
 from ..registry import Kernel, NodeInfo, Plugin
 from .compiler import Compiled, Rejected, compile_node
@@ -137,9 +138,9 @@ class UserPlugin(Plugin):
             return "only float32 tensors are supported"
         return None if device.is_cuda else f"{self.source.label} needs a GPU, and there is no built-in {self.op_type} plugin"
 
-    def describe(self, node: NodeInfo):
+    def make_spec(self, node: NodeInfo):
         """The built-in plugin's record of the node, which its supports, fuse and build read."""
-        return self.fallback.describe(node) if self.fallback is not None else None
+        return self.fallback.make_spec(node) if self.fallback is not None else None
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         return self.fallback.fuse(node, followers, device) if self.fallback is not None else 0
@@ -189,15 +190,22 @@ class UserPlugin(Plugin):
             raise Rejected("its weights are computed at run time, and weights=constant needs them at build time")
         return [node.constants[n] for n in names]
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        """None: the source compiles through CuPy (not the kernel cache) as the node is built, and a
+        shape it rejects falls back to the built-in plugin, whose build then compiles as it goes."""
+        return []
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         if not device.is_cuda:
-            return self._fallback_build(node, device, variant, fused, "no GPU")
+            return self._fallback_build(node, device, variant, fused, prologue, graphed, "no GPU")
         try:
             weights = self._constant_weights(node)
             compiled = self.compile(node, fused, on_gpu=True)
         except Rejected as reason:
             self.rejections[node.name] = str(reason)
-            return self._fallback_build(node, device, variant, fused, str(reason))
+            return self._fallback_build(node, device, variant, fused, prologue, graphed, str(reason))
         if weights is not None:
             upload_weights(compiled, weights)
         kernel: Kernel = UserKernel.for_node(self.source, node, compiled, self.defines(node, fused), self.poison)
@@ -210,10 +218,12 @@ class UserPlugin(Plugin):
             kernel = UnfusedEpilogueKernel(kernel, epilogue)
         return kernel
 
-    def _fallback_build(self, node, device, variant, fused, why: str) -> Kernel:
+    def _fallback_build(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
+                        prologue: Sequence[NodeInfo], graphed: bool, why: str) -> Kernel:
+        """The built-in plugin's build of the node, with the arguments this build was given."""
         if self.fallback is None:
             raise PluginError(f"{self.source.label} cannot run {node.name} ({why}) and no built-in {self.op_type} plugin can")
-        return self.fallback.build(node, device, variant, fused)
+        return self.fallback.build(node, device, variant, fused, prologue, graphed)
 
 
 def weights_digest(weights: list[np.ndarray]) -> str:

@@ -1,7 +1,7 @@
 """The kernel cache and the parallel compile of a plan's kernels, on the CPU: NVRTC through
-cuda-bindings compiles for sm_90 without a GPU, and builds of a plan for an offline
-sm_90 device reach their first compile before they need CuPy (gpu/kernel_cache.py,
-gpu/parallel_compile.py, runtime/prebuild.py)."""
+cuda-bindings compiles for sm_90 without a GPU, and a plan for an offline sm_90 device says
+which kernels its steps' builds will compile without building them (Plugin.compile_jobs;
+gpu/kernel_cache.py, gpu/parallel_compile.py, runtime/prebuild.py)."""
 from __future__ import annotations
 
 import io
@@ -30,24 +30,18 @@ def cache(monkeypatch, tmp_path):
     return tmp_path / "kernels"
 
 
-def first_compiles(model_name: str) -> list[kernel_cache.CompileJob]:
-    """The compile job each step of the model's offline plan stops at (its first kernel), in plan order."""
+SHIPPED = ("lenet86", "ece408_high", "mlp_onehidden")
+
+
+def declared_jobs(model_name: str, graphed: bool = True) -> list[kernel_cache.CompileJob]:
+    """What the steps of the model's offline plan declare their builds compile, in plan order."""
     plan = make_plan(load_model(str(paths.models_dir() / f"{model_name}.onnx")), 2, OFFLINE)
-    jobs = []
-    with kernel_cache.deferring_misses():
-        for step in plan.plugin_steps:
-            try:
-                step.build(OFFLINE)
-            except kernel_cache.MissingKernel as missing:
-                jobs.append(missing.job)
-            except ImportError:
-                pass  # a build that needs CuPy before it compiles (the GEMMs): none here
-    return jobs
+    return [job for step in plan.plugin_steps for job in step.compile_jobs(OFFLINE, graphed=graphed)]
 
 
 def real_jobs() -> list[kernel_cache.CompileJob]:
-    """The first kernels of the Conv steps (with CuPy installed, the GEMMs' too reach their compile)."""
-    jobs = [job for job in first_compiles("lenet86") + first_compiles("ece408_high") if job.label.startswith("conv_")]
+    """The kernels of the shipped CNNs' Conv steps."""
+    jobs = [job for job in declared_jobs("lenet86") + declared_jobs("ece408_high") if job.label.startswith("conv_")]
     assert len(jobs) == 3 and len({job.file_name for job in jobs}) == 3
     assert all(job.arch == "sm_90" and job.label.endswith(".cu") for job in jobs)
     return jobs
@@ -120,11 +114,32 @@ def test_a_worker_process_reports_a_rejection_like_a_thread(cache):
         parallel_compile.compile_missing([tiny_job(6), tiny_job(7, BROKEN)], workers=2, stream=io.StringIO())
 
 
-class FakeStep:
-    """A step whose build loads the cubins of its jobs one after another, as a plugin does."""
+@needs_nvrtc
+def test_the_shipped_models_declare_every_plugin_kernel_and_each_compiles(cache):
+    """Each step's declared kernels (graphed or eager: the shipped layers pick alike) compile with NVRTC,
+    the runtime's flag kernel with them; a view step declares none."""
+    jobs = list(prebuild.runtime_jobs(OFFLINE))
+    for name in SHIPPED:
+        plan = make_plan(load_model(str(paths.models_dir() / f"{name}.onnx")), 2, OFFLINE)
+        for step in plan.plugin_steps:
+            declared = list(step.compile_jobs(OFFLINE))
+            assert [j.file_name for j in declared] == [j.file_name for j in step.compile_jobs(OFFLINE, graphed=False)]
+            assert declared if step.node.op_type in ("Conv", "Gemm") else not declared, step.name
+            jobs += declared
+    assert {job.label for job in jobs} >= {"nonfinite.cu", "conv_const_tile.cu", "gemm_rowwarp.cu"}
+    assert parallel_compile.compile_missing(jobs, workers=2, pool="threads", stream=io.StringIO()) == len(set(jobs))
+    assert all(kernel_cache.cached_path(job) for job in jobs)
 
-    def __init__(self, name: str, jobs: list[kernel_cache.CompileJob]):
-        self.name, self.jobs, self.builds = name, jobs, 0
+
+class FakeStep:
+    """A step whose build loads the cubins of its jobs one after another, as a plugin does; it
+    declares them unless told not to."""
+
+    def __init__(self, name: str, jobs: list[kernel_cache.CompileJob], declares: bool = True):
+        self.name, self.jobs, self.declares, self.builds = name, jobs, declares, 0
+
+    def compile_jobs(self) -> list[kernel_cache.CompileJob]:
+        return self.jobs if self.declares else []
 
     def build(self) -> list[bytes]:
         self.builds += 1
@@ -132,36 +147,31 @@ class FakeStep:
 
 
 @needs_nvrtc
-def test_prebuild_compiles_every_step_s_kernels_in_rounds_before_building(cache):
+def test_prebuild_compiles_what_the_steps_declare_at_once_then_builds_each_step_once(cache):
     shared = tiny_job(1)
     steps = [FakeStep("a", [shared, tiny_job(2)]), FakeStep("b", [shared]), FakeStep("c", [tiny_job(3)])]
-    rounds = []
+    compiles = []
 
     def compile_jobs(jobs):
-        rounds.append(sorted(job.label for job in jobs))
+        compiles.append(sorted(job.label for job in jobs))
         return parallel_compile.compile_missing(jobs, workers=2, pool="threads", stream=io.StringIO())
 
-    kernels = prebuild.build_all(steps, FakeStep.build, compile_jobs)
+    kernels = prebuild.build_all(steps, FakeStep.build, FakeStep.compile_jobs, [tiny_job(4)], compile_jobs)
     assert list(kernels) == ["a", "b", "c"]
-    # round 1: each step's first missing kernel (the shared one asked twice, compiled once); round 2: a's second
-    assert rounds == [["tiny1.cu", "tiny1.cu", "tiny3.cu"], ["tiny2.cu"]]
-    assert [step.builds for step in steps] == [3, 2, 2]
+    # one compile of everything declared (the shared job asked twice, compiled once), the extra job first
+    assert compiles == [["tiny1.cu", "tiny1.cu", "tiny2.cu", "tiny3.cu", "tiny4.cu"]]
+    assert cache_files(cache) == sorted(job.file_name for job in [*steps[0].jobs, *steps[2].jobs, tiny_job(4)])
+    assert [step.builds for step in steps] == [1, 1, 1]
     assert kernels["a"] == [kernel_cache.compile_job(job)[0] for job in steps[0].jobs]
-
-    rounds.clear()  # warm: one round, nothing to compile
-    again = prebuild.build_all(steps, FakeStep.build, compile_jobs)
-    assert rounds == [] and again == kernels
 
 
 @needs_nvrtc
-def test_prebuild_gives_up_deferring_after_its_rounds(cache, monkeypatch):
-    monkeypatch.setattr(prebuild, "MAX_ROUNDS", 1)
-    step = FakeStep("a", [tiny_job(1), tiny_job(2)])
+def test_a_step_that_declares_nothing_compiles_as_it_builds(cache, monkeypatch):
+    step = FakeStep("a", [tiny_job(1), tiny_job(2)], declares=False)
     compiled = []
-    kernels = prebuild.build_all([step], FakeStep.build, lambda jobs: compiled.extend(jobs) or len(jobs))
-    assert [job.label for job in compiled] == ["tiny1.cu"]  # a fake: it compiled nothing
-    # the plain build that followed the one round compiled both itself
-    assert kernels["a"] == [kernel_cache.compile_job(job)[0] for job in step.jobs] and step.builds == 2
+    kernels = prebuild.build_all([step], FakeStep.build, FakeStep.compile_jobs, [], lambda jobs: compiled.extend(jobs) or 0)
+    assert compiled == [] and step.builds == 1
+    assert kernels["a"] == [kernel_cache.compile_job(job)[0] for job in step.jobs]  # the build compiled both itself
 
 
 def test_compile_errors_pass_through_prebuild_unchanged(cache):
@@ -169,7 +179,7 @@ def test_compile_errors_pass_through_prebuild_unchanged(cache):
         raise KernelCompileError("x.cu", ("-DA=1",), "x.cu(1): error: no")
 
     with pytest.raises(KernelCompileError, match=r"^kernel x.cu failed to compile with NVRTC \(-DA=1\): x.cu\(1\): error: no"):
-        prebuild.build_all([FakeStep("a", [])], build, lambda jobs: pytest.fail("nothing to compile"))
+        prebuild.build_all([FakeStep("a", [])], build, FakeStep.compile_jobs, [], lambda jobs: 0)
 
 
 def test_workers_follow_the_cores_the_jobs_and_the_memory(monkeypatch):

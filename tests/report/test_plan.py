@@ -84,7 +84,7 @@ def test_variant_notes_go_with_their_step():
 
 
 class UnbuildableConvPlugin(ConvPlugin):
-    def build(self, node, device, variant=None, fused=()):
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
         raise AssertionError("plan must not build kernels")
 
 

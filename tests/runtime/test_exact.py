@@ -201,8 +201,8 @@ def test_fused_steps_without_a_pool_are_not_watched_and_keep_onnxruntimes_nan(tm
 class _NotExactConv(ConvPlugin):
     """Conv kernels that say they do not keep NaN and Inf (as 3xTF32 does), except its named exact variant."""
 
-    def build(self, node, device, variant=None, fused=()):
-        kernel = super().build(node, device, None, fused)
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        kernel = super().build(node, device, None, fused, prologue, graphed)
         kernel.nonfinite_exact = variant == "exact" and kernel.nonfinite_exact
         return kernel
 
@@ -244,9 +244,11 @@ def test_a_kernel_that_is_not_nan_exact_is_watched_only_where_the_exact_path_run
     kernel = _SaysNothingKernel()
     assert kernel.nonfinite_exact is False and kernel.device_work is True  # the protocol's defaults
     conv, flatten = plan.steps[0], plan.steps[2]
-    assert conv.fused and reruns_differently(conv, kernel)  # the exact path splits the fusion
-    assert not flatten.fused and not reruns_differently(flatten, kernel)  # its plugin has no exact variant: same again
-    assert reruns_differently(dataclasses.replace(conv, fused=[], plugin=_NotExactConv()), kernel)
+    assert conv.fused and reruns_differently(conv, kernel, CPU)  # the exact path splits the fusion
+    assert not flatten.fused and not reruns_differently(flatten, kernel, CPU)  # its plugin has no exact variant: same again
+    assert reruns_differently(dataclasses.replace(conv, fused=[], plugin=_NotExactConv()), kernel, CPU)
+    # the CPU's reference Conv keeps NaN and Inf itself: the built-in plugin names no other variant there
+    assert not reruns_differently(dataclasses.replace(conv, fused=[]), kernel, CPU)
 
 
 def test_the_nan_exact_conv_variant_leaves_out_the_3xtf32_gemms():

@@ -12,6 +12,7 @@ from opplugin.verify.check import compare
 from opplugin.inputs.feeds import make_inputs
 from opplugin.graph.model import load_model
 from opplugin.ops.conv.plugin import ConvPlugin
+from opplugin.registry import Kernel
 from opplugin.runtime import Runner
 from nonfinite_cases import poisoned
 
@@ -169,10 +170,10 @@ def test_graphed_step_times_are_close_to_eager_ones(name):
 class _SynchronisingConv(ConvPlugin):
     """The built-in Conv plugin, whose kernels wait for the device on every call: not capturable."""
 
-    def build(self, node, device, variant=None, fused=()):
-        kernel = super().build(node, device, variant, fused)
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        kernel = super().build(node, device, variant, fused, prologue, graphed)
 
-        class Waiting:
+        class Waiting(Kernel):  # the optional members left at their defaults: no out=, no replay
             name, variant, nonfinite_exact, device_work = kernel.name, kernel.variant, kernel.nonfinite_exact, kernel.device_work
             flops, bytes_moved, workspace_bytes = kernel.flops, kernel.bytes_moved, kernel.workspace_bytes
 

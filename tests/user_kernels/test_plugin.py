@@ -236,8 +236,8 @@ class WrongOn(Plugin):
     def fuse(self, node, followers, device):
         return self.inner.fuse(node, followers, device)
 
-    def build(self, node, device, variant=None, fused=()):
-        kernel = self.inner.build(node, device, variant, fused)
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        kernel = self.inner.build(node, device, variant, fused, prologue, graphed)
         return OffByOne(kernel) if node.name == self.bad else kernel
 
 

@@ -58,8 +58,8 @@ class _OffByOne(ReferenceConvKernel):
 
 
 class _BrokenConv(ConvPlugin):
-    def build(self, node, device, variant=None, fused=()):
-        kernel = super().build(node, device, fused=fused)
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        kernel = super().build(node, device, fused=fused, prologue=prologue, graphed=graphed)
         return _OffByOne(kernel.spec, kernel.epilogue)
 
 

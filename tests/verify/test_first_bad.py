@@ -54,8 +54,8 @@ class _Float64Conv(ReferenceConvKernel):
 
 
 class _Float64ConvPlugin(ConvPlugin):
-    def build(self, node, device, variant=None, fused=()):
-        kernel = super().build(node, device, fused=fused)
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        kernel = super().build(node, device, fused=fused, prologue=prologue, graphed=graphed)
         return _Float64Conv(kernel.spec, kernel.epilogue)
 
 
@@ -65,8 +65,8 @@ class _OffByOne(ReferenceConvKernel):
 
 
 class _OffByOnePlugin(ConvPlugin):
-    def build(self, node, device, variant=None, fused=()):
-        kernel = super().build(node, device, fused=fused)
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        kernel = super().build(node, device, fused=fused, prologue=prologue, graphed=graphed)
         return _OffByOne(kernel.spec, kernel.epilogue)
 
 

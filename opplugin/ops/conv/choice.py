@@ -34,7 +34,8 @@
    family fuses the epilogue, the same order picks a plain kernel and the
    epilogue follows as CuPy array operations. Where the pick splits K, the cost
    model (cost.py) weighs the split's second launch against what it saves, with
-   the host's launch cost only when no CUDA graph replays the kernels; where the
+   the host's launch cost only when no CUDA graph replays the kernels (`graphed`, which the
+   runner says); where the
    GEMM's pick is short of one wave of blocks, the model ranks its other tiles too.
 
 Both give a `Config`; the cache's names are parsed here, where they come in.
@@ -45,7 +46,6 @@ import math
 
 from ...gpu.device import Device
 from ...errors import PluginError
-from ...gpu.launch_mode import launches_replayed
 from .tuning_cache import CacheKey, key_for, lookup
 from . import cost, families
 from .epilogue import NONE, Epilogue
@@ -123,28 +123,31 @@ def prefers_tensor_cores(spec: ConvSpec) -> bool:
     return spec.group == 1 and spec.out_channels >= TENSOR_CORE_MIN_MAPS and enough_k
 
 
-def preference(spec: ConvSpec, epilogue: Epilogue = NONE) -> tuple[str, ...]:
+def preference(spec: ConvSpec, epilogue: Epilogue = NONE, graphed: bool = True) -> tuple[str, ...]:
+    """The families in the order the heuristic tries them; `graphed`: the kernels will be launched
+    from CUDA graphs (see prefers_wgmma)."""
     if is_dense(spec) and spec.group == 1:
-        return (dense_family(spec, epilogue), *general_preference(spec))
-    return general_preference(spec)
+        return (dense_family(spec, epilogue), *general_preference(spec, graphed))
+    return general_preference(spec, graphed)
 
 
-def prefers_wgmma(spec: ConvSpec) -> bool:
-    """Whether the wgmma GEMM goes before tc_3xtf32 (see WGMMA_MIN_MAPS)."""
+def prefers_wgmma(spec: ConvSpec, graphed: bool = True) -> bool:
+    """Whether the wgmma GEMM goes before tc_3xtf32 (see WGMMA_MIN_MAPS); a short grid counts for
+    it only where `graphed` (launched from CUDA graphs, see WGMMA_MIN_MACS)."""
     maps = spec.out_channels // spec.group
     reuse = maps * k_dim(spec) * math.prod(spec.out_size) / (spec.in_channels * math.prod(spec.in_size))
     macs = spec.out_channels * k_dim(spec) * columns(spec)
-    short_grid_gain = launches_replayed() and macs >= WGMMA_MIN_MACS and k_dim(spec) >= WGMMA_MIN_SPLIT_K
+    short_grid_gain = graphed and macs >= WGMMA_MIN_MACS and k_dim(spec) >= WGMMA_MIN_SPLIT_K
     enough_work = columns(spec) >= WGMMA_MIN_COLUMNS or k_dim(spec) >= LONG_K or short_grid_gain
     return maps >= WGMMA_MIN_MAPS and reuse >= WGMMA_MIN_REUSE and enough_work
 
 
-def general_preference(spec: ConvSpec) -> tuple[str, ...]:
+def general_preference(spec: ConvSpec, graphed: bool = True) -> tuple[str, ...]:
     if prefers_tensor_cores(spec):
         if k_dim(spec) <= SIMT_MAX_K:
             first = ("simt_gemm", "tc_3xtf32")
         else:
-            first = ("wg_3xtf32", "tc_3xtf32", "simt_gemm") if prefers_wgmma(spec) else ("tc_3xtf32", "simt_gemm")
+            first = ("wg_3xtf32", "tc_3xtf32", "simt_gemm") if prefers_wgmma(spec, graphed) else ("tc_3xtf32", "simt_gemm")
         return (*first, *(name for name in PREFERENCE if name not in first))
     if spec.group > 1 and spec.in_channels == spec.group:
         return SHORT_GRID_DEPTHWISE_PREFERENCE if constant_grid_short(spec, multiprocessors()) else DEPTHWISE_PREFERENCE
@@ -164,18 +167,20 @@ def first_fitting(spec: ConvSpec, order, weights, epilogue: Epilogue = NONE) -> 
     return None
 
 
-def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue) -> families.Config:
-    order = preference(spec, epilogue)
+def heuristic_config(spec: ConvSpec, weights, epilogue: Epilogue, graphed: bool = True) -> families.Config:
+    """The heuristic's pick (see the module); `graphed`: launched from CUDA graphs, where the host's
+    cost of a launch does not count."""
+    order = preference(spec, epilogue, graphed)
     # when none fuses the epilogue, the plain kernel runs and the epilogue follows in CuPy
     config, fused = first_fitting(spec, order, weights, epilogue), epilogue
     if config is None:
         config, fused = first_fitting(spec, order, weights), NONE
     if config is None:
         raise PluginError(f"no CUDA variant can run this Conv ({spec})")
-    return least_cost_split(spec, config, weights, fused)
+    return least_cost_split(spec, config, weights, fused, graphed)
 
 
-def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue: Epilogue) -> families.Config:
+def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue: Epilogue, graphed: bool) -> families.Config:
     """The family's pick or another of its configurations, whichever the cost model (cost.py)
     predicts fastest: the same tile with less K split (a split is a second launch, which costs
     the host more than it saves at small batches unless a CUDA graph launches it), and where the
@@ -189,7 +194,7 @@ def least_cost_split(spec: ConvSpec, config: families.Config, weights, epilogue:
         for other in families.FAMILIES[config.family].configs(spec, epilogue):
             candidates += cost.split_alternatives(other)
     candidates = [c for c in dict.fromkeys(candidates) if families.unsupported_reason(spec, c, weights, epilogue) is None]
-    return cost.cheapest(spec, candidates, sms) if len(candidates) > 1 else config
+    return cost.cheapest(spec, candidates, sms, graphed) if len(candidates) > 1 else config
 
 
 def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:
@@ -212,9 +217,10 @@ def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -
     return None if reason else config
 
 
-def choose_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config:
-    """The configuration for this node on this device: tuned, else the heuristic's."""
-    return cached_config(spec, weights, epilogue, device) or heuristic_config(spec, weights, epilogue)
+def choose_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device, graphed: bool = True) -> families.Config:
+    """The configuration for this node on this device: tuned, else the heuristic's (for kernels
+    launched from CUDA graphs, or eagerly: `graphed`)."""
+    return cached_config(spec, weights, epilogue, device) or heuristic_config(spec, weights, epilogue, graphed)
 
 
 def _dims(values) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from ...gpu.launch_mode import launches_replayed
 from .spec import ConvSpec
 
 # Host time per kernel launch and per scratch allocation, eager (tools/host_step_bench.py:
@@ -62,9 +61,9 @@ def allocations(config) -> int:
     return 1 if getattr(config, "splits", 1) > 1 else 0
 
 
-def host_us(config, replayed: bool) -> float:
-    """The host's time to launch one call eagerly; nothing when a CUDA graph replays it."""
-    if replayed:
+def host_us(config, graphed: bool) -> float:
+    """The host's time to launch one call eagerly; nothing when a CUDA graph replays it (`graphed`)."""
+    if graphed:
         return 0.0
     return launches(config) * LAUNCH_HOST_US + allocations(config) * ALLOCATION_HOST_US
 
@@ -95,9 +94,9 @@ def under_one_wave(spec: ConvSpec, config, sms: int) -> bool:
     return grid_blocks(spec, config) * getattr(config, "splits", 1) < sms * config.min_blocks
 
 
-def predict(spec: ConvSpec, config, sms: int, replayed: bool | None = None) -> Cost:
-    replayed = launches_replayed() if replayed is None else replayed
-    return Cost(device_us(spec, config, sms), host_us(config, replayed))
+def predict(spec: ConvSpec, config, sms: int, graphed: bool) -> Cost:
+    """The configuration's cost, launched from CUDA graphs (`graphed`) or eagerly."""
+    return Cost(device_us(spec, config, sms), host_us(config, graphed))
 
 
 def split_alternatives(config) -> list:
@@ -109,6 +108,7 @@ def split_alternatives(config) -> list:
                                dataclasses.replace(config, splits=1)]))
 
 
-def cheapest(spec: ConvSpec, candidates: Sequence, sms: int, replayed: bool | None = None):
-    """The candidate of least predicted time (the first of equals: the heuristic's order)."""
-    return min(candidates, key=lambda config: predict(spec, config, sms, replayed).total_us)
+def cheapest(spec: ConvSpec, candidates: Sequence, sms: int, graphed: bool):
+    """The candidate of least predicted time, launched from CUDA graphs (`graphed`) or eagerly (the
+    first of equals: the heuristic's order)."""
+    return min(candidates, key=lambda config: predict(spec, config, sms, graphed).total_us)

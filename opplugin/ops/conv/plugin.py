@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...gpu.device import Device
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
 from ..specs import spec_of
@@ -54,16 +55,19 @@ class UnfusedEpilogueKernel(Kernel):
     array operations: what a chosen variant that cannot fuse still runs as. A
     prologue the variant does not apply goes before it the same way."""
 
-    def __init__(self, conv_kernel: Kernel, epilogue: Epilogue):
+    def __init__(self, conv_kernel: Kernel, epilogue: Epilogue, kernel_epilogue: Epilogue = NONE):
+        """`kernel_epilogue`: the part of `epilogue` that `conv_kernel` applies itself."""
         self.conv = conv_kernel
         self.spec = conv_kernel.spec
         self.epilogue = epilogue
-        fused = getattr(conv_kernel, "epilogue", NONE)  # what the conv's own kernel applies
-        self.prologue_before = epilogue.prologue if fused.prologue is None else None
-        self.name = unfused_name(conv_kernel.name, epilogue, fused)
+        self.prologue_before = epilogue.prologue if kernel_epilogue.prologue is None else None
+        self.name = unfused_name(conv_kernel.name, epilogue, kernel_epilogue)
         # see ConvKernel.nonfinite_exact; the conv's own kernel may not promise it either (3xTF32)
         self.nonfinite_exact = epilogue.pool is None and conv_kernel.nonfinite_exact
-        self.variant = conv_kernel.variant
+        self.variant, self.device_work = conv_kernel.variant, conv_kernel.device_work
+        # not those of the conv's kernel: its CuPy operations allocate the step's output, launch
+        # kernels of CuPy's own and flag nothing
+        self.out_view, self.replayable, self.flags_nonfinite = "", False, False
 
     def flops(self, batch: int) -> int:
         return self.conv.flops(batch)
@@ -97,8 +101,8 @@ class ConvPlugin(Plugin):
 
     op_type = "Conv"
 
-    def describe(self, node: NodeInfo) -> ConvSpec:
-        return describe(node)
+    def make_spec(self, node: NodeInfo) -> ConvSpec:
+        return conv_spec_from(node)
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
@@ -121,9 +125,12 @@ class ConvPlugin(Plugin):
         spec, weights = conv_spec(node), constant_weights(node)
         return {name: families.unsupported_reason(spec, family, weights) for name, family in families.FAMILIES.items()}
 
-    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str:
+    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:
         """A variant whose kernel keeps FP32's NaN and Inf, for the exact path's rerun of a
-        chunk in which a kernel that does not (3xTF32) met them."""
+        chunk in which a kernel that does not (3xTF32) met them; none on the CPU device, whose
+        reference keeps them."""
+        if not device.is_cuda:
+            return None
         from .choice import nonfinite_exact_config
 
         return nonfinite_exact_config(conv_spec(node), constant_weights(node)).name()
@@ -163,27 +170,39 @@ class ConvPlugin(Plugin):
         return families.family_of(plain).takes_prologue and families.checked(spec, plain, weights, Epilogue(prologue=prologue))[1] is None
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
-                    prologue: Sequence[NodeInfo] = ()) -> str:
-        choice = self._choose(node, device, variant, fused, prologue)
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
+        choice = self._choose(node, device, variant, fused, prologue, graphed)
         if choice.config is None:
             return kernel_name("reference", choice.epilogue)
         if choice.kernel_epilogue == choice.epilogue:
             return kernel_name(choice.config.name(), choice.kernel_epilogue)
         return unfused_name(kernel_name(choice.config.name(), choice.kernel_epilogue), choice.epilogue, choice.kernel_epilogue)
 
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        choice = self._choose(node, device, variant, fused, prologue, graphed)
+        if choice.config is None:
+            return []
+        from . import families
+
+        return families.compile_jobs(choice.spec, choice.config, choice.weights, choice.kernel_epilogue, device.arch)
+
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
-              prologue: Sequence[NodeInfo] = ()) -> Kernel:
-        choice = self._choose(node, device, variant, fused, prologue)
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        choice = self._choose(node, device, variant, fused, prologue, graphed)
         if choice.config is None:
             return ReferenceConvKernel(choice.spec, choice.epilogue)
         from . import families
 
         kernel = families.build_checked(choice.spec, choice.config, choice.weights, choice.kernel_epilogue)
-        return kernel if choice.kernel_epilogue == choice.epilogue else UnfusedEpilogueKernel(kernel, choice.epilogue)
+        if choice.kernel_epilogue == choice.epilogue:
+            return kernel
+        return UnfusedEpilogueKernel(kernel, choice.epilogue, choice.kernel_epilogue)
 
     def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
-                prologue: Sequence[NodeInfo] = ()) -> "_Choice":
-        """What `build` makes for the node, decided without compiling anything."""
+                prologue: Sequence[NodeInfo], graphed: bool) -> "_Choice":
+        """What `build` makes for the node, decided without compiling anything (see registry.Plugin
+        for the arguments)."""
         spec = conv_spec(node)
         epilogue = epilogue_of(fused) if fused else NONE
         if epilogue is None:
@@ -208,7 +227,7 @@ class ConvPlugin(Plugin):
             family, config = families.parse(variant)  # an unknown name raises a PluginError listing the choices
             wanted = family if config is None else config
         else:
-            wanted = choose_config(spec, weights, epilogue, device)
+            wanted = choose_config(spec, weights, epilogue, device, graphed)
         # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel,
         # and one that applies no prologue runs that before the kernel
         for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
@@ -230,7 +249,7 @@ class _Choice:
     weights: Any = None
 
 
-def describe(node: NodeInfo) -> ConvSpec:
+def conv_spec_from(node: NodeInfo) -> ConvSpec:
     """The node's ConvSpec (attributes and shapes a Conv kernel can take); a PluginError when it has none."""
     if any(t.dtype != np.float32 for t in node.inputs if t.name):
         raise PluginError("only float32 tensors are supported")
@@ -239,7 +258,7 @@ def describe(node: NodeInfo) -> ConvSpec:
 
 def conv_spec(node: NodeInfo) -> ConvSpec:
     """The node's ConvSpec: the plan's record of it, or (for a NodeInfo made by hand) made now."""
-    return spec_of(node, describe)
+    return spec_of(node, conv_spec_from)
 
 
 def prologue_applied(inputs: Sequence[Any], epilogue: Epilogue, xp: Any = np) -> Any:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...gpu import cuda
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel
 from ..operands import checked_array
@@ -63,6 +64,11 @@ def column_bias(xp: Any, c: Any, spec: GemmSpec) -> Any:
     return xp.ascontiguousarray(xp.broadcast_to(scaled.reshape(-1) if scaled.size > 1 else scaled.reshape(()), (spec.n,)))
 
 
+def compile_job(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue, arch: str) -> CompileJob:
+    """What GemmKernel compiles for this configuration on a GPU of `arch`."""
+    return cuda.module_job(config.source, defines(spec, config, epilogue), arch)
+
+
 class GemmKernel(Kernel):
     """A compiled family for one node. Call it with the node's inputs [A, B, C?] (CuPy arrays);
     B and C are ignored when they were constants at build."""
@@ -74,7 +80,7 @@ class GemmKernel(Kernel):
         self.spec, self.config, self.epilogue = spec, config, epilogue
         self.variant = config.name()
         self.name = kernel_name(op, self.variant, epilogue)
-        module = cuda.compile_module(config.source, defines(spec, config, epilogue))
+        module = cuda.load(compile_job(spec, config, epilogue, cuda.device_arch()))
         self.function = module.get_function(f"gemm_{config.family}")
         self.functions = [self.function]
         self.bias_mode = effective_bias(spec)

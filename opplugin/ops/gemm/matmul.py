@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...gpu import cuda
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo
 from ..activation import Activation
@@ -158,9 +159,12 @@ class FlatMatMulKernel(Kernel):
 
     def __init__(self, spec: MatMulSpec, gemm: Kernel):
         self.spec, self.gemm = spec, gemm
-        self.name, self.variant = gemm.name, getattr(gemm, "variant", None)
-        self.nonfinite_exact = getattr(gemm, "nonfinite_exact", False)
-        self.functions = getattr(gemm, "functions", [])
+        self.name, self.variant = gemm.name, gemm.variant
+        self.nonfinite_exact, self.device_work = gemm.nonfinite_exact, gemm.device_work
+        # a call reshapes its arrays and calls the Gemm kernel: what that launches and flags is all it does
+        self.replayable, self.flags_nonfinite = gemm.replayable, gemm.flags_nonfinite
+        # a reshaped `out` stays a view of the one given only where that is contiguous
+        self.out_view = "contiguous" if gemm.out_view else ""
 
     def flops(self, batch: int) -> int:
         return self.gemm.flops(batch * self.spec.rows_per_image)
@@ -193,6 +197,11 @@ def batched_defines(spec: MatMulSpec, activation: Activation | None) -> dict[str
     return macros | (activation.define() if activation else {})
 
 
+def batched_job(spec: MatMulSpec, activation: Activation | None, arch: str) -> CompileJob:
+    """What BatchedMatMulKernel compiles for this node on a GPU of `arch`."""
+    return cuda.module_job(BATCHED_SOURCE, batched_defines(spec, activation), arch)
+
+
 class BatchedMatMulKernel(Kernel):
     """kernels/gemm_batched.cu for one node; call it with [A, B] (CuPy arrays; a constant given at build is ignored)."""
 
@@ -200,7 +209,7 @@ class BatchedMatMulKernel(Kernel):
         import cupy
 
         self.spec, self.activation, self.name = spec, activation, name
-        self.function = cuda.compile_module(BATCHED_SOURCE, batched_defines(spec, activation)).get_function("matmul_batched")
+        self.function = cuda.load(batched_job(spec, activation, cuda.device_arch())).get_function("matmul_batched")
         self.functions = [self.function]
         self._constants = [None if x is None else cupy.asarray(x, dtype=cupy.float32) for x in (a, b)]
 

@@ -8,14 +8,15 @@ from typing import Sequence
 import numpy as np
 
 from ...gpu.device import Device
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
 from ..specs import reason_against, spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
-from .kernel import GemmKernel, ReferenceGemmKernel, kernel_name
-from .matmul import BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel
+from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
+from .matmul import BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job
 from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
 
@@ -26,7 +27,7 @@ class GemmPlugin(Plugin):
 
     op_type = "Gemm"
 
-    def describe(self, node: NodeInfo) -> GemmSpec:
+    def make_spec(self, node: NodeInfo) -> GemmSpec:
         """The node's GemmSpec; a PluginError when it has none."""
         if any(t.dtype != np.float32 for t in node.inputs if t.name):
             raise PluginError("only float32 tensors are supported")
@@ -34,7 +35,7 @@ class GemmPlugin(Plugin):
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            spec = spec_of(node, self.describe)
+            spec = spec_of(node, self.make_spec)
         except PluginError as err:
             return str(err)
         if spec.bias == BIAS_FULL and spec.beta != 0.0 and _constant(node, 2) is not None:
@@ -43,7 +44,7 @@ class GemmPlugin(Plugin):
 
     def gemm_spec(self, node: NodeInfo) -> GemmSpec:
         """The GemmSpec the families run for this node."""
-        return spec_of(node, self.describe)
+        return spec_of(node, self.make_spec)
 
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
         if not device.is_cuda:
@@ -63,11 +64,18 @@ class GemmPlugin(Plugin):
                 return count
         return 0
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         spec, epilogue, config = self._choose(node, device, variant, fused)
         return kernel_name(node.op_type.lower(), "reference" if config is None else config.name(), epilogue)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        spec, epilogue, config = self._choose(node, device, variant, fused)
+        return [] if config is None else [compile_job(spec, config, epilogue, device.arch)]
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         spec, epilogue, config = self._choose(node, device, variant, fused)
         bias = self._parts(node, fused)[2]
         op = node.op_type.lower()
@@ -106,26 +114,26 @@ class MatMulPlugin(GemmPlugin):
 
     op_type = "MatMul"
 
-    def describe(self, node: NodeInfo) -> MatMulSpec:
+    def make_spec(self, node: NodeInfo) -> MatMulSpec:
         if any(t.dtype != np.float32 for t in node.inputs[:2]):
             raise PluginError("only float32 tensors are supported")
         return MatMulSpec.from_node(node)
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        return reason_against(node, self.describe)
+        return reason_against(node, self.make_spec)
 
     def gemm_spec(self, node: NodeInfo) -> GemmSpec:
-        spec = spec_of(node, self.describe)
+        spec = spec_of(node, self.make_spec)
         if not spec.is_flat:
             raise PluginError(f"MatMul {node.name} is a batched product, not a Gemm")
         return spec.gemm
 
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
-        return super().variant_notes(node, device) if spec_of(node, self.describe).is_flat else {}
+        return super().variant_notes(node, device) if spec_of(node, self.make_spec).is_flat else {}
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: an activation."""
-        if spec_of(node, self.describe).is_flat:
+        if spec_of(node, self.make_spec).is_flat:
             bias = _bias_add(node, followers)
             return super().fuse(node, followers, device) if bias is None else 1 + super().fuse(node, followers[1:], device)
         return 1 if followers and activation.from_node(followers[0]) else 0
@@ -137,22 +145,37 @@ class MatMulPlugin(GemmPlugin):
             return spec, fused, None
         return dataclasses.replace(spec, bias=BIAS_COLUMN, bias_shape=(spec.n,)), fused[1:], bias
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
-        if spec_of(node, self.describe).is_flat:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
+        if spec_of(node, self.make_spec).is_flat:
             return super().kernel_name(node, device, variant, fused)
         return kernel_name("matmul", "batched" if device.is_cuda else "reference", self._batched_epilogue(node, fused))
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        spec = spec_of(node, self.describe)
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        spec = spec_of(node, self.make_spec)
+        if spec.is_flat:
+            return super().compile_jobs(node, device, variant, fused)
+        epilogue = self._batched_choice(node, variant, fused)
+        return [batched_job(spec, epilogue.activation, device.arch)] if device.is_cuda else []
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        spec = spec_of(node, self.make_spec)
         if spec.is_flat:
             return FlatMatMulKernel(spec, super().build(node, device, variant, fused))
-        epilogue = self._batched_epilogue(node, fused)
-        if variant not in (None, "reference", "batched"):
-            raise PluginError(f"MatMul {node.name} is a batched product; its kernel is 'batched' (on the CPU device: 'reference')")
+        epilogue = self._batched_choice(node, variant, fused)
         name = self.kernel_name(node, device, variant, fused)
         if not device.is_cuda:
             return ReferenceMatMulKernel(spec, epilogue.activation, name)
         return BatchedMatMulKernel(spec, epilogue.activation, name, _constant(node, 0), _constant(node, 1))
+
+    def _batched_choice(self, node: NodeInfo, variant: str | None, fused: Sequence[NodeInfo]) -> GemmEpilogue:
+        """The epilogue of a batched product's kernel, the variant asked for checked: what build makes."""
+        epilogue = self._batched_epilogue(node, fused)
+        if variant not in (None, "reference", "batched"):
+            raise PluginError(f"MatMul {node.name} is a batched product; its kernel is 'batched' (on the CPU device: 'reference')")
+        return epilogue
 
     @staticmethod
     def _batched_epilogue(node: NodeInfo, fused: Sequence[NodeInfo]) -> GemmEpilogue:

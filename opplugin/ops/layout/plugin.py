@@ -1,5 +1,5 @@
 """The layout plugins: Concat, Transpose, Slice, Split, Gather (constant indices that step
-evenly), Pad and Resize. Each describes its node once (spec.py), runs the numpy reference
+evenly), Pad and Resize. Each makes its node's record once (spec.py), runs the numpy reference
 on the CPU device (reference.py) and a CUDA kernel specialised to the node's shapes on a
 GPU (kernels.py). Every kernel can write into a strided view of a larger buffer (`out=`),
 so the runtime may hand a producer its slice of a Concat's output instead of copying it
@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...gpu.device import Device
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
 from ..specs import reason_against, spec_of
@@ -83,36 +84,45 @@ class ReferenceConcatKernel(ReferenceLayoutKernel):
 
 
 class LayoutPlugin(Plugin):
-    """What the layout plugins share: a spec made once (`describe`), its reason when it cannot."""
+    """What the layout plugins share: a spec made once (`make_spec`), its reason when it cannot."""
 
     op_type = ""
     suffix = ""  # the kernel name's last part
 
-    def make_spec(self, node: NodeInfo) -> Any:
+    def op_spec(self, node: NodeInfo) -> Any:
+        """The op's own spec of a node whose shapes are known."""
         raise NotImplementedError
 
-    def describe(self, node: NodeInfo) -> Any:
+    def make_spec(self, node: NodeInfo) -> Any:
         if not node.inputs or not node.inputs[0].shape:
             raise PluginError("its input's shape is unknown")
         if any(-1 in t.shape for t in [*node.inputs, *node.outputs] if t.name):
             raise PluginError("a shape is unknown at plan time")
-        return self.make_spec(node)
+        return self.op_spec(node)
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        return reason_against(node, self.describe)
+        return reason_against(node, self.make_spec)
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
-        return f"{self.op_type.lower()}.{'cuda' if device.is_cuda else 'reference'}.{self.suffix_of(spec_of(node, self.describe))}"
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
+        return f"{self.op_type.lower()}.{'cuda' if device.is_cuda else 'reference'}.{self.suffix_of(spec_of(node, self.make_spec))}"
 
     def suffix_of(self, spec: Any) -> str:
         return self.suffix or "copy"
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        """None: a build compiles nothing. A layout kernel compiles at its first call, for the strides
+        of the arrays it is given then (its own output, or a slice of a Concat's buffer: kernels.py)."""
+        return []
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         if fused:
             raise PluginError(f"{self.op_type} fuses nothing")
         if variant not in (None, "reference", "cuda"):
             raise PluginError(f"{self.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
-        spec = spec_of(node, self.describe)
+        spec = spec_of(node, self.make_spec)
         name = self.kernel_name(node, device)
         if not device.is_cuda:
             return self.reference_kernel(node, spec, name)
@@ -128,7 +138,7 @@ class LayoutPlugin(Plugin):
 class ConcatPlugin(LayoutPlugin):
     op_type = "Concat"
 
-    def make_spec(self, node: NodeInfo) -> ConcatSpec:
+    def op_spec(self, node: NodeInfo) -> ConcatSpec:
         return ConcatSpec.from_node(node)
 
     def suffix_of(self, spec: ConcatSpec) -> str:
@@ -166,14 +176,15 @@ def keeps_memory_order(spec: TransposeSpec, shape: tuple[int, ...]) -> bool:
 class TransposePlugin(LayoutPlugin):
     op_type = "Transpose"
 
-    def make_spec(self, node: NodeInfo) -> TransposeSpec:
+    def op_spec(self, node: NodeInfo) -> TransposeSpec:
         return TransposeSpec.from_node(node)
 
     def suffix_of(self, spec: TransposeSpec) -> str:
         return "perm" + "".join(map(str, spec.perm))
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        spec = spec_of(node, self.describe)
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        spec = spec_of(node, self.make_spec)
         if keeps_memory_order(spec, node.inputs[0].shape) and not fused and variant in (None, "reference", "cuda"):
             return ViewKernel(self.kernel_name(node, device), spec.output_shape)
         return super().build(node, device, variant, fused)
@@ -186,9 +197,9 @@ class TransposePlugin(LayoutPlugin):
             return TransposeTileKernel(name, _bytes_per_image(node), spec.perm)
         return GatherKernel(name, _bytes_per_image(node), transpose_pieces(spec), views=False)
 
-    def kernel_name(self, node, device, variant=None, fused=()):
+    def kernel_name(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
         """transpose.cuda.tiled.perm0231 (through shared memory) or transpose.cuda.perm0213 (a strided copy)."""
-        spec = spec_of(node, self.describe)
+        spec = spec_of(node, self.make_spec)
         if keeps_memory_order(spec, node.inputs[0].shape):
             return "view.transpose"
         tiled = "tiled." if device.is_cuda and moves_innermost(spec, node.inputs[0].shape) else ""
@@ -215,7 +226,7 @@ def slice_pieces(index_of: Callable[[tuple[int, ...]], list[tuple[slice, ...]]])
 class SlicePlugin(LayoutPlugin):
     op_type = "Slice"
 
-    def make_spec(self, node: NodeInfo) -> SliceSpec:
+    def op_spec(self, node: NodeInfo) -> SliceSpec:
         return SliceSpec.from_node(node)
 
     def reference_kernel(self, node, spec, name):
@@ -228,7 +239,7 @@ class SlicePlugin(LayoutPlugin):
 class SplitPlugin(LayoutPlugin):
     op_type = "Split"
 
-    def make_spec(self, node: NodeInfo) -> SplitSpec:
+    def op_spec(self, node: NodeInfo) -> SplitSpec:
         return SplitSpec.from_node(node)
 
     def suffix_of(self, spec: SplitSpec) -> str:
@@ -258,7 +269,7 @@ def gather_pieces(spec: GatherSpec) -> Callable[[tuple[int, ...]], list]:
 class GatherPlugin(LayoutPlugin):
     op_type = "Gather"
 
-    def make_spec(self, node: NodeInfo) -> GatherSpec:
+    def op_spec(self, node: NodeInfo) -> GatherSpec:
         return GatherSpec.from_node(node)
 
     def suffix_of(self, spec: GatherSpec) -> str:
@@ -274,7 +285,7 @@ class GatherPlugin(LayoutPlugin):
 class PadPlugin(LayoutPlugin):
     op_type = "Pad"
 
-    def make_spec(self, node: NodeInfo) -> PadSpec:
+    def op_spec(self, node: NodeInfo) -> PadSpec:
         return PadSpec.from_node(node)
 
     def suffix_of(self, spec: PadSpec) -> str:
@@ -290,7 +301,7 @@ class PadPlugin(LayoutPlugin):
 class ResizePlugin(LayoutPlugin):
     op_type = "Resize"
 
-    def make_spec(self, node: NodeInfo) -> ResizeSpec:
+    def op_spec(self, node: NodeInfo) -> ResizeSpec:
         if len(node.inputs[0].shape) < 2:
             raise PluginError("the kernel resizes tensors of rank 2 or more")
         return ResizeSpec.from_node(node)

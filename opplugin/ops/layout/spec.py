@@ -1,5 +1,5 @@
 """The layout ops as plain records: attributes and constant inputs resolved once
-(`describe`), each able to say its output shape for an input shape, so that one
+(`LayoutPlugin.make_spec`), each able to say its output shape for an input shape, so that one
 record serves every chunk of a batch. A node none of these can read raises a
 PluginError whose text is the reason `opplugin plan` shows."""
 from __future__ import annotations

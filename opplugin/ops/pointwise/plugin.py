@@ -9,8 +9,9 @@ import numpy as np
 
 from ...gpu import cuda
 from ...gpu.device import Device
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeGroup, NodeInfo, Plugin
+from ...registry import GroupPlugin, Kernel, NodeGroup, NodeInfo
 from . import codegen
 from .group import PointwiseGroup
 
@@ -22,6 +23,12 @@ BLOCKS_PER_SM = 16  # the grid-stride loop's grid: enough blocks to fill the dev
 
 def kernel_name(group: PointwiseGroup, on_device: bool) -> str:
     return f"pointwise.{'cuda' if on_device else 'reference'}.{group.suffix}"
+
+
+def compile_job(group: PointwiseGroup, arch: str) -> CompileJob:
+    """What CudaPointwiseKernel compiles for the group on a GPU of `arch`: its generated source."""
+    name = kernel_name(group, on_device=True)
+    return cuda.source_job(codegen.source(group, name)[0], cuda.BASE_OPTIONS, name, arch)
 
 
 class ReferencePointwiseKernel(Kernel):
@@ -68,7 +75,7 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
         self._row_strided, self._rows_apart_outputs = codegen.row_strided_positions(group)
 
     def _module(self):
-        return cuda.compile_source(self.source, cuda.BASE_OPTIONS, self.name)
+        return cuda.load(compile_job(self.group, cuda.device_arch()))
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Sequence[Any] | None = None) -> list[Any]:
         import cupy
@@ -117,21 +124,21 @@ class CudaPointwiseKernel(ReferencePointwiseKernel):
         return x if rows_of_contiguous_runs(x) else cupy.ascontiguousarray(x)
 
 
-class PointwisePlugin(Plugin):
+class PointwisePlugin(GroupPlugin):
     """Runs one pointwise op type alone, or a group of pointwise nodes the plan gives it."""
 
     op_type = ""
     group_kind = GROUP_KIND
 
-    def describe(self, node: NodeInfo) -> PointwiseGroup:
+    def make_spec(self, node: NodeInfo) -> PointwiseGroup:
         """The node as a group of its own (its every input an argument): what `supports` judges it by."""
         return PointwiseGroup.of([node], list(node.node.input), [o for o in node.node.output if o][:1])
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
-        if node.spec is not None:  # the plan described it
+        if node.spec is not None:  # the plan made its record
             return None
         try:
-            self.describe(node)
+            self.make_spec(node)
         except PluginError as err:
             return str(err)
         return None
@@ -145,30 +152,53 @@ class PointwisePlugin(Plugin):
             return str(err)
         return None
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         """The name from the nodes alone (a group's name says its ops, not its inputs and outputs)."""
         nodes = [node, *fused]
         written = {o for n in nodes for o in n.node.output if o}
         arguments = list(dict.fromkeys(i for n in nodes for i in n.node.input if i and i not in written))
         return kernel_name(PointwiseGroup.of(nodes, arguments, [o for o in nodes[-1].node.output if o]), device.is_cuda)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        return _jobs(self._alone(node, fused), device, variant)
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        return _kernel(self._alone(node, fused), device, variant)
+
+    def group_compile_jobs(self, group: NodeGroup, device: Device, variant: str | None = None,
+                           graphed: bool = True) -> list[CompileJob]:
+        return _jobs(_group_of(group), device, variant)
+
+    def build_group(self, group: NodeGroup, device: Device, variant: str | None = None, graphed: bool = True) -> Kernel:
+        return _kernel(_group_of(group), device, variant)
+
+    def _alone(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> PointwiseGroup:
         """The node alone (its every input an argument, constants among them ignored); a group comes through build_group."""
         if fused:
             raise PluginError(f"{node.op_type} {node.name}: the pointwise plugin fuses through groups (build_group), not followers")
-        return _kernel(self.describe(node), device, variant)
-
-    def build_group(self, group: NodeGroup, device: Device, variant: str | None = None) -> Kernel:
-        return _kernel(_group_of(group), device, variant)
+        return self.make_spec(node)
 
 
 def _group_of(group: NodeGroup) -> PointwiseGroup:
     return PointwiseGroup.of(list(group.nodes), list(group.inputs), list(group.outputs))
 
 
-def _kernel(group: PointwiseGroup, device: Device, variant: str | None) -> Kernel:
+def _checked_variant(variant: str | None) -> None:
     if variant not in (None, "reference", "cuda"):
         raise PluginError(f"the pointwise plugin has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
+
+
+def _jobs(group: PointwiseGroup, device: Device, variant: str | None) -> list[CompileJob]:
+    """What _kernel compiles: the group's generated kernel, on a GPU."""
+    _checked_variant(variant)
+    return [compile_job(group, device.arch)] if device.is_cuda else []
+
+
+def _kernel(group: PointwiseGroup, device: Device, variant: str | None) -> Kernel:
+    _checked_variant(variant)
     return CudaPointwiseKernel(group) if device.is_cuda else ReferencePointwiseKernel(group)
 
 

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...gpu import cuda
+from ...gpu.kernel_cache import CompileJob
 from ...registry import Kernel
 from ..operands import batched_input, contiguous_out
 from . import reference
@@ -64,6 +65,11 @@ def function_name(spec: PoolSpec) -> str:
     return "pool_global" if spec.is_global else "pool_window"
 
 
+def compile_job(spec: PoolSpec, arch: str) -> CompileJob:
+    """What PoolKernel compiles for this node on a GPU of `arch`."""
+    return cuda.module_job(SOURCE, defines(spec), arch)
+
+
 class PoolKernel(Kernel):
     """kernels/pool.cu specialised for one node; call it with [X] (a CuPy array)."""
 
@@ -74,7 +80,7 @@ class PoolKernel(Kernel):
         self.spec = spec
         self.name = kernel_name(spec, on_device=True)
         self.nonfinite_exact = spec.mode == AVERAGE  # as ReferencePoolKernel's
-        self.function = cuda.compile_module(SOURCE, defines(spec)).get_function(function_name(spec))
+        self.function = cuda.load(compile_job(spec, cuda.device_arch())).get_function(function_name(spec))
         self.functions = [self.function]
 
     def flops(self, batch: int) -> int:

@@ -7,10 +7,11 @@ from typing import Sequence
 import numpy as np
 
 from ...gpu.device import Device
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..specs import spec_of
-from .kernel import PoolKernel, ReferencePoolKernel, kernel_name
+from ..specs import check_one_kernel, spec_of
+from .kernel import PoolKernel, ReferencePoolKernel, compile_job, kernel_name
 from .spec import PoolSpec
 
 
@@ -19,7 +20,7 @@ class PoolPlugin(Plugin):
 
     op_type = ""
 
-    def describe(self, node: NodeInfo) -> PoolSpec:
+    def make_spec(self, node: NodeInfo) -> PoolSpec:
         """The node's PoolSpec; a PluginError when it has none."""
         if node.inputs[0].dtype != np.float32:
             raise PluginError(f"only float32 is implemented, the input is {node.inputs[0].dtype}")
@@ -29,7 +30,7 @@ class PoolPlugin(Plugin):
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            spec = spec_of(node, self.describe)
+            spec = spec_of(node, self.make_spec)
         except PluginError as err:
             return str(err)
         planned = tuple(node.outputs[0].shape)
@@ -40,20 +41,24 @@ class PoolPlugin(Plugin):
             return f"the planned output shape {list(planned)} differs from the one onnxruntime computes, {list(computed)}"
         return None
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
-        return kernel_name(spec_of(node, self.describe), device.is_cuda)
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
+        return kernel_name(spec_of(node, self.make_spec), device.is_cuda)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        if fused:
-            raise PluginError(f"{node.op_type} {node.name} fuses nothing, not {[n.op_type for n in fused]}")
-        if variant not in (None, "reference", "cuda"):
-            raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
-        spec = spec_of(node, self.describe)
-        if not device.is_cuda:
-            if variant == "cuda":
-                raise PluginError("variant 'cuda' needs a CUDA device; the CPU device runs the numpy reference")
-            return ReferencePoolKernel(spec)
-        return PoolKernel(spec)
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        spec = self._checked_spec(node, device, variant, fused)
+        return [compile_job(spec, device.arch)] if device.is_cuda else []
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        spec = self._checked_spec(node, device, variant, fused)
+        return PoolKernel(spec) if device.is_cuda else ReferencePoolKernel(spec)
+
+    def _checked_spec(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> PoolSpec:
+        """The node's PoolSpec, once the followers and the variant asked for are found to be ones `build` can make."""
+        check_one_kernel(node, device, variant, fused)
+        return spec_of(node, self.make_spec)
 
 
 class MaxPoolPlugin(PoolPlugin):

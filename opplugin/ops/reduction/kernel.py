@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...gpu import cuda
+from ...gpu.kernel_cache import CompileJob
 from ...registry import Kernel
 from ..operands import batched_input, contiguous_out
 from ..activation import cuda_float
@@ -156,6 +157,23 @@ def expected(spec: Any, x: Any, scale: np.ndarray | None = None, bias: np.ndarra
     return reference.normalize(spec, x, np.asarray(scale, np.float64), np.asarray(bias, np.float64))
 
 
+def stage_macros(spec: Any) -> list[tuple[Rows, dict[str, Any]]]:
+    """(rows, -D macros) of each launch of RowKernel: a staged reduction's stages, else one."""
+    if isinstance(spec, ReduceSpec):
+        return [(rows, reduce_defines(spec, stage)) for stage, rows in enumerate(spec.stages)]
+    return [(spec.rows, softmax_defines(spec) if isinstance(spec, SoftmaxSpec) else norm_defines(spec))]
+
+
+def stage_job(macros: dict[str, Any], arch: str) -> CompileJob:
+    """The compile of one stage's module for a GPU of `arch`."""
+    return cuda.module_job(SOURCE, macros, arch)
+
+
+def compile_jobs(spec: Any, arch: str) -> list[CompileJob]:
+    """What RowKernel compiles for this node on a GPU of `arch`: one module per stage."""
+    return [stage_job(macros, arch) for _rows, macros in stage_macros(spec)]
+
+
 class RowKernel(Kernel):
     """kernels/reduce.cu specialised for one node; call it with [X] (a CuPy array)."""
 
@@ -164,12 +182,9 @@ class RowKernel(Kernel):
 
         self.spec = spec
         self.name = kernel_name(spec, on_device=True)
-        if isinstance(spec, ReduceSpec):
-            units = [(rows, reduce_defines(spec, stage)) for stage, rows in enumerate(spec.stages)]
-        else:
-            units = [(spec.rows, softmax_defines(spec) if isinstance(spec, SoftmaxSpec) else norm_defines(spec))]
-        function = FUNCTIONS[type(spec)]
-        self.stages = [(rows, Geometry.of(rows), cuda.compile_module(SOURCE, macros).get_function(function)) for rows, macros in units]
+        function, arch = FUNCTIONS[type(spec)], cuda.device_arch()
+        self.stages = [(rows, Geometry.of(rows), cuda.load(stage_job(macros, arch)).get_function(function))
+                       for rows, macros in stage_macros(spec)]
         self.functions = [f for _, _, f in self.stages]
         self._affine = () if scale is None else (cupy.asarray(scale, dtype=cupy.float32), cupy.asarray(bias, dtype=cupy.float32))
         self._sample = tuple(spec.input_shape[1:])

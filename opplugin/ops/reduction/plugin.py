@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ...gpu.device import Device
+from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
-from ..specs import spec_of
+from ..specs import check_one_kernel, spec_of
 from ..pool import kernel as pool_kernel
 from ..pool.spec import PoolSpec
-from .kernel import ReferenceRowKernel, RowKernel, kernel_name
+from .kernel import ReferenceRowKernel, RowKernel, compile_jobs, kernel_name
 from .spec import NormSpec, ReduceSpec, SoftmaxSpec, affine
 
 
@@ -21,7 +22,7 @@ class RowPlugin(Plugin):
     op_type = ""
     spec_type: Any = None
 
-    def describe(self, node: NodeInfo) -> Any:
+    def make_spec(self, node: NodeInfo) -> Any:
         """The node's spec; a PluginError (the reason `plan` shows) when it has none."""
         spec = self.spec_type.from_node(node)
         if isinstance(spec, NormSpec):
@@ -30,7 +31,7 @@ class RowPlugin(Plugin):
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         try:
-            spec = spec_of(node, self.describe)
+            spec = spec_of(node, self.make_spec)
         except PluginError as err:
             return str(err)
         planned = tuple(node.outputs[0].shape)
@@ -38,24 +39,32 @@ class RowPlugin(Plugin):
             return f"the planned output shape {list(planned)} is not {list(spec.output_shape(planned[0]))}"
         return None
 
-    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> str:
-        spec = spec_of(node, self.describe)
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
+        spec = spec_of(node, self.make_spec)
         if isinstance(spec, PoolSpec):
             return pool_kernel.kernel_name(spec, device.is_cuda)
         return kernel_name(spec, device.is_cuda)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = ()) -> Kernel:
-        if fused:
-            raise PluginError(f"{node.op_type} {node.name} fuses nothing, not {[n.op_type for n in fused]}")
-        if variant not in (None, "reference", "cuda"):
-            raise PluginError(f"{node.op_type} has no variant {variant!r}; its kernel is 'cuda' (on the CPU device: 'reference')")
-        if variant == "cuda" and not device.is_cuda:
-            raise PluginError("variant 'cuda' needs a CUDA device; the CPU device runs the numpy reference")
-        spec = spec_of(node, self.describe)
+    def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        spec = self._checked_spec(node, device, variant, fused)
+        if not device.is_cuda:
+            return []
+        return [pool_kernel.compile_job(spec, device.arch)] if isinstance(spec, PoolSpec) else compile_jobs(spec, device.arch)
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        spec = self._checked_spec(node, device, variant, fused)
         if isinstance(spec, PoolSpec):
             return pool_kernel.PoolKernel(spec) if device.is_cuda else pool_kernel.ReferencePoolKernel(spec)
         scale, bias = affine(spec, node) if isinstance(spec, NormSpec) else (None, None)
         return RowKernel(spec, scale, bias) if device.is_cuda else ReferenceRowKernel(spec, scale, bias)
+
+    def _checked_spec(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> Any:
+        """The node's spec, once the followers and the variant asked for are found to be ones `build` can make."""
+        check_one_kernel(node, device, variant, fused)
+        return spec_of(node, self.make_spec)
 
 
 class ReducePlugin(RowPlugin):
@@ -77,8 +86,8 @@ class ReduceMeanPlugin(ReducePlugin):
 
     op_type = "ReduceMean"
 
-    def describe(self, node: NodeInfo) -> Any:
-        spec = super().describe(node)
+    def make_spec(self, node: NodeInfo) -> Any:
+        spec = super().make_spec(node)
         return PoolSpec.from_node(node) if len(spec.input_shape) == 4 and spec.axes == (2, 3) else spec
 
 

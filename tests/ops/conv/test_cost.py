@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from onnx_builders import conv_spec as conv
-from opplugin.gpu import launch_mode
 from opplugin.ops.conv import cost, families
 from opplugin.ops.conv.choice import heuristic_config
 from opplugin.ops.conv.epilogue import NONE
@@ -34,9 +33,9 @@ def test_a_k_split_is_two_launches_and_a_scratch_buffer_which_cost_the_host_only
     unsplit = dataclasses.replace(split, splits=1)
     assert (cost.launches(split), cost.allocations(split)) == (2, 1)
     assert (cost.launches(unsplit), cost.allocations(unsplit)) == (1, 0)
-    assert cost.host_us(split, replayed=True) == cost.host_us(unsplit, replayed=True) == 0.0
-    assert cost.host_us(split, replayed=False) == 2 * cost.LAUNCH_HOST_US + cost.ALLOCATION_HOST_US
-    assert cost.host_us(unsplit, replayed=False) == cost.LAUNCH_HOST_US
+    assert cost.host_us(split, graphed=True) == cost.host_us(unsplit, graphed=True) == 0.0
+    assert cost.host_us(split, graphed=False) == 2 * cost.LAUNCH_HOST_US + cost.ALLOCATION_HOST_US
+    assert cost.host_us(unsplit, graphed=False) == cost.LAUNCH_HOST_US
 
 
 def test_the_device_term_rewards_a_split_that_fills_the_gpu_and_charges_its_second_launch():
@@ -53,47 +52,47 @@ def test_ranking_by_predicted_time_keeps_the_split_under_graphs_and_drops_it_eag
     split = split_pick()
     candidates = cost.split_alternatives(split)
     assert candidates[0] == split and candidates[-1].splits == 1
-    replayed = cost.cheapest(VGG_512_B1, candidates, SMS, replayed=True)
-    assert replayed == min(candidates, key=lambda c: cost.device_us(VGG_512_B1, c, SMS))
+    graphed = cost.cheapest(VGG_512_B1, candidates, SMS, graphed=True)
+    assert graphed == min(candidates, key=lambda c: cost.device_us(VGG_512_B1, c, SMS))
     small = conv(1, 32, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1))  # a few µs of work: launches decide
     tiny = families.parse("tc_3xtf32_b32x64x32_w32x16_s3_k2")[1]  # its smallest tile, K in two
-    eager = [cost.predict(small, c, SMS, replayed=False).total_us for c in (tiny, dataclasses.replace(tiny, splits=1))]
+    eager = [cost.predict(small, c, SMS, graphed=False).total_us for c in (tiny, dataclasses.replace(tiny, splits=1))]
     assert eager[1] < eager[0]
-    assert cost.cheapest(small, [tiny, dataclasses.replace(tiny, splits=1)], SMS, replayed=False).splits == 1
+    assert cost.cheapest(small, [tiny, dataclasses.replace(tiny, splits=1)], SMS, graphed=False).splits == 1
 
 
-def test_predict_follows_how_the_runner_builds_its_kernels():
+def test_predict_counts_the_host_only_for_eager_launches():
     split = split_pick()
-    assert launch_mode.launches_replayed()  # the default: graphs on
-    assert cost.predict(VGG_512_B1, split, SMS).host_us == 0.0
-    with launch_mode.building_for(replayed=False):
-        assert not launch_mode.launches_replayed()
-        assert cost.predict(VGG_512_B1, split, SMS).host_us > 0
-    assert launch_mode.launches_replayed()
+    assert cost.predict(VGG_512_B1, split, SMS, graphed=True).host_us == 0.0
+    assert cost.predict(VGG_512_B1, split, SMS, graphed=False).host_us > 0
 
 
-@pytest.mark.parametrize("replayed", [True, False])
-def test_the_heuristic_returns_a_candidate_the_node_can_run(replayed):
-    with launch_mode.building_for(replayed):
-        config = heuristic_config(VGG_512_B1, ones(VGG_512_B1), NONE)
+def test_the_heuristic_picks_for_graphs_unless_told_otherwise():
+    """`graphed` is an argument of the choice, its default the runner's (graphs on): nothing else changes the pick."""
+    small = conv(1, 32, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1))
+    for spec in (VGG_512_B1, small):
+        assert heuristic_config(spec, ones(spec), NONE) == heuristic_config(spec, ones(spec), NONE, graphed=True)
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+def test_the_heuristic_returns_a_candidate_the_node_can_run(graphed):
+    config = heuristic_config(VGG_512_B1, ones(VGG_512_B1), NONE, graphed)
     assert families.unsupported_reason(VGG_512_B1, config, ones(VGG_512_B1)) is None
     # the family's pick with another split or, its grid being short of a wave, another of its tiles
     offered = [c for pick in families.FAMILIES[config.family].configs(VGG_512_B1) for c in cost.split_alternatives(pick)]
     assert config in offered
     plain = conv(1, 1, 4, (28, 28), (5, 5))  # no K split anywhere: the heuristic's pick as before
-    with launch_mode.building_for(replayed):
-        assert heuristic_config(plain, ones(plain), NONE) == families.configure(plain, heuristic_config(plain, ones(plain), NONE).family)
+    pick = heuristic_config(plain, ones(plain), NONE, graphed)
+    assert pick == families.configure(plain, pick.family)
 
 
 def test_a_pick_short_of_one_wave_may_take_a_smaller_tile_of_its_family():
     """At batch 1 the family's tile order (measured on grids of several waves) gives too few blocks:
     graphed, DenseNet's 1x1 96->128 at 56x56 ran 6.3 µs on 32x64 tiles and 8.7 on the 128x64 pick."""
     spec = conv(1, 96, 128, (56, 56), (1, 1))
-    with launch_mode.building_for(True):
-        config = heuristic_config(spec, ones(spec), NONE)
+    config = heuristic_config(spec, ones(spec), NONE, graphed=True)
     pick = families.configure(spec, config.family)
     assert cost.under_one_wave(spec, pick, SMS) and config.bm * config.bn < pick.bm * pick.bn
     big = dataclasses.replace(spec, batch=32)  # a grid of several waves keeps the family's order
-    with launch_mode.building_for(True):
-        config = heuristic_config(big, ones(big), NONE)
+    config = heuristic_config(big, ones(big), NONE, graphed=True)
     assert config == families.configure(big, config.family)

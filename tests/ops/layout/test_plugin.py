@@ -24,7 +24,7 @@ from opplugin.graph.model import load_model
 from opplugin.ops.layout import kernels as layout_kernels
 from opplugin.ops.layout.plugin import gather_pieces, moves_innermost, slice_pieces, transpose_pieces
 from opplugin.plan.partition import make_plan
-from opplugin.registry import plugins
+from opplugin.registry import Kernel, plugins
 from opplugin.runtime import Runner
 from opplugin.runtime.buffers import assign_buffers
 
@@ -196,7 +196,7 @@ def test_only_single_use_inputs_from_kernels_that_take_out_are_written_in_place(
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-class _Contiguous:
+class _Contiguous(Kernel):
     """A stand-in kernel that takes a C-contiguous `out` only (as the Conv kernels do)."""
 
     out_view = "contiguous"

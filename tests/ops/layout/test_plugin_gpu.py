@@ -50,7 +50,7 @@ def test_each_layout_kernel_matches_onnxruntime_into_poisoned_outputs_and_views(
     linear = "linear" in name
     for ours, theirs in zip(kernel(args), expected):
         assert_matches(cupy.asnumpy(ours), theirs, linear)
-    mode = getattr(kernel, "out_view", "")
+    mode = kernel.out_view
     if len(expected) != 1 or not mode:
         return
     shape = expected[0].shape

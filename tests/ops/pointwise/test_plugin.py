@@ -177,7 +177,7 @@ def test_a_node_with_a_plugin_of_its_own_stays_out_of_the_group(tmp_path):
         def supports(self, node, device):
             return None
 
-        def build(self, node, device, variant=None, fused=()):
+        def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
             raise AssertionError("not built in this test")
 
     plan = planned(se_gelu_model(), tmp_path, registry_=registry.plugins() | {"Mul": OwnMul()})

@@ -20,6 +20,7 @@ from typing import Union
 import numpy as np
 
 from ....gpu import cuda
+from ....gpu.kernel_cache import CompileJob
 from ....errors import PluginError
 from ... import config_grammar
 from ...config_grammar import Config
@@ -39,6 +40,7 @@ __all__ = [
     "build_checked",
     "build_kernel",
     "checked",
+    "compile_jobs",
     "compile_units",
     "configure",
     "constant_bytes",
@@ -183,6 +185,12 @@ def build_kernel(spec: ConvSpec, variant: Variant, weights: Weights | None, epil
     if reason:
         raise PluginError(f"variant '{variant}' cannot run this Conv: {reason}")
     return build_checked(spec, config, weights, epilogue)
+
+
+def compile_jobs(spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue, arch: str) -> list[CompileJob]:
+    """What build_checked compiles for a configuration `checked` found can run this Conv, on a GPU
+    of `arch`, without compiling it."""
+    return FAMILIES[config.family].compile_jobs(spec, config, weights, epilogue, arch)
 
 
 def build_checked(spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue = NONE) -> ConvKernel:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ....gpu import cuda
+from ....gpu.kernel_cache import CompileJob
 from ....errors import PluginError
 from ....registry import Kernel
 from ...config_grammar import Config
@@ -140,18 +141,23 @@ def filter_constants(weights: Weights, arrange: Callable[[np.ndarray], np.ndarra
     return {"filters": arrange(w)} | ({} if b is None else {"bias": b})
 
 
-def load_functions(units: Sequence[CompileUnit], constants: Mapping[str, np.ndarray] | None = None) -> list[Any]:
-    """The loaded CUDA functions of `units`, in their order: each source compiled with
-    its unit's defines (units with equal ones share a module), and `constants`
-    (name -> values of a __constant__ array the source declares) uploaded into it.
+def unit_jobs(units: Sequence[CompileUnit], constants: Mapping[str, np.ndarray] | None, arch: str) -> list[CompileJob]:
+    """The compile of each unit for a GPU of `arch`: its source with its defines and, where the
+    module gets `constants` (name -> values of a __constant__ array the source declares), a
+    digest of their values.
 
-    With constants, the module is also specialised by a digest of their values:
-    CuPy shares one loaded module, and so one constant bank, between equal
-    compiles, and two nodes with different weights must not share one."""
+    The digest specialises the module: equal compiles share one loaded module, and so one
+    constant bank, and two nodes with different weights must not share one."""
     extra = {"OPPLUGIN_WEIGHTS_DIGEST": constants_digest(constants)} if constants else {}
+    return [cuda.module_job(unit.source, unit.defines | extra, arch, arch_specific=unit.arch_specific) for unit in units]
+
+
+def load_functions(units: Sequence[CompileUnit], constants: Mapping[str, np.ndarray] | None = None) -> list[Any]:
+    """The loaded CUDA functions of `units`, in their order, each compiled as `unit_jobs` says
+    (units with equal jobs share a module), with `constants` uploaded into their modules."""
     modules, functions = {}, []
-    for unit in units:
-        module = cuda.compile_module(unit.source, unit.defines | extra, arch_specific=unit.arch_specific)
+    for unit, job in zip(units, unit_jobs(units, constants, cuda.device_arch())):
+        module = cuda.load(job)
         functions.append(module.get_function(unit.function))  # compiles and loads the module
         modules[id(module)] = module
     for module in modules.values():
@@ -203,7 +209,8 @@ def filters_maps_last(w: np.ndarray) -> np.ndarray:
 
 class Family:
     """One optimisation. Subclasses set the class attributes (`config_type`: the Config
-    they are configured by) and implement `configs`, `compile_units` and `build`;
+    they are configured by) and implement `configs`, `compile_units` and `build` (which loads
+    its functions with `load`), with `module_constants` where their modules hold the weights;
     `reason` adds their own limits."""
 
     name: str = ""
@@ -248,6 +255,18 @@ class Family:
 
     def compile_units(self, spec: ConvSpec, config: Config, epilogue: Epilogue = NONE) -> list[CompileUnit]:
         raise NotImplementedError
+
+    def module_constants(self, spec: ConvSpec, config: Config, weights: Weights | None) -> dict[str, np.ndarray] | None:
+        """The __constant__ arrays (name -> values) its modules get at build; None: they get none."""
+        return None
+
+    def compile_jobs(self, spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue, arch: str) -> list[CompileJob]:
+        """What `build` compiles for this node on a GPU of `arch`, without compiling it."""
+        return unit_jobs(self.compile_units(spec, config, epilogue), self.module_constants(spec, config, weights), arch)
+
+    def load(self, spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue = NONE) -> list[Any]:
+        """The functions of the node's compile units, loaded with its module constants: what `build` launches."""
+        return load_functions(self.compile_units(spec, config, epilogue), self.module_constants(spec, config, weights))
 
     def build(self, spec: ConvSpec, config: Config, weights: Weights | None, epilogue: Epilogue = NONE) -> "ConvKernel":
         raise NotImplementedError

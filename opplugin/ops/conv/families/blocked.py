@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
-from .base import UNROLL_BUDGET, CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
+from .base import UNROLL_BUDGET, CompileUnit, Family, GridKernel, filter_constants, filters_maps_last
 from .base import map_groups_reason, shape_defines, unroll_channels
 from .direct import default_maps_per_thread
 
@@ -124,8 +124,11 @@ class ConstRegisterBlocked(Family):
         }
         return [CompileUnit("conv_const_rb.cu", "conv_const_rb", defines)]
 
+    def module_constants(self, spec, config, weights):
+        return filter_constants(weights, filters_maps_last)
+
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config, epilogue), filter_constants(weights, filters_maps_last))
+        [function] = self.load(spec, config, weights, epilogue)
         computed_rows, computed_cols = _computed_size(spec, epilogue)
         row_tiles = -(-computed_rows // config.rows)
         return GridKernel(
@@ -239,9 +242,12 @@ class ConstTile(Family):
         }
         return [CompileUnit("conv_const_tile.cu", "conv_const_tile", defines)]
 
+    def module_constants(self, spec, config, weights):
+        return filter_constants(weights, filters_maps_last)
+
     def build(self, spec, config, weights, epilogue=NONE):
         (rows, cols), maps = config.tile, config.maps
-        [function] = load_functions(self.compile_units(spec, config, epilogue), filter_constants(weights, filters_maps_last))
+        [function] = self.load(spec, config, weights, epilogue)
         computed_rows, computed_cols = _computed_size(spec, epilogue)
         pkh, pkw = _pool(epilogue)
         tile_rows, tile_cols = rows * max(pkh // rows, 1), cols * max(pkw // cols, 1)  # one window's lanes together

@@ -27,7 +27,7 @@ from ...gemm.kernel import padded_weights
 from ...gemm.spec import BIAS_COLUMN, BIAS_NONE, GemmSpec
 from ..epilogue import NONE, Epilogue
 from ..spec import ConvSpec
-from .base import CompileUnit, ConvKernel, Family, load_functions
+from .base import CompileUnit, ConvKernel, Family
 
 PREFIX = "dense_"
 GEMV_SPLITS = (1, 2, 4, 8, 16)  # warps per output: what tuning tries beside the heuristic's
@@ -122,7 +122,7 @@ class DenseGemm(Family):
         return [CompileUnit(config.source, f"gemm_{self.gemm_family}", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config, epilogue))
+        [function] = self.load(spec, config, weights, epilogue)
         return DenseConvKernel(spec, config, function, weights, epilogue)
 
 

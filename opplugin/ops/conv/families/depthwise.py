@@ -22,7 +22,7 @@ import numpy as np
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .base import CompileUnit, ConvKernel, Family, shape_defines
 from .pipelined import multiprocessors
 
 SHARED_BYTES = 48 * 1024  # static shared memory of a block
@@ -276,7 +276,7 @@ class NarrowGroups(Family):
         return [CompileUnit("conv_depthwise.cu", "conv_depthwise", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config, epilogue))
+        [function] = self.load(spec, config, weights, epilogue)
         return DepthwiseKernel(spec, config, function, epilogue)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import CompileUnit, Family, GridKernel, filter_constants, filters_maps_last, load_functions
+from .base import CompileUnit, Family, GridKernel, filter_constants, filters_maps_last
 from .base import map_groups_reason, shape_defines, unroll_channels
 
 MAX_MAPS_PER_THREAD = 64  # beyond this the accumulators no longer fit in registers
@@ -49,7 +49,7 @@ class Baseline(Family):
         return [CompileUnit("conv_baseline.cu", "conv_baseline", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config))
+        [function] = self.load(spec, config, weights, epilogue)
         return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=True)
 
 
@@ -62,8 +62,11 @@ class Const(Family):
         defines = shape_defines(spec) | {"UNROLL_C": unroll_channels(spec, 1)}
         return [CompileUnit("conv_const.cu", "conv_const", defines)]
 
+    def module_constants(self, spec, config, weights):
+        return filter_constants(weights)
+
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        [function] = self.load(spec, config, weights, epilogue)
         return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=False)
 
 
@@ -95,8 +98,11 @@ class ConstMultiOutput(Family):
         defines = shape_defines(spec) | {"MO": config.maps, "UNROLL_C": unroll_channels(spec, spec.out_channels)}
         return [CompileUnit("conv_const_mo.cu", "conv_const_mo", defines)]
 
+    def module_constants(self, spec, config, weights):
+        return filter_constants(weights, filters_maps_last)
+
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config), filter_constants(weights, filters_maps_last))
+        [function] = self.load(spec, config, weights, epilogue)
         grid_y = -(-spec.out_channels // config.maps)
         return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=grid_y, reads_weights=False)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..epilogue import NONE
-from .base import CompileUnit, Family, GridKernel, filter_constants, load_functions, shape_defines
+from .base import CompileUnit, Family, GridKernel, filter_constants, shape_defines
 from .base import unroll_channels
 from .direct import MapsConfig, default_maps_per_thread
 
@@ -64,10 +64,12 @@ class Fp16(Family):
         }
         return [CompileUnit("conv_fp16.cu", "conv_fp16", defines)]
 
-    def build(self, spec, config, weights, epilogue=NONE):
+    def module_constants(self, spec, config, weights):
         # the half2 bits travel unchanged through the upload's float32 view
-        constants = filter_constants(weights, lambda w: half2_pairs(w).view(np.float32))
-        [function] = load_functions(self.compile_units(spec, config), constants)
+        return filter_constants(weights, lambda w: half2_pairs(w).view(np.float32))
+
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = self.load(spec, config, weights, epilogue)
         oh, ow = spec.out_size
         return GridKernel(
             spec,

@@ -23,7 +23,7 @@ from ....gpu import cuda
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import BLOCK, BlockTiledConfig, CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .base import BLOCK, BlockTiledConfig, CompileUnit, ConvKernel, Family, shape_defines
 
 THREADS = BLOCK  # threads per GEMM block
 SHARED_FLOATS = 48 * 1024 // 4  # static shared memory of one block: the BK x (BM + BN) tiles
@@ -174,7 +174,7 @@ class Im2colGemm(GemmFamily):
         return [CompileUnit("conv_im2col.cu", "conv_im2col", defines), CompileUnit("conv_gemm.cu", "conv_gemm", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        unroll, multiply = load_functions(self.compile_units(spec, config))
+        unroll, multiply = self.load(spec, config, weights, epilogue)
         return Im2colGemmKernel(spec, config, unroll, multiply)
 
 
@@ -189,7 +189,7 @@ class ImplicitGemm(GemmFamily):
         return [CompileUnit("conv_gemm.cu", "conv_implicit_gemm", self.gemm_defines(spec, config))]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config))
+        [function] = self.load(spec, config, weights, epilogue)
         return ImplicitGemmKernel(spec, config, function)
 
 

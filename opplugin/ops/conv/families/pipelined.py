@@ -21,7 +21,7 @@ import numpy as np
 from ....gpu import cuda
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import BlockTiledConfig, ConvKernel, Family, load_functions
+from .base import BlockTiledConfig, ConvKernel, Family
 from .gemm import k_dim, pixels  # K = C/G * KH * KW: one group's
 
 TAP_TABLE_ROWS = 8192  # int2 rows of the __constant__ k table: 64 KiB
@@ -231,9 +231,11 @@ class PipelinedGemm(Family):
         """Bytes x, y and the residual must be aligned to: 16 where B rows are copied as float4 pixel groups."""
         return 16 if is_pointwise(spec) else 4
 
+    def module_constants(self, spec, config, weights):
+        return {"taps": tap_table(spec).view(np.float32)}
+
     def build(self, spec, config, weights, epilogue=NONE):
-        units = self.compile_units(spec, config, epilogue)
-        functions = load_functions(units, {"taps": tap_table(spec).view(np.float32)})
+        functions = self.load(spec, config, weights, epilogue)
         return PipelinedGemmKernel(spec, config, functions, epilogue, split_operands=self.split, alignment=self.alignment(spec))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import BLOCK, UNROLL_BUDGET, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines
+from .base import BLOCK, UNROLL_BUDGET, CompileUnit, ConvKernel, Family, filter_constants, shape_defines
 from .direct import pixels
 
 # 2, 4 or 8 slices: a block row of BLOCK/SL >= 32 threads is whole warps, so each
@@ -67,6 +67,9 @@ class ChannelReduction(Family):
     def defines(self, spec: ConvSpec, config: SlicesConfig) -> dict[str, int | str]:
         return shape_defines(spec) | {"SL": config.slices, "UNROLL_K": unroll_passes(spec, config.slices)}
 
+    def module_constants(self, spec, config, weights):
+        return filter_constants(weights)
+
 
 class ReduceTree(ChannelReduction):
     name = "reduce_tree"
@@ -80,7 +83,7 @@ class ReduceTree(ChannelReduction):
         return [CompileUnit(self.source, "conv_reduce_tree", self.defines(spec, config))]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [summed] = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        [summed] = self.load(spec, config, weights, epilogue)
         return SlicedKernel(spec, config, summed)
 
 
@@ -100,7 +103,7 @@ class ReduceAtomic(ChannelReduction):
         ]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        init, summed = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        init, summed = self.load(spec, config, weights, epilogue)
         return SlicedKernel(spec, config, summed, init=init)
 
 

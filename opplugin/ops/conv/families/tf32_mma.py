@@ -20,7 +20,7 @@ from ....gpu import cuda
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import BLOCK, CompileUnit, ConvKernel, Family, load_functions, shape_defines
+from .base import BLOCK, CompileUnit, ConvKernel, Family, shape_defines
 
 
 MMA_TILES = (4, 2, 8)  # 8-pixel tiles per warp step (NT): the pick's candidates, then 8 (spills at 128 registers)
@@ -97,7 +97,7 @@ class TensorCoreGemm(Family):
         return [CompileUnit("conv_tf32_mma.cu", "conv_3xtf32" if self.split else "conv_tf32", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config))
+        [function] = self.load(spec, config, weights, epilogue)
         processors = cuda.multiprocessor_count()
         return MmaKernel(spec, config, function, max_blocks=BLOCKS_PER_SM * processors)
 

@@ -10,7 +10,7 @@ import numpy as np
 from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import BLOCK, CompileUnit, ConvKernel, Family, filter_constants, load_functions, shape_defines, unroll_channels
+from .base import BLOCK, CompileUnit, ConvKernel, Family, filter_constants, shape_defines, unroll_channels
 
 WIDTHS = (8, 16, 32, 64)  # tile widths a block of BLOCK threads can take (heights 32, 16, 8, 4)
 TUNED_WIDTHS = (16, 32)  # what tuning tries: a half or a whole warp per tile row
@@ -90,8 +90,11 @@ class Tiled(Family):
         defines = shape_defines(spec) | {"TW": config.width, "TH": config.height, "UNROLL_C": unroll_channels(spec, 1)}
         return [CompileUnit("conv_tiled.cu", "conv_tiled", defines)]
 
+    def module_constants(self, spec, config, weights):
+        return filter_constants(weights)
+
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config), filter_constants(weights))
+        [function] = self.load(spec, config, weights, epilogue)
         return TiledKernel(spec, config, function)
 
 

@@ -8,7 +8,7 @@ without either, so the two differ by exactly this step.
 from __future__ import annotations
 
 from ..epilogue import NONE
-from .base import CompileUnit, Family, GridKernel, load_functions, shape_defines, unroll_channels
+from .base import CompileUnit, Family, GridKernel, shape_defines, unroll_channels
 from .direct import pixels
 
 
@@ -25,7 +25,7 @@ class Unrolled(Family):
         return [CompileUnit("conv_unrolled.cu", "conv_unrolled", defines)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        [function] = load_functions(self.compile_units(spec, config))
+        [function] = self.load(spec, config, weights, epilogue)
         return GridKernel(spec, config, function, threads_per_image=pixels(spec), grid_y=spec.out_channels, reads_weights=True)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import CompileUnit, Family, load_functions, shape_defines
+from .base import CompileUnit, Family, shape_defines
 from .gemm import k_dim
 from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
@@ -140,7 +140,7 @@ class WgmmaGemm(PipelinedGemm):
         return units + [CompileUnit("conv_wgmma.cu", "conv_split_channel_last", defines, arch_specific=True)]
 
     def build(self, spec, config, weights, epilogue=NONE):
-        functions = load_functions(self.compile_units(spec, config, epilogue))
+        functions = self.load(spec, config, weights, epilogue)
         return WgmmaGemmKernel(spec, config, functions, epilogue, weights)
 
 

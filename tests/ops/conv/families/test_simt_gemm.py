@@ -11,7 +11,7 @@ from onnx_builders import conv_spec as conv
 from opplugin.lab import cnn_layers
 from opplugin.ops.conv import families
 from opplugin.ops.conv.epilogue import NONE, Epilogue
-from opplugin.ops.conv.families import pipelined, simt_gemm
+from opplugin.ops.conv.families import base, pipelined, simt_gemm
 
 VGG_512 = conv(1, 512, 512, (14, 14), (3, 3), pads=(1, 1, 1, 1))
 RESNET_64 = conv(32, 64, 64, (56, 56), (3, 3), pads=(1, 1, 1, 1))
@@ -97,7 +97,7 @@ def test_build_launches_like_the_tensor_core_kernel_with_float4_stores_aligned(m
     class Function:  # stands in for a loaded CUDA function: build only sets its shared-memory limit
         max_dynamic_shared_size_bytes = 0
 
-    monkeypatch.setattr(pipelined, "load_functions", lambda units, constants: [Function() for _ in units])
+    monkeypatch.setattr(base, "load_functions", lambda units, constants: [Function() for _ in units])
     kernel = families.build_kernel(VGG_512, "simt_gemm", None, Epilogue("Relu"))
     assert kernel.name == "conv.simt_gemm_b128x64x16_t8x8_s4_o3_k8+relu" and kernel.nonfinite_exact
     assert kernel.alignment == 16 and kernel.workspace_bytes(1) == 4 * 8 * 512 * 196  # 196 pixels: float4 stores

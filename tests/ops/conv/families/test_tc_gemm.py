@@ -11,6 +11,7 @@ import pytest
 
 from onnx_builders import conv_spec as conv
 from opplugin.gpu import cuda
+from opplugin.cli import bench as bench_command
 from opplugin.cli.commands import build_parser
 from opplugin.lab import bench, cnn_layers
 from opplugin.lab.bench_text import summary_lines
@@ -166,7 +167,7 @@ def test_the_layer_set_is_the_issues():
 
 
 def test_suite_option_defaults_to_batch_1_and_32():
-    options = bench.options_from_args(build_parser().parse_args(["bench", "--suite", "cnn", "--families", "tc_3xtf32"]))
+    options = bench_command.conv_options(bench_command.read(build_parser().parse_args(["bench", "--suite", "cnn", "--families", "tc_3xtf32"])))
     assert options.suite == "cnn" and list(options.batches) == [1, 32] and list(options.families) == ["tc_3xtf32"]
     cases = bench.suite_cases()
     assert len(cases) == 24 and all(case.epilogue is None and case.model == "cnn" for case in cases)

@@ -12,7 +12,6 @@ import pytest
 from onnx_builders import conv_spec as conv
 from opplugin.gpu import cuda
 from opplugin.ops.conv import families
-from opplugin.gpu.launch_mode import building_for
 from opplugin.ops.conv.choice import heuristic_config, nonfinite_exact_config, prefers_wgmma
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families.base import unit_arch
@@ -112,13 +111,12 @@ def test_at_batch_1_graphed_runs_take_it_for_short_grids_of_enough_work(gpu_of):
     resnet = conv(1, 128, 128, (28, 28), (3, 3), pads=(1, 1, 1, 1))
     mnist = conv(1, 32, 64, (14, 14), (3, 3), pads=(1, 1, 1, 1))
     short_k = conv(1, 256, 1024, (14, 14), (1, 1))  # 51 M multiply-adds, but a K of 256
-    with building_for(True):
-        assert all(prefers_wgmma(spec) for spec in [*mlp, resnet]) and not prefers_wgmma(mnist) and not prefers_wgmma(short_k)
-        assert heuristic_config(resnet, ones(resnet), NONE).name() == "wg_3xtf32_b64x128x32_s3_k9"
-        assert heuristic_config(mlp[1], ones(mlp[1]), NONE).name() == "wg_3xtf32_b64x128x32_s3_k10"
-    with building_for(False):
-        assert not any(prefers_wgmma(spec) for spec in [*mlp, resnet])
-        assert heuristic_config(resnet, ones(resnet), NONE).family == "tc_3xtf32"
+    graphed = [prefers_wgmma(spec, graphed=True) for spec in [*mlp, resnet, mnist, short_k]]
+    assert graphed == [True] * 4 + [False, False]
+    assert heuristic_config(resnet, ones(resnet), NONE, graphed=True).name() == "wg_3xtf32_b64x128x32_s3_k9"
+    assert heuristic_config(mlp[1], ones(mlp[1]), NONE, graphed=True).name() == "wg_3xtf32_b64x128x32_s3_k10"
+    assert not any(prefers_wgmma(spec, graphed=False) for spec in [*mlp, resnet])
+    assert heuristic_config(resnet, ones(resnet), NONE, graphed=False).family == "tc_3xtf32"
 
     gpu_of("sm_80")
     assert "compute capability 9.0 alone" in families.unsupported_reason(VGG_512, "wg_3xtf32", None)

@@ -36,12 +36,12 @@ def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failin
 
 
 def test_the_cli_prints_the_compile_error_then_the_log(monkeypatch, capsys):
-    import opplugin.cli.commands as cli
+    from opplugin.cli import workload
 
-    def broken_runner(args, loaded, poison=False):
+    def broken_runner(options, loaded, poison=False):
         raise KernelCompileError("conv_const.cu", ("--std=c++17", "-DC=1", "-DMO=4"), NVRTC_LOG)
 
-    monkeypatch.setattr(cli, "_make_runner", broken_runner)
+    monkeypatch.setattr(workload, "make_runner", broken_runner)
     assert main(["run", "lenet86", "--device", "cpu", "--batch", "2"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("opplugin: error: kernel conv_const.cu failed to compile with NVRTC (-DC=1 -DMO=4): ")

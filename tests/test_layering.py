@@ -5,7 +5,7 @@ module level and inside functions, parsed with `ast` (nothing is imported).
   below; the packages that share a layer are side by side and import nothing of each other;
 - check and report take only the runtime's plain records from it;
 - no import cycles: between modules, between opplugin's packages, or between the ops;
-- argparse stays in cli/.
+- argparse, and the Namespace it makes, stay in cli/.
 """
 from __future__ import annotations
 
@@ -210,5 +210,15 @@ def test_no_op_imports_one_that_imports_it_back():
     assert cycles(collapsed(op_of)) == []
 
 
-def test_argparse_stays_in_the_cli():
-    assert [m for m in modules() if not within(m, ("opplugin.cli",)) and "argparse" in external_imports(m)] == []
+def test_argparse_and_its_namespace_stay_in_the_cli():
+    outside = [m for m in modules() if not within(m, ("opplugin.cli",))]
+    assert [m for m in outside if "argparse" in external_imports(m)] == []
+    readers = []
+    for module in modules():
+        for node in ast.walk(trees()[module]):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.endswith("from_args") and module in outside:
+                readers.append(f"{module}.{node.name}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and \
+                    node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "args":
+                readers.append(f"{module}:{node.lineno} getattr(args, ...)")
+    assert readers == [], "a parsed Namespace read outside cli/, or by getattr"

@@ -10,23 +10,38 @@ InputError, one line, before anything is loaded or written. A file the command
 reads but cannot open is refused here too, with the reason.
 
 `-` names standard output for the report files that allow it (`--json`, `--csv`).
+Each command says which files it names (CommandFiles, from its options' `files()`).
 """
 from __future__ import annotations
 
-import argparse
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import onnx
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+from ..core.files import check_writable
 from ..errors import InputError
+from ..graph.model import resolve_model_path
+from ..inputs.user_data import image_files
 
 STDOUT = "-"
-
-# dest: flag, for every option naming a file a command writes
-OUTPUT_FLAGS = {"json": "--json", "csv": "--csv", "trace": "--trace", "save_outputs": "--save-outputs", "plot": "--plot"}
 # the outputs that may be `-` (standard output): text reports, not binary files
-STDOUT_FLAGS = ("json", "csv")
+STDOUT_FLAGS = ("--json", "--csv")
+
+
+@dataclass(frozen=True)
+class CommandFiles:
+    """The files one command names: each it writes, with its flag, and those it reads."""
+
+    outputs: tuple[tuple[str, str], ...] = ()  # (flag, path), in the order their clashes are reported
+    models: tuple[str, ...] = ()  # model files or shipped models' names, as given
+    kernels: tuple[str, ...] = ()  # --kernel sources
+    load_inputs: str | None = None
+    images: str | None = None  # a folder
 
 
 @dataclass(frozen=True)
@@ -49,23 +64,18 @@ class Place:
         return self.resolved == other.resolved or (self.inode is not None and self.inode == other.inode)
 
 
-def stdout_outputs(args: argparse.Namespace) -> list[str]:
+def stdout_outputs(files: CommandFiles) -> list[str]:
     """The flags of the outputs that go to standard output."""
-    return [flag for dest, flag in OUTPUT_FLAGS.items() if getattr(args, dest, None) == STDOUT]
+    return [flag for flag, path in files.outputs if path == STDOUT]
 
 
-def check_files(args: argparse.Namespace) -> None:
+def check_files(files: CommandFiles) -> None:
     """InputError for the first output that cannot be written, is given twice, or is a file
     the command reads; and for a file the command reads that cannot be opened."""
-    from ..core.files import check_writable
-
     outputs: list[tuple[str, str, Place]] = []
-    for dest, flag in OUTPUT_FLAGS.items():
-        path = getattr(args, dest, None)
-        if path is None:
-            continue
+    for flag, path in files.outputs:
         if path == STDOUT:
-            if dest not in STDOUT_FLAGS:
+            if flag not in STDOUT_FLAGS:
                 raise InputError(f"{flag} writes a binary file; give a file path, not -")
             continue
         check_writable(path, flag)
@@ -74,17 +84,17 @@ def check_files(args: argparse.Namespace) -> None:
             if place.same_as(other):
                 raise InputError(f"{flag} {path} is the same file as {other_flag}; give each output its own file")
         outputs.append((flag, path, place))
-    if len(stdout_outputs(args)) > 1:
-        raise InputError(f"{' and '.join(stdout_outputs(args))} both name standard output (-); give one of them a file")
+    if len(stdout_outputs(files)) > 1:
+        raise InputError(f"{' and '.join(stdout_outputs(files))} both name standard output (-); give one of them a file")
 
-    reads = list(files_read(args))
+    reads = list(files_read(files))
     for what, path in reads:
         _check_readable(what, path)
     existing = [(flag, path, place) for flag, path, place in outputs if place.inode is not None]
     if not existing:
         return  # a file that does not exist yet cannot be one the command reads
     read_places = [(what, Place.of(path)) for what, path in reads]
-    read_places += [(what, Place.of(path)) for what, path in external_data_near(args, existing)]
+    read_places += [(what, Place.of(path)) for what, path in external_data_near(files, existing)]
     for flag, path, place in existing:
         for what, read in read_places:
             if place.same_as(read):
@@ -92,48 +102,33 @@ def check_files(args: argparse.Namespace) -> None:
                                  "give the output another path")
 
 
-def files_read(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """(what, path) for each existing file the command reads, as far as the flags say
+def files_read(files: CommandFiles) -> Iterator[tuple[str, str]]:
+    """(what, path) for each existing file the command reads, as far as its flags say
     (the models' external data aside: see external_data_near)."""
-    for model in _models(args):
+    for model in _models(files):
         yield "the model", str(model)
-    for value in getattr(args, "kernel", None) or []:  # OP=FILE.cu; bench takes several for one op
-        path = value.partition("=")[2]
-        if path and Path(path).is_file():
+    for path in files.kernels:
+        if Path(path).is_file():
             yield "a --kernel source", path
-    load = getattr(args, "load_inputs", None)
-    if load and Path(load).is_file():
-        yield "the --load-inputs file", load
-    folder = getattr(args, "images", None)
-    if folder and Path(folder).is_dir():
-        from ..inputs.user_data import image_files
-
-        for image in image_files(folder):
+    if files.load_inputs and Path(files.load_inputs).is_file():
+        yield "the --load-inputs file", files.load_inputs
+    if files.images and Path(files.images).is_dir():
+        for image in image_files(files.images):
             yield "an --images file", str(image)
 
 
-def _models(args: argparse.Namespace) -> Iterator[Path]:
-    """The model files named by the command (resolved from a shipped name), those that exist."""
-    from ..graph.model import SHIPPED_MODELS, resolve_model_path
-
-    names = []
-    for dest in ("model", "scaling"):  # scaling: bench --scaling MODEL
-        if isinstance(getattr(args, dest, None), str):
-            names.append(getattr(args, dest))
-    for dest in ("models", "e2e"):
-        names += getattr(args, dest, None) or []
-    if getattr(args, "command", None) == "bench" and not getattr(args, "models", None):
-        names += SHIPPED_MODELS  # bench's default models
-    for name in names:
+def _models(files: CommandFiles) -> Iterator[Path]:
+    """The model files the command names (resolved from a shipped name), those that exist."""
+    for name in files.models:
         path = resolve_model_path(name)
         if path.is_file():
             yield path
 
 
-def external_data_near(args: argparse.Namespace, outputs: list[tuple[str, str, Place]]) -> Iterator[tuple[str, str]]:
+def external_data_near(files: CommandFiles, outputs: list[tuple[str, str, Place]]) -> Iterator[tuple[str, str]]:
     """The external data files of the models, read from the models' headers only when an
     existing output could be one: it lies in a model's folder, or has another hard link."""
-    for model in _models(args):
+    for model in _models(files):
         folder = os.path.realpath(model.parent)
         if not any(place.resolved.startswith(folder + os.sep) or os.stat(place.resolved).st_nlink > 1
                    for _, _, place in outputs):
@@ -144,9 +139,6 @@ def external_data_near(args: argparse.Namespace, outputs: list[tuple[str, str, P
 
 def external_data_files(model: Path) -> list[str]:
     """The locations (relative to the model's folder) of the tensors the model keeps in external files."""
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
     if not _mentions(model, b"location"):
         return []  # every external tensor names its file under the key "location": a large model with its weights inline is not parsed
     try:
@@ -162,8 +154,6 @@ def external_data_files(model: Path) -> list[str]:
 
 def _mentions(path: Path, word: bytes) -> bool:
     """Whether the file's bytes hold `word` (read through a memory map, not into memory)."""
-    import mmap
-
     try:
         with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return data.find(word) != -1
@@ -173,8 +163,6 @@ def _mentions(path: Path, word: bytes) -> bool:
 
 def _tensors(graph) -> Iterator:
     """Every tensor of a graph: its initializers, and tensor attributes of its nodes and their subgraphs."""
-    import onnx
-
     yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:

@@ -27,10 +27,8 @@ import numpy as np
 
 from ..gpu import cuda
 from ..gpu.device import CPU, current_cuda_device
-from ..errors import DeviceError, InputError, PluginError, batch_sizes, first_line, positive_int
-from ..core.files import write_atomic
-from ..report.jsonout import dumps, header, json_safe
-from ..gpu.launch_mode import building_for
+from ..errors import DeviceError, InputError, PluginError, first_line, positive_int
+from ..report.jsonout import header
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.families import Config
@@ -40,8 +38,7 @@ from ..ops.conv.spec import ConvSpec
 from . import graphed
 from . import peers as peer_module
 from . import roofline
-from .bench_text import format_text
-from .cnn_layers import LAYERS, SUITE_BATCHES, layer_weights
+from .cnn_layers import LAYERS, layer_weights
 from .streams import host_to_host
 from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Capture, Problem, Trial, median_ms, run_trial, time_call
 
@@ -417,10 +414,9 @@ class Bench:
             floor_ms=self.roof.floor_ms(flops, nbytes),
             bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s),
         )
-        # the picks for launches as this bench times them: the cost model weighs the host's part only eagerly
-        with building_for(self.options.cuda_graphs):
-            default = runner_default(spec, (case.w, case.b), epilogue)
-            candidates = self._candidates(spec, epilogue, default)
+        # the pick for launches as this bench times them: the cost model weighs the host's part only eagerly
+        default = runner_default(spec, (case.w, case.b), epilogue, graphed=self.options.cuda_graphs)
+        candidates = self._candidates(spec, epilogue, default)
         step["default"] = default and default.name()
         self.steps.append(step)
         problem = Problem.random(spec, epilogue, (case.w, case.b))
@@ -538,12 +534,13 @@ class Bench:
         return result
 
 
-def runner_default(spec: ConvSpec, weights, epilogue: Epilogue) -> Config | None:
-    """The configuration the runner picks for this step without a tuning cache (None: none runs it)."""
+def runner_default(spec: ConvSpec, weights, epilogue: Epilogue, graphed: bool = True) -> Config | None:
+    """The configuration the runner picks for this step without a tuning cache, its kernels launched
+    from CUDA graphs (`graphed`) or eagerly (None: none runs it)."""
     from ..ops.conv.choice import heuristic_config
 
     try:
-        return heuristic_config(spec, weights, epilogue)
+        return heuristic_config(spec, weights, epilogue, graphed)
     except PluginError:  # no variant runs this Conv
         return None
 
@@ -576,54 +573,5 @@ def run_bench(
     return Bench(options, progress, checkpoint).run()
 
 
-# --- the command ----------------------------------------------------------------------
-
-
-def options_from_args(args: Any) -> Options:
-    default_batches = SUITE_BATCHES if getattr(args, "suite", None) == "cnn" else DEFAULT_BATCHES
-    return Options(
-        batches=batch_sizes(args.batches, default_batches),
-        warmup=BENCH_WARMUP if args.warmup is None else args.warmup,
-        repeat=BENCH_REPEAT if args.repeat is None else args.repeat,
-        all_configs=bool(args.all_configs),
-        models=list(args.models or Options.models),
-        suite=getattr(args, "suite", None) or "models",
-        families=getattr(args, "families", None),
-        kernels=_kernel_flags(args),
-        cuda_graphs=getattr(args, "cuda_graphs", None) is not False,
-    )
-
-
-def _kernel_flags(args: Any) -> list[str]:
-    """The files of --kernel Conv=FILE flags; the bench may compare several."""
-    from ..user_kernels.flags import parse_kernels
-
-    flags = getattr(args, "kernel", None) or []
-    found = [parse_kernels([flag]) for flag in flags]
-    others = [op for kernels in found for op in kernels if op != "Conv"]
-    if others:
-        raise InputError(f"bench times Conv steps; --kernel {others[0]}=... has nothing to run here")
-    return [kernels["Conv"] for kernels in found]
-
-
 def wrong_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in payload["rows"] if r["status"] == "incorrect"]
-
-
-def main_from_args(args: Any) -> int:
-    """`opplugin bench`: 0 when every measured candidate was correct, 1 when some was not."""
-    options = options_from_args(args)
-    options.validate()
-
-    def write(payload: dict[str, Any]) -> None:
-        write_atomic(args.json, dumps(payload))
-
-    payload = json_safe(run_bench(options, checkpoint=write if args.json else None))
-    print(format_text(payload), end="")
-    if args.json:
-        write(payload)
-    wrong = wrong_rows(payload)
-    if wrong:
-        names = ", ".join(f"{r['name']} on {r['step']} @{r['batch']}" for r in wrong[:5])
-        print(f"opplugin: {len(wrong)} candidate(s) gave wrong results and were not timed: {names}", file=sys.stderr)
-    return 1 if wrong else 0

@@ -40,15 +40,13 @@ from ..gpu import cuda
 from ..ort import sessions
 from ..inputs.feeds import make_inputs
 from ..gpu.device import select_device
-from ..errors import DeviceError, InputError, batch_sizes, first_line
-from ..core.files import write_atomic
-from ..report.jsonout import dumps, header, json_safe
+from ..errors import InputError, first_line
+from ..report.jsonout import header, json_safe
 from ..graph.model import Model, load_model
 from . import e2e_onnxruntime, e2e_torch, roofline
-from .e2e_table import format_text
 from .model_floor import model_work
 from .peers import PeerUnavailable
-from .trial import BENCH_REPEAT, BENCH_WARMUP, E2E_WARMUP_MS, warm_up
+from .trial import E2E_WARMUP_MS, warm_up
 
 # 3: opplugin's rows named for their mode (opplugin_graphs, opplugin_eager); PyTorch in a CUDA graph,
 # torch.compile in a CUDA graph and onnxruntime's CUDA-graph mode as peers; the measured roofline;
@@ -261,22 +259,3 @@ def failed(payload: dict[str, Any]) -> list[dict[str, Any]]:
     (a peer that breaks is its own problem; its row says so)."""
     return [row for row in payload["rows"]
             if row["status"] == "incorrect" or (row["status"] == "error" and row["peer"] in OPPLUGIN)]
-
-
-def main_from_args(args: Any) -> int:
-    """`opplugin bench --e2e MODEL ...`: 0 when every candidate that ran was correct and opplugin ran, 1 otherwise."""
-    batches = batch_sizes(args.batches, DEFAULT_BATCHES)
-    if not cuda.is_available():
-        raise DeviceError("bench --e2e needs a CUDA device, and CuPy sees none")
-    warmup = BENCH_WARMUP if args.warmup is None else args.warmup
-    repeat = BENCH_REPEAT if args.repeat is None else args.repeat
-
-    def write(payload: dict[str, Any]) -> None:
-        write_atomic(args.json, dumps(payload))
-
-    peers = tuple(args.peers or PEERS)
-    payload = json_safe(run_e2e(list(args.e2e), batches, warmup, repeat, checkpoint=write if args.json else None, peers=peers))
-    print(format_text(payload), end="")
-    if args.json:
-        write(payload)
-    return 1 if failed(payload) else 0

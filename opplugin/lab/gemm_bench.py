@@ -192,19 +192,3 @@ def format_text(payload: dict[str, Any]) -> str:
             "floor: weight bytes / copy bandwidth; x floor: device ms / floor; vs cuBLAS: cuBLAS device ms / device ms (above 1: faster)\n\n")
     header = ["layer", "shape", "batch", "implementation", "device ms", "one call ms", "GB/s", "floor ms", "x floor", "vs cuBLAS"]
     return head + "\n".join(text_table(header, table, right=(2, 4, 5, 6, 7, 8, 9))) + "\n"
-
-
-def main_from_args(args: Any) -> int:
-    """`opplugin bench --suite gemm`: 0 when every candidate was correct, 1 when some was not."""
-    from ..errors import batch_sizes, positive_int
-    from ..core.files import write_atomic
-    from ..report.jsonout import dumps
-
-    batches = batch_sizes(args.batches, BATCHES)
-    warmup = BENCH_WARMUP if args.warmup is None else positive_int(args.warmup, "--warmup", allow_zero=True)
-    repeat = BENCH_REPEAT if args.repeat is None else positive_int(args.repeat, "--repeat")
-    payload = run_gemm_bench(batches, warmup, repeat, bool(args.all_configs))
-    print(format_text(payload), end="")
-    if args.json:
-        write_atomic(args.json, dumps(payload))
-    return 1 if any(r.get("rel_error", 0) > TOLERANCE for r in payload["rows"]) else 0

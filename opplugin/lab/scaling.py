@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gc
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -33,10 +32,9 @@ import numpy as np
 from ..gpu import cuda
 from ..verify.check import agreement
 from ..inputs.feeds import make_inputs
-from ..errors import DeviceError, InputError, batch_sizes
-from ..core.files import write_atomic
-from ..report.jsonout import dumps, header, json_safe
-from ..graph.model import Model, load_model
+from ..errors import DeviceError, InputError
+from ..report.jsonout import header, json_safe
+from ..graph.model import Model
 from ..runtime import Runner
 from ..runtime.multi_device import DeviceRunners, DeviceSlot, cuda_slots
 
@@ -204,23 +202,3 @@ def run_scaling(model: Model, batches: Sequence[int], lists: Sequence[DeviceList
 
 def failed(payload: dict[str, Any]) -> bool:
     return any(not row["agrees"] for row in payload["rows"])
-
-
-def main_from_args(args: Any) -> int:
-    """`opplugin bench --scaling [MODEL]`: 0 when every list's outputs agree with onnxruntime, 1 otherwise."""
-    from .scaling_text import format_text, require_plotting, save_plot
-
-    if args.plot:
-        require_plotting()
-    batches = batch_sizes(args.batches, DEFAULT_BATCHES)
-    lists = device_lists(args.devices)
-    model = load_model(args.scaling)
-    warmup = WARMUP if args.warmup is None else args.warmup
-    repeat = REPEAT if args.repeat is None else args.repeat
-    payload = run_scaling(model, batches, lists, warmup, repeat, say=lambda line: print(line, file=sys.stderr, flush=True))
-    print(format_text(payload), end="")
-    if args.json:
-        write_atomic(args.json, dumps(payload))
-    if args.plot:
-        save_plot(payload, args.plot)
-    return 1 if failed(payload) else 0

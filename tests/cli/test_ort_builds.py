@@ -70,6 +70,8 @@ def test_the_install_command_matches_the_cuda_version():
 
 
 def test_without_onnxruntime_the_cli_says_how_to_install_it(monkeypatch, capsys):
+    import opplugin.cli.plan  # noqa: F401  the command's module and what it imports, loaded while onnxruntime is here
+
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
     assert cli.main(["plan", "lenet86"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

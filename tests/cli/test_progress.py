@@ -1,6 +1,9 @@
-"""The progress bar: in place on a terminal, plain quarter lines in a log, nothing for short runs."""
+"""The progress bar: in place on a terminal, plain quarter lines in a log, nothing for short
+runs; and the lines it gives run's and check's logs."""
 import io
+import json
 
+from opplugin.cli import main
 from opplugin.cli.progress import ProgressBar
 
 
@@ -82,3 +85,56 @@ def test_a_jump_over_quarters_gives_one_line_whose_share_matches_its_count():
         bar("check", done, 10000)
     assert [line.split()[1:3] for line in stream.getvalue().splitlines()] == [
         ["48%", "(4,810/10,000"], ["96%", "(9,620/10,000"], ["100%", "(10,000/10,000"]]
+
+
+# --- in run's and check's logs ----------------------------------------------------------
+
+
+def test_run_any_batch_of_random_data_in_chunks_with_progress_in_the_log(tiny_model_path, tmp_path, capsys):
+    code = main(["run", tiny_model_path, "--batch", "30000", "--data", "random", "--device", "cpu", "--repeat", "1",
+                 "--chunk", "400", "--json", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["batch"] == 30000 and data["chunks"] == 75 and data["images_per_s"] > 0
+    assert data["agreement"]["passed"]
+    assert "Host to host:" in out and "images/s" in out
+    # stderr is not a terminal here: a plain line per quarter, no carriage returns
+    assert _progress_shares(err) == ["25%", "50%", "76%", "100%"]
+    assert "\r" not in err
+
+
+def _progress_shares(err: str) -> list[str]:
+    """The shares of the plain progress lines in `err`, each checked against the image count beside it."""
+    shares = []
+    for line in err.splitlines():
+        if line.startswith("progress:"):
+            share, counts = line.split()[1:3]
+            done, total = (int(n.replace(",", "")) for n in counts.strip("(").split("/"))
+            assert share == f"{100 * done // total}%", line
+            shares.append(share)
+    return shares
+
+
+def test_a_short_run_prints_no_progress(capsys):
+    assert main(["run", "ece408_high", "--batch", "20", "--device", "cpu", "--repeat", "1", "--no-compare"]) == 0
+    assert "progress" not in capsys.readouterr().err
+
+
+def test_check_of_a_large_batch_is_compared_in_passes_with_progress(tiny_model_path, tmp_path, capsys):
+    code = main(["check", tiny_model_path, "--batch", "30", "--data", "random", "--device", "cpu",
+                 "--check-chunk", "7", "--json", str(tmp_path / "c.json")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "PASS" in out
+    assert "Compared in 5 passes of up to 7 images" in out
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["passed"] and data["check_chunks"] == 5 and data["check_chunk_size"] == 7
+    assert all(r["elements"] > 0 for r in data["records"])
+    # passes of 7 of 30 images: the lines come after passes 2 to 5, and say how far each got
+    assert _progress_shares(err) == ["46%", "70%", "93%", "100%"]
+
+
+def test_check_in_one_pass_prints_no_progress(capsys):
+    assert main(["check", "ece408_high", "--batch", "20", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "passes" not in out and "progress" not in err

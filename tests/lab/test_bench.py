@@ -23,6 +23,7 @@ from opplugin.lab.bench_text import format_text
 from opplugin.cli import main
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.gpu.device import Device
+from opplugin.report.jsonout import json_safe
 from onnx_builders import conv_spec
 from repository import ROOT
 
@@ -171,7 +172,7 @@ def synthetic_payload(monkeypatch=None):
         "input_bytes": 1, "output_bytes": 1, "serial_ms": 60.0, "best_streams": 3, "best_ms": 45.0, "speedup": 60 / 45,
         "chunked": [{"streams": n, "chunks": 4 * n, "ms": ms, "speedup": 60 / ms, "correct": True} for n, ms in [(2, 50.0), (3, 45.0), (4, 46.0)]],
     }
-    return bench.json_safe(run.payload(Device("cuda", "NVIDIA H200", "9.0"), streams))
+    return json_safe(run.payload(Device("cuda", "NVIDIA H200", "9.0"), streams))
 
 
 def test_payload_has_stable_keys_and_is_strict_json():
@@ -248,19 +249,6 @@ def test_bench_rejects_bad_options(argv, monkeypatch, capsys):
     monkeypatch.setattr(roofline, "measure", lambda: pytest.fail("should not get this far"))
     assert main(["bench", *argv]) == 2
     assert capsys.readouterr().err.startswith("opplugin: error: ")
-
-
-def test_bench_options_from_the_command_line():
-    from opplugin.cli.commands import build_parser
-
-    args = build_parser().parse_args(["bench", "--batches", "100,1000", "10000", "--warmup", "1", "--repeat", "5", "--all-configs", "--models", "lenet86", "--json", "x.json"])
-    options = bench.options_from_args(args)
-    assert list(options.batches) == [100, 1000, 10000] and options.warmup == 1 and options.repeat == 5
-    assert options.all_configs and list(options.models) == ["lenet86"]
-    defaults = bench.options_from_args(build_parser().parse_args(["bench"]))
-    assert list(defaults.batches) == [100, 1000, 10000] and defaults.warmup == 3 and defaults.repeat == 20
-    assert list(defaults.models) == ["lenet86", "ece408_high"] and not defaults.all_configs
-    assert defaults.cuda_graphs and not bench.options_from_args(build_parser().parse_args(["bench", "--no-cuda-graphs"])).cuda_graphs
 
 
 @pytest.mark.parametrize("argv", [["--e2e", "m.onnx"], ["--suite", "gemm"], ["--scaling"]])
@@ -397,7 +385,7 @@ def test_report_draws_each_models_worst_ratio_over_its_runs(tmp_path):
 def test_small_bench_runs_and_every_row_is_correct(tmp_path):
     lines = []
     options = bench.Options(batches=[100], warmup=1, repeat=3, models=["lenet86"])
-    payload = bench.json_safe(bench.run_bench(options, progress=lines.append))
+    payload = json_safe(bench.run_bench(options, progress=lines.append))
     json.loads(json.dumps(payload, allow_nan=False))
     assert lines and lines[0].startswith("bench: ")
     steps = {s["step"] for s in payload["steps"]}

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_builders import save, tiny_cnn
-from opplugin.cli import commands as cli
+from opplugin.cli import workload
 from opplugin.gpu import cuda
 from opplugin.cli import main
 from opplugin.inputs.feeds import make_inputs
@@ -137,7 +137,7 @@ def test_a_model_that_cannot_be_cut_into_rows_is_refused(tmp_path):
 @pytest.fixture
 def two_cpus(monkeypatch):
     """--devices on this machine gives two CPU runners, as two GPUs would give two CUDA ones."""
-    monkeypatch.setattr(cli, "_device_slots", lambda args: [CPU, CPU] if args.devices else None)
+    monkeypatch.setattr(workload, "device_slots", lambda runner: [CPU, CPU] if runner.devices else None)
 
 
 def test_run_with_devices_reports_a_row_per_device_and_saves_outputs_in_order(two_cpus, tmp_path, capsys):

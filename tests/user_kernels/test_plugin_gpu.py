@@ -69,11 +69,10 @@ def test_sanitize_passes_the_starter(tmp_path, capsys):
 
 def test_watch_picks_up_an_edit(tmp_path):
     starter = new_starter(tmp_path)
-    from opplugin.cli import commands as cli
-    from opplugin.cli.kernel_tools.cli_support import watch_kernels
+    from opplugin.cli import check, workload
+    from opplugin.cli.commands import build_parser
 
-    args = cli.build_parser().parse_args(["check", "lenet86", "--batch", "200", "--kernel", f"Conv={starter}", "--watch"])
-    loaded = cli._load(args)
+    options = check.read(build_parser().parse_args(["check", "lenet86", "--batch", "200", "--kernel", f"Conv={starter}", "--watch"]))
     said = []
 
     def edit_after_first_result():
@@ -84,9 +83,7 @@ def test_watch_picks_up_an_edit(tmp_path):
 
     editor = threading.Thread(target=edit_after_first_result)
     editor.start()
-    code = watch_kernels(args, loaded.model, loaded.device, loaded.batch, lambda: cli._make_runner(args, loaded, poison=True),
-                         {"Conv": str(starter)},
-                         cycles=1, say=said.append)
+    code = workload.watch(options.workload, options.tolerance, poison=True, cycles=1, say=said.append)
     editor.join()
     text = "\n".join(said)
     assert code == 0

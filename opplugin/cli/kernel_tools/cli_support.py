@@ -1,74 +1,37 @@
-"""The command line's side of user kernels: the --kernel, --sanitize and --watch flags,
-`opplugin new`, and the lines `plan`, `run` and `check` print about user kernels."""
+"""The command line's side of user kernels: the registry of the --kernel files, --sanitize
+and --watch as run and check call them, and the lines plan, run and check print about
+user kernels."""
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from ...errors import InputError
-from ...user_kernels.contract import CONTRACTS
-from ...user_kernels.flags import op_type_named
+from ...gpu.nvrtc import NvrtcUnavailable
+from ...user_kernels import user_registry
+from ...user_kernels.compiler import OFFLINE_ARCH, Rejected
+from ...user_kernels.plugin import UserPlugin
+from ...user_kernels.source import KernelSource
+from ...verify.check import check
+from ..options import ToleranceOptions
 
-KERNEL_HELP = "run your own kernel source for an op type, e.g. --kernel Conv=my_conv.cu (opplugin new conv my_conv.cu writes a starter)"
 CPU_NOTE = "The user kernel cannot run without a GPU: the numpy reference backend runs its nodes instead."
-
-
-def add_kernel_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kernel", action="append", metavar="OP=FILE.cu", default=None, help=KERNEL_HELP)
-
-
-def add_loop_flags(parser: argparse.ArgumentParser) -> None:
-    """--sanitize and --watch, for run and check."""
-    parser.add_argument("--sanitize", action="store_true",
-                        help="run each user kernel on a small batch under compute-sanitizer (memcheck, racecheck, initcheck) first")
-    parser.add_argument("--watch", action="store_true",
-                        help="recompile, re-check and re-time the --kernel file on each save (Ctrl-C stops)")
-
-
-def add_new_command(commands) -> None:
-    new = commands.add_parser("new", help="write a starter kernel for an op type (no arguments: list the op types)")
-    new.add_argument("op", nargs="?", help=f"the op type: {', '.join(c.lower() for c in CONTRACTS)}")
-    new.add_argument("file", nargs="?", help="the .cu file to write")
-    new.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
 
 def user_sources(kernels: dict[str, str]):
     """KernelSources of the --kernel files, read now so that a missing file or entry point stops the command first."""
-    from ...user_kernels.source import KernelSource
-
     return {op_type: KernelSource(path, op_type) for op_type, path in kernels.items()}
 
 
-def cmd_new(args) -> int:
-    from ...user_kernels import starter_text
-
-    if not args.op:
-        print("Starter kernels (opplugin new OP FILE.cu):")
-        for op_type, contract in CONTRACTS.items():
-            print(f"  {op_type.lower():<6} {contract.signature}")
-        return 0
-    op_type = op_type_named(args.op)
-    if not args.file:
-        raise InputError(f"opplugin new {args.op} needs the file to write, e.g. opplugin new {args.op} my_{args.op.lower()}.cu")
-    from ...core.files import check_writable, write_atomic
-
-    target = Path(args.file)
-    if target.is_dir():
-        raise InputError(f"{args.file} is a folder; give the path of the .cu file to write")
-    if target.exists() and not args.force:
-        raise InputError(f"{args.file} exists; pass --force to overwrite it")
-    check_writable(args.file, f"opplugin new {args.op}")  # a missing, read-only or forbidden folder: one line
-    write_atomic(target, starter_text(op_type).replace("THIS_FILE.cu", target.name))
-    print(f"Wrote {args.file}: a {op_type} kernel, one thread per output. Try: opplugin check --kernel {op_type}={args.file}")
-    return 0
+def user_registry_for(kernels: dict[str, str], *, poison: bool = False):
+    """The registry with the --kernel files (by op type) in place of the built-in plugins (None
+    without any); `poison` fills their outputs with NaN before each call (check)."""
+    if not kernels:
+        return None
+    return user_registry(user_sources(kernels), poison=poison)
 
 
 def say_cpu_note(registry, device) -> None:
     """The one line run and check print when user kernels are given and there is no GPU."""
-    from ...user_kernels.plugin import UserPlugin
-
     if not device.is_cuda and any(isinstance(p, UserPlugin) for p in registry.values()):
         print(CPU_NOTE, file=sys.stderr)
 
@@ -109,17 +72,12 @@ class UserKernelUse:
 
 
 def user_plugins(registry) -> dict:
-    from ...user_kernels.plugin import UserPlugin
-
     return {op: p for op, p in (registry or {}).items() if isinstance(p, UserPlugin)}
 
 
 def compile_user_kernels(plan, registry) -> list[UserKernelUse]:
     """Compile each user kernel for each node of its op type, with NVRTC alone where there is no
     GPU (so compile errors show on any machine): what it does with each. A compile error raises."""
-    from ...gpu.nvrtc import NvrtcUnavailable
-    from ...user_kernels.compiler import Rejected
-
     users = user_plugins(registry)
     on_gpu = plan.device.is_cuda
     uses = []
@@ -147,8 +105,6 @@ def compile_user_kernels(plan, registry) -> list[UserKernelUse]:
 
 def plan_lines(plan, registry, uses: list[UserKernelUse]) -> list[str]:
     """The plan's lines about the user kernels: where they were compiled, and what each does with each node."""
-    from ...user_kernels.compiler import OFFLINE_ARCH
-
     if not uses:
         return []
     where = plan.device.name if plan.device.is_cuda else f"{OFFLINE_ARCH} with NVRTC (no GPU here: the numpy reference runs these nodes)"
@@ -165,35 +121,33 @@ def compile_without_gpu(plan, registry) -> None:
         print(f"{missing.kernel} not compiled: {missing.reason}", file=sys.stderr)
 
 
-def sanitize_kernels(args, kernels: dict[str, str]) -> None:
+# sanitize and watch are imported where they are called: only --sanitize and --watch need them
+
+
+def sanitize_kernels(model: str, kernels: dict[str, str]) -> None:
+    """--sanitize: each user kernel under compute-sanitizer, on a small batch of `model`."""
     from .sanitize import sanitize
 
     sources = list(user_sources(kernels).values())
-    sanitize(args.model, sources, say=lambda line: print(line, flush=True))
+    sanitize(model, sources, say=lambda line: print(line, flush=True))
 
 
-def watch_kernels(args, model, device, batch: int, make_runner, kernels: dict[str, str], cycles: int | None = None,
-                  say=None, inputs=None) -> int:
-    """--watch: check and time the user kernels at `batch` after every save of their files (`cycles` saves;
-    None: until Ctrl-C), on `inputs` (the user's own) or else the --data the flags name."""
-    from ...verify.check import DEFAULT_ATOL, DEFAULT_RTOL, check
-    from ...inputs.feeds import make_inputs
+def watch_kernels(tolerance: ToleranceOptions, model, device, batch: int, make_runner, kernels: dict[str, str], inputs,
+                  cycles: int | None = None, say=None) -> int:
+    """--watch: check (at `tolerance`) and time the user kernels at `batch` on `inputs` after every
+    save of their files (`cycles` saves; None: until Ctrl-C)."""
     from .watch import StepResult, watch
 
-    atol = getattr(args, "atol", DEFAULT_ATOL)  # run has no tolerance flags: check's defaults
-    rtol = getattr(args, "rtol", DEFAULT_RTOL)
-    if inputs is None:
-        inputs = make_inputs(model, batch, args.data, args.seed, pinned=device.is_cuda)
     roof = None
     if device.is_cuda:
-        from ...lab import roofline
+        from ...lab import roofline  # the lab: only --watch on a GPU needs it, so run and check start without it
 
         roof = roofline.measure()
 
     def measure() -> dict[str, StepResult]:
         runner = make_runner()
         plan = runner.describe(batch)
-        result = check(runner.run, plan, inputs.feeds, inputs.labels, atol, rtol)
+        result = check(runner.run, plan, inputs.feeds, inputs.labels, tolerance.atol, tolerance.rtol)
         profile = runner.profile(inputs.feeds, 1, 3) if device.is_cuda else None
         records = {r["step"]: r for r in result.records}
         results = {}

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ...errors import OpPluginError
+
 POLL_S = 0.3
 
 
@@ -59,8 +61,6 @@ def watch(paths: list[str], measure: Measure, say: Callable[[str], None] = print
     """Measure now, then after every change to one of `paths`; stop after `cycles` changes
     (None: until Ctrl-C). A measure that raises an opplugin error prints it and waits for
     the next save. Returns 0."""
-    from ...errors import OpPluginError
-
     last: dict[str, StepResult] | None = None
     seen = _mtimes(paths)
     done = 0

@@ -1,0 +1,195 @@
+"""`opplugin bench`: its flags, read into BenchOptions, and the front end of the lab's four benchmarks:
+each one's inputs from the options, its text, its --json file and its exit status.
+
+- the Conv suites (--suite models or cnn): lab/bench.py
+- --suite gemm: lab/gemm_bench.py
+- --e2e MODEL ...: lab/e2e.py
+- --scaling [MODEL]: lab/scaling.py
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from ..errors import DeviceError, InputError, batch_sizes
+from ..gpu import cuda
+from ..graph.model import SHIPPED_MODELS, load_model
+from ..lab import bench as conv_bench, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
+from ..lab.cnn_layers import SUITE_BATCHES
+from ..lab.trial import BENCH_REPEAT, BENCH_WARMUP
+from ..report.jsonout import json_safe
+from .file_guard import CommandFiles
+from .options import KernelOptions, TimingOptions
+from .output import write_json
+
+# the batch sizes of each benchmark without --batches
+DEFAULT_BATCHES = {"models": conv_bench.DEFAULT_BATCHES, "cnn": SUITE_BATCHES, "gemm": gemm_bench.BATCHES,
+                   "e2e": e2e_bench.DEFAULT_BATCHES, "scaling": scaling_bench.DEFAULT_BATCHES}
+
+
+def _listed(values) -> str:
+    return " ".join(map(str, values))
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """bench's options: which benchmark, on what, at which batches, and its files."""
+
+    benchmark: str  # models | cnn (the Conv suites) | gemm | e2e | scaling
+    batches: tuple[int, ...]  # --batches, or the benchmark's own
+    timing: TimingOptions
+    models: tuple[str, ...] | None = None  # --models; None: the lab's default pair
+    all_configs: bool = False
+    cuda_graphs: bool | None = None  # None: neither flag typed (the Conv suites time graphs)
+    families: tuple[str, ...] | None = None  # None: every family
+    e2e: tuple[str, ...] = ()  # the models of --e2e
+    peers: tuple[str, ...] = e2e_bench.PEERS  # with --e2e
+    scaling: str | None = None  # the model of --scaling
+    devices: tuple[str, ...] | None = None  # with --scaling: the device lists; None: 0, then 0,1, ... up to every GPU
+    kernels: tuple[str, ...] = ()  # --kernel Conv=FILE: the files the Conv suites bench beside the families
+    json: str | None = None
+    plot: str | None = None  # with --scaling
+
+    def files(self) -> CommandFiles:
+        # without --models every shipped model counts as read, whichever benchmark runs
+        models = ((self.scaling,) if self.scaling is not None else ()) + (self.models or SHIPPED_MODELS) + self.e2e
+        outputs = tuple((flag, path) for flag, path in (("--json", self.json), ("--plot", self.plot)) if path is not None)
+        return CommandFiles(outputs, tuple(models), self.kernels)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help=f"shipped model names or ONNX files (default {_listed(conv_bench.Options.models)})")
+    parser.add_argument(
+        "--suite", choices=("models", "cnn", "gemm"), default="models",
+        help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2; "
+        "gemm: the seeds' fully connected layers against cuBLAS (default %(default)s)",
+    )
+    parser.add_argument("--batches", nargs="+", metavar="N",
+                        help=f"batch sizes, space or comma separated (default {_listed(conv_bench.DEFAULT_BATCHES)}; "
+                        f"{_listed(SUITE_BATCHES)} with --suite cnn; {_listed(gemm_bench.BATCHES)} with --suite gemm; "
+                        f"{_listed(e2e_bench.DEFAULT_BATCHES)} with --e2e)")
+    TimingOptions.add(parser, warmup_help=f"untimed calls before timing (default {BENCH_WARMUP})",
+                      repeat_help=f"timed samples; the tables give medians (default {BENCH_REPEAT})")
+    parser.add_argument("--all-configs", action="store_true", help="also time every configuration each family offers")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                        help="time each Conv candidate replayed from a CUDA graph of back-to-back calls, as run launches its steps "
+                             "(default; --no-cuda-graphs times eager calls, the host's launch cost included)")
+    parser.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
+    parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    parser.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside their peers (PyTorch eager, in a CUDA graph and torch.compile; onnxruntime CUDA, with and without its CUDA graph) instead")
+    parser.add_argument("--peers", nargs="+", choices=e2e_bench.PEERS, metavar="PEER",
+                        help=f"with --e2e: time only these peers ({', '.join(e2e_bench.PEERS)}; default all); opplugin's rows always run")
+    parser.add_argument("--scaling", nargs="?", const=scaling_bench.DEFAULT_MODEL, metavar="MODEL",
+                        help=f"instead: images/s of one batch split over 1 to N devices, host to host from pinned memory, and the "
+                             f"scaling efficiency (default model {scaling_bench.DEFAULT_MODEL}, --batches {scaling_bench.DEFAULT_BATCHES[0]})")
+    parser.add_argument("--devices", nargs="+", metavar="all|0,1,...",
+                        help="with --scaling: the device lists to time, each as in run --devices, one of them a single device "
+                             "(default 0, 0,1, ... up to every GPU; 0,0 puts two runners on one GPU)")
+    parser.add_argument("--plot", metavar="FILE.png", help="with --scaling: also draw images/s and efficiency against the devices (needs matplotlib)")
+    KernelOptions.add(parser)
+
+
+def read(args: argparse.Namespace) -> BenchOptions:
+    timing = TimingOptions.from_args(args)
+    if args.cuda_graphs is not None and (args.e2e or args.scaling is not None or args.suite == "gemm"):
+        raise InputError("--cuda-graphs / --no-cuda-graphs applies to the Conv suites (--suite models or cnn): "
+                         "--e2e times opplugin both ways, --scaling and --suite gemm time eager calls")
+    if args.scaling is None and (args.devices or args.plot):
+        raise InputError(f"{'--devices' if args.devices else '--plot'} applies to bench --scaling")
+    if args.scaling is not None and args.e2e:
+        raise InputError("--scaling and --e2e are two benchmarks; give one")
+    benchmark = "scaling" if args.scaling is not None else "e2e" if args.e2e else args.suite
+    kernels = KernelOptions.from_args(args, one_per_op=False)  # the Conv suites may compare several
+    others = [op for op, _ in kernels.files if op != "Conv"]
+    if benchmark in ("models", "cnn") and others:
+        raise InputError(f"bench times Conv steps; --kernel {others[0]}=... has nothing to run here")
+    return BenchOptions(benchmark, tuple(batch_sizes(args.batches, DEFAULT_BATCHES[benchmark])), timing,
+                        models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
+                        cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
+                        e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS), scaling=args.scaling,
+                        devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot)
+
+
+def execute(options: BenchOptions) -> int:
+    """The benchmark's exit status: 0 when everything it measured was correct, 1 otherwise."""
+    if options.benchmark == "scaling":
+        return _scaling(options)
+    if options.benchmark == "e2e":
+        return _e2e(options)
+    if options.benchmark == "gemm":
+        return _gemm(options)
+    return _conv(options)
+
+
+def conv_options(options: BenchOptions) -> conv_bench.Options:
+    """The Conv suites' options from bench's."""
+    warmup, repeat = options.timing.or_defaults(BENCH_WARMUP, BENCH_REPEAT)
+    return conv_bench.Options(batches=list(options.batches), warmup=warmup, repeat=repeat, all_configs=options.all_configs,
+                              models=list(options.models or conv_bench.Options.models), suite=options.benchmark,
+                              families=list(options.families) if options.families else None, kernels=list(options.kernels),
+                              cuda_graphs=options.cuda_graphs is not False)
+
+
+def _conv(options: BenchOptions) -> int:
+    """bench --suite models | cnn: 1 when some candidate gave wrong results (it was not timed)."""
+    lab_options = conv_options(options)
+    lab_options.validate()
+
+    def write(payload: dict) -> None:
+        write_json(options.json, payload)
+
+    payload = json_safe(conv_bench.run_bench(lab_options, checkpoint=write if options.json else None))
+    print(bench_text.format_text(payload), end="")
+    if options.json:
+        write(payload)
+    wrong = conv_bench.wrong_rows(payload)
+    if wrong:
+        names = ", ".join(f"{r['name']} on {r['step']} @{r['batch']}" for r in wrong[:5])
+        print(f"opplugin: {len(wrong)} candidate(s) gave wrong results and were not timed: {names}", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+def _gemm(options: BenchOptions) -> int:
+    """bench --suite gemm: 1 when some candidate was not correct."""
+    warmup, repeat = options.timing.or_defaults(BENCH_WARMUP, BENCH_REPEAT)
+    payload = gemm_bench.run_gemm_bench(list(options.batches), warmup, repeat, options.all_configs)
+    print(gemm_bench.format_text(payload), end="")
+    if options.json:
+        write_json(options.json, payload)
+    return 1 if any(r.get("rel_error", 0) > gemm_bench.TOLERANCE for r in payload["rows"]) else 0
+
+
+def _e2e(options: BenchOptions) -> int:
+    """bench --e2e MODEL ...: 1 when some candidate that ran was not correct, or opplugin did not run."""
+    if not cuda.is_available():
+        raise DeviceError("bench --e2e needs a CUDA device, and CuPy sees none")
+    warmup, repeat = options.timing.or_defaults(BENCH_WARMUP, BENCH_REPEAT)
+
+    def write(payload: dict) -> None:
+        write_json(options.json, payload)
+
+    payload = json_safe(e2e_bench.run_e2e(list(options.e2e), list(options.batches), warmup, repeat,
+                                    checkpoint=write if options.json else None, peers=options.peers))
+    print(e2e_table.format_text(payload), end="")
+    if options.json:
+        write(payload)
+    return 1 if e2e_bench.failed(payload) else 0
+
+
+def _scaling(options: BenchOptions) -> int:
+    """bench --scaling [MODEL]: 1 when some device list's outputs disagree with onnxruntime."""
+    if options.plot:
+        scaling_text.require_plotting()
+    lists = scaling_bench.device_lists(list(options.devices) if options.devices else None)
+    model = load_model(options.scaling)
+    warmup, repeat = options.timing.or_defaults(scaling_bench.WARMUP, scaling_bench.REPEAT)
+    payload = scaling_bench.run_scaling(model, list(options.batches), lists, warmup, repeat,
+                                        say=lambda line: print(line, file=sys.stderr, flush=True))
+    print(scaling_text.format_text(payload), end="")
+    if options.json:
+        write_json(options.json, payload)
+    if options.plot:
+        scaling_text.save_plot(payload, options.plot)
+    return 1 if scaling_bench.failed(payload) else 0

@@ -1,0 +1,118 @@
+"""`opplugin check`: the swapped model compared with onnxruntime step by step; where they
+differ, each step alone, judged against float64."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..report.timing import add_devices, format_devices
+from ..runtime.multi_device import DevicesTally
+from ..verify.check import build_check_report, check, check_chunks, format_check
+from ..verify.first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
+from .file_guard import CommandFiles
+from .options import ReportOptions, ToleranceOptions
+from .output import save_outputs, write_json
+from .progress import ProgressBar
+from .workload import Workload, kernel_loops, prepare
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    workload: Workload
+    tolerance: ToleranceOptions
+    reports: ReportOptions
+
+    def files(self) -> CommandFiles:
+        return self.workload.files(self.reports.outputs())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    Workload.add(parser)
+    ToleranceOptions.add(parser)
+    ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True)
+
+
+def read(args: argparse.Namespace) -> CheckOptions:
+    return CheckOptions(Workload.from_args(args), ToleranceOptions.from_args(args), ReportOptions.from_args(args))
+
+
+def execute(options: CheckOptions) -> int:
+    """0 when the model passes, 1 when it does not."""
+    looped = kernel_loops(options.workload, options.tolerance, poison=True)
+    if looped is not None:
+        return looped
+    prepared = prepare(options.workload, poison=True)
+    runner, devices, inputs = prepared.runner, prepared.devices, prepared.inputs
+    model, batch = prepared.loaded.model, prepared.loaded.batch
+    atol, rtol, keep = options.tolerance.atol, options.tolerance.rtol, options.workload.data.keep
+    where = runner.device.name if runner.device.is_cuda else "CPU (numpy reference backend; no CUDA device)"
+    if devices:
+        where += f", split over {', '.join(devices.labels)}"
+    tally = DevicesTally(devices) if devices else None
+    run = tally.run if tally else runner.run
+    print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
+    plan = runner.describe(batch)
+    passes = check_chunks(plan, batch, chunk=options.tolerance.check_chunk)
+    if len(passes) > 1:
+        print(f"Compared in {len(passes)} passes of up to {passes[0].stop:,} images, to bound host memory")
+    print()
+    # several passes take a while: a bar on a terminal; in a log, a line per quarter once
+    # there are enough passes for the quarters to fall in different ones
+    bar = ProgressBar(sys.stderr, plain_lines=len(passes) >= 4)
+    try:
+        saved = SavedPieces(run, model.outputs, keep) if options.workload.data.save_outputs else None
+        result = check(saved.run if saved else run, plan, inputs.feeds, inputs.labels, atol, rtol, chunk=passes[0].stop, progress=bar)
+    finally:
+        bar.close()
+    if saved is not None:
+        save_outputs(options.workload.data, saved.arrays())
+    verdicts, steps_alone = None, None
+    if not result.passed:  # each step alone, judged by float64 where it differs from onnxruntime
+        verdicts = isolate_steps(runner, inputs.feeds, result, atol, rtol)
+        result = arbitrate(result, verdicts)
+        steps_alone = verdicts_as_json(verdicts, min(ISOLATION_IMAGES, batch))
+    print(format_check(result, atol, rtol, options.reports.wide))
+    split = _devices_section(tally)
+    if split:
+        print()
+        print("\n".join(format_devices(split)))
+    if verdicts is not None:
+        print()
+        print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch)))
+    if options.reports.json:
+        write_json(options.reports.json, build_check_report(result, plan, atol, rtol, inputs.source, steps_alone) | split)
+    return 0 if result.passed else 1
+
+
+def _devices_section(tally) -> dict:
+    """check --devices: each device's images and time over the passes, and the images/s of them all
+    (report.add_devices' keys); {} without --devices."""
+    if tally is None:
+        return {}
+    section = add_devices({}, tally.rows(), tally.total_ms)
+    return {key: section[key] for key in ("devices", "images_per_s", "host_to_host_ms", "batch")}
+
+
+class SavedPieces:
+    """A runner's run, for check, that also keeps the graph outputs and `keep` of each piece
+    it is given, for --save-outputs (the pieces are consecutive rows of the batch)."""
+
+    def __init__(self, run, outputs: list[str], keep: tuple[str, ...]):
+        self._run, self.keep = run, keep
+        self.names = tuple(dict.fromkeys((*outputs, *keep)))
+        self.pieces: list[dict[str, Any]] = []
+
+    def run(self, feeds, keep=(), **options):
+        result = self._run(feeds, keep=tuple(dict.fromkeys((*keep, *self.keep))), **options)
+        found = result.outputs | result.kept
+        self.pieces.append({name: found[name] for name in self.names})
+        return result
+
+    def arrays(self) -> dict[str, Any]:
+        if len(self.pieces) == 1:
+            return self.pieces[0]
+        return {name: np.concatenate([piece[name] for piece in self.pieces]) for name in self.names}

@@ -1,0 +1,280 @@
+"""The argument groups the commands share, after Polygraphy's: each group is a frozen
+dataclass that adds its flags to a command's parser (`add`) and reads them back from
+the parsed flags with every value checked (`from_args`), so a flag is declared, read and
+checked in one place. A command's options are these groups and its own flags (run.py,
+check.py, plan.py, tune.py; bench.py takes timing and kernels, and has flags of its own),
+and nothing past the command line sees argparse's Namespace.
+
+A group that a command takes only in part (plan has no data files, tune no --input-shape)
+gives the flags it leaves out their defaults, so that `from_args` reads every command alike.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+
+from ..errors import InputError, positive_int
+from ..graph.model import DYNAMIC_BATCH_CPU, DYNAMIC_BATCH_GPU, SHIPPED_BATCH, SHIPPED_MODELS
+from ..inputs.user_data import ImageOptions, parse_input_shapes, parse_pair
+from ..runtime.runner import DEFAULT_STREAMS
+from ..user_kernels.flags import parse_kernels
+from ..verify.check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL
+
+DEFAULT_MODEL = "lenet86"
+# the batch a command runs without --batch (graph.model.choose_batch), for the flag's help
+DEFAULT_BATCH = (f"the model's own fixed batch; {SHIPPED_BATCH} for the shipped models; "
+                 f"else {DYNAMIC_BATCH_GPU} on a GPU, {DYNAMIC_BATCH_CPU} on the CPU")
+KERNEL_HELP = "run your own kernel source for an op type, e.g. --kernel Conv=my_conv.cu (opplugin new conv my_conv.cu writes a starter)"
+
+Outputs = tuple[tuple[str, str], ...]  # (flag, path) of each file a command writes
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model, the batch it runs and its free dimensions: MODEL, --batch, --input-shape."""
+
+    model: str = DEFAULT_MODEL  # an ONNX file or a shipped model's name
+    batch: int | None = None  # None: the model's own fixed batch, else graph.model.choose_batch's default
+    input_shapes: dict[str, list[int | None]] = field(default_factory=dict)  # --input-shape, by input name
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser, batch_help: str, *, input_shape: bool = True) -> None:
+        parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                            help=f"ONNX file, or a shipped model: {', '.join(SHIPPED_MODELS)} (default %(default)s)")
+        parser.add_argument("--batch", type=int, help=batch_help)
+        if not input_shape:
+            parser.set_defaults(input_shape=None)
+            return
+        parser.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
+                            help="fix an input's free dimensions, e.g. input:Nx3x224x224 (N leaves the batch free; a number fixes it)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ModelOptions:
+        if args.batch is not None:
+            positive_int(args.batch, "--batch")
+        return cls(args.model, args.batch, parse_input_shapes(args.input_shape))
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Where plugin steps run and how the runner runs them: --device, --variant, --chunk,
+    --streams, --cuda-graphs, and on run and check --devices."""
+
+    device: str = "auto"  # auto: the GPU when there is one
+    variant: str | None = None  # the Conv variant; None: the fastest on this GPU
+    chunk: int | None = None  # None: from free device memory
+    streams: int | None = None  # None: the runner's default
+    cuda_graphs: bool | None = None  # None: neither flag typed (graphs where there is a GPU); True: --cuda-graphs
+    devices: str | None = None  # --devices as typed: made into device slots as the command starts (it asks CUDA)
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser, *, devices: bool = False) -> None:
+        parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
+        parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
+        parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
+        parser.add_argument("--streams", type=int, help=f"chunks in flight at once on a GPU (default {DEFAULT_STREAMS})")
+        parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                            help="replay each run of plugin steps as one CUDA graph after the first pass: less host time per step, "
+                                 "each step still timed (default on a GPU; --no-cuda-graphs runs every step eagerly)")
+        if not devices:
+            parser.set_defaults(devices=None)
+            return
+        parser.add_argument("--devices", metavar="all|0,1,...",
+                            help="split the batch in order over these CUDA devices, a runner on each, all at once "
+                                 "(all: every GPU; an id may repeat); the report gains a row per device")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunnerOptions:
+        for value, flag in ((args.chunk, "--chunk"), (args.streams, "--streams")):
+            if value is not None:
+                positive_int(value, flag)
+        if args.devices is not None and args.device == "cpu":
+            raise InputError("--devices splits the batch over CUDA devices; leave out --device cpu")
+        return cls(args.device, args.variant, args.chunk, args.streams, args.cuda_graphs, args.devices)
+
+    @property
+    def variants(self) -> dict[str, str] | None:
+        """--variant as the runner takes it."""
+        return {"Conv": self.variant} if self.variant else None
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """What a run is fed and what it keeps: --data and --seed (the bundled test set or random
+    data), or the user's own inputs (--load-inputs, or --images with --resize, --mean and
+    --std); --save-outputs with --keep."""
+
+    source: str = "auto"  # --data: auto | fashion-mnist | random
+    seed: int = 0
+    load_inputs: str | None = None
+    images: str | None = None  # a folder
+    resize: str | None = None  # H,W as typed (checked here); the images' loader reads it, --mean and --std
+    mean: str | None = None
+    std: str | None = None
+    save_outputs: str | None = None
+    keep: tuple[str, ...] = ()
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser, *, own_files: bool = True) -> None:
+        parser.add_argument("--data", default="auto", help="auto | fashion-mnist | random (auto: the bundled test set for shipped models)")
+        parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default %(default)s)")
+        if not own_files:
+            parser.set_defaults(load_inputs=None, images=None, resize=None, mean=None, std=None, save_outputs=None, keep=None)
+            return
+        parser.add_argument("--load-inputs", metavar="FILE", help="inputs from a .npz file (an array per input name) or a .npy file (one-input models)")
+        parser.add_argument("--images", metavar="FOLDER", help="inputs from the PNG and JPEG files of a folder, in name order (needs Pillow)")
+        parser.add_argument("--resize", metavar="H,W", help="with --images: resize each image to H x W (default: the model's input size)")
+        parser.add_argument("--mean", metavar="M[,M,M]", help="with --images: subtracted per channel after scaling pixels to [0, 1] (default 0)")
+        parser.add_argument("--std", metavar="S[,S,S]", help="with --images: divided per channel after the mean (default 1)")
+        parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the graph's outputs (and --keep tensors) to a .npz file")
+        parser.add_argument("--keep", action="append", metavar="TENSOR", help="with --save-outputs: also save this tensor (one that leaves a step)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DataOptions:
+        given = [flag for value, flag in ((args.load_inputs, "--load-inputs"), (args.images, "--images")) if value]
+        if args.data != "auto":
+            given.append(f"--data {args.data}")
+        if len(given) > 1:
+            raise InputError(f"{' and '.join(given)} both say where the inputs come from; give one")
+        image_flags = [flag for value, flag in ((args.resize, "--resize"), (args.mean, "--mean"), (args.std, "--std")) if value]
+        if image_flags and not args.images:
+            raise InputError(f"{', '.join(image_flags)} apply to --images FOLDER")
+        if args.keep and not args.save_outputs:
+            raise InputError("--keep names tensors for --save-outputs FILE.npz; give that file too")
+        parse_pair(args.resize, "--resize")  # --mean and --std are checked against the images' channels, once they are read
+        return cls(args.data, args.seed, args.load_inputs, args.images, args.resize, args.mean, args.std,
+                   args.save_outputs, tuple(args.keep or ()))
+
+    def image_options(self) -> ImageOptions:
+        return ImageOptions(self.images, self.resize, self.mean, self.std)
+
+    def outputs(self) -> Outputs:
+        return (("--save-outputs", self.save_outputs),) if self.save_outputs else ()
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """--warmup untimed passes, then --repeat timed ones; None where a flag is not given:
+    the command's default."""
+
+    warmup: int | None = None
+    repeat: int | None = None
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser, *, warmup_help: str, repeat_help: str) -> None:
+        parser.add_argument("--warmup", type=int, help=warmup_help)
+        parser.add_argument("--repeat", type=int, help=repeat_help)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TimingOptions:
+        if args.repeat is not None:
+            positive_int(args.repeat, "--repeat")
+        if args.warmup is not None:
+            positive_int(args.warmup, "--warmup", allow_zero=True)
+        return cls(args.warmup, args.repeat)
+
+    def or_defaults(self, warmup: int, repeat: int) -> tuple[int, int]:
+        """(warmup, repeat): each flag's value, or the default given for it."""
+        return (warmup if self.warmup is None else self.warmup, repeat if self.repeat is None else self.repeat)
+
+
+@dataclass(frozen=True)
+class ToleranceOptions:
+    """check's pass rule and the images it compares at a time: --atol, --rtol, --check-chunk.
+    (run --watch holds a user kernel to the defaults.)"""
+
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+    check_chunk: int | None = None  # None: as many images as fit in DEFAULT_CHECK_BYTES of host memory
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
+        parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
+        parser.add_argument("--check-chunk", type=int, metavar="N",
+                            help=f"images compared with onnxruntime at a time (default: as many as fit in {DEFAULT_CHECK_BYTES >> 30} GiB of host memory)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ToleranceOptions:
+        if args.check_chunk is not None:
+            positive_int(args.check_chunk, "--check-chunk")
+        for value, flag in ((args.atol, "--atol"), (args.rtol, "--rtol")):
+            if not (math.isfinite(value) and value >= 0):
+                raise InputError(f"{flag} must be a finite number of at least 0, got {value:g}")
+        return cls(args.atol, args.rtol, args.check_chunk)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """How a command gives its report: the width of its text (--wide) and the files it
+    writes (--json; on run --csv and --trace too). `-` is standard output for --json and --csv."""
+
+    wide: bool = False
+    json: str | None = None
+    csv: str | None = None
+    trace: str | None = None
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser, json_help: str, *, wide: bool = False, csv_and_trace: bool = False) -> None:
+        if wide:
+            parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
+        else:
+            parser.set_defaults(wide=False)
+        parser.add_argument("--json", metavar="FILE", help=json_help)
+        if not csv_and_trace:
+            parser.set_defaults(csv=None, trace=None)
+            return
+        parser.add_argument("--csv", metavar="FILE", help="also write the step table as CSV (- for standard output)")
+        parser.add_argument("--trace", metavar="FILE",
+                            help="also write the last timed run's timeline as a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ReportOptions:
+        return cls(args.wide, args.json, args.csv, args.trace)
+
+    def outputs(self) -> Outputs:
+        named = (("--json", self.json), ("--csv", self.csv), ("--trace", self.trace))
+        return tuple((flag, path) for flag, path in named if path is not None)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """The user's kernel sources: --kernel OP=FILE.cu on every command that runs kernels;
+    --sanitize and --watch on run and check."""
+
+    files: tuple[tuple[str, str], ...] = ()  # (op type, path) of each --kernel, in the order given
+    sanitize: bool = False
+    watch: bool = False
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser, *, loops: bool = False) -> None:
+        parser.add_argument("--kernel", action="append", metavar="OP=FILE.cu", default=None, help=KERNEL_HELP)
+        if not loops:
+            parser.set_defaults(sanitize=False, watch=False)
+            return
+        parser.add_argument("--sanitize", action="store_true",
+                            help="run each user kernel on a small batch under compute-sanitizer (memcheck, racecheck, initcheck) first")
+        parser.add_argument("--watch", action="store_true",
+                            help="recompile, re-check and re-time the --kernel file on each save (Ctrl-C stops)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, one_per_op: bool = True) -> KernelOptions:
+        """`one_per_op`: a second file for one op type is refused (bench compares several)."""
+        values = args.kernel or []
+        if one_per_op:
+            files = tuple(parse_kernels(values).items())
+        else:
+            files = tuple(item for value in values for item in parse_kernels([value]).items())
+        if (args.sanitize or args.watch) and not files:
+            raise InputError("--sanitize and --watch need --kernel OP=FILE.cu")
+        return cls(files, args.sanitize, args.watch)
+
+    @property
+    def by_op(self) -> dict[str, str]:
+        """{"Conv": "my_conv.cu"}: the files by op type, as the runner and the tuner take them."""
+        return dict(self.files)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(path for _, path in self.files)

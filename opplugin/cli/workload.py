@@ -1,0 +1,132 @@
+"""What run and check share: their options for the model, the runner, the data and the
+user's kernels (a Workload), and the set-up before their own work: --sanitize and --watch
+(kernel_loops), then the model loaded, its runner or a runner per --devices slot, and the
+inputs (prepare)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from ..errors import InputError
+from ..inputs.feeds import Inputs, make_inputs
+from ..runtime import Runner
+from ..runtime.multi_device import DeviceRunners, cuda_slots
+from .file_guard import CommandFiles
+from .kernel_tools.cli_support import compile_without_gpu, sanitize_kernels, say_cpu_note, user_registry_for, watch_kernels
+from .loading import Loaded, load
+from .options import DEFAULT_BATCH, DataOptions, KernelOptions, ModelOptions, Outputs, RunnerOptions, ToleranceOptions
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The options run and check both take: the model, the runner's settings, the data and
+    the user's kernels."""
+
+    model: ModelOptions
+    runner: RunnerOptions
+    data: DataOptions
+    kernels: KernelOptions
+
+    @staticmethod
+    def add(parser: argparse.ArgumentParser) -> None:
+        ModelOptions.add(parser, f"images per run (default: {DEFAULT_BATCH})")
+        RunnerOptions.add(parser, devices=True)
+        DataOptions.add(parser)
+        KernelOptions.add(parser, loops=True)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, single_device: Sequence[str] = ()) -> Workload:
+        """`single_device`: the command's own flags given that follow one device, as --sanitize
+        and --watch do (run's --trace): with --devices, an InputError names them."""
+        workload = cls(ModelOptions.from_args(args), RunnerOptions.from_args(args), DataOptions.from_args(args),
+                       KernelOptions.from_args(args))
+        kernels = workload.kernels
+        alone = [*single_device, *(flag for flag, given in (("--sanitize", kernels.sanitize), ("--watch", kernels.watch)) if given)]
+        if workload.runner.devices is not None and alone:
+            raise InputError(f"{' and '.join(alone)} follow{'s' if len(alone) == 1 else ''} a single device; leave out --devices")
+        return workload
+
+    def files(self, reports: Outputs) -> CommandFiles:
+        """The files the command reads, and those it writes: `reports`, then --save-outputs."""
+        return CommandFiles(reports + self.data.outputs(), (self.model.model,), self.kernels.paths,
+                            self.data.load_inputs, self.data.images)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What run and check work on: the loaded model, its runner (with --devices, the first
+    device's), the runners of --devices (None without it) and the inputs."""
+
+    loaded: Loaded
+    runner: Runner
+    devices: DeviceRunners | None
+    inputs: Inputs
+
+
+def kernel_loops(workload: Workload, tolerance: ToleranceOptions, *, poison: bool) -> int | None:
+    """--sanitize runs first; --watch takes the place of the command's single pass: its exit
+    status (None: go on with the command)."""
+    kernels = workload.kernels
+    if kernels.sanitize:
+        sanitize_kernels(workload.model.model, kernels.by_op)
+    if not kernels.watch:
+        return None
+    return watch(workload, tolerance, poison=poison)
+
+
+def watch(workload: Workload, tolerance: ToleranceOptions, *, poison: bool, cycles: int | None = None, say=None) -> int:
+    """--watch on the workload's model, batch and inputs (`cycles` saves of the kernel files; None: until Ctrl-C)."""
+    loaded = _load(workload)
+    inputs = _inputs(workload.data, loaded, pinned=loaded.device.is_cuda)
+    return watch_kernels(tolerance, loaded.model, loaded.device, loaded.batch, lambda: make_runner(workload, loaded, poison=poison),
+                         workload.kernels.by_op, inputs, cycles=cycles, say=say)
+
+
+def prepare(workload: Workload, *, poison: bool) -> Prepared:
+    """The model loaded, a runner (or one per --devices slot, each for its share of the batch) and
+    the inputs; `poison` fills the user kernels' outputs with NaN before each call (check)."""
+    slots = device_slots(workload.runner)
+    loaded = _load(workload)
+    devices = _make_devices(workload, loaded, slots, poison=poison) if slots else None
+    runner = devices.runners[0] if devices else make_runner(workload, loaded, poison=poison)
+    # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
+    inputs = _inputs(workload.data, loaded, pinned=runner.device.is_cuda)
+    runner.check_keep(workload.data.keep, "--keep")  # before the run starts
+    return Prepared(loaded, runner, devices, inputs)
+
+
+def _load(workload: Workload) -> Loaded:
+    return load(workload.model, workload.runner.device, cuda_graphs=workload.runner.cuda_graphs, data=workload.data)
+
+
+def device_slots(runner: RunnerOptions):
+    """--devices as the device slots of a split run; None without it (the single-runner path)."""
+    return None if runner.devices is None else cuda_slots(runner.devices)
+
+
+def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> Runner:
+    """A runner of a loaded model, with the flags' variant, chunk, streams and kernels; without a
+    GPU the --kernel sources are compiled all the same (NVRTC alone), so their errors show here too."""
+    settings = workload.runner
+    registry = user_registry_for(workload.kernels.by_op, poison=poison)
+    runner = Runner(loaded.model, loaded.batch, loaded.device, settings.variants, registry, chunk=settings.chunk,
+                    streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False)
+    if registry is not None and not runner.device.is_cuda:
+        compile_without_gpu(runner.plan, registry)
+        say_cpu_note(registry, runner.device)
+    return runner
+
+
+def _make_devices(workload: Workload, loaded: Loaded, slots, *, poison: bool) -> DeviceRunners:
+    """A runner per --devices slot, each of the flags' kind, built on its own device for its share of the batch."""
+    return DeviceRunners(loaded.model, slots,
+                         lambda slot, share: make_runner(workload, replace(loaded, device=slot.device(), batch=share), poison=poison),
+                         loaded.batch)
+
+
+def _inputs(data: DataOptions, loaded: Loaded, pinned: bool) -> Inputs:
+    """The run's feeds: the user's own, else the bundled test set or random data (--data)."""
+    if loaded.feeds is not None:
+        return Inputs(loaded.feeds, None, loaded.source, pinned)
+    return make_inputs(loaded.model, loaded.batch, data.source, data.seed, pinned=pinned)

@@ -1,0 +1,68 @@
+"""bench's flags read into BenchOptions, and the lab's options made from them."""
+import pytest
+
+from opplugin.cli.bench import BenchOptions, conv_options, read
+from opplugin.cli.commands import build_parser
+from opplugin.errors import InputError
+from opplugin.graph.model import SHIPPED_MODELS
+
+
+def bench_options(*argv: str) -> BenchOptions:
+    return read(build_parser(["bench"]).parse_args(["bench", *argv]))
+
+
+def test_bench_options_from_the_command_line():
+    options = conv_options(bench_options("--batches", "100,1000", "10000", "--warmup", "1", "--repeat", "5", "--all-configs",
+                                         "--models", "lenet86", "--json", "x.json"))
+    assert list(options.batches) == [100, 1000, 10000] and options.warmup == 1 and options.repeat == 5
+    assert options.all_configs and list(options.models) == ["lenet86"]
+    defaults = conv_options(bench_options())
+    assert list(defaults.batches) == [100, 1000, 10000] and defaults.warmup == 3 and defaults.repeat == 20
+    assert list(defaults.models) == ["lenet86", "ece408_high"] and not defaults.all_configs
+    assert defaults.cuda_graphs and not conv_options(bench_options("--no-cuda-graphs")).cuda_graphs
+
+
+@pytest.mark.parametrize("argv, benchmark, batches", [
+    ([], "models", (100, 1000, 10000)),
+    (["--suite", "cnn"], "cnn", (1, 32)),
+    (["--suite", "gemm"], "gemm", (1, 16, 10000)),
+    (["--e2e", "m.onnx"], "e2e", (1, 32)),
+    (["--suite", "cnn", "--e2e", "m.onnx"], "e2e", (1, 32)),  # --e2e is a benchmark of its own
+    (["--scaling"], "scaling", (200_000,)),
+    (["--scaling", "--batches", "9"], "scaling", (9,)),
+])
+def test_each_benchmark_has_its_default_batches(argv, benchmark, batches):
+    options = bench_options(*argv)
+    assert options.benchmark == benchmark and options.batches == batches
+
+
+def test_scaling_names_its_model_and_the_e2e_peers_default_to_all():
+    assert bench_options("--scaling").scaling == "lenet86" and bench_options("--scaling", "m.onnx").scaling == "m.onnx"
+    assert bench_options("--e2e", "m.onnx").peers == ("pytorch_eager", "pytorch_graph", "torch_compile_graph", "onnxruntime_cuda",
+                                                      "onnxruntime_cuda_graph")
+    assert bench_options("--e2e", "m.onnx", "--peers", "pytorch_eager").peers == ("pytorch_eager",)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batches", "1k"], "--batches must be positive integers, got 1k"),
+    (["--repeat", "0", "--warmup", "-1"], "--repeat must be a positive integer, got 0"),
+    (["--suite", "gemm", "--cuda-graphs"], "--cuda-graphs / --no-cuda-graphs applies to the Conv suites"),
+    (["--plot", "s.png"], "--plot applies to bench --scaling"),
+    (["--scaling", "--e2e", "m.onnx"], "--scaling and --e2e are two benchmarks; give one"),
+    (["--kernel", "Conv=a.cu", "--kernel", "nonsense"], "--kernel takes OP=FILE.cu"),
+])
+def test_bad_bench_flags_are_refused_as_they_are_read(argv, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(")):
+        bench_options(*argv)
+
+
+def test_the_conv_suites_compare_several_kernel_files():
+    options = bench_options("--kernel", "Conv=a.cu", "--kernel", "conv=b.cu")
+    assert options.kernels == ("a.cu", "b.cu") and list(conv_options(options).kernels) == ["a.cu", "b.cu"]
+
+
+def test_the_files_bench_reads_and_writes():
+    files = bench_options("--json", "b.json").files()
+    assert files.outputs == (("--json", "b.json"),) and files.models == tuple(SHIPPED_MODELS)
+    files = bench_options("--scaling", "m.onnx", "--plot", "s.png", "--models", "lenet86").files()
+    assert files.outputs == (("--plot", "s.png"),) and files.models == ("m.onnx", "lenet86")

@@ -16,7 +16,7 @@ from .lanes import Lane
 from .timeline import Timeline
 
 
-class RunTimings:
+class DeferredTimings:
     """Per event set, the timeline of the last run timed with it, whose spans may still be unread."""
 
     def __init__(self, on_gpu: bool):

@@ -44,7 +44,7 @@ from .plan_record import record_plan
 from .lanes import Chains, CudaLane, HostLane, Lane
 from .prebuild import build_all, runtime_jobs
 from .records import PlanRecord, Profile, RunResult, RunTiming
-from .deferred_timings import RunTimings
+from .deferred_timings import DeferredTimings
 
 # Streams working on chunks at once: one uploading, one computing, one downloading.
 DEFAULT_STREAMS = 3
@@ -128,7 +128,7 @@ class Runner:
                                      InPlace(self.plan, self.layout, self.buffers, self.device.is_cuda))
         self._chains = Chains() if self.device.is_cuda else None
         self.scheduler = ChunkScheduler(self._lanes())
-        self._timings = RunTimings(self.device.is_cuda)
+        self._timings = DeferredTimings(self.device.is_cuda)
 
     # --- set-up -------------------------------------------------------------------------
 

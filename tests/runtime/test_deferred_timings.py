@@ -3,7 +3,7 @@ waits for the device, or when asked: never after their events are recorded again
 from opplugin.inputs.feeds import make_inputs
 from opplugin.graph.model import load_model
 from opplugin.runtime import Runner
-from opplugin.runtime.deferred_timings import RunTimings
+from opplugin.runtime.deferred_timings import DeferredTimings
 
 
 class _Lane:
@@ -19,7 +19,7 @@ def _timed(timeline, name):
 
 
 def test_runs_take_turns_between_the_two_event_sets_and_each_reads_the_run_before():
-    timings, lane = RunTimings(on_gpu=False), _Lane()
+    timings, lane = DeferredTimings(on_gpu=False), _Lane()
     first, read_before_first = timings.start([lane])
     assert read_before_first is None  # nothing ran before
     _timed(first, "a")
@@ -33,7 +33,7 @@ def test_runs_take_turns_between_the_two_event_sets_and_each_reads_the_run_befor
 
 
 def test_a_run_whose_successor_read_nothing_is_read_before_its_events_are_recorded_again():
-    timings, lane = RunTimings(on_gpu=False), _Lane()
+    timings, lane = DeferredTimings(on_gpu=False), _Lane()
     first, _ = timings.start([lane])
     _timed(first, "a")
     timings.start([lane])  # this run failed before its lanes waited (say, out of memory): nothing read

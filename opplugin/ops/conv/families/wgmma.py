@@ -139,6 +139,9 @@ class WgmmaGemm(PipelinedGemm):
             units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
         return units + [CompileUnit("conv_wgmma.cu", "conv_split_channel_last", defines, arch_specific=True)]
 
+    def module_constants(self, spec, config, weights):
+        return None  # conv_wgmma.cu declares no tap table: its modules take no constants
+
     def build(self, spec, config, weights, epilogue=NONE):
         functions = self.load(spec, config, weights, epilogue)
         return WgmmaGemmKernel(spec, config, functions, epilogue, weights)

@@ -32,7 +32,7 @@ def test_a_registered_plugin_takes_its_nodes(clean_registry, tiny_model_path):
     swapped = [s.name for s in runner.plan.steps if isinstance(s, PluginStep)]
     # the user's Relu stops the Conv > Relu > MaxPool fusion; the MaxPool then runs as the built-in pool plugin's step
     assert swapped == ["conv1", "relu1", "pool1", "conv2", "relu2", "flatten", "fc"]
-    assert {s.name: s.implementation for s in runner.describe().steps}["relu1"] == "relu.example"
+    assert {s.name: s.implementation for s in runner.plan_record().steps}["relu1"] == "relu.example"
     x = np.random.default_rng(2).standard_normal((3, 3, 12, 12)).astype(np.float32)
     expected = ort.InferenceSession(tiny_model_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], expected, rtol=1e-5, atol=1e-6)

@@ -20,7 +20,7 @@ def test_shipped_model_on_all_test_images_matches_onnxruntime(name):
     assert runner.device.is_cuda
     assert all(step.kind == "plugin" for step in runner.plan.steps)  # Conv, the Flatten view and the Gemms
     assert all(k.name.split(".")[0] in ("conv", "view", "gemm") and ".reference" not in k.name for k in runner.kernels.values())
-    result = check(runner.run, runner.describe(10000), inputs.feeds, inputs.labels)
+    result = check(runner.run, runner.plan_record(10000), inputs.feeds, inputs.labels)
     failing = [r for r in result.records if not r["passed"]]
     assert not failing, failing
     assert result.top1_agreement == 1.0
@@ -39,7 +39,7 @@ def test_every_variant_runs_the_tiny_model(variant, tiny_model_path):
     model = load_model(tiny_model_path)
     runner = Runner(model, 9, "cuda", variants={"Conv": variant})
     feeds = {"x": np.random.default_rng(11).uniform(-1, 1, (9, 3, 12, 12)).astype(np.float32)}
-    result = check(runner.run, runner.describe(9), feeds)
+    result = check(runner.run, runner.plan_record(9), feeds)
     assert result.passed, result.records
     assert all(variant in runner.kernels[s.name].name for s in runner.plan.plugin_steps if s.node.op_type == "Conv")
 

@@ -206,7 +206,7 @@ def main() -> None:
     pageable = make_inputs(model, 10000)
     pinned = make_inputs(model, 10000, pinned=True)
     default = Runner(model, 10000, "cuda")
-    plan = default.describe(10000)
+    plan = default.plan_record(10000)
 
     def agrees(result) -> bool:
         return agreement(plan, pageable.feeds, result.outputs["probabilities"])["passed"]
@@ -218,7 +218,7 @@ def main() -> None:
 
     registry = all_gpu_registry()
     gpu = Runner(model, 10000, "cuda", registry=registry)
-    report["all_gpu_plan"] = [f"{s.name}: {' > '.join(s.ops)} ({s.implementation})" for s in gpu.describe().steps]
+    report["all_gpu_plan"] = [f"{s.name}: {' > '.join(s.ops)} ({s.implementation})" for s in gpu.plan_record().steps]
     auto_chunk = gpu.chunk
     runs = {}
     for chunk in (auto_chunk, 10000, 1134):

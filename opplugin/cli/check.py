@@ -55,7 +55,7 @@ def execute(options: CheckOptions) -> int:
     tally = DevicesTally(devices) if devices else None
     run = tally.run if tally else runner.run
     print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
-    plan = runner.describe(batch)
+    plan = runner.plan_record(batch)
     passes = check_chunks(plan, batch, chunk=options.tolerance.check_chunk)
     if len(passes) > 1:
         print(f"Compared in {len(passes)} passes of up to {passes[0].stop:,} images, to bound host memory")

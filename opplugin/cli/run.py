@@ -80,7 +80,7 @@ def execute(options: RunOptions) -> int:
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if options.compare:
-        extra["agreement"] = agreement(runner.describe(batch) if devices else profile.plan, inputs.feeds, ours)
+        extra["agreement"] = agreement(runner.plan_record(batch) if devices else profile.plan, inputs.feeds, ours)
 
     result = reports.build_report(profile, warmup, extra)
     if devices:

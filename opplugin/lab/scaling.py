@@ -115,7 +115,7 @@ def _compare(model: Model, devices: DeviceRunners, feeds: dict[str, np.ndarray],
     rows = sample_rows(batch, shares)
     batched = devices.layout.batched_inputs
     piece = {name: (value[rows] if name in batched else value) for name, value in feeds.items()}
-    found = agreement(devices.runners[0].describe(len(rows)), piece, outputs[model.outputs[0]][rows])
+    found = agreement(devices.runners[0].plan_record(len(rows)), piece, outputs[model.outputs[0]][rows])
     return {"compared_rows": len(rows), "agrees": found["passed"], "max_abs_error": found["max_abs_error"], "rel_l2": found["rel_l2"]}
 
 

@@ -86,7 +86,7 @@ def format_plan(plan: PlanRecord, wide: bool = False) -> str:
     line_width, name_width = (None, None) if wide else (LINE_WIDTH, PLAN_NAME_WIDTH)
     lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
     if plan.model.simplification.changed:
-        lines[1:1] = [elide_middle(f"Simplified at load: {plan.model.simplification.describe()}", line_width)]
+        lines[1:1] = [elide_middle(f"Simplified at load: {plan.model.simplification.summary()}", line_width)]
     names = {step.name: elide_middle(step.name, name_width) for step in plan.steps}
     width = max(len(name) for name in names.values())
     for number, step in enumerate(plan.steps, 1):

@@ -288,7 +288,7 @@ class DeviceRunners:
                 if ran is None:
                     continue
                 if found.profiles[index] is None:
-                    found.profiles[index] = Profile(self.runners[index].describe(piece.stop - piece.start), ran)
+                    found.profiles[index] = Profile(self.runners[index].plan_record(piece.stop - piece.start), ran)
                 found.profiles[index].add(ran)
             found.total_ms.append(result.total_ms)
             found.spans_ms.append(result.spans_ms)

@@ -77,7 +77,7 @@ class Runner:
     eagerly, and `graph_failures()` (and each RunResult) says why.
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
-    and `describe(batch)` the plan as a PlanRecord: what report/timing.py and
+    and `plan_record(batch)` the plan as a PlanRecord: what report/timing.py and
     verify/check.py read.
     """
 
@@ -226,7 +226,7 @@ class Runner:
 
     # --- what it runs, as records ---------------------------------------------------------
 
-    def describe(self, batch: int | None = None) -> PlanRecord:
+    def plan_record(self, batch: int | None = None) -> PlanRecord:
         """The plan as plain data at `batch` (default: the runner's): each step's ops,
         implementation, tensors and cost, and the shape of every tensor crossing a step."""
         batch = self.batch if batch is None else positive_int(batch, "batch")
@@ -418,6 +418,6 @@ class Runner:
             if number < warmup:
                 continue
             if profile is None:
-                profile = Profile(self.describe(batch), result)
+                profile = Profile(self.plan_record(batch), result)
             profile.add(result, wall)
         return profile

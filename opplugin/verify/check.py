@@ -314,7 +314,7 @@ def _rows_of(plan: PlanRecord, feeds: dict[str, np.ndarray]) -> int:
     rows = len(feeds[batched[0]]) if batched else plan.batch
     if rows != plan.batch:
         raise InputError(f"the feeds hold {rows} images but the plan record is for batch {plan.batch}; "
-                         f"describe the runner at the feeds' batch")
+                         f"take the runner's plan_record at the feeds' batch")
     return rows
 
 
@@ -332,7 +332,7 @@ def check(
 ) -> CheckResult:
     """Compare every plugin step's output and the model's outputs with onnxruntime's, in check
     chunks (see check_chunks) so that host memory stays near `budget_bytes` at any batch.
-    `run` is the runner's run(feeds, keep=...) and `plan` its describe() at the feeds' batch.
+    `run` is the runner's run(feeds, keep=...) and `plan` its plan_record() at the feeds' batch.
     `progress(label, images_done, images)` is called after each chunk when there are several."""
     batch = _rows_of(plan, feeds)
     model = plan.model

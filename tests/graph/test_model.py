@@ -241,3 +241,17 @@ def test_planning_never_copies_or_serialises_the_weights(tmp_path, monkeypatch):
     # the file's model is checked once as loaded; every later call gets the skeleton
     assert len(seen) > 1 and seen[0] > weights and max(seen[1:]) < weights / 4 and not whole
     assert model.proto.graph.initializer and whole  # made when asked for
+
+
+def test_loading_a_model_imports_no_op_plan_or_runtime_module():
+    """The graph layer stands alone: loading (and simplifying) a model needs none of the layers above it.
+    A fresh interpreter, so that no other test's imports count."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import opplugin.graph.model as model\n"
+            "model.load_model('lenet86')\n"
+            "print(sorted(n for n in sys.modules if n.startswith(('opplugin.ops', 'opplugin.runtime', 'opplugin.plan'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

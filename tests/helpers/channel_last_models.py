@@ -1,12 +1,15 @@
 """Small channel-last graphs (Transpose > ... > Transpose, as ConvNeXt is exported), built with
-onnx.helper, for the layout sink's CPU and GPU tests."""
+onnx.helper, for the layout sink's CPU and GPU tests, and what they are compared by."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from opplugin.ort.sessions import session
 
 TO_LAST, TO_FIRST = [0, 2, 3, 1], [0, 3, 1, 2]
 
@@ -115,3 +118,14 @@ def layernorm_over_two_axes(channels: int = 4, size: int = 5, seed: int = 3) -> 
     normed = b.node("LayerNormalization", [b.node("Transpose", ["x"], "to_last", perm=TO_LAST), scale, bias], "ln", axis=-2)
     b.node("Transpose", [normed], "y", perm=TO_FIRST)
     return b.model({"y": ["N", channels, size, size]}, channels, size)
+
+
+def outputs_of(model: onnx.ModelProto, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The model's outputs by name, onnxruntime running it on `x`."""
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, session(model).run(names, {"x": x})))
+
+
+def ops(model: onnx.ModelProto) -> Counter:
+    """How many nodes of each op type the model has."""
+    return Counter(n.op_type for n in model.graph.node)

@@ -220,3 +220,8 @@ def se_block(channels: int, squeezed: int, size: int, rng) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, size, size])],
         weights("squeeze", squeezed, channels) + weights("excite", channels, squeezed))
     return finish(graph)
+
+
+def x_feeds(shape, seed: int = 3) -> dict[str, np.ndarray]:
+    """Feeds for the builders' single input "x": uniform in [-1, 1], float32."""
+    return {"x": np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)}

@@ -66,7 +66,7 @@ def test_an_onnxruntime_step_read_by_a_fused_follower_passes_check(build, tmp_pa
     assert fused[0].inputs[-1] in written  # the residual is written by a step before it
     assert all(step.outputs for step in ort_steps)
     feeds = {"x": np.random.default_rng(2).uniform(-1, 1, (3, 4, 6, 6)).astype(np.float32)}
-    result = check(runner.run, runner.describe(3), feeds)
+    result = check(runner.run, runner.plan_record(3), feeds)
     assert result.passed, result.records
 
 
@@ -85,5 +85,5 @@ def test_with_the_layout_plugins_the_same_models_run_without_onnxruntime_steps_a
     runner = Runner(load_model(save(build(), tmp_path / "m.onnx")), 3, "cpu")
     assert not [s for s in runner.plan.steps if isinstance(s, OrtStep)], [s.ops for s in runner.plan.steps]
     feeds = {"x": np.random.default_rng(2).uniform(-1, 1, (3, 4, 6, 6)).astype(np.float32)}
-    result = check(runner.run, runner.describe(3), feeds)
+    result = check(runner.run, runner.plan_record(3), feeds)
     assert result.passed, result.records

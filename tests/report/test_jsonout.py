@@ -76,7 +76,7 @@ def test_a_record_that_could_not_be_compared_has_null_figures():
     from opplugin.graph.model import load_model
     from opplugin.runtime import Runner
 
-    plan = Runner(load_model("lenet86"), 2, "cpu").describe(2)
+    plan = Runner(load_model("lenet86"), 2, "cpu").plan_record(2)
     result = CheckResult(records=[{"tensor": "t", "step": "s", "implementation": "i", "passed": False, "error": "shape differs"}])
     record = build_check_report(result, plan, 1e-4, 1e-3)["records"][0]
     assert record["error"] == "shape differs" and record["max_abs_error"] is None and record["elements"] is None

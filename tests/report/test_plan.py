@@ -65,7 +65,7 @@ class PickyConvPlugin(ConvPlugin):
 
 def test_a_node_a_plugin_refuses_carries_the_plugins_reason():
     runner = Runner(load_model("lenet86"), 3, "cpu", registry={"Conv": PickyConvPlugin()})
-    data = plan.build_plan_report(runner.describe(3))
+    data = plan.build_plan_report(runner.plan_record(3))
     steps = {s["name"]: s for s in data["steps"]}
     assert steps["conv1"]["kind"] == "plugin"
     left = [n for s in data["steps"] if s["kind"] == "onnxruntime" for n in s["nodes"]]
@@ -79,7 +79,7 @@ def test_a_node_a_plugin_refuses_carries_the_plugins_reason():
 def test_variant_notes_go_with_their_step():
     runner = Runner(load_model("lenet86"), 2, "cpu")
     notes = {"conv1": {"baseline": None, "const": "not on a Tuesday"}}
-    data = plan.build_plan_report(dataclasses.replace(runner.describe(2), variant_notes=notes))
+    data = plan.build_plan_report(dataclasses.replace(runner.plan_record(2), variant_notes=notes))
     assert data["steps"][0]["variants"] == notes["conv1"] and data["steps"][1]["variants"] is None
 
 

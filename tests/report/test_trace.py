@@ -91,7 +91,7 @@ def test_the_trace_is_of_the_last_timed_run():
 
 def gpu_like_profile():
     """A chunked run on two CUDA streams, as a GPU would record it (made up: there is no GPU here)."""
-    plan = Runner(load_model("lenet86"), 4, "cpu").describe(4)
+    plan = Runner(load_model("lenet86"), 4, "cpu").plan_record(4)
     plan = dataclasses.replace(plan, device=Device("cuda", "Test GPU", "9.0", 80 << 30))
     spans = []
     for chunk, lane in ((0, 0), (1, 1)):

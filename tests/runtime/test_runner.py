@@ -24,7 +24,7 @@ def test_swapped_model_matches_onnxruntime(tiny_model_path):
     first = runner.plan.plugin_steps[0]  # conv1, with the Relu and MaxPool the plan fuses into it
     result = runner.run(feeds, keep=tuple(first.outputs), step_times=True)
     np.testing.assert_allclose(result.outputs["y"], _onnxruntime(tiny_model_path, feeds), rtol=1e-5, atol=1e-6)
-    record = runner.describe(6)
+    record = runner.plan_record(6)
     assert result.kept[first.outputs[0]].shape == record.shapes[first.outputs[0]] == (6, 4, 6, 6)
     assert [t.name for t in result.times] == [step.name for step in runner.plan.steps]  # no copies on the CPU
     assert all(t.kind in ("plugin", "onnxruntime") for t in result.times)

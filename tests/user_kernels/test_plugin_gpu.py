@@ -117,4 +117,4 @@ def test_the_api_runs_a_kernel_source_with_constant_weights():
     feeds = {"input": np.random.default_rng(1).standard_normal((64, 1, 86, 86), dtype=np.float32)}
     from opplugin.verify.check import check
 
-    assert check(runner.run, runner.describe(64), feeds).passed
+    assert check(runner.run, runner.plan_record(64), feeds).passed

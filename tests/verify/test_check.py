@@ -9,7 +9,7 @@ from opplugin.runtime import Runner
 
 def _check(runner, feeds, *args, **kwargs):
     """check() of this runner on these feeds: its run, and its plan at their batch."""
-    return check(runner.run, runner.describe(len(next(iter(feeds.values())))), feeds, *args, **kwargs)
+    return check(runner.run, runner.plan_record(len(next(iter(feeds.values())))), feeds, *args, **kwargs)
 
 
 def _feeds(batch):
@@ -125,7 +125,7 @@ def test_streamed_check_gives_the_single_pass_figures(model_name, tolerances, mo
     whole = _check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=HUGE_BUDGET)
     assert whole.chunks == 1
     spy = _BatchSpy(runner, monkeypatch)
-    budget = 3 * check_image_bytes(runner.describe()) + 1  # three images a chunk: 3 + 3 + 3 + 2
+    budget = 3 * check_image_bytes(runner.plan_record()) + 1  # three images a chunk: 3 + 3 + 3 + 2
     streamed = _check(runner, inputs.feeds, inputs.labels, *tolerances, budget_bytes=budget)
     assert [size for size, _ in spy.ours] == [3, 3, 3, 2] and spy.theirs == [3, 3, 3, 2]
     assert streamed.chunks == 4 and streamed.chunk_size == 3
@@ -148,13 +148,13 @@ def test_a_budget_below_one_image_checks_one_image_at_a_time(tiny_model_path, mo
 @pytest.mark.parametrize("budget_images", [1, 2, 4, 7])
 def test_the_runner_never_keeps_more_than_the_budget(tiny_model_path, monkeypatch, budget_images):
     runner = Runner(load_model(tiny_model_path), 16, "cpu")
-    budget = budget_images * check_image_bytes(runner.describe()) + check_image_bytes(runner.describe()) // 2
+    budget = budget_images * check_image_bytes(runner.plan_record()) + check_image_bytes(runner.plan_record()) // 2
     spy = _BatchSpy(runner, monkeypatch)
     progress = []
     result = _check(runner, _feeds(16), budget_bytes=budget, progress=lambda *a: progress.append(a))
     assert result.passed
     sizes = [size for size, _ in spy.ours]
-    assert sum(sizes) == 16 and max(sizes) * check_image_bytes(runner.describe()) <= budget
+    assert sum(sizes) == 16 and max(sizes) * check_image_bytes(runner.plan_record()) <= budget
     assert all(keep == ("p1", "r2", "f") for _, keep in spy.ours)  # y, the model output, comes anyway
     # progress after every chunk when there are several, ending at the whole batch
     assert [done for _, done, _ in progress] == (list(np.cumsum(sizes)) if len(sizes) > 1 else [])
@@ -166,14 +166,14 @@ def test_check_image_bytes_counts_both_sides_and_onnxruntimes_working_set(tiny_m
     held = 2 * 4 * (4 * 6 * 6 + 2 * 4 * 4 * 4 + 5)
     # every tensor but the input x, none sharing memory: c1 r1 (4x12x12) p1 c2 r2 f (4x4x4) logits y (5)
     working = 4 * (2 * 4 * 12 * 12 + 4 * 6 * 6 + 3 * 4 * 4 * 4 + 2 * 5)
-    assert check_image_bytes(runner.describe()) == held + working
+    assert check_image_bytes(runner.plan_record()) == held + working
 
 
 def test_full_check_chunks_are_whole_runner_chunks(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 100, "cpu", chunk=8)
-    rows = check_chunks(runner.describe(), 100, budget_bytes=21 * check_image_bytes(runner.describe()))
+    rows = check_chunks(runner.plan_record(), 100, budget_bytes=21 * check_image_bytes(runner.plan_record()))
     assert [r.stop - r.start for r in rows] == [16] * 6 + [4]
-    assert [r.stop - r.start for r in check_chunks(runner.describe(), 100, chunk=30)] == [30, 30, 30, 10]
+    assert [r.stop - r.start for r in check_chunks(runner.plan_record(), 100, chunk=30)] == [30, 30, 30, 10]
 
 
 def test_one_onnxruntime_session_serves_every_chunk(tiny_model_path, monkeypatch):
@@ -337,7 +337,7 @@ def test_run_gives_no_top1_for_an_output_that_is_no_classifiers(tmp_path):
     path = save(single_conv((2, 3, 6, 6), (4, 3, 3, 3), {}, bias=True), tmp_path / "conv.onnx")
     runner = Runner(load_model(path), 2, "cpu")
     feeds = {"x": np.random.default_rng(0).uniform(0, 1, (2, 3, 6, 6)).astype(np.float32)}
-    figures = agreement(runner.describe(2), feeds, runner.run(feeds).outputs["y"])
+    figures = agreement(runner.plan_record(2), feeds, runner.run(feeds).outputs["y"])
     assert figures["passed"] and figures["top1_agreement"] is None
 
 

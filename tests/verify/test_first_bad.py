@@ -73,7 +73,7 @@ class _OffByOnePlugin(ConvPlugin):
 def _judged(path, plugin, batch=4):
     runner = Runner(load_model(path), batch, "cpu", registry={"Conv": plugin})
     feeds = {"x": np.random.default_rng(7).standard_normal((batch, 32, 8, 8)).astype(np.float32)}
-    result = check(runner.run, runner.describe(batch), feeds)
+    result = check(runner.run, runner.plan_record(batch), feeds)
     before = result.passed
     verdicts = isolate_steps(runner, feeds, result, 1e-4, 1e-3)
     judged = arbitrate(result, verdicts)

@@ -146,7 +146,7 @@ def watch_kernels(tolerance: ToleranceOptions, model, device, batch: int, make_r
 
     def measure() -> dict[str, StepResult]:
         runner = make_runner()
-        plan = runner.describe(batch)
+        plan = runner.plan_record(batch)
         result = check(runner.run, plan, inputs.feeds, inputs.labels, tolerance.atol, tolerance.rtol)
         profile = runner.profile(inputs.feeds, 1, 3) if device.is_cuda else None
         records = {r["step"]: r for r in result.records}

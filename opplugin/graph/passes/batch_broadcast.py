@@ -4,7 +4,7 @@ A vision transformer's class token is a constant (1, 1, D) expanded to (batch, 1
 the patch tokens: `cls_token.expand(x.shape[0], -1, -1)`, exported as Shape > Concat > Expand. The
 target follows the batch, so it is computed at run time, and the Expand with its shape arithmetic
 falls to onnxruntime, splitting the CUDA graph. Made for one image it would not concatenate with
-the batch's tokens (simplify's _make_for_one_image refuses it).
+the batch's tokens (shape_folding's _make_for_one_image refuses it).
 
 Broadcasting gives the same tensor without the number: Where(True, data, probe), where `probe` is
 (batch, 1, ..., 1), cut from a graph input whose first axis is the batch (Slice to one element per
@@ -21,17 +21,18 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..ir import Graph
+
 COUNT_KEY = "Expand to the batch"  # "1 Expand to the batch folded": the target's arithmetic is gone
 MIN_OPSET = 10  # Slice with its bounds as inputs, and Where
 
 
-def broadcast_to_batch(graph, candidates: Sequence[onnx.NodeProto], at: tuple[dict, dict], first: dict, second: dict,
+def broadcast_to_batch(graph: Graph, candidates: Sequence[onnx.NodeProto], at: tuple[dict, dict], first: dict, second: dict,
                        batches: tuple[int, int]) -> int:
     """Rewrite each Expand of `candidates`, of a float32 constant, whose target is (batch, then extents of
     its input or 1) at both probe batches (`at`: the evaluated shape values; `first`, `second`: the static shapes there); how many."""
-    opset = next((o.version for o in graph.proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     source = _batch_source(graph, first, second, batches)
-    if opset < MIN_OPSET or source is None:
+    if graph.opset < MIN_OPSET or source is None:
         return 0
     done = 0
     for expand in candidates:
@@ -41,7 +42,7 @@ def broadcast_to_batch(graph, candidates: Sequence[onnx.NodeProto], at: tuple[di
     return done
 
 
-def _batch_source(graph, first: dict, second: dict, batches: tuple[int, int]) -> str | None:
+def _batch_source(graph: Graph, first: dict, second: dict, batches: tuple[int, int]) -> str | None:
     """A float32 graph input whose first axis is the batch at both probes."""
     for value in graph.proto.graph.input:
         name = value.name
@@ -51,9 +52,9 @@ def _batch_source(graph, first: dict, second: dict, batches: tuple[int, int]) ->
     return None
 
 
-def _static_shape(graph, name: str) -> tuple[int, ...] | None:
+def _static_shape(graph: Graph, name: str) -> tuple[int, ...] | None:
     """A float32 constant's shape (Where takes its value and the probe's type alike); else None."""
-    value = graph.constants.get(name)
+    value = graph.constant(name)
     return tuple(value.shape) if value is not None and value.dtype == np.float32 else None
 
 
@@ -73,7 +74,7 @@ def _broadcasts_along_the_batch(expand: onnx.NodeProto, shape: tuple[int, ...] |
     return lined_up[0] == 1 and all(t in (1, d) for t, d in zip(targets[0][1:], lined_up[1:]))
 
 
-def _rewrite(graph, expand: onnx.NodeProto, source: str, rank: int, first: dict) -> None:
+def _rewrite(graph: Graph, expand: onnx.NodeProto, source: str, rank: int, first: dict) -> None:
     source_rank = len(first[source])
     made = []
     probe = source

@@ -2,13 +2,15 @@
 
 ConvNeXt multiplies each block's output by a learnt per-channel "layer scale" (Mul by a constant
 [C, 1, 1]); a scalar Mul, and an Add of a per-channel constant, fold the same way. As with an
-inference BatchNormalization (graph/simplify.py folds those with the same arithmetic), the Conv then
+inference BatchNormalization (batchnorm_conv.py folds those with the same arithmetic), the Conv then
 writes the folded node's output name, and nothing else may read the Conv's own output.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
+
+from ..ir import Graph
 
 COUNT_KEY = "channel Mul/Add after Conv"  # the summary reads "18 channel Mul/Add after Conv folded"
 
@@ -24,9 +26,9 @@ def fold_channel_affine(weights: np.ndarray, bias: np.ndarray | None, factor: np
     return folded_weights.astype(np.float32), (b * factor + shift).astype(np.float32)
 
 
-def fold_channel_affines(graph) -> dict[str, int]:
-    """Fold every constant per-channel Mul and Add that alone reads a Conv's output into that Conv
-    (simplify's graph: `nodes`, `constants`, `outputs`, `readers`, `new_name`); {COUNT_KEY: how many} when any."""
+def fold_channel_affines(graph: Graph) -> dict[str, int]:
+    """Fold every constant per-channel Mul and Add that alone reads a Conv's output into that Conv;
+    {COUNT_KEY: how many} when any."""
     count = 0
     for conv in list(graph.nodes):
         while conv in graph.nodes and _fold_follower(graph, conv):
@@ -34,19 +36,18 @@ def fold_channel_affines(graph) -> dict[str, int]:
     return {COUNT_KEY: count} if count else {}
 
 
-def _fold_follower(graph, conv: onnx.NodeProto) -> bool:
+def _fold_follower(graph: Graph, conv: onnx.NodeProto) -> bool:
     """Fold the Mul or Add after `conv` when it can; whether it did."""
     if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
         return False
-    weights = graph.constants.get(conv.input[1]) if len(conv.input) > 1 else None
+    weights = graph.constant(conv.input[1]) if len(conv.input) > 1 else None
     bias_name = conv.input[2] if len(conv.input) > 2 and conv.input[2] else ""
     if weights is None or weights.dtype != np.float32 or (bias_name and bias_name not in graph.constants):
         return False
     output = conv.output[0]
-    readers = graph.readers(output)
-    if len(readers) != 1 or output in graph.outputs:
+    node = graph.only_reader(output)
+    if node is None:
         return False
-    node = readers[0]
     channel = _per_channel_operand(graph, node, output, weights)
     if channel is None:
         return False
@@ -64,13 +65,13 @@ def _fold_follower(graph, conv: onnx.NodeProto) -> bool:
     return True
 
 
-def _per_channel_operand(graph, node: onnx.NodeProto, output: str, weights: np.ndarray) -> np.ndarray | None:
+def _per_channel_operand(graph: Graph, node: onnx.NodeProto, output: str, weights: np.ndarray) -> np.ndarray | None:
     """The constant a Mul or Add combines with the Conv's output, as float64 per output channel
     (one value, or one per channel along axis 1, ones elsewhere), or None when it is not that."""
     if node.op_type not in ("Mul", "Add") or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
     other = node.input[1] if node.input[0] == output else node.input[0]
-    value = graph.constants.get(other)
+    value = graph.constant(other)
     if other == output or value is None or value.dtype != np.float32 or value.ndim > weights.ndim:
         return None
     shape = (1,) * (weights.ndim - value.ndim) + value.shape  # as it broadcasts against the Conv's output

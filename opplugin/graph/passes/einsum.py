@@ -25,12 +25,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..functions import default_opset
+from ..ir import Graph
+
 COUNT_KEY = "Einsum as MatMul"  # the summary reads "44 Einsum as MatMul folded"
 AXES_INPUT_SINCE = 13  # Squeeze and Unsqueeze read their axes from an input from this opset on
 
 
-def decompose_einsums(graph) -> dict[str, int]:
-    """Rewrite each two-operand Einsum of simplify's graph whose equation is a matrix product;
+def decompose_einsums(graph: Graph) -> dict[str, int]:
+    """Rewrite each two-operand Einsum whose equation is a matrix product;
     {COUNT_KEY: how many} when any, else {}."""
     count = 0
     for node in list(graph.nodes):
@@ -68,7 +71,7 @@ def product_roles(equation: str) -> tuple[str, str, str, list[str], list[str], l
     return a, b, out, batch, free_a, free_b, contracted
 
 
-def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[str], free_a: list[str],
+def _rewrite(graph: Graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[str], free_a: list[str],
              free_b: list[str], contracted: list[str]) -> None:
     base = node.name or node.output[0]
     made: list[onnx.NodeProto] = []
@@ -84,7 +87,7 @@ def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[
         """Squeeze or Unsqueeze `axes` (negative: counted from the end) of `source`."""
         if not axes:
             return source
-        if opset(graph.proto) < AXES_INPUT_SINCE:
+        if default_opset(graph.proto, AXES_INPUT_SINCE) < AXES_INPUT_SINCE:
             return step(op, [source], role, view, axes=axes)
         name = graph.new_name(f"{base}_{role}_axes")
         graph.constants[name] = np.asarray(axes, np.int64)
@@ -93,7 +96,7 @@ def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[
     def operand(source: str, indices: str, order: list[str], ones: list[int], role: str) -> str:
         """`source` with its axes in `order`, then axes of 1 at the places `ones` of the result."""
         perm = [indices.index(x) for x in order]
-        constant = graph.constants.get(source)
+        constant = graph.constant(source)
         if constant is not None:  # arranged here, once
             name = graph.new_name(f"{base}_{role}")
             graph.constants[name] = np.ascontiguousarray(np.expand_dims(np.transpose(constant, perm), tuple(ones)))
@@ -129,6 +132,3 @@ def _rewrite(graph, node: onnx.NodeProto, a: str, b: str, out: str, batch: list[
     at = graph.nodes.index(node)
     graph.nodes[at:at + 1] = made
 
-
-def opset(proto: onnx.ModelProto) -> int:
-    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), AXES_INPUT_SINCE)

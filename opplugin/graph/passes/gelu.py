@@ -23,15 +23,15 @@ import onnx
 from onnx import helper
 
 from ..functions import OPPLUGIN_DOMAIN, declare, default_opset, is_declared
+from ..ir import Graph
 
 FUNCTION_NAME = "Gelu"
 COUNT_KEY = "decomposed Gelu"  # the summary reads "18 decomposed Gelu folded"
 GELU_SINCE = 20  # the opset that has ONNX's own Gelu
 
 
-def fold_decomposed_gelus(graph) -> dict[str, int]:
-    """Rewrite every decomposed erf-form GELU of simplify's graph (its `nodes`, `constants`,
-    `outputs`, `readers`, `writer` and `proto`) into one node; {COUNT_KEY: how many} when any, else {}."""
+def fold_decomposed_gelus(graph: Graph) -> dict[str, int]:
+    """Rewrite every decomposed erf-form GELU into one node; {COUNT_KEY: how many} when any, else {}."""
     count = 0
     for node in list(graph.nodes):
         if node in graph.nodes and node.op_type == "Erf" and node.domain in ("", "ai.onnx"):
@@ -42,27 +42,26 @@ def fold_decomposed_gelus(graph) -> dict[str, int]:
     return {COUNT_KEY: count} if count else {}
 
 
-def _constant_is(graph, name: str, value: float) -> bool:
-    constant = graph.constants.get(name)
+def _constant_is(graph: Graph, name: str, value: float) -> bool:
+    constant = graph.constant(name)
     return constant is not None and np.size(constant) == 1 and np.issubdtype(np.asarray(constant).dtype, np.floating) \
         and math.isclose(float(np.asarray(constant).reshape(-1)[0]), value, rel_tol=1e-6)
 
 
-def _only_reader(graph, name: str, op_type: str) -> onnx.NodeProto | None:
-    readers = graph.readers(name)
-    if len(readers) != 1 or name in graph.outputs or readers[0].op_type != op_type or readers[0].domain not in ("", "ai.onnx"):
-        return None
-    return readers[0] if len(readers[0].input) == 2 else None
+def _only_binary_reader(graph: Graph, name: str, op_type: str) -> onnx.NodeProto | None:
+    """The ONNX `op_type` node that alone reads `name`, with two inputs (_other picks the second); else None."""
+    reader = graph.only_reader(name, op_type)
+    return reader if reader is not None and len(reader.input) == 2 else None
 
 
 def _other(node: onnx.NodeProto, name: str) -> str:
     return node.input[1] if node.input[0] == name else node.input[0]
 
 
-def _match(graph, erf: onnx.NodeProto) -> tuple[list[onnx.NodeProto], str] | None:
+def _match(graph: Graph, erf: onnx.NodeProto) -> tuple[list[onnx.NodeProto], str] | None:
     """(the pattern's nodes, x) for the GELU around `erf`, or None."""
     scaled = graph.writer(erf.input[0])
-    if scaled is None or len(scaled.input) != 2 or len(graph.readers(scaled.output[0])) != 1 or scaled.output[0] in graph.outputs:
+    if scaled is None or len(scaled.input) != 2 or graph.only_reader(scaled.output[0]) is None:
         return None
     if scaled.op_type == "Div" and _constant_is(graph, scaled.input[1], math.sqrt(2)):
         x = scaled.input[0]
@@ -70,35 +69,35 @@ def _match(graph, erf: onnx.NodeProto) -> tuple[list[onnx.NodeProto], str] | Non
         x = _other(scaled, next(i for i in scaled.input if _constant_is(graph, i, 1 / math.sqrt(2))))
     else:
         return None
-    if x in graph.constants:
+    if graph.constant(x) is not None:
         return None
-    plus = _only_reader(graph, erf.output[0], "Add")
+    plus = _only_binary_reader(graph, erf.output[0], "Add")
     if plus is None or not _constant_is(graph, _other(plus, erf.output[0]), 1.0):
         return None
-    first = _only_reader(graph, plus.output[0], "Mul")
+    first = _only_binary_reader(graph, plus.output[0], "Mul")
     if first is None:
         return None
     nodes = [scaled, erf, plus, first]
     factor = _other(first, plus.output[0])
     if _constant_is(graph, factor, 0.5) or factor == x:  # (p * 0.5) * x or (p * x) * 0.5
-        second = _only_reader(graph, first.output[0], "Mul")
+        second = _only_binary_reader(graph, first.output[0], "Mul")
         wanted = x if factor != x else None
         if second is None or not (_other(second, first.output[0]) == wanted if wanted else
                                   _constant_is(graph, _other(second, first.output[0]), 0.5)):
             return None
         return [*nodes, second], x
     half = graph.writer(factor)  # (x * 0.5) * p
-    if half is None or half.op_type != "Mul" or len(half.input) != 2 or graph.readers(factor) != [first] or factor in graph.outputs:
+    if half is None or half.op_type != "Mul" or len(half.input) != 2 or graph.only_reader(factor) is not first:
         return None
     if not (x in half.input and _constant_is(graph, _other(half, x), 0.5)):
         return None
     return [half, *nodes], x
 
 
-def _rewrite(graph, nodes: list[onnx.NodeProto], x: str) -> None:
+def _rewrite(graph: Graph, nodes: list[onnx.NodeProto], x: str) -> None:
     output = nodes[-1].output[0]
     erf = next(n for n in nodes if n.op_type == "Erf")
-    if default_opset(graph.proto) >= GELU_SINCE:
+    if graph.opset >= GELU_SINCE:
         gelu = helper.make_node("Gelu", [x], [output], name=erf.name)
     else:
         gelu = helper.make_node(FUNCTION_NAME, [x], [output], name=erf.name, domain=OPPLUGIN_DOMAIN)

@@ -29,14 +29,14 @@ from onnx import AttributeProto, helper
 
 from ..attributes import attribute
 from ..functions import OPPLUGIN_DOMAIN, declare, default_opset, is_declared
+from ..ir import Graph
 
 FUNCTION_NAME = "LayerNormalization"
 COUNT_KEY = "decomposed LayerNormalization"  # as the simplification's summary reads: "2 decomposed LayerNormalization folded"
 
 
-def fold_decomposed_layernorms(graph) -> dict[str, int]:
-    """Rewrite every decomposed LayerNorm of simplify's graph (its `nodes`, `constants`, `outputs`,
-    `readers`, `new_name` and `proto`) into one node; {COUNT_KEY: how many} when any, else {}."""
+def fold_decomposed_layernorms(graph: Graph) -> dict[str, int]:
+    """Rewrite every decomposed LayerNorm into one node; {COUNT_KEY: how many} when any, else {}."""
     count = 0
     for node in list(graph.nodes):
         if node in graph.nodes and node.op_type == "ReduceMean" and node.domain in ("", "ai.onnx"):
@@ -55,12 +55,12 @@ class _Match:
         self.nodes, self.x, self.axes, self.epsilon, self.scale, self.bias = nodes, x, axes, epsilon, scale, bias
 
     @classmethod
-    def at(cls, graph, mean: onnx.NodeProto) -> "_Match | None":
+    def at(cls, graph: Graph, mean: onnx.NodeProto) -> "_Match | None":
         axes = _reduce_axes(graph, mean)
         if axes is None:
             return None
         x = mean.input[0]
-        sub = _only_reader(graph, mean.output[0], "Sub")
+        sub = graph.only_reader(mean.output[0], "Sub")
         if sub is None or list(sub.input) != [x, mean.output[0]]:
             return None
         d = sub.output[0]
@@ -69,23 +69,23 @@ class _Match:
         div = next((n for n in readers if n.op_type == "Div"), None)
         if len(readers) != 2 or square is None or div is None or not _is_square(graph, square, d):
             return None
-        variance = _only_reader(graph, square.output[0], "ReduceMean")
+        variance = graph.only_reader(square.output[0], "ReduceMean")
         if variance is None or variance.input[0] != square.output[0] or _reduce_axes(graph, variance) != axes:
             return None
-        add = _only_reader(graph, variance.output[0], "Add")
+        add = graph.only_reader(variance.output[0], "Add")
         epsilon = _constant_operand(graph, add, variance.output[0]) if add is not None else None
         if epsilon is None or epsilon.size != 1:
             return None
-        sqrt = _only_reader(graph, add.output[0], "Sqrt")
-        if sqrt is None or _only_reader(graph, sqrt.output[0], "Div") is not div or list(div.input) != [d, sqrt.output[0]]:
+        sqrt = graph.only_reader(add.output[0], "Sqrt")
+        if sqrt is None or graph.only_reader(sqrt.output[0], "Div") is not div or list(div.input) != [d, sqrt.output[0]]:
             return None
         nodes, last = [mean, sub, square, variance, add, sqrt, div], div
         scale = bias = None
-        mul = _only_reader(graph, div.output[0], "Mul")
+        mul = graph.only_reader(div.output[0], "Mul")
         if mul is not None and _constant_operand(graph, mul, div.output[0]) is not None:
             scale, last = _other(mul, div.output[0]), mul
             nodes.append(mul)
-            plus = _only_reader(graph, mul.output[0], "Add")
+            plus = graph.only_reader(mul.output[0], "Add")
             if plus is not None and _constant_operand(graph, plus, mul.output[0]) is not None:
                 bias = _other(plus, mul.output[0])
                 nodes.append(plus)
@@ -93,12 +93,12 @@ class _Match:
             return None  # an intermediate the graph gives out must stay
         return cls(nodes, x, axes, float(np.asarray(epsilon).reshape(-1)[0]), scale, bias)
 
-    def rewrite(self, graph) -> None:
+    def rewrite(self, graph: Graph) -> None:
         output = self.nodes[-1].output[0]
         trailing = all(a < 0 for a in self.axes) and sorted(self.axes) == list(range(-len(self.axes), 0))
         # ONNX's LayerNormalization takes a scale and bias of at most the normalised rank
         fits = all(np.ndim(graph.constants[name]) <= len(self.axes) for name in (self.scale, self.bias) if name)
-        if trailing and self.scale and default_opset(graph.proto) >= 17 and fits:
+        if trailing and self.scale and graph.opset >= 17 and fits:
             inputs = [self.x, self.scale] + ([self.bias] if self.bias else [])
             node = helper.make_node("LayerNormalization", inputs, [output], name=self.nodes[0].name,
                                     axis=min(self.axes), epsilon=self.epsilon)
@@ -114,7 +114,7 @@ class _Match:
             graph.nodes.remove(gone)
 
 
-def _reduce_axes(graph, node: onnx.NodeProto) -> tuple[int, ...] | None:
+def _reduce_axes(graph: Graph, node: onnx.NodeProto) -> tuple[int, ...] | None:
     """A ReduceMean's axes when it keeps its dims and names them as constants, else None."""
     if node.op_type != "ReduceMean" or not attribute(node, "keepdims", 1):
         return None
@@ -126,15 +126,10 @@ def _reduce_axes(graph, node: onnx.NodeProto) -> tuple[int, ...] | None:
     return tuple(int(a) for a in axes) if axes else None
 
 
-def _only_reader(graph, name: str, op_type: str) -> onnx.NodeProto | None:
-    readers = graph.readers(name)
-    return readers[0] if len(readers) == 1 and readers[0].op_type == op_type and name not in graph.outputs else None
-
-
-def _is_square(graph, node: onnx.NodeProto, d: str) -> bool:
+def _is_square(graph: Graph, node: onnx.NodeProto, d: str) -> bool:
     if node.op_type == "Mul":
         return list(node.input) == [d, d]
-    exponent = graph.constants.get(node.input[1]) if len(node.input) > 1 else None
+    exponent = graph.constant(node.input[1]) if len(node.input) > 1 else None
     return node.input[0] == d and exponent is not None and np.asarray(exponent).size == 1 and float(np.asarray(exponent).reshape(-1)[0]) == 2.0
 
 
@@ -142,14 +137,14 @@ def _other(node: onnx.NodeProto, name: str) -> str:
     return node.input[1] if node.input[0] == name else node.input[0]
 
 
-def _constant_operand(graph, node: onnx.NodeProto, name: str):
+def _constant_operand(graph: Graph, node: onnx.NodeProto, name: str):
     """The constant that a two-input node combines with `name`, or None."""
     if len(node.input) != 2 or name not in node.input or node.input[0] == node.input[1]:
         return None
-    return graph.constants.get(_other(node, name))
+    return graph.constant(_other(node, name))
 
 
-def _new_constant(graph, base: str, value: np.ndarray) -> str:
+def _new_constant(graph: Graph, base: str, value: np.ndarray) -> str:
     name = graph.new_name(base)
     graph.constants[name] = value
     return name

@@ -33,9 +33,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .layernorm import FUNCTION_NAME as LAYERNORM_FUNCTION, declare_function as declare_layernorm
 from ..attributes import attribute
 from ..functions import OPPLUGIN_DOMAIN
+from ..ir import Graph
+from .layernorm import FUNCTION_NAME as LAYERNORM_FUNCTION, declare_function as declare_layernorm
 
 TO_CHANNEL_LAST = (0, 2, 3, 1)
 TO_CHANNEL_FIRST = (0, 3, 1, 2)
@@ -70,9 +71,8 @@ class _Region:
         return dropped > added or (dropped == added and self.matmuls > 0)
 
 
-def sink_channel_last_regions(graph) -> dict[str, int]:
-    """Rewrite every worthwhile channel-last region of simplify's graph (its `nodes`, `constants`,
-    `outputs`, `readers`, `rename_reads`, `new_name`, `proto`, `views`) to NCHW;
+def sink_channel_last_regions(graph: Graph) -> dict[str, int]:
+    """Rewrite every worthwhile channel-last region to NCHW;
     {COUNT_KEY: transposes removed} when any, else {}."""
     regions = _Finder(graph).regions()
     removed, made = 0, {}
@@ -103,7 +103,7 @@ def to_channel_first(value: np.ndarray) -> np.ndarray:
 class _Finder:
     """The channel-last tensors, the nodes that can act on them in NCHW, and their regions."""
 
-    def __init__(self, graph):
+    def __init__(self, graph: Graph):
         self.graph = graph
 
     def regions(self) -> list[_Region]:
@@ -174,7 +174,7 @@ class _Finder:
         if node.op_type in BROADCASTING:
             return all(np.ndim(graph.constants[i]) <= 4 for i in node.input if i in graph.constants)
         if node.op_type == "MatMul":
-            weights = graph.constants.get(node.input[1])
+            weights = graph.constant(node.input[1])
             return node.input[0] in channel_last and weights is not None and np.ndim(weights) == 2 \
                 and weights.dtype == np.float32
         if node.op_type == "LayerNormalization":
@@ -192,7 +192,7 @@ class _Finder:
 class _Rewrite:
     """One region's nodes in their NCHW form."""
 
-    def __init__(self, graph, region: _Region, made: dict[str, str]):
+    def __init__(self, graph: Graph, region: _Region, made: dict[str, str]):
         self.graph, self.region, self.made = graph, region, made  # made: base -> constant made from it (all regions)
         self.nchw: dict[str, str] = {}  # channel-last tensor -> the name of its NCHW form
 
@@ -296,13 +296,12 @@ class _Rewrite:
     def _bias_add(self, matmul: onnx.NodeProto) -> onnx.NodeProto | None:
         """The Add of a float32 constant [K] (or [1, .., K]) that alone reads the MatMul's output."""
         graph, output = self.graph, matmul.output[0]
-        readers = graph.readers(output)
-        if len(readers) != 1 or output in graph.outputs or output in self.region.kept:
+        add = graph.only_reader(output)
+        if add is None or output in self.region.kept:
             return None
-        add = readers[0]
         if add.op_type != "Add" or add not in self.region.nodes or len(add.input) != 2 or add.input[0] == add.input[1]:
             return None
-        bias = graph.constants.get(next(i for i in add.input if i != output))
+        bias = graph.constant(next(i for i in add.input if i != output))
         outputs = np.asarray(graph.constants[matmul.input[1]]).shape[1]
         if bias is None or bias.dtype != np.float32 or bias.ndim > 4 or bias.size != outputs or bias.shape[-1] != outputs:
             return None

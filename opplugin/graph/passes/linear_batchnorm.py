@@ -25,6 +25,8 @@ import onnx
 from onnx import helper
 
 from ..attributes import attribute
+from ..ir import Graph
+from ..static_shapes import probe_shapes
 
 COUNT_KEY = "BatchNormalization into MatMul/Gemm"  # "12 BatchNormalization into MatMul/Gemm folded"
 
@@ -45,16 +47,15 @@ def batchnorm_affine(constants: dict[str, np.ndarray], bn: onnx.NodeProto) -> tu
     return factor, offset - mean * factor
 
 
-def fold_linear_batchnorms(graph) -> dict[str, int]:
+def fold_linear_batchnorms(graph: Graph) -> dict[str, int]:
     """Fold each BatchNormalization that normalises a MatMul's or Gemm's output columns into it, or
     failing that the input features of the MatMuls and Gemms that alone read it
-    (simplify's graph: `nodes`, `constants`, `outputs`, `readers`, `writer`, `new_name`, `probe_shapes`);
     {COUNT_KEY: how many} when any."""
     shapes: list = []  # the probe shapes, inferred once and only where a Reshape stands between
 
     def probes():
         if not shapes:
-            shapes.extend(graph.probe_shapes())
+            shapes.extend(probe_shapes(graph))
         return shapes
 
     count = 0
@@ -63,7 +64,7 @@ def fold_linear_batchnorms(graph) -> dict[str, int]:
     return {COUNT_KEY: count} if count else {}
 
 
-def _fold(graph, bn: onnx.NodeProto, probes) -> bool:
+def _fold(graph: Graph, bn: onnx.NodeProto, probes) -> bool:
     affine = batchnorm_affine(graph.constants, bn)
     source = graph.writer(bn.input[0]) if affine else None
     if source is None:
@@ -76,7 +77,7 @@ def _fold(graph, bn: onnx.NodeProto, probes) -> bool:
     if weight is None or any(graph.constants[name].shape != (weight[1],) for name in bn.input[1:5]):
         return False
     between = [linear.output[0], *([reshape.output[0]] if reshape else [])]
-    if any(name in graph.outputs or len(graph.readers(name)) != 1 for name in between):
+    if any(graph.only_reader(name) is None for name in between):
         return False
     if not reshape:
         if not _is_flat(graph, linear, bn, probes):
@@ -101,7 +102,7 @@ def _fold(graph, bn: onnx.NodeProto, probes) -> bool:
     return True
 
 
-def _fold_before(graph, bn: onnx.NodeProto, probes) -> bool:
+def _fold_before(graph: Graph, bn: onnx.NodeProto, probes) -> bool:
     """Fold `bn` into the linear layers that alone read it (directly, or through a Flatten of its
     channels and maps), where its input's shape is the same at every batch but the first axis."""
     affine = batchnorm_affine(graph.constants, bn)
@@ -137,7 +138,7 @@ def _fold_before(graph, bn: onnx.NodeProto, probes) -> bool:
     return True
 
 
-def _reads_features(graph, linear: onnx.NodeProto, features: str, count: int) -> bool:
+def _reads_features(graph: Graph, linear: onnx.NodeProto, features: str, count: int) -> bool:
     """Whether `linear` is a MatMul or Gemm that reads `features` as its rows' K = `count` inputs, by a
     constant weight."""
     if linear.op_type not in ("MatMul", "Gemm") or linear.domain not in ("", "ai.onnx") or list(linear.input).count(features) != 1:
@@ -151,7 +152,7 @@ def _reads_features(graph, linear: onnx.NodeProto, features: str, count: int) ->
     return weight[0].shape[1 if transposed else 0] == count
 
 
-def _scale_rows(graph, linear: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray) -> None:
+def _scale_rows(graph: Graph, linear: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray) -> None:
     """(x * factor + shift) @ W = x @ (W's rows times factor) + shift @ W: the new weight, and the bias
     as Gemm's C (alpha and beta folded in) or an Add after the MatMul that writes its output."""
     weights = graph.constants[linear.input[1]].astype(np.float64)
@@ -181,16 +182,16 @@ def _scale_rows(graph, linear: onnx.NodeProto, factor: np.ndarray, shift: np.nda
     linear.attribute.extend(kept)
 
 
-def _fold_into(graph, linear: onnx.NodeProto, affine: tuple[np.ndarray, np.ndarray], target: str) -> None:
+def _fold_into(graph: Graph, linear: onnx.NodeProto, affine: tuple[np.ndarray, np.ndarray], target: str) -> None:
     (_fold_gemm if linear.op_type == "Gemm" else _fold_matmul)(graph, linear, *affine, target)
 
 
-def _column_weight(graph, linear: onnx.NodeProto) -> tuple[np.ndarray, int] | None:
+def _column_weight(graph: Graph, linear: onnx.NodeProto) -> tuple[np.ndarray, int] | None:
     """(the constant 2-D float32 weight, its output columns), or None where the weight is not that
     (or a Gemm's C is computed at run time, or A is the constant)."""
     if len(linear.input) < 2 or linear.input[0] in graph.constants:
         return None
-    weight = graph.constants.get(linear.input[1])
+    weight = graph.constant(linear.input[1])
     if weight is None or weight.dtype != np.float32 or weight.ndim != 2:
         return None
     if linear.op_type == "Gemm":
@@ -200,7 +201,7 @@ def _column_weight(graph, linear: onnx.NodeProto) -> tuple[np.ndarray, int] | No
     return weight, weight.shape[1]
 
 
-def _is_flat(graph, linear: onnx.NodeProto, bn: onnx.NodeProto, probes) -> bool:
+def _is_flat(graph: Graph, linear: onnx.NodeProto, bn: onnx.NodeProto, probes) -> bool:
     """Whether the BatchNormalization reads the product directly as (rows, columns): always for a
     Gemm; for a MatMul where its output is 2-D at both probe batches."""
     if linear.op_type == "Gemm":
@@ -220,19 +221,18 @@ def _product_shape(reshape: onnx.NodeProto, linear: onnx.NodeProto, probes) -> t
     return found[0][0]
 
 
-def _restoring_reshape(graph, bn: onnx.NodeProto, linear: onnx.NodeProto, probes) -> onnx.NodeProto | None:
+def _restoring_reshape(graph: Graph, bn: onnx.NodeProto, linear: onnx.NodeProto, probes) -> onnx.NodeProto | None:
     """The Reshape that alone reads the BatchNormalization's output and gives back the product's
     shape; else None."""
-    readers = graph.readers(bn.output[0])
-    if bn.output[0] in graph.outputs or len(readers) != 1 or readers[0].op_type != "Reshape":
+    restore = graph.only_reader(bn.output[0], "Reshape")
+    if restore is None:
         return None
-    restore = readers[0]
     if any(shapes.get(restore.output[0]) != shapes.get(linear.output[0]) for shapes in probes()):
         return None
     return restore
 
 
-def _fold_gemm(graph, gemm: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
+def _fold_gemm(graph: Graph, gemm: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
     """B's output columns times factor; C' = beta * C * factor + shift, beta 1; the Gemm writes `target`."""
     b = graph.constants[gemm.input[1]].astype(np.float64)
     columns = factor[:, None] if attribute(gemm, "transB", 0) else factor[None, :]
@@ -249,7 +249,7 @@ def _fold_gemm(graph, gemm: onnx.NodeProto, factor: np.ndarray, shift: np.ndarra
     gemm.output[0] = target
 
 
-def _fold_matmul(graph, matmul: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
+def _fold_matmul(graph: Graph, matmul: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
     """W's columns times factor, then an Add of the shift (a column bias) that writes `target`."""
     weights = graph.constants[matmul.input[1]].astype(np.float64) * factor[None, :]
     weight_name, shift_name = graph.new_name(f"{matmul.input[1]}_bn"), graph.new_name(f"{target}_bn_shift")

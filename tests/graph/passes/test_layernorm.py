@@ -32,12 +32,12 @@ def test_the_pattern_is_one_layernorm_step_and_check_passes(tmp_path, case):
     model = load_model(path)
     [layernorm] = [n for n in model.proto.graph.node if n.op_type == "LayerNormalization"]
     assert layernorm.domain == domain and [n.op_type for n in model.proto.graph.node] == ["LayerNormalization", "Relu"]
-    assert "1 decomposed LayerNormalization folded" in model.simplification.describe()
+    assert "1 decomposed LayerNormalization folded" in model.simplification.summary()
     plan = make_plan(model, shape[0], CPU)
     assert [s.ops for s in plan.plugin_steps][0] == ["LayerNormalization"] and plan.fallbacks == {}
     runner = Runner(model, shape[0], "cpu")
     x = fresh(shape, 5)
-    result = check(runner.run, runner.describe(), {"x": x})
+    result = check(runner.run, runner.plan_record(), {"x": x})
     assert result.passed
     np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], onnxruntime_output(model.original, x), rtol=1e-5, atol=1e-5)
 

@@ -36,20 +36,20 @@ def test_the_rewritten_region_matches_onnxruntime_on_the_original_graph(name, gr
     names = [o.name for o in model.graph.output]
     expected = dict(zip(names, session(model).run(names, {"x": x})))
     runner = Runner(load_model(save(model, tmp_path / "m.onnx")), batch, "cuda", cuda_graphs=graphs)
-    plan = runner.describe()
+    plan = runner.plan_record()
     assert all(step.kind == "plugin" for step in plan.steps), plan.fallbacks
     for _ in range(2):  # the second run replays the graph where there is one
         ours = runner.run({"x": x}).outputs
         for output, value in expected.items():
             np.testing.assert_allclose(ours[output], value, rtol=1e-4, atol=1e-4, err_msg=output)
     fresh_runner = Runner(load_model(save(model, tmp_path / "m.onnx")), batch, "cuda", cuda_graphs=graphs)
-    result = check(fresh_runner.run, fresh_runner.describe(), {"x": x})  # as `opplugin check` does: a runner of its own
+    result = check(fresh_runner.run, fresh_runner.plan_record(), {"x": x})  # as `opplugin check` does: a runner of its own
     assert result.passed, [r for r in result.records if not r["passed"]]
 
 
 def test_the_convnext_mlp_runs_on_conv_kernels_with_gelu_and_the_residual_fused(tmp_path):
     runner = Runner(load_model(save(convnext_block(channels=96, size=14), tmp_path / "m.onnx")), 8, "cuda")
-    plan = runner.describe()
+    plan = runner.plan_record()
     assert [list(step.ops) for step in plan.steps] == [["Conv"], ["LayerNormalization"], ["Conv", "Gelu"], ["Conv", "Add"]]
     names = [runner.kernels[step.name].name for step in plan.steps]
     assert names[2].startswith("conv.") and names[2].endswith("+gelu") and names[3].endswith("+add"), names

@@ -222,6 +222,6 @@ def test_first_bad_reruns_a_residual_step_on_onnxruntimes_inputs(tmp_path):
     model = load_model(save(bottleneck_block(), tmp_path / "block.onnx"))
     runner = Runner(model, 2, "cpu")
     inputs = {"x": np.random.default_rng(4).standard_normal((2, 8, 12, 12)).astype(np.float32)}
-    result = check(runner.run, runner.describe(2), inputs)
+    result = check(runner.run, runner.plan_record(2), inputs)
     verdicts = {v.step: v for v in isolate_steps(runner, inputs, result, 1e-5, 1e-5)}
     assert verdicts["conv_shortcut"].own is not None and verdicts["conv_shortcut"].own_passed

@@ -108,5 +108,5 @@ def test_an_mlp_block_runs_as_plugin_steps_and_check_passes(tmp_path):
     runner = Runner(load_model(save(mlp_block(), tmp_path / "mlp.onnx")), 3, "cpu")
     assert [s.ops for s in runner.plan.steps] == [["LayerNormalization"], ["MatMul", "Relu"], ["MatMul", "Softmax"], ["ReduceSum"]]
     x = np.random.default_rng(4).uniform(-2, 2, (3, 5, 6, 32)).astype(np.float32)
-    result = check(runner.run, runner.describe(), {"x": x})
+    result = check(runner.run, runner.plan_record(), {"x": x})
     assert result.passed

@@ -89,4 +89,4 @@ def test_an_mlp_block_runs_whole_on_the_gpu_as_onnxruntime_does(tmp_path):
     x = np.random.default_rng(5).uniform(-2, 2, (8, 5, 6, 32)).astype(np.float32)
     theirs = ort.InferenceSession(model.original.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(runner.run({"x": x}).outputs["y"], theirs, rtol=1e-5, atol=1e-5)
-    assert check(runner.run, runner.describe(), {"x": x}).passed
+    assert check(runner.run, runner.plan_record(), {"x": x}).passed

@@ -121,7 +121,7 @@ def test_a_pooling_cnn_runs_on_the_gpu_as_onnxruntime_does(tmp_path, chunk):
     model = load_model(save(pool_cnn(size=31), tmp_path / "pool_cnn.onnx"))
     runner = Runner(model, 8, "cuda", chunk=chunk)
     assert {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"} <= {s.node.op_type for s in runner.plan.plugin_steps}
-    implementations = {s.name: s.implementation for s in runner.describe().steps}
+    implementations = {s.name: s.implementation for s in runner.plan_record().steps}
     assert [implementations[n] for n in ("maxpool", "avgpool", "globalmax", "globalavg")] == [
         "maxpool.cuda.3x3s2p1", "averagepool.cuda.3x3s1p1", "globalmaxpool.cuda.global", "globalaveragepool.cuda.global"]
     x = fresh((8, 3, 31, 31), 3)

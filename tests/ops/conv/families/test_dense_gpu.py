@@ -81,7 +81,7 @@ def test_se_block_runs_its_convs_on_the_gemm_kernels_and_matches_onnxruntime(bat
     names = {step: k.name for step, k in runner.kernels.items() if k.name.startswith("conv.")}
     assert len(names) == 2 and all(n.startswith("conv.dense_") for n in names.values()), names
     x = rng.standard_normal((batch, 240, 7, 7), dtype=np.float32)
-    result = check(runner.run, runner.describe(batch), {"x": x})
+    result = check(runner.run, runner.plan_record(batch), {"x": x})
     assert result.passed, result.records
     [expected] = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     got = runner.run({"x": x}).outputs["y"]

@@ -103,7 +103,7 @@ def test_one_conv_model_on_the_default_pick_matches_onnxruntime(name, tmp_path, 
     [kernel] = [k for k in runner.kernels.values() if k.name.startswith("conv.")]
     assert kernel.name.startswith(f"conv.{family}"), kernel.name
     feeds = {"x": rng.standard_normal(x_shape, dtype=np.float32)}
-    result = check(runner.run, runner.describe(x_shape[0]), feeds)
+    result = check(runner.run, runner.plan_record(x_shape[0]), feeds)
     assert result.passed, result.records
 
 

@@ -1,0 +1,19 @@
+"""Fixtures the graph tests share."""
+import pytest
+
+from opplugin.ort.sessions import Reference
+from opplugin.verify import check as check_module
+
+
+@pytest.fixture
+def references(monkeypatch):
+    """The models check's onnxruntime reference sessions are built from, in order."""
+    built = []
+
+    class Recording(Reference):
+        def __init__(self, model_proto, extra_outputs=(), **options):
+            built.append(model_proto)
+            super().__init__(model_proto, extra_outputs, **options)
+
+    monkeypatch.setattr(check_module, "Reference", Recording)
+    return built

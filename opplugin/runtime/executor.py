@@ -26,7 +26,7 @@ from ..plan.partition import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .buffers import InPlace
 from .chunking import BatchLayout
-from .graphs import SegmentGraph, StepClock, capture, capture_failure
+from .graphs import GraphKey, SegmentGraph, StepClock, capture, capture_failure
 from .lanes import Lane
 from .nonfinite import clear_flags, raise_flag
 from .output_reuse import owns

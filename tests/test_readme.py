@@ -135,3 +135,13 @@ def test_every_fenced_command_of_the_readme_runs_on_the_cpu(tmp_path):
             assert done.returncode == 0, where
     assert skipped == set(NOT_RUN_HERE), "NOT_RUN_HERE names a command the README no longer has"
     assert ran >= 14
+
+
+def test_the_architecture_section_names_every_module_and_folder():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):readme.index("### Configuration names")]
+    words = set(re.findall(r"[A-Za-z_0-9]+", section))
+    package = ROOT / "opplugin"
+    modules = {path.stem for path in package.rglob("*.py") if path.stem not in ("__init__", "__main__")}
+    folders = {path.name for path in package.rglob("*") if path.is_dir() and path.name != "__pycache__"}
+    assert sorted((modules | folders) - words) == []

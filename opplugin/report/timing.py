@@ -137,7 +137,7 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
         # each graph whose steps were timed inside it -> its median replay time (input copies included)
         "cuda_graph_ms": {name: _median(ms) for name, ms in profile.graph_ms.items()},
         # each graph -> its median replay time without the step events: the replays host_to_host_ms comes from
-        "cuda_graph_untimed_ms": {name: _median(ms) for name, ms in getattr(profile, "untimed_graph_ms", {}).items()},
+        "cuda_graph_untimed_ms": {name: _median(ms) for name, ms in profile.untimed_graph_ms.items()},
         # runs of plugin steps that could not be captured and ran eagerly: first step -> why
         "cuda_graph_failures": dict(last.graph_failures),
         # what the caller knows and the runtime does not: where the inputs came from, the

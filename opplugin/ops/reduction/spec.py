@@ -118,7 +118,7 @@ class SoftmaxSpec:
         shape = _float32_input(node)
         rank = len(shape)
         given = node.attributes.get("axis")
-        opset = getattr(node, "opset", 0)
+        opset = node.opset
         if opset >= 13:
             axis = normalised_axes([-1 if given is None else given], rank, where)[0]
             first, end = axis, axis + 1

@@ -15,6 +15,7 @@ the plane with little waste (`plane_tile`) and packs maps into a block until it 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +109,7 @@ def bank_conflicts(spec: ConvSpec, config: DepthwiseConfig, pitch: int) -> int:
     return max(per_bank.values())
 
 
+@functools.lru_cache(maxsize=4096)  # 32 pitches of 32 lanes tried; asked again by cost, resources and build
 def pitch_for(spec: ConvSpec, config: DepthwiseConfig) -> int:
     """Floats per patch row: the patch's width, or up to 32 more where that spreads a warp's reads over more banks."""
     width = patch_size(spec, config.block)[1]

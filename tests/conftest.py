@@ -12,10 +12,41 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))  # the builders and cases the tests share
 
-# ops/test_kernel_compile.py's NVRTC compiles take most of the CPU suite's time: they begin once the
-# suite is collected, in one process at the lowest priority that uses a CPU the other tests leave
-# idle, and the module's tests run last (compile_cache.py).
-COMPILE_CHECK = "ops/test_kernel_compile.py"
+# ops/test_kernel_compile.py's NVRTC compiles take most of the CPU suite's time: they begin before
+# the suite is collected where the run will collect the module (else once it is), in one process at
+# the lowest priority that uses a CPU the other tests leave idle, and the module's tests run last
+# (compile_cache.py). A path, not a file name: the module's
+# test_its_compiles_began_once_the_suite_was_collected fails if this stops naming it.
+COMPILE_CHECK = Path(__file__).parent / "ops" / "test_kernel_compile.py"  # as pytest gives item.path
+
+
+def _collects_the_compile_check(config) -> bool:
+    """Whether this run collects the compile check (it or a folder above it among the arguments) and
+    selects its tests without reading the collection (-k, -m, --deselect, --lf may deselect them all)."""
+    option = config.option
+    if option.collectonly or option.keyword or option.markexpr or option.deselect or option.ignore or option.ignore_glob \
+            or getattr(option, "lf", False):
+        return False
+    if getattr(option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return False  # pytest-xdist's controller runs no test
+    target = COMPILE_CHECK.resolve()
+    for argument in config.args:
+        path = (config.invocation_params.dir / argument.split("::")[0]).resolve()
+        if path == target or path in target.parents:
+            return True
+    return False
+
+
+def pytest_sessionstart(session):
+    """Where the run collects the compile check, its compiles begin now, while the suite is
+    collected: the background process reads the module's job list itself."""
+    from opplugin.lab import nvrtc_check
+
+    if _collects_the_compile_check(session.config) and nvrtc_check.nvrtc_available():
+        import compile_cache
+
+        compile_cache.use_pytest_cache(session.config)
+        compile_cache.head_start(COMPILE_CHECK)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
     check's tests go last."""
     from opplugin.gpu import cuda
 
-    items.sort(key=lambda item: item.path.name == COMPILE_CHECK)  # stable: the rest keep their order
+    items.sort(key=lambda item: item.path == COMPILE_CHECK)  # stable: the rest keep their order
     if cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device (CuPy missing or no GPU visible)")
@@ -33,12 +64,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the compile check's compiles in the background if any of its tests will run."""
+    """Start the compile check's compiles in the background (or add what the head start lacks) if
+    any of its tests will run; else stop those begun."""
     from opplugin.lab import nvrtc_check
 
-    modules = {item.module for item in session.items if item.path.name == COMPILE_CHECK}
+    modules = {item.module for item in session.items if item.path == COMPILE_CHECK}
     if modules and not session.config.option.collectonly and nvrtc_check.nvrtc_available():
         modules.pop().start_compiles(session.config, background=True)
+    elif "compile_cache" in sys.modules:
+        sys.modules["compile_cache"].cancel()
 
 
 def pytest_sessionfinish(session):

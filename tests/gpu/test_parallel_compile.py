@@ -4,6 +4,7 @@ which kernels its steps' builds will compile without building them (Plugin.compi
 gpu/kernel_cache.py, gpu/parallel_compile.py, runtime/prebuild.py)."""
 from __future__ import annotations
 
+import functools
 import io
 
 import pytest
@@ -47,6 +48,12 @@ def real_jobs() -> list[kernel_cache.CompileJob]:
     return jobs
 
 
+@functools.lru_cache(maxsize=None)
+def serial_cubin(job: kernel_cache.CompileJob) -> bytes | None:
+    """The job compiled here, once for the module: both pools' tests compare against it."""
+    return kernel_cache.compile_job(job)[0]
+
+
 def tiny_job(value: int, source: str | None = None) -> kernel_cache.CompileJob:
     text = source or 'extern "C" __global__ void fill(float* x) { x[threadIdx.x] = VALUE; }\n'
     return kernel_cache.CompileJob(f"tiny{value}.cu", text, cuda.nvrtc_options({"VALUE": value}), "sm_90")
@@ -60,7 +67,7 @@ def cache_files(folder) -> list[str]:
 @pytest.mark.parametrize("pool", ["processes", "threads"])
 def test_a_parallel_compile_writes_the_cubins_a_serial_compile_makes(cache, pool):
     jobs = real_jobs()
-    serial = {job.file_name: kernel_cache.compile_job(job)[0] for job in jobs}
+    serial = {job.file_name: serial_cubin(job) for job in jobs}
     stream = io.StringIO()
     assert parallel_compile.compile_missing(jobs, workers=2, pool=pool, stream=stream) == 3
     assert cache_files(cache) == sorted(serial)  # nothing else: no temporary file left

@@ -2,9 +2,9 @@
 
 Runs in CI: cuda-bindings' NVRTC turns each specialised source into a cubin and
 ptxas -v reports its resources. Every distinct compile the tests below ask for is
-done once (compile_cache.py): they begin in the background once the suite is
-collected, the rest up front in a pool of processes (`compiled_up_front`), and they
-are kept in pytest's cache directory between runs; each test then reads its report.
+done once (compile_cache.py): they begin in the background while the suite is
+collected (conftest.py), the rest up front in a pool of processes (`compiled_up_front`),
+and they are kept in pytest's cache directory between runs; each test then reads its report.
 
 Two kinds of compile:
 
@@ -162,12 +162,12 @@ CNN_WGMMA_CASES = [
     for config in dict.fromkeys(families.FAMILIES["wg_3xtf32"].configs(layer.spec(batch))[:4])
 ]
 
-# The pipelined implicit GEMMs (conv_tc_gemm.cu, conv_simt_gemm.cu, both on conv_implicit_tiles.cuh)
-# use these macros only as arithmetic constants: in index maths, bounds tests and the runtime
+# The pipelined implicit GEMMs (conv_tc_gemm.cu, conv_simt_gemm.cu, conv_wgmma.cu, all on
+# conv_implicit_tiles.cuh) use these macros only as arithmetic constants: in index maths, bounds tests and the runtime
 # bound of the K loop, never in an #if or a for loop's bound (test_shape_constants_only_do_arithmetic
 # reads the sources for that). KH and KW are not among them: the tap mask unrolls a loop over KH*KW.
 SHAPE_CONSTANTS = frozenset({"C", "M", "G", "H", "W", "OH", "OW", "POH", "POW", "KPAD", "PH", "PW", "SH", "SW", "DH", "DW"})
-REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm")
+REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm", "wg_3xtf32")
 # The K split picks code only as one slice or more (#if KSLICES == 1: the store of finished outputs
 # or of partial sums); past that, the GEMM kernel uses the count in arithmetic alone (the length of
 # a block's run of K slices), and only conv_k_slices_reduce's summing loop runs to KSLICES
@@ -192,25 +192,39 @@ def code_shape(spec, config, arch):
     )
 
 
-def _k_split(name, config) -> int:
-    [split] = {int(unit.defines[K_SPLIT]) for unit in nvrtc_check.variant_units(CNN_SPECS[name], config)}
+def _case_spec(layer: str, batch: int):
+    return dataclasses.replace(CNN_SPECS[layer], batch=batch)
+
+
+# (layer, batch, config, arch) of every case a representative stands for: the tensor-core and SIMT
+# GEMMs' at batch 32 for both archs, the wgmma GEMM's for Hopper
+CNN_GEMM_CASES = [(name, 32, config, arch) for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES for arch in ARCHS] + [
+    (name, batch, config, "sm_90") for name, batch, config in CNN_WGMMA_CASES]
+
+
+def _case_code_shape(case):
+    layer, batch, config, arch = case
+    return code_shape(_case_spec(layer, batch), config, arch)
+
+
+def _k_split(case) -> int:
+    layer, batch, config, _ = case
+    [split] = {int(unit.defines[K_SPLIT]) for unit in nvrtc_check.variant_units(_case_spec(layer, batch), config)}
     return split
 
 
 def _split_coverage(case) -> tuple[str, str, int]:
-    name, config, arch = case
-    return families.family_of(config).name, arch, _k_split(name, config)
+    return families.family_of(case[2]).name, case[3], _k_split(case)
 
 
 def _representatives():
-    """(layer, config, arch) -> the cases of CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES it stands for:
-    one case of each code shape is compiled; the others differ from it only in shape constants and
-    in how many ways K is split. Each code shape's first case, unless another of its cases brings a
-    K split count that its family has not compiled for that arch (the rarest such count first)."""
-    groups: dict[tuple, list[tuple[str, str, str]]] = {}
-    for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES:
-        for arch in ARCHS:
-            groups.setdefault(code_shape(CNN_SPECS[name], config, arch), []).append((name, config, arch))
+    """(layer, batch, config, arch) -> the cases of CNN_GEMM_CASES it stands for: one case of each
+    code shape is compiled; the others differ from it only in shape constants and in how many ways
+    K is split. Each code shape's first case, unless another of its cases brings a K split count
+    that its family has not compiled for that arch (the rarest such count first)."""
+    groups: dict[tuple, list[tuple[str, int, str, str]]] = {}
+    for case in CNN_GEMM_CASES:
+        groups.setdefault(_case_code_shape(case), []).append(case)
     rarity: dict[tuple[str, str, int], int] = {}
     for cases in groups.values():
         for coverage in {_split_coverage(case) for case in cases}:
@@ -226,6 +240,11 @@ def _representatives():
 
 
 CNN_REPRESENTATIVES = _representatives()
+# what each test compiles: the tensor-core and SIMT GEMMs' representatives (batch 32, both archs), the wgmma GEMM's (Hopper)
+TC_SIMT_REPRESENTATIVES = [(layer, config, arch) for layer, _, config, arch in CNN_REPRESENTATIVES
+                           if families.family_of(config).name != "wg_3xtf32"]
+WGMMA_REPRESENTATIVES = [(layer, batch, config) for layer, batch, config, _ in CNN_REPRESENTATIVES
+                         if families.family_of(config).name == "wg_3xtf32"]
 
 
 # --- Gemm: every family's configurations on the shipped models' Gemm steps and the bench layers ---
@@ -298,6 +317,17 @@ def _residual_cases():
 
 
 RESIDUAL_CASES = list(_residual_cases())
+
+
+def _tuning_candidate_alone(step: str, config: str) -> bool:
+    """Whether `config` is a constant family's configuration on a grouped or depthwise step that the
+    heuristic does not pick: there it is a tuning candidate alone, and tuning screens out a kernel
+    that spills (lab/tune.py). Its sm_90 compile is the fast one: it shows the epilogue compiles.
+    (Their map-group chains, one copy of the tile per group of maps, 32 to 128 maps, took 7 to 9
+    CPU-seconds each to build in full: 25 of the check's 230.)"""
+    spec, epilogue = RESIDUAL_STEPS[step]
+    return (spec.group > 1 and families.family_of(config).name in compile_cache.CONSTANT_FAMILIES
+            and str(heuristic_config(spec, _ones(spec), epilogue)) != config)
 ACTIVATION_SPEC = conv(8, 16, 32, (12, 12), (3, 3), pads=(1, 1, 1, 1))
 RESIDUAL_ACTIVATION_CASES = [
     (activation, variant)
@@ -306,28 +336,28 @@ RESIDUAL_ACTIVATION_CASES = [
 ]
 
 
-def _units_jobs(spec, variant, arch, epilogue=None, fast=False):
-    return compile_cache.variant_keys(spec, variant, arch, epilogue, fast)
+def _units_jobs(spec, variant, arch, epilogue=None, fast=False, full=False):
+    return compile_cache.variant_keys(spec, variant, arch, epilogue, fast, full=full)
 
 
 def compile_jobs():
     """compile_cache keys of every compile the tests of this module make, the slowest kinds first."""
     for step, config, arch in RESIDUAL_CASES:
         spec, epilogue = RESIDUAL_STEPS[step]
-        yield from _units_jobs(spec, config, arch, epilogue)
+        yield from _units_jobs(spec, config, arch, epilogue, fast=_tuning_candidate_alone(step, config))
     for activation, variant in RESIDUAL_ACTIVATION_CASES:
         yield from _units_jobs(ACTIVATION_SPEC, variant, "sm_90", Epilogue(activation, residual=True))
+    for layer, config, arch in LONG_K_CASES:
+        yield from _units_jobs(LONG_K_SPECS[layer][0], config, arch, full=layer == AMPERE_REGISTERS)
     for spec in SHAPES.values():
         for variant in families.FAMILIES:
             if families.unsupported_reason(spec, variant, _ones(spec)) is None:
                 for arch in variant_archs(variant):
                     yield from _units_jobs(spec, variant, arch, fast=variant not in compile_cache.CONSTANT_FAMILIES)
-    for name, config, arch in CNN_REPRESENTATIVES:
-        yield from _units_jobs(CNN_SPECS[name], config, arch)
+    for layer, batch, config, arch in CNN_REPRESENTATIVES:
+        yield from _units_jobs(_case_spec(layer, batch), config, arch)
     for name, batch, config, arch in CNN_DEPTHWISE_CASES:
         yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
-    for name, batch, config in CNN_WGMMA_CASES:
-        yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, "sm_90")
     for step in SHIPPED_STEPS:
         spec, epilogue = SHIPPED_STEPS[step]
         yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
@@ -346,11 +376,15 @@ def compile_jobs():
             yield compile_cache.key(source, defines, arch)
 
 
+STARTED: list[bool] = []  # each start_compiles call's `background`, in order
+
+
 def start_compiles(config, background: bool = False) -> None:
     """Begin every compile of this module (conftest.py calls this once the suite is collected,
-    in the background: on a CPU the other tests leave idle, while they run)."""
-    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: a cold run
-    compile_cache.use_disk(cache.mkdir("opplugin-compiles") if cache is not None else None)
+    in the background: on a CPU the other tests leave idle, while they run; it joins the head
+    start conftest.py gave them before collection, compile_cache.head_start)."""
+    STARTED.append(background)
+    compile_cache.use_pytest_cache(config)
     compile_cache.start(compile_jobs(), background=background)
 
 
@@ -358,6 +392,12 @@ def start_compiles(config, background: bool = False) -> None:
 def compiled_up_front(request):
     start_compiles(request.config)  # waits for those begun at collection, then does what is left
     compile_cache.wait()
+
+
+def test_its_compiles_began_once_the_suite_was_collected():
+    # conftest.py's hooks find this module by its path (COMPILE_CHECK): when they did not (the
+    # module had moved), its compiles began only here, after the other tests instead of beside them
+    assert STARTED[:1] == [True]
 
 
 @pytest.mark.parametrize(("shape", "variant", "arch"),
@@ -418,9 +458,9 @@ def test_tuning_covers_every_exact_family_that_runs_the_shipped_convs():
     assert covered == exact - dense - {"wg_3xtf32"} and dense
 
 
-@pytest.mark.parametrize(("layer", "config", "arch"), list(CNN_REPRESENTATIVES))
+@pytest.mark.parametrize(("layer", "config", "arch"), TC_SIMT_REPRESENTATIVES)
 def test_gemm_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch):
-    # this case stands for every case of CNN_REPRESENTATIVES[layer, config, arch]: same code shape
+    # this case stands for every case of CNN_REPRESENTATIVES[layer, 32, config, arch]: same code shape
     for usage in compile_cache.check_variant(CNN_SPECS[layer], config, arch):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         compile_cache.assert_no_local_memory(usage)
@@ -440,17 +480,19 @@ LONG_K_SPECS = {
     "3x3x960": (conv(32, 960, 1024, (7, 7), (3, 3), pads=(1, 1, 1, 1)), ARCHS),
     "7x7x168": (conv(8, 168, 64, (20, 20), (7, 7), pads=(3, 3, 3, 3), strides=(2, 2)), ("sm_80",)),
 }
+AMPERE_REGISTERS = "7x7x168"  # chosen for sm_80's registers: built in full there, its resources read
 LONG_K_CASES = [
     (name, families.configure(spec, family), arch)
     for name, (spec, archs) in LONG_K_SPECS.items()
-    for family in REPRESENTED_FAMILIES
+    for family in ("tc_3xtf32", "simt_gemm")  # conv_wgmma.cu has no tap table
     for arch in archs
 ]
 
 
-@pytest.mark.parametrize(("layer", "batch", "config"), CNN_WGMMA_CASES)
+@pytest.mark.parametrize(("layer", "batch", "config"), WGMMA_REPRESENTATIVES)
 def test_wgmma_configurations_for_real_cnn_layers_compile_for_hopper_without_spills(layer, batch, config):
-    spec = dataclasses.replace(CNN_SPECS[layer], batch=batch)
+    # this case stands for every case of CNN_REPRESENTATIVES[layer, batch, config, "sm_90"]: same code shape
+    spec = _case_spec(layer, batch)
     for usage in compile_cache.check_variant(spec, config, "sm_90"):
         assert usage.arch == "sm_90a"
         compile_cache.assert_no_local_memory(usage)
@@ -467,19 +509,19 @@ def test_a_long_k_gemm_reads_its_taps_by_channel_without_spills(layer, config, a
     spec, _ = LONG_K_SPECS[layer]
     units = nvrtc_check.variant_units(spec, config)
     assert all(unit.defines.get("TAPS_BY_CHANNEL") == 1 for unit in units)
-    for usage in compile_cache.check_variant(spec, config, arch, full=True):  # the 7x7 case guards sm_80's registers
+    for usage in compile_cache.check_variant(spec, config, arch, full=layer == AMPERE_REGISTERS):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         compile_cache.assert_no_local_memory(usage)
 
 
 def test_every_real_cnn_case_has_a_representative_of_its_code_shape():
     represented = [case for cases in CNN_REPRESENTATIVES.values() for case in cases]
-    assert sorted(represented, key=str) == sorted(((name, config, arch) for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES
-                                                   for arch in ARCHS), key=str)
-    assert {families.family_of(config).name for _, config, _ in represented} == set(REPRESENTED_FAMILIES)
-    for (name, config, arch), cases in CNN_REPRESENTATIVES.items():
-        assert all(code_shape(CNN_SPECS[n], c, a) == code_shape(CNN_SPECS[name], config, arch) for n, c, a in cases)
+    assert sorted(represented, key=str) == sorted(CNN_GEMM_CASES, key=str)
+    assert {families.family_of(config).name for _, _, config, _ in represented} == set(REPRESENTED_FAMILIES)
+    for representative, cases in CNN_REPRESENTATIVES.items():
+        assert all(_case_code_shape(case) == _case_code_shape(representative) for case in cases)
     assert len(CNN_REPRESENTATIVES) < len(represented)
+    assert len(TC_SIMT_REPRESENTATIVES) + len(WGMMA_REPRESENTATIVES) == len(CNN_REPRESENTATIVES)
 
 
 def _macros_from(constants, text: str) -> set[str]:
@@ -495,8 +537,8 @@ def _code_picked_by(constants, family):
     """(source, line number, kind, line) wherever one of `constants`, or a macro made from them, picks
     code (#if, #elif, if constexpr), bounds a for loop, or is all a run-time `if` reads (a test of
     macros alone may be folded) in the kernels of `family` on the real CNN layers."""
-    sources = {unit.source for name, config in CNN_TENSOR_CORE_CASES + CNN_SIMT_CASES
-               if families.family_of(config).name == family for unit in nvrtc_check.variant_units(CNN_SPECS[name], config)}
+    sources = {unit.source for layer, batch, config, _ in CNN_GEMM_CASES
+               if families.family_of(config).name == family for unit in nvrtc_check.variant_units(_case_spec(layer, batch), config)}
     assert sources
     found = []
     for source in sorted(sources):
@@ -617,6 +659,17 @@ def test_every_pool_configuration_compiles_without_spills(pool, arch):
     compile_cache.assert_no_local_memory(usage)
 
 
+def test_residual_cases_built_fast_are_tuning_candidates_alone():
+    # the heuristic's pick is built in full wherever it is (const_rb on mobilenetv2's depthwise layer)
+    fast = {(step, config) for step, config, _ in RESIDUAL_CASES if _tuning_candidate_alone(step, config)}
+    assert len(fast) == 3
+    for step, config in fast:
+        spec, epilogue = RESIDUAL_STEPS[step]
+        assert config in {str(candidate) for candidate in families.tuning_configs(spec, _ones(spec), epilogue)}
+    picks = {(step, str(heuristic_config(spec, _ones(spec), epilogue))) for step, (spec, epilogue) in RESIDUAL_STEPS.items()}
+    assert ("mobilenetv2 dw 3x3 32ch 112+relu6", "const_rb_t16x1_m1") in picks and not fast & picks
+
+
 def test_residual_cases_cover_every_fusing_family_and_split_k():
     covered = {families.family_of(config).name for _, config, _ in RESIDUAL_CASES}
     assert covered == set(RESIDUAL_FAMILIES)
@@ -627,7 +680,7 @@ def test_residual_cases_cover_every_fusing_family_and_split_k():
 @pytest.mark.parametrize(("step", "config", "arch"), RESIDUAL_CASES)
 def test_residual_epilogues_compile_without_spills(step, config, arch):
     spec, epilogue = RESIDUAL_STEPS[step]
-    for usage in compile_cache.check_variant(spec, config, arch, epilogue):
+    for usage in compile_cache.check_variant(spec, config, arch, epilogue, fast=_tuning_candidate_alone(step, config)):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         compile_cache.assert_no_local_memory(usage)
 

@@ -79,11 +79,11 @@ class _Match:
         sqrt = graph.only_reader(add.output[0], "Sqrt")
         if sqrt is None or graph.only_reader(sqrt.output[0], "Div") is not div or list(div.input) != [d, sqrt.output[0]]:
             return None
-        nodes, last = [mean, sub, square, variance, add, sqrt, div], div
+        nodes = [mean, sub, square, variance, add, sqrt, div]
         scale = bias = None
         mul = graph.only_reader(div.output[0], "Mul")
         if mul is not None and _constant_operand(graph, mul, div.output[0]) is not None:
-            scale, last = _other(mul, div.output[0]), mul
+            scale = _other(mul, div.output[0])
             nodes.append(mul)
             plus = graph.only_reader(mul.output[0], "Add")
             if plus is not None and _constant_operand(graph, plus, mul.output[0]) is not None:

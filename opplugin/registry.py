@@ -55,6 +55,22 @@ BUILTINS = {
 }
 
 
+# Domains whose ops the built-in plugins run by op type alone: ONNX's own, and opplugin's (ops a
+# load-time pass writes, graph/functions.py)
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "opplugin"})
+
+
+def op_key(domain: str, op_type: str) -> str:
+    """What the registry files an op under: its op type in a standard domain, else "domain::OpType"
+    (a com.example::Swish is no ONNX op, and no built-in plugin runs it)."""
+    return op_type if domain in STANDARD_DOMAINS else f"{domain}::{op_type}"
+
+
+def node_key(node: onnx.NodeProto) -> str:
+    """The registry key of a node's op (see op_key)."""
+    return op_key(node.domain, node.op_type)
+
+
 def node_name(node: onnx.NodeProto) -> str:
     """How opplugin names a node: its own name, else its first output's."""
     return node.name or node.output[0]
@@ -94,6 +110,11 @@ class NodeInfo:
     @property
     def op_type(self) -> str:
         return self.node.op_type
+
+    @property
+    def op_key(self) -> str:
+        """The registry key of the node's op: its op type, with the domain outside ONNX's (op_key)."""
+        return node_key(self.node)
 
     def data_input(self) -> str | None:
         """The tensor this node transforms, where it is pointwise: its first input that is no
@@ -191,7 +212,7 @@ class Plugin(Protocol):
     `prologue` nodes before it (as `fuse_prologue` agreed), and `graphed`: whether the kernel will
     be launched from CUDA graphs (then the host's cost of a launch does not count in a choice)."""
 
-    op_type: str
+    op_type: str  # the op's registry key: an ONNX op type, or "domain::OpType" (op_key)
     # Plugins of one group kind run connected nodes together as one kernel (see GroupPlugin); None:
     # this plugin runs one node at a time, with the followers it fuses
     group_kind: str | None = None
@@ -340,5 +361,25 @@ def plugins() -> dict[str, Plugin]:
 
 
 def plugin_for(op_type: str) -> Plugin | None:
-    """The plugin that runs `op_type`, or None when onnxruntime does."""
+    """The plugin that runs `op_type` (a registry key, see op_key), or None when onnxruntime does."""
     return plugins().get(op_type)
+
+
+@runtime_checkable
+class Declaration(Protocol):
+    """A plugin that declares an op onnx does not know (a custom op): shape inference asks it for
+    the outputs of the op's nodes (custom/declaration.py's CustomOp is one)."""
+
+    op_type: str
+
+    def check_arity(self, name: str, inputs: int, outputs: int) -> None:
+        """Raise a PluginError where a node with this many inputs and outputs does not fit the declaration."""
+        ...
+
+    def output_types(self, name: str, inputs: Sequence[Any], attributes: dict[str, Any]) -> list[Any]:
+        """The outputs' shapes and dtypes (objects with `shape` and `dtype`) for inputs given the same way."""
+        ...
+
+    def node_attributes(self, node: NodeInfo) -> dict[str, Any]:
+        """The node's attributes over the declared defaults."""
+        ...

@@ -25,7 +25,7 @@ LAYERS = (
     ("registry", ("opplugin.registry",)),
     ("graph", ("opplugin.graph",)),
     ("ops, plan, inputs", ("opplugin.ops", "opplugin.plan", "opplugin.inputs")),
-    ("user kernels", ("opplugin.user_kernels",)),
+    ("user kernels, custom ops", ("opplugin.user_kernels", "opplugin.custom")),
     ("runtime", ("opplugin.runtime",)),
     ("report", ("opplugin.report",)),
     ("verify", ("opplugin.verify",)),

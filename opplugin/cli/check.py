@@ -54,7 +54,8 @@ def execute(options: CheckOptions) -> int:
         where += f", split over {', '.join(devices.labels)}"
     tally = DevicesTally(devices) if devices else None
     run = tally.run if tally else runner.run
-    print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU; inputs: {inputs.source}")
+    custom = f" (its {len(model.custom_nodes())} custom nodes against their declarations' float64 reference)" if model.custom_nodes() else ""
+    print(f"Checking {model.name}, batch {batch}, on {where}, against onnxruntime CPU{custom}; inputs: {inputs.source}")
     plan = runner.plan_record(batch)
     passes = check_chunks(plan, batch, chunk=options.tolerance.check_chunk)
     if len(passes) > 1:

@@ -3,12 +3,14 @@ user's own data), on its device, at the batch the command runs."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
+from ..custom.functions import function_ids, with_function_references
 from ..errors import InputError
 from ..gpu.device import select_device
-from ..graph.model import SHIPPED_MODELS, choose_batch, load_model
+from ..graph.model import BUNDLED_MODELS, choose_batch, load_model
 from ..inputs.feeds import pinned_copy
 from ..inputs.user_data import fix_input_shapes, load_feeds, load_images, require_runnable_inputs
 from .options import DataOptions, ModelOptions
@@ -32,7 +34,9 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, d
     and the batch the command runs; a stderr line says where that batch came from when the
     user gave none and the model is not a shipped one. `cuda_graphs` is the runner's flag:
     True (--cuda-graphs typed) needs a GPU."""
-    loaded = load_model(model.model)
+    ops = read_ops(model.ops)
+    loaded = load_model(model.model, keep_functions=function_ids(ops))
+    loaded.declare(with_function_references(ops, loaded.original))
     fix_input_shapes(loaded, model.input_shapes)
     feeds, source = _user_feeds(data, loaded) if data is not None else (None, None)
     require_runnable_inputs(loaded)
@@ -45,9 +49,19 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, d
     batch = choose_batch(loaded, model.batch, chosen, default=free_batch_default)
     if model.batch is None and loaded.fixed_batch is not None:
         print(f"Batch {batch}: {loaded.name}'s fixed batch", file=sys.stderr)
-    elif model.batch is None and loaded.name not in SHIPPED_MODELS:
+    elif model.batch is None and loaded.name not in BUNDLED_MODELS:
         print(f"Batch {batch}: the default for a model with a free batch (--batch N to choose)", file=sys.stderr)
     return Loaded(loaded, chosen, batch)
+
+
+def read_ops(paths: tuple[str, ...]) -> list:
+    """The custom ops of the --ops files (DeclarationError: a file that does not load, two for one op)."""
+    if not paths:
+        return []
+    from ..custom.loading import distinct, load_ops
+
+    files = dict.fromkeys(Path(p).resolve() if Path(p).is_file() else Path(p) for p in paths)  # a file named twice loads once
+    return distinct([op for path in files for op in load_ops(path)], "--ops")
 
 
 def _user_feeds(data: DataOptions, model) -> tuple[dict[str, Any] | None, str | None]:

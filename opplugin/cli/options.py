@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import InputError, positive_int
-from ..graph.model import DYNAMIC_BATCH_CPU, DYNAMIC_BATCH_GPU, SHIPPED_BATCH, SHIPPED_MODELS
+from ..graph.model import BUNDLED_MODELS, DYNAMIC_BATCH_CPU, DYNAMIC_BATCH_GPU, SHIPPED_BATCH
 from ..inputs.user_data import ImageOptions, parse_input_shapes, parse_pair
 from ..runtime.runner import DEFAULT_STREAMS
 from ..user_kernels.flags import parse_kernels
@@ -37,12 +37,15 @@ class ModelOptions:
     model: str = DEFAULT_MODEL  # an ONNX file or a shipped model's name
     batch: int | None = None  # None: the model's own fixed batch, else graph.model.choose_batch's default
     input_shapes: dict[str, list[int | None]] = field(default_factory=dict)  # --input-shape, by input name
+    ops: tuple[str, ...] = ()  # --ops: Python files of custom-op declarations
 
     @staticmethod
     def add(parser: argparse.ArgumentParser, batch_help: str, *, input_shape: bool = True) -> None:
         parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                            help=f"ONNX file, or a shipped model: {', '.join(SHIPPED_MODELS)} (default %(default)s)")
+                            help=f"ONNX file, or a shipped model: {', '.join(BUNDLED_MODELS)} (default %(default)s)")
         parser.add_argument("--batch", type=int, help=batch_help)
+        parser.add_argument("--ops", action="append", metavar="FILE.py", default=None,
+                            help="load custom-op declarations (opplugin.custom.CustomOp) from a Python file; repeatable")
         if not input_shape:
             parser.set_defaults(input_shape=None)
             return
@@ -53,7 +56,7 @@ class ModelOptions:
     def from_args(cls, args: argparse.Namespace) -> ModelOptions:
         if args.batch is not None:
             positive_int(args.batch, "--batch")
-        return cls(args.model, args.batch, parse_input_shapes(args.input_shape))
+        return cls(args.model, args.batch, parse_input_shapes(args.input_shape), tuple(args.ops or ()))
 
 
 @dataclass(frozen=True)

@@ -110,12 +110,21 @@ def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> 
     GPU the --kernel sources are compiled all the same (NVRTC alone), so their errors show here too."""
     settings = workload.runner
     registry = user_registry_for(workload.kernels.by_op, poison=poison)
+    if poison:
+        poison_custom_ops(loaded.model)
     runner = Runner(loaded.model, loaded.batch, loaded.device, settings.variants, registry, chunk=settings.chunk,
                     streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False)
     if registry is not None and not runner.device.is_cuda:
         compile_without_gpu(runner.plan, registry)
         say_cpu_note(registry, runner.device)
     return runner
+
+
+def poison_custom_ops(model) -> None:
+    """The model's custom ops, their kernels' outputs poisoned with NaN (check's setting)."""
+    from ..custom import CustomOp
+
+    model.declare([op.poisoned() for op in model.declarations.values() if isinstance(op, CustomOp) and not op.poison])
 
 
 def _make_devices(workload: Workload, loaded: Loaded, slots, *, poison: bool) -> DeviceRunners:

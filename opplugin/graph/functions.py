@@ -23,3 +23,15 @@ def declare(proto: onnx.ModelProto, function: onnx.FunctionProto) -> None:
     proto.functions.append(function)
     if not any(o.domain == OPPLUGIN_DOMAIN for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(OPPLUGIN_DOMAIN, 1))
+
+
+def inline_functions(proto: onnx.ModelProto, keep: frozenset[tuple[str, str]] = frozenset()) -> onnx.ModelProto:
+    """The model with each call of one of its own functions replaced by the function's body, so that
+    plugins run the ops inside; the calls of the functions in `keep` (those a custom op declares, by
+    (domain, name)) and of opplugin's own stay whole. The model itself where there is nothing to inline."""
+    inlined = [(f.domain, f.name) for f in proto.functions if (f.domain, f.name) not in keep and f.domain != OPPLUGIN_DOMAIN]
+    if not inlined:
+        return proto
+    import onnx.inliner
+
+    return onnx.inliner.inline_selected_functions(proto, inlined, exclude=False)

@@ -3,18 +3,25 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper
 
-from ..errors import InputError, ModelError, first_line, positive_int
-from ..registry import NodeInfo, TensorInfo
+from ..errors import InputError, ModelError, OpPluginError, first_line, positive_int
+from ..registry import Declaration, NodeInfo, TensorInfo, plugin_for
 from ..core.paths import models_dir
 from .simplify import Simplification, simplify_apart
 from .bare import copy_without_initializers, skeleton, with_initializers
+from . import declared_shapes
+from .functions import inline_functions
 
 SHIPPED_MODELS = ("lenet86", "ece408_high", "mlp_onehidden")
+# lenet86 with an op onnxruntime does not know in place of its Relus, declared in
+# models/lenet86_swish_ops.py (tools/make_custom_example.py): run it with --ops that file
+CUSTOM_OP_EXAMPLES = ("lenet86_swish",)
+BUNDLED_MODELS = SHIPPED_MODELS + CUSTOM_OP_EXAMPLES
 
 # Batches a run takes when none is asked for: the whole bundled test set for the
 # shipped models; for another model with a dynamic batch, a quick first run (the
@@ -30,7 +37,7 @@ GENERIC_NAMES = {"model", "graph", "network", "net", "main_graph", "torch_jit", 
 def resolve_model_path(model: str | Path) -> Path:
     """A path, or the name of a shipped model ("lenet86")."""
     path = Path(model)
-    if not path.exists() and str(model) in SHIPPED_MODELS:
+    if not path.exists() and str(model) in BUNDLED_MODELS:
         path = models_dir() / f"{model}.onnx"
     return path
 
@@ -63,6 +70,8 @@ class Model:
         self.inputs: list[onnx.ValueInfoProto] = [i for i in graph.input if i.name not in self.initializers]
         self.outputs: list[str] = [o.name for o in graph.output]
         self._inferred: dict[int, dict[str, TensorInfo]] = {}  # batch -> infer(batch)
+        # custom ops declared for this model (`declare`), before those registered (registry.Declaration)
+        self.declarations: dict[str, Declaration] = {}
         for value in self.inputs:
             elem = value.type.tensor_type.elem_type
             if elem != onnx.TensorProto.FLOAT:
@@ -161,10 +170,28 @@ class Model:
             self._inferred[batch] = self._infer(batch)
         return dict(self._inferred[batch])
 
+    def declare(self, declarations: "list[Declaration]") -> None:
+        """Run shape inference through these custom ops' nodes (a Runner's `ops`); shapes inferred before are forgotten."""
+        self.declarations.update({d.op_type: d for d in declarations})
+        self._inferred.clear()
+
+    def declaration(self, key: str) -> Declaration | None:
+        """The declaration of the custom op filed under `key` (registry.op_key): the model's own, else a registered one."""
+        if key in self.declarations:
+            return self.declarations[key]
+        plugin = plugin_for(key)
+        return plugin if isinstance(plugin, Declaration) else None
+
+    def custom_nodes(self) -> list[onnx.NodeProto]:
+        """Nodes onnx does not know (see declared_shapes.custom_nodes)."""
+        return declared_shapes.custom_nodes(self._bare)
+
     def _infer(self, batch: int) -> dict[str, TensorInfo]:
         proto = self.with_batch(batch)
         try:
-            inferred = shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+            inferred = declared_shapes.infer(proto, self.declaration)
+        except OpPluginError:
+            raise
         except Exception as err:  # onnx raises several unrelated types here
             raise ModelError(f"{self.name}: shape inference failed: {err}") from None
         tensors: dict[str, TensorInfo] = {}
@@ -224,7 +251,7 @@ def default_batch(model: Model, device) -> int:
     """The batch a run takes when none is asked for (see SHIPPED_BATCH)."""
     if model.fixed_batch is not None:
         return model.fixed_batch
-    if model.name in SHIPPED_MODELS:
+    if model.name in BUNDLED_MODELS:
         return SHIPPED_BATCH
     return DYNAMIC_BATCH_GPU if device.is_cuda else DYNAMIC_BATCH_CPU
 
@@ -265,11 +292,13 @@ def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
         raise ModelError(f"{path}: cannot read its external data: {first_line(err)}") from None
 
 
-def load_model(model: str | Path) -> Model:
-    """Load and check an ONNX model file (or a shipped model by name); ModelError says what is wrong."""
+def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] = ()) -> Model:
+    """Load and check an ONNX model file (or a shipped model by name); ModelError says what is wrong.
+    Calls of the model's own functions are inlined, but those of `keep_functions` ((domain, name):
+    functions a custom op declares, which then run as one node)."""
     path = resolve_model_path(model)
     if not path.exists():
-        shipped = ", ".join(SHIPPED_MODELS)
+        shipped = ", ".join(BUNDLED_MODELS)
         raise ModelError(f"model file not found: {path} (shipped models: {shipped})")
     if path.is_dir():
         raise ModelError(f"{path} is a folder, not an ONNX model file")
@@ -287,6 +316,7 @@ def load_model(model: str | Path) -> Model:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as err:
         raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
+    proto = inline_functions(proto, frozenset(keep_functions))
     name_unnamed_nodes(proto.graph)  # before simplifying, so a node has the same name in both graphs
     bare, constants, done = _simplified(proto, path)
     return Model(bare, display_name(path, proto), original=proto, simplification=done, weights=constants)

@@ -21,7 +21,7 @@ import numpy as np
 from ..gpu import cuda
 from ..core import host_threads
 from ..errors import InputError, positive_int
-from ..graph.model import SHIPPED_MODELS, Model
+from ..graph.model import BUNDLED_MODELS, Model
 from ..core.paths import models_dir
 
 TEST_IMAGES: int = 10000
@@ -217,7 +217,7 @@ def make_inputs(model: Model, batch: int, source: str = "auto", seed: int = 0, p
     batch = positive_int(batch, "batch")
     pinned = bool(pinned) and cuda.is_available()
     if source == "auto":
-        source = "fashion-mnist" if model.name in SHIPPED_MODELS else "random"
+        source = "fashion-mnist" if model.name in BUNDLED_MODELS else "random"
     if source == "random":
         shapes = model.input_shapes(batch)
         feeds = {

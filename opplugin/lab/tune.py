@@ -1,4 +1,5 @@
-"""`opplugin tune`: time every FP32-exact configuration of each Conv step on this GPU.
+"""`opplugin tune`: time every FP32-exact configuration of each Conv step on this GPU, and
+every implementation of each custom node (custom_tune.py).
 
 For each plugin step of the plan whose op is Conv (with its fused epilogue),
 every configuration `families.tuning_configs` offers goes through one trial
@@ -30,7 +31,8 @@ from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.prologue import from_nodes
 from ..ops.conv.spec import ConvSpec
-from ..plan.partition import PluginStep, make_plan
+from ..plan.partition import Plan, PluginStep, make_plan
+from .custom_tune import CustomStepTuning, custom_steps, custom_table_lines, store_choices, tune_custom_step
 from ..core.texttable import text_table
 from .trial import EXACT_TOLERANCE, Problem, Trial, run_trial
 
@@ -87,6 +89,8 @@ class TuneReport:
     cache_error: str | None = None
     warmup: int = DEFAULT_WARMUP
     repeat: int = DEFAULT_REPEAT
+    custom: list[CustomStepTuning] = field(default_factory=list)  # the custom nodes' implementations (custom_tune.py)
+    custom_path: Path | None = None  # where their choices were written
 
 
 def cuda_device(device: Device | str | None) -> Device:
@@ -102,9 +106,9 @@ def cuda_device(device: Device | str | None) -> Device:
     return current_cuda_device()
 
 
-def conv_steps(model: Model, batch: int, device: Device) -> list[tuple[PluginStep, ConvSpec, Epilogue]]:
+def conv_steps(model: Model, batch: int, device: Device, plan: Plan | None = None) -> list[tuple[PluginStep, ConvSpec, Epilogue]]:
     """The plan's Conv steps with their shape at this batch and their fused epilogue."""
-    plan = make_plan(model, batch, device)
+    plan = plan or make_plan(model, batch, device)
     found = []
     for step in plan.plugin_steps:
         if step.node.op_type != "Conv":
@@ -127,8 +131,8 @@ def tune(
     write_cache: bool = True,
     kernels: dict[str, str] | None = None,
 ) -> TuneReport:
-    """Tune every Conv step of `model` at `batch` and (by default) write the choices
-    to the tuning cache. `progress`, when given, receives one line per configuration."""
+    """Tune every Conv step and custom node of `model` at `batch` and (by default) write the
+    choices to the tuning cache. `progress`, when given, receives one line per configuration."""
     batch = positive_int(batch, "batch")
     warmup = positive_int(warmup, "warm-up", allow_zero=True)
     repeat = positive_int(repeat, "repeat")
@@ -137,8 +141,15 @@ def tune(
     say = progress or (lambda line: None)
     report = TuneReport(model.name, batch, device, [], warmup=warmup, repeat=repeat)
     sources = _user_sources(kernels)
-    for step, spec, epilogue in conv_steps(model, batch, device):
+    plan = make_plan(model, batch, device)
+    for step, spec, epilogue in conv_steps(model, batch, device, plan):
         report.steps.append(tune_step(step, spec, epilogue, say, warmup, repeat, sources))
+    report.custom = [tune_custom_step(step, device, say, warmup, repeat) for step in custom_steps(plan)]
+    if write_cache:
+        try:
+            report.custom_path = store_choices(report.custom)
+        except OSError as err:
+            report.cache_error = f"could not write the custom ops' choices: {err}"
     choices = {
         tuning_key(t.spec, t.epilogue, device.name): t.cache_choice() for t in report.steps if t.chosen
     }
@@ -222,6 +233,11 @@ def format_report(report: TuneReport) -> str:
             figure = f"{r.ms:.4f} ms{against}" if r.ms is not None else RESULT_WORDS[r.status]
             lines.append(f"  your kernel {r.variant}: {figure}" + (f" ({detail(r)})" if detail(r) else ""))
         lines.append("")
+    if report.custom:
+        lines += ["Custom nodes: each implementation against its op's float64 reference, then timed", ""]
+        lines += custom_table_lines(report.custom)
+    if report.custom_path:
+        lines.append(f"Custom ops' choices written: {report.custom_path}")
     if report.cache_path:
         lines.append(f"Tuning cache written: {report.cache_path}")
     elif report.cache_error:
@@ -264,6 +280,10 @@ def build_tune_report(report: TuneReport) -> dict[str, Any]:
         "steps": steps,
         "cache_path": str(report.cache_path) if report.cache_path else None,
         "cache_error": report.cache_error,
+        "custom_steps": [{"step": t.step, "op": t.op, "reference_host_ms": t.reference_ms,
+                          "chosen": t.chosen.variant if t.chosen else None,
+                          "implementations": [dataclasses.asdict(trial) for trial in t.trials]} for t in report.custom],
+        "custom_choices_path": str(report.custom_path) if report.custom_path else None,
     }
 
 

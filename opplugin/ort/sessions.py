@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -63,18 +63,87 @@ class Reference:
     `shape` where given."""
 
     def __init__(self, model: onnx.ModelProto, extra_outputs: Sequence[str] = (), *, views: dict[str, tuple] | None = None):
-        proto = copy.deepcopy(model)
         self.views = {name: view for name, view in (views or {}).items() if name in extra_outputs}
+        self.wanted = list(dict.fromkeys([*(o.name for o in model.graph.output),
+                                          *(self.views.get(n, (n,))[0] for n in extra_outputs)]))
+        self._prepare(model)
+
+    def _prepare(self, model: onnx.ModelProto) -> None:
+        proto = copy.deepcopy(model)
         existing = {o.name for o in proto.graph.output}
-        for name in dict.fromkeys(self.views.get(n, (n,))[0] for n in extra_outputs):
-            if name not in existing:
-                proto.graph.output.append(helper.make_empty_tensor_value_info(name))
+        proto.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in self.wanted if name not in existing)
         self.session = reference_session(proto)
         self.names = [o.name for o in proto.graph.output]
 
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.session.run(self.names, feeds)))
+
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = dict(zip(self.names, self.session.run(self.names, feeds)))
+        values = self._run(feeds)
         for name, (source, perm, *rest) in self.views.items():
             value = np.expand_dims(np.transpose(values[source], perm), tuple(rest[0]) if rest else ())
             values[name] = np.ascontiguousarray(value.reshape(rest[1]) if len(rest) > 1 else value)
         return values
+
+
+# runs one node onnxruntime cannot: (node, its inputs (None for an omitted one)) -> its outputs
+ForeignNode = Callable[[onnx.NodeProto, list], list]
+
+
+class SplitReference(Reference):
+    """The reference of a model with nodes onnxruntime cannot run (custom ops): the graph cut at
+    each such node into onnxruntime sub-models, run in order, the nodes between them run by
+    `foreign`. Each sub-model is made on its first call, its inputs typed as the values it is given."""
+
+    def __init__(self, model: onnx.ModelProto, foreign_nodes: set[str], run_foreign: ForeignNode,
+                 extra_outputs: Sequence[str] = (), *, views: dict[str, tuple] | None = None):
+        self.foreign_nodes, self.run_foreign = foreign_nodes, run_foreign
+        super().__init__(model, extra_outputs, views=views)
+
+    def _prepare(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.initializers = {t.name: t for t in model.graph.initializer}
+        self.pieces: list[onnx.NodeProto | list[onnx.NodeProto]] = []  # a foreign node, or a run of the others
+        for node in model.graph.node:
+            if node.name in self.foreign_nodes:
+                self.pieces.append(node)
+            elif self.pieces and isinstance(self.pieces[-1], list):
+                self.pieces[-1].append(node)
+            else:
+                self.pieces.append([node])
+        self.sessions: dict[int, tuple[ort.InferenceSession, list[str], list[str]]] = {}
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = dict(feeds)
+        for index, piece in enumerate(self.pieces):
+            if isinstance(piece, onnx.NodeProto):
+                results = self.run_foreign(piece, [self._value(i, values) if i else None for i in piece.input])
+                values.update((name, value) for name, value in zip(piece.output, results) if name)
+                continue
+            session, inputs, outputs = self._session(index, piece, values)
+            values.update(zip(outputs, session.run(outputs, {name: values[name] for name in inputs})))
+        return {name: values[name] for name in self.wanted}
+
+    def _value(self, name: str, values: dict[str, np.ndarray]) -> np.ndarray:
+        """A tensor a foreign node reads: computed before it, or a weight of the model."""
+        return values[name] if name in values else numpy_helper.to_array(self.initializers[name])
+
+    def _session(self, index: int, nodes: list[onnx.NodeProto], values: dict[str, np.ndarray]):
+        """The sub-model of a run of nodes: it reads what is written before it, and gives what is read after it."""
+        if index in self.sessions:
+            return self.sessions[index]
+        produced = {o for n in nodes for o in n.output if o}
+        inputs = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in self.initializers))
+        later = {i for piece in self.pieces[index + 1:] for n in ([piece] if isinstance(piece, onnx.NodeProto) else piece)
+                 for i in n.input} | set(self.wanted)
+        outputs = [o for n in nodes for o in n.output if o in later]
+        graph = helper.make_graph(
+            nodes, f"reference_part{index}",
+            [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(values[name]).dtype), None)
+             for name in inputs],
+            [helper.make_empty_tensor_value_info(name) for name in outputs],
+            initializer=[self.initializers[i] for i in dict.fromkeys(i for n in nodes for i in n.input) if i in self.initializers])
+        sub = helper.make_model(graph, opset_imports=list(self.model.opset_import), functions=list(self.model.functions))
+        sub.ir_version = max(self.model.ir_version, 4)
+        self.sessions[index] = reference_session(sub), inputs, outputs
+        return self.sessions[index]

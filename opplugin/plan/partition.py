@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 
 from ..gpu.device import Device
 from ..gpu.kernel_cache import CompileJob
-from ..errors import PluginError
+from ..errors import ModelError, PluginError
+from ..ort import known_ops
 from ..graph.model import Model
 from .prologue import find_prologues, give_way, prologue_inputs
 from ..registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
@@ -117,7 +118,7 @@ class Plan:
 def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None,
               tensors: dict[str, TensorInfo] | None = None) -> Plan:
     """The plan at `batch`; `tensors`: every tensor's shape at that batch where the caller has them (else inferred)."""
-    registry = plugins() if registry is None else registry
+    registry = {**(plugins() if registry is None else registry), **model.declarations}  # the model's custom ops too
     tensors = model.infer(batch) if tensors is None else tensors
     grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
     consumed_later = _consumers_after(grouping.groups, grouping.fused, model.outputs, grouping.prologues)
@@ -125,7 +126,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo) and group.name in grouping.node_groups:
             nodes = grouping.node_groups[group.name]
-            steps.append(PluginStep(group.name, group, registry[group.op_type], list(nodes.inputs), list(nodes.outputs),
+            steps.append(PluginStep(group.name, group, registry[group.op_key], list(nodes.inputs), list(nodes.outputs),
                                     grouping.fused[group.name], nodes))
             continue
         if isinstance(group, NodeInfo):
@@ -134,11 +135,12 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
             inputs = step_inputs(group, followers, model)
             prologue = grouping.prologues.get(group.name, [])
             if prologue:
-                inputs = prologue_inputs(prologue, registry[group.op_type].prologue_input, inputs, model.initializers)
-            steps.append(PluginStep(group.name, group, registry[group.op_type], inputs, outputs, followers, prologue=prologue))
+                inputs = prologue_inputs(prologue, registry[group.op_key].prologue_input, inputs, model.initializers)
+            steps.append(PluginStep(group.name, group, registry[group.op_key], inputs, outputs, followers, prologue=prologue))
             continue
         number = sum(isinstance(s, OrtStep) for s in steps) + 1
         nodes = [info.node for info in group]
+        _refuse_unknown_ops(nodes, model)
         outputs = [o for n in nodes for o in n.output if o and o in consumed_later[index]]
         if not outputs:  # dead code: nothing reads what these nodes write, and onnxruntime runs nothing for nobody
             continue
@@ -146,6 +148,17 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         sub = sub_model(model, f"{model.name}_part{number}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{number}", nodes, inputs, outputs, sub))
     return Plan(model, batch, device, steps, tensors, grouping.fallbacks, grouping.given_up)
+
+
+def _refuse_unknown_ops(nodes: list[onnx.NodeProto], model: Model) -> None:
+    """ModelError for the first node that neither a plugin nor onnxruntime can run (a custom op no
+    declaration names), saying how to declare it."""
+    functions = frozenset((f.domain, f.name) for f in model.bare.functions)
+    unknown = next((n for n in nodes if not known_ops.runs(n, functions)), None)
+    if unknown is not None:
+        raise ModelError(f"{model.name}: node {node_name(unknown)} is {unknown.domain}::{unknown.op_type}, which onnxruntime "
+                         f"does not know and no declaration runs; declare it in a Python file (opplugin.custom.CustomOp) "
+                         f"and pass --ops FILE.py")
 
 
 @dataclass
@@ -170,7 +183,7 @@ class _Grouping:
         for info in infos:
             if info.name in taken:
                 continue
-            plugin = registry.get(info.op_type)
+            plugin = registry.get(info.op_key)
             if plugin:
                 info, reason = _with_spec(plugin, info)
                 reason = reason or _support(plugin, info, device)
@@ -215,7 +228,7 @@ def _grown_group(lead: NodeInfo, infos: list[NodeInfo], plugin: Plugin, model: M
         inputs = [i for i in info.node.input if i]
         if info.name in taken or not produced.intersection(inputs):
             continue
-        other = registry.get(info.op_type)
+        other = registry.get(info.op_key)
         if other is None or other.group_kind != kind:
             continue
         if any(i not in produced and i not in model.initializers and made_by.get(i, -1) >= lead_at for i in inputs):
@@ -271,7 +284,7 @@ def _fusion(
     registered for an op runs that op's nodes. When that cuts short a fusion, the
     second item says so (else None)."""
     chain, ends = _fusable_chain(info, readers, made_by, graph_outputs)
-    mine = next((i for i, follower in enumerate(chain) if follower.op_type in registry and not is_builtin(registry[follower.op_type])),
+    mine = next((i for i, follower in enumerate(chain) if follower.op_key in registry and not is_builtin(registry[follower.op_key])),
                 len(chain))
     count = _fuse_count(plugin, info, chain[:mine], device, ends)
     possible = _fuse_count(plugin, info, chain, device, ends) if mine < len(chain) else 0

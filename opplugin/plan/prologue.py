@@ -31,7 +31,7 @@ def find_prologues(infos: list[NodeInfo], readers: dict[str, list[NodeInfo]], ma
     taken: dict[str, list[NodeInfo]] = {}
     claimed: set[str] = set()
     for info in infos:
-        plugin = registry.get(info.op_type)
+        plugin = registry.get(info.op_key)
         if plugin is None or plugin.prologue_input is None or not info.node.input or not info.node.input[0]:
             continue
         chain = _candidate_chain(info, infos, readers, made_by, graph_outputs, claimed)
@@ -79,7 +79,7 @@ def _epilogue_could_take(chain: Sequence[NodeInfo], infos: list[NodeInfo], reade
     if data not in made_by or len(readers.get(data, [])) != 1:
         return False
     producer = infos[made_by[data]]
-    plugin = registry.get(producer.op_type)
+    plugin = registry.get(producer.op_key)
     try:
         return plugin is not None and plugin.fuse(producer, list(chain), device) > 0
     except Exception:  # a plugin that cannot judge a chain fuses none of it

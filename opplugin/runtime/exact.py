@@ -245,7 +245,7 @@ class ExactPath:
         was_fused = any(s.name == step.name and (s.fused or s.prologue) and s.group is None for s in self.plan.plugin_steps)
         if not was_fused and not reruns_differently(step, kernel, self.device):
             return kernel
-        requested = self.requested_variants.get(step.node.op_type)
+        requested = self.requested_variants.get(step.node.op_key)
         variant = kernel.variant or requested
         try:
             built = step.build(self.device, variant)

@@ -75,8 +75,8 @@ def record_plan_alone(plan: Plan, variants: Mapping[str, str] | None = None) -> 
 def _planned_implementation(plan: Plan, step: Step, variants: Mapping[str, str], ort_name: str) -> str:
     if step.kind != "plugin":
         return ort_name
-    op_type = step.node.op_type
-    return step.kernel_name(plan.device, variants.get(op_type)) or f"{op_type} plugin"
+    op_key = step.node.op_key
+    return step.kernel_name(plan.device, variants.get(op_key)) or f"{op_key} plugin"
 
 
 def _shape_at(plan: Plan, layout: chunking.BatchLayout, name: str, batch: int) -> tuple[int, ...]:

@@ -67,7 +67,10 @@ class Runner:
     "cpu", "cuda" or a Device. `variants` names a variant per op type
     ({"Conv": "const_tile"}); `registry` replaces the registered plugins; `kernels`
     runs your own CUDA source per op type in place of its plugin ({"Conv": "my_conv.cu"},
-    or a user_kernels.KernelSource; see `opplugin new conv FILE`).
+    or a user_kernels.KernelSource; see `opplugin new conv FILE`). `ops` are custom ops'
+    declarations (custom.CustomOp): their nodes run on their kernels, or their reference
+    (one that declares a function of the model needs the model loaded with
+    `load_model(path, keep_functions=custom.functions.function_ids(ops))`, else its calls are inlined).
     `chunk` fixes the images per chunk (default: from the free device memory and
     the pipeline's needs); `streams` the chunks in flight at once on a GPU
     (default 3). `cuda_graphs` (on by default; it needs a CUDA device and is ignored
@@ -93,8 +96,14 @@ class Runner:
         streams: int | None = None,
         kernels: dict[str, Any] | None = None,
         cuda_graphs: bool = True,
+        ops: Sequence[Plugin] | None = None,
     ):
         self.batch = positive_int(batch, "batch")
+        if ops:
+            from ..custom.functions import with_function_references
+            from ..custom.loading import distinct
+
+            model.declare(with_function_references(distinct(ops), model.original))  # shape inference and plans read them
         registry = _with_user_kernels(registry, kernels)
         if chunk is not None:
             chunk = positive_int(chunk, "chunk")
@@ -134,7 +143,7 @@ class Runner:
 
     def _build(self, step: PluginStep) -> Kernel:
         # whether the kernels run from CUDA graphs changes what a variant costs the host (ops/conv/cost.py)
-        kernel = step.build(self.device, self.variants.get(step.node.op_type), graphed=self.cuda_graphs)
+        kernel = step.build(self.device, self.variants.get(step.node.op_key), graphed=self.cuda_graphs)
         if not isinstance(kernel, Kernel):
             raise PluginError(
                 f"the {step.node.op_type} plugin built {type(kernel).__name__} for step {step.name}, which is not a Kernel "
@@ -144,7 +153,7 @@ class Runner:
         return kernel
 
     def _compile_jobs(self, step: PluginStep) -> Sequence[CompileJob]:
-        return step.compile_jobs(self.device, self.variants.get(step.node.op_type), graphed=self.cuda_graphs)
+        return step.compile_jobs(self.device, self.variants.get(step.node.op_key), graphed=self.cuda_graphs)
 
     def _chunk_for(self, batch: int) -> int:
         """Images per chunk: what the memory budget allows, and on a GPU no more than overlap wants."""

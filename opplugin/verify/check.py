@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..report.jsonout import header
 from ..core.row_ranges import split_rows
 from ..runtime.records import PlanRecord, RunResult
-from ..ort.sessions import Reference
+from .references import reference_for
 from ..core.texttable import LINE_WIDTH, NAME_WIDTH, elide_middle, text_table
 
 # runner.run: (feeds, keep) -> RunResult
@@ -339,7 +339,7 @@ def check(
     kept = kept_tensors(plan)
     rows_list = check_chunks(plan, batch, budget_bytes, chunk)
     batched = _batched(plan)
-    reference = Reference(model.original, kept, views=model.simplification.views)  # the graph as loaded, before simplification
+    reference = reference_for(model, kept, views=model.simplification.views)  # the graph as loaded, before simplification
 
     compared = set(kept) | set(model.outputs)
     stats = {(step.name, name): ErrorStats(atol, rtol) for step in plan.plugin_steps for name in step.outputs if name in compared}
@@ -381,7 +381,7 @@ def agreement(plan: PlanRecord, feeds: dict[str, np.ndarray], output: np.ndarray
     compare()'s figures plus "top1_agreement" (None when the output is no classifier's)."""
     model, batched = plan.model, _batched(plan)
     batch = _rows_of(plan, feeds)
-    reference = Reference(model.original)
+    reference = reference_for(model)
     first = model.outputs[0]
     figures, tally = ErrorStats(atol, rtol), Top1Tally()
     rows_at_once = max(1, AGREEMENT_BYTES // onnxruntime_image_bytes(plan))

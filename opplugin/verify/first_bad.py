@@ -29,7 +29,7 @@ import numpy as np
 from . import float64
 from .check import CheckResult, ErrorStats, comparable_tensors
 from ..errors import first_line
-from ..ort.sessions import Reference
+from .references import float64_ops, reference_for
 
 # Images each step is re-run on: enough to meet a bad element, few enough to be quick.
 ISOLATION_IMAGES = 64
@@ -98,7 +98,7 @@ def isolate_steps(runner, feeds: dict[str, np.ndarray], result: CheckResult, ato
     views = plan.model.simplification.views  # tensors the simplified graph writes in another layout or shape
     comparable = comparable_tensors(plan.model)
     wanted = [n for step in plan.plugin_steps for n in [*step.inputs, *step.outputs] if n in comparable]
-    theirs = Reference(plan.model.original, list(dict.fromkeys(wanted)), views=views)(piece)
+    theirs = reference_for(plan.model, list(dict.fromkeys(wanted)), views=views)(piece)
     theirs.update(piece)
     chained = {r["step"]: r for r in result.records}
     verdicts = []
@@ -135,7 +135,8 @@ def _judge_by_float64(verdict: StepVerdict, step, model, ours: dict[str, np.ndar
     """Fill `verdict.exact`: opplugin's and onnxruntime's outputs of the step against its nodes in float64."""
     nodes = [n.node for n in step.kernel_nodes]
     try:
-        exact = float64.evaluate(nodes, theirs, model.initializers, step.outputs, model.bare.opset_import)
+        exact = float64.evaluate(nodes, theirs, model.initializers, step.outputs, model.bare.opset_import,
+                                 new_ops=float64_ops(model, nodes))
     except Exception as err:  # an op onnx's evaluator cannot run: no arbitration, the verdict stands
         verdict.note = f"no float64 arbitration: onnx's ReferenceEvaluator cannot run the step ({first_line(err)})"
         return

@@ -12,43 +12,31 @@ from typing import Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+
+from ..graph.float64_nodes import node_in_float64, up
 
 
 def evaluate(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
-             outputs: Sequence[str], opset_import: Sequence[onnx.OperatorSetIdProto]) -> dict[str, np.ndarray]:
-    """`outputs` of `nodes` in float64, from `inputs` (cast up) and the `constants` they read.
+             outputs: Sequence[str], opset_import: Sequence[onnx.OperatorSetIdProto], new_ops: Sequence[type] = ()) -> dict[str, np.ndarray]:
+    """`outputs` of `nodes` in float64, from `inputs` (cast up) and the `constants` they read;
+    `new_ops`: onnx OpRun classes for ops the evaluator lacks (custom ops' references).
     Raises whatever the evaluator raises for an op it cannot run."""
     from onnx.reference import ReferenceEvaluator
 
     read = dict.fromkeys(i for n in nodes for i in n.input if i)
-    feeds = {name: _up(value) for name, value in inputs.items() if name in read}
-    initializers = [numpy_helper.from_array(_up(constants[name]), name) for name in read if name in constants and name not in feeds]
+    feeds = {name: up(value) for name, value in inputs.items() if name in read}
+    initializers = [numpy_helper.from_array(up(constants[name]), name) for name in read if name in constants and name not in feeds]
     graph = helper.make_graph(
-        [_node_in_float64(n) for n in nodes], "float64",
+        [node_in_float64(n) for n in nodes], "float64",
         [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), None) for name, value in feeds.items()],
         [helper.make_empty_tensor_value_info(name) for name in outputs], initializer=initializers)
-    model = helper.make_model(graph, opset_imports=list(opset_import))
+    imports = list(opset_import) + [helper.make_opsetid(domain, 1) for domain in
+                                    dict.fromkeys(op.op_domain for op in new_ops) if domain not in {o.domain for o in opset_import}]
+    model = helper.make_model(graph, opset_imports=imports)
     with np.errstate(all="ignore"):  # overflow inside a saturating op (Sigmoid of -800) is its right answer
-        results = ReferenceEvaluator(model).run(list(outputs), feeds)
+        results = ReferenceEvaluator(model, new_ops=list(new_ops) or None).run(list(outputs), feeds)
     return dict(zip(outputs, (np.asarray(r) for r in results)))
-
-
-def _up(value: np.ndarray) -> np.ndarray:
-    value = np.asarray(value)
-    return value.astype(np.float64) if value.dtype in (np.float16, np.float32) else value
-
-
-def _node_in_float64(node: onnx.NodeProto) -> onnx.NodeProto:
-    """A copy of `node` whose float32 casts and tensor attributes are float64."""
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
-    for attribute in copy.attribute:
-        if attribute.name == "to" and attribute.type == onnx.AttributeProto.INT and attribute.i in (TensorProto.FLOAT, TensorProto.FLOAT16):
-            attribute.i = TensorProto.DOUBLE
-        elif attribute.type == onnx.AttributeProto.TENSOR:
-            attribute.t.CopyFrom(numpy_helper.from_array(_up(numpy_helper.to_array(attribute.t)), attribute.t.name))
-    return copy
 
 
 # float32's unit roundoff
@@ -77,7 +65,7 @@ def fp32_bound(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], c
     terms = _terms_per_output(lead, operands)
     if terms is None:
         return None
-    absolute = {name: np.abs(_up(values[name])) for name in lead.input if name}
+    absolute = {name: np.abs(up(values[name])) for name in lead.input if name}
     magnitude = np.abs(evaluate([lead], absolute, {}, [lead.output[0]], opset_import)[lead.output[0]])
     if exact is None:
         exact = evaluate([lead], inputs, constants, [lead.output[0]], opset_import)[lead.output[0]]

@@ -2,7 +2,7 @@
 import pytest
 
 from opplugin.ort.sessions import Reference
-from opplugin.verify import check as check_module
+from opplugin.verify import references as references_module
 
 
 @pytest.fixture
@@ -15,5 +15,5 @@ def references(monkeypatch):
             built.append(model_proto)
             super().__init__(model_proto, extra_outputs, **options)
 
-    monkeypatch.setattr(check_module, "Reference", Recording)
+    monkeypatch.setattr(references_module, "Reference", Recording)
     return built

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         device = select_device("cuda")
         plan = make_plan(load_model(model_name), int(batch), device, registry)
         for step in plan.plugin_steps:
-            if isinstance(registry.get(step.node.op_type), UserPlugin):
+            if isinstance(registry.get(step.node.op_key), UserPlugin):
                 kernel = step.build(device)
                 kernel(probe_inputs(step.node, int(batch)), None)
                 cupy.cuda.Device().synchronize()

@@ -65,7 +65,7 @@ class RunnerOptions:
     --streams, --cuda-graphs, and on run and check --devices."""
 
     device: str = "auto"  # auto: the GPU when there is one
-    variant: str | None = None  # the Conv variant; None: the fastest on this GPU
+    variant: str | None = None  # --variant as typed: a Conv variant, or OP=VARIANT pairs joined by spaces
     chunk: int | None = None  # None: from free device memory
     streams: int | None = None  # None: the runner's default
     cuda_graphs: bool | None = None  # None: neither flag typed (graphs where there is a GPU); True: --cuda-graphs
@@ -74,7 +74,10 @@ class RunnerOptions:
     @staticmethod
     def add(parser: argparse.ArgumentParser, *, devices: bool = False) -> None:
         parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
-        parser.add_argument("--variant", help="Conv kernel variant (baseline, const, const_mo, ...); default: the fastest on this GPU")
+        parser.add_argument("--variant", action="append", metavar="[OP=]VARIANT",
+                            help="a Conv kernel variant (baseline, const, const_mo, ...), or OP=VARIANT for another op "
+                                 "(example.ops::Swish=cupy picks a custom op's implementation); repeatable; "
+                                 "default: the fastest on this GPU")
         parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
         parser.add_argument("--streams", type=int, help=f"chunks in flight at once on a GPU (default {DEFAULT_STREAMS})")
         parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
@@ -94,12 +97,28 @@ class RunnerOptions:
                 positive_int(value, flag)
         if args.devices is not None and args.device == "cpu":
             raise InputError("--devices splits the batch over CUDA devices; leave out --device cpu")
-        return cls(args.device, args.variant, args.chunk, args.streams, args.cuda_graphs, args.devices)
+        given = args.variant or []
+        parse_variants(given)
+        return cls(args.device, " ".join(given) or None, args.chunk, args.streams, args.cuda_graphs, args.devices)
 
     @property
     def variants(self) -> dict[str, str] | None:
-        """--variant as the runner takes it."""
-        return {"Conv": self.variant} if self.variant else None
+        """--variant as the runner takes it: {op key: variant}."""
+        return parse_variants(self.variant.split()) if self.variant else None
+
+
+def parse_variants(values: list[str]) -> dict[str, str]:
+    """{op key: variant} from --variant values: VARIANT alone is Conv's; InputError for an empty part or an op named twice."""
+    variants: dict[str, str] = {}
+    for value in values:
+        op, _, variant = value.rpartition("=")
+        op = op or "Conv"
+        if not variant or not op.strip():
+            raise InputError(f"--variant {value!r}: give VARIANT (a Conv variant) or OP=VARIANT")
+        if op in variants:
+            raise InputError(f"--variant names {op} twice ({variants[op]}, {variant}); give one")
+        variants[op] = variant
+    return variants
 
 
 @dataclass(frozen=True)

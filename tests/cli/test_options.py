@@ -142,3 +142,13 @@ def test_commands_take_their_groups_as_before():
     assert options("plan", "--streams", "2").runner.streams == 2
     tune = options("tune", "--device", "cuda")
     assert tune.device == "cuda" and tune.model.input_shapes == {}
+
+
+def test_variant_takes_a_conv_variant_or_op_pairs_and_refuses_an_op_twice():
+    from opplugin.cli.options import parse_variants
+
+    assert parse_variants(["const", "example.ops::Swish=cupy"]) == {"Conv": "const", "example.ops::Swish": "cupy"}
+    with pytest.raises(InputError, match="names Conv twice"):
+        parse_variants(["const", "Conv=tiled"])
+    with pytest.raises(InputError, match="give VARIANT"):
+        parse_variants(["example.ops::Swish="])

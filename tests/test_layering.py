@@ -25,7 +25,8 @@ LAYERS = (
     ("registry", ("opplugin.registry",)),
     ("graph", ("opplugin.graph",)),
     ("ops, plan, inputs", ("opplugin.ops", "opplugin.plan", "opplugin.inputs")),
-    ("user kernels, custom ops", ("opplugin.user_kernels", "opplugin.custom")),
+    ("user kernels", ("opplugin.user_kernels",)),
+    ("custom ops", ("opplugin.custom",)),  # a custom op's CUDA C kernel is compiled as a user kernel is
     ("runtime", ("opplugin.runtime",)),
     ("report", ("opplugin.report",)),
     ("verify", ("opplugin.verify",)),

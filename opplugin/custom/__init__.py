@@ -10,7 +10,10 @@ and the ``opplugin.plugins`` entry points take declarations.
 """
 from __future__ import annotations
 
+from .cuda_source import CudaSource
+from .cupy_impl import CuPy
 from .declaration import REQUIRED, CustomOp, DeclarationError, Implementation
 from .loading import load_ops
+from .triton_impl import Triton
 
-__all__ = ["REQUIRED", "CustomOp", "DeclarationError", "Implementation", "load_ops"]
+__all__ = ["REQUIRED", "CudaSource", "CuPy", "CustomOp", "DeclarationError", "Implementation", "Triton", "load_ops"]

@@ -68,9 +68,11 @@ class KernelSource:
     path: str
     op_type: str = "Conv"
     text: str = field(default="", repr=False)
+    # the contract, where it is not the op type's own (a custom op's, made from its declaration)
+    declared: Contract | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        self.contract: Contract = contract_for(self.op_type)
+        self.contract: Contract = self.declared or contract_for(self.op_type)
         if not self.text:
             self.reload()
         else:
@@ -111,8 +113,9 @@ class KernelSource:
         return f"{self.path}:{self.launch.grid_line}"
 
     def grid_names(self, defines: Mapping[str, int], batch: int) -> dict[str, int]:
-        """The names a grid expression may use: the node's macros, batch, BLOCK and OUTPUTS_PER_THREAD."""
-        return dict(defines) | {"batch": batch, "BLOCK": self.launch.block, "OUTPUTS_PER_THREAD": self.launch.outputs_per_thread}
+        """The names a grid expression may use: the node's whole-number macros, batch, BLOCK and OUTPUTS_PER_THREAD."""
+        numbers = {name: value for name, value in defines.items() if isinstance(value, int)}
+        return numbers | {"batch": batch, "BLOCK": self.launch.block, "OUTPUTS_PER_THREAD": self.launch.outputs_per_thread}
 
     def check_grid(self, defines: Mapping[str, int]) -> None:
         """UserKernelError at the directive's line when a grid expression names something that is
@@ -122,7 +125,7 @@ class KernelSource:
 
     def generated(self, defines: Mapping[str, int]) -> str:
         """The source NVRTC compiles for one node: macros, the user's text at its own lines, the signature check."""
-        macros = "".join(f"#define {name} {int(value)}\n" for name, value in defines.items())
+        macros = "".join(f"#define {name} {macro_text(value)}\n" for name, value in defines.items())
         macros += f"#define BLOCK {self.launch.block}\n#define OUTPUTS_PER_THREAD {self.launch.outputs_per_thread}\n"
         if self.launch.constant_weights and "C" in defines:
             weights = defines["M"] * (defines["C"] // defines["G"]) * defines["KH"] * defines["KW"]
@@ -139,6 +142,17 @@ class KernelSource:
             '"opplugin: wrong signature");\n'
         )
         return f'{macros}#line 1 "{quoted}"\n{self.text}\n{check}'
+
+
+def macro_text(value) -> str:
+    """A macro's value as C: a whole number as it is, a float as a float literal, text (an
+    expression such as "(batch)") as given."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return f"{value!r}f" if value == value and abs(value) != float("inf") else ("(0.0f/0.0f)" if value != value else
+                                                                                  ("(1.0f/0.0f)" if value > 0 else "(-1.0f/0.0f)"))
+    return str(int(value))
 
 
 def strip_comments(text: str) -> str:

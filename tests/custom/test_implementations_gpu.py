@@ -1,0 +1,141 @@
+"""Each kind of custom-op kernel on the GPU, against the op's float64 reference on fresh random
+inputs with its outputs poisoned first: a CUDA C file, a CuPy function and RawKernel, an
+autotuned Triton kernel (each configuration); the shipped example model checked with each, its
+custom steps inside the CUDA graphs; and every broken kernel one line."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from custom_models import swish_op
+from opplugin.custom import CudaSource, CuPy, DeclarationError, Triton
+from opplugin.gpu.device import select_device
+from opplugin.graph.model import load_model
+from opplugin.runtime import Runner
+from opplugin.user_kernels.source import UserKernelError
+from opplugin.verify.check import check
+
+pytestmark = pytest.mark.gpu
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
+                                  reason="Triton and torch are not installed")
+
+
+def example_ops():
+    path = Path(__file__).resolve().parents[2] / "models" / "lenet86_swish_ops.py"
+    spec = importlib.util.spec_from_file_location("lenet86_swish_ops", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def swish_node(op, shape=(6, 8, 12, 12)):
+    from test_implementations import swish_node as node
+
+    return node(op, shape[0], shape[1:])
+
+
+def against_reference(op, variant, shape=(6, 8, 12, 12), beta=2.5):
+    import cupy
+
+    device = select_device("cuda")
+    info = swish_node(op, shape)
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32) * 3
+    kernel = op.poisoned().build(info, device, variant)
+    [y] = kernel([cupy.asarray(x)], None)
+    [want] = op.call_reference("swish", [x], info.spec)
+    return np.abs(cupy.asnumpy(y).astype(np.float64) - want).max()
+
+
+CUDA_SWISH = '''extern "C" __global__ void swish2(const float* x, float* y, int batch) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < X_SIZE) y[i] = x[i] / (1.0f + expf(-ATTR_BETA * x[i]));
+}
+'''
+
+
+def test_a_cuda_file_matches_the_reference(tmp_path):
+    op = swish_op()
+    (tmp_path / "swish.cu").write_text(CUDA_SWISH)
+    op.implement(CudaSource(tmp_path / "swish.cu"))
+    assert against_reference(op, "cuda:swish.cu") < 1e-5
+
+
+def test_a_cupy_function_and_a_raw_kernel_match_the_reference():
+    import cupy
+
+    op = swish_op()
+    op.implement(CuPy(lambda x, beta: x / (1 + cupy.exp(-beta * x)), name="cupy"))
+    raw = cupy.RawKernel('''extern "C" __global__ void swish_raw(const float* x, float* y, float beta, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = x[i] / (1.0f + expf(-beta * x[i]));
+    }''', "swish_raw")
+    op.implement(CuPy(raw, name="raw"))
+    assert against_reference(op, "cupy") < 1e-5 and against_reference(op, "raw") < 1e-5
+
+
+def test_a_kernel_that_leaves_outputs_unwritten_shows_nan_in_a_check():
+    import cupy
+
+    op = swish_op()
+    half = cupy.RawKernel('''extern "C" __global__ void half(const float* x, float* y, float beta, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n / 2) y[i] = x[i];
+    }''', "half")
+    op.implement(CuPy(half, name="half"))
+    assert np.isnan(against_reference(op, "half"))
+
+
+def test_a_function_that_returns_the_wrong_shape_is_one_line():
+    op = swish_op()
+    op.implement(CuPy(lambda x, beta: x[:, :1], name="short"))
+    with pytest.raises(DeclarationError, match=r"swish: com.example::Swish2 short returned y as float32 \[6, 1, 12, 12\]; "
+                                               r"the declaration says float32 \[6, 8, 12, 12\]"):
+        against_reference(op, "short")
+
+
+def test_a_cuda_file_that_does_not_compile_names_its_line(tmp_path):
+    op = swish_op()
+    (tmp_path / "bad.cu").write_text(CUDA_SWISH.replace("ATTR_BETA", "ATTR_GAMMA"))
+    op.implement(CudaSource(tmp_path / "bad.cu"))
+    with pytest.raises(UserKernelError, match=rf"^{tmp_path / 'bad.cu'}:3: "):
+        op.build(swish_node(op), select_device("cuda"), "cuda:bad.cu")
+
+
+@needs_triton
+def test_every_triton_configuration_matches_the_reference_and_a_broken_kernel_is_one_line():
+    module = example_ops()
+    op = module.swish
+    variants = [v for v in op.variant_names() if v.startswith("triton:")]
+    assert len(variants) == 2
+    for variant in variants:
+        assert against_reference(op, variant, beta=1.0) < 1e-5
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def broken(x_ptr, y_ptr, n_elements, BLOCK: tl.constexpr):
+        tl.store(y_ptr + tl.arange(0, BLOCK), tl.load(x_ptr + tl.arange(0, BLOCK)) + undefined_name)  # noqa: F821
+
+    other = swish_op()
+    other.implement(Triton(broken, grid=(1,), name="broken"))
+    with pytest.raises(DeclarationError, match=r"^swish: com.example::Swish2 broken failed: "):
+        other.build(swish_node(other), select_device("cuda"), "broken")
+
+
+@pytest.mark.parametrize("variant", [None, "cuda:swish.cu", "cupy", "reference"])
+def test_the_shipped_example_passes_check_with_each_kernel_inside_the_cuda_graph(variant):
+    op = example_ops().swish
+    variants = {op.op_type: variant} if variant else None
+    runner = Runner(load_model("lenet86_swish"), 512, "cuda", variants, ops=[op])
+    from opplugin.inputs.feeds import make_inputs
+
+    feeds = make_inputs(runner.plan.model, 512).feeds
+    runner.run(feeds)
+    result = check(runner.run, runner.plan_record(512), feeds)
+    assert result.passed
+    swish_steps = [s.name for s in runner.plan.plugin_steps if s.node.op_key == op.op_type]
+    assert len(swish_steps) == 3
+    if variant != "reference":  # the reference synchronises: its run stays eager, and says why
+        assert runner.graph_failures() == {}
+

@@ -111,8 +111,7 @@ def parse_variants(values: list[str]) -> dict[str, str]:
     """{op key: variant} from --variant values: VARIANT alone is Conv's; InputError for an empty part or an op named twice."""
     variants: dict[str, str] = {}
     for value in values:
-        op, _, variant = value.rpartition("=")
-        op = op or "Conv"
+        op, _, variant = value.partition("=") if "=" in value else ("Conv", "", value)  # a variant's own name may hold "="
         if not variant or not op.strip():
             raise InputError(f"--variant {value!r}: give VARIANT (a Conv variant) or OP=VARIANT")
         if op in variants:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..errors import InputError
+from ..registry import node_key
 from ..inputs.feeds import Inputs, make_inputs
 from ..runtime import Runner
 from ..runtime.multi_device import DeviceRunners, cuda_slots
@@ -112,6 +113,9 @@ def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> 
     registry = user_registry_for(workload.kernels.by_op, poison=poison)
     if poison:
         poison_custom_ops(loaded.model)
+    unknown = sorted(set(settings.variants or {}) - {node_key(n) for n in loaded.model.nodes} - {"Conv"})
+    if unknown:  # before any kernel is built
+        raise InputError(f"--variant names {unknown[0]}, which no node of {loaded.model.name} is")
     runner = Runner(loaded.model, loaded.batch, loaded.device, settings.variants, registry, chunk=settings.chunk,
                     streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False)
     if registry is not None and not runner.device.is_cuda:

@@ -148,6 +148,7 @@ def test_variant_takes_a_conv_variant_or_op_pairs_and_refuses_an_op_twice():
     from opplugin.cli.options import parse_variants
 
     assert parse_variants(["const", "example.ops::Swish=cupy"]) == {"Conv": "const", "example.ops::Swish": "cupy"}
+    assert parse_variants(["example.ops::Swish=triton:k:BLOCK=256,w2,s3"]) == {"example.ops::Swish": "triton:k:BLOCK=256,w2,s3"}
     with pytest.raises(InputError, match="names Conv twice"):
         parse_variants(["const", "Conv=tiled"])
     with pytest.raises(InputError, match="give VARIANT"):

@@ -94,25 +94,31 @@ class UserKernel(Kernel):
 
     def probe(self, inputs: Sequence[Any], seconds: float = HANG_SECONDS) -> None:
         """One launch on these inputs, waited for at most `seconds`: UserKernelHang when it does not finish."""
-        import cupy
+        probe_launch(self, inputs, self.source.path, self.node_name, seconds)
 
-        stream = cupy.cuda.Stream(non_blocking=True)
-        try:
-            self(inputs, stream)
-            done = cupy.cuda.Event()
-            done.record(stream)
-        except cupy.cuda.driver.CUDADriverError as err:
-            raise UserKernelError(f"{self.source.path}: the kernel failed on {self.node_name}: {err}") from None
-        deadline = time.monotonic() + seconds
-        while not done.done:
-            if time.monotonic() > deadline:
-                raise UserKernelHang(f"{self.source.path}: the kernel did not finish within {seconds:g} s on one image of "
-                                     f"{self.node_name} (an endless loop, or a barrier some threads never reach?)")
-            time.sleep(0.01)
-        try:
-            stream.synchronize()
-        except Exception as err:  # an illegal address or the like, reported when the launch ends
-            raise UserKernelError(f"{self.source.path}: the kernel failed on {self.node_name}: {err}") from None
+
+def probe_launch(kernel: Any, inputs: Sequence[Any], path: str, node_name: str, seconds: float = HANG_SECONDS) -> None:
+    """`kernel(inputs, stream)` once on a stream of its own, waited for at most `seconds`:
+    UserKernelHang when it does not finish, UserKernelError (naming `path`) when it fails."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    try:
+        kernel(inputs, stream)
+        done = cupy.cuda.Event()
+        done.record(stream)
+    except cupy.cuda.driver.CUDADriverError as err:
+        raise UserKernelError(f"{path}: the kernel failed on {node_name}: {err}") from None
+    deadline = time.monotonic() + seconds
+    while not done.done:
+        if time.monotonic() > deadline:
+            raise UserKernelHang(f"{path}: the kernel did not finish within {seconds:g} s on one image of "
+                                 f"{node_name} (an endless loop, or a barrier some threads never reach?)")
+        time.sleep(0.01)
+    try:
+        stream.synchronize()
+    except Exception as err:  # an illegal address or the like, reported when the launch ends
+        raise UserKernelError(f"{path}: the kernel failed on {node_name}: {err}") from None
 
 
 def _conv_spec(node: NodeInfo):

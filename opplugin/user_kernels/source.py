@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -70,13 +70,15 @@ class KernelSource:
     text: str = field(default="", repr=False)
     # the contract, where it is not the op type's own (a custom op's, made from its declaration)
     declared: Contract | None = field(default=None, repr=False)
+    # the launch where the file's directives say nothing (a custom op's CudaSource arguments)
+    defaults: LaunchSpec | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.contract: Contract = self.declared or contract_for(self.op_type)
         if not self.text:
             self.reload()
         else:
-            self.launch = parse_directives(self.path, self.text)
+            self.launch = parse_directives(self.path, self.text, self.defaults)
 
     @classmethod
     def coerce(cls, value: "KernelSource | str | Path", op_type: str) -> "KernelSource":
@@ -100,7 +102,7 @@ class KernelSource:
             self.text = path.read_text()
         except (OSError, UnicodeDecodeError) as err:
             raise UserKernelError(f"{self.path}: cannot read it: {err}") from None
-        self.launch = parse_directives(self.path, self.text)
+        self.launch = parse_directives(self.path, self.text, self.defaults)
         check_entry_point(self.path, self.text, self.contract)
 
     @property
@@ -172,7 +174,8 @@ def check_entry_point(path: str, text: str, contract: Contract) -> None:
         raise UserKernelError(f'{path}:{line}: the entry point {contract.entry} must be declared extern "C" __global__: {contract.signature}')
 
 
-def parse_directives(path: str, text: str) -> LaunchSpec:
+def parse_directives(path: str, text: str, defaults: LaunchSpec | None = None) -> LaunchSpec:
+    """The launch the file's directives give, over `defaults` (LaunchSpec's own where None)."""
     values: dict[str, object] = {}
     for number, line in enumerate(text.splitlines(), 1):
         match = DIRECTIVE.match(line)
@@ -199,7 +202,7 @@ def parse_directives(path: str, text: str) -> LaunchSpec:
             if value not in ("epilogue", "nothing"):
                 raise UserKernelError(f"{where}: fuses is epilogue or nothing, got {value!r}")
             values["fuses_epilogue"] = value == "epilogue"
-    return LaunchSpec(**values)
+    return replace(defaults, **values) if defaults is not None else LaunchSpec(**values)
 
 
 # --- grid expressions: integer arithmetic on macros and `batch` -----------------------------

@@ -1,14 +1,16 @@
 """Each kind of custom-op kernel on the GPU, against the op's float64 reference on fresh random
-inputs with its outputs poisoned first: a CUDA C file, a CuPy function and RawKernel, an
-autotuned Triton kernel (each configuration); the shipped example model checked with each, its
-custom steps inside the CUDA graphs; and every broken kernel one line."""
+inputs with its outputs poisoned first, at the plan's batch and at a smaller chunk: a CUDA C file
+and text, a CuPy function, ElementwiseKernel and RawKernel, an autotuned Triton kernel (each
+configuration); the shipped example model checked with each, its custom steps inside the CUDA
+graphs; and every broken kernel one line."""
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from custom_models import swish_op
+from custom_models import swish_node, swish_op
 from opplugin.custom import CudaSource, CuPy, DeclarationError, Triton
 from opplugin.gpu.device import select_device
 from opplugin.graph.model import load_model
@@ -29,21 +31,19 @@ def example_ops():
     return module
 
 
-def swish_node(op, shape=(6, 8, 12, 12)):
-    from test_implementations import swish_node as node
-
-    return node(op, shape[0], shape[1:])
-
-
-def against_reference(op, variant, shape=(6, 8, 12, 12), beta=2.5):
+def against_reference(op, variant, shape=(6, 8, 12, 12), chunk=None, beta=2.5):
+    """The largest difference from the reference of the variant's outputs (poisoned first) on a
+    node planned at `shape`, called on `chunk` images of it (all of them where None)."""
     import cupy
 
     device = select_device("cuda")
-    info = swish_node(op, shape)
-    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32) * 3
+    info = swish_node(op, shape[0], shape[1:], beta)
+    rows = shape[0] if chunk is None else chunk
+    x = np.random.default_rng(7).standard_normal((rows, *shape[1:])).astype(np.float32) * 3
     kernel = op.poisoned().build(info, device, variant)
     [y] = kernel([cupy.asarray(x)], None)
     [want] = op.call_reference("swish", [x], info.spec)
+    assert y.shape == want.shape and y.dtype == np.float32
     return np.abs(cupy.asnumpy(y).astype(np.float64) - want).max()
 
 
@@ -58,7 +58,24 @@ def test_a_cuda_file_matches_the_reference(tmp_path):
     op = swish_op()
     (tmp_path / "swish.cu").write_text(CUDA_SWISH)
     op.implement(CudaSource(tmp_path / "swish.cu"))
-    assert against_reference(op, "cuda:swish.cu") < 1e-5
+    assert against_reference(op, "cuda:swish.cu") < 1e-5 and against_reference(op, "cuda:swish.cu", chunk=2) < 1e-5
+
+
+def test_a_cuda_text_with_several_outputs_a_thread_and_its_own_grid_matches_the_reference():
+    four = """extern "C" __global__ void swish2(const float* x, float* y, int batch) {
+        long long first = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * BLOCK * OUTPUTS_PER_THREAD + threadIdx.x;
+        for (int k = 0; k < OUTPUTS_PER_THREAD; ++k) {
+            long long i = first + (long long)k * BLOCK;
+            if (i < X_SIZE) y[i] = x[i] / (1.0f + expf(-ATTR_BETA * x[i]));
+        }
+    }
+    """
+    op = swish_op()
+    op.implement(CudaSource(four, name="four", block=128, outputs_per_thread=4))
+    op.implement(CudaSource(four, name="rows", block=128, outputs_per_thread=4,
+                            grid=lambda batch, m: (-(-m["X_PER_IMAGE"] // (m["BLOCK"] * m["OUTPUTS_PER_THREAD"])), batch)))
+    for variant in ("four", "rows"):
+        assert against_reference(op, variant) < 1e-5 and against_reference(op, variant, chunk=1) < 1e-5
 
 
 def test_a_cupy_function_and_a_raw_kernel_match_the_reference():
@@ -71,7 +88,10 @@ def test_a_cupy_function_and_a_raw_kernel_match_the_reference():
         if (i < n) y[i] = x[i] / (1.0f + expf(-beta * x[i]));
     }''', "swish_raw")
     op.implement(CuPy(raw, name="raw"))
-    assert against_reference(op, "cupy") < 1e-5 and against_reference(op, "raw") < 1e-5
+    op.implement(CuPy(cupy.ElementwiseKernel("float32 x, float32 beta", "float32 y", "y = x / (1.0f + expf(-beta * x))",
+                                             "swish_elementwise"), name="elementwise"))
+    for variant in ("cupy", "raw", "elementwise"):
+        assert against_reference(op, variant) < 1e-5 and against_reference(op, variant, chunk=2) < 1e-5
 
 
 def test_a_kernel_that_leaves_outputs_unwritten_shows_nan_in_a_check():
@@ -113,14 +133,41 @@ def test_every_triton_configuration_matches_the_reference_and_a_broken_kernel_is
     import triton
     import triton.language as tl
 
+    @triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=1), triton.Config({"BLOCK": 512}, num_warps=4)],
+                     key=["n_elements"])
+    @triton.jit
+    def swish_tuned(x_ptr, y_ptr, n_elements, beta, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = offsets < n_elements
+        x = tl.load(x_ptr + offsets, mask=inside)
+        tl.store(y_ptr + offsets, x / (1.0 + tl.exp(-beta * x)), mask=inside)
+
+    @triton.jit
+    def swish_plain(x_ptr, y_ptr, n_elements, beta, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = offsets < n_elements
+        x = tl.load(x_ptr + offsets, mask=inside)
+        tl.store(y_ptr + offsets, x / (1.0 + tl.exp(-beta * x)), mask=inside)
+
+    grid = lambda meta: (triton.cdiv(meta["n_elements"], meta["BLOCK"]),)  # noqa: E731
+    tuned = swish_op()
+    tuned.implement(Triton(swish_tuned, grid))
+    tuned.implement(Triton(swish_plain, grid, BLOCK=256))
+    assert tuned.variant_names() == ["triton:swish_tuned:BLOCK=128,w1,s3", "triton:swish_tuned:BLOCK=512,w4,s3",
+                                     "triton:swish_plain"]
+    for variant in tuned.variant_names():
+        assert against_reference(tuned, variant) < 1e-5 and against_reference(tuned, variant, chunk=2) < 1e-5
+
     @triton.jit
     def broken(x_ptr, y_ptr, n_elements, BLOCK: tl.constexpr):
         tl.store(y_ptr + tl.arange(0, BLOCK), tl.load(x_ptr + tl.arange(0, BLOCK)) + undefined_name)  # noqa: F821
 
     other = swish_op()
-    other.implement(Triton(broken, grid=(1,), name="broken"))
-    with pytest.raises(DeclarationError, match=r"^swish: com.example::Swish2 broken failed: "):
+    other.implement(Triton(broken, grid=(1,), name="broken", BLOCK=64))
+    with pytest.raises(DeclarationError, match=rf"^swish: com.example::Swish2 broken failed: {re.escape(__file__)}:\d+: "
+                                               r".*undefined_name") as caught:
         other.build(swish_node(other), select_device("cuda"), "broken")
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("variant", [None, "cuda:swish.cu", "cupy", "reference"])

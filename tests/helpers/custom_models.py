@@ -108,3 +108,13 @@ def function_model() -> onnx.ModelProto:
                               functions=[function])
     onnx.checker.check_model(model)
     return model
+
+
+def swish_node(op, batch: int = 4, shape=(8, 5, 5), beta: float = 2.5):
+    """A NodeInfo of one com.example::Swish2 node at these shapes, with the op's record of it."""
+    from opplugin.registry import NodeInfo, TensorInfo
+
+    node = helper.make_node("Swish2", ["x"], ["y"], name="swish", domain=DOMAIN, beta=beta)
+    info = NodeInfo(node, [TensorInfo("x", (batch, *shape), np.dtype(np.float32))],
+                    [TensorInfo("y", (batch, *shape), np.dtype(np.float32))], {"beta": beta})
+    return NodeInfo(info.node, info.inputs, info.outputs, info.attributes, spec=op.make_spec(info))

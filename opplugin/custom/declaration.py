@@ -24,6 +24,7 @@ from ..gpu.device import Device
 from ..registry import Kernel, NodeInfo, Plugin, TensorInfo, op_key
 from . import choices
 from .calling import DeclarationError, accepted, run_reference
+from .outputs import batched_inputs
 from .reference import ReferenceKernel
 
 
@@ -190,10 +191,11 @@ class CustomOp(Plugin):
         return next((v for v in self.variant_names() if notes.get(v) is None), "reference")
 
     def choice_key(self, node: NodeInfo, device: Device) -> str:
-        """What a tuned choice for this node on this device is filed under (choices.py)."""
+        """What a tuned choice for this node on this device is filed under (choices.py): its inputs'
+        shapes without the batch, so that the choice holds for every chunk a run cuts the batch into."""
         attributes = node.spec if node.spec is not None else self.make_spec(node)
-        return choices.choice_key(self.op_type, device.name, [tuple(t.shape) for t in node.inputs if t.name], attributes,
-                                  self.variant_names())
+        shapes = [tuple(t.shape[1:]) if batched else tuple(t.shape) for t, batched in zip(node.inputs, batched_inputs(node)) if t.name]
+        return choices.choice_key(self.op_type, device.name, shapes, attributes, self.variant_names())
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str | None:

@@ -33,6 +33,8 @@ class ReferenceKernel(Kernel):
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         on_gpu = self.device.is_cuda
+        if on_gpu:
+            _refuse_capture(stream, self.node_name)
         host = [self._host(value, on_gpu, stream) for value in inputs]
         results = self.op.call_reference(self.node_name, host, self.attributes)
         outputs = []
@@ -58,3 +60,14 @@ class ReferenceKernel(Kernel):
             stream.synchronize()
         return value.get()
 
+
+
+def _refuse_capture(stream: Any, node: str) -> None:
+    """PluginError while `stream` is being captured into a CUDA graph: the reference waits for the
+    device and copies to the host, which would invalidate the capture. Raised before it touches the
+    stream, the capture is abandoned cleanly and the run stays eager (runtime/graphs.py)."""
+    import cupy
+
+    pointer = (stream or cupy.cuda.get_current_stream()).ptr
+    if cupy.cuda.runtime.streamIsCapturing(pointer):
+        raise PluginError(f"{node} runs its op's reference on the host, which cannot be captured in a CUDA graph")

@@ -109,3 +109,12 @@ def test_an_onnx_op_takes_its_inputs_outputs_and_attribute_defaults_from_its_sch
     assert conv.attributes["group"] == 1 and conv.attributes["auto_pad"] == "NOTSET" and conv.attributes["pads"] is None
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="c", pads=[1, 1, 1, 1])
     assert conv.make_spec(node_info(node, [(1, 3, 8, 8), (4, 3, 3, 3)]))["pads"] == [1, 1, 1, 1]
+
+
+def test_a_tuned_choice_holds_for_every_chunk_of_the_batch():
+    from custom_models import swish_node
+
+    op = swish_op()
+    cuda = type("FakeCuda", (), {"is_cuda": True, "name": "NVIDIA H200"})()
+    assert op.choice_key(swish_node(op, batch=10000), cuda) == op.choice_key(swish_node(op, batch=2268), cuda)
+    assert op.choice_key(swish_node(op, beta=1.0), cuda) != op.choice_key(swish_node(op, beta=2.0), cuda)

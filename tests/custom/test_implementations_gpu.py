@@ -133,28 +133,16 @@ def test_every_triton_configuration_matches_the_reference_and_a_broken_kernel_is
     import triton
     import triton.language as tl
 
-    @triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=1), triton.Config({"BLOCK": 512}, num_warps=4)],
-                     key=["n_elements"])
-    @triton.jit
-    def swish_tuned(x_ptr, y_ptr, n_elements, beta, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        inside = offsets < n_elements
-        x = tl.load(x_ptr + offsets, mask=inside)
-        tl.store(y_ptr + offsets, x / (1.0 + tl.exp(-beta * x)), mask=inside)
-
-    @triton.jit
-    def swish_plain(x_ptr, y_ptr, n_elements, beta, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        inside = offsets < n_elements
-        x = tl.load(x_ptr + offsets, mask=inside)
-        tl.store(y_ptr + offsets, x / (1.0 + tl.exp(-beta * x)), mask=inside)
+    swish_plain = module.swish_triton.fn  # the example's @triton.jit kernel, under other configurations
+    swish_tuned = triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=1), triton.Config({"BLOCK": 512}, num_warps=4)],
+                                  key=["n_elements"])(swish_plain)
 
     grid = lambda meta: (triton.cdiv(meta["n_elements"], meta["BLOCK"]),)  # noqa: E731
     tuned = swish_op()
     tuned.implement(Triton(swish_tuned, grid))
-    tuned.implement(Triton(swish_plain, grid, BLOCK=256))
-    assert tuned.variant_names() == ["triton:swish_tuned:BLOCK=128,w1,s3", "triton:swish_tuned:BLOCK=512,w4,s3",
-                                     "triton:swish_plain"]
+    tuned.implement(Triton(swish_plain, grid, BLOCK=256, name="triton:plain"))
+    assert tuned.variant_names() == ["triton:swish_triton:BLOCK=128,w1,s3", "triton:swish_triton:BLOCK=512,w4,s3",
+                                     "triton:plain"]
     for variant in tuned.variant_names():
         assert against_reference(tuned, variant) < 1e-5 and against_reference(tuned, variant, chunk=2) < 1e-5
 

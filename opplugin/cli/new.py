@@ -1,9 +1,16 @@
-"""`opplugin new [OP FILE.cu]`: a starter kernel for an op type, or the op types that have one."""
+"""`opplugin new [OP FILE.cu]`: a starter kernel for an op type, or the op types that have one.
+
+Conv and Relu have starters of their own (--kernel OP=FILE.cu runs them); any other ONNX op
+type, and any op a --ops file declares, gets a starter for a custom-op declaration's CudaSource
+(custom/starter.py)."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import onnx
 
 from ..core.files import check_writable, write_atomic
 from ..errors import InputError
@@ -16,34 +23,60 @@ from .file_guard import CommandFiles
 @dataclass(frozen=True)
 class NewOptions:
     op: str | None = None  # as typed; None: list the op types
-    op_type: str | None = None  # its op type ("conv" -> "Conv")
+    op_type: str | None = None  # its op type with a contract ("conv" -> "Conv"); None for a declared op
     file: str | None = None
     force: bool = False
+    declared: Any = None  # the CustomOp whose CudaSource starter is written, where op_type is None
 
     def files(self) -> CommandFiles:
         return CommandFiles()  # the starter's file is checked as it is written: --force may overwrite it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("op", nargs="?", help=f"the op type: {', '.join(c.lower() for c in CONTRACTS)}")
+    parser.add_argument("op", nargs="?", help=f"the op type: {', '.join(c.lower() for c in CONTRACTS)}, any other ONNX "
+                                              "op type, or a declared op (domain::OpType, with --ops)")
     parser.add_argument("file", nargs="?", help="the .cu file to write")
     parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    parser.add_argument("--ops", action="append", metavar="FILE.py", default=None,
+                        help="custom-op declarations, for a starter of a declared op")
 
 
 def read(args: argparse.Namespace) -> NewOptions:
     if not args.op:
         return NewOptions(force=args.force)
-    op_type = op_type_named(args.op)
     if not args.file:
-        raise InputError(f"opplugin new {args.op} needs the file to write, e.g. opplugin new {args.op} my_{args.op.lower()}.cu")
-    return NewOptions(args.op, op_type, args.file, args.force)
+        raise InputError(f"opplugin new {args.op} needs the file to write, e.g. opplugin new {args.op} "
+                         f"my_{args.op.lower().split('::')[-1]}.cu")
+    if any(name.lower() == args.op.lower() for name in CONTRACTS) and not args.ops:
+        return NewOptions(args.op, op_type_named(args.op), args.file, args.force)
+    return NewOptions(args.op, None, args.file, args.force, declared_op(args.op, tuple(args.ops or ())))
+
+
+def declared_op(name: str, ops_files: tuple[str, ...]):
+    """The op a starter is written for: one the --ops files declare, else an ONNX op type (any
+    case) as its schema declares it; InputError otherwise."""
+    from ..custom import CustomOp
+    from .loading import read_ops
+
+    for op in read_ops(ops_files):
+        if name in (op.op_type, op.name) or name.lower() == op.op_type.lower():
+            return op
+    if "::" in name:
+        raise InputError(f"no declaration for {name}" + (f" in {', '.join(ops_files)}" if ops_files else "; pass --ops FILE.py"))
+    schema = next((s for s in onnx.defs.get_all_schemas() if s.domain == "" and s.name.lower() == name.lower()), None)
+    if schema is None:
+        raise InputError(f"no op type {name!r}: give an ONNX op type (softmax), a declared op (domain::OpType, with "
+                         f"--ops FILE.py), or one with a starter of its own: {', '.join(c.lower() for c in CONTRACTS)}")
+    return CustomOp("", schema.name)
 
 
 def execute(options: NewOptions) -> int:
-    if options.op_type is None:
+    if options.op is None:
         print("Starter kernels (opplugin new OP FILE.cu):")
         for op_type, contract in CONTRACTS.items():
             print(f"  {op_type.lower():<6} {contract.signature}")
+        print("Any other ONNX op type (opplugin new softmax my_softmax.cu), and any op a declaration file names\n"
+              "(opplugin new example.ops::Swish swish.cu --ops ops.py): a starter for the op's CudaSource")
         return 0
     target = Path(options.file)
     if target.is_dir():
@@ -51,6 +84,14 @@ def execute(options: NewOptions) -> int:
     if target.exists() and not options.force:
         raise InputError(f"{options.file} exists; pass --force to overwrite it")
     check_writable(options.file, f"opplugin new {options.op}")  # a missing, read-only or forbidden folder: one line
+    if options.op_type is None:
+        from ..custom.starter import starter_text as declared_starter
+
+        op = options.declared
+        write_atomic(target, declared_starter(op, target.name))
+        print(f"Wrote {options.file}: a {op.op_type} kernel to fill in, one thread per element of {op.output_names[0]}. "
+              f"Declare it with CudaSource({target.name!r}) and pass the file with --ops")
+        return 0
     write_atomic(target, starter_text(options.op_type).replace("THIS_FILE.cu", target.name))
     print(f"Wrote {options.file}: a {options.op_type} kernel, one thread per output. "
           f"Try: opplugin check --kernel {options.op_type}={options.file}")

@@ -4,11 +4,13 @@ autotune configurations as variants; and every kind turned down on the CPU, so t
 reference runs there."""
 import inspect
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import helper
 
-from custom_models import swish_node, swish_op
+from custom_models import ops_file, swish_node, swish_op
 from opplugin.custom import CudaSource, CuPy, CustomOp, DeclarationError, Triton
 from opplugin.custom.cuda_source import CudaSourceKernel, compile_offline, contract_for_node, node_macros
 from opplugin.custom.cupy_impl import kernel_attributes
@@ -293,3 +295,33 @@ def test_a_grid_given_for_a_cupy_function_that_is_no_raw_kernel_is_refused_when_
     op.implement(implementation)
     with pytest.raises(DeclarationError, match=r"swish: com.example::Swish2 cupy: grid is a RawKernel's"):
         implementation.build(op, swish_node(op), CPU, "cupy", poison=False)
+
+
+# --- opplugin new for any op --------------------------------------------------------------
+
+
+def test_new_writes_a_starter_for_any_onnx_op_and_for_a_declared_one(tmp_path, capsys):
+    from opplugin.cli import main
+
+    softmax = tmp_path / "softmax.cu"
+    assert main(["new", "softmax", str(softmax)]) == 0
+    text = softmax.read_text()
+    assert 'extern "C" __global__ void softmax(const float* input, float* output, int batch)' in text
+    assert "ATTR_AXIS" in text and 'CudaSource("softmax.cu")' in text
+    swish = tmp_path / "swish.cu"
+    ops = str(Path(__file__).resolve().parents[2] / "models" / "lenet86_swish_ops.py")
+    assert main(["new", "example.ops::Swish", str(swish), "--ops", ops]) == 0
+    assert 'extern "C" __global__ void swish(const float* x, float* y, int batch)' in swish.read_text()
+    assert "inputs=['X'], outputs=['Y']" in swish.read_text()
+    assert main(["new", "other.ops::Thing", str(tmp_path / "t.cu"), "--ops", ops]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"no declaration for other.ops::Thing in {ops}")
+
+
+@needs_nvrtc
+def test_a_starter_compiles_as_written_for_the_op_it_was_made_for(tmp_path):
+    from opplugin.cli import main
+
+    op = swish_op()
+    path = tmp_path / "swish2.cu"
+    assert main(["new", "com.example::Swish2", str(path), "--ops", str(ops_file(tmp_path))]) == 0
+    compile_offline(CudaSource(path), op, swish_node(op))

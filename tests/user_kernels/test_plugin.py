@@ -56,9 +56,9 @@ def test_new_writes_the_starter_and_refuses_to_overwrite_it_or_an_unknown_op_typ
     starter = new_starter(tmp_path)
     assert main(["new", "conv", str(starter)]) == 2
     assert "exists; pass --force" in capsys.readouterr().err
-    assert main(["new", "gemm", str(starter.with_name("g.cu"))]) == 2
+    assert main(["new", "nosuchop", str(starter.with_name("g.cu"))]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no user-kernel contract for op type 'gemm'" in err and "Conv, Relu" in err
+    assert err.count("\n") == 1 and "no op type 'nosuchop'" in err and "conv, relu" in err
 
 
 # --- compile and plan ------------------------------------------------------------------

@@ -59,6 +59,15 @@ def _with_user_kernels(registry: dict[str, Plugin] | None, kernels: dict[str, An
     return user_registry(kernels, registry)
 
 
+def _declare(model: Model, ops: Sequence[Plugin] | None) -> None:
+    """Give the model the custom ops' declarations (Runner's `ops`): its shape inference and plans read them."""
+    if ops:
+        from ..custom.functions import with_function_references
+        from ..custom.loading import distinct
+
+        model.declare(with_function_references(distinct(ops), model.original))
+
+
 class Runner:
     """Runs one model on one device, plugins swapped in, at any batch size.
 
@@ -99,11 +108,7 @@ class Runner:
         ops: Sequence[Plugin] | None = None,
     ):
         self.batch = positive_int(batch, "batch")
-        if ops:
-            from ..custom.functions import with_function_references
-            from ..custom.loading import distinct
-
-            model.declare(with_function_references(distinct(ops), model.original))  # shape inference and plans read them
+        _declare(model, ops)
         registry = _with_user_kernels(registry, kernels)
         if chunk is not None:
             chunk = positive_int(chunk, "chunk")

@@ -27,3 +27,17 @@ def runs(node: onnx.NodeProto, functions: frozenset[tuple[str, str]] = frozenset
     if domain == "" and onnx.defs.has(node.op_type):
         return True
     return (domain, node.op_type) in _contrib_ops()
+
+
+def first_unknown(node: onnx.NodeProto, functions: frozenset[tuple[str, str]] = frozenset()) -> onnx.NodeProto | None:
+    """The first node, `node` itself or one in the graphs of its attributes (an If's branches, a
+    Loop's body), that onnxruntime cannot run; None where it runs them all."""
+    if not runs(node, functions):
+        return node
+    for attribute in node.attribute:
+        graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+        for graph in graphs:
+            found = next((bad for inner in graph.node if (bad := first_unknown(inner, functions)) is not None), None)
+            if found is not None:
+                return found
+    return None

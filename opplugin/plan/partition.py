@@ -154,8 +154,14 @@ def _refuse_unknown_ops(nodes: list[onnx.NodeProto], model: Model) -> None:
     """ModelError for the first node that neither a plugin nor onnxruntime can run (a custom op no
     declaration names), saying how to declare it."""
     functions = frozenset((f.domain, f.name) for f in model.bare.functions)
-    unknown = next((n for n in nodes if not known_ops.runs(n, functions)), None)
-    if unknown is not None:
+    for node in nodes:
+        unknown = known_ops.first_unknown(node, functions)
+        if unknown is None:
+            continue
+        if unknown is not node:  # in a branch or loop body, which onnxruntime runs whole
+            raise ModelError(f"{model.name}: node {node_name(node)} ({node.op_type}) holds {unknown.domain}::{unknown.op_type} "
+                             f"in a subgraph; onnxruntime runs subgraphs whole and does not know that op, and custom ops "
+                             f"run only at the top level of the graph")
         raise ModelError(f"{model.name}: node {node_name(unknown)} is {unknown.domain}::{unknown.op_type}, which onnxruntime "
                          f"does not know and no declaration runs; declare it in a Python file (opplugin.custom.CustomOp) "
                          f"and pass --ops FILE.py")

@@ -181,3 +181,26 @@ def test_a_declaration_for_a_model_function_takes_each_call_as_one_node_its_body
     x = feeds(3)["x"]
     result = check(runner.run, runner.plan_record(3), {"x": x})
     assert result.passed and any(r["step"] == "silu" for r in result.records)
+
+
+def test_a_custom_node_inside_a_branch_is_refused_in_one_line(tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+
+    branch = helper.make_graph([helper.make_node("Swish2", ["x"], ["b"], domain="com.example")], "then", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 4])])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["c"])], "else", [],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", 4])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+             helper.make_node("Greater", ["s", "zero"], ["positive"], name="gt"),
+             helper.make_node("If", ["positive"], ["y"], then_branch=branch, else_branch=other, name="choose")]
+    graph = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                              initializer=[helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    path = tmp_path / "branchy.onnx"
+    onnx.save(model, path)
+    assert main(["plan", str(path), "--batch", "2", "--ops", str(ops_file(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and err[-1].endswith("custom ops run only at the top level of the graph")
+    assert "node choose (If) holds com.example::Swish2 in a subgraph" in err[-1]

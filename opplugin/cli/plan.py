@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ..custom.offline import compile_cuda_sources
 from ..plan.partition import make_plan
 from ..report.plan import build_plan_report, format_plan
 from ..runtime.plan_record import record_plan_alone
@@ -44,10 +45,13 @@ def execute(options: PlanOptions) -> int:
     registry = user_registry_for(options.kernels.by_op)
     plan = make_plan(loaded.model, loaded.batch, loaded.device, registry)
     uses = compile_user_kernels(plan, registry)  # compiles the --kernel files: their errors come before any output
+    custom = [] if loaded.device.is_cuda else compile_cuda_sources(plan)  # and a custom op's CUDA files, without a GPU
     record = record_plan_alone(plan, options.runner.variants)
     print(format_plan(record, options.reports.wide))
     if uses:
         print("\n".join(plan_lines(plan, registry, uses)))
+    if custom:
+        print("\nCustom ops' CUDA kernels:\n" + "\n".join(f"  {line}" for line in custom))
     if options.reports.json:
         write_json(options.reports.json, build_plan_report(record, [use.as_json() for use in uses]))
     return 0

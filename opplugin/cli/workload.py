@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from ..custom.offline import compile_cuda_sources
 from ..errors import InputError
 from ..registry import node_key
 from ..inputs.feeds import Inputs, make_inputs
@@ -121,6 +122,8 @@ def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> 
     if registry is not None and not runner.device.is_cuda:
         compile_without_gpu(runner.plan, registry)
         say_cpu_note(registry, runner.device)
+    if not runner.device.is_cuda:
+        compile_cuda_sources(runner.plan)  # a custom op's CUDA file with an error stops the command here too
     return runner
 
 

@@ -325,3 +325,18 @@ def test_a_starter_compiles_as_written_for_the_op_it_was_made_for(tmp_path):
     path = tmp_path / "swish2.cu"
     assert main(["new", "com.example::Swish2", str(path), "--ops", str(ops_file(tmp_path))]) == 0
     compile_offline(CudaSource(path), op, swish_node(op))
+
+
+@needs_nvrtc
+def test_without_a_gpu_plan_and_check_compile_a_custom_ops_cuda_file_and_stop_at_its_error(tmp_path, capsys):
+    from opplugin.cli import main
+
+    models = Path(__file__).resolve().parents[2] / "models"
+    assert main(["plan", "lenet86_swish", "--ops", str(models / "lenet86_swish_ops.py")]) == 0
+    assert "relu1: cuda:swish.cu compiles (NVRTC alone, sm_90; it runs on a GPU)" in capsys.readouterr().out
+    broken = tmp_path / "swish.cu"
+    broken.write_text((models / "swish.cu").read_text().replace("ATTR_BETA", "ATTR_GAMMA"))
+    declarations = (models / "lenet86_swish_ops.py").read_text().replace('Path(__file__).with_name("swish.cu")', repr(str(broken)))
+    ops = ops_file(tmp_path, declarations, "broken_ops.py")
+    assert main(["check", "lenet86_swish", "--ops", str(ops), "--batch", "4"]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == f'{broken}:9: identifier "ATTR_GAMMA" is undefined'

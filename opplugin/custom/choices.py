@@ -4,6 +4,7 @@ attributes, and for the implementations it was chosen among (a declaration that 
 one is tuned again)."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,9 +27,20 @@ def choice_key(op: str, device: str, shapes: Sequence[tuple[int, ...]], attribut
 
 
 def load(path: Path | None = None) -> dict[str, str]:
-    """Every stored choice (none where the file is missing or unreadable: the default order stays)."""
+    """Every stored choice (none where the file is missing or unreadable: the default order stays).
+    Read again only when the file changes: a plan asks once per custom node and kernel."""
+    path = path or choices_path()
     try:
-        entries = json.loads((path or choices_path()).read_text())
+        status = path.stat()
+    except OSError:
+        return {}
+    return dict(_read(path, (status.st_mtime_ns, status.st_size)))
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: Path, stamp: tuple[int, int]) -> dict[str, str]:
+    try:
+        entries = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in entries.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(entries, dict) else {}

@@ -118,3 +118,15 @@ def test_a_tuned_choice_holds_for_every_chunk_of_the_batch():
     cuda = type("FakeCuda", (), {"is_cuda": True, "name": "NVIDIA H200"})()
     assert op.choice_key(swish_node(op, batch=10000), cuda) == op.choice_key(swish_node(op, batch=2268), cuda)
     assert op.choice_key(swish_node(op, beta=1.0), cuda) != op.choice_key(swish_node(op, beta=2.0), cuda)
+
+
+def test_stored_choices_are_kept_beside_others_and_read_again_when_the_file_changes(tmp_path):
+    from opplugin.custom import choices
+
+    path = tmp_path / "custom_ops.json"
+    assert choices.load(path) == {}
+    choices.store({"a": "cupy"}, path)
+    choices.store({"b": "cuda:x.cu"}, path)
+    assert choices.load(path) == {"a": "cupy", "b": "cuda:x.cu"}
+    path.write_text("not json")
+    assert choices.load(path) == {}

@@ -5,6 +5,7 @@ each one's inputs from the options, its text, its --json file and its exit statu
 - --suite gemm: lab/gemm_bench.py
 - --e2e MODEL ...: lab/e2e.py
 - --scaling [MODEL]: lab/scaling.py
+- --custom MODEL --ops FILE.py: lab/custom_tune.py (each custom node's kernels beside its reference)
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .output import write_json
 
 # the batch sizes of each benchmark without --batches
 DEFAULT_BATCHES = {"models": conv_bench.DEFAULT_BATCHES, "cnn": SUITE_BATCHES, "gemm": gemm_bench.BATCHES,
-                   "e2e": e2e_bench.DEFAULT_BATCHES, "scaling": scaling_bench.DEFAULT_BATCHES}
+                   "e2e": e2e_bench.DEFAULT_BATCHES, "scaling": scaling_bench.DEFAULT_BATCHES, "custom": (1, 1000)}
 
 
 def _listed(values) -> str:
@@ -48,14 +49,17 @@ class BenchOptions:
     scaling: str | None = None  # the model of --scaling
     devices: tuple[str, ...] | None = None  # with --scaling: the device lists; None: 0, then 0,1, ... up to every GPU
     kernels: tuple[str, ...] = ()  # --kernel Conv=FILE: the files the Conv suites bench beside the families
+    custom: str | None = None  # --custom MODEL: its custom nodes' kernels beside their reference
+    ops: tuple[str, ...] = ()  # --ops: the declaration files --custom reads
     json: str | None = None
     plot: str | None = None  # with --scaling
 
     def files(self) -> CommandFiles:
         # without --models every shipped model counts as read, whichever benchmark runs
         models = ((self.scaling,) if self.scaling is not None else ()) + (self.models or SHIPPED_MODELS) + self.e2e
+        models += (self.custom,) if self.custom is not None else ()
         outputs = tuple((flag, path) for flag, path in (("--json", self.json), ("--plot", self.plot)) if path is not None)
-        return CommandFiles(outputs, tuple(models), self.kernels)
+        return CommandFiles(outputs, tuple(models), self.kernels + self.ops)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --scaling: the device lists to time, each as in run --devices, one of them a single device "
                              "(default 0, 0,1, ... up to every GPU; 0,0 puts two runners on one GPU)")
     parser.add_argument("--plot", metavar="FILE.png", help="with --scaling: also draw images/s and efficiency against the devices (needs matplotlib)")
+    parser.add_argument("--custom", metavar="MODEL", help="instead: each custom node's kernels checked against its "
+                        "op's float64 reference, then timed beside it (needs --ops)")
+    parser.add_argument("--ops", action="append", metavar="FILE.py", default=None, help="with --custom: the custom-op declarations")
     KernelOptions.add(parser)
 
 
@@ -100,7 +107,11 @@ def read(args: argparse.Namespace) -> BenchOptions:
         raise InputError(f"{'--devices' if args.devices else '--plot'} applies to bench --scaling")
     if args.scaling is not None and args.e2e:
         raise InputError("--scaling and --e2e are two benchmarks; give one")
-    benchmark = "scaling" if args.scaling is not None else "e2e" if args.e2e else args.suite
+    if bool(args.custom) != bool(args.ops):
+        raise InputError("bench --custom MODEL needs --ops FILE.py, and --ops applies to bench --custom")
+    if args.custom and (args.e2e or args.scaling is not None):
+        raise InputError("--custom, --e2e and --scaling are three benchmarks; give one")
+    benchmark = "custom" if args.custom else "scaling" if args.scaling is not None else "e2e" if args.e2e else args.suite
     kernels = KernelOptions.from_args(args, one_per_op=False)  # the Conv suites may compare several
     others = [op for op, _ in kernels.files if op != "Conv"]
     if benchmark in ("models", "cnn") and others:
@@ -109,13 +120,16 @@ def read(args: argparse.Namespace) -> BenchOptions:
                         models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
                         cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
                         e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS), scaling=args.scaling,
-                        devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot)
+                        devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot,
+                        custom=args.custom, ops=tuple(args.ops or ()))
 
 
 def execute(options: BenchOptions) -> int:
     """The benchmark's exit status: 0 when everything it measured was correct, 1 otherwise."""
     if options.benchmark == "scaling":
         return _scaling(options)
+    if options.benchmark == "custom":
+        return _custom(options)
     if options.benchmark == "e2e":
         return _e2e(options)
     if options.benchmark == "gemm":
@@ -176,6 +190,38 @@ def _e2e(options: BenchOptions) -> int:
     if options.json:
         write(payload)
     return 1 if e2e_bench.failed(payload) else 0
+
+
+def _custom(options: BenchOptions) -> int:
+    """bench --custom MODEL: each custom node's kernels against its reference, then timed; 1 when one was wrong."""
+    from ..custom.functions import function_ids, with_function_references
+    from ..gpu.device import current_cuda_device
+    from ..lab.custom_tune import custom_steps, custom_table_lines, tune_custom_step
+    from ..plan.partition import make_plan
+    from .loading import read_ops
+
+    if not cuda.is_available():
+        raise DeviceError("bench --custom times kernels on a GPU, and CuPy sees none")
+    ops = read_ops(options.ops)
+    model = load_model(options.custom, keep_functions=function_ids(ops))
+    model.declare(with_function_references(ops, model.original))
+    device, (warmup, repeat) = current_cuda_device(), options.timing.or_defaults(BENCH_WARMUP, BENCH_REPEAT)
+    payload, wrong = {"model": model.name, "device": device.name, "batches": []}, 0
+    for batch in options.batches:
+        steps = custom_steps(make_plan(model, batch, device))
+        if not steps:
+            raise InputError(f"{model.name} has no custom node that --ops declares")
+        tunings = [tune_custom_step(step, device, lambda line: print(line, file=sys.stderr, flush=True), warmup, repeat)
+                   for step in steps]
+        print(f"{model.name} at batch {batch} on {device.name}\n\n" + "\n".join(custom_table_lines(tunings)))
+        wrong += sum(trial.status in ("incorrect", "failed") for t in tunings for trial in t.trials)
+        payload["batches"].append({"batch": batch, "steps": [{"step": t.step, "op": t.op, "reference_host_ms": t.reference_ms,
+                                                              "fastest": t.chosen.variant if t.chosen else None,
+                                                              "implementations": [vars(trial) for trial in t.trials]}
+                                                             for t in tunings]})
+    if options.json:
+        write_json(options.json, json_safe(payload))
+    return 1 if wrong else 0
 
 
 def _scaling(options: BenchOptions) -> int:

@@ -4,6 +4,7 @@ custom node to its float64 reference on onnxruntime's values before it; a wrong 
 there and is named first bad; a node nobody can run, and every broken declaration file, is one
 line and exit 2 before any work."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +205,14 @@ def test_a_custom_node_inside_a_branch_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and err[-1].endswith("custom ops run only at the top level of the graph")
     assert "node choose (If) holds com.example::Swish2 in a subgraph" in err[-1]
+
+
+def test_bench_custom_needs_its_declarations_and_a_gpu(capsys):
+    from opplugin.gpu import cuda
+
+    assert main(["bench", "--custom", "lenet86_swish"]) == 2
+    assert capsys.readouterr().err.strip().endswith("bench --custom MODEL needs --ops FILE.py, and --ops applies to bench --custom")
+    if not cuda.is_available():
+        ops = str(Path(__file__).resolve().parents[2] / "models" / "lenet86_swish_ops.py")
+        assert main(["bench", "--custom", "lenet86_swish", "--ops", ops]) == 2
+        assert capsys.readouterr().err.strip().endswith("bench --custom times kernels on a GPU, and CuPy sees none")

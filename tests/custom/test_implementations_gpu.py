@@ -174,3 +174,20 @@ def test_the_shipped_example_passes_check_with_each_kernel_inside_the_cuda_graph
     if variant != "reference":  # the reference synchronises: its run stays eager, and says why
         assert runner.graph_failures() == {}
 
+
+
+def test_bench_custom_times_every_kernel_of_the_example_beside_its_reference(tmp_path, capsys):
+    import json
+
+    from opplugin.cli import main
+
+    ops = str(Path(__file__).resolve().parents[2] / "models" / "lenet86_swish_ops.py")
+    report = tmp_path / "bench.json"
+    assert main(["bench", "--custom", "lenet86_swish", "--ops", ops, "--batches", "64", "--repeat", "3",
+                 "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "lenet86_swish at batch 64" in out and "float64 reference on the host" in out
+    [batch] = json.loads(report.read_text())["batches"]
+    assert len(batch["steps"]) == 3
+    for step in batch["steps"]:
+        assert all(i["status"] == "ok" and i["ms"] > 0 for i in step["implementations"])

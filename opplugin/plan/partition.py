@@ -40,7 +40,8 @@ class PluginStep:
 
     @property
     def ops(self) -> list[str]:
-        return [n.op_type for n in self.kernel_nodes]
+        """The op of each node the kernel runs: its type, with the domain for one outside ONNX's (op_key)."""
+        return [n.op_key for n in self.kernel_nodes]
 
     @property
     def node_names(self) -> list[str]:

@@ -178,7 +178,7 @@ def test_a_declaration_for_a_model_function_takes_each_call_as_one_node_its_body
     model = load_model(save(function_model(), tmp_path), keep_functions=function_ids([declared]))
     runner = Runner(model, 3, "cpu", ops=[declared])
     [silu] = [s for s in runner.plan.plugin_steps if s.name == "silu"]
-    assert silu.ops == ["ScaledSiLU"] and runner.kernels["silu"].name == "ScaledSiLU.reference"
+    assert silu.ops == ["local.fns::ScaledSiLU"] and runner.kernels["silu"].name == "ScaledSiLU.reference"
     x = feeds(3)["x"]
     result = check(runner.run, runner.plan_record(3), {"x": x})
     assert result.passed and any(r["step"] == "silu" for r in result.records)

@@ -59,8 +59,21 @@ def named_command(argv: list[str]) -> tuple[str, ...]:
     return (words[0],) if words and words[0] in COMMANDS else ()
 
 
+def _plain_where_unicode_fails() -> None:
+    """On a stream that cannot encode the reports' dashes and arrows (PYTHONIOENCODING=ascii, a
+    latin-1 terminal), print what it can and a `?` for the rest, rather than fail at the first one."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            "\u2014\u2192".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _plain_where_unicode_fails()
     args = build_parser(named_command(argv)).parse_args(argv)
     command = command_module(args.command)
     from .file_guard import check_files, stdout_outputs  # after parsing, as the command's module: --help needs neither

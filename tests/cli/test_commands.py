@@ -169,3 +169,11 @@ def test_a_command_starts_without_the_other_commands_imports(argv, absent):
     loaded = done.stdout.splitlines()[-1].split()
     assert "opplugin.cli.commands" in loaded
     assert [m for m in loaded if m.split(".")[0] in absent or any(m == a or m.startswith(a + ".") for a in absent)] == []
+
+
+@pytest.mark.parametrize("command", [["run", "lenet86", "--batch", "4"], ["check", "lenet86", "--batch", "4"], ["plan", "lenet86"]])
+def test_a_stream_that_cannot_encode_unicode_gets_question_marks_not_a_traceback(command):
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, "-m", "opplugin", *command], env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode("ascii", "replace")[-800:]
+    assert b"Traceback" not in done.stderr and max(done.stdout + done.stderr) < 128

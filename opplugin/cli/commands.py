@@ -11,6 +11,7 @@ command's outcome becomes (its exit status, one line for an error).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_command(command, options)
     except BrokenPipeError:
         return _closed_pipe()
+    except OSError as err:
+        if err.errno not in FULL_DEVICE:
+            return _internal_error()
+        return _device_full(err)
     except OpPluginError as err:
         # the first line says it all; what follows (a compiler's log) is detail
         print(err if err.located else f"opplugin: error: {err}", file=sys.stderr)
@@ -125,14 +130,31 @@ def _run_command(command: ModuleType, options: Any) -> int:
 CLOSED_PIPE = 141
 
 
-def _closed_pipe() -> int:
-    """The reader of standard output has gone: stop quietly. Standard output then points at
-    /dev/null, so that the interpreter's last flush at exit does not fail again."""
+# a write that failed for want of room: the disk, the user's quota, or the file size limit
+FULL_DEVICE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _device_full(err: OSError) -> int:
+    """A write found no room (a full disk, `> /dev/full`): one line, exit 2. Standard output then
+    points at /dev/null, so that the interpreter's last flush does not fail again."""
+    where = f" ({err.filename})" if err.filename else " (standard output)"
+    print(f"opplugin: error: cannot write{where}: {os.strerror(err.errno)}", file=sys.stderr)
+    _stdout_to_null()
+    return 2
+
+
+def _stdout_to_null() -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
         pass
+
+
+def _closed_pipe() -> int:
+    """The reader of standard output has gone: stop quietly. Standard output then points at
+    /dev/null, so that the interpreter's last flush at exit does not fail again."""
+    _stdout_to_null()
     return CLOSED_PIPE
 
 

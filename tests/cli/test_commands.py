@@ -177,3 +177,12 @@ def test_a_stream_that_cannot_encode_unicode_gets_question_marks_not_a_traceback
     done = subprocess.run([sys.executable, "-m", "opplugin", *command], env=env, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode("ascii", "replace")[-800:]
     assert b"Traceback" not in done.stderr and max(done.stdout + done.stderr) < 128
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", [["run", "lenet86", "--batch", "4"], ["plan", "lenet86"]])
+def test_a_full_device_under_standard_output_is_one_line_and_exit_2(command):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "opplugin", *command], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "opplugin: error: cannot write (standard output): No space left on device"

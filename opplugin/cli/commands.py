@@ -60,6 +60,17 @@ def named_command(argv: list[str]) -> tuple[str, ...]:
     return (words[0],) if words and words[0] in COMMANDS else ()
 
 
+def _streams_closed_at_start() -> None:
+    """Started with standard output or error closed (`>&-`: Python then has no stream at all): the
+    command still runs and writes its files, its text going nowhere, and says so where it can."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
+        print("opplugin: standard output is closed: the report goes nowhere (its --json and other files are written)",
+              file=sys.stderr)
+
+
 def _plain_where_unicode_fails() -> None:
     """On a stream that cannot encode the reports' dashes and arrows (PYTHONIOENCODING=ascii, a
     latin-1 terminal), print what it can and a `?` for the rest, rather than fail at the first one."""
@@ -74,6 +85,7 @@ def _plain_where_unicode_fails() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _streams_closed_at_start()
     _plain_where_unicode_fails()
     args = build_parser(named_command(argv)).parse_args(argv)
     command = command_module(args.command)

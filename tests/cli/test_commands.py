@@ -186,3 +186,12 @@ def test_a_full_device_under_standard_output_is_one_line_and_exit_2(command):
         done = subprocess.run([sys.executable, "-m", "opplugin", *command], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == "opplugin: error: cannot write (standard output): No space left on device"
+
+
+def test_a_closed_standard_output_still_runs_the_command_and_writes_its_files(tmp_path):
+    report = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, "-m", "opplugin", "run", "lenet86", "--batch", "4", "--json", str(report)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert "standard output is closed: the report goes nowhere" in done.stderr and report.exists()

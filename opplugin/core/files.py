@@ -81,7 +81,7 @@ def check_writable(path: str, flag: str) -> Path:
     if not path or not path.strip():
         raise InputError(f"{flag} needs a file path, got an empty one")
     target = Path(path)
-    if target.is_dir():
+    if target.is_dir() or path.endswith(("/", os.sep)):  # Path() drops a trailing slash: "outdir/" would write a file "outdir"
         raise InputError(f"{flag} {path} is a folder; give a file path")
     if target.exists() and not target.is_file():
         raise InputError(f"{flag} {path} is not a regular file; give a file path")

@@ -46,6 +46,7 @@ def test_checking_a_path_creates_and_touches_nothing(tmp_path):
     ("", "--json needs a file path, got an empty one"),
     ("  ", "--json needs a file path, got an empty one"),
     ("/", "--json / is a folder; give a file path"),
+    ("/tmp/no_such_outdir/", "--json /tmp/no_such_outdir/ is a folder; give a file path"),  # not a file named after it
     ("/dev/null", "--json /dev/null is not a regular file; give a file path"),
     ("/proc/r.json", "--json /proc/r.json: cannot create a file in /proc ("),
     ("/no/such/folder/r.json", "--json /no/such/folder/r.json: folder /no/such/folder does not exist"),

@@ -184,7 +184,13 @@ def parse_channels(text: str | None, flag: str, channels: int, default: float, *
         raise InputError(f"{flag} gives {len(values)} values; the images have {channels} channel{'s' * (channels > 1)}")
     if not all(math.isfinite(v) and (v > 0 or not positive) for v in values):
         raise InputError(f"{flag} values must be finite{' and above 0' if positive else ''}; got {text}")
-    return np.array(values * (channels // len(values)), np.float32)
+    with np.errstate(over="ignore"):
+        array = np.array(values * (channels // len(values)), np.float32)  # what the images are computed with
+    tiny = np.finfo(np.float32).tiny
+    if not np.all(np.isfinite(array)) or (positive and not np.all(array >= tiny)):
+        raise InputError(f"{flag} values must be float32 numbers{f' of at least {tiny:.3g}' if positive else ''} "
+                         f"(the images are float32); got {text}")
+    return array
 
 
 @dataclass(frozen=True)
@@ -236,7 +242,10 @@ def load_images(options: ImageOptions, model) -> dict[str, np.ndarray]:
             raise InputError(f"{flag}: cannot read {path.name} as an image ({err})") from None
         batch[index] = array.reshape(*size, channels).transpose(2, 0, 1)
     batch -= mean[:, None, None]
-    batch /= std[:, None, None]
+    with np.errstate(over="ignore"):
+        batch /= std[:, None, None]
+    if not np.all(np.isfinite(batch)):
+        raise InputError(f"--mean {options.mean} / --std {options.std}: they make some image values overflow float32")
     fix_input_shapes(model, {value.name: [dims[0], channels, *size]}, flag)
     return {value.name: batch}
 

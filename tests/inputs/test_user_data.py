@@ -191,6 +191,12 @@ def test_images_are_resized_and_fix_a_free_size(tmp_path, capsys):
     (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--resize", "9,9"], "--resize 9,9: tiny's input 'x' is Nx3x12x12"),
     (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--mean", "0.1,0.2"], "--mean gives 2 values; the images have 3 channels"),
     (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--std", "0"], "--std values must be finite and above 0"),
+    (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--std", "1e-50"],
+     "--std values must be float32 numbers of at least 1.18e-38 (the images are float32); got 1e-50"),
+    (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--mean", "1e39"],
+     "--mean values must be float32 numbers (the images are float32); got 1e39"),
+    (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--mean=-3e38", "--std", "1e-3"],
+     "--mean -3e38 / --std 1e-3: they make some image values overflow float32"),
     (lambda d: write_images(d / "i", 1) and (d / "i" / "bad.jpg").write_text("no"), ["--images", "{d}/i"], "cannot read bad.jpg as an image"),
 ])
 def test_bad_image_requests_are_one_line(prepare, argv, message, tmp_path, tiny_model_path, capsys):

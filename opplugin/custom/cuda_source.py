@@ -41,7 +41,7 @@ from ..user_kernels.plugin import probe_launch
 from ..user_kernels.source import DEFAULT_BLOCK, KernelSource, LaunchSpec, UserKernelError, check_entry_point, evaluate
 from .calling import DeclarationError
 from .declaration import Implementation
-from .outputs import batched_inputs, bytes_of, call_batch, new_outputs
+from .outputs import CallShapes, batched_inputs, sample_values
 
 # C types of the tensors a kernel may take (float16 has none: it would need cuda_fp16.h)
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.int8): "signed char",
@@ -137,11 +137,6 @@ class CudaSource(Implementation):
         return kernel
 
 
-def compile_offline(implementation: CudaSource, op, node: NodeInfo) -> None:
-    """Compile the node's source through NVRTC alone (no GPU): its errors, at the file's lines."""
-    implementation.compile_offline(op, node)
-
-
 def _is_grid(value: Any) -> bool:
     return (isinstance(value, (tuple, list)) and 1 <= len(value) <= 3
             and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value))
@@ -214,24 +209,11 @@ def _attribute_macros(name: str, value: Any) -> dict[str, Any]:
     return {}  # text, tensors, graphs, None: no macro
 
 
-def sample_inputs(node: NodeInfo, batch: int | None = 1) -> list[Any]:
-    """CuPy inputs for a trial launch: `batch` rows of each batched input (all of them where
-    None), standard-normal floats, zero integers (valid indices), the node's constants as they are."""
+def sample_inputs(node: NodeInfo, rows: int | None = 1) -> list[Any]:
+    """CuPy inputs for a trial launch (outputs.sample_values on the device)."""
     import cupy
 
-    rng = np.random.default_rng(0)
-    arrays: list[Any] = []
-    for tensor, batched in zip(node.inputs, batched_inputs(node)):
-        dtype = np.dtype(tensor.dtype)
-        if not tensor.name:
-            arrays.append(None)
-        elif tensor.name in node.constants:
-            arrays.append(cupy.asarray(np.asarray(node.constants[tensor.name], dtype=dtype)))
-        else:
-            shape = (batch, *tensor.shape[1:]) if batched and batch is not None else tuple(tensor.shape)
-            values = rng.standard_normal(shape) if np.issubdtype(dtype, np.floating) else np.zeros(shape)
-            arrays.append(cupy.asarray(np.asarray(values, dtype=dtype)))
-    return arrays
+    return [None if value is None else cupy.asarray(value) for value in sample_values(node, rows)]
 
 
 class CudaSourceKernel(Kernel):
@@ -241,7 +223,8 @@ class CudaSourceKernel(Kernel):
     def __init__(self, implementation: CudaSource, op, node: NodeInfo, variant: str, source: KernelSource, compiled: Compiled,
                  poison: bool):
         self.implementation, self.op, self.node, self.poison = implementation, op, node, poison
-        self.source = source
+        self.source, self.shapes = source, CallShapes(node)
+        self._grids: dict[int, tuple[int, ...]] = {}  # by batch: a launch's grid, worked out once
         self.name = f"{op.name}.{variant}"
         self.function = compiled.module.get_function(source.contract.entry)
         self.functions = [self.function]  # what the lab reads registers and local memory from
@@ -250,7 +233,7 @@ class CudaSourceKernel(Kernel):
         return 0  # unknown: the kernel is the user's
 
     def bytes_moved(self, batch: int) -> int:
-        return bytes_of(self.node, batch)
+        return self.shapes.bytes(batch)
 
     def macros(self, batch: int) -> dict[str, Any]:
         """The node's macros as numbers at this batch, with BLOCK, OUTPUTS_PER_THREAD and batch."""
@@ -259,6 +242,12 @@ class CudaSourceKernel(Kernel):
                 "OUTPUTS_PER_THREAD": launch.outputs_per_thread, "batch": batch}
 
     def grid(self, batch: int, elements: int) -> tuple[int, ...]:
+        """The launch's grid at this batch (`elements`: the first output's there), once per batch."""
+        if batch not in self._grids:
+            self._grids[batch] = self._grid(batch, elements)
+        return self._grids[batch]
+
+    def _grid(self, batch: int, elements: int) -> tuple[int, ...]:
         launch, chosen = self.source.launch, self.implementation.grid
         where = self.implementation.path
         if launch.grid:
@@ -289,8 +278,8 @@ class CudaSourceKernel(Kernel):
         from ..gpu import cuda
 
         with cuda.on_stream(stream):
-            batch = call_batch(self.node, inputs)
-            outputs = new_outputs(self.node, batch, self.poison)
+            batch = self.shapes.batch(inputs)
+            outputs = self.shapes.new_outputs(batch, self.poison)
             if any(o.size for o in outputs):
                 arguments = [np.uint64(0) if value is None else cupy.ascontiguousarray(value, dtype=tensor.dtype)
                              for value, tensor in zip(inputs, self.node.inputs)]

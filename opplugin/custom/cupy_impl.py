@@ -29,7 +29,7 @@ from ..gpu.device import Device
 from ..registry import Kernel, NodeInfo
 from .calling import DeclarationError, accepted
 from .declaration import Implementation
-from .outputs import bytes_of, call_batch, held_to_declaration, new_outputs
+from .outputs import CallShapes
 
 DEFAULT_BLOCK = 256
 
@@ -73,6 +73,7 @@ class CuPyKernel(Kernel):
     def __init__(self, implementation: CuPy, op, node: NodeInfo, variant: str, poison: bool):
         self.implementation, self.op, self.node, self.poison = implementation, op, node, poison
         self.name = f"{op.name}.{variant}"
+        self.shapes = CallShapes(node)
         self.variant_name = variant
         self.attributes = dict(node.spec if node.spec is not None else op.make_spec(node))
         function = implementation.function
@@ -89,7 +90,7 @@ class CuPyKernel(Kernel):
         return 0  # unknown: the function is the user's
 
     def bytes_moved(self, batch: int) -> int:
-        return bytes_of(self.node, batch)
+        return self.shapes.bytes(batch)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         import cupy
@@ -97,9 +98,9 @@ class CuPyKernel(Kernel):
         from ..gpu import cuda
 
         with cuda.on_stream(stream):
-            batch = call_batch(self.node, inputs)
+            batch = self.shapes.batch(inputs)
             results = self._launch(list(inputs), batch) if self.raw else self._call(list(inputs))
-            results = held_to_declaration(self.op.op_type, self.implementation.name, self.node, results, batch)
+            results = self.shapes.held(self.op.op_type, self.implementation.name, results, batch)
             for tensor, value in zip(self.node.outputs, results):
                 if not isinstance(value, cupy.ndarray):
                     raise DeclarationError(f"{self.node.name}: {self.op.op_type} {self.implementation.name} returned "
@@ -121,7 +122,7 @@ class CuPyKernel(Kernel):
     def _launch(self, inputs: list[Any], batch: int | None) -> list[Any]:
         import cupy
 
-        outputs = new_outputs(self.node, batch, self.poison)
+        outputs = self.shapes.new_outputs(batch, self.poison)
         n = int(outputs[0].size)
         if n == 0:
             return outputs

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import PluginError
 from ..gpu.device import Device
 from ..registry import Kernel, NodeInfo
-from .outputs import bytes_of, call_batch, output_shapes
+from .outputs import CallShapes
 
 
 class ReferenceKernel(Kernel):
@@ -23,13 +23,13 @@ class ReferenceKernel(Kernel):
         """`op`: the node's CustomOp (its call_reference runs the reference)."""
         self.op, self.node_name, self.attributes, self.device = op, node.name, dict(attributes), device
         self.name = f"{op.name}.reference"
-        self.node, self.outputs = node, list(node.outputs)
+        self.node, self.outputs, self.shapes = node, list(node.outputs), CallShapes(node)
 
     def flops(self, batch: int) -> int:
         return 0  # unknown: the reference is arbitrary numpy
 
     def bytes_moved(self, batch: int) -> int:
-        return bytes_of(self.node, batch)
+        return self.shapes.bytes(batch)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         on_gpu = self.device.is_cuda
@@ -38,7 +38,7 @@ class ReferenceKernel(Kernel):
         host = [self._host(value, on_gpu, stream) for value in inputs]
         results = self.op.call_reference(self.node_name, host, self.attributes)
         outputs = []
-        for declared, tensor, shape, result in zip(self.op.output_names, self.outputs, output_shapes(self.node, call_batch(self.node, host)), results):
+        for declared, tensor, shape, result in zip(self.op.output_names, self.outputs, self.shapes.output_shapes(self.shapes.batch(host)), results):
             if tuple(result.shape) != shape:
                 raise PluginError(f"{self.node_name}: the reference of {self.op.op_type} returned {declared} "
                                   f"of shape {list(result.shape)}; its shape function says {list(shape)}")

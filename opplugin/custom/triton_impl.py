@@ -29,7 +29,7 @@ from ..gpu.device import Device
 from ..registry import Kernel, NodeInfo
 from .calling import DeclarationError
 from .declaration import Implementation
-from .outputs import bytes_of, call_batch, held_to_declaration, new_outputs
+from .outputs import CallShapes
 
 
 class Triton(Implementation):
@@ -151,6 +151,7 @@ class TritonKernel(Kernel):
     def __init__(self, implementation: Triton, op, node: NodeInfo, variant: str, config: Any, poison: bool):
         self.implementation, self.op, self.node, self.poison = implementation, op, node, poison
         self.variant_name, self.config = variant, config
+        self.shapes = CallShapes(node)
         self.name = f"{op.name}.{variant}"
         self.attributes = dict(node.spec if node.spec is not None else op.make_spec(node))
         self.arg_names = list(getattr(implementation.function, "arg_names", ()))
@@ -165,7 +166,7 @@ class TritonKernel(Kernel):
         return 0  # unknown: the kernel is the user's
 
     def bytes_moved(self, batch: int) -> int:
-        return bytes_of(self.node, batch)
+        return self.shapes.bytes(batch)
 
     def compile_now(self) -> None:
         """One launch on one image of random inputs: Triton compiles on first launch, and its
@@ -184,8 +185,8 @@ class TritonKernel(Kernel):
         from ..gpu import cuda
 
         with cuda.on_stream(stream):
-            batch = call_batch(self.node, inputs)
-            outputs = new_outputs(self.node, batch, self.poison)
+            batch = self.shapes.batch(inputs)
+            outputs = self.shapes.new_outputs(batch, self.poison)
             for index in self.zeroed:
                 outputs[index].fill(0)
             if any(o.size for o in outputs):
@@ -196,7 +197,7 @@ class TritonKernel(Kernel):
                 with torch.cuda.stream(on):
                     self._launch([None if v is None else torch.from_dlpack(cupy.ascontiguousarray(v)) for v in inputs],
                                  [torch.from_dlpack(o) for o in outputs], batch)
-            return held_to_declaration(self.op.op_type, self.variant_name, self.node, outputs, batch)
+            return self.shapes.held(self.op.op_type, self.variant_name, outputs, batch)
 
     def _launch(self, inputs: list[Any], outputs: list[Any], batch: int | None) -> None:
         function = self.implementation.function

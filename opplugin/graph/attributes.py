@@ -1,4 +1,4 @@
-"""An ONNX node's attribute by name, as a Python value: what the graph rewrites read."""
+"""An ONNX node's attributes as Python values: one by name (what the graph rewrites read), or all of them."""
 from __future__ import annotations
 
 import onnx
@@ -11,3 +11,8 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
         if entry.name == name:
             return helper.get_attribute_value(entry)
     return default
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    """Every attribute the node sets, by name, as Python values."""
+    return {entry.name: helper.get_attribute_value(entry) for entry in node.attribute}

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
+from .attributes import attributes
 from ..registry import STANDARD_DOMAINS, Declaration, NodeInfo, TensorInfo, node_key, node_name
 
 Lookup = Callable[[str], "Declaration | None"]
@@ -65,8 +66,8 @@ def _declared_outputs(node: onnx.NodeProto, lookup: Lookup, known) -> list[onnx.
         return []
     name = node_name(node)
     declaration.check_arity(name, sum(1 for i in node.input if i), len(node.output))
-    attributes = declaration.node_attributes(NodeInfo(node, [], [], {a.name: helper.get_attribute_value(a) for a in node.attribute}))
-    types = declaration.output_types(name, [TensorInfo(i, *known[i]) for i in node.input if i], attributes)
+    settings = declaration.node_attributes(NodeInfo(node, [], [], attributes(node)))
+    types = declaration.output_types(name, [TensorInfo(i, *known[i]) for i in node.input if i], settings)
     return [helper.make_tensor_value_info(output, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), list(t.shape))
             for output, t in zip(node.output, types) if output]
 

@@ -15,6 +15,7 @@ from ..core.paths import models_dir
 from .simplify import Simplification, simplify_apart
 from .bare import copy_without_initializers, skeleton, with_initializers
 from . import declared_shapes
+from .attributes import attributes
 from .functions import inline_functions
 
 SHIPPED_MODELS = ("lenet86", "ece408_high", "mlp_onehidden")
@@ -216,7 +217,7 @@ class Model:
                     node=node,
                     inputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) if n else missing for n in node.input],
                     outputs=[tensors.get(n, TensorInfo(n, (), np.dtype(np.float32))) for n in node.output],
-                    attributes={a.name: helper.get_attribute_value(a) for a in node.attribute},
+                    attributes=attributes(node),
                     constants={n: self.initializers[n] for n in node.input if n in self.initializers},
                     opset=opset,
                 )

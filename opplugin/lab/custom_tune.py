@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..custom import CustomOp, choices
+from ..custom.outputs import sample_values
 from ..errors import first_line
 from ..gpu.device import Device
 from ..plan.partition import Plan, PluginStep
@@ -60,7 +61,7 @@ def custom_steps(plan: Plan) -> list[PluginStep]:
 def tune_custom_step(step: PluginStep, device: Device, say: Progress, warmup: int, repeat: int, seed: int = 0) -> CustomStepTuning:
     op: CustomOp = step.plugin
     node = step.node
-    host = _random_inputs(node, seed)
+    host = sample_values(node, seed=seed, integer_high=4)  # fresh standard-normal values at the plan's shapes
     started = time.perf_counter()
     expected = op.call_reference(node.name, host, node.spec)
     reference_ms = (time.perf_counter() - started) * 1e3
@@ -105,23 +106,6 @@ def _trial(op: CustomOp, step: PluginStep, device: Device, variant: str, unsuppo
     except Exception as err:
         return dataclasses.replace(trial, status="failed", reason=f"timing failed: {first_line(err, named=True)}")
     return trial
-
-
-def _random_inputs(node, seed: int) -> list[np.ndarray | None]:
-    """Fresh standard-normal values for the node's inputs at their plan shapes (integers as small
-    non-negative ones), its constants as they are."""
-    rng = np.random.default_rng(seed)
-    values = []
-    for tensor in node.inputs:
-        if not tensor.name:
-            values.append(None)
-        elif tensor.name in node.constants:
-            values.append(np.asarray(node.constants[tensor.name]))
-        elif np.issubdtype(tensor.dtype, np.floating):
-            values.append(rng.standard_normal(tensor.shape).astype(tensor.dtype))
-        else:
-            values.append(rng.integers(0, 4, tensor.shape).astype(tensor.dtype))
-    return values
 
 
 def _host(value: Any) -> np.ndarray:

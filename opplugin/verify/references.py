@@ -7,9 +7,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from ..errors import ModelError
+from ..graph.attributes import attributes as node_attributes
 from ..graph.declared_shapes import custom_nodes
 from ..ort.sessions import Reference, SplitReference
 from ..registry import NodeInfo, TensorInfo, node_key, node_name
@@ -44,7 +44,7 @@ def run_declared(model, node: onnx.NodeProto, inputs: list[Any], *, exact: bool 
     if declaration is None:
         raise ModelError(f"{model.name}: node {node_name(node)} is {node.domain}::{node.op_type}, which no declaration runs")
     name = node_name(node)
-    attributes = declaration.node_attributes(NodeInfo(node, [], [], {a.name: helper.get_attribute_value(a) for a in node.attribute}))
+    attributes = declaration.node_attributes(NodeInfo(node, [], [], node_attributes(node)))
     given = [TensorInfo(i, np.shape(v), np.asarray(v).dtype) for i, v in zip(node.input, inputs) if i]
     types = declaration.output_types(name, given, attributes)
     results = declaration.call_reference(name, inputs, attributes)

@@ -71,7 +71,6 @@ def test_plan_run_and_check_take_the_declarations_from_ops_files(tmp_path, capsy
 
 WRONG_KERNEL = '''import numpy as np
 from opplugin.custom import CustomOp
-from opplugin.custom.functions import function_ids
 from opplugin.custom.reference import ReferenceKernel
 
 

@@ -12,7 +12,7 @@ from onnx import helper
 
 from custom_models import ops_file, swish_node, swish_op
 from opplugin.custom import CudaSource, CuPy, CustomOp, DeclarationError, Triton
-from opplugin.custom.cuda_source import CudaSourceKernel, compile_offline, contract_for_node, node_macros
+from opplugin.custom.cuda_source import CudaSourceKernel, contract_for_node, node_macros
 from opplugin.custom.cupy_impl import kernel_attributes
 from opplugin.custom.triton_impl import TritonKernel, compile_message
 from opplugin.user_kernels.compiler import Compiled
@@ -193,12 +193,12 @@ def test_a_cuda_file_compiles_without_a_gpu_and_its_errors_name_its_lines(tmp_pa
     broken.write_text(GOOD.replace("expf(-ATTR_BETA", "expf(-ATTR_GAMMA"))
     picky.write_text("#if X_DIM1 != 16\n#error reject: 16 channels only\n#endif\n" + GOOD)
     info = swish_node(op)
-    compile_offline(CudaSource(good), op, info)
+    CudaSource(good).compile_offline(op, info)
     with pytest.raises(UserKernelError) as caught:
-        compile_offline(CudaSource(broken), op, info)
+        CudaSource(broken).compile_offline(op, info)
     assert str(caught.value).splitlines()[0].startswith(f"{broken}:4: ") and "ATTR_GAMMA" in str(caught.value).splitlines()[0]
     with pytest.raises(Rejected, match="16 channels only"):
-        compile_offline(CudaSource(picky), op, info)
+        CudaSource(picky).compile_offline(op, info)
 
 
 @needs_nvrtc
@@ -208,7 +208,7 @@ def test_a_cuda_file_with_the_wrong_signature_is_told_the_one_it_needs(tmp_path)
     wrong.write_text('extern "C" __global__ void swish2(const float* x, float* y) {}\n')
     with pytest.raises(UserKernelError, match=r'wrong signature for swish2: it must be extern "C" __global__ void '
                                               r'swish2\(const float\* x, float\* y, int batch\)'):
-        compile_offline(CudaSource(wrong), op, swish_node(op))
+        CudaSource(wrong).compile_offline(op, swish_node(op))
 
 
 def test_a_cuda_text_compiles_with_its_own_launch_and_its_errors_name_its_lines():
@@ -324,7 +324,7 @@ def test_a_starter_compiles_as_written_for_the_op_it_was_made_for(tmp_path):
     op = swish_op()
     path = tmp_path / "swish2.cu"
     assert main(["new", "com.example::Swish2", str(path), "--ops", str(ops_file(tmp_path))]) == 0
-    compile_offline(CudaSource(path), op, swish_node(op))
+    CudaSource(path).compile_offline(op, swish_node(op))
 
 
 @needs_nvrtc

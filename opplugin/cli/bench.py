@@ -194,17 +194,14 @@ def _e2e(options: BenchOptions) -> int:
 
 def _custom(options: BenchOptions) -> int:
     """bench --custom MODEL: each custom node's kernels against its reference, then timed; 1 when one was wrong."""
-    from ..custom.functions import function_ids, with_function_references
     from ..gpu.device import current_cuda_device
     from ..lab.custom_tune import custom_steps, custom_table_lines, tune_custom_step
     from ..plan.partition import make_plan
-    from .loading import read_ops
+    from .loading import load_declared
 
     if not cuda.is_available():
         raise DeviceError("bench --custom times kernels on a GPU, and CuPy sees none")
-    ops = read_ops(options.ops)
-    model = load_model(options.custom, keep_functions=function_ids(ops))
-    model.declare(with_function_references(ops, model.original))
+    model = load_declared(options.custom, options.ops)
     device, (warmup, repeat) = current_cuda_device(), options.timing.or_defaults(BENCH_WARMUP, BENCH_REPEAT)
     payload, wrong = {"model": model.name, "device": device.name, "batches": []}, 0
     for batch in options.batches:

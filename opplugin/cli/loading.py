@@ -34,9 +34,7 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, d
     and the batch the command runs; a stderr line says where that batch came from when the
     user gave none and the model is not a shipped one. `cuda_graphs` is the runner's flag:
     True (--cuda-graphs typed) needs a GPU."""
-    ops = read_ops(model.ops)
-    loaded = load_model(model.model, keep_functions=function_ids(ops))
-    loaded.declare(with_function_references(ops, loaded.original))
+    loaded = load_declared(model.model, model.ops)
     fix_input_shapes(loaded, model.input_shapes)
     feeds, source = _user_feeds(data, loaded) if data is not None else (None, None)
     require_runnable_inputs(loaded)
@@ -52,6 +50,14 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, d
     elif model.batch is None and loaded.name not in BUNDLED_MODELS:
         print(f"Batch {batch}: the default for a model with a free batch (--batch N to choose)", file=sys.stderr)
     return Loaded(loaded, chosen, batch)
+
+
+def load_declared(model: str, ops_files: tuple[str, ...]):
+    """The model with the custom ops of the --ops files declared (the functions they name kept whole)."""
+    ops = read_ops(ops_files)
+    loaded = load_model(model, keep_functions=function_ids(ops))
+    loaded.declare(with_function_references(ops, loaded.original))
+    return loaded
 
 
 def read_ops(paths: tuple[str, ...]) -> list:

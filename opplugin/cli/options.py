@@ -275,9 +275,9 @@ class KernelOptions:
             parser.set_defaults(sanitize=False, watch=False)
             return
         parser.add_argument("--sanitize", action="store_true",
-                            help="run each user kernel on a small batch under compute-sanitizer (memcheck, racecheck, initcheck) first")
+                            help="run each user kernel (--kernel files; --ops declarations' CUDA C and Triton kernels) on a small batch under compute-sanitizer (memcheck, racecheck, initcheck) first")
         parser.add_argument("--watch", action="store_true",
-                            help="recompile, re-check and re-time the --kernel file on each save (Ctrl-C stops)")
+                            help="recompile, re-check and re-time the --kernel files and the --ops declarations' CUDA C files on each save (Ctrl-C stops)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, one_per_op: bool = True) -> KernelOptions:
@@ -287,8 +287,6 @@ class KernelOptions:
             files = tuple(parse_kernels(values).items())
         else:
             files = tuple(item for value in values for item in parse_kernels([value]).items())
-        if (args.sanitize or args.watch) and not files:
-            raise InputError("--sanitize and --watch need --kernel OP=FILE.cu")
         return cls(files, args.sanitize, args.watch)
 
     @property

@@ -15,7 +15,7 @@ from ..inputs.feeds import Inputs, make_inputs
 from ..runtime import Runner
 from ..runtime.multi_device import DeviceRunners, cuda_slots
 from .file_guard import CommandFiles
-from .kernel_tools.cli_support import compile_without_gpu, sanitize_kernels, say_cpu_note, user_registry_for, watch_kernels
+from .kernel_tools.cli_support import compile_without_gpu, declared_files, sanitize_kernels, say_cpu_note, user_registry_for, watch_kernels
 from .loading import Loaded, load
 from .options import DEFAULT_BATCH, DataOptions, KernelOptions, ModelOptions, Outputs, RunnerOptions, ToleranceOptions
 
@@ -47,6 +47,8 @@ class Workload:
         alone = [*single_device, *(flag for flag, given in (("--sanitize", kernels.sanitize), ("--watch", kernels.watch)) if given)]
         if workload.runner.devices is not None and alone:
             raise InputError(f"{' and '.join(alone)} follow{'s' if len(alone) == 1 else ''} a single device; leave out --devices")
+        if (kernels.sanitize or kernels.watch) and not kernels.files and not workload.model.ops:
+            raise InputError("--sanitize and --watch need --kernel OP=FILE.cu or --ops FILE.py")
         return workload
 
     def files(self, reports: Outputs) -> CommandFiles:
@@ -71,7 +73,7 @@ def kernel_loops(workload: Workload, tolerance: ToleranceOptions, *, poison: boo
     status (None: go on with the command)."""
     kernels = workload.kernels
     if kernels.sanitize:
-        sanitize_kernels(workload.model.model, kernels.by_op)
+        sanitize_kernels(workload.model.model, kernels.by_op, workload.model.ops)
     if not kernels.watch:
         return None
     return watch(workload, tolerance, poison=poison)
@@ -81,8 +83,11 @@ def watch(workload: Workload, tolerance: ToleranceOptions, *, poison: bool, cycl
     """--watch on the workload's model, batch and inputs (`cycles` saves of the kernel files; None: until Ctrl-C)."""
     loaded = _load(workload)
     inputs = _inputs(workload.data, loaded, pinned=loaded.device.is_cuda)
+    files = {**declared_files(loaded.model), **workload.kernels.by_op}
+    if not files:
+        raise InputError(f"--watch: no --kernel file, and no declaration of --ops with a CUDA C file, has a node in {loaded.model.name}")
     return watch_kernels(tolerance, loaded.model, loaded.device, loaded.batch, lambda: make_runner(workload, loaded, poison=poison),
-                         workload.kernels.by_op, inputs, cycles=cycles, say=say)
+                         files, inputs, cycles=cycles, say=say)
 
 
 def prepare(workload: Workload, *, poison: bool) -> Prepared:

@@ -15,6 +15,7 @@ the default, and the reference runs where none can (copied to the host and back)
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -28,9 +29,25 @@ from .outputs import batched_inputs
 from .reference import ReferenceKernel
 
 
+@dataclass(frozen=True)
+class DeviceCode:
+    """An implementation's kernel as the GPU's tools see it (--sanitize, --watch): the name its
+    entry point has on the device, the file its lines are in and that file's text, and whether
+    it uses shared memory (racecheck's business)."""
+
+    label: str
+    entry: str
+    path: str
+    text: str
+    shared_memory: bool = False
+    is_file: bool = True  # False: source text given inline, no file to watch
+
+
 class Implementation:
     """One kernel for a custom op (CudaSource, CuPy, Triton): `variants` names what it offers
-    (an autotuned Triton kernel offers each configuration), `build` makes the Kernel of one."""
+    (an autotuned Triton kernel offers each configuration), `build` makes the Kernel of one,
+    `device_code` says where its device code is (None: a Python callable, whose kernels have no
+    name known in advance)."""
 
     name: str = ""
 
@@ -42,6 +59,9 @@ class Implementation:
 
     def build(self, op: "CustomOp", node: NodeInfo, device: Device, variant: str, poison: bool) -> Kernel:
         raise NotImplementedError
+
+    def device_code(self, op: "CustomOp") -> DeviceCode | None:
+        return None
 
 
 class CustomOp(Plugin):

@@ -8,9 +8,11 @@ autotuner keeps the fastest unchecked).
 
 The inputs and outputs are passed in order as torch tensors that share the CuPy arrays' memory
 (DLPack: no copy); the outputs are made by opplugin (NaN-filled in a check; zeroed where the
-autotuner's `reset_to_zero` names them). Keywords: each of the kernel's parameters named after an
-attribute, `n_elements` (the first output's element count) and `batch` (the call's), each only
-where the kernel has such a parameter; then an autotune configuration's meta-parameters,
+autotuner's `reset_to_zero` names them). Keywords, each only where the kernel has a parameter of
+that name: each attribute by its name, `n_elements` (the first output's element count), `batch`
+(the call's), and the numbers a CUDA source gets as macros (cuda_source.py), at the call's batch:
+X_DIM1, Y_SIZE, HAS_B, ATTR_STRIDES_0 and so on, so that a kernel such as a Conv reads its shapes
+and list attributes as plain integers. Then an autotune configuration's meta-parameters,
 num_warps, num_stages (and num_ctas, maxnreg where set), and the constructor's extra keywords.
 `grid` is a tuple or a function of the launch's meta-parameters, as Triton's own. The launch runs
 on the step's CuPy stream. The build launches each variant once on random inputs, so a kernel that
@@ -22,13 +24,15 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import re
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import first_line
 from ..gpu.device import Device
 from ..registry import Kernel, NodeInfo
 from .calling import DeclarationError
-from .declaration import Implementation
+from .cuda_source import node_macros, sample_inputs
+from .declaration import DeviceCode, Implementation
 from .outputs import CallShapes
 
 
@@ -62,6 +66,18 @@ class Triton(Implementation):
         if not device.is_cuda:
             return f"{self.name} needs a GPU"
         return None
+
+    def device_code(self, op) -> DeviceCode | None:
+        """The kernel as the device names it (its function's name) in the Python file it is written in."""
+        function = _python_function(self.function)
+        try:
+            path = inspect.getsourcefile(function)
+            text = Path(path).read_text() if path else None
+        except (TypeError, OSError, UnicodeDecodeError):
+            text = None
+        if text is None:
+            return None
+        return DeviceCode(self.name, _name_of(self.function), path, text)
 
     def build(self, op, node: NodeInfo, device: Device, variant: str, poison: bool) -> Kernel:
         kernel = TritonKernel(self, op, node, variant, self.by_variant[variant], poison)
@@ -155,6 +171,7 @@ class TritonKernel(Kernel):
         self.name = f"{op.name}.{variant}"
         self.attributes = dict(node.spec if node.spec is not None else op.make_spec(node))
         self.arg_names = list(getattr(implementation.function, "arg_names", ()))
+        self._keywords: dict[int | None, dict[str, Any]] = {}  # per batch: what a launch passes by name
         outputs = len(node.outputs)
         # the outputs the autotuner says to zero before a launch (kernels that accumulate with atomics)
         positions = {name: index for index, name in enumerate(self.arg_names)}
@@ -172,8 +189,6 @@ class TritonKernel(Kernel):
         """One launch on one image of random inputs: Triton compiles on first launch, and its
         errors are the declaration's, one line, here rather than in the middle of a run."""
         import cupy
-
-        from .cuda_source import sample_inputs
 
         self(sample_inputs(self.node, 1), None)
         cupy.cuda.get_current_stream().synchronize()
@@ -201,8 +216,8 @@ class TritonKernel(Kernel):
 
     def _launch(self, inputs: list[Any], outputs: list[Any], batch: int | None) -> None:
         function = self.implementation.function
-        available = {**self.attributes, "n_elements": int(outputs[0].numel()), "batch": int(batch or 0)}
-        launch = {k: v for k, v in available.items() if k in self.arg_names}
+        launch = {**self.keywords(batch), "n_elements": int(outputs[0].numel())}
+        launch = {k: v for k, v in launch.items() if k in self.arg_names}
         if self.config is not None:
             launch.update(config_keywords(self.config))
         launch.update(self.implementation.launch)
@@ -211,3 +226,11 @@ class TritonKernel(Kernel):
         except Exception as err:  # Triton's compile errors are many types, several lines each
             raise DeclarationError(f"{self.node.name}: {self.op.op_type} {self.variant_name} failed: "
                                    f"{compile_message(err, function)}") from None
+
+    def keywords(self, batch: int | None) -> dict[str, Any]:
+        """The attributes, the batch and the node's numeric macros at this batch, read once per batch."""
+        if batch not in self._keywords:
+            numbers = {k: v for k, v in node_macros(self.op, self.node, batch if batch is not None else 0).items()
+                       if isinstance(v, (int, float))}
+            self._keywords[batch] = {**numbers, **self.attributes, "batch": int(batch or 0)}
+        return self._keywords[batch]

@@ -101,7 +101,6 @@ def test_the_kernel_group():
     add = partial(KernelOptions.add, loops=True)
     kernels = KernelOptions.from_args(parsed(["--kernel", "conv=a.cu", "--watch"], add))
     assert kernels.by_op == {"Conv": "a.cu"} and kernels.paths == ("a.cu",) and kernels.watch and not kernels.sanitize
-    refused("--sanitize and --watch need --kernel OP=FILE.cu", KernelOptions.from_args, "--sanitize", adds=[add])
     refused("--kernel names Conv twice", KernelOptions.from_args, "--kernel", "Conv=a.cu", "--kernel", "Conv=b.cu", adds=[add])
     refused("--kernel takes OP=FILE.cu", KernelOptions.from_args, "--kernel", "a.cu", adds=[add])
     several = parsed(["--kernel", "Conv=a.cu", "--kernel", "Conv=b.cu"], KernelOptions.add)
@@ -117,8 +116,10 @@ def options(*argv: str):
     (["run", "--devices", "0,1", "--trace", "t.json", "--kernel", "Conv=a.cu", "--sanitize"],
      "--trace and --sanitize follow a single device; leave out --devices"),
     (["check", "--devices", "all", "--kernel", "Conv=a.cu", "--watch"], "--watch follows a single device; leave out --devices"),
+    (["run", "--sanitize"], "--sanitize and --watch need --kernel OP=FILE.cu or --ops FILE.py"),
+    (["check", "--watch"], "--sanitize and --watch need --kernel OP=FILE.cu or --ops FILE.py"),
 ])
-def test_flags_that_follow_one_device_are_refused_with_devices(argv, message):
+def test_flags_that_follow_one_device_or_a_users_kernel_are_refused_without_them(argv, message):
     with pytest.raises(InputError, match=message):
         options(*argv)
 

@@ -11,7 +11,7 @@ import pytest
 
 from custom_models import conv_swish_model, function_model, ops_file, save, split_max_op, swish_op, two_custom_ops_model
 from opplugin.cli import main
-from opplugin.custom import CustomOp
+from opplugin.custom import CustomOp, load_ops
 from opplugin.custom.functions import function_ids
 from opplugin.graph.model import load_model
 from opplugin.plan.partition import OrtStep
@@ -70,7 +70,7 @@ def test_plan_run_and_check_take_the_declarations_from_ops_files(tmp_path, capsy
 
 
 WRONG_KERNEL = '''import numpy as np
-from opplugin.custom import CustomOp
+from opplugin.custom import CustomOp, load_ops
 from opplugin.custom.reference import ReferenceKernel
 
 
@@ -215,3 +215,64 @@ def test_bench_custom_needs_its_declarations_and_a_gpu(capsys):
         ops = str(Path(__file__).resolve().parents[2] / "models" / "lenet86_swish_ops.py")
         assert main(["bench", "--custom", "lenet86_swish", "--ops", ops]) == 2
         assert capsys.readouterr().err.strip().endswith("bench --custom times kernels on a GPU, and CuPy sees none")
+
+
+def shipped_declarations(name: str):
+    from opplugin.custom.loading import load_ops
+
+    return load_ops(str(Path(__file__).resolve().parents[2] / "models" / name))
+
+
+@pytest.mark.parametrize("attributes, bias", [
+    ({"strides": [2, 2], "pads": [3, 3, 3, 3], "kernel_shape": [7, 7]}, True),
+    ({"group": 4, "pads": [1, 0, 2, 1], "dilations": [2, 1]}, False),
+    ({"strides": [1, 2], "group": 8}, True),  # depthwise
+])
+def test_the_shipped_triton_convs_reference_agrees_with_onnxruntime(attributes, bias):
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    [conv] = shipped_declarations("conv_triton_ops.py")
+    rng = np.random.default_rng(5)
+    group = attributes.get("group", 1)
+    taps = attributes.get("kernel_shape", [3, 3])
+    x = rng.standard_normal((2, 8, 15, 13)).astype(np.float32)
+    w = rng.standard_normal((16, 8 // group, *taps)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    inputs = ["x", "w", "b"] if bias else ["x", "w"]
+    node = helper.make_node("Conv", inputs, ["y"], **attributes)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    values = {"x": x, "w": w, "b": b}
+    expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {n: values[n] for n in inputs})[0]
+    given = {**conv.attributes, **attributes}
+    got = conv.reference_function(*(values[n].astype(np.float64) for n in inputs), **given)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_shipped_triton_conv_takes_every_conv_and_passes_check_on_its_reference():
+    [conv] = shipped_declarations("conv_triton_ops.py")
+    runner = Runner(load_model("lenet86"), 8, "cpu", ops=[conv])
+    convs = [s for s in runner.plan.plugin_steps if s.node.op_type == "Conv"]
+    assert len(convs) == 2 and all(runner.kernels[s.name].name == "Conv.reference" for s in convs)
+    x = np.random.default_rng(1).uniform(0, 1, (8, 1, 86, 86)).astype(np.float32)
+    assert check(runner.run, runner.plan_record(8), {"input": x}).passed
+
+
+def test_watch_and_sanitize_find_the_cuda_files_of_the_declarations_a_model_uses(tmp_path, capsys):
+    from custom_models import example_with_cuda_file
+    from opplugin.cli.kernel_tools.cli_support import declared_device_code, declared_files
+    from opplugin.cli.loading import load_declared
+
+    ops, source = example_with_cuda_file(tmp_path)
+    [code] = declared_device_code(load_ops(ops))  # CuPy's kernels have no name known in advance; no Triton on the CPU
+    assert (code.label, code.entry, code.path, code.shared_memory) == ("cuda:swish.cu", "swish", str(source), False)
+    assert declared_files(load_declared("lenet86_swish", (str(ops),))) == {
+        "example.ops::Swish": str(source)}
+    assert declared_files(load_declared("lenet86", (str(ops),))) == {}  # no Swish node in lenet86
+    assert main(["check", "lenet86", "--ops", str(ops), "--watch"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--watch: no --kernel file, and no declaration of --ops with a CUDA C file, has a node in lenet86")

@@ -154,6 +154,22 @@ def test_a_triton_launch_gets_the_attributes_it_names_the_element_count_and_its_
     assert plain.function.launches == [((3,), (x, y), {"beta": 2.5, "n_elements": 800, "BLOCK": 128, "num_warps": 2})]
 
 
+def test_a_triton_launch_gets_the_shapes_a_cuda_file_gets_as_macros_at_the_calls_batch():
+    """A Conv-like kernel reads its image size and list attributes as plain integers, by name."""
+    op = swish_op()
+    jit = FakeJit()
+    jit.arg_names = ["x_ptr", "y_ptr", "X_DIM0", "X_DIM1", "X_DIM3", "Y_SIZE", "batch", "beta", "X_RANK"]
+    plain = Triton(jit, grid=(1,))
+    op.implement(plain)
+    kernel = TritonKernel(plain, op, swish_node(op), "triton:swish_kernel", None, poison=False)
+    x, y = FakeTensor(2 * 200), FakeTensor(2 * 200)
+    kernel._launch([x], [y], 2)
+    kernel._launch([x], [y], 3)
+    assert [keywords for _grid, _args, keywords in jit.launches] == [
+        {"X_DIM0": 2, "X_DIM1": 8, "X_DIM3": 5, "Y_SIZE": 400, "batch": 2, "beta": 2.5, "X_RANK": 4},
+        {"X_DIM0": 3, "X_DIM1": 8, "X_DIM3": 5, "Y_SIZE": 600, "batch": 3, "beta": 2.5, "X_RANK": 4}]
+
+
 def fake_triton_kernel(x_ptr, y_ptr, n_elements):  # stands for a @triton.jit function's Python source
     offsets = undefined_name  # noqa: F821
     return offsets

@@ -191,3 +191,76 @@ def test_bench_custom_times_every_kernel_of_the_example_beside_its_reference(tmp
     assert len(batch["steps"]) == 3
     for step in batch["steps"]:
         assert all(i["status"] == "ok" and i["ms"] > 0 for i in step["implementations"])
+
+
+def test_sanitize_checks_every_cuda_and_triton_kernel_of_a_declaration(capsys):
+    from opplugin.cli import main
+
+    ops = str(Path(__file__).resolve().parents[2] / "models" / "lenet86_swish_ops.py")
+    assert main(["check", "lenet86_swish", "--ops", ops, "--batch", "4", "--sanitize"]) == 0
+    out = capsys.readouterr().out
+    assert "--sanitize: memcheck, initcheck found nothing in cuda:swish.cu" in out
+    if importlib.util.find_spec("triton") is not None and importlib.util.find_spec("torch") is not None:
+        assert "triton:swish_triton:BLOCK=1024,w4,s3" in out
+
+
+def test_sanitize_finds_a_declared_cuda_kernel_writing_out_of_bounds(tmp_path, capsys):
+    from custom_models import example_with_cuda_file
+    from opplugin.cli import main
+
+    ops, source = example_with_cuda_file(tmp_path, lambda text: text.replace("y[i] = v", "y[i + 64] = v"))
+    assert main(["check", "lenet86_swish", "--ops", str(ops), "--batch", "4", "--sanitize"]) == 2
+    out, err = capsys.readouterr()
+    assert "Invalid __global__ write of size 4 bytes" in out and "swish.cu:9" in out and "y[i + 64] = v" in out
+    assert err.startswith(f"{source}: compute-sanitizer found") and err.count("\n") == 1
+
+
+def test_watch_follows_a_declarations_cuda_file(tmp_path):
+    import threading
+    import time
+
+    from custom_models import example_with_cuda_file
+    from opplugin.cli import check, workload
+    from opplugin.cli.commands import build_parser
+
+    ops, source = example_with_cuda_file(tmp_path)
+    options = check.read(build_parser().parse_args(["check", "lenet86_swish", "--batch", "200", "--ops", str(ops), "--watch"]))
+    said = []
+
+    def edit_after_first_result():
+        while not any("measured:" in line for line in said):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        source.write_text(source.read_text().replace("y[i] = v / ", "y[i] = 1.0f + v / "))
+
+    editor = threading.Thread(target=edit_after_first_result)
+    editor.start()
+    code = workload.watch(options.workload, options.tolerance, poison=True, cycles=1, say=said.append)
+    editor.join()
+    text = "\n".join(said)
+    assert code == 0 and f"watching {source}" in text
+    first, second = text.split("after the edit:")
+    assert "relu1 (Swish.cuda:swish.cu): error" in first and "pass" in first
+    assert "FAIL" in second
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
+                    reason="Triton and torch are not installed")
+def test_the_shipped_triton_conv_runs_every_conv_of_resnet18_and_passes_check(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "tools/export_models.py", "--out", str(tmp_path), "resnet18"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        pytest.skip(f"torchvision's resnet18 could not be exported here: {done.stderr.strip().splitlines()[-1:]}")
+    from opplugin.custom import load_ops
+    from opplugin.inputs.feeds import make_inputs
+
+    [conv] = load_ops(root / "models" / "conv_triton_ops.py")
+    runner = Runner(load_model(str(tmp_path / "resnet18.onnx")), 4, "cuda", ops=[conv])
+    convs = [s for s in runner.plan.plugin_steps if s.node.op_type == "Conv"]
+    assert len(convs) == 20 and all(runner.kernels[s.name].name.startswith("Conv.triton:conv_triton") for s in convs)
+    feeds = make_inputs(runner.plan.model, 4).feeds
+    assert check(runner.run, runner.plan_record(4), feeds).passed

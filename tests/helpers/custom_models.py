@@ -118,3 +118,15 @@ def swish_node(op, batch: int = 4, shape=(8, 5, 5), beta: float = 2.5):
     info = NodeInfo(node, [TensorInfo("x", (batch, *shape), np.dtype(np.float32))],
                     [TensorInfo("y", (batch, *shape), np.dtype(np.float32))], {"beta": beta})
     return NodeInfo(info.node, info.inputs, info.outputs, info.attributes, spec=op.make_spec(info))
+
+
+def example_with_cuda_file(folder, edit=lambda text: text):
+    """The shipped lenet86_swish declarations, their CUDA C file a copy in `folder` changed by `edit`:
+    (the declarations file, the .cu file)."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[2] / "models"
+    source = Path(folder) / "swish.cu"
+    source.write_text(edit((models / "swish.cu").read_text()))
+    declarations = (models / "lenet86_swish_ops.py").read_text().replace('Path(__file__).with_name("swish.cu")', repr(str(source)))
+    return ops_file(folder, declarations, "swish_ops.py"), source

@@ -16,7 +16,7 @@ from opplugin.registry import Kernel, Plugin, plugins
 from opplugin.runtime import Runner
 from opplugin.user_kernels import CudaSourcePlugin, KernelSource, UserKernelError, UserPlugin, starter_text, user_registry
 from opplugin.user_kernels.source import evaluate, parse_directives
-from opplugin.cli.kernel_tools.sanitize import format_findings, parse_findings, sanitize
+from opplugin.cli.kernel_tools.sanitize import device_code, format_findings, parse_findings, sanitize
 from opplugin.cli.kernel_tools.watch import StepResult, describe, watch
 from user_kernel_fixtures import FUSED, edited, new_starter
 from repository import ROOT
@@ -275,9 +275,9 @@ def test_sanitizer_findings_in_the_users_file_become_a_table_with_source_lines(t
     path = tmp_path / "oob.cu"
     path.write_text("\n" * 69 + "    y[index + 64] = acc;\n" + 'extern "C" __global__ void conv(const float* x) {}\n')
     source = KernelSource(str(path), "Conv", text=path.read_text())
-    findings = parse_findings("memcheck", MEMCHECK_OUTPUT, [source])
+    findings = parse_findings("memcheck", MEMCHECK_OUTPUT, [device_code(source)])
     assert len(findings) == 1 and findings[0].count == 2 and findings[0].line == 70  # the built-in kernel's is not ours
-    table = format_findings(findings, [source])
+    table = format_findings(findings, [device_code(source)])
     assert "Invalid __global__ write of size 4 bytes" in table and "oob.cu:70" in table and "y[index + 64] = acc;" in table
 
 

@@ -11,7 +11,9 @@ from ...user_kernels import user_registry
 from ...user_kernels.compiler import OFFLINE_ARCH, Rejected
 from ...user_kernels.plugin import UserPlugin
 from ...user_kernels.source import KernelSource
+from ...registry import node_key
 from ...verify.check import check
+from ..loading import read_ops
 from ..options import ToleranceOptions
 
 CPU_NOTE = "The user kernel cannot run without a GPU: the numpy reference backend runs its nodes instead."
@@ -121,21 +123,42 @@ def compile_without_gpu(plan, registry) -> None:
         print(f"{missing.kernel} not compiled: {missing.reason}", file=sys.stderr)
 
 
+def declared_files(model) -> dict[str, str]:
+    """Op key -> the CUDA C file of each declaration of the model's that has one and a node in it
+    (what --watch follows besides the --kernel files; an op with several files: its first)."""
+    used = {node_key(node) for node in model.nodes}
+    files = {}
+    for key, op in model.declarations.items():
+        codes = [c for c in declared_device_code([op]) if c.is_file and c.path.endswith(".cu")]
+        if key in used and codes:
+            files[key] = codes[0].path
+    return files
+
+
 # sanitize and watch are imported where they are called: only --sanitize and --watch need them
 
 
-def sanitize_kernels(model: str, kernels: dict[str, str]) -> None:
-    """--sanitize: each user kernel under compute-sanitizer, on a small batch of `model`."""
+def sanitize_kernels(model: str, kernels: dict[str, str], ops_files: tuple[str, ...] = ()) -> None:
+    """--sanitize: each user kernel under compute-sanitizer, on a small batch of `model`: the
+    --kernel files and the CUDA C and Triton implementations of the --ops declarations."""
     from .sanitize import sanitize
 
     sources = list(user_sources(kernels).values())
-    sanitize(model, sources, say=lambda line: print(line, flush=True))
+    sanitize(model, sources, say=lambda line: print(line, flush=True), ops_files=ops_files,
+             declared=declared_device_code(read_ops(ops_files)))
+
+
+def declared_device_code(ops) -> list:
+    """The device code of every implementation of these declarations that has some (custom.DeviceCode)."""
+    codes = [implementation.device_code(op) for op in ops for implementation in op.implementations]
+    return list({(c.entry, c.path): c for c in codes if c is not None}.values())
 
 
 def watch_kernels(tolerance: ToleranceOptions, model, device, batch: int, make_runner, kernels: dict[str, str], inputs,
                   cycles: int | None = None, say=None) -> int:
     """--watch: check (at `tolerance`) and time the user kernels at `batch` on `inputs` after every
-    save of their files (`cycles` saves; None: until Ctrl-C)."""
+    save of their files (`cycles` saves; None: until Ctrl-C). `kernels`: op key -> file, the
+    --kernel files and the CUDA C files of the model's declarations (declared_files)."""
     from .watch import StepResult, watch
 
     roof = None
@@ -152,7 +175,7 @@ def watch_kernels(tolerance: ToleranceOptions, model, device, batch: int, make_r
         records = {r["step"]: r for r in result.records}
         results = {}
         for step in plan.plugin_steps:
-            if step.ops[0] not in kernels:
+            if step.node.op_key not in kernels:
                 continue
             record = records.get(step.name, {})
             ms = profile.median(step.name) if profile else None
@@ -161,4 +184,4 @@ def watch_kernels(tolerance: ToleranceOptions, model, device, batch: int, make_r
                                             ms, ms / floor if ms and floor else None)
         return results
 
-    return watch(list(kernels.values()), measure, say or (lambda line: print(line, flush=True)), cycles=cycles)
+    return watch(list(dict.fromkeys(kernels.values())), measure, say or (lambda line: print(line, flush=True)), cycles=cycles)

@@ -175,7 +175,7 @@ def watch_kernels(tolerance: ToleranceOptions, model, device, batch: int, make_r
         records = {r["step"]: r for r in result.records}
         results = {}
         for step in plan.plugin_steps:
-            if step.node.op_key not in kernels:
+            if step.ops[0] not in kernels:
                 continue
             record = records.get(step.name, {})
             ms = profile.median(step.name) if profile else None

@@ -9,8 +9,9 @@ Each actor builds one Runner when Ray starts it and reuses it for every batch. T
 Runner picks its device as it always does ("auto": the GPU when CuPy sees one, and Ray
 shows an actor only the GPU it was given), so the same code runs the CUDA kernels on a
 GPU actor and the numpy reference on a CPU one. A batch arrives as a dict of columns;
-the model's inputs are read from the columns named after them, and the batch that comes
-back holds the graph's outputs by name (and any `pass_through` columns, untouched).
+the model's inputs are read from the columns named after them (a model of one input also
+takes a lone column of any other name, as Ray's `data`: inputs/columns.py), and the batch
+that comes back holds the graph's outputs by name (and any `pass_through` columns, untouched).
 
 Ray comes in the `ray` extra (pip install 'opplugin[ray]'); without it, importing this
 module raises RayNotInstalled, whose message says so in one line.
@@ -39,6 +40,7 @@ except ImportError:
 from .gpu.device import select_device
 from .graph.model import Model, choose_batch, load_model
 from .runtime import Runner
+from .inputs.columns import BatchColumns
 from .inputs.user_data import fix_input_shapes, require_runnable_inputs
 
 # What a Predictor hands on to its Runner; see Runner's docstring for each.
@@ -78,66 +80,29 @@ class Predictor:
             raise InputError(f"pass_through names {', '.join(map(repr, clashes))}, which is {self.model.name}'s own input "
                              f"or output; pass through other columns")
         self.runner = Runner(self.model, choose_batch(self.model, batch, device), device, **runner_options)
+        layout = self.runner.layout
+        self.columns = BatchColumns(self.model.name, {name: tuple(self.runner.plan.shape_of(name)) for name in self.inputs},
+                                    frozenset(layout.batched_inputs) & frozenset(self.inputs) if layout.chunkable else frozenset(),
+                                    self.pass_through)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = self._feeds(batch)
+        feeds = self.columns.feeds(batch)
         rows = self._rows(feeds)
-        carried = {name: self._column(batch, name, "a pass_through column") for name in self.pass_through}
-        for name, column in carried.items():
-            if len(column) != rows:
-                raise InputError(f"column {name!r} has {len(column)} rows; the batch's inputs have {rows}")
+        carried = self.columns.carried(batch, rows)
         if rows == 0:  # Ray may hand on an empty batch (after a filter, say): the outputs are empty too
             outputs = {name: self._empty(name) for name in self.outputs}
         else:
             outputs = self.runner.run(feeds).outputs
         return {name: outputs[name] for name in self.outputs} | carried
 
-    # --- reading a batch -------------------------------------------------------------------
-
-    def _column(self, batch: Any, name: str, what: str) -> np.ndarray:
-        if not isinstance(batch, dict):
-            raise InputError(f"Predictor takes batches as a dict of numpy arrays, got {type(batch).__name__}: "
-                             "call map_batches with batch_format=\"numpy\"")
-        if name not in batch:
-            raise InputError(f"the batch has no column {name!r} ({what} of {self.model.name}); its columns are "
-                             f"{', '.join(map(repr, batch)) or 'none'} (Dataset.rename_columns renames one)")
-        return batch[name]
-
-    def _feeds(self, batch: Any) -> dict[str, np.ndarray]:
-        """The model's inputs from the batch's columns, checked: float32, and a sample's shape the model's."""
-        feeds = {}
-        for name in self.inputs:
-            column = self._column(batch, name, "an input")
-            if not isinstance(column, np.ndarray):
-                raise InputError(f"column {name!r} is a {type(column).__name__}, not a numpy array: call map_batches "
-                                 "with batch_format=\"numpy\"")
-            if column.dtype == object:
-                raise InputError(f"column {name!r} holds arrays of different shapes (numpy dtype object); "
-                                 f"{self.model.name} takes one shape, {self._wanted(name)}")
-            if column.dtype != np.float32:
-                raise InputError(f"column {name!r} is {column.dtype}; {self.model.name} takes float32 "
-                                 "(convert it with .astype(numpy.float32) in a map_batches step before)")
-            if self._batched(name) and tuple(column.shape[1:]) != self.runner.plan.shape_of(name)[1:]:
-                raise InputError(f"column {name!r} has shape {list(column.shape)}; {self.model.name} takes {self._wanted(name)}")
-            feeds[name] = column
-        return feeds
-
     def _rows(self, feeds: dict[str, np.ndarray]) -> int:
         """The batch's rows; the runner's own check for what a column cannot show (an unchunkable model's batch)."""
-        rows = {len(feeds[name]) for name in self.inputs if self._batched(name)}
+        rows = {len(feeds[name]) for name in self.columns.batched}
         if len(rows) > 1:
             raise InputError(f"the input columns have different numbers of rows {sorted(rows)}")
         if rows == {0}:
             return 0
         return self.runner.check_feeds(feeds)
-
-    def _batched(self, name: str) -> bool:
-        layout = self.runner.layout
-        return layout.chunkable and name in layout.batched_inputs
-
-    def _wanted(self, name: str) -> str:
-        shape = self.runner.plan.shape_of(name)
-        return f"[N, {', '.join(map(str, shape[1:]))}]" if self._batched(name) else str(list(shape))
 
     def _empty(self, name: str) -> np.ndarray:
         info = self.runner.plan.tensors[name]

@@ -90,7 +90,7 @@ def test_two_actors_give_the_single_process_outputs_bit_for_bit(ray_cluster, tmp
     options = ray.data.DataContext.get_current().execution_options
     ordered, options.preserve_order = options.preserve_order, True  # rows come back in input order
     try:
-        dataset = ray.data.read_numpy(str(shards)).rename_columns({"data": "input"})
+        dataset = ray.data.read_numpy(str(shards))  # one column, Ray's "data": the model's one input takes it
         # half a CPU each: the two actors leave the cluster's other CPU to the task reading the shards
         scored = dataset.map_batches(Predictor, fn_constructor_kwargs={"model": MODEL, "device": "cpu", "batch": 64},
                                      concurrency=2, num_cpus=0.5, batch_size=64, batch_format="numpy")
@@ -128,10 +128,15 @@ def test_a_batch_returns_the_outputs_and_the_pass_through_columns(predictor):
     assert out["probabilities"].shape == (5, 10) and np.array_equal(out["id"], np.arange(5))
     empty = predictor({"input": images[:0], "id": np.arange(0)})
     assert empty["probabilities"].shape == (0, 10) and empty["probabilities"].dtype == np.float32
+    # Ray's own column name, as read_numpy and from_numpy give it: the lone column feeds the one input
+    lone = predictor({"data": images, "id": np.arange(5)})
+    assert np.array_equal(lone["probabilities"], out["probabilities"]) and set(lone) == {"probabilities", "id"}
 
 
 @pytest.mark.parametrize("batch, message", [
-    ({"data": np.zeros((2, 1, 86, 86), np.float32), "id": np.arange(2)}, "the batch has no column 'input'"),
+    ({"data": np.zeros((2, 1, 86, 86), np.float32), "extra": np.zeros((2, 1, 86, 86), np.float32), "id": np.arange(2)},
+     "the batch has no column 'input' (lenet86's one input), and more than one other column could take its place: 'data', 'extra'"),
+    ({"data": np.ones((2, 1, 86, 86), np.float64), "id": np.arange(2)}, "column 'data' (input 'input') is float64"),
     ({"input": np.ones((2, 1, 86, 86), np.float64), "id": np.arange(2)}, "column 'input' is float64; lenet86 takes float32"),
     ({"input": np.ones((2, 1, 28, 28), np.float32), "id": np.arange(2)}, "column 'input' has shape [2, 1, 28, 28]; lenet86 takes [N, 1, 86, 86]"),
     ({"input": np.ones((2, 1, 86, 86), np.float32)}, "the batch has no column 'id' (a pass_through column"),

@@ -17,10 +17,10 @@ import numpy as np
 import onnx
 
 from ..errors import InputError, ModelError
+from .array_files import read_arrays
+from .pixels import EIGHT_BIT_TARGETS, read_image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-# the channel counts an image becomes, and Pillow's mode for each
-IMAGE_MODES = {1: "L", 3: "RGB"}
 FREE = None  # a dimension the model (and the user) leaves free
 
 
@@ -100,14 +100,7 @@ def load_feeds(path: str, model) -> dict[str, np.ndarray]:
     """The arrays of a .npz file (one per input name) or a .npy file (a one-input model),
     with the model's free dimensions taken from them; InputError for anything that does not fit."""
     flag = f"--load-inputs {path}"
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise InputError(f"{flag}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{flag} is a folder; give a .npz or .npy file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise InputError(f"{flag}: not a .npz or .npy file numpy can read ({err})") from None
+    loaded = read_arrays(path, flag)
     names = [value.name for value in model.inputs]
     if isinstance(loaded, np.ndarray):
         if len(names) != 1:
@@ -115,11 +108,7 @@ def load_feeds(path: str, model) -> dict[str, np.ndarray]:
                              f"({', '.join(names)}); give a .npz file with an array per input name")
         arrays = {names[0]: loaded}
     else:
-        with loaded:
-            try:
-                arrays = {key: loaded[key] for key in loaded.files}
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-                raise InputError(f"{flag}: a damaged .npz file ({err})") from None
+        arrays = loaded
         unknown = [key for key in arrays if key not in names]
         if unknown:
             raise InputError(f"{flag} holds {', '.join(map(repr, unknown))}, which {model.name} does not take; "
@@ -202,14 +191,15 @@ class ImageOptions:
 
 
 def load_images(options: ImageOptions, model) -> dict[str, np.ndarray]:
-    """The folder's images as the model's one image input, float32 [N, C, H, W]: pixel / 255,
-    then (x - mean) / std per channel, resized (bilinear) to --resize or the model's size."""
+    """The folder's images as the model's one image input, float32 [N, C, H, W]: each pixel in [0, 1]
+    by its image's full range (pixels.py), resized (bilinear) to --resize or the model's size, then
+    (x - mean) / std per channel."""
     flag = f"--images {options.folder}"
     folder = Path(options.folder)
     if not folder.is_dir():
         raise InputError(f"{flag}: {'not a folder' if folder.exists() else 'no such folder'}")
     try:
-        from PIL import Image, UnidentifiedImageError
+        import PIL  # noqa: F401
     except ImportError:
         raise InputError("--images needs Pillow, which is not installed: pip install 'opplugin[images]'") from None
     files = image_files(folder)
@@ -218,7 +208,7 @@ def load_images(options: ImageOptions, model) -> dict[str, np.ndarray]:
     value = _image_input(flag, model)
     dims = declared_shape(value)
     channels = dims[1]
-    if channels not in IMAGE_MODES:
+    if channels not in EIGHT_BIT_TARGETS:
         raise InputError(f"{flag}: {model.name}'s input {value.name!r} is {shown(dims)}; images give 1 or 3 channels")
     size = parse_pair(options.resize, "--resize")
     model_size = tuple(dims[2:])
@@ -232,15 +222,7 @@ def load_images(options: ImageOptions, model) -> dict[str, np.ndarray]:
     std = parse_channels(options.std, "--std", channels, 1.0, positive=True)
     batch = np.empty((len(files), channels, *size), np.float32)
     for index, path in enumerate(files):
-        try:
-            with Image.open(path) as image:
-                pixels = image.convert(IMAGE_MODES[channels])
-                if pixels.size != (size[1], size[0]):
-                    pixels = pixels.resize((size[1], size[0]), Image.BILINEAR)
-                array = np.asarray(pixels, np.float32) / np.float32(255.0)
-        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as err:
-            raise InputError(f"{flag}: cannot read {path.name} as an image ({err})") from None
-        batch[index] = array.reshape(*size, channels).transpose(2, 0, 1)
+        batch[index] = read_image(path, channels, size, flag).transpose(2, 0, 1)
     batch -= mean[:, None, None]
     with np.errstate(over="ignore"):
         batch /= std[:, None, None]

@@ -78,13 +78,25 @@ def savez_as(path, **arrays) -> None:
         np.savez(stream, **arrays)
 
 
+def non_array_member(path) -> None:
+    """A zip whose member is named after the input but holds bytes, not a .npy array."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x", b"not an array")
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: np.save(d / "f.npy", np.ones((2, 3, 12, 12), np.float64)), "'x' is float64; tiny takes float32"),
     (lambda d: np.save(d / "f.npy", np.ones((2, 3, 11, 12), np.float32)), "'x' has shape 2x3x11x12; tiny takes Nx3x12x12"),
     (lambda d: savez_as(d / "f.npy", y=np.ones((2, 3, 12, 12), np.float32)), "holds 'y', which tiny does not take; its inputs are x"),
     (lambda d: savez_as(d / "f.npy"), "has no array for 'x'"),
-    (lambda d: (d / "f.npy").write_bytes(b"PK\x03\x04 not really a zip"), "not a .npz or .npy file numpy can read"),
-    (lambda d: (d / "f.npy").write_text("hello"), "not a .npz or .npy file numpy can read"),
+    (lambda d: (d / "f.npy").write_bytes(b"PK\x03\x04 not really a zip"), "FILE: a damaged .npz file, not a complete zip archive"),
+    (lambda d: (d / "f.npy").write_text("hello"), "FILE: not a .npy or .npz file"),
+    (lambda d: (d / "f.npy").write_bytes(b""), "FILE: the file is empty (0 bytes)"),
+    (lambda d: savez_as(d / "f.npy", x=np.array([{"a": 1}], dtype=object)), "FILE: member 'x.npy' holds Python objects"),
+    (lambda d: np.save(d / "f.npy", np.array([None], dtype=object), allow_pickle=True), "FILE: a .npy file holds Python objects"),
+    (lambda d: non_array_member(d / "f.npy"), "FILE: its member 'x' is not a .npy array"),
     (lambda d: np.save(d / "f.npy", np.ones((0, 3, 12, 12), np.float32)), "holds no samples"),
     (lambda d: None, "--load-inputs FILE: no such file"),
 ])
@@ -155,6 +167,15 @@ def write_images(folder, count: int, size=(10, 14), mode="RGB") -> list[np.ndarr
     return pixels
 
 
+def transparent_corner(path) -> None:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.load()
+    image.putpixel((0, 0), (0, 0, 0, 0))
+    image.save(path)
+
+
 def test_images_feed_a_model_in_name_order_with_mean_and_std(tmp_path, tiny_model_path, capsys):
     pixels = write_images(tmp_path / "images", 3, size=(12, 12))
     saved = tmp_path / "out.npz"
@@ -167,6 +188,28 @@ def test_images_feed_a_model_in_name_order_with_mean_and_std(tmp_path, tiny_mode
     expected = np.stack([(p.astype(np.float32) / 255 - np.float32(mean)) / np.float32(std) for p in pixels]).transpose(0, 3, 1, 2)
     with np.load(saved) as arrays:
         np.testing.assert_allclose(arrays["x"], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_16_bit_images_feed_pixel_over_65535_not_clipped(tmp_path, tiny_model_path, capsys):
+    image_module = pytest.importorskip("PIL.Image")
+    (tmp_path / "deep").mkdir()
+    rng = np.random.default_rng(11)
+    pixels = [rng.integers(0, 65536, (12, 12), dtype=np.uint16) for _ in range(2)]
+    for index, values in enumerate(pixels):
+        image = image_module.fromarray(values)
+        assert image.mode == "I;16"
+        image.save(tmp_path / "deep" / f"d{index}.png")
+    saved = tmp_path / "out.npz"
+    assert main(["run", tiny_model_path, "--device", "cpu", "--images", str(tmp_path / "deep"),
+                 "--save-outputs", str(saved), "--keep", "x"]) == 0
+    assert "batch 2" in capsys.readouterr().out
+    grey = np.stack([values.astype(np.float32) / np.float32(65535) for values in pixels])
+    with np.load(saved) as arrays:
+        fed = arrays["x"]
+    assert fed.shape == (2, 3, 12, 12)
+    for channel in range(3):  # greyscale repeated into the model's three channels
+        np.testing.assert_array_equal(fed[:, channel], grey)
+    assert np.mean(fed == 1.0) < 0.01  # clipped to 8 bits, nearly all of them were 1.0
 
 
 def test_images_are_resized_and_fix_a_free_size(tmp_path, capsys):
@@ -198,6 +241,9 @@ def test_images_are_resized_and_fix_a_free_size(tmp_path, capsys):
     (lambda d: write_images(d / "i", 1), ["--images", "{d}/i", "--mean=-3e38", "--std", "1e-3"],
      "--mean -3e38 / --std 1e-3: they make some image values overflow float32"),
     (lambda d: write_images(d / "i", 1) and (d / "i" / "bad.jpg").write_text("no"), ["--images", "{d}/i"], "cannot read bad.jpg as an image"),
+    (lambda d: write_images(d / "i", 1) and (d / "i" / "void.png").write_bytes(b""), ["--images", "{d}/i"], "i: void.png is empty (0 bytes)"),
+    (lambda d: write_images(d / "i", 1, mode="RGBA") and transparent_corner(d / "i" / "img0.png"), ["--images", "{d}/i"],
+     "i: img0.png has transparent pixels (mode RGBA)"),
 ])
 def test_bad_image_requests_are_one_line(prepare, argv, message, tmp_path, tiny_model_path, capsys):
     prepare(tmp_path)

@@ -14,6 +14,20 @@ progress      the progress bar
 ort_builds    which onnxruntime build is installed, and what the CPU build costs a GPU run
 kernel_tools  --sanitize, --watch and the lines about user kernels
 """
-from .commands import main
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `opplugin` command (commands.main). Its modules load here, not when the package is
+    imported, so that a Ctrl-C while numpy and onnx load is one line and exit 130 like any other."""
+    try:
+        from .commands import main as command_main
+    except KeyboardInterrupt:
+        print("opplugin: interrupted", file=sys.stderr)
+        return 130
+    return command_main(argv)
+
 
 __all__ = ["main"]

@@ -84,7 +84,15 @@ def _plain_where_unicode_fails() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run the command `argv` names; its exit status. Ctrl-C, from start-up to the end, is one line and 130."""
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        print("opplugin: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     _streams_closed_at_start()
     _plain_where_unicode_fails()
     args = build_parser(named_command(argv)).parse_args(argv)
@@ -120,9 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         # an allocation outside a run (the input arrays, pinned or not)
         print(f"opplugin: error: out of memory: {first_line(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("opplugin: interrupted", file=sys.stderr)
-        return 130
 
 
 def _run_command(command: ModuleType, options: Any) -> int:

@@ -130,6 +130,28 @@ def test_plan_of_a_file_that_is_not_onnx_is_a_one_line_error(tmp_path, capsys):
     assert err.startswith(f"opplugin: error: {bad} is not an ONNX model") and "\n" not in err
 
 
+# Ctrl-C stands in as a KeyboardInterrupt raised by the first import of the module named, in a
+# fresh interpreter started as the `opplugin` console script starts: `from opplugin.cli import main`
+INTERRUPT_AT_IMPORT = """
+import builtins, sys
+real = builtins.__import__
+def interrupting(name, *args, **kwargs):
+    if name == sys.argv[1]:
+        raise KeyboardInterrupt
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupting
+from opplugin.cli import main
+raise SystemExit(main(["plan", "lenet86"]))
+"""
+
+
+@pytest.mark.parametrize("module", ["numpy", "argparse", "onnx"])
+def test_an_interrupt_while_the_modules_load_exits_130_and_says_so(module):
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT, module], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert (done.returncode, done.stderr) == (130, "opplugin: interrupted\n")
+
+
 def test_an_interrupt_exits_130_and_says_so(monkeypatch, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -28,12 +28,12 @@ class Loaded:
     source: str | None = None
 
 
-def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, data: DataOptions | None = None,
-         free_batch_default: int | None = None) -> Loaded:
+def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, streams: int | None = None,
+         data: DataOptions | None = None, free_batch_default: int | None = None) -> Loaded:
     """The model (with --input-shape and the user's data fixing its free sizes), its device
     and the batch the command runs; a stderr line says where that batch came from when the
-    user gave none and the model is not a shipped one. `cuda_graphs` is the runner's flag:
-    True (--cuda-graphs typed) needs a GPU."""
+    user gave none and the model is not a shipped one. `cuda_graphs` and `streams` are the
+    runner's flags: True (--cuda-graphs typed) and more than one stream need a GPU."""
     loaded = load_declared(model.model, model.ops)
     fix_input_shapes(loaded, model.input_shapes)
     feeds, source = _user_feeds(data, loaded) if data is not None else (None, None)
@@ -41,6 +41,9 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, d
     chosen = select_device(device)
     if cuda_graphs is True and not chosen.is_cuda:  # nothing to capture
         raise InputError("--cuda-graphs needs a CUDA device; here plugin steps run the numpy reference on the CPU")
+    if streams is not None and streams > 1 and not chosen.is_cuda:  # lanes of numpy only contend for the same cores
+        raise InputError(f"--streams {streams} needs a CUDA device; here plugin steps run the numpy reference on the CPU, "
+                         "one chunk at a time")
     if feeds is not None:
         batch = _batch_of(model.batch, loaded, feeds)
         return Loaded(loaded, chosen, batch, _pinned(feeds, chosen), source)

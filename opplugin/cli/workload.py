@@ -104,7 +104,8 @@ def prepare(workload: Workload, *, poison: bool) -> Prepared:
 
 
 def _load(workload: Workload) -> Loaded:
-    return load(workload.model, workload.runner.device, cuda_graphs=workload.runner.cuda_graphs, data=workload.data)
+    return load(workload.model, workload.runner.device, cuda_graphs=workload.runner.cuda_graphs, streams=workload.runner.streams,
+                data=workload.data)
 
 
 def device_slots(runner: RunnerOptions):

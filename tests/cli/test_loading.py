@@ -73,3 +73,11 @@ def test_a_model_with_external_data_runs_from_any_working_directory(where, tmp_p
     assert "PASS" in capsys.readouterr().out
     assert main(["plan", path, "--device", "cpu"]) == 0
     assert "conv1" in capsys.readouterr().out
+
+
+def test_streams_beyond_one_on_a_cpu_device_is_one_line(capsys):
+    assert main(["check", "lenet86", "--device", "cpu", "--batch", "2", "--streams", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("opplugin: error: --streams 4 needs a CUDA device; here plugin steps run the numpy reference on the CPU, "
+                   "one chunk at a time\n")
+    assert main(["run", "lenet86", "--device", "cpu", "--batch", "2", "--streams", "1"]) == 0

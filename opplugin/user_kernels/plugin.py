@@ -196,6 +196,23 @@ class UserPlugin(Plugin):
             raise Rejected("its weights are computed at run time, and weights=constant needs them at build time")
         return [node.constants[n] for n in names]
 
+    def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+                    prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str | None:
+        """What runs the node, as `build` names it: the source (and the epilogue it leaves to CuPy);
+        the built-in plugin's kernel where the source rejected the node; on the CPU the built-in
+        reference, saying that the source runs it on a GPU."""
+        built_in = self.fallback.kernel_name(node, device, variant, fused, prologue, graphed) if self.fallback else None
+        if not device.is_cuda:
+            return f"{built_in or f'{self.op_type} reference'} ({self.source.label} on a GPU)"
+        if node.name in self.rejections:
+            return built_in
+        epilogue = self.epilogue(fused)
+        if epilogue is None or self.fuses(epilogue):
+            return self.source.label
+        from ..ops.conv.plugin import unfused_name
+
+        return unfused_name(self.source.label, epilogue)
+
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
         """None: the source compiles through CuPy (not the kernel cache) as the node is built, and a

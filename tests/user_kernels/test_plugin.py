@@ -74,6 +74,29 @@ def test_plan_compiles_the_starter_without_a_gpu(tmp_path, model, capsys):
     assert "conv1: my_conv.cu; then" in out and "as a separate CuPy step (the source does not fuse its epilogue)" in out
 
 
+def test_the_plan_names_what_runs_each_node_of_a_users_kernel(tmp_path, capsys):
+    import json
+
+    from opplugin.gpu.device import Device
+    from opplugin.user_kernels import user_registry
+
+    starter = new_starter(tmp_path)
+    assert main(["plan", "lenet86", "--device", "cpu", "--kernel", f"Conv={starter}", "--json", str(tmp_path / "p.json")]) == 0
+    assert "runs: conv.reference+relu+maxpool2 (my_conv.cu on a GPU)" in capsys.readouterr().out
+    steps = json.loads((tmp_path / "p.json").read_text())["steps"]
+    assert steps[0]["implementation"] == "conv.reference+relu+maxpool2 (my_conv.cu on a GPU)"
+    # on a GPU: the source, the epilogue it leaves to CuPy, and the built-in choice where it rejected the node
+    plugin = user_registry({"Conv": KernelSource(str(starter))}, probe=False)["Conv"]
+    lenet = load_model("lenet86")
+    conv1, relu1, pool1 = lenet.node_infos(4, lenet.infer(4))[:3]
+    gpu = Device("cuda", "H200", "9.0")
+    conv1 = type(conv1)(conv1.node, conv1.inputs, conv1.outputs, conv1.attributes, spec=plugin.make_spec(conv1), constants=conv1.constants)
+    assert plugin.kernel_name(conv1, gpu) == "my_conv.cu"
+    assert plugin.kernel_name(conv1, gpu, fused=[relu1, pool1]) == "my_conv.cu, then cupy+relu+maxpool2"
+    plugin.rejections["conv1"] = "one input channel"
+    assert plugin.kernel_name(conv1, gpu) == plugin.fallback.kernel_name(conv1, gpu)
+
+
 @needs_nvrtc
 def test_plan_says_where_a_fused_kernel_runs_its_epilogue(capsys, monkeypatch):
     # The plan compiles each node offline in NVRTC's fast-compile mode here (the same front end and

@@ -40,10 +40,30 @@ def command_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.{name}")
 
 
+class StoreOnce(argparse.Action):
+    """A flag that takes one value (every plain `store` flag): given twice, it is an error, not the last one kept."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None):
+        given = vars(namespace).setdefault("_given", set())
+        if option_string is not None and self.dest in given:
+            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)} and {values}); give it once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its flags of one value given once (StoreOnce); its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # argument groups share these registries
+            self.register("action", name, StoreOnce)
+
+
 def build_parser(flags_of: Iterable[str] = tuple(COMMANDS)) -> argparse.ArgumentParser:
     """opplugin's parser: every command, with the flags of those in `flags_of` (main asks only
     for the command it runs)."""
-    parser = argparse.ArgumentParser(prog="opplugin", description="Run ONNX models with Conv swapped for custom CUDA kernels.")
+    parser = Parser(prog="opplugin", description="Run ONNX models with Conv swapped for custom CUDA kernels.")
     parser.add_argument("--version", action="version", version=f"opplugin {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_line in COMMANDS.items():

@@ -77,7 +77,7 @@ class RunnerOptions:
         parser.add_argument("--variant", action="append", metavar="[OP=]VARIANT",
                             help="a Conv kernel variant (baseline, const, const_mo, ...), or OP=VARIANT for another op "
                                  "(example.ops::Swish=cupy picks a custom op's implementation); repeatable; "
-                                 "default: the fastest on this GPU")
+                                 "default: what `opplugin tune` chose on this GPU, else each op's own rule of thumb")
         parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
         parser.add_argument("--streams", type=int, help=f"chunks in flight at once on a GPU (default {DEFAULT_STREAMS})")
         parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,

@@ -217,3 +217,23 @@ def test_a_closed_standard_output_still_runs_the_command_and_writes_its_files(tm
                           preexec_fn=lambda: os.close(1))
     assert done.returncode == 0 and "Traceback" not in done.stderr
     assert "standard output is closed: the report goes nowhere" in done.stderr and report.exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run", "lenet86", "--json", "a.json", "--json", "b.json"], "--json is given twice (a.json and b.json); give it once"),
+    (["check", "lenet86", "--batch", "2", "--batch", "3"], "--batch is given twice (2 and 3); give it once"),
+    (["bench", "--repeat", "3", "--repeat", "4"], "--repeat is given twice (3 and 4); give it once"),
+])
+def test_a_flag_of_one_value_given_twice_is_refused(argv, flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(flag)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_repeatable_flags_still_repeat():
+    from opplugin.cli.commands import build_parser
+
+    args = build_parser(["run"]).parse_args(["run", "--variant", "a=b", "--variant", "c=d", "--kernel", "Conv=k.cu"])
+    assert args.variant == ["a=b", "c=d"] and args.kernel == ["Conv=k.cu"]

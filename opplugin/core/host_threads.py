@@ -32,7 +32,10 @@ def pool() -> ThreadPoolExecutor:
 
 
 def pieces(length: int, item_bytes: int, min_piece_bytes: int = MIN_PIECE_BYTES) -> list[slice]:
-    """Ranges over [0, length) of at least `min_piece_bytes` each, at most one per thread."""
+    """Ranges over [0, length) of at least `min_piece_bytes` each, at most one per thread; one
+    empty range where there is nothing (a tensor with an axis of size 0)."""
+    if length <= 0:
+        return [slice(0, 0)]
     total = length * max(1, item_bytes)
     count = int(max(1, min(THREADS, total // max(1, min_piece_bytes), length)))
     step = -(-length // count)

@@ -15,10 +15,13 @@ risk the exact graphs, names and counts the tests pin, for no rewrite that needs
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..core.node_reads import has_subgraphs, reads, rename_reads
 from .bare import copy_without_initializers
 from .functions import default_opset
 
@@ -36,6 +39,8 @@ class Graph:
         self.inputs: set[str] = {i.name for i in graph.input if i.name not in self.constants}
         self.outputs: set[str] = {o.name for o in graph.output}
         self.views: dict[str, tuple] = {}  # see Simplification.views
+        # whether a node's subgraph may read a tensor by name (node_reads.py); passes make no such node
+        self.scoped = any(has_subgraphs(n) for n in self.nodes)
         self.new_names: set[str] = set()  # every name new_name handed out
         # every tensor name of the model as loaded: a new tensor never takes one, even where the tensor
         # is gone (a dropped Identity's output), or `check` would compare it with the original's values
@@ -48,7 +53,12 @@ class Graph:
         return default_opset(self.proto)
 
     def readers(self, name: str) -> list[onnx.NodeProto]:
-        return [n for n in self.nodes if name in n.input]
+        """The nodes that read `name`: as an input, or in a subgraph (an If's branch reading it by name)."""
+        return [n for n in self.nodes if name in self.reads(n)]
+
+    def reads(self, node: onnx.NodeProto) -> Sequence[str]:
+        """What `node` reads (its inputs, and in a graph with subgraphs what they read by name)."""
+        return reads(node) if self.scoped else node.input
 
     def writer(self, name: str) -> onnx.NodeProto | None:
         """The node that writes `name`; None for a graph input or a constant."""
@@ -71,12 +81,10 @@ class Graph:
 
     def rename_reads(self, old: str, new: str) -> None:
         for node in self.nodes:
-            for index, name in enumerate(node.input):
-                if name == old:
-                    node.input[index] = new
+            rename_reads(node, old, new)
 
     def used(self, name: str) -> bool:
-        return name in self.outputs or any(name in n.input for n in self.nodes)
+        return name in self.outputs or any(name in self.reads(n) for n in self.nodes)
 
     def new_name(self, base: str) -> str:
         """`base`, or `base` with the first free suffix: no tensor of the graph as loaded or as it is
@@ -97,7 +105,7 @@ class Graph:
         """The nodes into `proto`, and only the constants some node (or the output) reads kept."""
         self.write_nodes()
         graph = self.proto.graph
-        used = self.outputs | {name for node in self.nodes for name in node.input}
+        used = self.outputs | {name for node in self.nodes for name in self.reads(node)}
         self.constants = {name: value for name, value in self.constants.items() if name in used}
         # IR 3 lists initializers among the graph inputs: with_initializers lists them again
         inputs = [i for i in graph.input if i.name in self.inputs]

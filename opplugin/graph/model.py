@@ -70,6 +70,8 @@ class Model:
         self.initializers: dict[str, np.ndarray] = weights
         self.inputs: list[onnx.ValueInfoProto] = [i for i in graph.input if i.name not in self.initializers]
         self.outputs: list[str] = [o.name for o in graph.output]
+        if not self.outputs:  # load_model says so first; this is for a model built in Python
+            raise ModelError(f"{self.name}: its graph has no outputs, so a run would compute nothing to give back")
         self._inferred: dict[int, dict[str, TensorInfo]] = {}  # batch -> infer(batch)
         # custom ops declared for this model (`declare`), before those registered (registry.Declaration)
         self.declarations: dict[str, Declaration] = {}
@@ -262,6 +264,10 @@ def choose_batch(model: Model, requested: int | None, device, *, default: int | 
     batch and the model's own for a fixed one. InputError when a fixed-batch model
     is asked for another batch."""
     fixed = model.fixed_batch
+    if fixed == 0:  # onnxruntime gives back empty outputs; a run, its report and check need an image
+        name = model.batch_input.name
+        raise ModelError(f"{model.name} has a fixed batch of 0 (input {name!r} is {list(model.input_shape(name))}): "
+                         f"an empty batch, and opplugin runs at least one image")
     if requested is None:
         return fixed if fixed is not None else (default if default is not None else default_batch(model, device))
     requested = positive_int(requested, "--batch")
@@ -312,6 +318,7 @@ def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] =
         raise ModelError(f"{path} is not an ONNX model (or is truncated): {type(err).__name__}: {err}") from None
     if not proto.graph.node:
         raise ModelError(f"{path} is not an ONNX model: its graph has no nodes")
+    _refuse_outputs_no_node_writes(proto.graph, path)
     _load_external_data(proto, path)
     try:
         onnx.checker.check_model(proto, full_check=False)
@@ -321,6 +328,18 @@ def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] =
     name_unnamed_nodes(proto.graph)  # before simplifying, so a node has the same name in both graphs
     bare, constants, done = _simplified(proto, path)
     return Model(bare, display_name(path, proto), original=proto, simplification=done, weights=constants)
+
+
+def _refuse_outputs_no_node_writes(graph: onnx.GraphProto, path: Path) -> None:
+    """ModelError for a graph without outputs, or with an output that no node writes (a graph input or
+    a weight handed back as it is): opplugin's runs give back what their steps compute."""
+    if not graph.output:
+        raise ModelError(f"{path}: its graph has no outputs, so a run would compute nothing to give back")
+    written = {o for node in graph.node for o in node.output}
+    idle = next((o.name for o in graph.output if o.name not in written), None)
+    if idle is not None:
+        raise ModelError(f"{path}: output {idle!r} is a graph input or a weight that no node computes; opplugin runs "
+                         f"graphs whose outputs their nodes compute (an Identity node can write a copy)")
 
 
 class SimplificationWarning(UserWarning):

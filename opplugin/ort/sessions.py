@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import re
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -12,8 +13,17 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from ..core.node_reads import reads
+
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def quiet() -> ort.RunOptions:
+    """Run options that log nothing: a run that fails raises its error, and the log would only say it again."""
+    options = ort.RunOptions()
+    options.log_severity_level = 4
+    return options
 
 
 def session(model: onnx.ModelProto, providers: Sequence[Any] = (CPU_PROVIDER,), *, arena: bool = True,
@@ -40,6 +50,27 @@ def reference_session(model: onnx.ModelProto) -> ort.InferenceSession:
             return session(model, arena=False)
     except Exception:  # onnxruntime raises its own exception types, or RuntimeError
         return session(model, arena=False, optimization=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
+
+
+def is_onnxruntime_error(err: BaseException) -> bool:
+    """Whether onnxruntime raised `err` (its exceptions are its own types, not RuntimeError's)."""
+    return type(err).__module__.startswith("onnxruntime")
+
+
+def refusal(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None) -> str | None:
+    """What onnxruntime says, on one line, where it cannot run `model` on its CPU provider (a Conv in
+    float64, which it has no kernel for), on `feeds` where given (a Conv over an empty image); None
+    where it runs it."""
+    try:
+        made = reference_session(model)
+        if feeds is not None:
+            made.run(None, feeds, quiet())
+    except Exception as err:  # onnxruntime raises its own exception types
+        if not is_onnxruntime_error(err):
+            raise
+        message = " ".join(str(err).split())
+        return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message)
+    return None
 
 
 def has_cuda() -> bool:
@@ -133,16 +164,17 @@ class SplitReference(Reference):
         if index in self.sessions:
             return self.sessions[index]
         produced = {o for n in nodes for o in n.output if o}
-        inputs = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in self.initializers))
+        # what a branch or loop body reads by name counts as read (core/node_reads.py)
+        inputs = list(dict.fromkeys(i for n in nodes for i in reads(n) if i not in produced and i not in self.initializers))
         later = {i for piece in self.pieces[index + 1:] for n in ([piece] if isinstance(piece, onnx.NodeProto) else piece)
-                 for i in n.input} | set(self.wanted)
+                 for i in reads(n)} | set(self.wanted)
         outputs = [o for n in nodes for o in n.output if o in later]
         graph = helper.make_graph(
             nodes, f"reference_part{index}",
             [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(values[name]).dtype), None)
              for name in inputs],
             [helper.make_empty_tensor_value_info(name) for name in outputs],
-            initializer=[self.initializers[i] for i in dict.fromkeys(i for n in nodes for i in n.input) if i in self.initializers])
+            initializer=[self.initializers[i] for i in dict.fromkeys(i for n in nodes for i in reads(n)) if i in self.initializers])
         sub = helper.make_model(graph, opset_imports=list(self.model.opset_import), functions=list(self.model.functions))
         sub.ir_version = max(self.model.ir_version, 4)
         self.sessions[index] = reference_session(sub), inputs, outputs

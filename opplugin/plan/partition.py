@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from ..gpu.device import Device
 from ..gpu.kernel_cache import CompileJob
+from ..core.node_reads import reads
 from ..errors import ModelError, PluginError
 from ..ort import known_ops
 from ..graph.model import Model
@@ -232,7 +233,7 @@ def _grown_group(lead: NodeInfo, infos: list[NodeInfo], plugin: Plugin, model: M
     lead_at = made_by[next(o for o in lead.node.output if o)]
     members, produced = [lead], {o for o in lead.node.output if o}
     for info in infos[lead_at + 1:]:
-        inputs = [i for i in info.node.input if i]
+        inputs = reads(info.node)
         if info.name in taken or not produced.intersection(inputs):
             continue
         other = registry.get(info.op_key)
@@ -268,7 +269,7 @@ def _admitted(plugin: Plugin, group: NodeGroup, device: Device) -> bool:
 def _readers(infos: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
     readers: dict[str, list[NodeInfo]] = {}
     for info in infos:
-        for name in dict.fromkeys(i for i in info.node.input if i):
+        for name in reads(info.node):  # an If reading a tensor in its branch reads it too
             readers.setdefault(name, []).append(info)
     return readers
 
@@ -404,10 +405,23 @@ def _with_spec(plugin: Plugin, info: NodeInfo) -> tuple[NodeInfo, str | None]:
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
+    empty = _empty_tensor(info)
+    if empty is not None:
+        return empty
     try:
         return plugin.supports(info, device)
     except Exception as err:  # a plugin that cannot judge a node does not get it
         return f"{type(err).__name__}: {err}"
+
+
+def _empty_tensor(info: NodeInfo) -> str | None:
+    """Why a node with an empty tensor (an axis of size 0) stays with onnxruntime, which runs such
+    nodes as ONNX says (an empty result); kernels are written for tensors that hold something. A node
+    onnxruntime does not know (a custom op) stays with its plugin."""
+    empty = next((t for t in [*info.inputs, *info.outputs] if t.name and 0 in t.shape), None)
+    if empty is None or not known_ops.runs(info.node):
+        return None
+    return f"{empty.name} is empty ({list(empty.shape)}): onnxruntime runs nodes with empty tensors"
 
 
 def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outputs: list[str],
@@ -421,14 +435,15 @@ def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outpu
         group = groups[index]
         members = [*prologues.get(group.name, []), group, *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group
         for info in members:
-            needed.update(n for n in info.node.input if n)
+            needed.update(reads(info.node))
     return after
 
 
 def outside_inputs(nodes: list[onnx.NodeProto], model: Model) -> list[str]:
-    """The tensors `nodes` read that none of them writes, weights left out, in order of first use."""
+    """The tensors `nodes` read that none of them writes, weights left out, in order of first use;
+    what their subgraphs read of the graph too (an If's branch reading a tensor by name)."""
     produced = {o for n in nodes for o in n.output if o}
-    return list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in model.initializers))
+    return list(dict.fromkeys(i for n in nodes for i in reads(n) if i not in produced and i not in model.initializers))
 
 
 def sub_model(
@@ -439,7 +454,7 @@ def sub_model(
         shape = [d if d >= 0 else None for d in info.shape]
         return helper.make_tensor_value_info(tensor, helper.np_dtype_to_tensor_dtype(info.dtype), shape)
 
-    used = dict.fromkeys(i for n in nodes for i in n.input if i in model.initializers)
+    used = dict.fromkeys(i for n in nodes for i in reads(n) if i in model.initializers)
     initializers = [numpy_helper.from_array(model.initializers[name], name) for name in used]
     graph = helper.make_graph(
         nodes, name, [value_info(i) for i in inputs], [value_info(o) for o in outputs], initializer=initializers

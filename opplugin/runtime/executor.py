@@ -22,6 +22,7 @@ import onnxruntime as ort
 from ..gpu import cuda
 from ..core import host_threads
 from ..errors import PluginError
+from ..ort.sessions import quiet
 from ..plan.partition import OrtStep, Plan, PluginStep
 from ..registry import Kernel
 from .buffers import InPlace
@@ -197,6 +198,7 @@ class PlanExecutor:
         self.watched = watched or {}
         self.cuda_graphs = cuda_graphs
         self.in_place = in_place
+        self._quiet = quiet()  # a step onnxruntime fails raises its error, without a log line too
         # whether captures record events between steps; None: decided at the first capture (see _steps_timed_in_graphs)
         self.step_times_in_graphs: bool | None = None
         self._outside: dict[tuple[int, int], list[str]] = {}  # (first, stop) of a run of plugin steps -> its outside inputs
@@ -498,7 +500,7 @@ class PlanExecutor:
             self._ort_bound(lane, values, step, session, batch)
             return
         feeds = {name: values.on_host(name) for name in step.inputs}
-        outs = lane.run_blocking(step.name, "onnxruntime", lambda: session.run(step.outputs, feeds))
+        outs = lane.run_blocking(step.name, "onnxruntime", lambda: session.run(step.outputs, feeds, self._quiet))
         for name, value in zip(step.outputs, outs):
             values.put(name, value)
 
@@ -515,7 +517,7 @@ class PlanExecutor:
             shape = self.layout.shape_at(name, batch) if self.layout.chunkable and self.layout.is_batched(name) else info.shape
             outputs[name] = cuda.empty(shape, info.dtype)
             binding.bind_output(name, "cuda", device_id, info.dtype, list(shape), outputs[name].data.ptr)
-        lane.run_blocking(step.name, "onnxruntime", lambda: session.run_with_iobinding(binding))
+        lane.run_blocking(step.name, "onnxruntime", lambda: session.run_with_iobinding(binding, self._quiet))
         for name, value in outputs.items():
             values.put(name, value)
 

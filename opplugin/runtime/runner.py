@@ -30,9 +30,9 @@ import onnxruntime as ort
 
 from ..gpu import cuda
 from ..gpu.kernel_cache import CompileJob
-from ..ort import sessions
+from ..ort import known_ops, sessions
 from ..gpu.device import Device, select_device
-from ..errors import InputError, OutOfDeviceMemory, PluginError, first_line, positive_int
+from ..errors import InputError, ModelError, OutOfDeviceMemory, PluginError, first_line, positive_int
 from ..graph.model import Model
 from ..plan.partition import OrtStep, Plan, PluginStep, make_plan
 from ..registry import KERNEL_MEMBERS, Kernel, Plugin
@@ -123,11 +123,12 @@ class Runner:
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
+        self.providers = self._providers()
+        # before any kernel is compiled: a model onnxruntime itself cannot run stops here (_refused)
+        self.sessions = self._ort_sessions()
         # every kernel the plugins declare is compiled first, in parallel (prebuild.py)
         self.kernels: dict[str, Kernel] = build_all(self.plan.plugin_steps, self._build, self._compile_jobs,
                                                     runtime_jobs(self.device))
-        self.providers = self._providers()
-        self.sessions = {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
         self.constants = self._upload_constants()
         if self.device.is_cuda and self.layout.chunkable and chunk is None:
             self.chunk = min(self.chunk, self._chunk_for_workspaces())
@@ -221,6 +222,27 @@ class Runner:
     @property
     def ort_on_gpu(self) -> bool:
         return self.providers[0] != sessions.CPU_PROVIDER
+
+    def _ort_sessions(self) -> dict[str, ort.InferenceSession]:
+        try:
+            return {step.name: self._session(step) for step in self.plan.steps if isinstance(step, OrtStep)}
+        except Exception as err:
+            refused = self._refused(err)
+            if refused is None:
+                raise
+            raise refused from None
+
+    def _refused(self, err: BaseException, feeds: dict[str, np.ndarray] | None = None) -> ModelError | None:
+        """A ModelError where onnxruntime failed in a step because it cannot run the model as loaded
+        either (on `feeds` where given): the model's limit, said in one line, not ours. None where
+        onnxruntime runs the model as loaded, or cannot run it for its custom ops, which opplugin runs."""
+        model = self.plan.model
+        functions = frozenset((f.domain, f.name) for f in model.original.functions)
+        custom = any(known_ops.first_unknown(n, functions) is not None for n in model.original.graph.node)
+        if custom or not sessions.is_onnxruntime_error(err):
+            return None
+        why = sessions.refusal(model.original, feeds)
+        return None if why is None else ModelError(f"{model.name}: onnxruntime cannot run this model either: {why}")
 
     def _session(self, step: OrtStep, providers: list | None = None) -> ort.InferenceSession:
         return sessions.session(self._any_batch(step.model), providers or self.providers)
@@ -334,7 +356,10 @@ class Runner:
                 return self._run_chunks(feeds, batch, chunks, tuple(keep), progress, step_times, into, started)
             except Exception as err:
                 if not cuda.is_out_of_memory(err):
-                    raise
+                    refused = self._refused(err, feeds)
+                    if refused is None:
+                        raise
+                    raise refused from None
                 self._after_out_of_memory()
                 if not self.layout.chunkable or self.chunk == 1:
                     raise self._out_of_memory_error(batch, err) from None

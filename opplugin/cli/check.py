@@ -83,7 +83,7 @@ def execute(options: CheckOptions) -> int:
         print("\n".join(format_devices(split)))
     if verdicts is not None:
         print()
-        print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch)))
+        print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch), result))
     if options.reports.json:
         write_json(options.reports.json, build_check_report(result, plan, atol, rtol, inputs.source, steps_alone) | split)
     return 0 if result.passed else 1

@@ -438,8 +438,8 @@ def _arbitration_lines(records: list[dict[str, Any]], name_width: int | None) ->
     if not lines:
         return []
     head = ("* beyond the tolerance of onnxruntime, but every plugin step, re-run alone on onnxruntime's inputs, is within "
-            "it, or within its op's FP32 bound of the float64 result, or no further from that than onnxruntime: "
-            "float32 rounding, not a wrong kernel:")
+            "it, or within it of the float64 result, or no further from that than onnxruntime over the whole tensor: "
+            "not a wrong kernel:")
     return ["", head, *("  " + line for line in lines)]
 
 

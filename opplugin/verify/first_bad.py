@@ -9,14 +9,18 @@ failed (then the first ones).
 Where a step's own error exceeds the tolerance, float64 arbitrates: the step's ONNX
 nodes run in float64 on the same inputs (float64.py), and both sides are measured
 against that exact result. The step is sound when opplugin is within the tolerance of
-the exact result, or within the FP32 error bound of its nodes (float64.fp32_bound), or
-no further from the exact result than onnxruntime: in a deep, ill-conditioned network
-two float32 implementations differ without either being wrong. The first step
-(in plan order) that is not sound is the first bad node.
+the exact result, or no further from it than onnxruntime over the whole tensor: element
+by element within onnxruntime's error plus the FP32 bound of its nodes, in norm, and at
+its worst element (closeness.py). In a deep, ill-conditioned network two float32
+implementations differ without either being wrong; a kernel a little wrong everywhere
+is still told apart. NaN and Inf must sit where the exact result has them. The first
+step (in plan order) that is not sound is the first bad node.
 
 When every plugin step is sound, the chained differences are float32 rounding carried
 through the network, and `arbitrate` passes the comparisons that failed only by their
-size (NaN and Inf out of place, or a wrong shape, still fail).
+size. NaN and Inf out of place still fail, unless a step put them where float64 has them
+and onnxruntime does not (its Conv skips the taps over padding, say): then the verdict
+says why, once. A wrong shape always fails.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import float64
+from .closeness import Closeness, judge, why_specials_differ
 from .check import CheckResult, ErrorStats, comparable_tensors
 from ..errors import first_line
 from .references import float64_ops, reference_for
@@ -44,12 +49,11 @@ class StepVerdict:
     own: dict[str, Any] | None  # figures on onnxruntime's inputs (None: could not be re-run)
     chained: dict[str, Any] | None  # figures in the chained run, from the check
     note: str | None = None
-    # where `own` fails: each side's figures against float64 on the same inputs ("opplugin",
-    # "onnxruntime"), or None with `note` saying why there are none
-    exact: dict[str, dict[str, Any]] | None = None
-    # where every element of opplugin's output is within the FP32 error bound of the step's
-    # nodes (float64.fp32_bound) around the exact result: the largest bound; else None
-    fp32_bound: float | None = None
+    # where `own` fails: both sides against float64 on the same inputs (closeness.py), or None
+    # with `note` saying why there is no such judgement
+    closeness: Closeness | None = None
+    # where float64 sides with opplugin's NaN and Inf against onnxruntime's: why they differ
+    specials_reason: str | None = None
 
     @property
     def own_passed(self) -> bool:
@@ -57,18 +61,14 @@ class StepVerdict:
 
     @property
     def closer_to_exact(self) -> bool:
-        """Whether float64 acquits the step: opplugin within the tolerance of the exact result or
-        within the FP32 error bound of the step's nodes, or no further from it than onnxruntime."""
-        if self.exact is None:
-            return False
-        ours, theirs = self.exact["opplugin"], self.exact["onnxruntime"]
-        if "error" in ours:
-            return False
-        if ours["passed"] or self.fp32_bound is not None:
-            return True
-        if not ours["same_specials"] and theirs.get("same_specials", True):  # NaN or Inf where neither has them
-            return False
-        return "max_abs_error" in theirs and ours["max_abs_error"] <= theirs["max_abs_error"]  # NaN compares false
+        """Whether float64 acquits the step: opplugin within the tolerance of the exact result, or
+        no further from it than onnxruntime over the whole tensor (closeness.py)."""
+        return self.closeness is not None and self.closeness.acquits
+
+    @property
+    def explains_specials(self) -> bool:
+        """A sound step whose NaN and Inf differ from onnxruntime's where float64 has them as opplugin does."""
+        return self.closer_to_exact and self.closeness.specials_explained
 
     @property
     def sound(self) -> bool:
@@ -132,7 +132,7 @@ def _rows(values: dict[str, np.ndarray], rows: list[int] | None, layout) -> dict
 
 def _judge_by_float64(verdict: StepVerdict, step, model, ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
                       atol: float, rtol: float) -> None:
-    """Fill `verdict.exact`: opplugin's and onnxruntime's outputs of the step against its nodes in float64."""
+    """Fill `verdict.closeness`: opplugin's and onnxruntime's outputs of the step against its nodes in float64."""
     nodes = [n.node for n in step.kernel_nodes]
     try:
         exact = float64.evaluate(nodes, theirs, model.initializers, step.outputs, model.bare.opset_import,
@@ -140,30 +140,24 @@ def _judge_by_float64(verdict: StepVerdict, step, model, ours: dict[str, np.ndar
     except Exception as err:  # an op onnx's evaluator cannot run: no arbitration, the verdict stands
         verdict.note = f"no float64 arbitration: onnx's ReferenceEvaluator cannot run the step ({first_line(err)})"
         return
-    sides = {"opplugin": ErrorStats(atol, rtol), "onnxruntime": ErrorStats(atol, rtol)}
-    for name in step.outputs:
-        sides["opplugin"].add(ours[name], exact[name])
-        sides["onnxruntime"].add(theirs[name], exact[name])
-    verdict.exact = {side: stats.result() | {"same_specials": stats.same_specials} for side, stats in sides.items()}
-    verdict.fp32_bound = _within_fp32_bound(nodes, theirs, model, ours, exact, step.outputs)
+    differ = [name for name in step.outputs if np.shape(ours[name]) != np.shape(exact[name]) or np.shape(theirs[name]) != np.shape(exact[name])]
+    if differ:
+        verdict.note = f"no float64 arbitration: the shape of {', '.join(differ)} differs from float64's"
+        return
+    verdict.closeness = judge([ours[n] for n in step.outputs], [theirs[n] for n in step.outputs], [exact[n] for n in step.outputs],
+                              _fp32_bound(nodes, theirs, model, exact, step.outputs), atol, rtol)
+    if verdict.closeness.specials_explained:
+        verdict.specials_reason = why_specials_differ(nodes, {**model.initializers, **theirs})
 
 
-def _within_fp32_bound(nodes, theirs, model, ours, exact, outputs) -> float | None:
-    """The largest FP32 error bound of the step's output when every element of ours is within
-    it (float64.fp32_bound), else None (no bound known, or some element beyond it)."""
+def _fp32_bound(nodes, theirs, model, exact, outputs) -> np.ndarray | None:
+    """The FP32 error bound of each element of the step's single output (float64.fp32_bound), or None."""
     if len(outputs) != 1:
         return None
     try:
-        bound = float64.fp32_bound(nodes, theirs, model.initializers, model.bare.opset_import, exact[outputs[0]] if len(nodes) == 1 else None)
-    except Exception:  # no bound: the other rule alone decides
+        return float64.fp32_bound(nodes, theirs, model.initializers, model.bare.opset_import, exact[outputs[0]] if len(nodes) == 1 else None)
+    except Exception:  # no bound: onnxruntime's largest error stands for it (closeness.py)
         return None
-    if bound is None or bound.shape != exact[outputs[0]].shape:
-        return None
-    ours_out, exact_out = np.asarray(ours[outputs[0]], np.float64), exact[outputs[0]]
-    same_nan = np.array_equal(np.isnan(ours_out), np.isnan(exact_out))
-    with np.errstate(invalid="ignore"):
-        inside = np.abs(ours_out - exact_out) <= bound
-    return float(np.nanmax(bound)) if same_nan and bool(np.all(inside | np.isnan(exact_out))) else None
 
 
 def _argument(runner, name: str, theirs: dict[str, np.ndarray]) -> Any:
@@ -194,36 +188,47 @@ def first_bad(verdicts: list[StepVerdict]) -> StepVerdict | None:
 def arbitrate(result: CheckResult, verdicts: list[StepVerdict]) -> CheckResult:
     """`result` judged by float64: a new result (`result` is left as it was) in which the comparisons
     that failed only by size pass when every plugin step is sound (see the module's docstring), each
-    with an "arbitration" saying why. Every record keeps what onnxruntime alone said in
+    with an "arbitration" saying why; so do those whose NaN and Inf differ from onnxruntime's when a
+    sound step put them where float64 has them. Every record keeps what onnxruntime alone said in
     "passed_against_onnxruntime"."""
     by_step = {v.step: v for v in verdicts}
     everything_sound = all(v.sound for v in verdicts)
-    return dataclasses.replace(result, arbitrated=True,
-                               records=[_arbitrated(record, by_step.get(record["step"]), everything_sound) for record in result.records])
+    explained = [v for v in verdicts if v.explains_specials]
+    return dataclasses.replace(result, arbitrated=True, records=[
+        _arbitrated(record, by_step.get(record["step"]), everything_sound, explained) for record in result.records])
 
 
-def _arbitrated(record: dict[str, Any], verdict: StepVerdict | None, everything_sound: bool) -> dict[str, Any]:
-    """One comparison's record with float64's figures, passed where it failed by size alone and every step is sound."""
+def _arbitrated(record: dict[str, Any], verdict: StepVerdict | None, everything_sound: bool,
+                explained: list[StepVerdict]) -> dict[str, Any]:
+    """One comparison's record with float64's figures, passed where every step is sound and it failed
+    by size alone, or by NaN and Inf that a step put where float64 has them."""
     record = {**record, "passed_against_onnxruntime": record["passed"]}
-    if verdict is not None and verdict.exact is not None:
-        record["float64_max_abs_opplugin"] = verdict.exact["opplugin"].get("max_abs_error")
-        record["float64_max_abs_onnxruntime"] = verdict.exact["onnxruntime"].get("max_abs_error")
-    if record["passed"] or not everything_sound or not _fails_by_size_alone(record):
+    closeness = None if verdict is None else verdict.closeness
+    if closeness is not None:
+        record["float64_max_abs_opplugin"] = closeness.max_abs["opplugin"]
+        record["float64_max_abs_onnxruntime"] = closeness.max_abs["onnxruntime"]
+    if record["passed"] or not everything_sound or record.get("error"):
+        return record
+    specials_differ = not _same_special_counts(record)
+    if specials_differ and not explained:
         return record
     record["passed"] = True
-    if verdict is not None and verdict.exact is not None:
-        bound = "" if verdict.fp32_bound is None else f", every element within the FP32 bound (up to {verdict.fp32_bound:.2e})"
-        record["arbitration"] = (f"float64 on the same inputs: opplugin's max abs error "
-                                 f"{record['float64_max_abs_opplugin']:.2e}, onnxruntime's {record['float64_max_abs_onnxruntime']:.2e}{bound}")
+    if specials_differ and verdict is not None and verdict.explains_specials:
+        record["arbitration"] = "NaN and Inf where float64 has them, not where onnxruntime does (why: with the steps below)"
+    elif specials_differ:
+        record["arbitration"] = f"NaN and Inf carried in from {', '.join(v.step for v in explained)}, where float64 has them"
+    elif closeness is not None:
+        record["arbitration"] = (f"float64 on the same inputs: opplugin's rel L2 error {closeness.rel_l2['opplugin']:.2e} "
+                                 f"(max abs {closeness.max_abs['opplugin']:.2e}), onnxruntime's {closeness.rel_l2['onnxruntime']:.2e} "
+                                 f"({closeness.max_abs['onnxruntime']:.2e})" + ("" if closeness.within_tolerance else
+                                 ", no further over the whole tensor"))
     else:
         record["arbitration"] = "float32 rounding carried in: every plugin step alone matches onnxruntime or float64"
     return record
 
 
-def _fails_by_size_alone(record: dict[str, Any]) -> bool:
-    """A failed comparison with figures (the shapes matched) and NaN and Inf on both sides alike."""
-    if "error" in record and record["error"]:
-        return False
+def _same_special_counts(record: dict[str, Any]) -> bool:
+    """NaN and Inf as many on both sides: the records carry counts, not places."""
     return record.get("nan_ours", 0) == record.get("nan_onnxruntime", 0) and record.get("inf_ours", 0) == record.get("inf_onnxruntime", 0)
 
 
@@ -233,28 +238,45 @@ def verdicts_as_json(verdicts: list[StepVerdict], images: int) -> dict[str, Any]
 
     def step(v: StepVerdict) -> dict[str, Any]:
         own = None if v.own is None else {k: v.own.get(k) for k in ("passed", "max_abs_error", "max_rel_error", "rel_l2")}
-        exact = None if v.exact is None else {side: figures.get("max_abs_error") for side, figures in v.exact.items()}
-        return {"step": v.step, "implementation": v.implementation, "own": own, "float64_max_abs": exact,
-                "within_fp32_bound": v.fp32_bound, "acquitted_by_float64": v.closer_to_exact if v.exact is not None else None,
-                "sound": v.sound, "note": v.note}
+        closeness = v.closeness
+        return {"step": v.step, "implementation": v.implementation, "own": own,
+                "float64_max_abs": None if closeness is None else dict(closeness.max_abs),
+                "float64": None if closeness is None else closeness.as_json(),
+                "acquitted_by_float64": None if closeness is None else closeness.acquits,
+                "nan_inf_differ_because": v.specials_reason, "sound": v.sound, "note": v.note}
 
     return {"images": images, "first_bad_node": None if bad is None else step(bad), "steps": [step(v) for v in verdicts]}
 
 
-def format_verdicts(verdicts: list[StepVerdict], images: int) -> str:
-    """A line naming the first bad step (or saying the error comes from elsewhere), then one line per step."""
+def format_verdicts(verdicts: list[StepVerdict], images: int, result: CheckResult | None = None) -> str:
+    """A line naming the first bad step (or saying the error comes from elsewhere), then one line per
+    step. `result`: the arbitrated check, so that the first line never says no step is wrong
+    beside a comparison that still fails without saying why."""
     bad = first_bad(verdicts)
+    still_failing = [] if result is None else [r for r in result.records if not r["passed"]]
     if bad is not None:
-        head = (f"First bad node: {bad.step} ({bad.implementation}): its own max abs error is {bad.own['max_abs_error']:.2e} "
-                f"on onnxruntime's inputs ({images} images), so the error starts there")
+        own = bad.own.get("max_abs_error")
+        if own is None:
+            figure = f"it fails alone ({bad.own.get('error')})"
+        elif not bad.own.get("same_specials", True):
+            figure = "its own NaN and Inf differ from onnxruntime's"
+        else:
+            figure = f"its own max abs error is {own:.2e}"
+        head = f"First bad node: {bad.step} ({bad.implementation}): {figure} on onnxruntime's inputs ({images} images), so the error starts there"
+    elif still_failing and all(v.sound for v in verdicts):
+        head = (f"Every plugin step is sound alone, yet {len(still_failing)} comparison{'s' if len(still_failing) > 1 else ''} "
+                f"still fail{'' if len(still_failing) > 1 else 's'}: NaN or Inf out of place, or a shape, that no step's own "
+                f"error explains")
     elif any(v.closer_to_exact for v in verdicts):
         head = ("No plugin step is wrong: where one differs from onnxruntime on the same inputs, float64 shows it "
-                "within the FP32 bound of its op or no further from the exact result than onnxruntime")
+                "within the tolerance of the exact result or no further from it than onnxruntime over the whole tensor")
     else:
         head = "No plugin step fails on onnxruntime's inputs: the error is carried in, or comes from an onnxruntime step"
-    lines = [head, "Each plugin step re-run alone on onnxruntime's inputs, beside its error in the chained run:"]
+    lines = [head]
+    lines += [f"NaN and Inf differ from onnxruntime's at {v.step} as float64's do: {v.specials_reason}" for v in verdicts if v.explains_specials]
+    lines.append("Each plugin step re-run alone on onnxruntime's inputs, beside its error in the chained run:")
     for v in verdicts:
-        own = "not re-run: " + v.note if v.own is None else f"own max abs {v.own['max_abs_error']:.2e} {'pass' if v.own_passed else 'FAIL'}"
+        own = "not re-run: " + v.note if v.own is None else _own_text(v)
         chained = v.chained
         chain = "" if not chained or "max_abs_error" not in chained else \
             f"; chained {chained['max_abs_error']:.2e} {'pass' if chained.get('passed_against_onnxruntime', chained['passed']) else 'FAIL'}"
@@ -263,16 +285,14 @@ def format_verdicts(verdicts: list[StepVerdict], images: int) -> str:
     return "\n".join(lines)
 
 
+def _own_text(v: StepVerdict) -> str:
+    if "max_abs_error" not in v.own:
+        return f"own FAIL: {v.own.get('error')}"
+    return f"own max abs {v.own['max_abs_error']:.2e} {'pass' if v.own_passed else 'FAIL'}"
+
+
 def _exact_text(v: StepVerdict) -> str:
-    if v.exact is None:
+    if v.closeness is None:
         return f"; {v.note}" if v.own is not None and v.note else ""
-    ours, theirs = v.exact["opplugin"].get("max_abs_error"), v.exact["onnxruntime"].get("max_abs_error")
-    if ours is None or theirs is None:
-        return "; float64: the shapes differ"
-    if v.fp32_bound is not None:
-        judged = f"opplugin within the FP32 bound, up to {v.fp32_bound:.2e}: sound"
-    elif v.closer_to_exact:
-        judged = "opplugin no further from exact: sound"
-    else:
-        judged = "opplugin further from exact and beyond the FP32 bound: wrong"
-    return f"; vs float64: opplugin {ours:.2e}, onnxruntime {theirs:.2e} ({judged})"
+    c = v.closeness
+    return f"; vs float64: opplugin {c.max_abs['opplugin']:.2e}, onnxruntime {c.max_abs['onnxruntime']:.2e} ({c.why()})"

@@ -10,7 +10,7 @@ def test_check_passes_on_the_cpu(capsys):
 
 def test_check_at_zero_tolerance_differs_from_onnxruntime_and_float64_arbitrates(tiny_model_path, capsys):
     # at zero tolerance the reference and onnxruntime's Conv round differently somewhere; re-run
-    # alone, each such step is within its op's FP32 bound of float64, so the check passes and says so
+    # alone, each such step is no further from float64 than onnxruntime over the whole tensor, so the check passes and says so
     # (a wrong kernel still exits 1: tests/verify/test_first_bad.py, user_kernels/test_plugin.py)
     assert main(["check", tiny_model_path, "--batch", "3", "--device", "cpu", "--atol", "0", "--rtol", "0"]) == 0
     out = capsys.readouterr().out

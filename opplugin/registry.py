@@ -219,6 +219,9 @@ class Plugin(Protocol):
     # Where the operand of a fused prologue comes in the step's inputs (plan/prologue.py); None: the
     # plugin applies no prologue (its `fuse_prologue` is never asked)
     prologue_input: int | None = None
+    # Whether its kernels run a node with an empty tensor (an axis of size 0) as ONNX says; False:
+    # such a node stays with onnxruntime (plan/partition.py)
+    empty_tensors: bool = False
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         """None when this plugin can run the node on the device, else the reason."""
@@ -274,7 +277,7 @@ class Plugin(Protocol):
 
 
 # What a plugin needs when it does not subclass Plugin (register's error message names them)
-PLUGIN_MEMBERS = ("op_type", "group_kind", "prologue_input", "supports", "build", "make_spec", "kernel_name", "compile_jobs",
+PLUGIN_MEMBERS = ("op_type", "group_kind", "prologue_input", "empty_tensors", "supports", "build", "make_spec", "kernel_name", "compile_jobs",
                   "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant")
 
 

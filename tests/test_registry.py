@@ -110,7 +110,7 @@ def test_a_kernel_short_of_a_member_is_refused_with_the_list_of_what_it_needs(ti
 class Identity:
     """A plugin with every member of the protocol, without subclassing it."""
 
-    op_type, group_kind, prologue_input = "Identity", None, None
+    op_type, group_kind, prologue_input, empty_tensors = "Identity", None, None, False
 
     def supports(self, node, device):
         return None

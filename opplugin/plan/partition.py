@@ -405,7 +405,7 @@ def _with_spec(plugin: Plugin, info: NodeInfo) -> tuple[NodeInfo, str | None]:
 
 
 def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
-    empty = _empty_tensor(info)
+    empty = None if plugin.empty_tensors else _empty_tensor(info)
     if empty is not None:
         return empty
     try:
@@ -416,7 +416,7 @@ def _support(plugin: Plugin, info: NodeInfo, device: Device) -> str | None:
 
 def _empty_tensor(info: NodeInfo) -> str | None:
     """Why a node with an empty tensor (an axis of size 0) stays with onnxruntime, which runs such
-    nodes as ONNX says (an empty result); kernels are written for tensors that hold something. A node
+    nodes as ONNX says (an empty result), where its plugin does not declare `empty_tensors`. A node
     onnxruntime does not know (a custom op) stays with its plugin."""
     empty = next((t for t in [*info.inputs, *info.outputs] if t.name and 0 in t.shape), None)
     if empty is None or not known_ops.runs(info.node):

@@ -88,6 +88,7 @@ class LayoutPlugin(Plugin):
 
     op_type = ""
     suffix = ""  # the kernel name's last part
+    empty_tensors = True  # an empty slice, pad or concat part is an index plan like any other
 
     def op_spec(self, node: NodeInfo) -> Any:
         """The op's own spec of a node whose shapes are known."""

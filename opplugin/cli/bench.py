@@ -59,7 +59,7 @@ class BenchOptions:
         models = ((self.scaling,) if self.scaling is not None else ()) + (self.models or SHIPPED_MODELS) + self.e2e
         models += (self.custom,) if self.custom is not None else ()
         outputs = tuple((flag, path) for flag, path in (("--json", self.json), ("--plot", self.plot)) if path is not None)
-        return CommandFiles(outputs, tuple(models), self.kernels + self.ops)
+        return CommandFiles(outputs, tuple(models), self.kernels, self.ops)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

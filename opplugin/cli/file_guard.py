@@ -1,21 +1,23 @@
 """The one rule every command keeps about files: nothing it reads is ever written.
 
-Before any work, each file a command will write (`--json`, `--csv`, `--trace`,
+Before any work, each file a command will write (`--json`, `--csv`, `--trace`, `--report`,
 `--save-outputs`) is checked to be writable and compared with every other output
 and with every file the command reads: the model (given by name or by path), its
-external data files, `--kernel` sources, the `--load-inputs` file and the `--images`
+external data files, `--kernel` sources, `--ops` files, the `--load-inputs` file and the `--images`
 files. Two paths are the same file when they resolve to the same place or name the
 same (device, inode), which catches symbolic and hard links alike. A clash is an
 InputError, one line, before anything is loaded or written. A file the command
-reads but cannot open is refused here too, with the reason.
+reads but cannot open, or that is a folder or a pipe where a file is read, is refused
+here too, with the reason.
 
-`-` names standard output for the report files that allow it (`--json`, `--csv`).
+`-` names standard output for the report files that allow it (`--json`, `--csv`, `--report`).
 Each command says which files it names (CommandFiles, from its options' `files()`).
 """
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -30,7 +32,7 @@ from ..inputs.user_data import image_files
 
 STDOUT = "-"
 # the outputs that may be `-` (standard output): text reports, not binary files
-STDOUT_FLAGS = ("--json", "--csv")
+STDOUT_FLAGS = ("--json", "--csv", "--report")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class CommandFiles:
     outputs: tuple[tuple[str, str], ...] = ()  # (flag, path), in the order their clashes are reported
     models: tuple[str, ...] = ()  # model files or shipped models' names, as given
     kernels: tuple[str, ...] = ()  # --kernel sources
+    ops: tuple[str, ...] = ()  # --ops declaration files
     load_inputs: str | None = None
     images: str | None = None  # a folder
 
@@ -87,6 +90,8 @@ def check_files(files: CommandFiles) -> None:
     if len(stdout_outputs(files)) > 1:
         raise InputError(f"{' and '.join(stdout_outputs(files))} both name standard output (-); give one of them a file")
 
+    for what, path in files_named(files):
+        _check_regular(what, path)
     reads = list(files_read(files))
     for what, path in reads:
         _check_readable(what, path)
@@ -102,6 +107,17 @@ def check_files(files: CommandFiles) -> None:
                                  "give the output another path")
 
 
+def files_named(files: CommandFiles) -> Iterator[tuple[str, str]]:
+    """(what, path) for each file the command reads by its flags, whether it exists or not (the
+    models resolved from a shipped name)."""
+    for name in files.models:
+        yield "the model", str(resolve_model_path(name))
+    for path in files.kernels:
+        yield "a --kernel source", path
+    for path in files.ops:
+        yield "an --ops file", path
+
+
 def files_read(files: CommandFiles) -> Iterator[tuple[str, str]]:
     """(what, path) for each existing file the command reads, as far as its flags say
     (the models' external data aside: see external_data_near)."""
@@ -110,6 +126,9 @@ def files_read(files: CommandFiles) -> Iterator[tuple[str, str]]:
     for path in files.kernels:
         if Path(path).is_file():
             yield "a --kernel source", path
+    for path in files.ops:
+        if Path(path).is_file():
+            yield "an --ops file", path
     if files.load_inputs and Path(files.load_inputs).is_file():
         yield "the --load-inputs file", files.load_inputs
     if files.images and Path(files.images).is_dir():
@@ -171,6 +190,20 @@ def _tensors(graph) -> Iterator:
             yield from attribute.tensors
             for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
                 yield from _tensors(sub)
+
+
+def _check_regular(what: str, path: str) -> None:
+    """InputError for a folder or a special file where a file is read: a pipe (FIFO) would hold the
+    command until something writes to it. A missing file is left to the loader, which names the
+    shipped models."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{path} ({what}) is a folder; give a file")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{path} ({what}) is not a regular file (a pipe, socket or device); give a file")
 
 
 def _check_readable(what: str, path: str) -> None:

@@ -6,18 +6,20 @@ type, and any op a --ops file declares, gets a starter for a custom-op declarati
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from ..core.files import check_writable, write_atomic
+from ..core.files import create_new, write_atomic
 from ..errors import InputError
 from ..user_kernels import starter_text
 from ..user_kernels.contract import CONTRACTS
 from ..user_kernels.flags import op_type_named
-from .file_guard import CommandFiles
+from ..user_kernels.source import check_file_name
+from .file_guard import STDOUT, CommandFiles
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,15 @@ class NewOptions:
     file: str | None = None
     force: bool = False
     declared: Any = None  # the CustomOp whose CudaSource starter is written, where op_type is None
+    ops: tuple[str, ...] = ()  # the --ops files read for it
 
     def files(self) -> CommandFiles:
-        return CommandFiles()  # the starter's file is checked as it is written: --force may overwrite it
+        # whether the starter's file may be replaced (--force) is checked as it is written; that it is
+        # not a file the command reads (an --ops file) is checked here, as for every command
+        if not self.file:
+            return CommandFiles(ops=self.ops)
+        path = f".{os.sep}{STDOUT}" if self.file == STDOUT else self.file  # `new conv -` writes a file named -
+        return CommandFiles(((f"opplugin new {self.op}", path),), ops=self.ops)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +57,8 @@ def read(args: argparse.Namespace) -> NewOptions:
                          f"my_{args.op.lower().split('::')[-1]}.cu")
     if any(name.lower() == args.op.lower() for name in CONTRACTS) and not args.ops:
         return NewOptions(args.op, op_type_named(args.op), args.file, args.force)
-    return NewOptions(args.op, None, args.file, args.force, declared_op(args.op, tuple(args.ops or ())))
+    ops = tuple(args.ops or ())
+    return NewOptions(args.op, None, args.file, args.force, declared_op(args.op, ops), ops)
 
 
 def declared_op(name: str, ops_files: tuple[str, ...]):
@@ -79,20 +88,34 @@ def execute(options: NewOptions) -> int:
               "(opplugin new example.ops::Swish swish.cu --ops ops.py): a starter for the op's CudaSource")
         return 0
     target = Path(options.file)
-    if target.is_dir():
-        raise InputError(f"{options.file} is a folder; give the path of the .cu file to write")
-    if target.exists() and not options.force:
-        raise InputError(f"{options.file} exists; pass --force to overwrite it")
-    check_writable(options.file, f"opplugin new {options.op}")  # a missing, read-only or forbidden folder: one line
+    check_file_name(options.file)
+    if os.path.lexists(target) and not options.force:  # a dangling symbolic link is a name taken too
+        raise _exists(options.file)
     if options.op_type is None:
         from ..custom.starter import starter_text as declared_starter
 
         op = options.declared
-        write_atomic(target, declared_starter(op, target.name))
+        _write(target, declared_starter(op, target.name), options)
         print(f"Wrote {options.file}: a {op.op_type} kernel to fill in, one thread per element of {op.output_names[0]}. "
               f"Declare it with CudaSource({target.name!r}) and pass the file with --ops")
         return 0
-    write_atomic(target, starter_text(options.op_type).replace("THIS_FILE.cu", target.name))
+    _write(target, starter_text(options.op_type).replace("THIS_FILE.cu", target.name), options)
     print(f"Wrote {options.file}: a {options.op_type} kernel, one thread per output. "
           f"Try: opplugin check --kernel {options.op_type}={options.file}")
     return 0
+
+
+def _write(target: Path, text: str, options: NewOptions) -> None:
+    """Replace the file with --force (through a symbolic link, as every output is written); else
+    create it, refused if it exists by now: of two `new` at once, one writes and the other is told."""
+    if options.force:
+        write_atomic(target, text)
+        return
+    try:
+        create_new(target, text)
+    except FileExistsError:
+        raise _exists(options.file) from None
+
+
+def _exists(file: str) -> InputError:
+    return InputError(f"{file} exists; pass --force to overwrite it")

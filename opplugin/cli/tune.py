@@ -20,7 +20,7 @@ class TuneOptions:
     reports: ReportOptions
 
     def files(self) -> CommandFiles:
-        return CommandFiles(self.reports.outputs(), (self.model.model,), self.kernels.paths)
+        return CommandFiles(self.reports.outputs(), (self.model.model,), self.kernels.paths, self.model.ops)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -53,7 +53,7 @@ class Workload:
 
     def files(self, reports: Outputs) -> CommandFiles:
         """The files the command reads, and those it writes: `reports`, then --save-outputs."""
-        return CommandFiles(reports + self.data.outputs(), (self.model.model,), self.kernels.paths,
+        return CommandFiles(reports + self.data.outputs(), (self.model.model,), self.kernels.paths, self.model.ops,
                             self.data.load_inputs, self.data.images)
 
 

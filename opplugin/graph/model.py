@@ -309,6 +309,8 @@ def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] =
         raise ModelError(f"model file not found: {path} (shipped models: {shipped})")
     if path.is_dir():
         raise ModelError(f"{path} is a folder, not an ONNX model file")
+    if not path.is_file():  # a pipe would hold the load until something writes to it
+        raise ModelError(f"{path} is not a regular file (a pipe, socket or device), not an ONNX model file")
     data = path.read_bytes()
     if not data:
         raise ModelError(f"{path} is empty")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -74,6 +75,7 @@ class KernelSource:
     defaults: LaunchSpec | None = field(default=None, repr=False)
 
     def __post_init__(self):
+        check_file_name(self.path)
         self.contract: Contract = self.declared or contract_for(self.op_type)
         if not self.text:
             self.reload()
@@ -132,10 +134,10 @@ class KernelSource:
         if self.launch.constant_weights and "C" in defines:
             weights = defines["M"] * (defines["C"] // defines["G"]) * defines["KH"] * defines["KW"]
             macros += f"__constant__ float W_CONST[{weights}];\n__constant__ float B_CONST[{defines['M'] if defines['HAS_BIAS'] else 1}];\n"
-        quoted = self.path.replace("\\", "\\\\").replace('"', '\\"')
+        quoted = c_string(self.path)
         contract = self.contract
         if not contract.parameters:  # a CudaSourcePlugin's own entry point: no parameter list to hold it to
-            return f'{macros}#line 1 "{quoted}"\n{self.text}\n'
+            return f'{macros}#line 1 {quoted}\n{self.text}\n'
         check = (
             f'\n#line 1 "{CONTRACT_FILE}"\n'
             "template <class A, class B> struct opplugin_same_ { static constexpr bool value = false; };\n"
@@ -143,7 +145,26 @@ class KernelSource:
             f"static_assert(opplugin_same_<decltype(&{contract.entry}), void (*)({contract.parameter_types})>::value, "
             '"opplugin: wrong signature");\n'
         )
-        return f'{macros}#line 1 "{quoted}"\n{self.text}\n{check}'
+        return f'{macros}#line 1 {quoted}\n{self.text}\n{check}'
+
+
+def check_file_name(path: str) -> None:
+    """UserKernelError for a file name holding a control character (a newline, a tab...): NVRTC
+    writes the name into its messages as it is, so they, and every FILE:LINE message, would break."""
+    if any(unicodedata.category(c) == "Cc" for c in path):
+        shown = "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in path)
+        raise UserKernelError(f"{shown}: a kernel file's name must not hold a control character "
+                              "(a newline, a tab ...); rename the file")
+
+
+def c_string(text: str) -> str:
+    """`text` as a C string literal (for #line): backslash and quote escaped, a control character as
+    an octal escape (three digits, so a digit after it is not read into it)."""
+    def escaped(c: str) -> str:
+        if c in '\\"':
+            return "\\" + c
+        return f"\\{ord(c):03o}" if ord(c) < 0x20 or ord(c) == 0x7F else c
+    return '"' + "".join(escaped(c) for c in text) + '"'
 
 
 def macro_text(value) -> str:

@@ -127,6 +127,69 @@ def test_a_model_the_user_cannot_read_is_one_line_as_root_too(tiny_model_path, m
         one_line_error(capsys, f"{tiny_model_path} (the model): cannot read it (Permission denied)")
 
 
+# --- 1b. links, pipes and folders -------------------------------------------------------------
+
+
+def test_every_output_is_written_through_a_link_and_the_link_kept(tmp_path, capsys):
+    outputs = {"--json": "r.json", "--csv": "r.csv", "--trace": "r.trace.json", "--save-outputs": "r.npz"}
+    real = tmp_path / "real"
+    real.mkdir()
+    argv = ["run", "lenet86", "--device", "cpu", "--batch", "2"]
+    for flag, name in outputs.items():
+        (real / name).write_text("old")
+        (tmp_path / name).symlink_to(real / name)
+        argv += [flag, str(tmp_path / name)]
+    assert main(argv) == 0
+    for name in outputs.values():
+        assert (tmp_path / name).is_symlink() and os.readlink(tmp_path / name) == str(real / name)
+        assert (real / name).read_bytes() != b"old"
+    assert json.loads((real / "r.json").read_text())["model"] == "lenet86"
+    assert np.load(real / "r.npz").files  # a whole .npz
+    assert sorted(p.name for p in real.iterdir()) == sorted(outputs.values())  # no temporary file left
+
+
+def test_an_output_linked_to_the_model_or_an_ops_file_is_refused(tmp_path, tiny_model_path, capsys):
+    ops = tmp_path / "ops.py"
+    ops.write_text("")  # no declaration: the guard refuses before it is read
+    (tmp_path / "model_link.json").symlink_to(tiny_model_path)
+    (tmp_path / "ops_link.json").symlink_to(ops)
+    before = snapshot(tmp_path)
+    cases = [
+        (["plan", tiny_model_path, "--json", str(tmp_path / "model_link.json")], "is the same file as the model"),
+        (["run", tiny_model_path, "--ops", str(ops), "--csv", str(tmp_path / "ops_link.json")], "is the same file as an --ops file"),
+        (["check", tiny_model_path, "--ops", str(ops), "--json", str(ops)], "is the same file as an --ops file"),
+        (["plan", tiny_model_path, "--ops", str(ops), "--json", str(ops)], "is the same file as an --ops file"),
+    ]
+    for argv, message in cases:
+        assert main([*argv, "--device", "cpu"]) == 2, argv
+        one_line_error(capsys, message)
+    assert snapshot(tmp_path) == before and (tmp_path / "model_link.json").is_symlink()
+
+
+@pytest.mark.parametrize("flag", ["model", "--kernel", "--ops"])
+def test_a_pipe_where_a_file_is_read_is_one_line_not_a_wait(flag, tmp_path):
+    # a FIFO blocks whoever opens it until a writer comes: the command must refuse it without opening it
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    argv = {"model": [str(pipe)], "--kernel": ["lenet86", "--kernel", f"Conv={pipe}"],
+            "--ops": ["lenet86", "--ops", str(pipe)]}[flag]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "opplugin", "plan", *argv, "--device", "cpu"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    what = {"model": "the model", "--kernel": "a --kernel source", "--ops": "an --ops file"}[flag]
+    assert done.stderr == f"opplugin: error: {pipe} ({what}) is not a regular file (a pipe, socket or device); give a file\n"
+
+
+@pytest.mark.parametrize("flag", ["model", "--kernel"])
+def test_a_folder_where_a_file_is_read_is_one_line(flag, tmp_path, capsys):
+    folder = tmp_path / "folder.onnx"
+    folder.mkdir()
+    argv = [str(folder)] if flag == "model" else ["lenet86", "--kernel", f"Conv={folder}"]
+    assert main(["plan", *argv, "--device", "cpu"]) == 2
+    one_line_error(capsys, f"{folder} ({'the model' if flag == 'model' else 'a --kernel source'}) is a folder; give a file")
+
+
 # --- 2. the table's other rows --------------------------------------------------------------
 
 

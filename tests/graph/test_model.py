@@ -1,4 +1,6 @@
 """Loading, validating and shape inference; every bad file gives a ModelError that says what is wrong."""
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -60,6 +62,12 @@ def test_not_onnx(tmp_path):
 def test_folder_is_not_a_model(tmp_path):
     with pytest.raises(ModelError, match="folder"):
         load_model(tmp_path)
+
+
+def test_a_pipe_is_not_a_model_and_is_not_opened(tmp_path):
+    os.mkfifo(tmp_path / "model.onnx")  # opening it would wait for a writer forever
+    with pytest.raises(ModelError, match="model.onnx is not a regular file"):
+        load_model(tmp_path / "model.onnx")
 
 
 def test_checker_failure(tmp_path):

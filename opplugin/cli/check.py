@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.files import write_atomic
+from ..report.html_sections import check_page
 from ..report.timing import add_devices, format_devices
 from ..runtime.multi_device import DevicesTally
 from ..verify.check import build_check_report, check, check_chunks, format_check
@@ -33,7 +35,8 @@ class CheckOptions:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     Workload.add(parser)
     ToleranceOptions.add(parser)
-    ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True)
+    ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True,
+                      html_help="also write the plan and the comparison as one HTML page to open in a browser")
 
 
 def read(args: argparse.Namespace) -> CheckOptions:
@@ -84,8 +87,11 @@ def execute(options: CheckOptions) -> int:
     if verdicts is not None:
         print()
         print(format_verdicts(verdicts, min(ISOLATION_IMAGES, batch), result))
+    report = build_check_report(result, plan, atol, rtol, inputs.source, steps_alone) | split
     if options.reports.json:
-        write_json(options.reports.json, build_check_report(result, plan, atol, rtol, inputs.source, steps_alone) | split)
+        write_json(options.reports.json, report)
+    if options.reports.html:
+        write_atomic(options.reports.html, check_page(report, plan))
     return 0 if result.passed else 1
 
 

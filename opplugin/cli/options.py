@@ -5,8 +5,10 @@ checked in one place. A command's options are these groups and its own flags (ru
 check.py, plan.py, tune.py; bench.py takes timing and kernels, and has flags of its own),
 and nothing past the command line sees argparse's Namespace.
 
-A group that a command takes only in part (plan has no data files, tune no --input-shape)
-gives the flags it leaves out their defaults, so that `from_args` reads every command alike.
+A group that a command takes only in part (plan has none of the flags that say how a run runs,
+tune no --input-shape) is told so by a parameter of `add`, which offers only the flags the command
+takes (any other is argparse's "unrecognized arguments") and gives those it leaves out their
+defaults, so that `from_args` reads every command alike.
 """
 from __future__ import annotations
 
@@ -61,8 +63,8 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """Where plugin steps run and how the runner runs them: --device, --variant, --chunk,
-    --streams, --cuda-graphs, and on run and check --devices."""
+    """Where plugin steps run and how the runner runs them: --device, --variant, and on run and
+    check (which run the plan) --chunk, --streams, --cuda-graphs and --devices."""
 
     device: str = "auto"  # auto: the GPU when there is one
     variant: str | None = None  # --variant as typed: a Conv variant, or OP=VARIANT pairs joined by spaces
@@ -72,12 +74,17 @@ class RunnerOptions:
     devices: str | None = None  # --devices as typed: made into device slots as the command starts (it asks CUDA)
 
     @staticmethod
-    def add(parser: argparse.ArgumentParser, *, devices: bool = False) -> None:
+    def add(parser: argparse.ArgumentParser, *, devices: bool = False, runs: bool = True) -> None:
+        """`runs`: the command runs the plan (run, check), so how it runs it is its to say; plan takes
+        only what changes the plan (--device, --variant)."""
         parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
         parser.add_argument("--variant", action="append", metavar="[OP=]VARIANT",
                             help="a Conv kernel variant (baseline, const, const_mo, ...), or OP=VARIANT for another op "
                                  "(example.ops::Swish=cupy picks a custom op's implementation); repeatable; "
                                  "default: what `opplugin tune` chose on this GPU, else each op's own rule of thumb")
+        if not runs:
+            parser.set_defaults(chunk=None, streams=None, cuda_graphs=None, devices=None)
+            return
         parser.add_argument("--chunk", type=int, help="images per chunk on the device (default: from free device memory)")
         parser.add_argument("--streams", type=int, help=f"chunks in flight at once on a GPU (default {DEFAULT_STREAMS})")
         parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
@@ -124,7 +131,8 @@ def parse_variants(values: list[str]) -> dict[str, str]:
 class DataOptions:
     """What a run is fed and what it keeps: --data and --seed (the bundled test set or random
     data), or the user's own inputs (--load-inputs, or --images with --resize, --mean and
-    --std); --save-outputs with --keep."""
+    --std); --save-outputs with --keep. plan takes what changes a plan alone: the user's inputs
+    (they fix the model's free sizes), --resize, and --keep (the fusions it gives up)."""
 
     source: str = "auto"  # --data: auto | fashion-mnist | random
     seed: int = 0
@@ -137,22 +145,31 @@ class DataOptions:
     keep: tuple[str, ...] = ()
 
     @staticmethod
-    def add(parser: argparse.ArgumentParser, *, own_files: bool = True) -> None:
-        parser.add_argument("--data", default="auto", help="auto | fashion-mnist | random (auto: the bundled test set for shipped models)")
-        parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default %(default)s)")
-        if not own_files:
-            parser.set_defaults(load_inputs=None, images=None, resize=None, mean=None, std=None, save_outputs=None, keep=None)
-            return
-        parser.add_argument("--load-inputs", metavar="FILE", help="inputs from a .npz file (an array per input name) or a .npy file (one-input models)")
-        parser.add_argument("--images", metavar="FOLDER", help="inputs from the PNG and JPEG files of a folder, in name order (needs Pillow)")
+    def add(parser: argparse.ArgumentParser, *, runs: bool = True) -> None:
+        """`runs`: the command runs the model on the data (run, check); else (plan) the data only fixes
+        the model's sizes, and --keep says which tensors the plan must leave visible."""
+        if runs:
+            parser.add_argument("--data", default="auto", help="auto | fashion-mnist | random (auto: the bundled test set for shipped models)")
+            parser.add_argument("--seed", type=int, default=0, help="seed for --data random, any integer (default %(default)s)")
+        else:
+            parser.set_defaults(data="auto", seed=0, mean=None, std=None, save_outputs=None)
+        which = "inputs" if runs else "the inputs' sizes"
+        parser.add_argument("--load-inputs", metavar="FILE", help=f"{which} from a .npz file (an array per input name) or a .npy file (one-input models)")
+        parser.add_argument("--images", metavar="FOLDER", help=f"{which} from the PNG and JPEG files of a folder, in name order (needs Pillow)")
         parser.add_argument("--resize", metavar="H,W", help="with --images: resize each image to H x W (default: the model's input size)")
+        if not runs:
+            parser.add_argument("--keep", action="append", metavar="TENSOR",
+                                help="plan so that a run can keep this tensor: a fusion that would hide it is given up, and said so; repeatable")
+            return
         parser.add_argument("--mean", metavar="M[,M,M]", help="with --images: subtracted per channel after scaling pixels to [0, 1] (default 0)")
         parser.add_argument("--std", metavar="S[,S,S]", help="with --images: divided per channel after the mean (default 1)")
         parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the graph's outputs (and --keep tensors) to a .npz file")
-        parser.add_argument("--keep", action="append", metavar="TENSOR", help="with --save-outputs: also save this tensor (one that leaves a step)")
+        parser.add_argument("--keep", action="append", metavar="TENSOR",
+                            help="with --save-outputs: also save this tensor, any the model computes (a fusion that would hide it is given up); repeatable")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DataOptions:
+    def from_args(cls, args: argparse.Namespace, *, runs: bool = True) -> DataOptions:
+        """`runs` as for add: --keep needs --save-outputs only where the command saves what it keeps."""
         given = [flag for value, flag in ((args.load_inputs, "--load-inputs"), (args.images, "--images")) if value]
         if args.data != "auto":
             given.append(f"--data {args.data}")
@@ -161,7 +178,7 @@ class DataOptions:
         image_flags = [flag for value, flag in ((args.resize, "--resize"), (args.mean, "--mean"), (args.std, "--std")) if value]
         if image_flags and not args.images:
             raise InputError(f"{', '.join(image_flags)} apply to --images FOLDER")
-        if args.keep and not args.save_outputs:
+        if runs and args.keep and not args.save_outputs:
             raise InputError("--keep names tensors for --save-outputs FILE.npz; give that file too")
         parse_pair(args.resize, "--resize")  # --mean and --std are checked against the images' channels, once they are read
         return cls(args.data, args.seed, args.load_inputs, args.images, args.resize, args.mean, args.std,
@@ -202,17 +219,21 @@ class TimingOptions:
 
 @dataclass(frozen=True)
 class ToleranceOptions:
-    """check's pass rule and the images it compares at a time: --atol, --rtol, --check-chunk.
-    (run --watch holds a user kernel to the defaults.)"""
+    """The pass rule against onnxruntime, --atol and --rtol (check's, run's, and --watch's on both),
+    and on check the images it compares at a time, --check-chunk."""
 
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
     check_chunk: int | None = None  # None: as many images as fit in DEFAULT_CHECK_BYTES of host memory
 
     @staticmethod
-    def add(parser: argparse.ArgumentParser) -> None:
+    def add(parser: argparse.ArgumentParser, *, chunks: bool = True) -> None:
+        """`chunks`: --check-chunk too (check, which compares every step's tensors; run compares the output alone)."""
         parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
         parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
+        if not chunks:
+            parser.set_defaults(check_chunk=None)
+            return
         parser.add_argument("--check-chunk", type=int, metavar="N",
                             help=f"images compared with onnxruntime at a time (default: as many as fit in {DEFAULT_CHECK_BYTES >> 30} GiB of host memory)")
 
@@ -229,20 +250,27 @@ class ToleranceOptions:
 @dataclass(frozen=True)
 class ReportOptions:
     """How a command gives its report: the width of its text (--wide) and the files it
-    writes (--json; on run --csv and --trace too). `-` is standard output for --json and --csv."""
+    writes (--json; on run --csv and --trace too; on run and check --report, the HTML page).
+    `-` is standard output for --json, --csv and --report."""
 
     wide: bool = False
     json: str | None = None
     csv: str | None = None
     trace: str | None = None
+    html: str | None = None  # --report FILE.html
 
     @staticmethod
-    def add(parser: argparse.ArgumentParser, json_help: str, *, wide: bool = False, csv_and_trace: bool = False) -> None:
+    def add(parser: argparse.ArgumentParser, json_help: str, *, wide: bool = False, csv_and_trace: bool = False,
+            html_help: str | None = None) -> None:
         if wide:
             parser.add_argument("--wide", action="store_true", help="print long names and op chains in full (default: lines of about 160 characters)")
         else:
             parser.set_defaults(wide=False)
         parser.add_argument("--json", metavar="FILE", help=json_help)
+        if html_help:
+            parser.add_argument("--report", metavar="FILE.html", dest="html", help=html_help)
+        else:
+            parser.set_defaults(html=None)
         if not csv_and_trace:
             parser.set_defaults(csv=None, trace=None)
             return
@@ -252,10 +280,10 @@ class ReportOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReportOptions:
-        return cls(args.wide, args.json, args.csv, args.trace)
+        return cls(args.wide, args.json, args.csv, args.trace, args.html)
 
     def outputs(self) -> Outputs:
-        named = (("--json", self.json), ("--csv", self.csv), ("--trace", self.trace))
+        named = (("--json", self.json), ("--csv", self.csv), ("--trace", self.trace), ("--report", self.html))
         return tuple((flag, path) for flag, path in named if path is not None)
 
 

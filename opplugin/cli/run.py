@@ -7,8 +7,10 @@ import sys
 from dataclasses import dataclass
 
 from ..core.files import write_atomic
+from ..errors import InputError
 from ..gpu.cuda import runtime_major
-from ..report import timing as reports, trace
+from ..report import html_sections, timing as reports, trace
+from ..report.charts import Roof
 from ..verify.check import agreement, top1
 from .file_guard import CommandFiles
 from .options import ReportOptions, TimingOptions, ToleranceOptions
@@ -30,6 +32,7 @@ class RunOptions:
     timing: TimingOptions
     reports: ReportOptions
     compare: bool = True  # False: --no-compare, no comparison with onnxruntime
+    tolerance: ToleranceOptions = ToleranceOptions()  # the comparison's pass rule (--atol, --rtol), as check's
 
     def files(self) -> CommandFiles:
         return self.workload.files(self.reports.outputs())
@@ -41,18 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     TimingOptions.add(parser, warmup_help=f"untimed runs first (default {gpu['warmup']} on a GPU, {cpu['warmup']} on the CPU)",
                       repeat_help=f"timed runs; the report gives medians (default {gpu['repeat']} on a GPU, {cpu['repeat']} on the CPU)")
     parser.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
-    ReportOptions.add(parser, "also write the report as JSON (- for standard output)", wide=True, csv_and_trace=True)
+    ToleranceOptions.add(parser, chunks=False)  # the comparison's pass rule, which decides exit status 1
+    ReportOptions.add(parser, "also write the report as JSON (- for standard output)", wide=True, csv_and_trace=True,
+                      html_help="also write the report as one HTML page to open in a browser: the plan, the last timed run's "
+                                "timeline, a roofline of the plugin steps (on a GPU against its measured ceilings)")
 
 
 def read(args: argparse.Namespace) -> RunOptions:
     reports = ReportOptions.from_args(args)
     workload = Workload.from_args(args, single_device=["--trace"] if reports.trace else [])
-    return RunOptions(workload, TimingOptions.from_args(args), reports, not args.no_compare)
+    tolerance = ToleranceOptions.from_args(args)
+    if args.no_compare and tolerance != ToleranceOptions():
+        raise InputError("--atol and --rtol set the comparison with onnxruntime; leave out --no-compare")
+    return RunOptions(workload, TimingOptions.from_args(args), reports, not args.no_compare, tolerance)
 
 
 def execute(options: RunOptions) -> int:
     """0, or 1 when the comparison with onnxruntime fails (exit status 1 is for that alone)."""
-    looped = kernel_loops(options.workload, ToleranceOptions(), poison=False)  # run has no tolerance flags: check's defaults
+    looped = kernel_loops(options.workload, options.tolerance, poison=False)
     if looped is not None:
         return looped
     prepared = prepare(options.workload, poison=False)
@@ -80,7 +89,9 @@ def execute(options: RunOptions) -> int:
     if predicted is not None and inputs.labels is not None:
         extra["accuracy"] = float((predicted == inputs.labels).mean())
     if options.compare:
-        extra["agreement"] = agreement(runner.plan_record(batch) if devices else profile.plan, inputs.feeds, ours)
+        atol, rtol = options.tolerance.atol, options.tolerance.rtol
+        extra["agreement"] = agreement(runner.plan_record(batch) if devices else profile.plan, inputs.feeds, ours, atol, rtol) | {
+            "atol": atol, "rtol": rtol}
 
     result = reports.build_report(profile, warmup, extra)
     if devices:
@@ -94,8 +105,18 @@ def execute(options: RunOptions) -> int:
         write_atomic(files.csv, reports.to_csv(result["steps"]))
     if files.trace:
         write_atomic(files.trace, trace.dumps(trace.build_trace(profile)))
+    if files.html:
+        write_atomic(files.html, html_sections.run_page(result, profile, _roof() if on_gpu else None))
     compared = extra.get("agreement")
     return 1 if compared is not None and not compared["passed"] else 0
+
+
+def _roof() -> Roof:
+    """This GPU's copy bandwidth and FP32 rate, measured now (about a second), for the report's roofline."""
+    from ..lab import roofline
+
+    measured = roofline.measure()
+    return Roof(measured.bytes_per_s, measured.flops_per_s)
 
 
 def _progress(runner, batch: int, passes: int) -> ProgressBar:

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from ..custom.offline import compile_cuda_sources
 from ..errors import InputError
+from ..plan.keep import checked_keep
 from ..registry import node_key
 from ..inputs.feeds import Inputs, make_inputs
 from ..runtime import Runner
@@ -95,6 +96,7 @@ def prepare(workload: Workload, *, poison: bool) -> Prepared:
     the inputs; `poison` fills the user kernels' outputs with NaN before each call (check)."""
     slots = device_slots(workload.runner)
     loaded = _load(workload)
+    checked_keep(loaded.model, workload.data.keep, "--keep")  # before any kernel compiles
     devices = _make_devices(workload, loaded, slots, poison=poison) if slots else None
     runner = devices.runners[0] if devices else make_runner(workload, loaded, poison=poison)
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
@@ -124,7 +126,7 @@ def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> 
     if unknown:  # before any kernel is built
         raise InputError(f"--variant names {unknown[0]}, which no node of {loaded.model.name} is")
     runner = Runner(loaded.model, loaded.batch, loaded.device, settings.variants, registry, chunk=settings.chunk,
-                    streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False)
+                    streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False, keep=workload.data.keep)
     if registry is not None and not runner.device.is_cuda:
         compile_without_gpu(runner.plan, registry)
         say_cpu_note(registry, runner.device)

@@ -48,6 +48,8 @@ class Simplification:
     # inserted after[, the shape it is then reshaped to, -1 for the batch]]): graph/passes/layout_sink.py,
     # graph/passes/einsum.py, graph/passes/linear_batchnorm.py
     views: dict[str, tuple] = field(default_factory=dict)
+    # a tensor of the original graph no node writes after the passes -> what removed it (REMOVED_BY), for --keep
+    removed: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -86,6 +88,19 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (fold_channel_affines, "constants_folded"),
 )
 
+# What each pass does to the tensors it removes, in words: why a tensor the file names cannot be kept.
+REMOVED_BY: dict[Callable, str] = {
+    drop_identities: "an Identity or Dropout node is dropped at load",
+    fold_constants: "it is folded into a constant at load: its value does not depend on the inputs",
+    fold_decomposed_layernorms: "it is inside a LayerNormalization pattern written as one node at load",
+    fold_decomposed_gelus: "it is inside a GELU pattern written as one node at load",
+    sink_channel_last_regions: "it is inside a channel-last region rewritten in NCHW at load",
+    decompose_einsums: "its Einsum is written as MatMul at load",
+    fold_batchnorms: "the BatchNormalization after it is folded into the Conv that writes it, at load",
+    fold_linear_batchnorms: "the BatchNormalization after it is folded into the layer that writes it, at load",
+    fold_channel_affines: "the per-channel scale or shift after it is folded into the layer that writes it, at load",
+}
+
 
 class NamesLost(RuntimeError):
     """A pass broke the rule that names survive (see the module's docstring): `check` could not compare."""
@@ -97,8 +112,12 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
     nothing later has to serialise them to learn a shape. Raises NamesLost where a pass broke the rule."""
     graph = Graph(model)
     counts: dict[str, Any] = {"constants_folded": {}, "batchnorms_folded": 0, "dropped": {}}
+    removed: dict[str, str] = {}
     for run, field_name in PASSES:
+        written = _written(graph)
         done = run(graph)
+        for name in written - _written(graph):
+            removed.setdefault(name, REMOVED_BY.get(run, f"{run.__name__} removes it at load"))
         if isinstance(done, int):  # fold_batchnorms: one number
             counts[field_name] += done
         else:  # by op type, or by what the pass rewrites
@@ -106,7 +125,13 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
                 counts[field_name][key] = counts[field_name].get(key, 0) + count
     graph.write_back()  # constants that only fed folded nodes go too
     names_survive(model, graph)
-    return graph.proto, graph.constants, Simplification(**counts, views=graph.views)
+    left = _written(graph)  # a later pass may write a name again
+    removed = {name: why for name, why in removed.items() if name not in left}
+    return graph.proto, graph.constants, Simplification(**counts, views=graph.views, removed=removed)
+
+
+def _written(graph: Graph) -> set[str]:
+    return {name for node in graph.nodes for name in node.output if name}
 
 
 def names_survive(original: onnx.ModelProto, graph: Graph) -> None:

@@ -16,6 +16,7 @@ from ..core.node_reads import reads
 from ..errors import ModelError, PluginError
 from ..ort import known_ops
 from ..graph.model import Model
+from .keep import checked_keep, given_up_for_keep, hidden_outputs
 from .prologue import find_prologues, give_way, prologue_inputs
 from ..registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from ..core.texttable import OP_SEPARATOR
@@ -108,6 +109,8 @@ class Plan:
     fallbacks: dict[str, str] = field(default_factory=dict)
     # plugin node name -> why a fusion its plugin would make was given up
     fusions_given_up: dict[str, str] = field(default_factory=dict)
+    # tensors every step leaves visible, so that a run can hand them back (make_plan's `keep`)
+    keep: tuple[str, ...] = ()
 
     @property
     def plugin_steps(self) -> list[PluginStep]:
@@ -118,12 +121,15 @@ class Plan:
 
 
 def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plugin] | None = None,
-              tensors: dict[str, TensorInfo] | None = None) -> Plan:
-    """The plan at `batch`; `tensors`: every tensor's shape at that batch where the caller has them (else inferred)."""
+              tensors: dict[str, TensorInfo] | None = None, keep: Sequence[str] = ()) -> Plan:
+    """The plan at `batch`; `tensors`: every tensor's shape at that batch where the caller has them (else inferred).
+    `keep`: tensors a run must be able to hand back, which no step may hide (keep.py): a fusion or prologue
+    that would is given up (fusions_given_up says so); InputError for a name that is no tensor of the graph."""
+    kept = checked_keep(model, keep)
     registry = {**(plugins() if registry is None else registry), **model.declarations}  # the model's custom ops too
     tensors = model.infer(batch) if tensors is None else tensors
-    grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry)
-    consumed_later = _consumers_after(grouping.groups, grouping.fused, model.outputs, grouping.prologues)
+    grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry, frozenset(kept))
+    consumed_later = _consumers_after(grouping.groups, grouping.fused, [*model.outputs, *kept], grouping.prologues)
     steps: list[Step] = []
     for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo) and group.name in grouping.node_groups:
@@ -149,7 +155,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
         inputs = outside_inputs(nodes, model)
         sub = sub_model(model, f"{model.name}_part{number}", nodes, inputs, outputs, tensors)
         steps.append(OrtStep(f"onnxruntime{number}", nodes, inputs, outputs, sub))
-    return Plan(model, batch, device, steps, tensors, grouping.fallbacks, grouping.given_up)
+    return Plan(model, batch, device, steps, tensors, grouping.fallbacks, grouping.given_up, kept)
 
 
 def _refuse_unknown_ops(nodes: list[onnx.NodeProto], model: Model) -> None:
@@ -182,11 +188,16 @@ class _Grouping:
     prologues: dict[str, list[NodeInfo]] = field(default_factory=dict)  # plugin node name -> the nodes its kernel applies first
 
     @classmethod
-    def of(cls, infos: list[NodeInfo], model: Model, device: Device, registry: dict[str, Plugin]) -> "_Grouping":
+    def of(cls, infos: list[NodeInfo], model: Model, device: Device, registry: dict[str, Plugin],
+           keep: frozenset[str] = frozenset()) -> "_Grouping":
+        """`keep`: tensors no step may hide; they are treated as graph outputs, which no kernel hides either."""
         grouping, taken = cls(), set()
         readers = _readers(infos)
         made_by = {o: index for index, info in enumerate(infos) for o in info.node.output if o}
-        grouping.prologues = find_prologues(infos, readers, made_by, set(model.outputs), device, registry)
+        visible = set(model.outputs) | keep
+        grouping.prologues = find_prologues(infos, readers, made_by, visible, device, registry)
+        if keep:
+            grouping._prologues_given_up(find_prologues(infos, readers, made_by, set(model.outputs), device, registry), keep)
         taken.update(n.name for chain in grouping.prologues.values() for n in chain)
         for info in infos:
             if info.name in taken:
@@ -199,17 +210,21 @@ class _Grouping:
                 reason = "no plugin"
             if plugin and reason is None and plugin.group_kind is not None:
                 grouping.groups.append(info)
-                group = _grown_group(info, infos, plugin, model, readers, made_by, taken, device, registry)
+                group = _grown_group(info, infos, plugin, model, readers, made_by, taken, device, registry, visible)
                 grouping.node_groups[info.name] = group
                 grouping.fused[info.name] = list(group.nodes[1:])
                 taken.update(n.name for n in group.nodes)
                 continue
             if plugin and reason is None:
                 grouping.groups.append(info)
-                followers, why = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
+                followers, why = _fusion(plugin, info, readers, made_by, visible, device, registry)
                 grouping.fused[info.name] = followers
-                if why:
-                    grouping.given_up[info.name] = why
+                if keep and not why:
+                    free, _ = _fusion(plugin, info, readers, made_by, set(model.outputs), device, registry)
+                    if len(free) > len(followers):
+                        why = given_up_for_keep([info, *free], hidden_outputs([info, *free], last_written=True), keep, "")
+                if why:  # after a prologue given up for `keep`, where there is one
+                    grouping.given_up[info.name] = "; ".join(filter(None, (grouping.given_up.get(info.name), why)))
                 give_way(grouping.prologues, followers, taken)  # an epilogue goes first
                 taken.update(f.name for f in followers)
                 continue
@@ -221,14 +236,25 @@ class _Grouping:
                 grouping.groups.append([info])
         return grouping
 
+    def _prologues_given_up(self, free: dict[str, list[NodeInfo]], keep: frozenset[str]) -> None:
+        """Note each prologue that the plan without `keep` would fuse and that hides a kept tensor."""
+        for node, chain in free.items():
+            if len(self.prologues.get(node, [])) >= len(chain):
+                continue
+            why = given_up_for_keep(chain, hidden_outputs(chain, last_written=False), keep, f" into {node}'s kernel as a prologue")
+            if why:
+                self.given_up[node] = why
+
 
 def _grown_group(lead: NodeInfo, infos: list[NodeInfo], plugin: Plugin, model: Model, readers: dict[str, list[NodeInfo]],
-                 made_by: dict[str, int], taken: set[str], device: Device, registry: dict[str, Plugin]) -> NodeGroup:
+                 made_by: dict[str, int], taken: set[str], device: Device, registry: dict[str, Plugin],
+                 visible: set[str]) -> NodeGroup:
     """The group led by `lead`: each later node, in graph order, that reads a member's output, runs on
     a plugin of the lead's group kind that supports it, and reads nothing else but constants and
     tensors written before the lead, joins where the lead's plugin admits the larger group. What
     a member reads from outside is there before the group's step runs (at the lead's place), and
-    no path can leave the group and come back: a node on it would be written after the lead."""
+    no path can leave the group and come back: a node on it would be written after the lead. The group
+    writes out what is read outside it and the `visible` tensors (graph outputs, kept tensors)."""
     kind = plugin.group_kind
     lead_at = made_by[next(o for o in lead.node.output if o)]
     members, produced = [lead], {o for o in lead.node.output if o}
@@ -244,18 +270,19 @@ def _grown_group(lead: NodeInfo, infos: list[NodeInfo], plugin: Plugin, model: M
         info, reason = _with_spec(other, info)
         if reason or _support(other, info, device) is not None:
             continue
-        candidate = _node_group([*members, info], readers, model)
+        candidate = _node_group([*members, info], readers, model, visible)
         if _admitted(plugin, candidate, device):
             members.append(info)
             produced.update(o for o in info.node.output if o)
-    return _node_group(members, readers, model)
+    return _node_group(members, readers, model, visible)
 
 
-def _node_group(members: list[NodeInfo], readers: dict[str, list[NodeInfo]], model: Model) -> NodeGroup:
-    """The members with what they read from outside (weights left out) and what is read of them outside."""
+def _node_group(members: list[NodeInfo], readers: dict[str, list[NodeInfo]], model: Model, visible: set[str]) -> NodeGroup:
+    """The members with what they read from outside (weights left out), and what is read of them outside
+    or `visible` (graph outputs, kept tensors)."""
     names = {m.name for m in members}
     written = [o for m in members for o in m.node.output if o]
-    outputs = [o for o in written if o in model.outputs or any(r.name not in names for r in readers.get(o, []))]
+    outputs = [o for o in written if o in visible or any(r.name not in names for r in readers.get(o, []))]
     return NodeGroup(tuple(members), tuple(outside_inputs([m.node for m in members], model)), tuple(outputs))
 
 

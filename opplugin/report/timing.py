@@ -20,7 +20,8 @@ from ..core.texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle,
 # 2: end_to_end_ms, always equal to host_to_host_ms, left out
 # 3: the header every report shares (jsonout.py), the device's memory_bytes; data,
 #    accuracy and agreement always present (null when there is none)
-SCHEMA = "opplugin-run/3"
+# 4: agreement carries the atol and rtol it was judged at (run --atol, --rtol)
+SCHEMA = "opplugin-run/4"
 
 ROW_KEYS = (
     "step",
@@ -264,8 +265,9 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
         verdict = "PASS" if agreement["passed"] else "FAIL"
         # top-1 only where the output is a classifier's (see check.top1)
         top1 = "" if agreement.get("top1_agreement") is None else f"top-1 agreement {agreement['top1_agreement']:.4f}, "
+        rule = f" at atol {agreement['atol']:g}, rtol {agreement['rtol']:g}" if "atol" in agreement else ""
         lines.append(
-            f"Against onnxruntime CPU: {verdict}  {top1}"
+            f"Against onnxruntime CPU: {verdict}{rule}  {top1}"
             f"max abs error {agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"
         )
     if report.get("exact_reruns"):

@@ -34,6 +34,7 @@ from ..ort import known_ops, sessions
 from ..gpu.device import Device, select_device
 from ..errors import InputError, ModelError, OutOfDeviceMemory, PluginError, first_line, positive_int
 from ..graph.model import Model
+from ..plan.keep import checked_keep
 from ..plan.partition import OrtStep, Plan, PluginStep, make_plan
 from ..registry import KERNEL_MEMBERS, Kernel, Plugin
 from . import chunking
@@ -57,6 +58,11 @@ def _with_user_kernels(registry: dict[str, Plugin] | None, kernels: dict[str, An
     from ..user_kernels import user_registry
 
     return user_registry(kernels, registry)
+
+
+def _written_by(step: PluginStep | OrtStep) -> set[str]:
+    nodes = [n.node for n in step.kernel_nodes] if isinstance(step, PluginStep) else step.nodes
+    return {o for node in nodes for o in node.output if o}
 
 
 def _declare(model: Model, ops: Sequence[Plugin] | None) -> None:
@@ -86,7 +92,9 @@ class Runner:
     on the CPU) replays each run of plugin steps as one CUDA graph from the second pass
     on (graphs.py): far less host time per step at small batches. Each step keeps its own
     time, from events recorded inside the graph. A run that cannot be captured runs
-    eagerly, and `graph_failures()` (and each RunResult) says why.
+    eagerly, and `graph_failures()` (and each RunResult) says why. `keep` names tensors a run
+    may hand back (`run(feeds, keep=...)`) that a fused step would hide: the plan gives those
+    fusions up (plan.fusions_given_up says which).
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
     and `plan_record(batch)` the plan as a PlanRecord: what report/timing.py and
@@ -106,6 +114,7 @@ class Runner:
         kernels: dict[str, Any] | None = None,
         cuda_graphs: bool = True,
         ops: Sequence[Plugin] | None = None,
+        keep: Sequence[str] = (),
     ):
         self.batch = positive_int(batch, "batch")
         _declare(model, ops)
@@ -119,7 +128,7 @@ class Runner:
         self.layout = chunking.probe_layout(model)
         self._nodes = len(model.nodes)  # for the pipeline's host cost per chunk
         self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
-        self.plan, self.layout = self._make_plan(model, registry, chunk)
+        self.plan, self.layout = self._make_plan(model, registry, chunk, tuple(keep))
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
@@ -180,21 +189,22 @@ class Runner:
         budget = int(cuda.free_device_bytes() * chunking.DEVICE_MEMORY_SHARE / self.streams)
         return chunking.memory_chunk(budget, self.peak_image_bytes, workspace)
 
-    def _make_plan(self, model: Model, registry: dict[str, Plugin] | None, chunk: int | None) -> tuple[Plan, chunking.BatchLayout]:
+    def _make_plan(self, model: Model, registry: dict[str, Plugin] | None, chunk: int | None,
+                   keep: tuple[str, ...]) -> tuple[Plan, chunking.BatchLayout]:
         """The plan at the batch it runs at (the chunk's where the model runs in chunks, else the whole
         batch's), and the layout checked against its steps. Whether the model runs in chunks depends on
         the tensors the plan's steps exchange: where one does not scale with the batch, the plan made
         at the chunk gives way to one at the whole batch."""
         if not self.layout.chunkable:
-            return make_plan(model, self.batch, self.device, registry), self.layout
+            return make_plan(model, self.batch, self.device, registry, keep=keep), self.layout
         plan_batch = min(self.batch, chunk or self._chunk_for(self.batch))
-        plan = make_plan(model, plan_batch, self.device, registry, chunking.tensors_at(model, self.layout, plan_batch))
+        plan = make_plan(model, plan_batch, self.device, registry, chunking.tensors_at(model, self.layout, plan_batch), keep)
         boundary = [n for step in plan.steps for n in [*step.inputs, *step.outputs]] + list(model.outputs)
         whole = set(model.initializers) | {i.name for i in model.inputs if i.name not in self.layout.batched_inputs}
         layout = chunking.check_steps(self.layout, boundary, whole)
         if layout.chunkable or plan_batch == self.batch:
             return plan, layout
-        return make_plan(model, self.batch, self.device, registry), layout
+        return make_plan(model, self.batch, self.device, registry, keep=keep), layout
 
     def _upload_constants(self) -> dict[str, Any]:
         """The weights feeding plugin steps, on the device once rather than on every run."""
@@ -329,12 +339,16 @@ class Runner:
 
     def check_keep(self, keep: Sequence[str], what: str = "cannot keep") -> None:
         """InputError, starting with `what`, unless every name of `keep` is a tensor a run can hand
-        back: a graph input, or a tensor that leaves a step (the others live inside one kernel)."""
+        back: a graph input, or a tensor that leaves a step (the others live inside one kernel: a
+        Runner made with `keep` naming them plans no step that hides them)."""
+        checked_keep(self.plan.model, keep, what)  # why a name is no tensor of the graph at all
         crossing = {value.name for value in self.plan.model.inputs} | {name for step in self.plan.steps for name in step.outputs}
         hidden = [name for name in keep if name not in crossing]
         if hidden:
-            raise InputError(f"{what} {', '.join(hidden)}: only inputs and tensors that leave a step can be kept "
-                             f"({', '.join(sorted(crossing))})")
+            inside = next((f"inside step {step.name}" for step in self.plan.steps if hidden[0] in _written_by(step)),
+                          "in no step: nothing the model outputs reads it")
+            raise InputError(f"{what} {hidden[0]}: it lives {inside}; a Runner made with keep=({hidden[0]!r},) "
+                             f"plans every step so that a run can hand it back")
 
     # --- running ------------------------------------------------------------------------
 

@@ -30,3 +30,17 @@ def test_check_on_any_model_uses_seeded_random_inputs(tmp_path, capsys):
 def test_any_integer_seed_is_accepted(tiny_model_path, capsys):
     assert main(["check", tiny_model_path, "--batch", "2", "--device", "cpu", "--seed", "-7"]) == 0
     assert "random uniform [0, 1), seed -7" in capsys.readouterr().out
+
+
+def test_check_writes_its_html_report_with_a_row_per_comparison(tmp_path, capsys):
+    import json
+
+    from html_pages import ReadPage
+
+    argv = ["check", "lenet86", "--batch", "4", "--device", "cpu", "--report", str(tmp_path / "c.html"), "--json", str(tmp_path / "c.json")]
+    assert main(argv) == 0
+    page, data = ReadPage((tmp_path / "c.html").read_text()), json.loads((tmp_path / "c.json").read_text())
+    assert page.links == []
+    results = [row for row in page.rows if row and row[-1] in ("pass", "pass*", "FAIL")]
+    assert [row[0] for row in results] == [record["tensor"] for record in data["records"]]
+    assert len(results) == 6 and page.count("td", "pass") == 6  # five steps' outputs and the model's

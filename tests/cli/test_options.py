@@ -46,7 +46,12 @@ def test_the_runner_group():
     refused("--streams must be a positive integer, got -1", RunnerOptions.from_args, "--streams", "-1", adds=[add])
     refused("--devices splits the batch over CUDA devices; leave out --device cpu", RunnerOptions.from_args,
             "--devices", "0,1", "--device", "cpu", adds=[add])
-    assert RunnerOptions.from_args(parsed([], RunnerOptions.add)).devices is None  # plan has no --devices
+    assert RunnerOptions.from_args(parsed([], RunnerOptions.add)).devices is None
+    plan = partial(RunnerOptions.add, runs=False)  # plan: nothing of how a run runs
+    assert RunnerOptions.from_args(parsed(["--variant", "const"], plan)) == RunnerOptions(variant="const")
+    for flag in (["--chunk", "2"], ["--streams", "2"], ["--cuda-graphs"], ["--devices", "all"]):
+        with pytest.raises(SystemExit):
+            parsed(flag, plan)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -65,8 +70,16 @@ def test_the_data_group():
                                          "--keep", "a", "--keep", "b"], DataOptions.add))
     assert data.keep == ("a", "b") and data.outputs() == (("--save-outputs", "o.npz"),)
     assert (data.image_options().folder, data.image_options().resize, data.image_options().std) == ("photos", "8,8", "2")
-    bare = partial(DataOptions.add, own_files=False)
-    assert DataOptions.from_args(parsed(["--data", "random", "--seed", "-3"], bare)) == DataOptions("random", -3)
+    assert DataOptions.from_args(parsed(["--data", "random", "--seed", "-3"], DataOptions.add)) == DataOptions("random", -3)
+
+
+def test_the_data_group_on_plan_takes_what_changes_a_plan():
+    for_plan = partial(DataOptions.add, runs=False)
+    data = DataOptions.from_args(parsed(["--images", "photos", "--resize", "8,8", "--keep", "a"], for_plan), runs=False)
+    assert data == DataOptions(images="photos", resize="8,8", keep=("a",))  # --keep needs no --save-outputs there
+    for flag in (["--data", "random"], ["--seed", "1"], ["--mean", "0.5"], ["--std", "2"], ["--save-outputs", "o.npz"]):
+        with pytest.raises(SystemExit):
+            parsed(flag, for_plan)
 
 
 def test_the_timing_group_checks_repeat_first_and_fills_defaults():
@@ -88,6 +101,10 @@ def test_the_tolerance_group_refuses_what_cannot_be_a_tolerance(argv, message):
 
 def test_the_tolerance_group_defaults_to_checks():
     assert ToleranceOptions.from_args(parsed([], ToleranceOptions.add)) == ToleranceOptions(DEFAULT_ATOL, DEFAULT_RTOL, None)
+    on_run = partial(ToleranceOptions.add, chunks=False)  # run compares its output alone
+    assert ToleranceOptions.from_args(parsed(["--atol", "0"], on_run)) == ToleranceOptions(0.0, DEFAULT_RTOL, None)
+    with pytest.raises(SystemExit):
+        parsed(["--check-chunk", "2"], on_run)
 
 
 def test_the_report_group_lists_its_outputs_in_order():
@@ -140,7 +157,11 @@ def test_commands_take_their_groups_as_before():
     assert run.timing == TimingOptions(1, None) and not run.compare and run.workload.model.batch == 3
     check = options("check", "--atol", "0", "--check-chunk", "7")
     assert check.tolerance == ToleranceOptions(0.0, DEFAULT_RTOL, 7) and check.workload.data == DataOptions()
-    assert options("plan", "--streams", "2").runner.streams == 2
+    plan = options("plan", "--load-inputs", "in.npz", "--keep", "conv1_out", "--variant", "const")
+    assert plan.data.keep == ("conv1_out",) and plan.runner.variant == "const" and plan.runner.streams is None
+    assert plan.files().load_inputs == "in.npz"
+    run = options("run", "--atol", "0", "--rtol", "1e-6")
+    assert run.tolerance == ToleranceOptions(0.0, 1e-6, None)
     tune = options("tune", "--device", "cuda")
     assert tune.device == "cuda" and tune.model.input_shapes == {}
 
@@ -154,3 +175,12 @@ def test_variant_takes_a_conv_variant_or_op_pairs_and_refuses_an_op_twice():
         parse_variants(["const", "Conv=tiled"])
     with pytest.raises(InputError, match="give VARIANT"):
         parse_variants(["example.ops::Swish="])
+
+
+def test_the_report_group_takes_report_only_where_a_command_offers_it():
+    add = partial(ReportOptions.add, json_help="json", html_help="html")
+    assert ReportOptions.from_args(parsed(["--report", "r.html", "--json", "-"], add)).outputs() == (("--json", "-"), ("--report", "r.html"))
+    assert ReportOptions.from_args(parsed([], partial(ReportOptions.add, json_help="json"))).html is None
+    assert build_parser().parse_args(["check", "--report", "c.html"]).html == "c.html"
+    with pytest.raises(SystemExit):  # plan has no HTML report (yet)
+        build_parser().parse_args(["plan", "--report", "p.html"])

@@ -45,10 +45,56 @@ def test_conv_weights_fed_as_graph_inputs_are_named_in_the_header(tmp_path, caps
 
 
 def test_run_exits_1_when_its_comparison_fails(monkeypatch, capsys):
-    def failed(plan, feeds, ours):
+    def failed(plan, feeds, ours, atol, rtol):
         return {"passed": False, "top1_agreement": 0.5, "max_abs_error": 1.0, "rel_l2": 1.0}
 
     monkeypatch.setattr(run_command, "agreement", failed)
     assert main(["run", "ece408_high", "--batch", "2", "--device", "cpu", "--repeat", "1"]) == 1
     assert "Against onnxruntime CPU: FAIL" in capsys.readouterr().out
     assert main(["run", "ece408_high", "--batch", "2", "--device", "cpu", "--repeat", "1", "--no-compare"]) == 0
+
+
+def test_run_writes_its_html_report_with_a_bar_per_span_and_a_point_per_plugin_step(tmp_path, capsys):
+    from html_pages import ReadPage
+
+    argv = ["run", "lenet86", "--batch", "6", "--chunk", "3", "--device", "cpu", "--repeat", "1"]
+    assert main(argv + ["--report", str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    page, data = ReadPage(text), json.loads((tmp_path / "r.json").read_text())
+    assert page.links == [] and not any(scheme in text for scheme in ("http://", "https://"))
+    steps = [row["step"] for row in data["steps"]]
+    assert [row[0] for row in page.rows[1:]] == steps  # the plan, step by step (the CPU has no copies)
+    assert page.count("rect", "bar") == data["chunks"] * len(steps) == 2 * 5
+    assert page.count("circle", "point") == 4  # every plugin step but the Flatten view, which moves nothing
+    assert "PASS" in text and "lenet86" in text
+
+
+def test_run_html_report_goes_to_standard_output_or_refuses_a_clash(tmp_path, capsys):
+    argv = ["run", "ece408_high", "--batch", "2", "--device", "cpu", "--repeat", "1", "--no-compare"]
+    assert main(argv + ["--report", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("<!DOCTYPE html>") and out.rstrip().endswith("</html>") and "Op Time:" in err
+    assert main(argv + ["--report", str(tmp_path / "same"), "--json", str(tmp_path / "same")]) == 2
+    assert "is the same file as --json" in capsys.readouterr().err and not (tmp_path / "same").exists()
+    assert main(argv + ["--report", "-", "--json", "-"]) == 2
+    assert "--json and --report both name standard output" in capsys.readouterr().err
+
+
+def test_runs_verdict_follows_atol_and_rtol(tmp_path, capsys):
+    import pytest
+
+    from opplugin.verify.check import DEFAULT_ATOL, DEFAULT_RTOL
+
+    lenet = ["run", "lenet86", "--batch", "20", "--device", "cpu", "--repeat", "1"]
+    assert main([*lenet, "--json", str(tmp_path / "default.json")]) == 0
+    assert f"Against onnxruntime CPU: PASS at atol {DEFAULT_ATOL:g}, rtol {DEFAULT_RTOL:g}" in capsys.readouterr().out
+    agreement = json.loads((tmp_path / "default.json").read_text())["agreement"]
+    assert agreement["passed"] and (agreement["atol"], agreement["rtol"]) == (DEFAULT_ATOL, DEFAULT_RTOL)
+    assert agreement["max_abs_error"] > 0  # the CPU's numpy reference and onnxruntime differ in rounding: 0 cannot pass
+    assert main([*lenet, "--atol", "0", "--rtol", "0", "--json", str(tmp_path / "tight.json")]) == 1
+    assert "Against onnxruntime CPU: FAIL at atol 0, rtol 0" in capsys.readouterr().out
+    assert not json.loads((tmp_path / "tight.json").read_text())["agreement"]["passed"]
+    assert main([*lenet, "--atol", "1e-3", "--no-compare"]) == 2
+    assert capsys.readouterr().err.strip() == "opplugin: error: --atol and --rtol set the comparison with onnxruntime; leave out --no-compare"
+    with pytest.raises(SystemExit):  # check's alone: run compares its output in pieces of its own
+        main([*lenet, "--check-chunk", "4"])

@@ -38,6 +38,16 @@ def test_original_model_is_kept_untouched(tmp_path):
     onnx.checker.check_model(model.proto, full_check=True)
 
 
+def test_each_tensor_no_node_writes_after_simplification_is_recorded_with_what_removed_it(tmp_path):
+    removed = load_model(save(identities_and_constants(), tmp_path / "ids.onnx")).simplification.removed
+    assert {name for name, why in removed.items() if why == simplify_module.REMOVED_BY[simplify_module.drop_identities]} == {
+        "x_same", "d", "r"}
+    assert {"w", "b", "y_shape", "flat_shape"} <= {name for name, why in removed.items() if "constant" in why}
+    # the BatchNormalization's output stays: the Conv writes it now; the Conv's own output goes
+    assert load_model(save(conv_bn_relu(), tmp_path / "cbr.onnx")).simplification.removed == {
+        "c": simplify_module.REMOVED_BY[simplify_module.fold_batchnorms]}
+
+
 def test_constants_fold_identities_drop_and_outputs_keep_their_names(tmp_path):
     model = load_model(save(identities_and_constants(), tmp_path / "ids.onnx"))
     done = model.simplification

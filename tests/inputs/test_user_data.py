@@ -111,10 +111,28 @@ def test_a_bad_inputs_file_is_one_line(make, message, tmp_path, tiny_model_path,
         assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-def test_keep_naming_a_tensor_inside_a_fused_step_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_keep_of_a_tensor_a_fusion_would_hide_gives_that_fusion_up(tmp_path, capsys, command):
+    proto = conv_relu("first", "x", "features", 3, 4, seed=1)
+    first = save(proto, tmp_path / "first.onnx")
+    x = np.random.default_rng(2).standard_normal((3, 3, 6, 6)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    saved = tmp_path / "o.npz"
+    assert main([command, first, "--device", "cpu", "--load-inputs", str(tmp_path / "x.npy"), "--save-outputs", str(saved),
+                 "--keep", "c"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    proto.graph.output.append(onnx.ValueInfoProto(name="c"))  # onnxruntime's value of the Conv's output, for comparison
+    expected = onnxruntime_outputs(save(proto, tmp_path / "with_c.onnx"), {"x": x})
+    with np.load(saved) as arrays:
+        assert sorted(arrays.files) == ["c", "features"]
+        np.testing.assert_allclose(arrays["c"], expected["c"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(arrays["features"], expected["features"], rtol=1e-5, atol=1e-5)
+
+
+def test_keep_naming_no_tensor_is_one_line_before_any_work(tmp_path, capsys):
     first = save(conv_relu("first", "x", "features", 3, 4, seed=1), tmp_path / "first.onnx")
-    assert main(["run", first, "--device", "cpu", "--batch", "2", "--save-outputs", str(tmp_path / "o.npz"), "--keep", "c"]) == 2
-    one_line_error(capsys, "--keep c: only inputs and tensors that leave a step can be kept (features, x)")
+    assert main(["run", first, "--device", "cpu", "--batch", "2", "--save-outputs", str(tmp_path / "o.npz"), "--keep", "w"]) == 2
+    one_line_error(capsys, "--keep w: it is a weight of first (a constant), not computed by a run")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first.onnx"]
 
 

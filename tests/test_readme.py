@@ -55,7 +55,7 @@ NOT_RUN_HERE = {
     "opplugin run resnet18.onnx": "resnet18.onnx comes from tools/export_models.py, which needs torch",
 }
 # Commands that need a GPU: here they must stop at once, with exit status 2 and one line.
-NEEDS_GPU = ("opplugin tune", "opplugin bench", "tools/gpu_verify.sh")
+NEEDS_GPU = ("opplugin tune", "opplugin bench", "opplugin profile", "tools/gpu_verify.sh")
 # The bundled test set on the CPU reference takes about 20 s a command; these run 100 images.
 SMALL_BATCH = ["--batch", "100"]
 

@@ -31,6 +31,7 @@ COMMANDS = {
     "plan": "show how the model is split into plugin and onnxruntime steps",
     "bench": "time every Conv variant of the models and the peers (cuDNN, onnxruntime CUDA) on this GPU",
     "tune": "time every Conv configuration on this GPU and cache the fastest that passes",
+    "profile": "the GPU's counters (Nsight Compute) for the slowest steps, or those named, by ONNX node",
     "new": "write a starter kernel for an op type (no arguments: list the op types)",
 }
 

@@ -22,6 +22,13 @@ from ..core import paths
 # Options every kernel is compiled with. No --use_fast_math: the variants are
 # FP32-exact (FMA contraction is allowed; it rounds once instead of twice).
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
+# Set (to anything): every kernel is also compiled with -lineinfo, so that profilers and sanitizers
+# name source lines (`opplugin profile`, --sanitize); the machine code is the same
+LINEINFO_ENV = "OPPLUGIN_LINEINFO"
+
+
+def line_info_options() -> tuple[str, ...]:
+    return ("-lineinfo",) if os.environ.get(LINEINFO_ENV) else ()
 
 _modules: dict[tuple, Any] = {}
 
@@ -70,7 +77,7 @@ def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
     Booleans become 0/1 so that `#if NAME` works in the source.
     """
     macros = tuple(f"-D{name}={int(value) if isinstance(value, bool) else value}" for name, value in defines.items())
-    return BASE_OPTIONS + macros
+    return BASE_OPTIONS + line_info_options() + macros
 
 
 def module_job(source_file: str, defines: Mapping[str, Any], arch: str, *,

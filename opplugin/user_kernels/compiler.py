@@ -4,7 +4,6 @@ contract failure, or an error at a line of the user's file.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -18,8 +17,8 @@ _REJECT = re.compile(r"#error directive: reject:?\s*(.*)")
 _MESSAGE = re.compile(r"^(.*)\((\d+)\): (?:catastrophic )?error: (.*)$")
 # the architecture `plan` compiles for on a machine without a GPU
 OFFLINE_ARCH = "sm_90"
-# set in the sanitizer's child process, so that its findings carry source lines
-LINEINFO_ENV = "OPPLUGIN_LINEINFO"
+# set in the sanitizer's and the profiler's child process, so that their findings carry source lines
+LINEINFO_ENV = cuda.LINEINFO_ENV
 
 
 @dataclass
@@ -35,7 +34,7 @@ class Rejected(Exception):
 
 
 def options_for(digest: str | None = None) -> tuple[str, ...]:
-    extra = ("-lineinfo",) if os.environ.get(LINEINFO_ENV) else ()
+    extra = cuda.line_info_options()
     # the digest makes modules of nodes with different constant weights distinct (CuPy shares equal compiles)
     tag = (f"-DOPPLUGIN_WEIGHTS_DIGEST={digest}",) if digest else ()
     return cuda.BASE_OPTIONS + extra + tag

@@ -10,6 +10,7 @@ step's FLOPs and bytes against the device's roofline.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import pickle
 import shutil
@@ -19,9 +20,12 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import __version__
+from ..core.files import write_atomic
 from ..errors import DeviceError, InputError, positive_int
 from ..gpu.device import select_device
 from ..lab import ncu
+from ..lab.profile_page import profile_page
 from ..lab.profiled import StepProfile, profile_json, profile_lines
 from ..user_kernels.compiler import LINEINFO_ENV
 from .file_guard import CommandFiles
@@ -54,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", action="append", metavar="NAME",
                         help="profile this step (its name, or any ONNX node it runs); repeatable (default: the slowest)")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="without --step: how many of the slowest plugin steps (default %(default)s)")
-    ReportOptions.add(parser, "also write every counter as JSON (- for standard output)")
+    ReportOptions.add(parser, "also write every counter as JSON (- for standard output)",
+                      html_help="also write the profiled steps as one self-contained HTML page: their roofline, every kernel's counters, the hot lines")
     parser.add_argument("--ncu-report", metavar="FILE.ncu-rep", help="keep Nsight Compute's own report, to open in its UI")
 
 
@@ -97,6 +102,10 @@ def execute(options: ProfileOptions) -> int:
     print("\n".join(profile_lines(profiles, roof)))
     if options.reports.json:
         write_json(options.reports.json, profile_json(runner.plan.model.name, runner.device.name, runner.chunk, profiles, roof))
+    if options.reports.html:
+        when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+        write_atomic(options.reports.html, profile_page(runner.plan.model.name, runner.device.name, runner.chunk, __version__,
+                                                        when, profiles, roof))
     return 0
 
 

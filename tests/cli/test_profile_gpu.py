@@ -13,7 +13,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(find_ncu() is None, reason="nc
 
 def test_profile_gives_the_slowest_steps_counters(tmp_path, capsys):
     report = tmp_path / "profile.json"
-    assert main(["profile", "lenet86", "--batch", "256", "--top", "2", "--json", str(report)]) == 0
+    assert main(["profile", "lenet86", "--batch", "256", "--top", "2", "--json", str(report), "--report", str(tmp_path / "p.html")]) == 0
+    page = (tmp_path / "p.html").read_text()
+    assert page.count("<circle") == 2 and "Counters" in page
     out = capsys.readouterr().out
     assert "Roofline of this device (measured)" in out and "speed of light: compute" in out
     steps = json.loads(report.read_text())["steps"]

@@ -10,16 +10,14 @@ row each) and the `source` page (per source line, the warp-stall samples that fe
 from __future__ import annotations
 
 import csv
-import glob
 import io
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DeviceError
+from ..gpu.toolkit import find_tool
 
 NCU = "ncu"
 RANGE_PREFIX = "opplugin-step-"
@@ -30,16 +28,7 @@ NO_COUNTERS = "ERR_NVGPUCTRPERM"
 
 
 def find_ncu() -> str | None:
-    """ncu on PATH, under CUDA_HOME or /usr/local/cuda, or in an Nsight Compute install under /opt/nvidia."""
-    found = shutil.which(NCU)
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        candidate = Path(home or "/nonexistent") / "bin" / NCU
-        if candidate.is_file():
-            return str(candidate)
-    installs = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
-    return installs[-1] if installs else None
+    return find_tool(NCU, "/opt/nvidia/nsight-compute/*/ncu")
 
 
 def profile_command(ncu: str, report: str, child: list[str]) -> list[str]:

@@ -216,28 +216,12 @@ def test_sanitize_finds_a_declared_cuda_kernel_writing_out_of_bounds(tmp_path, c
 
 
 def test_watch_follows_a_declarations_cuda_file(tmp_path):
-    import threading
-    import time
-
     from custom_models import example_with_cuda_file
-    from opplugin.cli import check, workload
-    from opplugin.cli.commands import build_parser
+    from user_kernel_fixtures import watch_through_an_edit
 
     ops, source = example_with_cuda_file(tmp_path)
-    options = check.read(build_parser().parse_args(["check", "lenet86_swish", "--batch", "200", "--ops", str(ops), "--watch"]))
-    said = []
-
-    def edit_after_first_result():
-        while not any("measured:" in line for line in said):
-            time.sleep(0.05)
-        time.sleep(0.5)
-        source.write_text(source.read_text().replace("y[i] = v / ", "y[i] = 1.0f + v / "))
-
-    editor = threading.Thread(target=edit_after_first_result)
-    editor.start()
-    code = workload.watch(options.workload, options.tolerance, poison=True, cycles=1, say=said.append)
-    editor.join()
-    text = "\n".join(said)
+    code, text = watch_through_an_edit(["lenet86_swish", "--batch", "200", "--ops", str(ops)], source,
+                                       "y[i] = v / ", "y[i] = 1.0f + v / ")
     assert code == 0 and f"watching {source}" in text
     first, second = text.split("after the edit:")
     assert "relu1 (Swish.cuda:swish.cu): error" in first and "pass" in first

@@ -20,3 +20,28 @@ def edited(path: Path, old: str, new: str, name: str) -> Path:
     target = path.with_name(name)
     target.write_text(text.replace(old, new))
     return target
+
+
+def watch_through_an_edit(argv: list[str], source: Path, old: str, new: str) -> tuple[int, str]:
+    """`check ARGV --watch` for one edit: measured, then `source` edited (`old` to `new`) once the first
+    result is out, then measured again. Its exit status and everything it said."""
+    import threading
+    import time
+
+    from opplugin.cli import check, workload
+    from opplugin.cli.commands import build_parser
+
+    options = check.read(build_parser().parse_args(["check", *argv, "--watch"]))
+    said: list[str] = []
+
+    def edit_after_first_result():
+        while not any("measured:" in line for line in said):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        source.write_text(source.read_text().replace(old, new))
+
+    editor = threading.Thread(target=edit_after_first_result)
+    editor.start()
+    code = workload.watch(options.workload, options.tolerance, poison=True, cycles=1, say=said.append)
+    editor.join()
+    return code, "\n".join(said)

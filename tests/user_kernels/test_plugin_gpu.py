@@ -3,13 +3,11 @@ wrong kernel fails and is named as the first bad node, --sanitize finds a plante
 out-of-bounds write, --watch picks up an edit, and a hanging kernel is stopped."""
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 from opplugin.cli import main
-from user_kernel_fixtures import FUSED, edited, new_starter
+from user_kernel_fixtures import FUSED, edited, new_starter, watch_through_an_edit
 from repository import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -69,23 +67,8 @@ def test_sanitize_passes_the_starter(tmp_path, capsys):
 
 def test_watch_picks_up_an_edit(tmp_path):
     starter = new_starter(tmp_path)
-    from opplugin.cli import check, workload
-    from opplugin.cli.commands import build_parser
-
-    options = check.read(build_parser().parse_args(["check", "lenet86", "--batch", "200", "--kernel", f"Conv={starter}", "--watch"]))
-    said = []
-
-    def edit_after_first_result():
-        while not any("measured:" in line for line in said):
-            time.sleep(0.05)
-        time.sleep(0.5)
-        starter.write_text(starter.read_text().replace("    y[index] = acc;", "    y[index] = acc + 1.0f;"))
-
-    editor = threading.Thread(target=edit_after_first_result)
-    editor.start()
-    code = workload.watch(options.workload, options.tolerance, poison=True, cycles=1, say=said.append)
-    editor.join()
-    text = "\n".join(said)
+    code, text = watch_through_an_edit(["lenet86", "--batch", "200", "--kernel", f"Conv={starter}"], starter,
+                                       "    y[index] = acc;", "    y[index] = acc + 1.0f;")
     assert code == 0
     assert "measured:" in text and "after the edit:" in text
     first, second = text.split("after the edit:")

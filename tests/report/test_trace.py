@@ -66,7 +66,7 @@ def test_a_cpu_run_writes_a_trace_that_matches_its_report(tmp_path, chunk, capsy
     # every chunk's every step, on the one CPU lane's host track
     assert sorted(e["args"]["chunk"] for e in events) == sorted(list(range(chunks)) * len(report["steps"]))
     # on the CPU every span is host-timed, on its lane's host track
-    assert all(e["args"]["clock"] == "host" and e["tid"] == 2 * e["args"]["lane"] + 2 for e in events)
+    assert all(e["args"]["clock"] == "host" and e["tid"] == 2 * e["args"]["lane"] + 3 for e in events)
     # one timed run: the trace's per-step sums are the report's figures
     sums = sums_by_step_us(data)
     assert set(sums) == {row["step"] for row in report["steps"]}
@@ -82,8 +82,8 @@ def test_the_trace_is_of_the_last_timed_run():
     profile = runner.profile(feeds, warmup=0, repeat=3)
     data = json.loads(trace.dumps(trace.build_trace(profile)))
     by_track = assert_well_formed(data)
-    assert 2 in by_track and set(by_track) <= {0, 2, 4}  # the run, and the two CPU lanes' host tracks
-    assert all(e["tid"] == 2 * e["args"]["lane"] + 2 for e in complete_events(data))
+    assert 3 in by_track and set(by_track) <= {1, 3, 5}  # the run, and the two CPU lanes' host tracks
+    assert all(e["tid"] == 2 * e["args"]["lane"] + 3 for e in complete_events(data))
     assert {name: us / 1e3 for name, us in sums_by_step_us(data).items()} == pytest.approx(
         {name: times[-1] for name, times in profile.step_ms.items()}, abs=1e-5)
     assert data["otherData"]["run"] == "the last of 3 timed runs"
@@ -114,13 +114,14 @@ def test_device_and_host_work_of_each_stream_go_on_its_two_tracks():
     data = json.loads(trace.dumps(trace.build_trace(gpu_like_profile())))
     by_track = assert_well_formed(data)
     names = {e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e["name"] == "thread_name"}
-    assert names[1] == "lane 0: CUDA stream (device clock)" and names[2] == "lane 0: host (host clock)"
-    assert names[3] == "lane 1: CUDA stream (device clock)" and names[4] == "lane 1: host (host clock)"
-    assert [e["name"] for e in by_track[3]] == ["copy H2D input", "conv1", "conv2", "copy D2H pool2_out"]
-    assert [e["name"] for e in by_track[4]] == ["stage H2D input", "onnxruntime1"]
+    assert names[1] == "run (host to host)"  # the process's main thread: no lane shares its tid
+    assert names[2] == "lane 0: CUDA stream (device clock)" and names[3] == "lane 0: host (host clock)"
+    assert names[4] == "lane 1: CUDA stream (device clock)" and names[5] == "lane 1: host (host clock)"
+    assert [e["name"] for e in by_track[4]] == ["copy H2D input", "conv1", "conv2", "copy D2H pool2_out"]
+    assert [e["name"] for e in by_track[5]] == ["stage H2D input", "onnxruntime1"]
     # lane 1's upload overlaps lane 0's kernels: what the trace is for
-    conv2_lane0 = next(e for e in by_track[1] if e["name"] == "conv2")
-    upload_lane1 = next(e for e in by_track[3] if e["name"] == "copy H2D input")
+    conv2_lane0 = next(e for e in by_track[2] if e["name"] == "conv2")
+    upload_lane1 = next(e for e in by_track[4] if e["name"] == "copy H2D input")
     assert conv2_lane0["ts"] <= upload_lane1["ts"] < conv2_lane0["ts"] + conv2_lane0["dur"]
     assert upload_lane1["ts"] == pytest.approx(600.0) and upload_lane1["dur"] == pytest.approx(200.0)
     assert data["otherData"]["device"] == {"kind": "cuda", "name": "Test GPU", "compute_capability": "9.0", "memory_bytes": 80 << 30}

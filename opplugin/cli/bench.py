@@ -1,5 +1,6 @@
-"""`opplugin bench`: its flags, read into BenchOptions, and the front end of the lab's four benchmarks:
-each one's inputs from the options, its text, its --json file and its exit status.
+"""`opplugin bench`: its flags, read into BenchOptions, and the front end of the lab's benchmarks:
+each one's inputs from the options, its text, its --json file, its --report page (lab/bench_page.py)
+and its exit status.
 
 - the Conv suites (--suite models or cnn): lab/bench.py
 - --suite gemm: lab/gemm_bench.py
@@ -13,15 +14,16 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from ..core.files import write_atomic
 from ..errors import DeviceError, InputError, batch_sizes
 from ..gpu import cuda
 from ..graph.model import SHIPPED_MODELS, load_model
-from ..lab import bench as conv_bench, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
+from ..lab import bench as conv_bench, bench_page, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
 from ..lab.cnn_layers import SUITE_BATCHES
 from ..lab.trial import BENCH_REPEAT, BENCH_WARMUP
 from ..report.jsonout import json_safe
 from .file_guard import CommandFiles
-from .options import KernelOptions, TimingOptions
+from .options import KernelOptions, ReportOptions, TimingOptions
 from .output import write_json
 
 # the batch sizes of each benchmark without --batches
@@ -53,12 +55,14 @@ class BenchOptions:
     ops: tuple[str, ...] = ()  # --ops: the declaration files --custom reads
     json: str | None = None
     plot: str | None = None  # with --scaling
+    html: str | None = None  # --report FILE.html
 
     def files(self) -> CommandFiles:
         # without --models every shipped model counts as read, whichever benchmark runs
         models = ((self.scaling,) if self.scaling is not None else ()) + (self.models or SHIPPED_MODELS) + self.e2e
         models += (self.custom,) if self.custom is not None else ()
-        outputs = tuple((flag, path) for flag, path in (("--json", self.json), ("--plot", self.plot)) if path is not None)
+        named = (("--json", self.json), ("--plot", self.plot), ("--report", self.html))
+        outputs = tuple((flag, path) for flag, path in named if path is not None)
         return CommandFiles(outputs, tuple(models), self.kernels, self.ops)
 
 
@@ -81,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time each Conv candidate replayed from a CUDA graph of back-to-back calls, as run launches its steps "
                              "(default; --no-cuda-graphs times eager calls, the host's launch cost included)")
     parser.add_argument("--families", nargs="+", metavar="FAMILY", help="time only these variant families (default all; the peers always run)")
-    parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    ReportOptions.add(parser, "also write every measurement as JSON",
+                      html_help="also write every measurement as one self-contained HTML page to open in a browser: a table of "
+                                "every row and a chart of the candidates' times (the Conv suites: a roofline too)")
     parser.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside their peers (PyTorch eager, in a CUDA graph and torch.compile; onnxruntime CUDA, with and without its CUDA graph) instead")
     parser.add_argument("--peers", nargs="+", choices=e2e_bench.PEERS, metavar="PEER",
                         help=f"with --e2e: time only these peers ({', '.join(e2e_bench.PEERS)}; default all); opplugin's rows always run")
@@ -120,7 +126,7 @@ def read(args: argparse.Namespace) -> BenchOptions:
                         models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
                         cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
                         e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS), scaling=args.scaling,
-                        devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot,
+                        devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot, html=args.html,
                         custom=args.custom, ops=tuple(args.ops or ()))
 
 
@@ -135,6 +141,12 @@ def execute(options: BenchOptions) -> int:
     if options.benchmark == "gemm":
         return _gemm(options)
     return _conv(options)
+
+
+def _page(options: BenchOptions, payload: dict) -> None:
+    """--report: the benchmark's payload as one HTML page (nothing without the flag)."""
+    if options.html:
+        write_atomic(options.html, bench_page.bench_page(options.benchmark, payload))
 
 
 def conv_options(options: BenchOptions) -> conv_bench.Options:
@@ -158,6 +170,7 @@ def _conv(options: BenchOptions) -> int:
     print(bench_text.format_text(payload), end="")
     if options.json:
         write(payload)
+    _page(options, payload)
     wrong = conv_bench.wrong_rows(payload)
     if wrong:
         names = ", ".join(f"{r['name']} on {r['step']} @{r['batch']}" for r in wrong[:5])
@@ -172,6 +185,7 @@ def _gemm(options: BenchOptions) -> int:
     print(gemm_bench.format_text(payload), end="")
     if options.json:
         write_json(options.json, payload)
+    _page(options, payload)
     return 1 if any(r.get("rel_error", 0) > gemm_bench.TOLERANCE for r in payload["rows"]) else 0
 
 
@@ -189,6 +203,7 @@ def _e2e(options: BenchOptions) -> int:
     print(e2e_table.format_text(payload), end="")
     if options.json:
         write(payload)
+    _page(options, payload)
     return 1 if e2e_bench.failed(payload) else 0
 
 
@@ -216,8 +231,10 @@ def _custom(options: BenchOptions) -> int:
                                                               "fastest": t.chosen.variant if t.chosen else None,
                                                               "implementations": [vars(trial) for trial in t.trials]}
                                                              for t in tunings]})
+    payload = json_safe(payload)
     if options.json:
-        write_json(options.json, json_safe(payload))
+        write_json(options.json, payload)
+    _page(options, payload)
     return 1 if wrong else 0
 
 
@@ -233,6 +250,7 @@ def _scaling(options: BenchOptions) -> int:
     print(scaling_text.format_text(payload), end="")
     if options.json:
         write_json(options.json, payload)
+    _page(options, payload)
     if options.plot:
         scaling_text.save_plot(payload, options.plot)
     return 1 if scaling_bench.failed(payload) else 0

@@ -127,6 +127,7 @@ def streams_lines(streams: dict[str, Any] | None) -> list[str]:
 
 
 SUMMARY_COLUMNS = ("layer", "batch", "floor", "cuDNN", "cuDNN TF32", "best exact", "ms", "vs cuDNN", "default pick", "/best", "TF32 ms", "vs cuDNN TF32")
+SUMMARY_NUMBERS = (1, 2, 3, 4, 6, 7, 9, 10, 11)
 
 
 def summary_lines(summary: dict[str, Any] | None) -> list[str]:
@@ -134,21 +135,24 @@ def summary_lines(summary: dict[str, Any] | None) -> list[str]:
     exact variant, the default pick within 1.25x of it, TF32 geomean >= 1x cuDNN TF32."""
     if not summary:
         return []
-    cells = [
+    return [
+        "layer set summary (ms; ratios are speed-ups, /best is the default pick's time over the best exact one's)",
+        *text_table(SUMMARY_COLUMNS, summary_cells(summary), right=SUMMARY_NUMBERS, rule=False),
+        f"best exact vs cuDNN FP32: geometric mean {_ratio(summary['geomean_best_vs_cudnn_fp32'])}, "
+        f"lowest {_ratio(summary['min_best_vs_cudnn_fp32'])}; default pick at most {_ratio(summary['max_default_vs_best'])} "
+        f"the best exact; TF32 vs cuDNN TF32: geometric mean {_ratio(summary['geomean_tf32_vs_cudnn_tf32'])}",
+    ]
+
+
+def summary_cells(summary: dict[str, Any]) -> list[list[str]]:
+    """A line of SUMMARY_COLUMNS per layer and batch."""
+    return [
         [
             line["step"], str(line["batch"]), _num(line["floor_ms"], 3), _num(line["cudnn_fp32_ms"], 4), _num(line["cudnn_tf32_ms"], 4),
             line["best"] or "-", _num(line["best_ms"], 4), _ratio(line["best_vs_cudnn_fp32"]), line["default"] or "-",
             _ratio(line["default_vs_best"]), _num(line["tf32_ms"], 4), _ratio(line["tf32_vs_cudnn_tf32"]),
         ]
         for line in summary["layers"]
-    ]
-    right = (1, 2, 3, 4, 6, 7, 9, 10, 11)
-    return [
-        "layer set summary (ms; ratios are speed-ups, /best is the default pick's time over the best exact one's)",
-        *text_table(SUMMARY_COLUMNS, cells, right=right, rule=False),
-        f"best exact vs cuDNN FP32: geometric mean {_ratio(summary['geomean_best_vs_cudnn_fp32'])}, "
-        f"lowest {_ratio(summary['min_best_vs_cudnn_fp32'])}; default pick at most {_ratio(summary['max_default_vs_best'])} "
-        f"the best exact; TF32 vs cuDNN TF32: geometric mean {_ratio(summary['geomean_tf32_vs_cudnn_tf32'])}",
     ]
 
 

@@ -177,18 +177,25 @@ def run_gemm_bench(batches: Sequence[int] = BATCHES, warmup: int = BENCH_WARMUP,
             "cublas": "torch.nn.functional.linear, FP32, TF32 off" if torch is not None else f"unavailable: {why}", "rows": rows}
 
 
-def format_text(payload: dict[str, Any]) -> str:
+TABLE_HEADER = ["layer", "shape", "batch", "implementation", "device ms", "one call ms", "GB/s", "floor ms", "x floor", "vs cuBLAS"]
+TABLE_NUMBERS = (2, 4, 5, 6, 7, 8, 9)
+
+
+def table_cells(payload: dict[str, Any]) -> list[list[str]]:
+    """A line of TABLE_HEADER per row, for the text table and the HTML page (lab/bench_page.py)."""
     def figure(value: float | None, digits: int = 3) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
+    return [[r["layer"], f"{r['k']}->{r['n']}", str(r["batch"]), r["name"], figure(r["ms"], 4), figure(r.get("call_ms"), 4),
+             figure(r.get("gb_per_s"), 0),
+             figure(r.get("weight_floor_ms"), 4), figure(r.get("x_floor"), 2), figure(r.get("vs_cublas"), 2)]
+            for r in payload["rows"]]
+
+
+def format_text(payload: dict[str, Any]) -> str:
     roof = payload["roofline"]
-    table = [[r["layer"], f"{r['k']}->{r['n']}", str(r["batch"]), r["name"], figure(r["ms"], 4), figure(r.get("call_ms"), 4),
-              figure(r.get("gb_per_s"), 0),
-              figure(r.get("weight_floor_ms"), 4), figure(r.get("x_floor"), 2), figure(r.get("vs_cublas"), 2)]
-             for r in payload["rows"]]
     head = (f"Gemm layers on {payload['device']['name']}; copy bandwidth {roof['copy_gb_per_s']:.0f} GB/s, FP32 {roof['fp32_tflop_per_s']:.1f} "
             f"TFLOP/s; cuBLAS: {payload['cublas']}\n"
             "device ms: median per call, launch overhead hidden; one call ms: a call alone, host overhead included;\n"
             "floor: weight bytes / copy bandwidth; x floor: device ms / floor; vs cuBLAS: cuBLAS device ms / device ms (above 1: faster)\n\n")
-    header = ["layer", "shape", "batch", "implementation", "device ms", "one call ms", "GB/s", "floor ms", "x floor", "vs cuBLAS"]
-    return head + "\n".join(text_table(header, table, right=(2, 4, 5, 6, 7, 8, 9))) + "\n"
+    return head + "\n".join(text_table(TABLE_HEADER, table_cells(payload), right=TABLE_NUMBERS)) + "\n"

@@ -41,19 +41,26 @@ def _pinned(payload: dict[str, Any]) -> str:
     return "inputs in pinned host memory" if not unpinned else f"inputs NOT pinned on --devices {', '.join(unpinned)}"
 
 
+HEADER = ["batch", "devices", "runners", "GPUs", "images/s", "ms", "speed-up", "efficiency", "build s", "vs one", "onnxruntime"]
+
+
+def table_cells(payload: dict[str, Any]) -> list[list[str]]:
+    """A line of HEADER per row, for the text table and the HTML page (lab/bench_page.py)."""
+    cells = []
+    for row in payload["rows"]:
+        compared = f"{'pass' if row['agrees'] else 'FAIL'} ({row['compared_rows']} rows)"
+        cells.append([f"{row['batch']:,}", row["devices"] + (" *" if row["shared_gpu"] else ""), str(row["runners"]),
+                      str(row["gpus"]), _rate(row["images_per_s"]), f"{row['time_ms']:.2f}", _ratio(row["speedup"], ".2f") + "x",
+                      _ratio(row["efficiency"], ".1%"), f"{row['build_s']:.1f}",
+                      _ratio(row["max_abs_vs_one"], ".1e"), compared])
+    return cells
+
+
 def format_text(payload: dict[str, Any]) -> str:
     settings = payload["settings"]
     lines = [f"Scaling of {payload['model']} on {_where(payload)}: host to host, {_pinned(payload)}, "
              f"median of {settings['repeat']} timed passes after {settings['warmup']} warm-up", ""]
-    header = ["batch", "devices", "runners", "GPUs", "images/s", "ms", "speed-up", "efficiency", "build s", "vs one", "onnxruntime"]
-    rows = []
-    for row in payload["rows"]:
-        compared = f"{'pass' if row['agrees'] else 'FAIL'} ({row['compared_rows']} rows)"
-        rows.append([f"{row['batch']:,}", row["devices"] + (" *" if row["shared_gpu"] else ""), str(row["runners"]),
-                     str(row["gpus"]), _rate(row["images_per_s"]), f"{row['time_ms']:.2f}", _ratio(row["speedup"], ".2f") + "x",
-                     _ratio(row["efficiency"], ".1%"), f"{row['build_s']:.1f}",
-                     _ratio(row["max_abs_vs_one"], ".1e"), compared])
-    lines += text_table(header, rows, right=NUMBERS)
+    lines += text_table(HEADER, table_cells(payload), right=NUMBERS)
     lines.append("")
     if any(row["shared_gpu"] for row in payload["rows"]):
         lines.append(SHARED_NOTE)

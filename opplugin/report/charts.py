@@ -1,5 +1,6 @@
 """The HTML report's charts, drawn as inline SVG by this module: a timeline (a row per
-track, a bar per span) and a log-log roofline (a point per step). Nothing is fetched:
+track, a bar per span), a log-log roofline (a point per step) and a horizontal bar chart
+(a bar per candidate, bench's times side by side). Nothing is fetched:
 the SVG is text in the page, styled by the page's CSS (page.py), and every bar and
 point carries a <title>, which a browser shows on hover.
 
@@ -12,6 +13,8 @@ import math
 from html import escape
 from typing import NamedTuple
 
+from ..core.texttable import elide_middle
+
 WIDTH = 960  # the viewBox's width; the SVG scales to the page
 LABEL_WIDTH = 230  # the timeline's track names, left of its bars
 ROW_HEIGHT = 22
@@ -20,6 +23,8 @@ LABEL_CHAR_WIDTH = 7.0  # of the roof's 12px names
 ROOF_HEIGHT = 420
 ROOF_MARGIN = (70, 20, 20, 50)  # left, right, top, bottom
 POINT_LABELS = 24  # up to this many points, each is named beside it; more would be clutter (hover still names them)
+VALUE_WIDTH = 110  # the bar chart's room right of its longest bar, for the figure written after each bar
+LABEL_CHARS = 36  # of a bar's name left of it: longer ones are cut in the middle (hover gives them whole)
 
 
 class Bar(NamedTuple):
@@ -184,3 +189,54 @@ def _roof_lines(roof: Roof, x: LogAxis, y: LogAxis) -> list[str]:
     return [f'<polyline points="{path}" class="roof"/>',
             _text(x.end_px - 6, y(roof.flops_per_s / 1e9) + 16, f"FP32 {roof.flops_per_s / 1e12:.1f} TFLOP/s", "rooflabel", "end"),
             _text(x(ridge) - 8, y(roof.gflops_at(left_end)) + 16, copy, "rooflabel", "end")]
+
+
+def figure(value: float) -> str:
+    """Four significant digits; whole numbers with thousands separators from 10,000 up (images/s)."""
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+class HBar(NamedTuple):
+    """One row of a bar chart: a name and its figure; without a figure (None) the row shows `note`."""
+
+    name: str
+    value: float | None
+    kind: str  # the bar's colour (page.py's CSS: "opplugin", "inexact", "user", "peer")
+    detail: str = ""  # more for the hover text
+    note: str = ""  # written in place of the bar where there is no figure (why there is none)
+
+
+def bars_svg(bars: list[HBar], unit: str, marker: tuple[str, float] | None = None) -> str:
+    """A bar per row on one linear axis from 0, its figure after it; `marker` is a named
+    vertical line (a floor) at its value."""
+    values = [bar.value for bar in bars if bar.value is not None] + ([marker[1]] if marker else [])
+    end = max(values, default=0.0) or 1.0
+    plot = WIDTH - LABEL_WIDTH - VALUE_WIDTH
+    height = 30 + ROW_HEIGHT * len(bars) + 10
+
+    def x(value: float) -> float:
+        return LABEL_WIDTH + plot * value / end
+
+    body = []
+    step = nice_step(end, 6)
+    for i in range(int(end / step) + 1):
+        at = x(i * step)
+        body.append(f'<line x1="{_num(at)}" y1="20" x2="{_num(at)}" y2="{height - 10}" class="grid"/>')
+        body.append(_text(at, 14, figure(i * step), "tick", "middle"))
+    body.append(_text(LABEL_WIDTH - 8, 14, unit, "axis", "end"))
+    for row, bar in enumerate(bars):
+        top = 26 + ROW_HEIGHT * row
+        body.append(_text(LABEL_WIDTH - 8, top + 15, elide_middle(bar.name, LABEL_CHARS), "track", "end"))
+        if bar.value is None:
+            body.append(_text(LABEL_WIDTH + 4, top + 15, bar.note or "no figure", "tick"))
+            continue
+        title = f"{bar.name}: {figure(bar.value)} {unit}" + (f"; {bar.detail}" if bar.detail else "")
+        width = max(x(bar.value) - LABEL_WIDTH, 1.0)  # a tiny figure stays visible
+        body.append(f'<rect x="{LABEL_WIDTH}" y="{top + 2}" width="{width:.2f}" height="{ROW_HEIGHT - 6}" '
+                    f'class="bar {escape(bar.kind)}"><title>{escape(title)}</title></rect>')
+        body.append(_text(LABEL_WIDTH + width + 5, top + 15, figure(bar.value), "value"))
+    if marker:
+        at = x(marker[1])
+        body.append(f'<line x1="{_num(at)}" y1="20" x2="{_num(at)}" y2="{height - 10}" class="marker"/>')
+        body.append(_text(at + 4, height - 2, f"{marker[0]} {figure(marker[1])}", "markerlabel"))
+    return _svg(WIDTH, height + 6, body, f"bar chart, {unit}")

@@ -36,6 +36,8 @@ svg .graph { fill: #8e5bd0; opacity: 0.55; }
 svg .barlabel { fill: #ffffff; pointer-events: none; }
 svg .point { fill: #3b6fd4; fill-opacity: 0.8; stroke: #1d3f80; } svg .pointlabel { fill: #1d232b; }
 svg .roof { fill: none; stroke: #b3261e; stroke-width: 2; } svg .rooflabel { fill: #b3261e; font-size: 12px; }
+svg .opplugin { fill: #3b6fd4; } svg .inexact { fill: #9db8ec; } svg .user { fill: #2e9d5b; } svg .peer { fill: #e08a2c; }
+svg .value { fill: #1d232b; } svg .marker { stroke: #b3261e; stroke-width: 1.5; stroke-dasharray: 5 3; } svg .markerlabel { fill: #b3261e; }
 .legend span { display: inline-block; margin-right: 14px; } .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px; }
 """
 

@@ -66,3 +66,33 @@ def test_the_files_bench_reads_and_writes():
     assert files.outputs == (("--json", "b.json"),) and files.models == tuple(SHIPPED_MODELS)
     files = bench_options("--scaling", "m.onnx", "--plot", "s.png", "--models", "lenet86").files()
     assert files.outputs == (("--plot", "s.png"),) and files.models == ("m.onnx", "lenet86")
+
+
+def test_the_report_page_is_an_output_of_bench_like_its_json():
+    files = bench_options("--suite", "gemm", "--json", "b.json", "--report", "b.html").files()
+    assert files.outputs == (("--json", "b.json"), ("--report", "b.html"))
+    assert bench_options("--e2e", "m.onnx", "--report", "e.html").html == "e.html" and bench_options().html is None
+
+
+def test_bench_report_writes_the_benchmarks_page(tmp_path, monkeypatch, capsys):
+    from bench_payloads import gemm_payload
+    from html_pages import ReadPage
+
+    from opplugin.cli import main
+    from opplugin.lab import gemm_bench
+
+    monkeypatch.setattr(gemm_bench, "run_gemm_bench", lambda *args, **kwargs: gemm_payload())  # the GPU's part, made up
+    page, data = tmp_path / "gemm.html", tmp_path / "gemm.json"
+    # one made-up candidate is wrong (exit status 1); its page is written all the same
+    assert main(["bench", "--suite", "gemm", "--report", str(page), "--json", str(data)]) == 1
+    read = ReadPage(page.read_text())
+    assert read.count("rect", "bar") == 4 and "Gemm layers against cuBLAS" in page.read_text() and data.is_file()
+    assert "gemm.rowwarp (heuristic)" in capsys.readouterr().out  # the text table as before
+
+
+def test_bench_report_and_json_cannot_be_one_file(tmp_path, capsys):
+    from opplugin.cli import main
+
+    path = str(tmp_path / "same")
+    assert main(["bench", "--suite", "gemm", "--json", path, "--report", path]) == 2
+    assert f"--report {path} is the same file as --json" in capsys.readouterr().err

@@ -51,3 +51,18 @@ def test_the_roof_is_the_bandwidth_slope_up_to_the_ridge_then_the_compute_ceilin
     (x0, y0), (x1, y1), (x2, y2) = corners
     assert x0 < x1 < x2 and y0 > y1 and y1 == pytest.approx(y2)  # up the slope (y grows downward), then flat
     assert "FP32 60.0 TFLOP/s" in svg and "copy 4,000 GB/s" in svg
+
+
+def test_the_bar_chart_has_a_bar_per_figure_its_note_without_one_and_the_floor_marked():
+    from opplugin.report.charts import HBar, bars_svg, figure
+
+    bars = [HBar("const_rb", 0.5, "opplugin", "12 GFLOP/s"), HBar("[cudnn_fp32]", 2.0, "peer"),
+            HBar("broken<1>", None, "opplugin", note="INCORRECT: relative error 0.5")]
+    svg = bars_svg(bars, "ms", ("floor", 0.25))
+    page = ReadPage(svg)
+    assert page.count("rect", "bar") == 2 and page.count("rect", "peer") == 1
+    assert page.titles == ["const_rb: 0.5 ms; 12 GFLOP/s", "[cudnn_fp32]: 2 ms"]
+    assert "INCORRECT: relative error 0.5" in svg and "broken&lt;1&gt;" in svg and page.count("line", "marker") == 1
+    widths = [float(w) for w in re.findall(r'width="([\d.]+)" height="\d+" class="bar', svg)]
+    assert widths[1] == pytest.approx(4 * widths[0])  # one linear scale from 0
+    assert figure(3636363.6) == "3,636,364" and figure(0.012345) == "0.01235"

@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core import paths
 from ..errors import DeviceError
 from ..gpu.toolkit import find_tool
 
@@ -193,13 +194,20 @@ def _ranked(file: str, samples: dict[int, float], top: int) -> list[HotLine]:
     total = sum(samples.values())
     if not total:
         return []
-    try:
-        source = Path(file).read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        source = []
+    source = _source_lines(file)
     ranked = sorted(samples.items(), key=lambda item: -item[1])[:top]
     return [HotLine(file, line, count / total, source[line - 1].strip() if 0 < line <= len(source) else "")
             for line, count in ranked]
+
+
+def _source_lines(file: str) -> list[str]:
+    """The lines of the source a kernel was compiled from: the file ncu names, else (a built-in
+    kernel, compiled under its file's name alone, its includes inlined) that source from kernels/."""
+    try:
+        path = Path(file)
+        return (path.read_text() if path.is_file() else paths.kernel_source(path.name)).splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
 
 
 def lines_by_kernel(counters: list[KernelCounters], blocks: list[SourceBlock]) -> list[list[HotLine]]:

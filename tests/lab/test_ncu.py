@@ -109,3 +109,11 @@ def test_the_command_profiles_only_the_step_ranges_with_source():
     command = ncu.profile_command("/usr/local/cuda/bin/ncu", "/tmp/r.ncu-rep", ["python", "-m", "child"])
     assert command[:3] == ["/usr/local/cuda/bin/ncu", "--nvtx", "--nvtx-include"]
     assert command[3] == "regex:opplugin-step-\\d+/" and "--import-source" in command and command[-3:] == ["python", "-m", "child"]
+
+
+def test_a_built_in_kernels_lines_are_read_from_its_source_in_kernels():
+    from opplugin.core.paths import kernel_source
+
+    first, _ = ncu.hot_lines(source_page("conv_baseline.cu"), top=1)  # NVRTC named it by the file's name alone
+    line = kernel_source("conv_baseline.cu").splitlines()[2].strip()
+    assert first.lines[0].line == 3 and first.lines[0].text == line and line

@@ -15,8 +15,8 @@ def load_ops(path: str | Path) -> list[CustomOp]:
     """The CustomOps a Python file defines at its top level: DeclarationError, in one line, for a
     file that is missing, does not import, declares none or declares one op twice."""
     path = Path(path)
-    if not path.is_file():
-        raise DeclarationError(f"--ops {path}: no such file")
+    if not path.is_file():  # a folder or a pipe exists, but is no file to import
+        raise DeclarationError(f"--ops {path}: " + ("not a regular file; give a Python file" if path.exists() else "no such file"))
     spec = importlib.util.spec_from_file_location(f"opplugin_ops_{abs(hash(str(path.resolve())))}", path)
     if spec is None or spec.loader is None:
         raise DeclarationError(f"--ops {path}: not a Python file")

@@ -276,3 +276,13 @@ def test_watch_and_sanitize_find_the_cuda_files_of_the_declarations_a_model_uses
     assert main(["check", "lenet86", "--ops", str(ops), "--watch"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         "--watch: no --kernel file, and no declaration of --ops with a CUDA C file, has a node in lenet86")
+
+
+def test_an_ops_path_that_is_a_folder_or_a_pipe_is_refused_without_opening_it(tmp_path, capsys):
+    import os
+
+    pipe = tmp_path / "ops.py"
+    os.mkfifo(pipe)
+    for given in (pipe, tmp_path):
+        assert main(["new", "example.ops::Swish", str(tmp_path / "s.cu"), "--ops", str(given)]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"--ops {given}: not a regular file; give a Python file")

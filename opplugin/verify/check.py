@@ -175,6 +175,7 @@ class ErrorStats:
             "rel_l2": diff_norm / norm if norm > 0 else diff_norm,
             # NaN/Inf in the wrong places count once, however many there are
             "mismatches": self.mismatches + (0 if self.same_specials else 1),
+            "same_specials": self.same_specials,  # NaN and +-Inf in the same places, not only as many
             "elements": self.elements,
         }
 

@@ -209,7 +209,7 @@ def _arbitrated(record: dict[str, Any], verdict: StepVerdict | None, everything_
         record["float64_max_abs_onnxruntime"] = closeness.max_abs["onnxruntime"]
     if record["passed"] or not everything_sound or record.get("error"):
         return record
-    specials_differ = not _same_special_counts(record)
+    specials_differ = not _same_specials(record)
     if specials_differ and not explained:
         return record
     record["passed"] = True
@@ -227,8 +227,10 @@ def _arbitrated(record: dict[str, Any], verdict: StepVerdict | None, everything_
     return record
 
 
-def _same_special_counts(record: dict[str, Any]) -> bool:
-    """NaN and Inf as many on both sides: the records carry counts, not places."""
+def _same_specials(record: dict[str, Any]) -> bool:
+    """NaN and Inf in the same places on both sides (as many, in a record made before it said where)."""
+    if "same_specials" in record:
+        return bool(record["same_specials"])
     return record.get("nan_ours", 0) == record.get("nan_onnxruntime", 0) and record.get("inf_ours", 0) == record.get("inf_onnxruntime", 0)
 
 

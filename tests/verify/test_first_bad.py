@@ -245,3 +245,16 @@ def test_the_verdict_never_says_no_step_is_wrong_beside_a_comparison_that_still_
     head = format_verdicts([sound], 2, arbitrate(failing, [sound])).splitlines()[0]
     assert head.startswith("Every plugin step is sound alone, yet 1 comparison still fails: NaN or Inf out of place")
     assert "No plugin step" not in head
+
+
+def test_nan_as_many_but_elsewhere_is_not_passed_as_a_difference_of_size():
+    from opplugin.verify.check import CheckResult, ErrorStats
+    from opplugin.verify.first_bad import StepVerdict
+
+    ours, theirs = np.array([np.nan, 1.0, 2.0], np.float32), np.array([1.0, np.nan, 2.0], np.float32)
+    record = {"tensor": "y", "step": "model output", "implementation": "whole model", **ErrorStats().add(ours, theirs).result(),
+              "nan_ours": 1, "nan_onnxruntime": 1}
+    assert record["same_specials"] is False and record["passed"] is False
+    sound = StepVerdict("conv0", "conv.reference", {"passed": True, "max_abs_error": 0.0}, None)
+    [judged] = arbitrate(CheckResult([record]), [sound]).records
+    assert judged["passed"] is False and "arbitration" not in judged

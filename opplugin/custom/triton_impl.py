@@ -27,6 +27,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..errors import first_line
 from ..gpu.device import Device
 from ..registry import Kernel, NodeInfo
@@ -171,7 +173,9 @@ class TritonKernel(Kernel):
         self.name = f"{op.name}.{variant}"
         self.attributes = dict(node.spec if node.spec is not None else op.make_spec(node))
         self.arg_names = list(getattr(implementation.function, "arg_names", ()))
-        self._keywords: dict[int | None, dict[str, Any]] = {}  # per batch: what a launch passes by name
+        self._keywords: dict[int | None, dict[str, Any]] = {}  # per batch: the numbers a kernel may take
+        self._launches: dict[int | None, dict[str, Any]] = {}  # per batch: what a launch passes by name
+        self._streams: dict[int, Any] = {}  # CuPy stream pointer -> torch's handle on it
         outputs = len(node.outputs)
         # the outputs the autotuner says to zero before a launch (kernels that accumulate with atomics)
         positions = {name: index for index, name in enumerate(self.arg_names)}
@@ -206,26 +210,40 @@ class TritonKernel(Kernel):
                 outputs[index].fill(0)
             if any(o.size for o in outputs):
                 current = stream if stream is not None else cupy.cuda.get_current_stream()
-                device = torch.device("cuda", cupy.cuda.runtime.getDevice())
-                # CuPy's null stream is the legacy default stream, torch's default stream too
-                on = torch.cuda.ExternalStream(current.ptr, device=device) if current.ptr else torch.cuda.default_stream(device)
-                with torch.cuda.stream(on):
+                with torch.cuda.stream(self._torch_stream(current)):
                     self._launch([None if v is None else torch.from_dlpack(cupy.ascontiguousarray(v)) for v in inputs],
                                  [torch.from_dlpack(o) for o in outputs], batch)
             return self.shapes.held(self.op.op_type, self.variant_name, outputs, batch)
 
+    def _torch_stream(self, current: Any) -> Any:
+        """torch's handle on the CuPy stream (made once per stream: it costs microseconds a call)."""
+        import cupy
+        import torch
+
+        if current.ptr not in self._streams:
+            device = torch.device("cuda", cupy.cuda.runtime.getDevice())
+            # CuPy's null stream is the legacy default stream, torch's default stream too
+            self._streams[current.ptr] = (torch.cuda.ExternalStream(current.ptr, device=device) if current.ptr
+                                          else torch.cuda.default_stream(device))
+        return self._streams[current.ptr]
+
     def _launch(self, inputs: list[Any], outputs: list[Any], batch: int | None) -> None:
         function = self.implementation.function
-        launch = {**self.keywords(batch), "n_elements": int(outputs[0].numel())}
-        launch = {k: v for k, v in launch.items() if k in self.arg_names}
-        if self.config is not None:
-            launch.update(config_keywords(self.config))
-        launch.update(self.implementation.launch)
         try:
-            function[self.implementation.grid](*inputs, *outputs, **launch)
+            function[self.implementation.grid](*inputs, *outputs, **self.launch_keywords(batch))
         except Exception as err:  # Triton's compile errors are many types, several lines each
             raise DeclarationError(f"{self.node.name}: {self.op.op_type} {self.variant_name} failed: "
                                    f"{compile_message(err, function)}") from None
+
+    def launch_keywords(self, batch: int | None) -> dict[str, Any]:
+        """What a launch at this batch passes by name (see the module's docstring), made once per batch."""
+        if batch not in self._launches:
+            elements = int(np.prod(self.shapes.output_shapes(batch)[0]))
+            launch = {k: v for k, v in {**self.keywords(batch), "n_elements": elements}.items() if k in self.arg_names}
+            if self.config is not None:
+                launch.update(config_keywords(self.config))
+            self._launches[batch] = {**launch, **self.implementation.launch}
+        return self._launches[batch]
 
     def keywords(self, batch: int | None) -> dict[str, Any]:
         """The attributes, the batch and the node's numeric macros at this batch, read once per batch."""

@@ -13,7 +13,6 @@ import argparse
 import datetime
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,9 +94,9 @@ def execute(options: ProfileOptions) -> int:
         blocks = ncu.hot_lines(ncu.export(program, report, "source", "--print-source", ncu.SOURCE_VIEW))
         lines = ncu.lines_by_kernel(counters, blocks)
         if options.ncu_report:
-            shutil.copyfile(report, options.ncu_report)
+            write_atomic(options.ncu_report, Path(report).read_bytes())
     roof = _roofline()
-    profiles = [StepProfile.join(record.steps[i], i, counters, lines, medians.get(record.steps[i].name) if one_chunk else None, roof)
+    profiles = [StepProfile.join(record.steps[i], i, counters, lines, medians.get(record.steps[i].name) if one_chunk else None)
                 for i in chosen]
     print("\n".join(profile_lines(profiles, roof)))
     if options.reports.json:

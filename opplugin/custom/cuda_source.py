@@ -38,7 +38,8 @@ from ..registry import Kernel, NodeInfo
 from ..user_kernels.compiler import Compiled, Rejected, compile_node
 from ..user_kernels.contract import Contract
 from ..user_kernels.plugin import probe_launch
-from ..user_kernels.source import DEFAULT_BLOCK, KernelSource, LaunchSpec, UserKernelError, check_entry_point, evaluate, strip_comments
+from ..user_kernels.source import (DEFAULT_BLOCK, KernelSource, LaunchSpec, UserKernelError, check_entry_point, evaluate,
+                                   read_kernel_file, strip_comments)
 from .calling import DeclarationError
 from .declaration import DeviceCode, Implementation
 from .outputs import CallShapes, batched_inputs, sample_values
@@ -131,7 +132,7 @@ class CudaSource(Implementation):
         self.prepare(op, node, on_gpu=False)
 
     def device_code(self, op) -> DeviceCode:
-        text = self.text if self.text is not None else _read(self.path)
+        text = self.text if self.text is not None else read_kernel_file(self.path)
         return DeviceCode(self.name, self.entry or c_name(op.name).lower(), self.path, text,
                           "__shared__" in strip_comments(text), is_file=self.text is None)
 
@@ -140,13 +141,6 @@ class CudaSource(Implementation):
         kernel = CudaSourceKernel(self, op, node, variant, source, compiled, poison)
         probe_launch(kernel, sample_inputs(node, 1), self.path, node.name)  # a hang or a fault here, not mid-run
         return kernel
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise DeclarationError(f"{path}: cannot read it: {err.strerror if isinstance(err, OSError) else err}") from None
 
 
 def _is_grid(value: Any) -> bool:

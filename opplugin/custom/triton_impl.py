@@ -173,7 +173,6 @@ class TritonKernel(Kernel):
         self.name = f"{op.name}.{variant}"
         self.attributes = dict(node.spec if node.spec is not None else op.make_spec(node))
         self.arg_names = list(getattr(implementation.function, "arg_names", ()))
-        self._keywords: dict[int | None, dict[str, Any]] = {}  # per batch: the numbers a kernel may take
         self._launches: dict[int | None, dict[str, Any]] = {}  # per batch: what a launch passes by name
         self._streams: dict[int, Any] = {}  # CuPy stream pointer -> torch's handle on it
         outputs = len(node.outputs)
@@ -238,17 +237,12 @@ class TritonKernel(Kernel):
     def launch_keywords(self, batch: int | None) -> dict[str, Any]:
         """What a launch at this batch passes by name (see the module's docstring), made once per batch."""
         if batch not in self._launches:
+            numbers = {k: v for k, v in node_macros(self.op, self.node, batch if batch is not None else 0).items()
+                       if isinstance(v, (int, float))}
             elements = int(np.prod(self.shapes.output_shapes(batch)[0]))
-            launch = {k: v for k, v in {**self.keywords(batch), "n_elements": elements}.items() if k in self.arg_names}
+            offered = {**numbers, **self.attributes, "batch": int(batch or 0), "n_elements": elements}
+            launch = {k: v for k, v in offered.items() if k in self.arg_names}
             if self.config is not None:
                 launch.update(config_keywords(self.config))
             self._launches[batch] = {**launch, **self.implementation.launch}
         return self._launches[batch]
-
-    def keywords(self, batch: int | None) -> dict[str, Any]:
-        """The attributes, the batch and the node's numeric macros at this batch, read once per batch."""
-        if batch not in self._keywords:
-            numbers = {k: v for k, v in node_macros(self.op, self.node, batch if batch is not None else 0).items()
-                       if isinstance(v, (int, float))}
-            self._keywords[batch] = {**numbers, **self.attributes, "batch": int(batch or 0)}
-        return self._keywords[batch]

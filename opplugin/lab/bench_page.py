@@ -43,9 +43,9 @@ def _header(payload: Payload, generated: datetime.datetime | None) -> list[tuple
 
 def _settings(benchmark: str, payload: Payload) -> list[tuple[str, str]]:
     if benchmark in ("models", "cnn"):
-        software, roof, timing, exact, *peers = bench_text.header(payload)[1:]
-        return [("software", software), ("roofline", roof.removeprefix("roofline: ")), ("timing", timing), ("exact", exact),
-                *(("peer", line.removeprefix("peer ")) for line in peers)]
+        said_by_label = {"roofline": "roofline: ", "peer": "peer "}  # the label says it on the page
+        return [(label, text.removeprefix(said_by_label.get(label, ""))) for label, text in bench_text.header_facts(payload)
+                if label != "device"]
     roof = payload.get("roofline")
     facts = [("roofline", (f"copy {roof['copy_gb_per_s']:,.0f} GB/s, FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s, "
                            "both measured in this run"))] if roof else []

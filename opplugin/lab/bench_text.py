@@ -64,23 +64,29 @@ def table(rows: list[dict[str, Any]], step: dict[str, Any] | None = None) -> str
 
 
 def header(payload: dict[str, Any]) -> list[str]:
+    return [text for _, text in header_facts(payload)]
+
+
+def header_facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """The header's lines, each with what it tells (device, software, roofline, timing, exact, peer):
+    the text report prints the lines, the HTML page lists them by label."""
     device, versions, roof, settings = payload["device"], payload["versions"], payload["roofline"], payload["settings"]
     torch = f"torch {versions['torch']} (cuDNN {versions['cudnn']})" if versions.get("torch") else "no torch"
     lines = [
-        f"opplugin {payload['opplugin_version']} bench on {device['name']} (compute capability {device['compute_capability']})",
-        f"CuPy {versions['cupy']}, CUDA runtime {versions['cuda_runtime']}, driver {versions['cuda_driver']}, {torch}, "
-        f"onnxruntime {versions['onnxruntime']}",
-        f"roofline: copy {roof['copy_gb_per_s'] / 1000:.2f} TB/s ({roof['copy_bytes'] / 2**30:.0f} GiB read+written, device to device), "
-        f"FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s ({roof['matmul_n']}^3 matmul, TF32 off; small-product error "
-        f"{roof['matmul_rel_error']:.1e}{', TF32 SUSPECTED' if roof['tf32_suspected'] else ''})",
-        f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; {_sample_words(settings)}; "
-        f"vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor",
-        "exact: yes = FP32 multiply-adds (exact by construction); measured = other arithmetic (3xTF32) whose measured "
-        "error against float64 meets the same bound; NO = opt-in reduced precision",
+        ("device", f"opplugin {payload['opplugin_version']} bench on {device['name']} (compute capability {device['compute_capability']})"),
+        ("software", f"CuPy {versions['cupy']}, CUDA runtime {versions['cuda_runtime']}, driver {versions['cuda_driver']}, {torch}, "
+                     f"onnxruntime {versions['onnxruntime']}"),
+        ("roofline", f"roofline: copy {roof['copy_gb_per_s'] / 1000:.2f} TB/s ({roof['copy_bytes'] / 2**30:.0f} GiB read+written, "
+                     f"device to device), FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s ({roof['matmul_n']}^3 matmul, TF32 off; "
+                     f"small-product error {roof['matmul_rel_error']:.1e}{', TF32 SUSPECTED' if roof['tf32_suspected'] else ''})"),
+        ("timing", f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; {_sample_words(settings)}; "
+                   f"vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor"),
+        ("exact", "exact: yes = FP32 multiply-adds (exact by construction); measured = other arithmetic (3xTF32) whose measured "
+                  "error against float64 meets the same bound; NO = opt-in reduced precision"),
     ]
     for peer, note in payload["peers"].items():
         if note != "available":
-            lines.append(f"peer {peer}: not measured: {note}")
+            lines.append(("peer", f"peer {peer}: not measured: {note}"))
     return lines
 
 

@@ -166,10 +166,13 @@ def hot_lines(text: str, top: int = 3) -> list[SourceBlock]:
     blocks: list[SourceBlock] = []
     file, function, samples_from_end = "", None, None
     samples: dict[int, float] = {}
+    sources: dict[str, list[str]] = {}  # a file's lines, read once however many kernels it holds
 
     def close() -> None:
         if function is not None:
-            blocks.append(SourceBlock(function, _ranked(file, samples, top)))
+            if file not in sources:
+                sources[file] = _source_lines(file)
+            blocks.append(SourceBlock(function, _ranked(file, sources[file], samples, top)))
 
     for raw in text.splitlines():
         row = next(csv.reader([raw]), [])
@@ -190,11 +193,10 @@ def hot_lines(text: str, top: int = 3) -> list[SourceBlock]:
     return blocks
 
 
-def _ranked(file: str, samples: dict[int, float], top: int) -> list[HotLine]:
+def _ranked(file: str, source: list[str], samples: dict[int, float], top: int) -> list[HotLine]:
     total = sum(samples.values())
     if not total:
         return []
-    source = _source_lines(file)
     ranked = sorted(samples.items(), key=lambda item: -item[1])[:top]
     return [HotLine(file, line, count / total, source[line - 1].strip() if 0 < line <= len(source) else "")
             for line, count in ranked]

@@ -24,8 +24,7 @@ class StepProfile:
     hot_lines: list[list[HotLine]] = field(default_factory=list)  # per kernel
 
     @classmethod
-    def join(cls, step, index: int, counters: list[KernelCounters], lines: list[list[HotLine]], run_ms: float | None,
-             roof: Roofline | None = None) -> "StepProfile":
+    def join(cls, step, index: int, counters: list[KernelCounters], lines: list[list[HotLine]], run_ms: float | None) -> "StepProfile":
         """The plan record's `step` with the counters of the kernels launched in its range."""
         mine = [(c, lines[i] if i < len(lines) else []) for i, c in enumerate(counters) if c.step == index]
         return cls(step.name, index, tuple(step.ops), tuple(step.nodes), step.implementation, step.flops, step.bytes_moved,

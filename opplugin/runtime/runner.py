@@ -341,6 +341,8 @@ class Runner:
         """InputError, starting with `what`, unless every name of `keep` is a tensor a run can hand
         back: a graph input, or a tensor that leaves a step (the others live inside one kernel: a
         Runner made with `keep` naming them plans no step that hides them)."""
+        if not keep:  # every run asks: the common case costs nothing
+            return
         checked_keep(self.plan.model, keep, what)  # why a name is no tensor of the graph at all
         crossing = {value.name for value in self.plan.model.inputs} | {name for step in self.plan.steps for name in step.outputs}
         hidden = [name for name in keep if name not in crossing]

@@ -97,13 +97,7 @@ class KernelSource:
 
     def reload(self) -> None:
         """Read the file again (after an edit)."""
-        path = Path(self.path)
-        if not path.is_file():
-            raise UserKernelError(f"{self.path}: no such kernel file")
-        try:
-            self.text = path.read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise UserKernelError(f"{self.path}: cannot read it: {err}") from None
+        self.text = read_kernel_file(self.path)
         self.launch = parse_directives(self.path, self.text, self.defaults)
         check_entry_point(self.path, self.text, self.contract)
 
@@ -176,6 +170,16 @@ def macro_text(value) -> str:
         return f"{value!r}f" if value == value and abs(value) != float("inf") else ("(0.0f/0.0f)" if value != value else
                                                                                   ("(1.0f/0.0f)" if value > 0 else "(-1.0f/0.0f)"))
     return str(int(value))
+
+
+def read_kernel_file(path: str) -> str:
+    """A kernel file's text; UserKernelError, one line, where it is missing or cannot be read."""
+    if not Path(path).is_file():
+        raise UserKernelError(f"{path}: no such kernel file")
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserKernelError(f"{path}: cannot read it: {err}") from None
 
 
 def strip_comments(text: str) -> str:

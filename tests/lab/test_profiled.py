@@ -22,7 +22,7 @@ def test_a_step_takes_the_counters_of_its_own_range_and_is_set_against_the_roofl
     step = StepRecord("conv2", "plugin", ("Conv", "Relu"), "my_conv.cu", ("x",), ("y",), flops=2_000_000_000, bytes_moved=400_000_000,
                       nodes=("conv2", "relu2"))
     line = HotLine("/home/me/my_conv.cu", 42, 0.6, "acc += x[i] * w[j];")
-    profile = StepProfile.join(step, 3, [kernel(1, 9.0), kernel(3, 0.25), kernel(3, 0.05)], [[], [line], []], run_ms=0.28, roof=ROOF)
+    profile = StepProfile.join(step, 3, [kernel(1, 9.0), kernel(3, 0.25), kernel(3, 0.05)], [[], [line], []], run_ms=0.28)
     assert [k.ms for k in profile.kernels] == [0.25, 0.05] and profile.hot_lines == [[line], []]
     assert profile.ms == pytest.approx(0.3)
     gflops, gbytes = profile.rates()

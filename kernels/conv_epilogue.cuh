@@ -6,6 +6,7 @@
 // raw sums and add the bias and activate once per pooled value; otherwise every conv
 // output is finished (finish_output) before it is pooled.
 #include "activation.cuh"
+#include "watch_flag.cuh"
 
 #ifndef RESIDUAL
 #define RESIDUAL 0
@@ -50,19 +51,6 @@ __device__ __forceinline__ float finish_output(float v, float res)
     v += res;  // ONNX's order: (conv + bias) + residual, NaN and Inf carried
 #endif
     return opplugin_activation(v);
-}
-
-// Raise a watched step's NaN/Inf flag (a byte the runtime zeroed; null: not watched) for one
-// output value. Kernels that do not carry NaN and Inf as onnxruntime does (3xTF32) are watched
-// (runtime/exact.py); flagging as they store costs a compare per output, not a pass over them.
-__device__ __forceinline__ void flag_nonfinite(unsigned char* flag, float v)
-{
-    if (flag != nullptr && !isfinite(v)) *flag = 1;
-}
-
-__device__ __forceinline__ void flag_nonfinite4(unsigned char* flag, float4 v)
-{
-    if (flag != nullptr && !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w))) *flag = 1;
 }
 
 // max in which NaN wins (fmaxf would drop it): a NaN in a pool window reaches

@@ -68,25 +68,7 @@ __device__ __forceinline__ int2 tap_at(int k) { return taps[k]; }
 
 #endif
 
-__device__ __forceinline__ void copy_async4(float* shared, const float* global, bool valid)
-{
-    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void copy_async16(float* shared, const float* global, bool valid)
-{
-    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int PENDING>
-__device__ __forceinline__ void wait_copies()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
+#include "async_copy.cuh"
 
 // The maps of this block's tile, [first, end), inside group `group`; grid y = G * MAP_TILES.
 struct MapTile {

@@ -31,20 +31,13 @@
 //   output's own index, by the lanes that store it), then ACTIVATION; no pool.
 //
 // Arithmetic: HALF 1 (FP16) or 2 (BF16) rounds both operands to 16 bits and runs
-// m16n8k16 MMAs with FP32 accumulation (opt-in, inexact). Otherwise SPLIT 1 is 3xTF32: each operand a = big + small, big = tf32(a)
-// rounded to nearest, small = a - big (exact in FP32), handed to the MMA as it is
-// (the tensor core drops its low 13 bits), and the MMAs add small*big + big*small +
-// big*big; only small*small (~2^-22 relative) and small's truncation (~2^-21,
-// random in sign) are lost: an error of FP32's order, measured against float64
-// (see the family's docstring). 0 is plain TF32 (opt-in, ~3e-4 relative error, as
-// cuDNN's TF32 mode).
+// m16n8k16 MMAs with FP32 accumulation (opt-in, inexact). Otherwise SPLIT 1 is 3xTF32 and 0
+// plain TF32 (opt-in), as tf32_mma.cuh describes: an error of FP32's order against float64.
 // The instruction mix, not memory, limits these kernels (ncu on VGG 512->512 at
 // batch 32: the ALU pipe busiest at 53%, issue slots 67% busy), so the small parts
 // skip a conversion and the window bounds become one bit test per copy.
 //
-// Fragment layouts of m16n8k8 (lane = 4*g + t): A a0 = [g][t], a1 = [g+8][t],
-// a2 = [g][t+4], a3 = [g+8][t+4]; B b0 = [t][g], b1 = [t+4][g];
-// C c0, c1 = [g][2t], [g][2t+1], c2, c3 = [g+8][2t], [g+8][2t+1].
+// Fragment layouts: see tf32_mma.cuh.
 //
 // Macros: the shape macros (C, M, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
 // HAS_BIAS, RESIDUAL, ACTIVATION, PROLOGUE, PROLOGUE_ACTIVATION) plus BM, BN, BK, WM, WN, STAGES, HALF, SPLIT, KSLICES, A_VEC, B_VEC,
@@ -58,18 +51,12 @@
 // nonfinite: a byte raised where an output is NaN or Inf (null: the step is not watched; see
 // flag_nonfinite), here or, with a K split, in conv_k_slices_reduce.
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "the tensor-core implicit GEMM needs sm_80 or newer (mma.sync TF32, cp.async)"
-#endif
-
 #include "conv_epilogue.cuh"
 
 #define KTILES ((KDIM + BK - 1) / BK)
 #define WARPS_M (BM / WM)
 #define WARPS_N (BN / WN)
 #define NTHREADS (WARPS_M * WARPS_N * 32)
-#define MT (WM / 16)  // 16-row MMA tiles per warp
-#define NT (WN / 8)   // 8-column MMA tiles per warp
 #define A_STRIDE (BK + 4)
 #define B_STRIDE (BN + 8)
 #define A_STAGE (BM * A_STRIDE)
@@ -77,42 +64,9 @@
 
 #include "conv_implicit_tiles.cuh"
 
-__device__ __forceinline__ unsigned int to_tf32(float v)
-{
-    unsigned int r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
-}
-
-// v = big + small: big rounded to TF32, small the exact FP32 rest, left for the MMA to truncate.
-// An infinite v gives small = inf - inf = NaN, so an output whose window holds an infinity is NaN
-// where FP32 sums give +-inf. Handling that here costs about 1.8x in time (this loop is bound by
-// its ALU pipe; measured on an H100), so the kernel says it is not NaN/Inf-exact instead
-// (TensorGemmKernel.nonfinite_exact) and the runner reruns such chunks on an exact variant.
-__device__ __forceinline__ void split_tf32(float v, unsigned int& big, unsigned int& small)
-{
-    big = to_tf32(v);
-    small = __float_as_uint(v - __uint_as_float(big));
-}
-
-template <int ROWS, int COLS>
-__device__ __forceinline__ void zero_tiles(float (&tiles)[ROWS][COLS][4])
-{
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < COLS; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) tiles[i][j][r] = 0.0f;
-}
-
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
-{
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#define B_K_STEP B_STRIDE  // image values, [k][pixel]
+#define B_N_STEP 1
+#include "tf32_mma.cuh"
 
 __device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __restrict__ x, const float* __restrict__ w,
                                            const Columns& cols, const MapTile& maps, int k0)
@@ -179,75 +133,10 @@ __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const fl
     }
 }
 #else
-// acc += the warp's part of As x Bs for one BK slice. The tensor cores add into their
-// FP32 accumulator with truncation, so over a long K a running sum drifts (3xTF32
-// measured 1e-5 relative at K = 1440, past the exact bound); with SPLIT each slice
-// is summed in `part` by the MMAs, then added to acc with a correctly rounded add.
 __device__ __forceinline__ void multiply_slice(float (&acc)[MT][NT][4], const float* As, const float* Bs, int warp_m, int warp_n)
 {
-    const int lane = threadIdx.x % 32;
-    const int g = lane / 4;
-    const int t = lane % 4;
-#if SPLIT
-    float part[MT][NT][4];
-    zero_tiles(part);
-#else
-    float (&part)[MT][NT][4] = acc;  // plain TF32 is inexact anyway: no second sum
-#endif
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 8) {
-        unsigned int a_big[MT][4], b_big[NT][2];
-#if SPLIT
-        unsigned int a_small[MT][4], b_small[NT][2];
-#endif
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            const float* row = As + (warp_m * WM + mt * 16 + g) * A_STRIDE + kk + t;
-            const float v[4] = {row[0], row[8 * A_STRIDE], row[4], row[8 * A_STRIDE + 4]};
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-#if SPLIT
-                split_tf32(v[r], a_big[mt][r], a_small[mt][r]);
-#else
-                a_big[mt][r] = to_tf32(v[r]);
-#endif
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float* col = Bs + (kk + t) * B_STRIDE + warp_n * WN + nt * 8 + g;
-            const float v[2] = {col[0], col[4 * B_STRIDE]};
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-#if SPLIT
-                split_tf32(v[r], b_big[nt][r], b_small[nt][r]);
-#else
-                b_big[nt][r] = to_tf32(v[r]);
-#endif
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#if SPLIT
-                mma_tf32(part[mt][nt], a_small[mt], b_big[nt][0], b_big[nt][1]);
-                mma_tf32(part[mt][nt], a_big[mt], b_small[nt][0], b_small[nt][1]);
-#endif
-                mma_tf32(part[mt][nt], a_big[mt], b_big[nt][0], b_big[nt][1]);
-            }
-        }
-    }
-#if SPLIT
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
-#endif
+    tf32_slice(acc, As, Bs, warp_m, warp_n);
 }
-
 #endif  // HALF
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)

@@ -6,12 +6,9 @@
 // 512->512 at batch 32: 218 registers, 12.5% occupancy, issue slots half busy): each warp loads
 // and splits its own operand fragments, and the MMAs wait on them. Here both operands stay in
 // shared memory, where wgmma reads them through descriptors, and the work is split between
-// warpgroups that do one thing each (as CUTLASS's Hopper kernels do):
-// - producers (the first NTHREADS threads) copy each slice's operands with 16-byte cp.async and
-//   hand the stage over through an mbarrier;
-// - consumers (a warpgroup per 64 pixels) issue the slice's 12 wgmmas, wait, release the stage,
-//   and add the slice's sums to their running sums.
-// setmaxnreg moves registers from the producers, who need few, to the consumers' accumulators.
+// producer and consumer warpgroups that do one thing each (as CUTLASS's Hopper kernels do; the
+// pipeline, the 3xTF32 arithmetic, the swizzled stages and the accumulators' layout are
+// wgmma_3xtf32.cuh's).
 //
 // The operands arrive split and K-major, so that a producer only copies:
 // - the weights, rearranged once at build time (WgmmaGemmKernel) to W[map][k] with
@@ -29,64 +26,23 @@
 // (wgmma's N: 64 or 128) inside one group (MapTile). The K split and the epilogue are
 // conv_tc_gemm's (conv_implicit_tiles.cuh).
 //
-// Arithmetic (3xTF32, as conv_tc_gemm's SPLIT): each operand a = big + small. The tensor core
-// reads an FP32 value as TF32 by dropping its low 13 bits, so the raw value is its own big part,
-// and small = a - (a with those bits cleared), exact in FP32 (truncated to TF32 in turn). Per k8
-// step, small*big, big*small and big*big go into `part`, the sum of a pair of slices, which is
-// added to the running sum with a rounded FP32 add: a long K of truncating tensor-core adds would drift.
-//
-// Shared memory: STAGES stages, each the BM x BK weights, their small parts, the BN x BK image
-// values and theirs, all K-major in wgmma's 128-byte swizzle: a row's 32 k are one 128-byte line,
-// its 16-byte quads permuted by row % 8, so that the tensor cores' reads of 8 rows at one k quad,
-// and the copies' writes of a row's 8 quads, spread over the banks. Then a `full` and an `empty`
-// mbarrier per stage. Copies run LAG = STAGES - 1 slices ahead of the one being multiplied.
-//
-// Accumulators (lane = 4*g + t; consumer warp w owns pixel rows 16w..16w+15): those of n8 block j
-// are d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1].
-//
 // Macros: the shape macros, BM, BN (a multiple of 64), BK (32), STAGES, KSLICES, TAP_MASK (1),
 // KPAD, PROLOGUE. Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
 // 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * 2
 // * (BM + BN) * BK * 4 + STAGES * 16 + 1024) bytes. With KSLICES > 1 the partial sums go to
 // `partial` and conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "conv_wgmma needs sm_90a (wgmma); conv_tc_gemm runs on other GPUs"
-#endif
-
 #include "conv_epilogue.cuh"
 
 #define KTILES (KDIM / BK)
-#define NTHREADS (BN * 2)           // producers; as many consumers: a warpgroup per 64 pixels
-#define BLOCK_THREADS (2 * NTHREADS)
-#define ACC (BM / 2)                // accumulators a consumer thread: 64 x BM over a warpgroup's 128 threads
-// setmaxnreg: a producer and consumer pair may hold the 512 registers the register file gives two
-// threads of a 256-thread block, the 256 of a 512-thread one
-#if BLOCK_THREADS <= 256
-#define PRODUCER_REGISTERS 168
-#define CONSUMER_REGISTERS 232
-#else
-#define PRODUCER_REGISTERS 56
-#define CONSUMER_REGISTERS 200
-#endif
-#define A_STAGE (BM * BK)
-#define B_STAGE (BN * BK)
-#define STAGE (2 * (A_STAGE + B_STAGE))  // a slice: weights, their small parts, image values, theirs
-#define LAG (STAGES - 1)                 // slices copied ahead of the one being multiplied
-#define QUADS (BK / 4)                   // 16-byte copies a row of a slice
-// value (row, k) of a K-major operand in wgmma's 128-byte swizzle: a row's BK = 32 values are one
-// 128-byte line, its 16-byte quad q stored at quad q ^ (row % 8)
-#define SWIZZLED_AT(row, k) ((row) * BK + ((((k) / 4) ^ ((row) % 8)) * 4) + (k) % 4)
+#define W_ROWS BM  // maps: wgmma's N
+#define X_ROWS BN  // pixels: 64 a consumer warpgroup
+#include "wgmma_3xtf32.cuh"
 
 #include "conv_implicit_tiles.cuh"
 
-static_assert(BM == 64 || BM == 128, "a wgmma's N: 64 or 128 maps");
-static_assert(BN % 64 == 0 && BK == 32, "64 pixels a warpgroup, a row's slice one 128-byte line");
 static_assert(CG % BK == 0, "a slice is 32 channels of one window tap");
 static_assert(TAP_MASK, "a bit per window tap");
-static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
-
-__device__ __forceinline__ float small_part(float v) { return v - __uint_as_float(__float_as_uint(v) & 0xffffe000u); }
 
 // The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which;
 // prologue_b_slice there applies the same arithmetic to the NCHW gather).
@@ -130,128 +86,6 @@ conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ p
         big[at] = v;
         small[at] = small_part(v);
     }
-}
-
-// The descriptor of a K-major operand in the 128-byte swizzle whose k8 step starts at `tile`: the
-// operand's rows in whole 1024-byte atoms of 8, the step 32 bytes into its lines; 8-row groups 1024
-// bytes apart (stride); the leading offset unused (a row's k fit one line).
-__device__ __forceinline__ unsigned long long descriptor(const float* tile)
-{
-    const unsigned long long at = (unsigned int)__cvta_generic_to_shared(tile);
-    constexpr unsigned long long LEADING = 16, STRIDE = 1024, SWIZZLE_128B = 1;
-    return ((at & 0x3FFFF) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32) | (SWIZZLE_128B << 62);
-}
-
-// wgmma reads shared memory through the async proxy: make the cp.async copies this thread waited
-// for visible to it
-__device__ __forceinline__ void publish_to_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory"); }
-
-// The stage hand-over: an mbarrier per stage and direction, its phase flipping each time all
-// `count` threads of one side have arrived.
-__device__ __forceinline__ unsigned int shared_address(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void barrier_init(unsigned long long* bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(unsigned long long* bar)
-{
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(shared_address(bar)) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(unsigned long long* bar, int phase)
-{
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)), "r"(phase & 1) : "memory");
-}
-
-// Keeps the compiler from moving reads or writes of accumulators across the asynchronous wgmmas.
-__device__ __forceinline__ void pin(float (&d)[ACC])
-{
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (+)= a x b: a the warpgroup's 64 x 8 pixels, b the BM x 8 weights, both behind descriptors;
-// `accumulate` 0 overwrites d.
-__device__ __forceinline__ void wgmma_n64(float (&d)[32], unsigned long long a, unsigned long long b, int accumulate)
-{
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"
-        " %32, %33, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], unsigned long long a, unsigned long long b, int accumulate)
-{
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
-        " %64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-
-__device__ __forceinline__ void wgmma_tile(float (&d)[ACC], unsigned long long a, unsigned long long b, int accumulate)
-{
-#if BM == 128
-    wgmma_n128(d, a, b, accumulate);
-#else
-    wgmma_n64(d, a, b, accumulate);
-#endif
-}
-
-// Issues part (+)= this consumer warpgroup's 64 pixels x BM maps of the slice at `stage` (`adds`: onto
-// what part holds, else over it).
-__device__ __forceinline__ void issue_slice(float (&part)[ACC], const float* stage, bool adds)
-{
-    const int pixels = (threadIdx.x - NTHREADS) / 128 * 64;  // the warpgroup's first row of the image tile
-    const float* image = stage + 2 * A_STAGE + SWIZZLED_AT(pixels, 0);
-    pin(part);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 8) {
-        const unsigned long long w_big = descriptor(stage + SWIZZLED_AT(0, kk));
-        const unsigned long long w_small = descriptor(stage + A_STAGE + SWIZZLED_AT(0, kk));
-        const unsigned long long x_big = descriptor(image + SWIZZLED_AT(0, kk));
-        const unsigned long long x_small = descriptor(image + B_STAGE + SWIZZLED_AT(0, kk));
-        wgmma_tile(part, x_small, w_big, adds || kk > 0);
-        wgmma_tile(part, x_big, w_small, 1);
-        wgmma_tile(part, x_big, w_big, 1);
-    }
-    wgmma_commit();
-}
-
-__device__ __forceinline__ void add_part(float (&acc)[ACC], float (&part)[ACC])
-{
-    pin(part);
-#pragma unroll
-    for (int j = 0; j < ACC; ++j) acc[j] += part[j];
 }
 
 // This thread's weight copies: eight consecutive threads on a row's eight quads (one 128-byte line
@@ -328,34 +162,24 @@ struct PixelCopies {
     }
 };
 
-// The producers' part: hand slice j - LAG over once this thread's copies of it have landed (each
-// producer arrives for its own), then copy slice j while slices j - LAG + 1 .. j - 1 are in flight.
-// The hand-over comes first: the consumers may need that slice to release the stage slice j goes to.
-__device__ __forceinline__ void produce(const float* __restrict__ x_big, const float* __restrict__ x_small,
-                                        const float* __restrict__ w_big, const float* __restrict__ w_small, float* stages,
-                                        unsigned long long* full, unsigned long long* empty, const MapTile& maps,
-                                        const SliceRun& run, int col0, int total)
-{
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-    const WeightCopies weights;
-    const PixelCopies image(col0, total, maps.group);
-    for (int j = 0; j < run.count + LAG; ++j) {
-        const int ready = j - LAG;
-        if (ready >= 0) {
-            wait_copies<LAG - 1>();  // of the j groups committed, all but the newest LAG - 1: slice `ready`'s
-            publish_to_async_proxy();
-            barrier_arrive(full + ready % STAGES);
-        }
-        if (j < run.count) {
-            float* stage = stages + j % STAGES * STAGE;
-            if (j >= STAGES) barrier_wait(empty + j % STAGES, j / STAGES - 1);  // slice j - STAGES is multiplied
-            const int k0 = (run.first + j) * BK;
-            weights.copy(stage, w_big, w_small, maps, k0);
-            image.copy(stage, x_big, x_small, k0);
-        }
-        commit_copies();  // an empty group keeps the count of groups in step
+// A slice's copies, for produce_slices: the weights' and the image's, of this block's run of slices.
+struct SliceCopies {
+    const float* __restrict__ x_big;
+    const float* __restrict__ x_small;
+    const float* __restrict__ w_big;
+    const float* __restrict__ w_small;
+    const MapTile& maps;
+    const SliceRun& run;
+    WeightCopies weights;
+    PixelCopies image;
+
+    __device__ __forceinline__ void copy(float* stage, int j) const
+    {
+        const int k0 = (run.first + j) * BK;
+        weights.copy(stage, w_big, w_small, maps, k0);
+        image.copy(stage, x_big, x_small, k0);
     }
-}
+};
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, const float* __restrict__ w_big,
@@ -363,49 +187,24 @@ conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, c
            float* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
-    // the swizzle's atoms are 1024 bytes, aligned so; the launch gives 1024 bytes to spare
-    const unsigned int misaligned = shared_address(shared_tiles) % 1024;
-    float* stages = reinterpret_cast<float*>(reinterpret_cast<char*>(shared_tiles) + (misaligned ? 1024 - misaligned : 0));
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(stages + STAGES * STAGE);
-    unsigned long long* empty = full + STAGES;
     const int total = batch * P;
     const int col0 = blockIdx.x * BN;
     const MapTile maps;
     const int m0 = maps.first;
     const SliceRun run;
+    unsigned long long *full, *empty;
+    float* stages = stage_memory(shared_tiles, full, empty);
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(full + s, NTHREADS);
-            barrier_init(empty + s, NTHREADS);
-        }
-    }
-    __syncthreads();
     if (threadIdx.x < NTHREADS) {
-        produce(x_big, x_small, w_big, w_small, stages, full, empty, maps, run, col0, total);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
+        const SliceCopies copies{x_big, x_small, w_big, w_small, maps, run, WeightCopies(), PixelCopies(col0, total, maps.group)};
+        produce_slices(copies, run.count, stages, full, empty);
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
-    float acc[ACC], part[ACC];
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
-    // Slices go to part in pairs: the second's wgmmas are issued before the first's are waited for,
-    // so that the tensor cores have work across the turn; each stage is released as its wgmmas end.
-    for (int i = 0; i < run.count; ++i) {
-        const bool opens = i % 2 == 0;  // a pair's first slice
-        barrier_wait(full + i % STAGES, i / STAGES);
-        issue_slice(part, stages + i % STAGES * STAGE, !opens);
-        if (!opens) {
-            wgmma_wait<1>();
-            barrier_arrive(empty + (i - 1) % STAGES);
-        }
-        if (!opens || i == run.count - 1) {
-            wgmma_wait<0>();
-            barrier_arrive(empty + i % STAGES);
-            add_part(acc, part);
-        }
-    }
+    float acc[ACC];
+    consume_slices(acc, run.count, stages, full, empty);
 
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;

@@ -1,0 +1,130 @@
+// The TF32 tensor-core arithmetic that the mma.sync kernels (conv_tc_gemm, gemm_tc) share: the
+// conversions, the m16n8k8 instruction, and the product of one BK-deep slice staged in shared
+// memory by a warp, in 3xTF32 (SPLIT 1) or plain TF32 (SPLIT 0).
+//
+// 3xTF32: each operand a = big + small, big = tf32(a) rounded to nearest, small = a - big (exact
+// in FP32), handed to the MMA as it is (the tensor core drops its low 13 bits); the MMAs add
+// small*big + big*small + big*big, and only small*small (~2^-22 relative) and small's truncation
+// (~2^-21, random in sign) are lost: an error of FP32's order, measured against float64.
+// Plain TF32 is opt-in (~3e-4 relative error, as cuDNN's and cuBLAS's TF32 modes).
+//
+// Fragment layouts of m16n8k8 (lane = 4*g + t): A a0 = [g][t], a1 = [g+8][t], a2 = [g][t+4],
+// a3 = [g+8][t+4]; B b0 = [t][g], b1 = [t+4][g]; C c0, c1 = [g][2t], [g][2t+1], c2, c3 =
+// [g+8][2t], [g+8][2t+1].
+//
+// The includer defines BK, WM, WN (a warp's tile), SPLIT, A_STRIDE (floats between the rows of the
+// A tile, stored [m][k]), and B_K_STEP and B_N_STEP: how far apart in the B tile two neighbours
+// along k and along n lie (conv_tc_gemm stores it [k][n], gemm_tc [n][k]).
+#ifndef OPPLUGIN_TF32_MMA_CUH
+#define OPPLUGIN_TF32_MMA_CUH
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "mma.sync TF32 needs sm_80 or newer"
+#endif
+
+#define MT (WM / 16)  // 16-row MMA tiles per warp
+#define NT (WN / 8)   // 8-column MMA tiles per warp
+
+__device__ __forceinline__ unsigned int to_tf32(float v)
+{
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// v = big + small: big rounded to TF32, small the exact FP32 rest, left for the MMA to truncate.
+// An infinite v gives small = inf - inf = NaN, so an output whose sum meets an infinity is NaN
+// where FP32 sums give +-inf. Handling that here costs about 1.8x in time (the loop is bound by
+// its ALU pipe; measured on an H100), so such a kernel says it is not NaN/Inf-exact instead
+// (Kernel.nonfinite_exact) and the runner reruns those chunks on an exact variant.
+__device__ __forceinline__ void split_tf32(float v, unsigned int& big, unsigned int& small)
+{
+    big = to_tf32(v);
+    small = __float_as_uint(v - __uint_as_float(big));
+}
+
+template <int ROWS, int COLS>
+__device__ __forceinline__ void zero_tiles(float (&tiles)[ROWS][COLS][4])
+{
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) tiles[i][j][r] = 0.0f;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// big (and with SPLIT its small rest) of a value on its way from shared memory to a fragment
+__device__ __forceinline__ void fragment_value(float v, unsigned int& big, unsigned int& small)
+{
+#if SPLIT
+    split_tf32(v, big, small);
+#else
+    big = to_tf32(v);
+#endif
+}
+
+// acc += the warp's part of As x Bs for one BK slice. The tensor cores add into their FP32
+// accumulator with truncation, so over a long K a running sum drifts (3xTF32 measured 1e-5
+// relative at K = 1440, past the exact bound); with SPLIT each slice is summed in `part` by the
+// MMAs, then added to acc with a correctly rounded add.
+__device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float* As, const float* Bs, int warp_m, int warp_n)
+{
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+#if SPLIT
+    float part[MT][NT][4];
+    zero_tiles(part);
+#else
+    float (&part)[MT][NT][4] = acc;  // plain TF32 is inexact anyway: no second sum
+#endif
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 8) {
+        unsigned int a_big[MT][4], b_big[NT][2];
+        unsigned int a_small[MT][4], b_small[NT][2];  // unused (and dropped) without SPLIT
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float* row = As + (warp_m * WM + mt * 16 + g) * A_STRIDE + kk + t;
+            const float v[4] = {row[0], row[8 * A_STRIDE], row[4], row[8 * A_STRIDE + 4]};
+#pragma unroll
+            for (int r = 0; r < 4; ++r) fragment_value(v[r], a_big[mt][r], a_small[mt][r]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float* col = Bs + (kk + t) * B_K_STEP + (warp_n * WN + nt * 8 + g) * B_N_STEP;
+            const float v[2] = {col[0], col[4 * B_K_STEP]};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) fragment_value(v[r], b_big[nt][r], b_small[nt][r]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#if SPLIT
+                mma_tf32(part[mt][nt], a_small[mt], b_big[nt][0], b_big[nt][1]);
+                mma_tf32(part[mt][nt], a_big[mt], b_small[nt][0], b_small[nt][1]);
+#endif
+                mma_tf32(part[mt][nt], a_big[mt], b_big[nt][0], b_big[nt][1]);
+            }
+        }
+    }
+#if SPLIT
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
+#endif
+}
+
+#endif

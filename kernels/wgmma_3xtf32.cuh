@@ -1,0 +1,255 @@
+// What the Hopper 3xTF32 GEMMs (conv_wgmma, gemm_wgmma) share: wgmma on operands in shared memory,
+// fed by producer warpgroups through an mbarrier per stage (sm_90a alone).
+//
+// A block multiplies X_ROWS data rows (64 a consumer warpgroup: wgmma's M) by W_ROWS weight rows
+// (wgmma's N: 64 or 128) over K, in BK = 32 deep slices:
+// - producers (the first NTHREADS threads) copy each slice's operands with 16-byte cp.async and
+//   hand the stage over through its `full` mbarrier (produce_slices, with the includer's copies);
+// - consumers (the other NTHREADS) issue the slice's 12 wgmmas, wait, release the stage through
+//   its `empty` mbarrier, and add the slice's sums to their running sums (consume_slices).
+// setmaxnreg moves registers from the producers, who need few, to the consumers' accumulators.
+//
+// Arithmetic (3xTF32): each operand a = big + small. The tensor core reads an FP32 value as TF32 by
+// dropping its low 13 bits, so the raw value is its own big part, and small = a - (a with those bits
+// cleared), exact in FP32 (truncated to TF32 in turn): the operands arrive as values and small parts
+// side by side. Per k8 step, small*big, big*small and big*big go into `part`, the sum of a pair of
+// slices, which is added to the running sum with a rounded FP32 add: a long K of truncating
+// tensor-core adds would drift.
+//
+// Shared memory: STAGES stages, each the W_ROWS x BK weights, their small parts, the X_ROWS x BK data
+// values and theirs, all K-major in wgmma's 128-byte swizzle: a row's 32 k are one 128-byte line, its
+// 16-byte quads permuted by row % 8, so that the tensor cores' reads of 8 rows at one k quad, and the
+// copies' writes of a row's 8 quads, spread over the banks. Then a `full` and an `empty` mbarrier per
+// stage. Copies run LAG = STAGES - 1 slices ahead of the one being multiplied.
+//
+// Accumulators (lane = 4*g + t; consumer warp w owns data rows 16w..16w+15): those of n8 block j are
+// d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1].
+//
+// The includer defines W_ROWS, X_ROWS, BK and STAGES.
+#ifndef OPPLUGIN_WGMMA_3XTF32_CUH
+#define OPPLUGIN_WGMMA_3XTF32_CUH
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma needs sm_90a; the mma.sync kernels run on other GPUs"
+#endif
+
+#include "async_copy.cuh"
+
+#define NTHREADS (X_ROWS * 2)       // producers; as many consumers: a warpgroup per 64 data rows
+#define BLOCK_THREADS (2 * NTHREADS)
+#define ACC (W_ROWS / 2)            // accumulators a consumer thread: 64 x W_ROWS over a warpgroup's 128 threads
+// setmaxnreg: a producer and consumer pair may hold the 512 registers the register file gives two
+// threads of a 256-thread block, the 256 of a 512-thread one
+#if BLOCK_THREADS <= 256
+#define PRODUCER_REGISTERS 168
+#define CONSUMER_REGISTERS 232
+#else
+#define PRODUCER_REGISTERS 56
+#define CONSUMER_REGISTERS 200
+#endif
+#define A_STAGE (W_ROWS * BK)
+#define B_STAGE (X_ROWS * BK)
+#define STAGE (2 * (A_STAGE + B_STAGE))  // a slice: weights, their small parts, data values, theirs
+#define LAG (STAGES - 1)                 // slices copied ahead of the one being multiplied
+#define QUADS (BK / 4)                   // 16-byte copies a row of a slice
+// value (row, k) of a K-major operand in wgmma's 128-byte swizzle: a row's BK = 32 values are one
+// 128-byte line, its 16-byte quad q stored at quad q ^ (row % 8)
+#define SWIZZLED_AT(row, k) ((row) * BK + ((((k) / 4) ^ ((row) % 8)) * 4) + (k) % 4)
+
+static_assert(W_ROWS == 64 || W_ROWS == 128, "a wgmma's N: 64 or 128 weight rows");
+static_assert(X_ROWS % 64 == 0 && BK == 32, "64 data rows a warpgroup, a row's slice one 128-byte line");
+static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
+
+// an operand's small part: the value less the TF32 bits the tensor core keeps of it
+__device__ __forceinline__ float small_part(float v) { return v - __uint_as_float(__float_as_uint(v) & 0xffffe000u); }
+
+// The descriptor of a K-major operand in the 128-byte swizzle whose k8 step starts at `tile`: the
+// operand's rows in whole 1024-byte atoms of 8, the step 32 bytes into its lines; 8-row groups 1024
+// bytes apart (stride); the leading offset unused (a row's k fit one line).
+__device__ __forceinline__ unsigned long long descriptor(const float* tile)
+{
+    const unsigned long long at = (unsigned int)__cvta_generic_to_shared(tile);
+    constexpr unsigned long long LEADING = 16, STRIDE = 1024, SWIZZLE_128B = 1;
+    return ((at & 0x3FFFF) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32) | (SWIZZLE_128B << 62);
+}
+
+// wgmma reads shared memory through the async proxy: make the cp.async copies this thread waited
+// for visible to it
+__device__ __forceinline__ void publish_to_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory"); }
+
+// The stage hand-over: an mbarrier per stage and direction, its phase flipping each time all
+// `count` threads of one side have arrived.
+__device__ __forceinline__ unsigned int shared_address(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void barrier_init(unsigned long long* bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(unsigned long long* bar)
+{
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(unsigned long long* bar, int phase)
+{
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)), "r"(phase & 1) : "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulators across the asynchronous wgmmas.
+__device__ __forceinline__ void pin(float (&d)[ACC])
+{
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (+)= a x b: a the warpgroup's 64 x 8 data rows, b the W_ROWS x 8 weights, both behind
+// descriptors; `accumulate` 0 overwrites d.
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], unsigned long long a, unsigned long long b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"
+        " %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], unsigned long long a, unsigned long long b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
+        " %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+
+__device__ __forceinline__ void wgmma_tile(float (&d)[ACC], unsigned long long a, unsigned long long b, int accumulate)
+{
+#if W_ROWS == 128
+    wgmma_n128(d, a, b, accumulate);
+#else
+    wgmma_n64(d, a, b, accumulate);
+#endif
+}
+
+// Issues part (+)= this consumer warpgroup's 64 data rows x W_ROWS weight rows of the slice at
+// `stage` (`adds`: onto what part holds, else over it).
+__device__ __forceinline__ void issue_slice(float (&part)[ACC], const float* stage, bool adds)
+{
+    const int rows = (threadIdx.x - NTHREADS) / 128 * 64;  // the warpgroup's first row of the data tile
+    const float* data = stage + 2 * A_STAGE + SWIZZLED_AT(rows, 0);
+    pin(part);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 8) {
+        const unsigned long long w_big = descriptor(stage + SWIZZLED_AT(0, kk));
+        const unsigned long long w_small = descriptor(stage + A_STAGE + SWIZZLED_AT(0, kk));
+        const unsigned long long x_big = descriptor(data + SWIZZLED_AT(0, kk));
+        const unsigned long long x_small = descriptor(data + B_STAGE + SWIZZLED_AT(0, kk));
+        wgmma_tile(part, x_small, w_big, adds || kk > 0);
+        wgmma_tile(part, x_big, w_small, 1);
+        wgmma_tile(part, x_big, w_big, 1);
+    }
+    wgmma_commit();
+}
+
+__device__ __forceinline__ void add_part(float (&acc)[ACC], float (&part)[ACC])
+{
+    pin(part);
+#pragma unroll
+    for (int j = 0; j < ACC; ++j) acc[j] += part[j];
+}
+
+// The producers' part: hand slice j - LAG over once this thread's copies of it have landed (each
+// producer arrives for its own), then copy slice j (copies.copy(stage, j)) while slices j - LAG + 1
+// .. j - 1 are in flight. The hand-over comes first: the consumers may need that slice to release
+// the stage slice j goes to.
+template <class Copies>
+__device__ __forceinline__ void produce_slices(const Copies& copies, int count, float* stages, unsigned long long* full,
+                                               unsigned long long* empty)
+{
+    for (int j = 0; j < count + LAG; ++j) {
+        const int ready = j - LAG;
+        if (ready >= 0) {
+            wait_copies<LAG - 1>();  // of the j groups committed, all but the newest LAG - 1: slice `ready`'s
+            publish_to_async_proxy();
+            barrier_arrive(full + ready % STAGES);
+        }
+        if (j < count) {
+            float* stage = stages + j % STAGES * STAGE;
+            if (j >= STAGES) barrier_wait(empty + j % STAGES, j / STAGES - 1);  // slice j - STAGES is multiplied
+            copies.copy(stage, j);
+        }
+        commit_copies();  // an empty group keeps the count of groups in step
+    }
+}
+
+// The consumers' part: acc = the sum over `count` slices. Slices go to part in pairs: the second's
+// wgmmas are issued before the first's are waited for, so that the tensor cores have work across the
+// turn; each stage is released as its wgmmas end.
+__device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, float* stages, unsigned long long* full,
+                                               unsigned long long* empty)
+{
+    float part[ACC];
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < count; ++i) {
+        const bool opens = i % 2 == 0;  // a pair's first slice
+        barrier_wait(full + i % STAGES, i / STAGES);
+        issue_slice(part, stages + i % STAGES * STAGE, !opens);
+        if (!opens) {
+            wgmma_wait<1>();
+            barrier_arrive(empty + (i - 1) % STAGES);
+        }
+        if (!opens || i == count - 1) {
+            wgmma_wait<0>();
+            barrier_arrive(empty + i % STAGES);
+            add_part(acc, part);
+        }
+    }
+}
+
+// The stages in dynamic shared memory, aligned to the swizzle's 1024-byte atoms (the launch gives
+// 1024 bytes to spare), then the mbarriers, initialised; every thread of the block calls it.
+__device__ __forceinline__ float* stage_memory(float4* shared_tiles, unsigned long long*& full, unsigned long long*& empty)
+{
+    const unsigned int misaligned = shared_address(shared_tiles) % 1024;
+    float* stages = reinterpret_cast<float*>(reinterpret_cast<char*>(shared_tiles) + (misaligned ? 1024 - misaligned : 0));
+    full = reinterpret_cast<unsigned long long*>(stages + STAGES * STAGE);
+    empty = full + STAGES;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(full + s, NTHREADS);
+            barrier_init(empty + s, NTHREADS);
+        }
+    }
+    __syncthreads();
+    return stages;
+}
+
+#endif

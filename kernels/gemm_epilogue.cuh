@@ -2,6 +2,7 @@
 // alpha * acc + C (C already scaled by beta), then the activation.
 // Needs N, HAS_ALPHA, ALPHA, BIAS (0 none, 1 one value per column, 2 one per element).
 #include "activation.cuh"
+#include "watch_flag.cuh"
 
 __device__ __forceinline__ float gemm_output(float acc, const float* __restrict__ bias, int m, int n)
 {
@@ -14,6 +15,30 @@ __device__ __forceinline__ float gemm_output(float acc, const float* __restrict_
     acc = bias[(size_t)m * N + n] + acc;
 #endif
     return opplugin_activation(acc);
+}
+
+// Y[m][n] and Y[m][n + 1] from their sums (n even, as an MMA tile's lanes hold them): one 8-byte
+// store when N is even, else each while it lies inside Y; flagged if not finite (see watch_flag.cuh)
+__device__ __forceinline__ void store_output_pair(float* __restrict__ y, const float* __restrict__ bias, unsigned char* nonfinite,
+                                                  int m, int n, float sum0, float sum1)
+{
+#if N % 2 == 0
+    if (n < N) {
+        const float2 out = make_float2(gemm_output(sum0, bias, m, n), gemm_output(sum1, bias, m, n + 1));
+        *reinterpret_cast<float2*>(y + (size_t)m * N + n) = out;
+        flag_nonfinite2(nonfinite, out);
+    }
+#else
+    const float sums[2] = {sum0, sum1};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        if (n + q < N) {
+            const float out = gemm_output(sums[q], bias, m, n + q);
+            y[(size_t)m * N + n + q] = out;
+            flag_nonfinite(nonfinite, out);
+        }
+    }
+#endif
 }
 
 // four consecutive elements k..k+3 (k a multiple of 4) of row `row` of A (row length K):

@@ -4,6 +4,8 @@ mode, a dynamic batch axis, opset 17. Made on demand, never committed (VGG-16 al
     python3 tools/export_models.py --out /tmp/cnn                   # all of MODELS
     python3 tools/export_models.py --out /tmp/cnn resnet18 vgg16
     python3 tools/export_models.py --out /tmp/cnn timm:ghostnet_100  # any timm architecture
+    python3 tools/export_models.py --out /tmp/vit --transformers     # all of TRANSFORMERS
+    python3 tools/export_models.py --out /tmp/vit swin_t --exporter torchscript
 
 Each MODEL.onnx gets a MODEL.pt beside it: where the architecture comes from (torchvision
 or timm), its name, the arguments it was built with and the same weights, which `opplugin
@@ -24,6 +26,9 @@ from pathlib import Path
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "vgg16",
           "efficientnet_b0", "mobilenet_v3_large", "regnet_y_800mf", "densenet121", "inception_v3", "convnext_tiny",
           "resnext50_32x4d")
+# the vision transformers the transformer work is measured on (issue "Vision transformers and hybrids")
+TRANSFORMERS = ("vit_b_16", "swin_t", "timm:vit_small_patch16_224", "timm:deit_small_patch16_224")
+EXPORTERS = ("dynamo", "torchscript")
 OPSET = 17
 IMAGE = (3, 224, 224)
 # the image an architecture is made for, where not IMAGE
@@ -68,19 +73,21 @@ def image_size(source: str, arch: str, model) -> tuple[int, ...]:
     return IMAGES.get(arch, IMAGE)
 
 
-def export(model, path: Path, image: tuple[int, ...]) -> str:
-    """Writes the ONNX file; returns which exporter did it."""
+def export(model, path: Path, image: tuple[int, ...], exporter: str = "dynamo") -> str:
+    """Writes the ONNX file; returns which exporter did it (the TorchScript one where asked, or where
+    the dynamo one fails)."""
     import torch
 
     example = torch.randn(2, *image)
     names = {"input_names": ["input"], "output_names": ["logits"]}
-    try:
-        torch.onnx.export(model, (example,), str(path), dynamo=True, opset_version=OPSET, external_data=False,
-                          dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, **names)
-        return "dynamo"
-    except Exception as err:  # the TorchScript exporter handles what the dynamo one cannot
-        print(f"  dynamo exporter failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); using the TorchScript one",
-              file=sys.stderr)
+    if exporter == "dynamo":
+        try:
+            torch.onnx.export(model, (example,), str(path), dynamo=True, opset_version=OPSET, external_data=False,
+                              dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, **names)
+            return "dynamo"
+        except Exception as err:  # the TorchScript exporter handles what the dynamo one cannot
+            print(f"  dynamo exporter failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); using the TorchScript one",
+                  file=sys.stderr)
     torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=OPSET, do_constant_folding=True,
                       dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, **names)
     return "torchscript"
@@ -148,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"torchvision architectures or {TIMM}NAME for timm ones (default: {', '.join(MODELS)})")
     parser.add_argument("--out", type=Path, required=True, help="folder for MODEL.onnx and MODEL.pt")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transformers", action="store_true", help=f"export {', '.join(TRANSFORMERS)} (with any MODEL named)")
+    parser.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
+                        help="torch's dynamo exporter (the default; TorchScript's where it fails) or the TorchScript one")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -159,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"{', '.join(unknown)}: not a torchvision architecture, nor {TIMM}NAME of an installed timm's")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.models or MODELS:
+    names = [*args.models, *(TRANSFORMERS if args.transformers else ())] or MODELS
+    for name in dict.fromkeys(names):
         source, arch, model = build(name, args.seed)
         path = args.out / f"{arch}.onnx"
-        how = export(model, path, image_size(source, arch, model))
+        how = export(model, path, image_size(source, arch, model), args.exporter)
         state = {"source": source, "arch": arch, "kwargs": ARCH_KWARGS.get(name, {}), "state_dict": model.state_dict()}
         torch.save(state, path.with_suffix(".pt"))
         print(f"{path}: {how} exporter, {settle(path)}", flush=True)

@@ -31,7 +31,9 @@ from ..core.texttable import text_table
 from . import roofline
 from .trial import BENCH_REPEAT, BENCH_WARMUP
 
-# (label, K, N): the CS259 classifier, the one-hidden-layer report's network, lenet86's and ece408_high's first Gemm
+# (label, K, N): the CS259 classifier, the one-hidden-layer report's network, lenet86's and ece408_high's
+# first Gemm, then a ViT-S/16 block's projections (QKV, MLP in and out) and ViT-B/16's MLP, whose rows are
+# tokens (197 an image: batch 10,000 is about 50 images)
 LAYERS = (
     ("cs259 fc1", 25088, 4096),
     ("cs259 fc2", 4096, 1024),
@@ -39,6 +41,11 @@ LAYERS = (
     ("onehidden fc2", 128, 4),
     ("lenet86 fc1", 1024, 32),
     ("ece408_high fc1", 7200, 128),
+    ("vit_s qkv", 384, 1152),
+    ("vit_s mlp1", 384, 1536),
+    ("vit_s mlp2", 1536, 384),
+    ("vit_b mlp1", 768, 3072),
+    ("vit_b mlp2", 3072, 768),
 )
 BATCHES = (1, 16, 10000)
 SCHEMA = "opplugin-bench-gemm/1"
@@ -61,13 +68,17 @@ def layer_spec(k: int, n: int, batch: int) -> GemmSpec:
 
 
 def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray, all_configs: bool = False) -> list[Candidate]:
-    """The heuristic's choice first, then every other family's default configuration that runs the layer
-    (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled family and, for
-    batches gemv serves, its configurations with the default rows per block (and a quarter of them)."""
+    """The heuristic's choice first, then every other exact family's default configuration that runs the
+    layer (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled, tc_3xtf32 and
+    wg_3xtf32 families and, for batches gemv serves, its configurations with the default rows per block (and a
+    quarter of them)."""
     chosen = families.heuristic_config(spec)
-    configs = [chosen] + [default(spec) for default in families.DEFAULTS.values()]
+    configs = [chosen] + [families.DEFAULTS[name](spec) for name in families.EXACT_FAMILIES]
     if all_configs:
-        configs += families.TILES
+        configs += families.TILES + [families.TensorConfig("tc_3xtf32", (*tile, families.TENSOR_DEPTH), warp, stages)
+                                     for tile, warp in families.TENSOR_TILES.items() for stages in (2, 3, 4)]
+        configs += [families.WgmmaConfig("wg_3xtf32", (*tile, families.TENSOR_DEPTH), stages)
+                    for tile in families.WGMMA_TILES for stages in (2, 3, 4)]
         if spec.m <= families.MAX_GEMV_BATCH:
             rows = {families.gemv_default(spec).mb, max(1, families.gemv_default(spec).mb // 4)}
             configs += [families.GemvConfig("gemv", (mb, opw), wpr) for mb in sorted(rows) for opw in (1, 2) for wpr in (1, 2, 4, 8, 16)]

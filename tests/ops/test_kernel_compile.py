@@ -260,7 +260,10 @@ GEMM_STEPS = {  # name -> (spec at the batch the plan or bench uses, the epilogu
        for k, n in ((25088, 4096), (4096, 1024), (32754, 128), (128, 4), (1024, 32), (7200, 128)) for m in (1, 16, 10000)},
 }
 GEMM_CONFIGS = ["gemv_w1x1_k1", "gemv_w2x2_k4", "gemv_w4x1_k16", "gemv_w16x2_k1", "gemv_w8x4_k2", "gemv_w16x2_k8",
-                *(t.name() for t in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4"]
+                *(t.name() for t in gemm_families.TILES), "rowwarp_r1", "rowwarp_r2", "rowwarp_r4",
+                *(gemm_families.TensorConfig("tc_3xtf32", (*tile, gemm_families.TENSOR_DEPTH), warp, 3).name()
+                  for tile, warp in gemm_families.TENSOR_TILES.items()),
+                *(gemm_families.WgmmaConfig("wg_3xtf32", (*tile, gemm_families.TENSOR_DEPTH), 3).name() for tile in gemm_families.WGMMA_TILES)]
 GEMM_ACTIVATIONS = [Activation.plain(op) for op in ACTIVATION_KINDS] + [Activation("LeakyRelu", 0.3), Activation("Clip", -1.0)]
 
 
@@ -270,13 +273,20 @@ def _gemm_cases():
         for variant in [*gemm_families.FAMILIES, *GEMM_CONFIGS]:
             config = gemm_families.configure(spec, variant)
             if gemm_families.unsupported_reason(spec, config, epilogue) is None:
-                for arch in ARCHS if variant in gemm_families.FAMILIES else ("sm_90",):
+                for arch in _gemm_archs(config, both=variant in gemm_families.FAMILIES):
                     yield f"{step} {config} {arch}", spec, config, epilogue, arch
-    spec = GemmSpec(9, 10, 50, bias="column")
+    spec = GemmSpec(9, 10, 52, bias="column")
     for activation in GEMM_ACTIVATIONS:
         for variant in gemm_families.FAMILIES:
             epilogue = GemmEpilogue(activation, softmax=variant == "rowwarp")
-            yield f"{activation.suffix} {variant}", spec, gemm_families.configure(spec, variant), epilogue, "sm_90"
+            config = gemm_families.configure(spec, variant)
+            yield f"{activation.suffix} {variant}", spec, config, epilogue, _gemm_archs(config, both=False)[0]
+
+
+def _gemm_archs(config, both: bool) -> tuple[str, ...]:
+    """Where a Gemm configuration compiles: wgmma's for Hopper alone (sm_90a), the others for both
+    ARCHS, or sm_90 alone."""
+    return ("sm_90a",) if config.arch_specific else ARCHS if both else ("sm_90",)
 
 
 GEMM_CASES = list(_gemm_cases())
@@ -592,7 +602,7 @@ EXPLICIT_MAPS = ["const_mo_m1", "const_mo_m3", "const_mo_m16"]
 @pytest.mark.parametrize("case", GEMM_CASES, ids=[case[0] for case in GEMM_CASES])
 def test_every_gemm_configuration_compiles_without_spills(case):
     _, spec, config, epilogue, arch = case
-    usage = compile_cache.check_source(config.source, gemm_families.defines(spec, config, epilogue), f"gemm_{config.family}", arch)
+    usage = compile_cache.check_source(config.source, gemm_families.defines(spec, config, epilogue), config.function, arch)
     assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
     compile_cache.assert_no_local_memory(usage)
 

@@ -67,3 +67,31 @@ def test_a_graph_passes_watched_steps_their_flags_and_a_poisoned_chunk_reruns_ex
     reference = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": poisoned})[0]
     np.testing.assert_array_equal(np.isnan(result.outputs["logits"]), np.isnan(reference))
     assert runner.run({"x": clean}).exact_reruns == 0  # the graph zeroes its flags each replay
+
+
+def test_an_infinity_through_a_tensor_core_gemm_comes_out_as_onnxruntime_has_it(tmp_path):
+    """3xTF32 turns an infinite operand into NaN; the step is watched and its chunk rerun on FP32 FMAs."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    w = numpy_helper.from_array(rng.standard_normal((64, 48)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        "fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 48])], [w, b])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = load_model(save(proto, tmp_path / "fc.onnx"))
+    runner = Runner(model, 64, "cuda", chunk=64, streams=1)
+    [step] = runner.plan.plugin_steps
+    assert runner.kernels[step.name].name.startswith("gemm.tc_3xtf32")
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    x[5, 9] = np.inf
+    result = runner.run({"x": x})
+    assert result.exact_reruns == 1
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.isinf(reference[5]).any()
+    np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))
+    np.testing.assert_array_equal(np.isinf(result.outputs["y"]), np.isinf(reference))
+    np.testing.assert_allclose(result.outputs["y"], reference, rtol=1e-5, atol=1e-5)

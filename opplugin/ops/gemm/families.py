@@ -12,14 +12,22 @@ Each family has a frozen Config, its name made in the one grammar (ops/config_gr
   from shared-memory tiles.
 - `rowwarp_r<RW>` (kernels/gemm_rowwarp.cu): N <= 32, a warp per RW rows; the only
   family that fuses a row Softmax.
+- `tc_3xtf32_b<BM>x<BN>x<BK>_w<WM>x<WN>_s<S>` (kernels/gemm_tc.cu): any batch, on the tensor
+  cores: mma.sync in 3xTF32 (an error of FP32's order against float64) from tiles streamed
+  through an S-stage cp.async pipeline. `tc_tf32_...` is the same with one TF32 MMA per tile:
+  opt-in (~3e-4 relative error, as cuBLAS's TF32 mode), never picked by the heuristic.
+- `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>` (kernels/gemm_wgmma.cu): the same 3xTF32 arithmetic on Hopper's
+  wgmma (sm_90a alone), producer and consumer warpgroups; for grids that fill the GPU.
 
 A family's plain name ("gemv") stands for the configuration the heuristic picks.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .. import config_grammar
+from ...gpu import cuda
 from ..activation import cuda_float
 from ..config_grammar import Config, tagged
 from .epilogue import NONE, GemmEpilogue
@@ -55,6 +63,12 @@ class GemmConfig(Config):
     of col_pad)."""
 
     source = ""
+    arch_specific = False  # compiled for "sm_90a" rather than "sm_90": uses wgmma
+
+    @property
+    def function(self) -> str:
+        """The kernel's name in its source."""
+        return f"gemm_{self.family}"
 
     @property
     def threads(self) -> int:
@@ -77,6 +91,28 @@ class GemmConfig(Config):
     def max_batch(self) -> int:
         """The largest batch one launch covers (the grid's y limit)."""
         raise NotImplementedError
+
+
+class BlockTiledConfig(GemmConfig):
+    """A Config whose `block` field is BM rows x BN columns of Y x the K depth BK a block loads at a time:
+    a block per tile of Y, the weights padded to whole tiles of BN rows and BK columns."""
+
+    block: tuple[int, int, int]
+
+    @property
+    def row_pad(self) -> int:
+        return self.block[1]
+
+    @property
+    def col_pad(self) -> int:
+        return self.block[2]
+
+    def grid(self, spec, batch):
+        bm, bn, _ = self.block
+        return (-(-spec.n // bn), -(-batch // bm), 1)
+
+    def max_batch(self):
+        return GRID_Y_LIMIT * self.block[0]
 
 
 @dataclass(frozen=True)
@@ -117,7 +153,7 @@ class GemvConfig(GemmConfig):
 
 
 @dataclass(frozen=True)
-class TiledConfig(GemmConfig):
+class TiledConfig(BlockTiledConfig):
     block: tuple[int, int, int] = tagged("b", 3)  # BM x BN x BK
     thread: tuple[int, int] = tagged("t", 2)  # TM x TN
     source = "gemm_tiled.cu"
@@ -127,24 +163,9 @@ class TiledConfig(GemmConfig):
         (bm, bn, _), (tm, tn) = self.block, self.thread
         return (bm // tm) * (bn // tn)
 
-    @property
-    def row_pad(self) -> int:
-        return self.block[1]
-
-    @property
-    def col_pad(self) -> int:
-        return self.block[2]
-
     def defines(self, spec):
         (bm, bn, bk), (tm, tn) = self.block, self.thread
         return {"BM": bm, "BN": bn, "TM": tm, "TN": tn, "BK": bk, "KP": round_up(spec.k, bk)}
-
-    def grid(self, spec, batch):
-        bm, bn, _ = self.block
-        return (-(-spec.n // bn), -(-batch // bm), 1)
-
-    def max_batch(self):
-        return GRID_Y_LIMIT * self.block[0]
 
 
 @dataclass(frozen=True)
@@ -170,6 +191,87 @@ class RowwarpConfig(GemmConfig):
     def max_batch(self):
         return INT32_MAX // 32
 
+
+@dataclass(frozen=True)
+class TensorConfig(BlockTiledConfig):
+    block: tuple[int, int, int] = tagged("b", 3)  # BM x BN x BK
+    warp: tuple[int, int] = tagged("w", 2)  # WM x WN: a multiple of 16 rows, of 8 columns
+    stages: int = tagged("s")
+    source = "gemm_tc.cu"
+    function = "gemm_tc"
+
+    @property
+    def split(self) -> bool:
+        """3xTF32 (exact to FP32's order) rather than one TF32 MMA."""
+        return self.family == "tc_3xtf32"
+
+    @property
+    def threads(self) -> int:
+        (bm, bn, _), (wm, wn) = self.block, self.warp
+        return (bm // wm) * (bn // wn) * 32
+
+    @property
+    def min_blocks(self) -> int:
+        """One block of 256 threads, or two of 128, leave each thread up to 255 registers."""
+        return 1 if self.threads >= 256 else 2
+
+    def shared_bytes(self) -> int:
+        bm, bn, bk = self.block
+        return self.stages * (bm + bn) * (bk + 4) * 4
+
+    def defines(self, spec):
+        (bm, bn, bk), (wm, wn) = self.block, self.warp
+        return {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": self.stages, "SPLIT": int(self.split),
+                "MIN_BLOCKS": self.min_blocks, "KP": round_up(spec.k, bk)}
+
+
+@dataclass(frozen=True)
+class WgmmaConfig(BlockTiledConfig):
+    block: tuple[int, int, int] = tagged("b", 3)  # BM rows (64 a consumer warpgroup) x BN columns (64 or 128) x BK
+    stages: int = tagged("s")
+    source = "gemm_wgmma.cu"
+    function = "gemm_wgmma"
+    arch_specific = True
+
+    @property
+    def threads(self) -> int:
+        """A consumer warpgroup per 64 rows, as many producer threads."""
+        return 4 * self.block[0]
+
+    def shared_bytes(self) -> int:
+        """The stages (weights, data and their small parts), two mbarriers a stage, 1024 bytes to align the swizzle."""
+        bm, bn, bk = self.block
+        return self.stages * 2 * (bm + bn) * bk * 4 + self.stages * 16 + 1024
+
+    def defines(self, spec):
+        bm, bn, bk = self.block
+        return {"BM": bm, "BN": bn, "BK": bk, "STAGES": self.stages, "KP": round_up(spec.k, bk)}
+
+
+# wg's block tiles, rows x columns, most rows first; three stages of 128 x 128 take 197 KB of shared memory
+WGMMA_TILES = ((128, 128), (128, 64), (64, 128), (64, 64))
+WGMMA_STAGES = 3
+MAX_SHARED_BYTES = 227 << 10  # a block's dynamic shared memory on Hopper
+HOPPER = "sm_90"  # the one architecture wgmma's code (sm_90a) runs on
+
+
+def wgmma_runs_here() -> bool:
+    """Whether the current GPU runs wgmma; True without a device (offline compiles)."""
+    return not cuda.is_available() or cuda.device_arch() == HOPPER
+
+
+# tc's block tiles and each one's warp tile: 64x32, 32x64 or 32x32 a warp, 64 or 32 accumulators
+# a lane and as many for a slice's partial sums (the Conv family's measured limits); BK 32 is four
+# m16n8k8 steps a stage
+TENSOR_TILES = {
+    (128, 128): (64, 32),
+    (128, 64): (64, 32),
+    (64, 128): (32, 64),
+    (64, 64): (32, 32),
+    (32, 64): (32, 16),
+}
+TENSOR_DEPTH = 32
+TENSOR_STAGES = 3
 
 # tiled's tiles: BM x BN, its micro-tile and K step; BK makes each thread load whole float4s of both tiles
 TILES = [TiledConfig("tiled", block, thread) for block, thread in (
@@ -219,6 +321,26 @@ def tiled_default(spec: GemmSpec) -> TiledConfig:
     return fits[-1]
 
 
+def tensor_default(spec: GemmSpec, family: str = "tc_3xtf32") -> TensorConfig:
+    """The largest block tile (most rows first) that still gives a block per SM, not wider than N
+    needs; else the smallest."""
+    widest = max(64, _power_of_two_at_least(spec.n))
+    fits = [tile for tile in TENSOR_TILES if tile[1] <= widest]
+    chosen = next((tile for tile in fits if -(-spec.m // tile[0]) * -(-spec.n // tile[1]) >= SMS), fits[-1])
+    return TensorConfig(family, (*chosen, TENSOR_DEPTH), TENSOR_TILES[chosen], TENSOR_STAGES)
+
+
+def wgmma_default(spec: GemmSpec) -> WgmmaConfig:
+    """The first tile (most rows, then columns not wider than N needs) whose grid fills every SM once."""
+    fits = [tile for tile in WGMMA_TILES if tile[1] <= max(64, _power_of_two_at_least(spec.n))]
+    chosen = next((tile for tile in fits if -(-spec.m // tile[0]) * -(-spec.n // tile[1]) >= SMS), fits[-1])
+    return WgmmaConfig("wg_3xtf32", (*chosen, TENSOR_DEPTH), WGMMA_STAGES)
+
+
+def fills_the_gpu(spec: GemmSpec, config: GemmConfig) -> bool:
+    return math.prod(config.grid(spec, spec.m)) >= SMS
+
+
 def rowwarp_default(spec: GemmSpec) -> RowwarpConfig:
     """Rows per warp: up to 4 (each W load feeds them all) while RW x N sums stay within 64 registers."""
     return RowwarpConfig("rowwarp", max(1, min(4, 64 // max(1, spec.n))))
@@ -228,9 +350,18 @@ FAMILIES = {
     "gemv": "batch 1-16: warps per output row block, shuffle reduction, float4 streaming weight loads feeding every batch row",
     "tiled": "large batches: BM x BN tiles staged in shared memory, register micro-tiles",
     "rowwarp": "N <= 32 (classifier heads): a warp per rows of Y, row Softmax fused in registers",
+    "tc_3xtf32": "large batches on the tensor cores, FP32-exact by measurement: each operand split into big + small "
+                 "TF32 parts (three mma.sync per tile), tiles streamed through a cp.async pipeline",
+    "tc_tf32": "tc_3xtf32 with one TF32 mma.sync per tile (opt-in, ~3e-4 relative error, as cuBLAS's TF32 mode)",
+    "wg_3xtf32": "large batches on Hopper (sm_90a): tc_3xtf32's arithmetic on wgmma, producer warpgroups copying "
+                 "through a cp.async and mbarrier pipeline, consumer warpgroups multiplying; K a multiple of 4",
 }
-CONFIGS: dict[str, type[GemmConfig]] = {"gemv": GemvConfig, "tiled": TiledConfig, "rowwarp": RowwarpConfig}
-DEFAULTS = {"gemv": gemv_default, "tiled": tiled_default, "rowwarp": rowwarp_default}
+CONFIGS: dict[str, type[GemmConfig]] = {"gemv": GemvConfig, "tiled": TiledConfig, "rowwarp": RowwarpConfig,
+                                        "tc_3xtf32": TensorConfig, "tc_tf32": TensorConfig, "wg_3xtf32": WgmmaConfig}
+DEFAULTS = {"gemv": gemv_default, "tiled": tiled_default, "rowwarp": rowwarp_default,
+            "tc_3xtf32": tensor_default, "tc_tf32": lambda spec: tensor_default(spec, "tc_tf32"), "wg_3xtf32": wgmma_default}
+SIMT_FAMILIES = ("gemv", "tiled", "rowwarp")  # FP32 FMAs
+EXACT_FAMILIES = (*SIMT_FAMILIES, "tc_3xtf32", "wg_3xtf32")  # the heuristic's and the tuner's choice; tc_tf32 is opt-in
 
 
 def configure(spec: GemmSpec, variant: str) -> GemmConfig:
@@ -256,6 +387,21 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
             return f"{config}: {mb * opw} sums a warp in blocks of {config.warps} warps would spill; at most 8 warps"
     if isinstance(config, TiledConfig) and config not in TILES:
         return f"{config}: the tiles are {', '.join(t.name() for t in TILES)}"
+    if isinstance(config, TensorConfig):
+        tile = config.block[:2]
+        if tile not in TENSOR_TILES or config.warp != TENSOR_TILES[tile] or config.block[2] != TENSOR_DEPTH:
+            return f"{config}: the tiles are {', '.join(TensorConfig(config.family, (*t, TENSOR_DEPTH), w, 3).name() for t, w in TENSOR_TILES.items())} (any stage count 2..4)"
+        if not 2 <= config.stages <= 4:
+            return f"{config}: 2 to 4 stages"
+    if isinstance(config, WgmmaConfig):
+        if config.block[:2] not in WGMMA_TILES or config.block[2] != TENSOR_DEPTH:
+            return f"{config}: the tiles are {', '.join(WgmmaConfig(config.family, (*t, TENSOR_DEPTH), WGMMA_STAGES).name() for t in WGMMA_TILES)}"
+        if config.stages < 2 or config.shared_bytes() > MAX_SHARED_BYTES:
+            return f"{config}: at least 2 stages, within {MAX_SHARED_BYTES >> 10} KB of shared memory"
+        if spec.k % 4:
+            return f"wg_3xtf32 copies A's rows in 16-byte quads: K must be a multiple of 4, not {spec.k}"
+        if not wgmma_runs_here():
+            return f"wg_3xtf32 needs an sm_90 GPU (wgmma); this one is {cuda.device_arch()}"
     if isinstance(config, RowwarpConfig):
         if spec.n > MAX_ROWWARP_N:
             return f"rowwarp needs N <= {MAX_ROWWARP_N} (a lane per output); this Gemm has N = {spec.n}"
@@ -264,13 +410,20 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
     return None
 
 
-def heuristic_config(spec: GemmSpec, epilogue: GemmEpilogue = NONE) -> GemmConfig:
-    """gemv for batch <= 16, rowwarp for narrow outputs (and wherever a Softmax is fused), else tiled."""
+def heuristic_config(spec: GemmSpec, epilogue: GemmEpilogue = NONE, tensor_cores: bool = True) -> GemmConfig:
+    """gemv for batch <= 16, rowwarp for narrow outputs (and wherever a Softmax is fused), else the
+    tensor cores in 3xTF32: on wgmma where its grid fills the GPU, else on mma.sync (or, without
+    `tensor_cores`, tiled FP32 FMAs)."""
     if epilogue.softmax or (spec.n <= MAX_ROWWARP_N and spec.m > MAX_GEMV_BATCH):
         return rowwarp_default(spec)
     if spec.m <= MAX_GEMV_BATCH:
         return gemv_default(spec)
-    return tiled_default(spec)
+    if not tensor_cores:
+        return tiled_default(spec)
+    hopper = wgmma_default(spec)
+    if fills_the_gpu(spec, hopper) and unsupported_reason(spec, hopper, epilogue) is None:
+        return hopper
+    return tensor_default(spec)
 
 
 def defines(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue) -> dict:

@@ -20,7 +20,7 @@ from ...registry import Kernel
 from ..operands import checked_array
 from . import reference
 from .epilogue import NONE, GemmEpilogue
-from .families import GemmConfig, defines, effective_bias
+from .families import GemmConfig, TensorConfig, WgmmaConfig, defines, effective_bias
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
 
@@ -66,7 +66,16 @@ def column_bias(xp: Any, c: Any, spec: GemmSpec) -> Any:
 
 def compile_job(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue, arch: str) -> CompileJob:
     """What GemmKernel compiles for this configuration on a GPU of `arch`."""
-    return cuda.module_job(config.source, defines(spec, config, epilogue), arch)
+    return cuda.module_job(config.source, defines(spec, config, epilogue), arch, arch_specific=config.arch_specific)
+
+
+TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value that a TF32 operand keeps
+SPLIT_BLOCK = 256  # gemm_small_parts' block
+
+
+def small_parts(cupy: Any, values: Any) -> Any:
+    """Each value less its TF32 bits (exact in FP32): the small parts wgmma's 3xTF32 multiplies."""
+    return values - (values.view(cupy.uint32) & TF32_KEPT).view(cupy.float32)
 
 
 class GemmKernel(Kernel):
@@ -81,10 +90,22 @@ class GemmKernel(Kernel):
         self.variant = config.name()
         self.name = kernel_name(op, self.variant, epilogue)
         module = cuda.load(compile_job(spec, config, epilogue, cuda.device_arch()))
-        self.function = module.get_function(f"gemm_{config.family}")
-        self.functions = [self.function]
+        tensor = isinstance(config, (TensorConfig, WgmmaConfig))
+        self.function = module.get_function(config.function)
+        # wgmma reads A's small parts beside A: gemm_small_parts makes them before each product
+        self._split = module.get_function("gemm_small_parts") if isinstance(config, WgmmaConfig) else None
+        self.functions = [self.function] + ([self._split] if self._split is not None else [])
+        # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an
+        # infinity into NaN (tf32_mma.cuh): the runner watches such a kernel, which raises its own flag
+        # as it stores (registry.Kernel); a fused row Softmax is split off on the exact path
+        self.nonfinite_exact = not tensor and not epilogue.softmax
+        self.flags_nonfinite = tensor
+        self._shared = config.shared_bytes() if tensor else 0
+        if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
+            self.function.max_dynamic_shared_size_bytes = self._shared
         self.bias_mode = effective_bias(spec)
         self._w = None if b is None else padded_weights(cupy, cupy.asarray(b, dtype=cupy.float32), spec, config)
+        self._w_small = small_parts(cupy, self._w) if self._split is not None and self._w is not None else None
         self._c = None
         if self.bias_mode == BIAS_COLUMN and c is not None:
             self._c = column_bias(cupy, cupy.asarray(c), spec)
@@ -121,8 +142,31 @@ class GemmKernel(Kernel):
         scaled = c * np.float32(self.spec.beta) if self.spec.beta != 1.0 else c
         return cupy.ascontiguousarray(cupy.broadcast_to(scaled, (batch, self.spec.n)))
 
-    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
-        """[Y] for the node's inputs; Y is `out` when given (a C-contiguous float32 array, written in full)."""
+    def workspace_bytes(self, batch: int) -> int:
+        """A's small parts, for wgmma."""
+        return 4 * batch * self.spec.k if self._split is not None else 0
+
+    def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int) -> None:
+        args = (a, w, c, y, np.int32(batch))
+        if self._split is not None:
+            import cupy
+
+            a_small = cupy.empty_like(a)
+            blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
+            self._split((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
+            w_small = self._w_small if w is self._w else small_parts(cupy, w)
+            args = (a, a_small, w, w_small, c, y, np.int32(batch))
+        if self.flags_nonfinite:
+            self.function(grid, self._block, (*args, np.uint64(nonfinite)), shared_mem=self._shared)
+        else:
+            self.function(grid, self._block, args)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
+        """[Y] for the node's inputs; Y is `out` when given (a C-contiguous float32 array, written in full).
+        `nonfinite`: for a kernel that `flags_nonfinite`, the device address of a zeroed byte it sets if Y
+        holds a NaN or an Inf."""
+        if nonfinite and not self.flags_nonfinite:
+            raise PluginError(f"{self.name}: this kernel does not flag NaN and Inf itself")
         import cupy
 
         if not inputs:
@@ -134,7 +178,7 @@ class GemmKernel(Kernel):
             grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
             with cuda.on_stream(stream):
                 y = cupy.empty((batch, self.spec.n), dtype=cupy.float32)
-                self.function(grid, self._block, (a, self._w, self._c_arg, y, np.int32(batch)))
+                self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite)
             return [y]
         with cuda.on_stream(stream):
             a = self._operand_a(cupy, checked_array(cupy, inputs[0], "A", self.name))
@@ -149,14 +193,17 @@ class GemmKernel(Kernel):
                     raise PluginError(f"{self.name}: B has shape {tuple(b.shape)}, expected {self.spec.b_shape}")
                 w = padded_weights(cupy, b, self.spec, self.config)
             c = self._operand_c(cupy, inputs, batch)
-            y = cupy.empty((batch, self.spec.n), dtype=cupy.float32) if out is None else out
             if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != cupy.float32 or tuple(out.shape) != (batch, self.spec.n)
                                     or not out.flags.c_contiguous):
                 raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {(batch, self.spec.n)}")
+            # the tensor-core kernel stores two neighbouring outputs as one 8-byte float2
+            y = out if out is not None and out.data.ptr % 8 == 0 else cupy.empty((batch, self.spec.n), dtype=cupy.float32)
             if batch:
                 for start in range(0, batch, self.config.max_batch()):  # a grid's y extent is limited
                     rows = min(self.config.max_batch(), batch - start)
                     c_rows = c[start:start + rows] if self.bias_mode == BIAS_FULL else c
-                    self.function(self.config.grid(self.spec, rows), (self.config.threads, 1, 1),
-                                  (a[start:start + rows], w, c_rows, y[start:start + rows], np.int32(rows)))
+                    self._launch(self.config.grid(self.spec, rows), a[start:start + rows], w, c_rows, y[start:start + rows], rows, nonfinite)
+            if out is not None and y is not out:
+                out[...] = y
+                y = out
         return [y]

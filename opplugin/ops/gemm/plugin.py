@@ -52,6 +52,11 @@ class GemmPlugin(Plugin):
         spec = self.gemm_spec(node)
         return {name: families.unsupported_reason(spec, default(spec)) for name, default in families.DEFAULTS.items()}
 
+    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:
+        """FP32 FMAs (the tiled family) for the exact path's rerun of a chunk in which the tensor cores'
+        3xTF32 met NaN or Inf; none on the CPU device, whose reference keeps them."""
+        return families.tiled_default(self.gemm_spec(node)).name() if device.is_cuda else None
+
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """An activation, then a Softmax over the rows; or a Softmax alone. On a GPU the Softmax
         fuses only where a family can run it (N <= 32); the activation always can."""
@@ -130,6 +135,9 @@ class MatMulPlugin(GemmPlugin):
 
     def variant_notes(self, node: NodeInfo, device: Device) -> dict[str, str | None]:
         return super().variant_notes(node, device) if spec_of(node, self.make_spec).is_flat else {}
+
+    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:
+        return super().nonfinite_exact_variant(node, device) if spec_of(node, self.make_spec).is_flat else None
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: an activation."""

@@ -239,7 +239,9 @@ def test_heuristic_choice_by_batch_and_width():
              (16, 128, 32754): "gemv_w4x2_k16", (16, 128, 7200): "gemv_w4x2_k16", (1, 32, 1024): "gemv_w1x1_k8",
              (16, 4, 128): "gemv_w1x1_k1", (1, 4, 128): "gemv_w1x1_k1"}
     assert {shape: families.heuristic_config(GemmSpec(*shape)).name() for shape in picks} == picks
-    assert families.heuristic_config(GemmSpec(10000, 128, 7200)).name().startswith("tiled_")
+    assert families.heuristic_config(GemmSpec(10000, 128, 7200)).name() == "wg_3xtf32_b128x64x32_s3"  # the grid fills the GPU
+    assert families.heuristic_config(GemmSpec(10000, 128, 7200), tensor_cores=False).name().startswith("tiled_")
+    assert families.heuristic_config(GemmSpec(197, 1152, 384)).name() == "tc_3xtf32_b32x64x32_w32x16_s3"  # a ViT's QKV, one image
     assert families.heuristic_config(GemmSpec(10000, 32, 1024)).name().startswith("rowwarp_")
     assert families.heuristic_config(GemmSpec(3, 10, 128), GemmEpilogue(softmax=True)).name().startswith("rowwarp_")
     # every configuration the heuristic names parses back to itself

@@ -7,7 +7,7 @@ too few threads while the Gemm families read each weight once with every lane bu
 
 X in NCHW is already the N x K matrix (an image's channels, rows and columns are the
 filter's order) and Y's N x M x 1 x 1 is the N x M one, so the kernels read and write the
-Conv's own tensors. Each Gemm family (ops/gemm/families.py: `gemv` for batch 1-16, `tiled`,
+Conv's own tensors. Each FP32-FMA Gemm family (ops/gemm/families.py: `gemv` for batch 1-16, `tiled`,
 `rowwarp` for narrow outputs) is a Conv family here, its name prefixed with `dense_` and its
 configuration spelled as the Gemm's ("dense_gemv_w1x1_k4"); the fused activation runs on
 the Gemm epilogue. A residual Add or a max pool has no place there, so such a step goes to
@@ -63,7 +63,7 @@ def dense_family(spec: ConvSpec, epilogue: Epilogue = NONE) -> str:
     1152->48 ran 40 µs on tiled (2 blocks) and 2.7 on gemv, 480->20 9.7 on rowwarp and 1.9 on
     gemv; where tiled had 36 blocks and K = 48 (the excite 48->1152) it ran 3.4 and gemv 3.8."""
     layer = gemm_spec(spec)
-    config = gemm.heuristic_config(layer, gemm_epilogue(epilogue))
+    config = gemm.heuristic_config(layer, gemm_epilogue(epilogue), tensor_cores=False)
     if math.prod(config.grid(layer, layer.m)) < gemm.SMS:
         config = gemm.gemv_default(layer)
     return PREFIX + config.family
@@ -160,4 +160,6 @@ class DenseConvKernel(ConvKernel):
             self._function(grid, self._block, (x[start:start + rows], w, b, y[start:start + rows], np.int32(rows)))
 
 
-FAMILIES: list[Family] = [DenseGemm(name, summary) for name, summary in gemm.FAMILIES.items()]
+# the FP32-FMA families: a dense Conv is a CNN's small last layers, where the tensor cores' tiles
+# would leave most SMs idle
+FAMILIES: list[Family] = [DenseGemm(name, gemm.FAMILIES[name]) for name in gemm.SIMT_FAMILIES]

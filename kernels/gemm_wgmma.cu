@@ -1,0 +1,110 @@
+// gemm_wgmma: Y = epilogue(A W^T) in 3xTF32 on Hopper's asynchronous warpgroup MMA (sm_90a alone;
+// gemm_tc is the path elsewhere and for grids too small to fill the GPU). A is batch x K and W is
+// N x K, both K-contiguous, FP32 in and out.
+//
+// Why: gemm_tc's warps load and split their own fragments from shared memory, so the 3xTF32 loop is
+// bound by its instruction mix; here wgmma reads both operands from shared memory through
+// descriptors, producer warpgroups do the copies, and consumer warpgroups only issue MMAs
+// (wgmma_3xtf32.cuh: the pipeline, the arithmetic, the swizzle, the accumulators' layout).
+//
+// A block computes BM rows x BN columns of Y: the rows are the data rows (64 a consumer warpgroup),
+// the columns the weight rows (one wgmma's N: 64 or 128). The operands arrive with their small parts
+// beside them: W's (and W padded with zero rows to a multiple of BN and zero columns to KP, a multiple
+// of BK) made once at build, A's by gemm_small_parts before each call. A's rows past the batch and k
+// past K are copied as zeros, so K must be a multiple of 4 (16-byte copies of whole quads).
+//
+// The epilogue (gemm_epilogue.cuh: alpha, C, the activation) runs on the accumulators; a lane's two
+// neighbouring columns are stored as one float2 when N is even (store_output_pair).
+//
+// Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32), STAGES and the epilogue's.
+// Launch gemm_small_parts (block 256, any grid) over A first, then gemm_wgmma: block (4 * BM),
+// grid (ceil(N / BN), ceil(batch / BM)), dynamic shared memory (STAGES * 2 * (BM + BN) * BK * 4 +
+// STAGES * 16 + 1024) bytes. nonfinite: a byte raised where an output is NaN or Inf (null: the
+// step is not watched; see watch_flag.cuh).
+#include "gemm_epilogue.cuh"
+
+#define W_ROWS BN  // Y's columns: wgmma's N
+#define X_ROWS BM  // Y's rows: 64 a consumer warpgroup
+#include "wgmma_3xtf32.cuh"
+
+static_assert(K % 4 == 0, "A's rows copied in 16-byte quads");
+static_assert(KP % BK == 0 && KP >= K, "W's columns padded to whole slices");
+
+// small[i] = small_part(a[i]) for `count` values (a multiple of 4: K is)
+extern "C" __global__ void __launch_bounds__(256)
+gemm_small_parts(const float4* __restrict__ a, float4* __restrict__ small, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 4; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 v = __ldg(a + i);
+        small[i] = make_float4(small_part(v.x), small_part(v.y), small_part(v.z), small_part(v.w));
+    }
+}
+
+// A slice's copies for produce_slices: eight consecutive threads on a row's eight quads (one 128-byte
+// line read, all 32 banks written), rows NTHREADS / 8 apart; the weight rows, then the data rows.
+struct SliceCopies {
+    static constexpr int ROW_STEP = NTHREADS / QUADS;
+    const float* __restrict__ a;
+    const float* __restrict__ a_small;
+    const float* __restrict__ w;
+    const float* __restrict__ w_small;
+    int m0, n0, batch;
+
+    __device__ __forceinline__ void copy(float* stage, int j) const
+    {
+        static_assert(BM % ROW_STEP == 0 && BN % ROW_STEP == 0, "whole turns of rows");
+        const int quad = threadIdx.x % QUADS, first_row = threadIdx.x / QUADS;
+        const int k = j * BK + quad * 4;
+#pragma unroll
+        for (int row = first_row; row < BN; row += ROW_STEP) {
+            const size_t from = (size_t)(n0 + row) * KP + k;
+            const int to = SWIZZLED_AT(row, quad * 4);
+            copy_async16(stage + to, w + from, true);
+            copy_async16(stage + A_STAGE + to, w_small + from, true);
+        }
+#pragma unroll
+        for (int row = first_row; row < BM; row += ROW_STEP) {
+            const bool valid = m0 + row < batch && k < K;
+            const size_t from = valid ? (size_t)(m0 + row) * K + k : 0;
+            const int to = SWIZZLED_AT(row, quad * 4);
+            copy_async16(stage + 2 * A_STAGE + to, a + from, valid);
+            copy_async16(stage + 2 * A_STAGE + B_STAGE + to, a_small + from, valid);
+        }
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
+gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const float* __restrict__ w,
+           const float* __restrict__ w_small, const float* __restrict__ bias, float* __restrict__ y, int batch,
+           unsigned char* nonfinite)
+{
+    extern __shared__ float4 shared_tiles[];
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    unsigned long long *full, *empty;
+    float* stages = stage_memory(shared_tiles, full, empty);
+
+    if (threadIdx.x < NTHREADS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
+        const SliceCopies copies{a, a_small, w, w_small, m0, n0, batch};
+        produce_slices(copies, KP / BK, stages, full, empty);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
+    float acc[ACC];
+    consume_slices(acc, KP / BK, stages, full, empty);
+
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 rows of the tile
+#pragma unroll
+    for (int upper = 0; upper < 2; ++upper) {
+        const int m = m0 + row0 + g + 8 * upper;
+        if (m >= batch) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int n = n0 + 8 * j + 2 * t;
+            store_output_pair(y, bias, nonfinite, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1]);
+        }
+    }
+}

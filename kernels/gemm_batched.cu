@@ -12,33 +12,11 @@
 // with loads that run along rows (coalesced), so each loaded float feeds 64 multiply-adds.
 // Arithmetic is FP32 with fmaf, K in order, so a result never depends on the run.
 #include "activation.cuh"
+#include "matmul_batch_axes.cuh"
 
 #define BM 64
 #define BN 64
 #define BK 16
-
-__device__ __forceinline__ void matrix_offsets(long long j, long long& a_offset, long long& b_offset)
-{
-    a_offset = 0;
-    b_offset = 0;
-#if BATCH_RANK > 3
-    a_offset += (j % OUT_DIM3) * (long long)A_STRIDE3;
-    b_offset += (j % OUT_DIM3) * (long long)B_STRIDE3;
-    j /= OUT_DIM3;
-#endif
-#if BATCH_RANK > 2
-    a_offset += (j % OUT_DIM2) * (long long)A_STRIDE2;
-    b_offset += (j % OUT_DIM2) * (long long)B_STRIDE2;
-    j /= OUT_DIM2;
-#endif
-#if BATCH_RANK > 1
-    a_offset += (j % OUT_DIM1) * (long long)A_STRIDE1;
-    b_offset += (j % OUT_DIM1) * (long long)B_STRIDE1;
-    j /= OUT_DIM1;
-#endif
-    a_offset += j * (long long)A_STRIDE0;
-    b_offset += j * (long long)B_STRIDE0;
-}
 
 extern "C" __global__ void __launch_bounds__(256)
 matmul_batched(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int first)

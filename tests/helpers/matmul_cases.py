@@ -47,6 +47,8 @@ CASES = {
     "batched, a constant B broadcast over the batch": ((2, 4, 70, 20), (4, 20, 65), "b", "Tanh", False),
     "batched, a constant B of rank 4 broadcast over axis 1": ((2, 3, 8, 5), (1, 1, 5, 6), "b", None, False),
     "batched, a constant A, B at run time": ((3, 12), (2, 3, 12, 7), "a", None, False),
+    "attention scores: (N, H, T, D) x (N, H, D, T)": ((2, 3, 50, 64), (2, 3, 64, 50), "", None, False),
+    "attention values: (N, H, T, T) x (N, H, T, D), T odd": ((2, 3, 49, 49), (2, 3, 49, 64), "", None, False),
 }
 
 

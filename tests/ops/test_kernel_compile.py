@@ -735,8 +735,11 @@ def _row_units() -> dict:
         units[name] = (reduction_kernel.SOURCE, reduction_kernel.norm_defines(spec), "normalize_rows")
     for name, spec in {"matmul batched both at run time": matmul_kernel.MatMulSpec((2, 3, 17, 33), (2, 3, 33, 9), False, False),
                        "matmul batched, rank-6 A, B broadcast": matmul_kernel.MatMulSpec((2, 2, 3, 4, 8, 5), (1, 1, 1, 1, 5, 6), False, True),
-                       "matmul batched, constant A": matmul_kernel.MatMulSpec((3, 12), (2, 3, 12, 7), True, False)}.items():
-        units[name] = (matmul_kernel.BATCHED_SOURCE, matmul_kernel.batched_defines(spec, None), "matmul_batched")
+                       "matmul batched, constant A": matmul_kernel.MatMulSpec((3, 12), (2, 3, 12, 7), True, False),
+                       "matmul batched, attention scores": matmul_kernel.MatMulSpec((32, 6, 197, 64), (32, 6, 64, 197), False, False),
+                       "matmul batched, attention values": matmul_kernel.MatMulSpec((32, 6, 197, 197), (32, 6, 197, 64), False, False)}.items():
+        for variant, (source, function) in matmul_kernel.BATCHED_SOURCES.items():
+            units[f"{name} {variant}"] = (source, matmul_kernel.batched_defines(spec, None, variant), function)
     return units
 
 

@@ -95,3 +95,25 @@ def test_an_infinity_through_a_tensor_core_gemm_comes_out_as_onnxruntime_has_it(
     np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))
     np.testing.assert_array_equal(np.isinf(result.outputs["y"]), np.isinf(reference))
     np.testing.assert_allclose(result.outputs["y"], reference, rtol=1e-5, atol=1e-5)
+
+
+def test_an_infinity_through_a_batched_tensor_core_matmul_comes_out_as_onnxruntime_has_it(tmp_path):
+    """The batched product's 3xTF32 kernel is watched too, its chunk rerun on the FP32-FMA kernel."""
+    import onnxruntime as ort
+    from matmul_cases import fresh_inputs, matmul_model
+    from onnx import TensorProto, helper
+
+    proto = matmul_model((2, 3, 50, 64), (2, 3, 64, 50), "")
+    proto.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 50, 50]))
+    model = load_model(save(proto, tmp_path / "scores.onnx"))
+    runner = Runner(model, 4, "cuda", chunk=4, streams=1)
+    [step] = runner.plan.plugin_steps
+    assert runner.kernels[step.name].name == "matmul.batched_3xtf32"
+    feeds = fresh_inputs(proto, 4, 8)
+    feeds["a"][3, 1, 20, 5] = np.inf
+    result = runner.run(feeds)
+    assert result.exact_reruns == 1
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.isinf(reference[3, 1, 20]).all()
+    np.testing.assert_array_equal(np.isinf(result.outputs["y"]), np.isinf(reference))
+    np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))

@@ -5,8 +5,9 @@ Two forms, decided per node at plan time:
   (C, 4C). A's leading axes merge into the Gemm's rows (a view of a contiguous A), so every
   Gemm family, its heuristic and its epilogue (activation, row Softmax) run it unchanged.
 - batched: anything else (B computed at run time, a constant B of rank 3 or more, a constant
-  A): one (M, K) x (K, N) product per output matrix, the leading axes broadcast as numpy does
-  (kernels/gemm_batched.cu; an activation fuses into it).
+  A): one (M, K) x (K, N) product per output matrix, the leading axes broadcast as numpy does,
+  an activation fused: `batched_3xtf32` on the tensor cores (kernels/gemm_batched_tc.cu, the GPU's
+  default), or `batched` on FP32 FMAs (kernels/gemm_batched.cu).
 
 The batch is the first axis of the output, and every operand computed at run time has the
 output's rank, so its first axis is that batch; a constant may broadcast along it.
@@ -26,8 +27,12 @@ from ..activation import Activation
 from ..operands import batched_input
 from .spec import GemmSpec
 
-BATCHED_SOURCE = "gemm_batched.cu"
-BATCHED_TILE = (64, 64, 16)  # BM x BN x BK of kernels/gemm_batched.cu: 256 threads, 4 x 4 outputs each
+BATCHED = "batched"  # the variants of a batched product on a GPU: FP32 FMAs ...
+BATCHED_3XTF32 = "batched_3xtf32"  # ... and the tensor cores (the default)
+BATCHED_SOURCES = {BATCHED: ("gemm_batched.cu", "matmul_batched"), BATCHED_3XTF32: ("gemm_batched_tc.cu", "matmul_batched_tc")}
+BATCHED_TILE = (64, 64)  # BM x BN of both kernels: 256 threads
+TC_STAGES = 3
+TC_SHARED_BYTES = TC_STAGES * (64 * 36 + 32 * 72) * 4  # the A and B slices of kernels/gemm_batched_tc.cu's stages
 MAX_BATCH_RANK = 4
 GRID_Z_LIMIT = 65535
 
@@ -186,7 +191,7 @@ class FlatMatMulKernel(Kernel):
         return [y.reshape(shape)]
 
 
-def batched_defines(spec: MatMulSpec, activation: Activation | None) -> dict[str, int | str]:
+def batched_defines(spec: MatMulSpec, activation: Activation | None, variant: str = BATCHED_3XTF32) -> dict[str, int | str]:
     lead = spec.batch_shape
     macros: dict[str, int | str] = {"M": spec.m, "N": spec.n, "K": spec.k, "BATCH_RANK": max(1, len(lead))}
     a_strides, b_strides = (spec.strides("a"), spec.strides("b")) if lead else ((0,), (0,))
@@ -194,23 +199,34 @@ def batched_defines(spec: MatMulSpec, activation: Activation | None) -> dict[str
         macros[f"A_STRIDE{axis}"], macros[f"B_STRIDE{axis}"] = a_strides[axis], b_strides[axis]
         if axis:
             macros[f"OUT_DIM{axis}"] = lead[axis]
+    if variant == BATCHED_3XTF32:
+        macros["STAGES"] = TC_STAGES
     return macros | (activation.define() if activation else {})
 
 
-def batched_job(spec: MatMulSpec, activation: Activation | None, arch: str) -> CompileJob:
+def batched_job(spec: MatMulSpec, activation: Activation | None, arch: str, variant: str = BATCHED_3XTF32) -> CompileJob:
     """What BatchedMatMulKernel compiles for this node on a GPU of `arch`."""
-    return cuda.module_job(BATCHED_SOURCE, batched_defines(spec, activation), arch)
+    return cuda.module_job(BATCHED_SOURCES[variant][0], batched_defines(spec, activation, variant), arch)
 
 
 class BatchedMatMulKernel(Kernel):
-    """kernels/gemm_batched.cu for one node; call it with [A, B] (CuPy arrays; a constant given at build is ignored)."""
+    """The batched product for one node (`variant`: BATCHED or BATCHED_3XTF32); call it with [A, B]
+    (CuPy arrays; a constant given at build is ignored)."""
 
-    def __init__(self, spec: MatMulSpec, activation: Activation | None, name: str, a: np.ndarray | None, b: np.ndarray | None):
+    def __init__(self, spec: MatMulSpec, activation: Activation | None, name: str, a: np.ndarray | None, b: np.ndarray | None,
+                 variant: str = BATCHED_3XTF32):
         import cupy
 
-        self.spec, self.activation, self.name = spec, activation, name
-        self.function = cuda.load(batched_job(spec, activation, cuda.device_arch())).get_function("matmul_batched")
+        self.spec, self.activation, self.name, self.variant = spec, activation, name, variant
+        self.function = cuda.load(batched_job(spec, activation, cuda.device_arch(), variant)).get_function(BATCHED_SOURCES[variant][1])
         self.functions = [self.function]
+        tensor = variant == BATCHED_3XTF32
+        # FP32 FMAs carry NaN and Inf as onnxruntime's do; the tensor cores' split operands turn an infinity
+        # into NaN, so the runner watches that kernel (it raises its own flag) and reruns on BATCHED
+        self.nonfinite_exact, self.flags_nonfinite = not tensor, tensor
+        self._shared = TC_SHARED_BYTES if tensor else 0
+        if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
+            self.function.max_dynamic_shared_size_bytes = self._shared
         self._constants = [None if x is None else cupy.asarray(x, dtype=cupy.float32) for x in (a, b)]
 
     def flops(self, batch: int) -> int:
@@ -224,11 +240,15 @@ class BatchedMatMulKernel(Kernel):
             return self._constants[index]
         x = inputs[index] if len(inputs) > index else None
         expected = (self.spec.a_shape, self.spec.b_shape)[index][1:]
-        return cupy.ascontiguousarray(batched_input(cupy, x, expected, "AB"[index], self.name))
+        x = cupy.ascontiguousarray(batched_input(cupy, x, expected, "AB"[index], self.name))
+        return x if x.data.ptr % 16 == 0 else x.copy()  # 16-byte copies need 16-byte rows; a fresh array has them
 
-    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
+        """[C] for the node's inputs; `nonfinite` as GemmKernel's (for the tensor-core kernel)."""
         import cupy
 
+        if nonfinite and not self.flags_nonfinite:
+            raise PluginError(f"{self.name}: this kernel does not flag NaN and Inf itself")
         with cuda.on_stream(stream):
             a, b = self._operand(cupy, inputs, 0), self._operand(cupy, inputs, 1)
             batch = int((b if self._constants[0] is not None else a).shape[0])
@@ -240,8 +260,11 @@ class BatchedMatMulKernel(Kernel):
                 raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {shape}")
             y = cupy.empty(shape, dtype=cupy.float32) if out is None else out
             matrices = self.spec.matrices(batch)
-            bm, bn, _ = BATCHED_TILE
+            bm, bn = BATCHED_TILE
             for first in range(0, matrices, GRID_Z_LIMIT):
-                count = min(GRID_Z_LIMIT, matrices - first)
-                self.function((-(-self.spec.n // bn), -(-self.spec.m // bm), count), (256,), (a, b, y, np.int32(first)))
+                grid = (-(-self.spec.n // bn), -(-self.spec.m // bm), min(GRID_Z_LIMIT, matrices - first))
+                if self.flags_nonfinite:
+                    self.function(grid, (256,), (a, b, y, np.int32(first), np.uint64(nonfinite)), shared_mem=self._shared)
+                else:
+                    self.function(grid, (256,), (a, b, y, np.int32(first)))
         return [y]

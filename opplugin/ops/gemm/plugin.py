@@ -16,7 +16,7 @@ from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
-from .matmul import BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job
+from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job
 from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
 
@@ -137,7 +137,9 @@ class MatMulPlugin(GemmPlugin):
         return super().variant_notes(node, device) if spec_of(node, self.make_spec).is_flat else {}
 
     def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:
-        return super().nonfinite_exact_variant(node, device) if spec_of(node, self.make_spec).is_flat else None
+        if spec_of(node, self.make_spec).is_flat:
+            return super().nonfinite_exact_variant(node, device)
+        return BATCHED if device.is_cuda else None
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: an activation."""
@@ -157,33 +159,38 @@ class MatMulPlugin(GemmPlugin):
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         if spec_of(node, self.make_spec).is_flat:
             return super().kernel_name(node, device, variant, fused)
-        return kernel_name("matmul", "batched" if device.is_cuda else "reference", self._batched_epilogue(node, fused))
+        return kernel_name("matmul", self._batched_variant(node, device, variant), self._batched_epilogue(node, fused))
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
             return super().compile_jobs(node, device, variant, fused)
-        epilogue = self._batched_choice(node, variant, fused)
-        return [batched_job(spec, epilogue.activation, device.arch)] if device.is_cuda else []
+        epilogue, chosen = self._batched_epilogue(node, fused), self._batched_variant(node, device, variant)
+        return [batched_job(spec, epilogue.activation, device.arch, chosen)] if device.is_cuda else []
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
             return FlatMatMulKernel(spec, super().build(node, device, variant, fused))
-        epilogue = self._batched_choice(node, variant, fused)
+        epilogue, chosen = self._batched_epilogue(node, fused), self._batched_variant(node, device, variant)
         name = self.kernel_name(node, device, variant, fused)
         if not device.is_cuda:
             return ReferenceMatMulKernel(spec, epilogue.activation, name)
-        return BatchedMatMulKernel(spec, epilogue.activation, name, _constant(node, 0), _constant(node, 1))
+        return BatchedMatMulKernel(spec, epilogue.activation, name, _constant(node, 0), _constant(node, 1), chosen)
 
-    def _batched_choice(self, node: NodeInfo, variant: str | None, fused: Sequence[NodeInfo]) -> GemmEpilogue:
-        """The epilogue of a batched product's kernel, the variant asked for checked: what build makes."""
-        epilogue = self._batched_epilogue(node, fused)
-        if variant not in (None, "reference", "batched"):
-            raise PluginError(f"MatMul {node.name} is a batched product; its kernel is 'batched' (on the CPU device: 'reference')")
-        return epilogue
+    @staticmethod
+    def _batched_variant(node: NodeInfo, device: Device, variant: str | None) -> str:
+        """The kernel a batched product's build makes for the variant asked for: on a GPU the tensor cores
+        unless `batched` (FP32 FMAs) is asked for; on the CPU device the reference."""
+        offered = (BATCHED_3XTF32, BATCHED) if device.is_cuda else ("reference",)
+        if variant is None:
+            return offered[0]
+        if variant not in offered:
+            raise PluginError(f"MatMul {node.name} is a batched product; its kernels are {', '.join(map(repr, offered))}"
+                              f"{'' if device.is_cuda else ' on the CPU device'}")
+        return variant
 
     @staticmethod
     def _batched_epilogue(node: NodeInfo, fused: Sequence[NodeInfo]) -> GemmEpilogue:

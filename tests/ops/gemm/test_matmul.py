@@ -35,8 +35,8 @@ def test_the_reference_matches_onnxruntime(case, batch):
 @pytest.mark.parametrize(("case", "kernel"), [
     ("ConvNeXt MLP in: (N, H, W, C) x (C, 4C), Gelu left out", "matmul.tc_3xtf32_"),
     ("rank 3 rows, Softmax fused", "matmul.rowwarp_r"),
-    ("batched, both at run time", "matmul.batched"),
-    ("batched, a constant B broadcast over the batch", "matmul.batched+tanh"),
+    ("batched, both at run time", "matmul.batched_3xtf32"),
+    ("batched, a constant B broadcast over the batch", "matmul.batched_3xtf32+tanh"),
 ])
 def test_the_form_each_matmul_takes_on_a_gpu(case, kernel):
     a_shape, b_shape, constant, act, softmax = CASES[case]

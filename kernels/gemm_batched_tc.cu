@@ -1,0 +1,134 @@
+// matmul_batched_tc: MatMul of any rank as gemm_batched.cu computes it (C[j] = A[j] (M x K) x
+// B[j] (K x N) for each output matrix j, all row-major, the leading axes broadcast as numpy does,
+// an activation fused), on the tensor cores in 3xTF32: an error of FP32's order against float64
+// (tf32_mma.cuh), at several times the rate of FP32 FMAs. Attention's two products run here: the
+// scores Q K^T and their weighted sum of V.
+//
+// A block computes a 64 x 64 tile of C[j] with 8 warps of 32 x 16; STAGES slices of 32 k of both
+// operands are in flight through cp.async (16-byte copies where a row's length is a multiple of 4,
+// else 4-byte ones; past M, N or K they write zeros). A's tile is stored [m][k], B's [k][n] as B
+// lies, rows padded by 4 and 8 floats so that a warp's fragment loads hit 32 banks.
+//
+// Macros: the shapes as gemm_batched.cu's (M, N, K, BATCH_RANK, OUT_DIM<i>, A_STRIDE<i>, B_STRIDE<i>),
+// STAGES and the activation. Launch: block 256, grid (ceil(N / 64), ceil(M / 64), matrices),
+// dynamic shared memory STAGES * (64 * 36 + 32 * 72) * 4 bytes. nonfinite: a byte raised where an
+// output is NaN or Inf (null: not watched): 3xTF32 turns an infinite operand into NaN, so the
+// runner watches this kernel and reruns such chunks on gemm_batched.cu.
+#include "activation.cuh"
+#include "watch_flag.cuh"
+#include "async_copy.cuh"
+#include "matmul_batch_axes.cuh"
+
+#define BM 64
+#define BN 64
+#define BK 32
+#define WM 32
+#define WN 16
+#define SPLIT 1
+#define WARPS_N (BN / WN)
+#define NTHREADS ((BM / WM) * WARPS_N * 32)
+#define A_STRIDE (BK + 4)
+#define B_STRIDE (BN + 8)
+#define A_STAGE (BM * A_STRIDE)
+#define B_STAGE (BK * B_STRIDE)
+#define KTILES ((K + BK - 1) / BK)
+#define B_K_STEP B_STRIDE  // B's tile as B lies, [k][n]
+#define B_N_STEP 1
+#include "tf32_mma.cuh"
+
+static_assert(NTHREADS == 256, "the launch's block");
+static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
+
+// slice k0 of A[j]'s rows [m0, m0 + BM) and B[j]'s columns [n0, n0 + BN) into shared memory
+__device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __restrict__ a, const float* __restrict__ b,
+                                           int m0, int n0, int k0)
+{
+#if K % 4 == 0
+#pragma unroll
+    for (int i = threadIdx.x; i < BM * BK / 4; i += NTHREADS) {
+        const int row = i / (BK / 4), k = k0 + i % (BK / 4) * 4;
+        const bool valid = m0 + row < M && k < K;
+        copy_async16(As + row * A_STRIDE + (k - k0), valid ? a + (long long)(m0 + row) * K + k : a, valid);
+    }
+#else
+#pragma unroll 4
+    for (int i = threadIdx.x; i < BM * BK; i += NTHREADS) {
+        const int row = i / BK, k = k0 + i % BK;
+        const bool valid = m0 + row < M && k < K;
+        copy_async4(As + row * A_STRIDE + (k - k0), valid ? a + (long long)(m0 + row) * K + k : a, valid);
+    }
+#endif
+#if N % 4 == 0
+#pragma unroll
+    for (int i = threadIdx.x; i < BK * BN / 4; i += NTHREADS) {
+        const int row = i / (BN / 4), n = n0 + i % (BN / 4) * 4;
+        const bool valid = k0 + row < K && n < N;
+        copy_async16(Bs + row * B_STRIDE + (n - n0), valid ? b + (long long)(k0 + row) * N + n : b, valid);
+    }
+#else
+#pragma unroll 4
+    for (int i = threadIdx.x; i < BK * BN; i += NTHREADS) {
+        const int row = i / BN, n = n0 + i % BN;
+        const bool valid = k0 + row < K && n < N;
+        copy_async4(Bs + row * B_STRIDE + (n - n0), valid ? b + (long long)(k0 + row) * N + n : b, valid);
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+matmul_batched_tc(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int first,
+                  unsigned char* nonfinite)
+{
+    extern __shared__ float4 shared_tiles[];
+    float* As = reinterpret_cast<float*>(shared_tiles);
+    float* Bs = As + STAGES * A_STAGE;
+    const long long j = (long long)first + blockIdx.z;
+    long long a_offset, b_offset;
+    matrix_offsets(j, a_offset, b_offset);
+    a += a_offset;
+    b += b_offset;
+    c += j * ((long long)M * N);
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int warp = threadIdx.x / 32;
+    const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+
+    float acc[MT][NT][4];
+    zero_tiles(acc);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, a, b, m0, n0, s * BK);
+        commit_copies();  // an empty group keeps the count of groups in step
+    }
+    for (int i = 0; i < KTILES; ++i) {
+        wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
+        __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
+        const int next = i + STAGES - 1;
+        if (next < KTILES) copy_slice(As + next % STAGES * A_STAGE, Bs + next % STAGES * B_STAGE, a, b, m0, n0, next * BK);
+        commit_copies();
+        tf32_slice(acc, As + i % STAGES * A_STAGE, Bs + i % STAGES * B_STAGE, warp_m, warp_n);
+    }
+    wait_copies<0>();
+
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int upper = 0; upper < 2; ++upper) {
+            const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
+            if (m >= M) continue;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    const int n = n0 + warp_n * WN + nt * 8 + 2 * t + q;
+                    if (n < N) {
+                        const float out = opplugin_activation(acc[mt][nt][2 * upper + q]);
+                        c[(long long)m * N + n] = out;
+                        flag_nonfinite(nonfinite, out);
+                    }
+                }
+            }
+        }
+    }
+}

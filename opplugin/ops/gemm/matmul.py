@@ -186,7 +186,7 @@ class FlatMatMulKernel(Kernel):
             raise PluginError(f"{self.name}: A has shape {tuple(a.shape)}, expected (batch, {', '.join(map(str, self.spec.a_shape[1:]))})")
         shape = self.spec.output_shape(int(a.shape[0]))
         if out.get("out") is not None:
-            out = {"out": out["out"].reshape(-1, self.spec.n)}
+            out = {**out, "out": out["out"].reshape(-1, self.spec.n)}
         [y] = self.gemm([a.reshape(-1, self.spec.k), *inputs[1:]], stream, **out)
         return [y.reshape(shape)]
 

@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from matmul_cases import BIAS_CASES, CASES, fresh_inputs, matmul_model
+from opplugin.errors import PluginError
 from opplugin.gpu.device import CPU, Device
 from reduction_cases import planned
 
@@ -110,3 +111,16 @@ def test_an_mlp_block_runs_as_plugin_steps_and_check_passes(tmp_path):
     x = np.random.default_rng(4).uniform(-2, 2, (3, 5, 6, 32)).astype(np.float32)
     result = check(runner.run, runner.plan_record(), {"x": x})
     assert result.passed
+
+
+def test_a_batched_product_runs_on_the_tensor_cores_unless_fma_is_asked_for():
+    a_shape, b_shape, constant, act, softmax = CASES["attention scores: (N, H, T, D) x (N, H, D, T)"]
+    plan = planned(matmul_model(a_shape, b_shape, constant, act, softmax), 8, GPU)
+    [step] = plan.steps
+    assert step.plugin.kernel_name(step.node, GPU) == "matmul.batched_3xtf32"
+    assert step.plugin.kernel_name(step.node, GPU, "batched") == "matmul.batched"
+    assert step.plugin.nonfinite_exact_variant(step.node, GPU) == "batched"  # the watched kernel's exact rerun
+    with pytest.raises(PluginError, match="its kernels are 'batched_3xtf32', 'batched'"):
+        step.plugin.kernel_name(step.node, GPU, "tiled")
+    with pytest.raises(PluginError, match="'reference' on the CPU device"):
+        step.plugin.kernel_name(step.node, CPU, "batched")

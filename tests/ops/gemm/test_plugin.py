@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from gemm_cases import C_SHAPES, make_problem
 from onnx_builders import finish, save
 from opplugin.cli import main
-from opplugin.gpu.device import select_device
+from opplugin.gpu.device import Device, select_device
 from opplugin.errors import PluginError
 from opplugin.graph.model import Model, load_model
 from opplugin.ops.activation import GELU, GELU_TANH, KINDS, SILU, Activation, cuda_float
@@ -251,6 +251,41 @@ def test_heuristic_choice_by_batch_and_width():
 
 
 # --- the CLI and the shipped model ---------------------------------------------------------
+
+def test_the_tensor_core_families_are_picked_where_they_fill_the_gpu():
+    # wgmma where its grid gives every SM a block, mma.sync where it would not (a ViT's QKV at one image)
+    vit_qkv_32 = GemmSpec(32 * 197, 1152, 384)
+    assert families.heuristic_config(vit_qkv_32).name() == "wg_3xtf32_b128x128x32_s3"
+    assert families.heuristic_config(GemmSpec(197, 1152, 384)).family == "tc_3xtf32"
+    # wgmma copies A in 16-byte quads: an odd K takes mma.sync, which copies four bytes at a time
+    assert families.heuristic_config(GemmSpec(10000, 512, 1023)).family == "tc_3xtf32"
+    assert "K must be a multiple of 4" in families.unsupported_reason(GemmSpec(10000, 512, 1023), families.configure(vit_qkv_32, "wg_3xtf32"))
+    # the opt-in TF32 family is never the heuristic's, nor the bench's default candidate
+    assert "tc_tf32" not in families.EXACT_FAMILIES
+    for spec in (vit_qkv_32, GemmSpec(197, 1152, 384), GemmSpec(10000, 512, 1023)):
+        config = families.heuristic_config(spec)
+        assert families.configure(spec, config.name()) == config and families.unsupported_reason(spec, config) is None
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("tc_3xtf32_b128x128x32_w32x32_s3", "the tiles are"),  # a warp tile the block tile does not take
+    ("tc_3xtf32_b64x64x32_w32x32_s5", "2 to 4 stages"),
+    ("wg_3xtf32_b256x128x32_s3", "the tiles are"),
+    ("wg_3xtf32_b128x128x32_s4", "KB of shared memory"),  # 262 KB of stages
+])
+def test_a_tensor_core_configuration_outside_the_tables_is_refused_with_the_reason(name, why):
+    spec = GemmSpec(1000, 512, 512)
+    assert why in families.unsupported_reason(spec, families.configure(spec, name))
+
+
+def test_the_nan_exact_rerun_of_a_tensor_core_step_is_on_fma_kernels(tmp_path):
+    gpu = Device("cuda", "test GPU")
+    flat = make_plan(load_model(save(gemm_model(make_problem(300, 64, 48, trans_b=True)), tmp_path / "fc.onnx")), 300, gpu)
+    [step] = flat.plugin_steps
+    assert step.kernel_name(gpu).startswith("gemm.tc_3xtf32")  # 300 rows: too few blocks for wgmma
+    assert step.plugin.nonfinite_exact_variant(step.node, gpu).startswith("tiled_")
+    assert step.plugin.nonfinite_exact_variant(step.node, CPU) is None
+
 
 def test_mlp_onehidden_runs_and_checks_on_the_cpu(capsys):
     assert main(["check", "mlp_onehidden", "--batch", "100", "--device", "cpu"]) == 0

@@ -34,7 +34,7 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, s
     and the batch the command runs; a stderr line says where that batch came from when the
     user gave none and the model is not a shipped one. `cuda_graphs` and `streams` are the
     runner's flags: True (--cuda-graphs typed) and more than one stream need a GPU."""
-    loaded = load_declared(model.model, model.ops)
+    loaded = load_declared(model.model, model.ops, data.keep if data is not None else ())
     fix_input_shapes(loaded, model.input_shapes)
     feeds, source = _user_feeds(data, loaded) if data is not None else (None, None)
     require_runnable_inputs(loaded)
@@ -55,10 +55,11 @@ def load(model: ModelOptions, device: str, *, cuda_graphs: bool | None = None, s
     return Loaded(loaded, chosen, batch)
 
 
-def load_declared(model: str, ops_files: tuple[str, ...]):
-    """The model with the custom ops of the --ops files declared (the functions they name kept whole)."""
+def load_declared(model: str, ops_files: tuple[str, ...], keep: tuple[str, ...] = ()):
+    """The model with the custom ops of the --ops files declared (the functions they name kept whole), and
+    the --keep tensors left for its runs to compute (load_model's `keep`)."""
     ops = read_ops(ops_files)
-    loaded = load_model(model, keep_functions=function_ids(ops))
+    loaded = load_model(model, keep_functions=function_ids(ops), keep=keep)
     loaded.declare(with_function_references(ops, loaded.original))
     return loaded
 

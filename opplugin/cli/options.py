@@ -159,13 +159,15 @@ class DataOptions:
         parser.add_argument("--resize", metavar="H,W", help="with --images: resize each image to H x W (default: the model's input size)")
         if not runs:
             parser.add_argument("--keep", action="append", metavar="TENSOR",
-                                help="plan so that a run can keep this tensor: a fusion that would hide it is given up, and said so; repeatable")
+                                help="plan so that a run can keep this tensor: a fusion or load-time rewrite that would hide it is given up, "
+                                     "and said so; repeatable")
             return
         parser.add_argument("--mean", metavar="M[,M,M]", help="with --images: subtracted per channel after scaling pixels to [0, 1] (default 0)")
         parser.add_argument("--std", metavar="S[,S,S]", help="with --images: divided per channel after the mean (default 1)")
         parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the graph's outputs (and --keep tensors) to a .npz file")
         parser.add_argument("--keep", action="append", metavar="TENSOR",
-                            help="with --save-outputs: also save this tensor, any the model computes (a fusion that would hide it is given up); repeatable")
+                            help="with --save-outputs: also save this tensor, any the model computes (a fusion or load-time rewrite that "
+                                 "would hide it is given up); repeatable")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, runs: bool = True) -> DataOptions:

@@ -5,6 +5,7 @@ inputs (prepare)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -97,6 +98,8 @@ def prepare(workload: Workload, *, poison: bool) -> Prepared:
     slots = device_slots(workload.runner)
     loaded = _load(workload)
     checked_keep(loaded.model, workload.data.keep, "--keep")  # before any kernel compiles
+    for what, names in loaded.model.simplification.kept_from.items():  # plan says it in its header
+        print(f"Not done at load, for the kept {', '.join(names)}: {what}", file=sys.stderr)
     devices = _make_devices(workload, loaded, slots, poison=poison) if slots else None
     runner = devices.runners[0] if devices else make_runner(workload, loaded, poison=poison)
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging

@@ -299,10 +299,11 @@ def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
         raise ModelError(f"{path}: cannot read its external data: {first_line(err)}") from None
 
 
-def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] = ()) -> Model:
+def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] = (), keep: Iterable[str] = ()) -> Model:
     """Load and check an ONNX model file (or a shipped model by name); ModelError says what is wrong.
     Calls of the model's own functions are inlined, but those of `keep_functions` ((domain, name):
-    functions a custom op declares, which then run as one node)."""
+    functions a custom op declares, which then run as one node). Load-time simplification leaves out a
+    pass that would remove a tensor of `keep` (the tensors runs will hand back: --keep), and says so."""
     path = resolve_model_path(model)
     if not path.exists():
         shipped = ", ".join(BUNDLED_MODELS)
@@ -328,7 +329,7 @@ def load_model(model: str | Path, *, keep_functions: Iterable[tuple[str, str]] =
         raise ModelError(f"{path} fails onnx's checker: {_checker_message(err)}") from None
     proto = inline_functions(proto, frozenset(keep_functions))
     name_unnamed_nodes(proto.graph)  # before simplifying, so a node has the same name in both graphs
-    bare, constants, done = _simplified(proto, path)
+    bare, constants, done = _simplified(proto, path, keep)
     return Model(bare, display_name(path, proto), original=proto, simplification=done, weights=constants)
 
 
@@ -348,12 +349,12 @@ class SimplificationWarning(UserWarning):
     """Load-time simplification failed; the model runs as loaded."""
 
 
-def _simplified(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
+def _simplified(proto: onnx.ModelProto, path: Path, keep: Iterable[str] = ()) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
     """The simplified graph without its initializers, checked by onnx's checker, and its
     initializers as arrays; the graph as loaded (after one warning) if simplifying fails: a
     model that runs unsimplified beats one that cannot load."""
     try:
-        bare, constants, done = simplify_apart(proto)
+        bare, constants, done = simplify_apart(proto, keep)
         if done.changed:
             onnx.checker.check_model(skeleton(bare, constants), full_check=False)
         return bare, constants, done

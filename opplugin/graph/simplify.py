@@ -18,8 +18,9 @@ the new intermediate tensors a pass named through Graph.new_name.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx
@@ -50,21 +51,26 @@ class Simplification:
     views: dict[str, tuple] = field(default_factory=dict)
     # a tensor of the original graph no node writes after the passes -> what removed it (REMOVED_BY), for --keep
     removed: dict[str, str] = field(default_factory=dict)
+    # a pass left out because it would remove a tensor kept (simplify_apart's `keep`) -> those tensors
+    kept_from: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
-        return bool(self.constants_folded or self.batchnorms_folded or self.dropped)
+        return bool(self.constants_folded or self.batchnorms_folded or self.dropped or self.kept_from)
 
     def summary(self) -> str:
         """One line, e.g. "53 BatchNormalization folded into Conv, 239 ConstantOfShape folded"."""
         parts = [f"{self.batchnorms_folded} BatchNormalization folded into Conv"] if self.batchnorms_folded else []
         parts += [f"{count} {op} folded" for op, count in self.constants_folded.items()]
         parts += [f"{count} {op} dropped" for op, count in self.dropped.items()]
+        parts += [f"not done, for the kept {', '.join(names)}: {what}" for what, names in self.kept_from.items()]
         return ", ".join(parts) or "nothing to simplify"
 
     def as_json(self) -> dict:
-        return {"constants_folded": dict(self.constants_folded), "batchnorms_folded": self.batchnorms_folded,
-                "dropped": dict(self.dropped)}
+        done = {"constants_folded": dict(self.constants_folded), "batchnorms_folded": self.batchnorms_folded, "dropped": dict(self.dropped)}
+        if self.kept_from:  # only where a --keep left a pass out
+            done["not_done_for_keep"] = {what: list(names) for what, names in self.kept_from.items()}
+        return done
 
 
 def simplify(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Simplification]:
@@ -88,7 +94,20 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (fold_channel_affines, "constants_folded"),
 )
 
-# What each pass does to the tensors it removes, in words: why a tensor the file names cannot be kept.
+# Each pass in words, for the plan's line on a pass left out for --keep.
+PASS_NAMES: dict[Callable, str] = {
+    drop_identities: "dropping Identity and Dropout",
+    fold_constants: "constant folding",
+    fold_decomposed_layernorms: "writing decomposed LayerNormalizations as one node",
+    fold_decomposed_gelus: "writing decomposed GELUs as one node",
+    sink_channel_last_regions: "rewriting channel-last regions in NCHW",
+    decompose_einsums: "writing Einsums as MatMul",
+    fold_batchnorms: "folding BatchNormalization into Conv",
+    fold_linear_batchnorms: "folding BatchNormalization into linear layers",
+    fold_channel_affines: "folding per-channel scales and shifts into the layer before",
+}
+
+# What each pass does to the tensors it removes, in words: why a tensor the file names is not computed.
 REMOVED_BY: dict[Callable, str] = {
     drop_identities: "an Identity or Dropout node is dropped at load",
     fold_constants: "it is folded into a constant at load: its value does not depend on the inputs",
@@ -106,18 +125,36 @@ class NamesLost(RuntimeError):
     """A pass broke the rule that names survive (see the module's docstring): `check` could not compare."""
 
 
-def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
+def simplify_apart(model: onnx.ModelProto, keep: Iterable[str] = ()) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification]:
     """The simplified graph without its initializers, the initializers it reads as arrays, and
     what was done; `model` is left untouched. Apart, so that the weights exist once, as arrays:
-    nothing later has to serialise them to learn a shape. Raises NamesLost where a pass broke the rule."""
+    nothing later has to serialise them to learn a shape. Raises NamesLost where a pass broke the rule.
+
+    A pass that would remove a tensor of `keep` (--keep: a tensor a run hands back) is left out, and
+    the passes run again without it: the run then computes that tensor, at the cost of the pass's
+    rewrites elsewhere (Simplification.kept_from says which)."""
+    keep = tuple(dict.fromkeys(keep))  # in the order given: the names each left-out pass lists
+    left_out: dict[Callable, tuple[str, ...]] = {}
+    while True:
+        bare, constants, done, removers = _run_passes(model, [entry for entry in PASSES if entry[0] not in left_out])
+        hit = {name: removers[name] for name in keep if name in done.removed}
+        if not hit:
+            kept_from = {PASS_NAMES.get(run, run.__name__): names for run, names in left_out.items()}
+            return bare, constants, dataclasses.replace(done, kept_from=kept_from)
+        for name, run in hit.items():
+            left_out[run] = (*left_out.get(run, ()), name)
+
+
+def _run_passes(model: onnx.ModelProto, passes) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Simplification, dict[str, Callable]]:
+    """simplify_apart's one go over `passes`, with the pass that removed each removed tensor."""
     graph = Graph(model)
     counts: dict[str, Any] = {"constants_folded": {}, "batchnorms_folded": 0, "dropped": {}}
-    removed: dict[str, str] = {}
-    for run, field_name in PASSES:
+    removers: dict[str, Callable] = {}
+    for run, field_name in passes:
         written = _written(graph)
         done = run(graph)
         for name in written - _written(graph):
-            removed.setdefault(name, REMOVED_BY.get(run, f"{run.__name__} removes it at load"))
+            removers.setdefault(name, run)
         if isinstance(done, int):  # fold_batchnorms: one number
             counts[field_name] += done
         else:  # by op type, or by what the pass rewrites
@@ -126,8 +163,9 @@ def simplify_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, n
     graph.write_back()  # constants that only fed folded nodes go too
     names_survive(model, graph)
     left = _written(graph)  # a later pass may write a name again
-    removed = {name: why for name, why in removed.items() if name not in left}
-    return graph.proto, graph.constants, Simplification(**counts, views=graph.views, removed=removed)
+    removers = {name: run for name, run in removers.items() if name not in left}
+    removed = {name: REMOVED_BY.get(run, f"{run.__name__} removes it at load") for name, run in removers.items()}
+    return graph.proto, graph.constants, Simplification(**counts, views=graph.views, removed=removed), removers
 
 
 def _written(graph: Graph) -> set[str]:

@@ -28,7 +28,8 @@ def _why_absent(model: Model, name: str, tensors: set[str]) -> str:
     removed = model.simplification.removed.get(name)
     if removed is not None:
         same = _same_values(model, name, tensors)
-        return removed + (f"; {same} holds the same values" if same else "")
+        return (removed + (f"; {same} holds the same values" if same else "")
+                + f"; load_model(..., keep=[{name!r}]) leaves that rewrite out, as --keep does")
     if name in model.initializers:
         return f"it is a weight of {model.name} (a constant), not computed by a run"
     near = difflib.get_close_matches(name, sorted(tensors), n=3)

@@ -99,7 +99,7 @@ def test_light_resnet50_plans_no_onnxruntime_step():
 
 
 def test_a_failing_simplification_warns_and_runs_the_graph_as_loaded(tmp_path, monkeypatch):
-    def broken(proto):
+    def broken(proto, keep=()):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(model_module, "simplify_apart", broken)

@@ -99,3 +99,35 @@ def test_a_name_no_step_can_hand_back_is_refused_saying_why(tmp_path, build, nam
     with pytest.raises(InputError) as caught:
         make_plan(model, 2, CPU, keep=(name,))
     assert str(caught.value).startswith(f"cannot keep {name}: {why}") and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("build, keep, left_out", [
+    (conv_bn_relu, ("c",), {"folding BatchNormalization into Conv": ["c"]}),
+    (identities_and_constants, ("x_same", "d"), {"dropping Identity and Dropout": ["x_same", "d"]}),
+    (identities_and_constants, ("w",), {"constant folding": ["w"]}),
+])
+def test_a_tensor_a_load_time_rewrite_removes_is_kept_by_leaving_that_rewrite_out(tmp_path, build, keep, left_out):
+    """load_model(keep=...) (what --keep does) leaves out the passes that would remove a kept tensor, says
+    which, and a run hands the tensor back with onnxruntime's values; the other passes still run."""
+    proto = build()
+    path = save(proto, tmp_path / f"{build.__name__}.onnx")
+    model = load_model(path, keep=keep)
+    assert {what: list(names) for what, names in model.simplification.kept_from.items()} == left_out
+    assert model.simplification.as_json()["not_done_for_keep"] == left_out
+    assert all(f"not done, for the kept {', '.join(names)}: {what}" in model.simplification.summary() for what, names in left_out.items())
+    inputs = {"x": np.random.default_rng(3).standard_normal((2, *[d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim[1:]]))
+              .astype(np.float32)}
+    kept_values_match_onnxruntime(model, proto, inputs, keep)
+    assert load_model(path).simplification.kept_from == {}  # without keep, every pass runs
+
+
+def test_run_keeps_a_tensor_batchnorm_folding_removes_and_says_the_fold_is_not_done(tmp_path, capsys):
+    from opplugin.cli import main
+
+    path = save(conv_bn_relu(), tmp_path / "cbr.onnx")
+    saved = tmp_path / "out.npz"
+    assert main(["run", path, "--batch", "3", "--keep", "c", "--save-outputs", str(saved)]) == 0
+    assert "Not done at load, for the kept c: folding BatchNormalization into Conv" in capsys.readouterr().err
+    assert np.load(saved)["c"].shape == (3, 6, 10, 10)
+    assert main(["plan", path, "--batch", "3", "--keep", "c"]) == 0
+    assert "Simplified at load: not done, for the kept c: folding BatchNormalization into Conv" in capsys.readouterr().out

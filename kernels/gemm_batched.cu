@@ -23,12 +23,7 @@ matmul_batched(const float* __restrict__ a, const float* __restrict__ b, float* 
 {
     __shared__ float as[BK][BM + 1];  // A's slice, K-major: a thread's 4 rows are read together
     __shared__ float bs[BK][BN];
-    const long long j = (long long)first + blockIdx.z;
-    long long a_offset, b_offset;
-    matrix_offsets(j, a_offset, b_offset);
-    a += a_offset;
-    b += b_offset;
-    c += j * ((long long)M * N);
+    locate_matrix(first, a, b, c);
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
 

@@ -16,7 +16,6 @@
 // runner watches this kernel and reruns such chunks on gemm_batched.cu.
 #include "activation.cuh"
 #include "watch_flag.cuh"
-#include "async_copy.cuh"
 #include "matmul_batch_axes.cuh"
 
 #define BM 64
@@ -82,32 +81,14 @@ matmul_batched_tc(const float* __restrict__ a, const float* __restrict__ b, floa
     extern __shared__ float4 shared_tiles[];
     float* As = reinterpret_cast<float*>(shared_tiles);
     float* Bs = As + STAGES * A_STAGE;
-    const long long j = (long long)first + blockIdx.z;
-    long long a_offset, b_offset;
-    matrix_offsets(j, a_offset, b_offset);
-    a += a_offset;
-    b += b_offset;
-    c += j * ((long long)M * N);
+    locate_matrix(first, a, b, c);
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int warp = threadIdx.x / 32;
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
 
     float acc[MT][NT][4];
-    zero_tiles(acc);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KTILES) copy_slice(As + s * A_STAGE, Bs + s * B_STAGE, a, b, m0, n0, s * BK);
-        commit_copies();  // an empty group keeps the count of groups in step
-    }
-    for (int i = 0; i < KTILES; ++i) {
-        wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
-        __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
-        const int next = i + STAGES - 1;
-        if (next < KTILES) copy_slice(As + next % STAGES * A_STAGE, Bs + next % STAGES * B_STAGE, a, b, m0, n0, next * BK);
-        commit_copies();
-        tf32_slice(acc, As + i % STAGES * A_STAGE, Bs + i % STAGES * B_STAGE, warp_m, warp_n);
-    }
-    wait_copies<0>();
+    const auto copy = [&](float* as, float* bs, int k0) { copy_slice(as, bs, a, b, m0, n0, k0); };
+    pipelined_product(acc, As, Bs, B_STAGE, KTILES, copy, warp_m, warp_n);
 
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;

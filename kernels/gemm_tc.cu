@@ -21,7 +21,6 @@
 // STAGES * (BM + BN) * (BK + 4) * 4 bytes. nonfinite: a byte raised where an output is NaN or
 // Inf (null: the step is not watched; see watch_flag.cuh).
 #include "gemm_epilogue.cuh"
-#include "async_copy.cuh"
 
 #define WARPS_M (BM / WM)
 #define WARPS_N (BN / WN)
@@ -79,22 +78,8 @@ gemm_tc(const float* __restrict__ a, const float* __restrict__ w, const float* _
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
 
     float acc[MT][NT][4];
-    zero_tiles(acc);
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KTILES) copy_slice(As + s * A_STAGE, Ws + s * W_STAGE, a, w, m0, n0, batch, s * BK);
-        commit_copies();  // an empty group keeps the count of groups in step
-    }
-    for (int i = 0; i < KTILES; ++i) {
-        wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
-        __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
-        const int next = i + STAGES - 1;
-        if (next < KTILES) copy_slice(As + next % STAGES * A_STAGE, Ws + next % STAGES * W_STAGE, a, w, m0, n0, batch, next * BK);
-        commit_copies();
-        tf32_slice(acc, As + i % STAGES * A_STAGE, Ws + i % STAGES * W_STAGE, warp_m, warp_n);
-    }
-    wait_copies<0>();
+    const auto copy = [&](float* as, float* ws, int k0) { copy_slice(as, ws, a, w, m0, n0, batch, k0); };
+    pipelined_product(acc, As, Ws, W_STAGE, KTILES, copy, warp_m, warp_n);
 
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;

@@ -27,4 +27,16 @@ __device__ __forceinline__ void matrix_offsets(long long j, long long& a_offset,
     b_offset += j * (long long)B_STRIDE0;
 }
 
+// a, b and c moved to output matrix j = first + blockIdx.z and its operands' matrices
+__device__ __forceinline__ void locate_matrix(int first, const float* __restrict__& a, const float* __restrict__& b,
+                                              float* __restrict__& c)
+{
+    const long long j = (long long)first + blockIdx.z;
+    long long a_offset, b_offset;
+    matrix_offsets(j, a_offset, b_offset);
+    a += a_offset;
+    b += b_offset;
+    c += j * ((long long)M * N);
+}
+
 #endif

@@ -22,6 +22,8 @@
 #error "mma.sync TF32 needs sm_80 or newer"
 #endif
 
+#include "async_copy.cuh"
+
 #define MT (WM / 16)  // 16-row MMA tiles per warp
 #define NT (WN / 8)   // 8-column MMA tiles per warp
 
@@ -126,5 +128,31 @@ __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float*
             for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
 #endif
 }
+
+#ifdef STAGES
+// acc = the product over `ktiles` BK-deep slices, STAGES of them in flight: copy(As, Bs, k0) issues the
+// cp.async copies of slice k0 into one stage of the A tiles (A_STAGE floats apart) and of the B tiles
+// (`b_stage` apart), while the warps multiply the slice copied STAGES - 1 turns before.
+template <class Copy>
+__device__ __forceinline__ void pipelined_product(float (&acc)[MT][NT][4], float* As, float* Bs, int b_stage, int ktiles,
+                                                  const Copy& copy, int warp_m, int warp_n)
+{
+    zero_tiles(acc);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles) copy(As + s * A_STAGE, Bs + s * b_stage, s * BK);
+        commit_copies();  // an empty group keeps the count of groups in step
+    }
+    for (int i = 0; i < ktiles; ++i) {
+        wait_copies<STAGES - 2>();  // slice i has landed (this thread's copies)
+        __syncthreads();            // ... and everyone's; slice i - 1 is no longer read
+        const int next = i + STAGES - 1;
+        if (next < ktiles) copy(As + next % STAGES * A_STAGE, Bs + next % STAGES * b_stage, next * BK);
+        commit_copies();
+        tf32_slice(acc, As + i % STAGES * A_STAGE, Bs + i % STAGES * b_stage, warp_m, warp_n);
+    }
+    wait_copies<0>();
+}
+#endif
 
 #endif

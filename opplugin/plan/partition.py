@@ -340,10 +340,11 @@ def _fusable_chain(
 ) -> tuple[list[NodeInfo], set[int]]:
     """Up to MAX_FOLLOWERS nodes after `info`, and the lengths the chain may be cut at.
 
-    Each link is the only reader of the one-output node before it, reading nothing
-    else but constants; or an Add / two-input Sum whose other operand (a residual) is
-    written before `info` runs, so that the fused step can read it; or two nodes
-    computing x * f(x), the only readers of x (SiLU; a cut never separates them)."""
+    Each link is the only reader of the one-output node before it, reading it first and then
+    only constants or tensors written before `info` runs (attention's V), so that the fused step
+    can read them; or an Add / two-input Sum whose other operand (a residual) is written before
+    `info` runs; or two nodes computing x * f(x), the only readers of x (SiLU; a cut never
+    separates them)."""
     chain: list[NodeInfo] = []
     ends = {0}
     current = info
@@ -375,8 +376,10 @@ def _next_link(value: str, readers: dict[str, list[NodeInfo]], graph_outputs: se
         # the other operand must be there when the fused step runs: written before its lead node
         other = inputs[1 - inputs.index(value)]
         return [follower] if other != value and made_by.get(other, -1) < lead_at else []
-    # the output, then only constants (a Clip's bounds), which the fused kernel compiles in
-    if inputs[:1] != [value] or any(i not in follower.constants for i in inputs[1:]):
+    # the output, then constants (a Clip's bounds, which the fused kernel compiles in) or tensors written
+    # before the lead node (attention's V after its Softmax), which the fused step reads
+    if inputs[:1] != [value] or any(i not in follower.constants and (i == value or made_by.get(i, -1) >= lead_at)
+                                    for i in inputs[1:]):
         return []
     return [follower]
 

@@ -85,17 +85,7 @@ class MatMulSpec:
     def strides(self, operand: str) -> tuple[int, ...]:
         """Per output batch axis, how far `operand`'s matrix moves (in floats) when that index grows by one (0: broadcast)."""
         shape, constant = (self.a_shape, self.a_constant) if operand == "a" else (self.b_shape, self.b_constant)
-        lead = shape[:-2]
-        rank = len(self.batch_shape)
-        padded = (1,) * (rank - len(lead)) + tuple(lead)
-        size = shape[-2] * shape[-1]
-        strides, step = [0] * rank, size
-        for axis in range(rank - 1, -1, -1):
-            # the batch axis moves a run-time operand whatever its extent at the plan's batch (1, say)
-            moves = padded[axis] > 1 or (axis == 0 and not constant and len(lead) == rank)
-            strides[axis] = step if moves else 0
-            step *= padded[axis]
-        return tuple(strides)
+        return matrix_strides(shape, constant, len(self.batch_shape))
 
     def flops(self, batch: int) -> int:
         return 2 * self.matrices(batch) * self.m * self.n * self.k
@@ -134,6 +124,20 @@ class MatMulSpec:
             if len(lead) > MAX_BATCH_RANK:
                 raise PluginError(f"{where}: more than {MAX_BATCH_RANK} leading axes are not implemented")
         return spec
+
+
+def matrix_strides(shape: tuple[int, ...], constant: bool, rank: int) -> tuple[int, ...]:
+    """For an operand of `shape` (its last two axes a matrix) under an output with `rank` leading axes:
+    per leading axis, how far its matrix moves (in floats) when that index grows by one (0: broadcast)."""
+    lead = shape[:-2]
+    padded = (1,) * (rank - len(lead)) + tuple(lead)
+    strides, step = [0] * rank, shape[-2] * shape[-1]
+    for axis in range(rank - 1, -1, -1):
+        # the batch axis moves a run-time operand whatever its extent at the plan's batch (1, say)
+        moves = padded[axis] > 1 or (axis == 0 and not constant and len(lead) == rank)
+        strides[axis] = step if moves else 0
+        step *= padded[axis]
+    return tuple(strides)
 
 
 def reference(spec: MatMulSpec, a: Any, b: Any, activation: Activation | None = None) -> np.ndarray:

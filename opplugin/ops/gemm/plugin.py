@@ -3,7 +3,7 @@ with the activation and row Softmax that follow fused into the kernel where they
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
+from . import attention
 from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job
 from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
@@ -142,10 +143,14 @@ class MatMulPlugin(GemmPlugin):
         return BATCHED if device.is_cuda else None
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
-        """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: an activation."""
+        """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: the rest of an
+        attention (attention.py: scale, bias, Softmax, the product with V), or an activation."""
         if spec_of(node, self.make_spec).is_flat:
             bias = _bias_add(node, followers)
             return super().fuse(node, followers, device) if bias is None else 1 + super().fuse(node, followers[1:], device)
+        for count in range(len(followers), 1, -1):
+            if attention_of(node, followers[:count]) is not None:
+                return count
         return 1 if followers and activation.from_node(followers[0]) else 0
 
     def _parts(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, Sequence[NodeInfo], np.ndarray | None]:
@@ -159,6 +164,8 @@ class MatMulPlugin(GemmPlugin):
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         if spec_of(node, self.make_spec).is_flat:
             return super().kernel_name(node, device, variant, fused)
+        if self._attention(node, device, variant, fused) is not None:
+            return "attention.3xtf32" if device.is_cuda else "attention.reference"
         return kernel_name("matmul", self._batched_variant(node, device, variant), self._batched_epilogue(node, fused))
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
@@ -166,6 +173,9 @@ class MatMulPlugin(GemmPlugin):
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
             return super().compile_jobs(node, device, variant, fused)
+        fused_attention = self._attention(node, device, variant, fused)
+        if fused_attention is not None:
+            return [attention.compile_job(fused_attention, device.arch)] if device.is_cuda else []
         epilogue, chosen = self._batched_epilogue(node, fused), self._batched_variant(node, device, variant)
         return [batched_job(spec, epilogue.activation, device.arch, chosen)] if device.is_cuda else []
 
@@ -174,11 +184,27 @@ class MatMulPlugin(GemmPlugin):
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
             return FlatMatMulKernel(spec, super().build(node, device, variant, fused))
+        fused_attention = self._attention(node, device, variant, fused)
+        if fused_attention is not None:
+            name = self.kernel_name(node, device, variant, fused)
+            constants = attention_constants(node, fused, fused_attention)
+            if not device.is_cuda:
+                return attention.ReferenceAttentionKernel(fused_attention, name, constants)
+            return attention.AttentionKernel(fused_attention, name, constants)
         epilogue, chosen = self._batched_epilogue(node, fused), self._batched_variant(node, device, variant)
         name = self.kernel_name(node, device, variant, fused)
         if not device.is_cuda:
             return ReferenceMatMulKernel(spec, epilogue.activation, name)
         return BatchedMatMulKernel(spec, epilogue.activation, name, _constant(node, 0), _constant(node, 1), chosen)
+
+    def _attention(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> "attention.AttentionSpec | None":
+        """The attention `fused` completes (None: they are an activation, or nothing); the variant asked for
+        checked: a fused attention has one kernel."""
+        spec = attention_of(node, fused) if len(fused) > 1 else None
+        if spec is not None and variant not in (None, "reference", BATCHED_3XTF32):
+            raise PluginError(f"MatMul {node.name} starts a fused attention, whose kernel is the tensor cores' (3xTF32); "
+                              f"'{variant}' runs the product alone")
+        return spec
 
     @staticmethod
     def _batched_variant(node: NodeInfo, device: Device, variant: str | None) -> str:
@@ -212,6 +238,68 @@ def epilogue_of(followers: Sequence[NodeInfo]) -> GemmEpilogue | None:
     if len(rest) != 1 or not _row_softmax(rest[0]):
         return None
     return GemmEpilogue(act, softmax=True)
+
+
+def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.AttentionSpec | None:
+    """The attention a batched MatMul(Q, K^T) and `followers` compute, every follower used: [Mul or Div by
+    one constant], [Add], a Softmax over the keys, then a MatMul whose first operand is its output."""
+    rest, scale, bias = list(followers), 1.0, None
+    if rest and rest[0].op_type in ("Mul", "Div"):
+        factor = _scalar_constant(rest[0])
+        if factor is None or factor == 0.0:
+            return None
+        scale = factor if rest[0].op_type == "Mul" else 1.0 / factor
+        rest = rest[1:]
+    if rest and rest[0].op_type == "Add":
+        scores = rest[0].node.input[0] if rest[0].node.input[0] in _outputs(followers, node, rest[0]) else rest[0].node.input[1]
+        other = next((t for t in rest[0].inputs if t.name != scores), None)
+        if other is None:
+            return None
+        bias = other
+        rest = rest[1:]
+    if len(rest) != 2 or not _row_softmax(rest[0]) or rest[1].op_type != "MatMul" or rest[1].node.input[0] != rest[0].node.output[0]:
+        return None
+    product, v = rest[1], rest[1].inputs[1]
+    if any(t.dtype != np.float32 for t in (*node.inputs[:2], v, *([bias] if bias is not None else []))):
+        return None
+    constants = frozenset(name for name, tensor, owner in (("q", node.inputs[0], node), ("kt", node.inputs[1], node), ("v", v, product),
+                                                            ("bias", bias, followers[0]))
+                          if tensor is not None and tensor.name in {**owner.constants, **_all_constants(followers)})
+    spec = attention.AttentionSpec(tuple(map(int, node.inputs[0].shape)), tuple(map(int, node.inputs[1].shape)), tuple(map(int, v.shape)),
+                                   scale, None if bias is None else tuple(map(int, bias.shape)), constants)
+    if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
+        return None
+    return spec if spec.reason_against() is None else None
+
+
+def attention_constants(node: NodeInfo, fused: Sequence[NodeInfo], spec: attention.AttentionSpec) -> dict[str, np.ndarray]:
+    """The operands of a fused attention that are initializers, as arrays (the build keeps them)."""
+    values = {**node.constants, **_all_constants(fused)}
+    names = {"q": node.inputs[0].name, "kt": node.inputs[1].name, "v": fused[-1].inputs[1].name}
+    add = next((f for f in fused if f.op_type == "Add"), None)
+    if add is not None:
+        names["bias"] = next(t.name for t in add.inputs if t.name not in {o for f in (node, *fused) for o in f.node.output})
+    return {operand: np.asarray(values[names[operand]], np.float32) for operand in spec.constants}
+
+
+def _all_constants(nodes: Sequence[NodeInfo]) -> dict[str, Any]:
+    return {name: value for n in nodes for name, value in n.constants.items()}
+
+
+def _outputs(followers: Sequence[NodeInfo], node: NodeInfo, before: NodeInfo) -> set[str]:
+    """The tensors the chain writes before `before`: the scores an Add reads."""
+    chain = [node, *followers]
+    return {o for n in chain[: chain.index(before)] for o in n.node.output}
+
+
+def _scalar_constant(node: NodeInfo) -> float | None:
+    """The one constant value a Mul or Div multiplies or divides its first input by; None for anything else."""
+    if len(node.node.input) != 2:
+        return None
+    value = node.constants.get(node.node.input[1])
+    if value is None or np.asarray(value).size != 1 or np.asarray(value).dtype != np.float32:
+        return None
+    return float(np.asarray(value).reshape(()))
 
 
 def _row_softmax(node: NodeInfo) -> bool:

@@ -1,0 +1,218 @@
+// attention_tc: softmax(Q K^T * SCALE [+ BIAS]) V for each output matrix j, the attention block as
+// exporters write it (MatMul > [Mul or Div by a constant] > [Add] > Softmax over the keys > MatMul),
+// in one kernel that never writes the scores to memory.
+//
+// A block takes BQ = 64 queries of one matrix and walks the keys 64 at a time (online softmax, as
+// FlashAttention does): per key tile it stages K^T's and V's tiles in shared memory, computes the
+// 64 x 64 scores on the tensor cores in 3xTF32 (tf32_mma.cuh: an error of FP32's order against
+// float64), scales them, adds the bias, and updates each query's running maximum and sum; the
+// probabilities, through shared memory, multiply the V tile into the running output, rescaled by
+// exp(old max - new max). The output is divided by the sum once, at the end.
+//
+// Layout as the graph has it: Q [.., TQ, D], K^T [.., D, TK] (the first MatMul's B), V [.., TK, DV],
+// BIAS [.., TQ, TK], out [.., TQ, DV]; the leading axes broadcast as numpy does (offset_of: the
+// output's axes OUT_DIM1.. and each operand's <X>_STRIDE<i>, 0 where it broadcasts). D and DV are
+// at most 64; tiles past TQ, TK, D and DV are zero-filled, and the scores of keys past TK are -inf.
+//
+// Arithmetic: the scores as ONNX has them (the FP32 product, times SCALE, plus the bias), softmax in
+// FP32 with expf; an infinite operand turns into NaN in the 3xTF32 split, so the runner watches this
+// kernel (nonfinite) and reruns such chunks on the nodes one by one.
+//
+// Macros: TQ, TK, D, DV, SCALE (a float literal), HAS_BIAS, BATCH_RANK, OUT_DIM<i>, Q_STRIDE<i>,
+// KT_STRIDE<i>, V_STRIDE<i>, BIAS_STRIDE<i>. Launch: block 256, grid (ceil(TQ / 64), matrices), dynamic
+// shared memory SHARED_BYTES (below).
+#include "watch_flag.cuh"
+#include "async_copy.cuh"
+
+#define BQ 64     // queries a block
+#define BKEY 64   // keys a tile
+#define PAD_D 64  // D and DV, padded
+#define BK 32     // the k depth of one tf32_slice
+#define WM 32     // a warp's part of a 64 x 64 product: 2 x 4 warps
+#define WN 16
+#define SPLIT 1
+#define WARPS_N (64 / WN)
+#define NTHREADS 256
+#define A_STRIDE (64 + 4)  // Q's and P's tiles, [row][k]
+#define B_ROW (64 + 8)     // K^T's tile [d][key] and V's [key][dv]
+#define B_K_STEP B_ROW
+#define B_N_STEP 1
+#include "tf32_mma.cuh"
+
+#define Q_TILE (BQ * A_STRIDE)
+#define B_TILE (64 * B_ROW)
+#define SHARED_FLOATS (2 * Q_TILE + 2 * B_TILE + 3 * BQ)
+#define NEG_INF __int_as_float(0xff800000)
+#define ROW_THREADS (NTHREADS / BQ)  // threads that share a row's softmax update: 4, neighbouring lanes
+
+static_assert(D <= PAD_D && DV <= PAD_D, "a head of at most 64 values");
+
+#ifndef HAS_BIAS
+#define HAS_BIAS 0
+#endif
+
+// where matrix j of an operand starts, its leading axes broadcast (strides 0) as the output's
+__device__ __forceinline__ long long offset_of(long long j, long long s0, long long s1, long long s2, long long s3)
+{
+    long long at = 0;
+#if BATCH_RANK > 3
+    at += (j % OUT_DIM3) * s3;
+    j /= OUT_DIM3;
+#endif
+#if BATCH_RANK > 2
+    at += (j % OUT_DIM2) * s2;
+    j /= OUT_DIM2;
+#endif
+#if BATCH_RANK > 1
+    at += (j % OUT_DIM1) * s1;
+    j /= OUT_DIM1;
+#endif
+    return at + j * s0;
+}
+#define OFFSET(j, X) offset_of(j, X##_STRIDE0, X##_STRIDE1, X##_STRIDE2, X##_STRIDE3)
+
+// rows x cols of a row-major matrix (row length `length`) into a tile `stride` floats a row, zero
+// where row >= rows or col >= cols; four bytes a copy (TK, D or DV may be odd)
+__device__ __forceinline__ void copy_tile(float* tile, int stride, const float* __restrict__ from, int length, int row0,
+                                          int rows, int col0, int cols)
+{
+#pragma unroll 4
+    for (int i = threadIdx.x; i < 64 * 64; i += NTHREADS) {
+        const int r = i / 64, c = i % 64;
+        const bool valid = row0 + r < rows && col0 + c < cols;
+        copy_async4(tile + r * stride + c, valid ? from + (long long)(row0 + r) * length + col0 + c : from, valid);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const float* __restrict__ v, const float* __restrict__ bias,
+             float* __restrict__ out, int first, unsigned char* nonfinite)
+{
+    extern __shared__ float4 shared_tiles[];
+    float* Qs = reinterpret_cast<float*>(shared_tiles);
+    float* Ps = Qs + Q_TILE;      // the scores, then the probabilities, of the key tile
+    float* KTs = Ps + Q_TILE;
+    float* Vs = KTs + B_TILE;
+    float* row_max = Vs + B_TILE;
+    float* row_sum = row_max + BQ;
+    float* row_scale = row_sum + BQ;
+
+    const long long j = (long long)first + blockIdx.y;
+    const int q0 = blockIdx.x * BQ;
+    q += OFFSET(j, Q);
+    kt += OFFSET(j, KT);
+    v += OFFSET(j, V);
+#if HAS_BIAS
+    bias += OFFSET(j, BIAS);
+#endif
+    out += j * ((long long)TQ * DV);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+    const int g = lane / 4, t = lane % 4;
+
+    copy_tile(Qs, A_STRIDE, q, D, q0, TQ, 0, D);
+    commit_copies();
+    if (threadIdx.x < BQ) {
+        row_max[threadIdx.x] = NEG_INF;
+        row_sum[threadIdx.x] = 0.0f;
+    }
+    float o[MT][NT][4];
+    zero_tiles(o);
+
+    for (int k0 = 0; k0 < TK; k0 += BKEY) {
+        copy_tile(KTs, B_ROW, kt, TK, 0, D, k0, TK);
+        copy_tile(Vs, B_ROW, v, DV, k0, TK, 0, DV);
+        commit_copies();
+        wait_copies<0>();
+        __syncthreads();
+
+        // the scores of this key tile: Q K^T over D, scaled, the bias added, keys past TK at -inf
+        float s[MT][NT][4];
+        zero_tiles(s);
+        tf32_slice(s, Qs, KTs, warp_m, warp_n);
+        if (D > BK) tf32_slice(s, Qs + BK, KTs + BK * B_ROW, warp_m, warp_n);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int row = warp_m * WM + mt * 16 + g + 8 * (r / 2);
+                    const int col = warp_n * WN + nt * 8 + 2 * t + r % 2;
+                    float score = s[mt][nt][r] * SCALE;
+#if HAS_BIAS
+                    if (q0 + row < TQ && k0 + col < TK) score += __ldg(bias + (long long)(q0 + row) * TK + k0 + col);
+#endif
+                    Ps[row * A_STRIDE + col] = k0 + col < TK ? score : NEG_INF;
+                }
+        __syncthreads();
+
+        // each row's running maximum and sum, by the ROW_THREADS neighbouring lanes that share it
+        {
+            const int row = threadIdx.x / ROW_THREADS, part = threadIdx.x % ROW_THREADS;
+            float* scores = Ps + row * A_STRIDE;
+            float tile_max = NEG_INF;
+#pragma unroll
+            for (int c = part; c < BKEY; c += ROW_THREADS) {
+                const float x = scores[c];
+                tile_max = (x > tile_max || x != x) ? x : tile_max;  // a NaN wins, as in Softmax
+            }
+#pragma unroll
+            for (int step = ROW_THREADS / 2; step > 0; step /= 2) {
+                const float other = __shfl_xor_sync(0xffffffffu, tile_max, step);
+                tile_max = (other > tile_max || other != other) ? other : tile_max;
+            }
+            const float old_max = row_max[row];
+            const float new_max = old_max > tile_max ? old_max : tile_max;
+            float tile_sum = 0.0f;
+#pragma unroll
+            for (int c = part; c < BKEY; c += ROW_THREADS) {
+                // every score so far -inf (a mask): nothing to add yet, where exp(-inf - -inf) would be NaN
+                const float p = new_max == NEG_INF ? 0.0f : expf(scores[c] - new_max);
+                scores[c] = p;
+                tile_sum += p;
+            }
+#pragma unroll
+            for (int step = ROW_THREADS / 2; step > 0; step /= 2) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, step);
+            __syncwarp();
+            if (part == 0) {
+                const float scale = old_max == NEG_INF ? 0.0f : expf(old_max - new_max);  // nothing summed yet: no NaN
+                row_scale[row] = scale;
+                row_sum[row] = row_sum[row] * scale + tile_sum;
+                row_max[row] = new_max;
+            }
+        }
+        __syncthreads();
+
+        // the running output, rescaled, plus the probabilities times the V tile
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const float scale = row_scale[warp_m * WM + mt * 16 + g + 8 * (r / 2)];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) o[mt][nt][r] *= scale;
+            }
+        tf32_slice(o, Ps, Vs, warp_m, warp_n);
+        tf32_slice(o, Ps + BK, Vs + BK * B_ROW, warp_m, warp_n);
+        __syncthreads();  // the tiles are read: the next key tile may overwrite them
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int row = warp_m * WM + mt * 16 + g + 8 * (r / 2);
+            if (q0 + row >= TQ) continue;
+            const float sum = row_sum[row];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int col = warp_n * WN + nt * 8 + 2 * t + r % 2;
+                if (col < DV) {
+                    const float value = o[mt][nt][r] / sum;
+                    out[(long long)(q0 + row) * DV + col] = value;
+                    flag_nonfinite(nonfinite, value);
+                }
+            }
+        }
+}

@@ -1,0 +1,201 @@
+"""Attention as exporters write it, one step: MatMul(Q, K^T) > [Mul or Div by a constant] > [Add of a
+bias or mask] > Softmax over the keys > MatMul(P, V), fused by the MatMul plugin into a batched product
+whose followers end in a second MatMul (plugin.py).
+
+On a GPU, kernels/attention_tc.cu never writes the scores: a block walks the keys 64 at a time with an
+online softmax, in 3xTF32 on the tensor cores. On the CPU device, the float64 reference below.
+Q is (.., TQ, D), K^T (.., D, TK) as the graph has it, V (.., TK, DV), the bias (.., TQ, TK); every
+leading axis broadcasts as numpy does, and the first one of an operand computed at run time is the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...errors import PluginError
+from ...gpu import cuda
+from ...gpu.kernel_cache import CompileJob
+from ...registry import Kernel
+from ..activation import cuda_float
+from ..operands import batched_input, contiguous_out
+from .matmul import GRID_Z_LIMIT, MAX_BATCH_RANK, matrix_strides
+
+SOURCE = "attention_tc.cu"
+QUERY_TILE = 64
+MAX_HEAD = 64  # D and DV: a 64 x 64 tile of the kernel's
+SHARED_BYTES = (2 * 64 * 68 + 2 * 64 * 72 + 3 * 64) * 4  # Q, P, K^T and V tiles and three per-row values
+OPERANDS = ("q", "kt", "v", "bias")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    q_shape: tuple[int, ...]  # at the plan's batch
+    kt_shape: tuple[int, ...]
+    v_shape: tuple[int, ...]
+    scale: float = 1.0
+    bias_shape: tuple[int, ...] | None = None
+    constants: frozenset[str] = frozenset()  # the operands among OPERANDS that are initializers
+
+    @property
+    def tq(self) -> int:
+        return self.q_shape[-2]
+
+    @property
+    def tk(self) -> int:
+        return self.kt_shape[-1]
+
+    @property
+    def d(self) -> int:
+        return self.q_shape[-1]
+
+    @property
+    def dv(self) -> int:
+        return self.v_shape[-1]
+
+    def shape_of(self, operand: str) -> tuple[int, ...] | None:
+        return {"q": self.q_shape, "kt": self.kt_shape, "v": self.v_shape, "bias": self.bias_shape}[operand]
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        shapes = [self.q_shape[:-2], self.kt_shape[:-2], self.v_shape[:-2]] + ([self.bias_shape[:-2]] if self.bias_shape else [])
+        return tuple(np.broadcast_shapes(*shapes))
+
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, *(*self.batch_shape, self.tq, self.dv)[1:])
+
+    def matrices(self, batch: int) -> int:
+        return int(np.prod(self.output_shape(batch)[:-2], dtype=np.int64))
+
+    def strides(self, operand: str) -> tuple[int, ...]:
+        return matrix_strides(self.shape_of(operand), operand in self.constants, len(self.batch_shape))
+
+    def flops(self, batch: int) -> int:
+        return 2 * self.matrices(batch) * self.tq * self.tk * (self.d + self.dv)
+
+    def bytes_moved(self, batch: int) -> int:
+        def size(operand):
+            shape = self.shape_of(operand)
+            if shape is None:
+                return 0
+            return int(np.prod(shape if operand in self.constants else (batch, *shape[1:]), dtype=np.int64))
+        return 4 * (sum(size(o) for o in OPERANDS) + int(np.prod(self.output_shape(batch), dtype=np.int64)))
+
+    def reason_against(self) -> str | None:
+        """None when the pieces make one attention (shapes that multiply, a bias over the scores), else why."""
+        if min(len(self.q_shape), len(self.kt_shape), len(self.v_shape)) < 3:
+            return "Q, K^T and V need a leading axis (the batch)"
+        if self.kt_shape[-2] != self.d or self.v_shape[-2] != self.tk:
+            return f"Q {list(self.q_shape)}, K^T {list(self.kt_shape)} and V {list(self.v_shape)} do not multiply"
+        if self.bias_shape is not None and (len(self.bias_shape) < 2 or tuple(self.bias_shape[-2:]) != (self.tq, self.tk)):
+            return f"the Add's operand {list(self.bias_shape)} is not one value per score ({self.tq} x {self.tk})"
+        try:
+            lead = self.batch_shape
+        except ValueError:
+            return "the leading axes of Q, K^T, V and the bias do not broadcast"
+        if len(lead) > MAX_BATCH_RANK:
+            return f"more than {MAX_BATCH_RANK} leading axes are not implemented"
+        for operand in OPERANDS:
+            shape = self.shape_of(operand)
+            if shape is not None and operand not in self.constants and len(shape) != len(lead) + 2:
+                return f"{operand} is computed at run time with rank {len(shape)} below the output's: its first axis would not be the batch"
+        return None
+
+
+def reference(spec: AttentionSpec, q: Any, kt: Any, v: Any, bias: Any = None) -> np.ndarray:
+    """The nodes' meaning in the operands' dtype (float64 for the oracle): softmax(Q K^T * scale + bias) V."""
+    scores = np.matmul(q, kt) * spec.scale
+    if bias is not None:
+        scores = scores + bias
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return np.matmul(e / e.sum(axis=-1, keepdims=True), v)
+
+
+class ReferenceAttentionKernel(Kernel):
+    """The float64 reference as the CPU device's kernel; called with the step's inputs [Q, K^T, (bias,) V]."""
+
+    def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray]):
+        self.spec, self.name, self._constants = spec, name, constants
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+        operands = operands_of(self.spec, inputs, self._constants)
+        q, kt, v, bias = (None if x is None else np.asarray(x, np.float64) for x in (operands[o] for o in OPERANDS))
+        return [reference(self.spec, q, kt, v, bias).astype(np.float32)]
+
+
+def operands_of(spec: AttentionSpec, inputs: Sequence[Any], constants: dict[str, Any]) -> dict[str, Any]:
+    """The operands by name from the step's inputs (partition.step_inputs: the first MatMul's own two, Q and
+    K^T, whatever they are, then what the followers read from outside the chain but initializers: the bias
+    where it is computed at run time, then V); an initializer among them from `constants`, kept at build."""
+    later = [o for o in ("bias", "v") if spec.shape_of(o) is not None and o not in spec.constants]
+    if len(inputs) < 2 + len(later):
+        raise PluginError(f"attention: {2 + len(later)} inputs expected (q, kt{''.join(', ' + o for o in later)}), {len(inputs)} given")
+    given = {"q": inputs[0], "kt": inputs[1], **dict(zip(later, inputs[2:]))}
+    return {o: constants[o] if o in constants else given.get(o) for o in OPERANDS}
+
+
+def defines(spec: AttentionSpec) -> dict[str, int | str]:
+    lead = spec.batch_shape
+    macros: dict[str, int | str] = {"TQ": spec.tq, "TK": spec.tk, "D": spec.d, "DV": spec.dv, "SCALE": cuda_float(spec.scale),
+                                    "HAS_BIAS": int(spec.bias_shape is not None), "BATCH_RANK": max(1, len(lead))}
+    for axis in range(1, len(lead)):
+        macros[f"OUT_DIM{axis}"] = lead[axis]
+    for operand in OPERANDS:
+        strides = spec.strides(operand) if spec.shape_of(operand) is not None and lead else ()
+        for axis in range(MAX_BATCH_RANK):
+            macros[f"{operand.upper()}_STRIDE{axis}"] = strides[axis] if axis < len(strides) else 0
+    return macros
+
+
+def compile_job(spec: AttentionSpec, arch: str) -> CompileJob:
+    return cuda.module_job(SOURCE, defines(spec), arch)
+
+
+class AttentionKernel(Kernel):
+    """kernels/attention_tc.cu for one attention; called with the step's inputs [Q, K^T, (bias,) V]."""
+
+    nonfinite_exact = False  # the 3xTF32 split turns an infinity into NaN: watched, and rerun node by node
+    flags_nonfinite = True
+
+    def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray]):
+        import cupy
+
+        self.spec, self.name = spec, name
+        self.function = cuda.load(compile_job(spec, cuda.device_arch())).get_function("attention_tc")
+        self.function.max_dynamic_shared_size_bytes = SHARED_BYTES
+        self.functions = [self.function]
+        self._constants = {o: cupy.asarray(x, dtype=cupy.float32) for o, x in constants.items()}
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.spec.bytes_moved(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
+        """[the attention's output]; written into `out` when given (a C-contiguous float32 array)."""
+        import cupy
+
+        with cuda.on_stream(stream):
+            operands = operands_of(self.spec, inputs, self._constants)
+            for operand in ("q", "kt", "v", "bias"):
+                if operands[operand] is not None and operand not in self.spec.constants:
+                    sample = self.spec.shape_of(operand)[1:]
+                    operands[operand] = cupy.ascontiguousarray(batched_input(cupy, operands[operand], sample, operand, self.name))
+            batch = int(next(operands[o] for o in OPERANDS if operands[o] is not None and o not in self.spec.constants).shape[0])
+            shape = self.spec.output_shape(batch)
+            y = cupy.empty(shape, dtype=cupy.float32) if out is None else contiguous_out(cupy, out, shape, self.name)
+            matrices = self.spec.matrices(batch)
+            bias = operands["bias"] if operands["bias"] is not None else np.uint64(0)
+            for first in range(0, matrices, GRID_Z_LIMIT):
+                grid = (-(-self.spec.tq // QUERY_TILE), min(GRID_Z_LIMIT, matrices - first), 1)
+                self.function(grid, (256, 1, 1), (operands["q"], operands["kt"], operands["v"], bias, y, np.int32(first),
+                                                  np.uint64(nonfinite)), shared_mem=SHARED_BYTES)
+        return [y]

@@ -1,0 +1,44 @@
+"""Attention blocks as exporters write them, for the fused attention's tests: Q, K and V graph inputs
+(N, H, T, D), K^T by a Transpose, then MatMul > [Mul or Div by a constant] > [Add of a bias] > Softmax >
+MatMul."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def attention_model(heads: int = 3, t: int = 20, d: int = 16, dv: int = 16, scale: float | None = 0.25, bias: str | None = "const",
+                    div: bool = False, seed: int = 0, opset: int = 17, softmax_axis: int = -1) -> onnx.ModelProto:
+    """`scale`: the factor after the scores (None: no Mul), written as Div by 1 / scale with `div`; `bias`:
+    "const" (an initializer (1, H, T, T), as a relative position bias), "input" (a graph input (N, H, T, T))
+    or None."""
+    rng = np.random.default_rng(seed)
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", heads, t, width])
+              for name, width in (("q", d), ("k", d), ("v", dv))]
+    initializers = []
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], name="k_transposed", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk")]
+    last = "scores"
+    if scale is not None:
+        initializers.append(numpy_helper.from_array(np.array([1 / scale if div else scale], np.float32), "s"))
+        nodes.append(helper.make_node("Div" if div else "Mul", [last, "s"], ["scaled"], name="scale"))
+        last = "scaled"
+    if bias == "const":
+        initializers.append(numpy_helper.from_array(rng.standard_normal((1, heads, t, t)).astype(np.float32), "bias"))
+    elif bias == "input":
+        inputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["N", heads, t, t]))
+    if bias is not None:
+        nodes.append(helper.make_node("Add", [last, "bias"], ["biased"], name="bias_add"))
+        last = "biased"
+    nodes += [helper.make_node("Softmax", [last], ["p"], name="softmax", axis=softmax_axis),
+              helper.make_node("MatMul", ["p", "v"], ["y"], name="pv")]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", heads, t, dv])
+    model = helper.make_model(helper.make_graph(nodes, "attention", inputs, [output], initializers),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def random_feeds(model: onnx.ModelProto, batch: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {value.name: rng.standard_normal([batch, *(d.dim_value for d in value.type.tensor_type.shape.dim[1:])]).astype(np.float32)
+            for value in model.graph.input}

@@ -1,0 +1,86 @@
+"""The fused attention on the CPU: which chains after a batched MatMul fuse into one step (attention.py),
+the float64 reference against onnxruntime, what stays unfused, and its CUDA kernel compiled by NVRTC."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import compile_cache
+from attention_cases import attention_model, random_feeds
+from onnx_builders import save
+from opplugin.gpu.device import CPU, Device
+from opplugin.graph.model import load_model
+from opplugin.ops.gemm import attention
+from opplugin.plan.partition import make_plan
+from opplugin.runtime import Runner
+
+GPU = Device("cuda", "test GPU")
+
+FORMS = {  # name -> (attention_model's arguments, the fused step's ops)
+    "scale and a constant bias (Swin)": ({}, ["MatMul", "Mul", "Add", "Softmax", "MatMul"]),
+    "a bias computed at run time (a mask)": ({"bias": "input"}, ["MatMul", "Mul", "Add", "Softmax", "MatMul"]),
+    "Div by sqrt(d), no bias": ({"bias": None, "div": True}, ["MatMul", "Div", "Softmax", "MatMul"]),
+    "no scale (the dynamo export scales Q and K first)": ({"bias": None, "scale": None}, ["MatMul", "Softmax", "MatMul"]),
+    "197 tokens, D 64 (ViT-S)": ({"t": 197, "d": 64, "dv": 64, "bias": None, "heads": 2}, ["MatMul", "Mul", "Softmax", "MatMul"]),
+    "odd sizes, DV unlike D": ({"t": 37, "d": 24, "dv": 40}, ["MatMul", "Mul", "Add", "Softmax", "MatMul"]),
+}
+
+
+def onnxruntime_output(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_attention_block_is_one_step_matching_onnxruntime(tmp_path, form):
+    arguments, ops = FORMS[form]
+    proto = attention_model(**arguments)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    runner = Runner(model, 3, "cpu")
+    [step] = [s for s in runner.plan.steps if s.ops[0] == "MatMul"]
+    assert step.ops == ops and runner.kernels[step.name].name == "attention.reference"
+    assert step.kernel_name(GPU) == "attention.3xtf32"
+    feeds = random_feeds(proto, 3, 7)
+    # the reference is float64: the difference is onnxruntime's FP32 rounding, up to ~1e-6 over 197 keys
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_output(proto, feeds), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arguments, why", [
+    ({"softmax_axis": 2}, "a Softmax over the queries"),
+    ({"d": 80, "dv": 80}, "a head wider than the kernel's 64 values"),
+    ({"opset": 11}, "Softmax before opset 13 flattens the axes from `axis` on"),
+])
+def test_what_is_not_one_attention_stays_a_batched_product(tmp_path, arguments, why):
+    model = load_model(save(attention_model(**arguments), tmp_path / "attention.onnx"))
+    plan = make_plan(model, 2, CPU)
+    assert not any(s.ops[-1:] == ["MatMul"] and len(s.ops) > 1 for s in plan.plugin_steps), why
+
+
+def test_the_spec_reads_broadcast_operands_and_refuses_what_does_not_multiply():
+    spec = attention.AttentionSpec((8, 6, 49, 32), (8, 6, 32, 49), (8, 6, 49, 32), 0.17, (1, 6, 49, 49), frozenset({"bias"}))
+    assert spec.reason_against() is None
+    assert spec.strides("bias") == (0, 49 * 49) and spec.strides("q") == (6 * 49 * 32, 49 * 32)
+    assert spec.output_shape(2) == (2, 6, 49, 32) and spec.matrices(2) == 12
+    bad = attention.AttentionSpec((8, 6, 49, 32), (8, 6, 16, 49), (8, 6, 49, 32))
+    assert "do not multiply" in bad.reason_against()
+    rng = np.random.default_rng(0)
+    q, kt, v = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 4, 6)), rng.standard_normal((2, 3, 6, 7))
+    scores = q @ kt * 0.5
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (expected / expected.sum(-1, keepdims=True)) @ v
+    small = attention.AttentionSpec(q.shape, kt.shape, v.shape, 0.5)
+    np.testing.assert_allclose(attention.reference(small, q, kt, v), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("arguments", [
+    {"t": 197, "d": 64, "dv": 64, "bias": None, "heads": 6},  # ViT-S/16
+    {"t": 49, "d": 32, "dv": 32, "heads": 3},  # Swin-T's windows, a relative position bias
+    {"t": 37, "d": 24, "dv": 40, "bias": "input"},
+])
+def test_the_attention_kernel_compiles_without_spills(tmp_path, arguments):
+    model = load_model(save(attention_model(**arguments), tmp_path / "attention.onnx"))
+    [step] = [s for s in make_plan(model, 32, GPU).plugin_steps if s.ops[0] == "MatMul"]
+    spec = step.plugin._attention(step.node, GPU, None, step.fused)
+    usage = compile_cache.check_source(attention.SOURCE, attention.defines(spec), "attention_tc", "sm_90")
+    assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+    compile_cache.assert_no_local_memory(usage)

@@ -1,0 +1,84 @@
+"""The fused attention kernel (kernels/attention_tc.cu) on the GPU: against float64 with its output
+poisoned, inside a run against onnxruntime, and its NaN/Inf flag with the run's exact rerun.
+
+GPU tests (marker `gpu`, skipped without a CUDA device)."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from attention_cases import attention_model, random_feeds
+from onnx_builders import save
+from opplugin.gpu.device import current_cuda_device
+from opplugin.graph.model import load_model
+from opplugin.ops.gemm import attention
+from opplugin.plan.partition import make_plan
+from opplugin.runtime import Runner
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {  # name -> attention_model's arguments
+    "ViT-S/16: 197 tokens, 6 heads of 64": {"t": 197, "d": 64, "dv": 64, "heads": 6, "bias": None, "scale": 0.125},
+    "Swin-T window: 49 tokens, 3 heads of 32, relative position bias": {"t": 49, "d": 32, "dv": 32, "heads": 3},
+    "odd sizes, DV unlike D, a mask at run time": {"t": 70, "d": 24, "dv": 40, "bias": "input"},
+    "one key tile short of full, Div": {"t": 63, "d": 64, "dv": 64, "bias": None, "div": True},
+    "no scale": {"t": 130, "d": 48, "dv": 48, "bias": None, "scale": None},
+}
+
+
+def fused_step(model, batch, device):
+    [step] = [s for s in make_plan(model, batch, device).plugin_steps if s.ops[0] == "MatMul"]
+    assert step.ops[-2:] == ["Softmax", "MatMul"]
+    return step
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("batch", [1, 5])
+def test_the_kernel_matches_float64_with_its_output_poisoned(tmp_path, shape, batch):
+    import cupy
+
+    proto = attention_model(**SHAPES[shape], seed=batch)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    device = current_cuda_device()
+    step = fused_step(model, batch, device)
+    kernel = step.build(device)
+    assert kernel.name == "attention.3xtf32"
+    feeds = random_feeds(proto, batch, 3)
+    feeds["k"] = np.ascontiguousarray(np.swapaxes(feeds["k"], -1, -2))  # the step reads K^T, the Transpose's output
+    values = {"q": feeds["q"], "kt": feeds["k"], "v": feeds["v"], "bias": feeds.get("bias")}
+    inputs = [cupy.asarray(values[name]) for name in ("q", "kt", "bias", "v") if values[name] is not None]
+    spec = step.plugin._attention(step.node, device, None, step.fused)
+    constants = {"bias": model.initializers["bias"]} if "bias" in spec.constants else {}
+    out = cupy.full(spec.output_shape(batch), np.nan, dtype=cupy.float32)
+    [y] = kernel(inputs, None, out=out)
+    assert y is out
+    bias = constants.get("bias", values["bias"])
+    exact = attention.reference(spec, *(np.asarray(x, np.float64) for x in (values["q"], values["kt"], values["v"])),
+                                None if bias is None else np.asarray(bias, np.float64))
+    np.testing.assert_allclose(cupy.asnumpy(y), exact, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_run_with_the_fused_attention_matches_onnxruntime(tmp_path, shape):
+    proto = attention_model(**SHAPES[shape])
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    runner = Runner(model, 4, "cuda")
+    assert any(runner.kernels[s.name].name == "attention.3xtf32" for s in runner.plan.plugin_steps)
+    feeds = random_feeds(proto, 4, 9)
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for _ in range(2):  # eager, then replayed from a CUDA graph
+        np.testing.assert_allclose(runner.run(feeds).outputs["y"], reference, rtol=1e-5, atol=1e-5)
+
+
+def test_an_infinity_is_flagged_and_the_chunk_reruns_node_by_node(tmp_path):
+    proto = attention_model(t=49, d=32, dv=32)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    runner = Runner(model, 4, "cuda", chunk=4, streams=1)
+    feeds = random_feeds(proto, 4, 2)
+    feeds["v"][2, 1, 5, 3] = np.inf
+    result = runner.run(feeds)
+    assert result.exact_reruns == 1
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))
+    np.testing.assert_array_equal(np.isinf(result.outputs["y"]), np.isinf(reference))

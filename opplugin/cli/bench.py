@@ -4,6 +4,7 @@ and its exit status.
 
 - the Conv suites (--suite models or cnn): lab/bench.py
 - --suite gemm: lab/gemm_bench.py
+- --suite attention: lab/attention_bench.py
 - --e2e MODEL ...: lab/e2e.py
 - --scaling [MODEL]: lab/scaling.py
 - --custom MODEL --ops FILE.py: lab/custom_tune.py (each custom node's kernels beside its reference)
@@ -18,7 +19,7 @@ from ..core.files import write_atomic
 from ..errors import DeviceError, InputError, batch_sizes
 from ..gpu import cuda
 from ..graph.model import SHIPPED_MODELS, load_model
-from ..lab import bench as conv_bench, bench_page, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
+from ..lab import attention_bench, bench as conv_bench, bench_page, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
 from ..lab.cnn_layers import SUITE_BATCHES
 from ..lab.trial import BENCH_REPEAT, BENCH_WARMUP
 from ..report.jsonout import json_safe
@@ -27,7 +28,7 @@ from .options import KernelOptions, ReportOptions, TimingOptions
 from .output import write_json
 
 # the batch sizes of each benchmark without --batches
-DEFAULT_BATCHES = {"models": conv_bench.DEFAULT_BATCHES, "cnn": SUITE_BATCHES, "gemm": gemm_bench.BATCHES,
+DEFAULT_BATCHES = {"models": conv_bench.DEFAULT_BATCHES, "cnn": SUITE_BATCHES, "gemm": gemm_bench.BATCHES, "attention": attention_bench.BATCHES,
                    "e2e": e2e_bench.DEFAULT_BATCHES, "scaling": scaling_bench.DEFAULT_BATCHES, "custom": (1, 1000)}
 
 
@@ -70,9 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", metavar="MODEL",
                         help=f"shipped model names or ONNX files (default {_listed(conv_bench.Options.models)})")
     parser.add_argument(
-        "--suite", choices=("models", "cnn", "gemm"), default="models",
+        "--suite", choices=("models", "cnn", "gemm", "attention"), default="models",
         help="models: the Conv steps of --models; cnn: Conv layers of VGG, ResNet and MobileNetV2; "
-        "gemm: the seeds' fully connected layers against cuBLAS (default %(default)s)",
+        "gemm: the seeds' fully connected layers against cuBLAS; attention: the fused attention on ViT and Swin "
+        "shapes against PyTorch's scaled_dot_product_attention (default %(default)s)",
     )
     parser.add_argument("--batches", nargs="+", metavar="N",
                         help=f"batch sizes, space or comma separated (default {_listed(conv_bench.DEFAULT_BATCHES)}; "
@@ -106,9 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read(args: argparse.Namespace) -> BenchOptions:
     timing = TimingOptions.from_args(args)
-    if args.cuda_graphs is not None and (args.e2e or args.scaling is not None or args.suite == "gemm"):
+    if args.cuda_graphs is not None and (args.e2e or args.scaling is not None or args.suite in ("gemm", "attention")):
         raise InputError("--cuda-graphs / --no-cuda-graphs applies to the Conv suites (--suite models or cnn): "
-                         "--e2e times opplugin both ways, --scaling and --suite gemm time eager calls")
+                         "--e2e times opplugin both ways, --scaling, --suite gemm and --suite attention time eager calls")
     if args.scaling is None and (args.devices or args.plot):
         raise InputError(f"{'--devices' if args.devices else '--plot'} applies to bench --scaling")
     if args.scaling is not None and args.e2e:
@@ -140,6 +142,8 @@ def execute(options: BenchOptions) -> int:
         return _e2e(options)
     if options.benchmark == "gemm":
         return _gemm(options)
+    if options.benchmark == "attention":
+        return _attention(options)
     return _conv(options)
 
 
@@ -187,6 +191,17 @@ def _gemm(options: BenchOptions) -> int:
         write_json(options.json, payload)
     _page(options, payload)
     return 1 if any(r.get("rel_error", 0) > gemm_bench.TOLERANCE for r in payload["rows"]) else 0
+
+
+def _attention(options: BenchOptions) -> int:
+    """bench --suite attention: 1 when some candidate was not correct."""
+    warmup, repeat = options.timing.or_defaults(BENCH_WARMUP, BENCH_REPEAT)
+    payload = attention_bench.run_attention_bench(list(options.batches), warmup, repeat)
+    print(attention_bench.format_text(payload), end="")
+    if options.json:
+        write_json(options.json, payload)
+    _page(options, payload)
+    return 1 if any(r["rel_error"] > attention_bench.TOLERANCE for r in payload["rows"]) else 0
 
 
 def _e2e(options: BenchOptions) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..report.charts import HBar, Point, Roof, bars_svg, roofline_svg
 from ..report.page import Section, header_facts, legend, render, table
-from . import bench_text, e2e, e2e_table, gemm_bench, scaling_text
+from . import attention_bench, bench_text, e2e, e2e_table, gemm_bench, scaling_text
 
 Payload = dict[str, Any]
 BAR_KINDS = ("opplugin", "inexact", "user", "peer")
@@ -51,6 +51,8 @@ def _settings(benchmark: str, payload: Payload) -> list[tuple[str, str]]:
                            "both measured in this run"))] if roof else []
     if benchmark == "gemm":
         facts.append(("cuBLAS", payload["cublas"]))
+    elif benchmark == "attention":
+        facts.append(("peers", payload["peers"]))
     elif benchmark == "e2e":
         facts.append(("timing", (f"medians of {payload['repeat']} after {payload['warmup']} warm-up runs; FP32 everywhere (TF32 off), "
                                  "every output checked against onnxruntime CPU first")))
@@ -173,6 +175,24 @@ def gemm_sections(payload: Payload) -> tuple[str, list[Section]]:
     return "Gemm layers against cuBLAS", sections
 
 
+# --- --suite attention -----------------------------------------------------------------------------
+
+
+def attention_sections(payload: Payload) -> tuple[str, list[Section]]:
+    sections = []
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in payload["rows"]:
+        groups.setdefault((row["shape"], row["batch"]), []).append(row)
+    for (shape, batch), rows in groups.items():
+        cells = attention_bench.table_cells({"rows": rows})
+        bars = [HBar(r["name"], r["ms"], "opplugin" if r["name"].startswith("opplugin") else "peer",
+                     f"{cell[4]} GFLOP/s, {cell[6]} vs SDPA", note=f"not timed: relative error {r['rel_error']:.2g}")
+                for r, cell in zip(rows, cells)]
+        body = _chart(bars, "device ms", None) + table(attention_bench.TABLE_HEADER, cells, numeric=attention_bench.TABLE_NUMBERS)
+        sections.append(Section(f"{shape}, batch {batch:,}", body, "Device ms per call after warm-up, FP32 (TF32 off)."))
+    return "Attention against PyTorch's scaled_dot_product_attention", sections
+
+
 # --- --e2e ------------------------------------------------------------------------------------------
 
 
@@ -246,6 +266,6 @@ def _sci(value: float | None) -> str:
 
 
 SECTIONS: dict[str, Callable[[Payload], tuple[str, list[Section]]]] = {
-    "models": conv_sections, "cnn": conv_sections, "gemm": gemm_sections, "e2e": e2e_sections,
+    "models": conv_sections, "cnn": conv_sections, "gemm": gemm_sections, "attention": attention_sections, "e2e": e2e_sections,
     "scaling": scaling_sections, "custom": custom_sections,
 }

@@ -84,3 +84,29 @@ def test_the_attention_kernel_compiles_without_spills(tmp_path, arguments):
     usage = compile_cache.check_source(attention.SOURCE, attention.defines(spec), "attention_tc", "sm_90")
     assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
     compile_cache.assert_no_local_memory(usage)
+
+
+def test_bench_attention_without_a_gpu_is_a_clear_error(capsys):
+    from opplugin.cli import main
+    from opplugin.gpu import cuda
+
+    if cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["bench", "--suite", "attention"]) == 2
+    assert "bench --suite attention needs a CUDA device" in capsys.readouterr().err
+
+
+def test_the_attention_bench_page_and_table_show_every_row():
+    from opplugin.lab import attention_bench, bench_page
+
+    rows = [{"shape": "vit_b_16", "batch": 32, "name": "opplugin attention.3xtf32", "ms": 0.21, "rel_error": 3e-7,
+             "gflop_per_s": 41000.0, "vs_sdpa": 1.2},
+            {"shape": "vit_b_16", "batch": 32, "name": "PyTorch scaled_dot_product_attention", "ms": 0.25, "rel_error": 2e-7,
+             "gflop_per_s": 34000.0, "vs_sdpa": 1.0},
+            {"shape": "vit_b_16", "batch": 32, "name": "broken", "ms": None, "rel_error": 0.3, "gflop_per_s": None, "vs_sdpa": None}]
+    payload = {"schema": attention_bench.SCHEMA, "opplugin_version": "0", "device": {"kind": "cuda", "name": "test GPU"},
+               "model": ["vit_b_16"], "batch": [32], "peers": "torch", "rows": rows}
+    text = attention_bench.format_text(payload)
+    assert "opplugin attention.3xtf32" in text and "1.20" in text and "3.0e-01" in text
+    page = bench_page.bench_page("attention", payload)
+    assert "vit_b_16, batch 32" in page and "not timed: relative error 0.3" in page

@@ -82,3 +82,12 @@ def test_an_infinity_is_flagged_and_the_chunk_reruns_node_by_node(tmp_path):
     reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))
     np.testing.assert_array_equal(np.isinf(result.outputs["y"]), np.isinf(reference))
+
+
+def test_the_attention_bench_checks_and_times_every_candidate():
+    from opplugin.lab import attention_bench
+
+    payload = attention_bench.run_attention_bench([1], warmup=1, repeat=3)
+    assert {row["shape"] for row in payload["rows"]} == {shape[0] for shape in attention_bench.SHAPES}
+    ours = [row for row in payload["rows"] if row["name"].startswith("opplugin")]
+    assert ours and all(row["rel_error"] <= attention_bench.TOLERANCE and row["ms"] > 0 for row in ours)

@@ -36,6 +36,7 @@ from .passes.identities import drop_identities
 from .passes.layernorm import fold_decomposed_layernorms
 from .passes.layout_sink import sink_channel_last_regions
 from .passes.linear_batchnorm import fold_linear_batchnorms
+from .passes.matmul_scales import fold_matmul_operand_scales
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (fold_batchnorms, "batchnorms_folded"),
     (fold_linear_batchnorms, "constants_folded"),
     (fold_channel_affines, "constants_folded"),
+    (fold_matmul_operand_scales, "constants_folded"),
 )
 
 # Each pass in words, for the plan's line on a pass left out for --keep.
@@ -105,6 +107,7 @@ PASS_NAMES: dict[Callable, str] = {
     fold_batchnorms: "folding BatchNormalization into Conv",
     fold_linear_batchnorms: "folding BatchNormalization into linear layers",
     fold_channel_affines: "folding per-channel scales and shifts into the layer before",
+    fold_matmul_operand_scales: "moving the scales of a product's operands after it",
 }
 
 # What each pass does to the tensors it removes, in words: why a tensor the file names is not computed.
@@ -118,6 +121,7 @@ REMOVED_BY: dict[Callable, str] = {
     fold_batchnorms: "the BatchNormalization after it is folded into the Conv that writes it, at load",
     fold_linear_batchnorms: "the BatchNormalization after it is folded into the layer that writes it, at load",
     fold_channel_affines: "the per-channel scale or shift after it is folded into the layer that writes it, at load",
+    fold_matmul_operand_scales: "its scale is moved after the MatMul that reads it, at load",
 }
 
 

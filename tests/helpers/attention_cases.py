@@ -42,3 +42,20 @@ def random_feeds(model: onnx.ModelProto, batch: int, seed: int) -> dict[str, np.
     rng = np.random.default_rng(seed)
     return {value.name: rng.standard_normal([batch, *(d.dim_value for d in value.type.tensor_type.shape.dim[1:])]).astype(np.float32)
             for value in model.graph.input}
+
+
+def scaled_operands_model(heads: int = 3, t: int = 30, d: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """torch's dynamo export of scaled-dot-product attention: Q and K^T each times d^-1/4, then MatMul >
+    Softmax > MatMul (K^T by a Transpose of K)."""
+    scale = numpy_helper.from_array(np.array([d ** -0.25], np.float32), "s")
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], name="k_transposed", perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["q", "s"], ["q_scaled"], name="q_scale"),
+             helper.make_node("Mul", ["s", "kt"], ["kt_scaled"], name="k_scale"),
+             helper.make_node("MatMul", ["q_scaled", "kt_scaled"], ["scores"], name="qk"),
+             helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="pv")]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", heads, t, d]) for name in ("q", "k", "v")]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", heads, t, d])
+    model = helper.make_model(helper.make_graph(nodes, "sdpa", inputs, [output], [scale]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 import compile_cache
-from attention_cases import attention_model, random_feeds
+from attention_cases import attention_model, random_feeds, scaled_operands_model
 from onnx_builders import save
 from opplugin.gpu.device import CPU, Device
 from opplugin.graph.model import load_model
@@ -110,3 +110,18 @@ def test_the_attention_bench_page_and_table_show_every_row():
     assert "opplugin attention.3xtf32" in text and "1.20" in text and "3.0e-01" in text
     page = bench_page.bench_page("attention", payload)
     assert "vit_b_16, batch 32" in page and "not timed: relative error 0.3" in page
+
+
+def test_the_scales_of_q_and_k_move_after_their_product_into_the_attention(tmp_path):
+    """torch's dynamo export scales Q and K^T each by d^-1/4: at load the two Muls become one after the
+    product (graph/passes/matmul_scales.py), which the fused attention takes as its scale."""
+    proto = scaled_operands_model()
+    model = load_model(save(proto, tmp_path / "sdpa.onnx"))
+    assert model.simplification.constants_folded.get("MatMul operand scale") == 2
+    runner = Runner(model, 2, "cpu")
+    [step] = [s for s in runner.plan.plugin_steps if s.ops[0] == "MatMul"]
+    assert step.ops == ["MatMul", "Mul", "Softmax", "MatMul"] and runner.kernels[step.name].name == "attention.reference"
+    feeds = random_feeds(proto, 2, 4)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_output(proto, feeds), rtol=1e-5, atol=1e-6)
+    kept = load_model(save(proto, tmp_path / "sdpa.onnx"), keep=["q_scaled"])  # --keep leaves the pass out
+    assert "MatMul operand scale" not in kept.simplification.constants_folded

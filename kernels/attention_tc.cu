@@ -3,11 +3,12 @@
 // in one kernel that never writes the scores to memory.
 //
 // A block takes BQ = 64 queries of one matrix and walks the keys 64 at a time (online softmax, as
-// FlashAttention does): per key tile it stages K^T's and V's tiles in shared memory, computes the
-// 64 x 64 scores on the tensor cores in 3xTF32 (tf32_mma.cuh: an error of FP32's order against
-// float64), scales them, adds the bias, and updates each query's running maximum and sum; the
-// probabilities, through shared memory, multiply the V tile into the running output, rescaled by
-// exp(old max - new max). The output is divided by the sum once, at the end.
+// FlashAttention does): per key tile it computes the 64 x 64 scores on the tensor cores in 3xTF32
+// (tf32_mma.cuh: an error of FP32's order against float64), scales them, adds the bias, and updates
+// each query's running maximum and sum; the probabilities, through shared memory, multiply the V tile
+// into the running output, rescaled by exp(old max - new max). The output is divided by the sum once,
+// at the end. The K^T and V tiles are staged in shared memory by cp.async, one step ahead: the next
+// K^T tile is copied during this tile's softmax and PV, the next V tile during the next scores.
 //
 // Layout as the graph has it: Q [.., TQ, D], K^T [.., D, TK] (the first MatMul's B), V [.., TK, DV],
 // BIAS [.., TQ, TK], out [.., TQ, DV]; the leading axes broadcast as numpy does (offset_of: the
@@ -110,7 +111,12 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
     const int g = lane / 4, t = lane % 4;
 
+    // the copies run one step ahead of the arithmetic, in commit groups that alternate K^T and V: the
+    // next K^T tile lands while this tile's softmax and PV run, the next V tile while its scores do
     copy_tile(Qs, A_STRIDE, q, D, q0, TQ, 0, D);
+    copy_tile(KTs, B_ROW, kt, TK, 0, D, 0, TK);
+    commit_copies();
+    copy_tile(Vs, B_ROW, v, DV, 0, TK, 0, DV);
     commit_copies();
     if (threadIdx.x < BQ) {
         row_max[threadIdx.x] = NEG_INF;
@@ -120,10 +126,7 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
     zero_tiles(o);
 
     for (int k0 = 0; k0 < TK; k0 += BKEY) {
-        copy_tile(KTs, B_ROW, kt, TK, 0, D, k0, TK);
-        copy_tile(Vs, B_ROW, v, DV, k0, TK, 0, DV);
-        commit_copies();
-        wait_copies<0>();
+        wait_copies<1>();  // Q and this K^T tile have landed; this V tile may still be on its way
         __syncthreads();
 
         // the scores of this key tile: Q K^T over D, scaled, the bias added, keys past TK at -inf
@@ -145,7 +148,9 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
 #endif
                     Ps[row * A_STRIDE + col] = k0 + col < TK ? score : NEG_INF;
                 }
-        __syncthreads();
+        __syncthreads();  // K^T's tile is read: the next one may land there
+        if (k0 + BKEY < TK) copy_tile(KTs, B_ROW, kt, TK, 0, D, k0 + BKEY, TK);
+        commit_copies();  // an empty group past the last tile keeps the count in step
 
         // each row's running maximum and sum, by the ROW_THREADS neighbouring lanes that share it
         {
@@ -182,6 +187,7 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
                 row_max[row] = new_max;
             }
         }
+        wait_copies<1>();  // this V tile has landed; the next K^T tile may still be on its way
         __syncthreads();
 
         // the running output, rescaled, plus the probabilities times the V tile
@@ -195,8 +201,11 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
             }
         tf32_slice(o, Ps, Vs, warp_m, warp_n);
         tf32_slice(o, Ps + BK, Vs + BK * B_ROW, warp_m, warp_n);
-        __syncthreads();  // the tiles are read: the next key tile may overwrite them
+        __syncthreads();  // V's tile and the probabilities are read: the next tiles may overwrite them
+        if (k0 + BKEY < TK) copy_tile(Vs, B_ROW, v, DV, k0 + BKEY, TK, 0, DV);
+        commit_copies();
     }
+    wait_copies<0>();
 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

@@ -5,10 +5,10 @@ picks FlashAttention or the memory-efficient kernel where it can) and its plain 
 
 Per shape and batch: each candidate's output is checked against float64 on the host first (the
 largest |error| over the largest |value|), then timed: the median device time of one call over CUDA
-events after warm-up (cuda.time_ms)."""
+events after warm-up, ten calls at a time behind a fill of memory where one call is shorter than
+Python takes to launch it (device_time.device_ms), so that the events time the kernels, not the host."""
 from __future__ import annotations
 
-import statistics
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -18,6 +18,7 @@ from ..gpu import cuda
 from ..gpu.device import current_cuda_device
 from ..ops.gemm import attention
 from ..report.jsonout import header
+from .device_time import device_ms, make_ballast
 from .trial import BENCH_REPEAT, BENCH_WARMUP
 
 # (label, heads, tokens, head size, windows per image, has a bias): the attention of each block
@@ -47,7 +48,7 @@ def checked_error(output: Any, exact: np.ndarray) -> float:
 
 
 def bench_shape(label: str, heads: int, tokens: int, size: int, windows: int, biased: bool, batch: int, torch: Any,
-                warmup: int, repeat: int) -> list[dict[str, Any]]:
+                warmup: int, repeat: int, ballast: Any) -> list[dict[str, Any]]:
     import cupy
 
     spec = spec_of(heads, tokens, size, windows, biased)
@@ -76,7 +77,7 @@ def bench_shape(label: str, heads: int, tokens: int, size: int, windows: int, bi
     rows = []
     for name, run in candidates:
         error = checked_error(run(), exact)
-        ms = statistics.median(cuda.time_ms(run, warmup=warmup, repeat=repeat)) if error <= TOLERANCE else None
+        ms = device_ms(run, warmup, repeat, ballast) if error <= TOLERANCE else None
         rows.append({"shape": label, "batch": batch, "name": name, "ms": ms, "rel_error": error,
                      "gflop_per_s": spec.flops(batch * windows) / (ms * 1e-3) / 1e9 if ms else None})
     sdpa_ms = next((r["ms"] for r in rows if "scaled_dot" in r["name"]), None)
@@ -92,12 +93,13 @@ def run_attention_bench(batches: Sequence[int] = BATCHES, warmup: int = BENCH_WA
     from .peers import torch_or_reason
 
     torch, why = torch_or_reason()
+    ballast = make_ballast()
     rows = []
     for label, heads, tokens, size, windows, biased in SHAPES:
         for batch in batches:
             if progress:
                 progress(f"bench attention: {label} at batch {batch}")
-            rows += bench_shape(label, heads, tokens, size, windows, biased, batch, torch, warmup, repeat)
+            rows += bench_shape(label, heads, tokens, size, windows, biased, batch, torch, warmup, repeat, ballast)
     return header(SCHEMA, current_cuda_device(), [s[0] for s in SHAPES], list(batches)) | {
         "peers": "torch.nn.functional.scaled_dot_product_attention, FP32, TF32 off" if torch is not None else f"unavailable: {why}",
         "rows": rows}

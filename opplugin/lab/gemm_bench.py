@@ -29,6 +29,7 @@ from ..ops.gemm.kernel import GemmKernel
 from ..ops.gemm.spec import BIAS_COLUMN, GemmSpec
 from ..core.texttable import text_table
 from . import roofline
+from .device_time import HOST_BOUND_MS, device_ms, make_ballast
 from .trial import BENCH_REPEAT, BENCH_WARMUP
 
 # (label, K, N): the CS259 classifier, the one-hidden-layer report's network, lenet86's and ece408_high's
@@ -49,9 +50,6 @@ LAYERS = (
 )
 BATCHES = (1, 16, 10000)
 SCHEMA = "opplugin-bench-gemm/1"
-BALLAST_BYTES = 2 << 30  # ~0.7 ms of fill on a Hopper GPU: longer than the host takes to enqueue the timed calls
-CALLS = 10  # calls per sample behind the fill, for kernels shorter than HOST_BOUND_MS
-HOST_BOUND_MS = 0.5
 FIT_SHARE = 0.5  # a layer runs at a batch when its operands take at most this share of the free device memory
 CHECKED_ROWS = 4  # rows per candidate compared with float64 on the host
 TOLERANCE = 1e-4  # max |ours - exact| / max |exact| over the checked rows
@@ -107,25 +105,6 @@ def checked_error(output: Any, a_rows: np.ndarray, rows: np.ndarray, w: np.ndarr
     return float(np.abs(got - exact).max() / max(1e-30, np.abs(exact).max()))
 
 
-def device_ms(fn: Callable[[], Any], warmup: int, repeat: int, ballast: Any) -> float:
-    """Median device time of one call: short calls are timed CALLS at a time behind a fill of
-    `ballast`, which keeps the GPU busy while the host enqueues them."""
-    alone = statistics.median(cuda.time_ms(fn, warmup=warmup, repeat=3))
-    if alone >= HOST_BOUND_MS:
-        return statistics.median(cuda.time_ms(fn, warmup=0, repeat=repeat))
-    start, end = cuda.event(), cuda.event()
-    samples = []
-    for _ in range(repeat):
-        ballast.fill(0)
-        start.record()
-        for _ in range(CALLS):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(cuda.elapsed_ms(start, end) / CALLS)
-    return statistics.median(samples)
-
-
 def bench_layer(label: str, k: int, n: int, batch: int, bandwidth: float, torch: Any, warmup: int, repeat: int,
                 ballast: Any, all_configs: bool = False) -> list[dict]:
     import cupy
@@ -170,10 +149,8 @@ def run_gemm_bench(batches: Sequence[int] = BATCHES, warmup: int = BENCH_WARMUP,
     from .peers import torch_or_reason
 
     torch, why = torch_or_reason()
-    import cupy
-
     roof = roofline.measure()
-    ballast = cupy.empty(BALLAST_BYTES // 4, dtype=cupy.float32)
+    ballast = make_ballast()
     rows = []
     for label, k, n in LAYERS:
         for batch in batches:

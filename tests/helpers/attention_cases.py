@@ -44,6 +44,14 @@ def random_feeds(model: onnx.ModelProto, batch: int, seed: int) -> dict[str, np.
             for value in model.graph.input}
 
 
+def error_scale(scale: float, q: np.ndarray, kt: np.ndarray, v: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """What float32 rounding errors of softmax(s) V scale with, per output element: P |V| from the second
+    product, times 1 plus the largest |scale| |Q| |K^T| of the row, since an error in a score of that size
+    moves every probability of its row relatively by as much. `p`: the probabilities in float64."""
+    row_scale = np.max(abs(scale) * (np.abs(q) @ np.abs(kt)), axis=-1, keepdims=True)
+    return (p @ np.abs(v)) * (1 + row_scale)
+
+
 def scaled_operands_model(heads: int = 3, t: int = 30, d: int = 16, seed: int = 0) -> onnx.ModelProto:
     """torch's dynamo export of scaled-dot-product attention: Q and K^T each times d^-1/4, then MatMul >
     Softmax > MatMul (K^T by a Transpose of K)."""

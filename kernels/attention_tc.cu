@@ -10,18 +10,23 @@
 // at the end. The K^T and V tiles are staged in shared memory by cp.async, one step ahead: the next
 // K^T tile is copied during this tile's softmax and PV, the next V tile during the next scores.
 //
-// Layout as the graph has it: Q [.., TQ, D], K^T [.., D, TK] (the first MatMul's B), V [.., TK, DV],
-// BIAS [.., TQ, TK], out [.., TQ, DV]; the leading axes broadcast as numpy does (offset_of: the
-// output's axes OUT_DIM1.. and each operand's <X>_STRIDE<i>, 0 where it broadcasts). D and DV are
-// at most 64; tiles past TQ, TK, D and DV are zero-filled, and the scores of keys past TK are -inf.
+// Operands as the graph has them: Q [.., TQ, D], K^T [.., D, TK] (the first MatMul's B), V [.., TK, DV],
+// BIAS [.., TQ, TK], out [.., TQ, DV], each with strides of its own (in floats), so that a view reads
+// as it lies: K^T as a transposed view of K, Q, K and V as slices of one QKV projection, the output
+// written through a transposed view (heads merged). Element (r, c) of matrix j of operand X is at
+// X + offset_of(j, X) + r * X_ROW + c * X_COL; the leading axes broadcast as numpy does (the
+// output's axes OUT_DIM1.. and each operand's X_STRIDE<i>, 0 where it broadcasts). D and DV are at
+// most 64; tiles past TQ, TK, D and DV are zero-filled, and the scores of keys past TK are -inf.
+// K^T's tile is staged [d][key] where its keys are contiguous (KT_COL 1) and [key][d] otherwise, so
+// that neighbouring threads copy neighbouring floats either way.
 //
 // Arithmetic: the scores as ONNX has them (the FP32 product, times SCALE, plus the bias), softmax in
 // FP32 with expf; an infinite operand turns into NaN in the 3xTF32 split, so the runner watches this
 // kernel (nonfinite) and reruns such chunks on the nodes one by one.
 //
-// Macros: TQ, TK, D, DV, SCALE (a float literal), HAS_BIAS, BATCH_RANK, OUT_DIM<i>, Q_STRIDE<i>,
-// KT_STRIDE<i>, V_STRIDE<i>, BIAS_STRIDE<i>. Launch: block 256, grid (ceil(TQ / 64), matrices), dynamic
-// shared memory SHARED_BYTES (below).
+// Macros: TQ, TK, D, DV, SCALE (a float literal), HAS_BIAS, BATCH_RANK, OUT_DIM<i>, and for X in Q,
+// KT, V, BIAS and OUT: X_ROW, X_COL, X_STRIDE<i>. Launch: block 256, grid (ceil(TQ / 64), matrices),
+// dynamic shared memory SHARED_BYTES (below).
 #include "watch_flag.cuh"
 #include "async_copy.cuh"
 
@@ -39,6 +44,14 @@
 #define B_K_STEP B_ROW
 #define B_N_STEP 1
 #include "tf32_mma.cuh"
+
+#if KT_COL == 1
+#define KT_K_STEP B_ROW  // K^T's tile [d][key]
+#define KT_N_STEP 1
+#else
+#define KT_K_STEP 1  // [key][d], as K lies
+#define KT_N_STEP A_STRIDE
+#endif
 
 #define Q_TILE (BQ * A_STRIDE)
 #define B_TILE (64 * B_ROW)
@@ -72,16 +85,18 @@ __device__ __forceinline__ long long offset_of(long long j, long long s0, long l
 }
 #define OFFSET(j, X) offset_of(j, X##_STRIDE0, X##_STRIDE1, X##_STRIDE2, X##_STRIDE3)
 
-// rows x cols of a row-major matrix (row length `length`) into a tile `stride` floats a row, zero
-// where row >= rows or col >= cols; four bytes a copy (TK, D or DV may be odd)
-__device__ __forceinline__ void copy_tile(float* tile, int stride, const float* __restrict__ from, int length, int row0,
-                                          int rows, int col0, int cols)
+// the 64 x 64 tile at (row0, col0) of a matrix whose element (r, c) is at from[r * ROW + c * COL], into
+// tile[r * TILE_ROW + c * TILE_COL], zero where row >= rows or col >= cols. Neighbouring threads take
+// neighbouring columns, or neighbouring rows where those lie next to each other in memory instead.
+template <long long ROW, long long COL, int TILE_ROW, int TILE_COL>
+__device__ __forceinline__ void copy_tile(float* tile, const float* __restrict__ from, int row0, int rows, int col0, int cols)
 {
+    constexpr bool down = COL != 1 && ROW == 1;
 #pragma unroll 4
     for (int i = threadIdx.x; i < 64 * 64; i += NTHREADS) {
-        const int r = i / 64, c = i % 64;
+        const int r = down ? i % 64 : i / 64, c = down ? i / 64 : i % 64;
         const bool valid = row0 + r < rows && col0 + c < cols;
-        copy_async4(tile + r * stride + c, valid ? from + (long long)(row0 + r) * length + col0 + c : from, valid);
+        copy_async4(tile + r * TILE_ROW + c * TILE_COL, valid ? from + (row0 + r) * ROW + (col0 + c) * COL : from, valid);
     }
 }
 
@@ -106,17 +121,17 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
 #if HAS_BIAS
     bias += OFFSET(j, BIAS);
 #endif
-    out += j * ((long long)TQ * DV);
+    out += OFFSET(j, OUT);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
     const int g = lane / 4, t = lane % 4;
 
     // the copies run one step ahead of the arithmetic, in commit groups that alternate K^T and V: the
     // next K^T tile lands while this tile's softmax and PV run, the next V tile while its scores do
-    copy_tile(Qs, A_STRIDE, q, D, q0, TQ, 0, D);
-    copy_tile(KTs, B_ROW, kt, TK, 0, D, 0, TK);
+    copy_tile<Q_ROW, Q_COL, A_STRIDE, 1>(Qs, q, q0, TQ, 0, D);
+    copy_tile<KT_ROW, KT_COL, KT_K_STEP, KT_N_STEP>(KTs, kt, 0, D, 0, TK);
     commit_copies();
-    copy_tile(Vs, B_ROW, v, DV, 0, TK, 0, DV);
+    copy_tile<V_ROW, V_COL, B_ROW, 1>(Vs, v, 0, TK, 0, DV);
     commit_copies();
     if (threadIdx.x < BQ) {
         row_max[threadIdx.x] = NEG_INF;
@@ -132,8 +147,8 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
         // the scores of this key tile: Q K^T over D, scaled, the bias added, keys past TK at -inf
         float s[MT][NT][4];
         zero_tiles(s);
-        tf32_slice(s, Qs, KTs, warp_m, warp_n);
-        if (D > BK) tf32_slice(s, Qs + BK, KTs + BK * B_ROW, warp_m, warp_n);
+        tf32_slice<KT_K_STEP, KT_N_STEP>(s, Qs, KTs, warp_m, warp_n);
+        if (D > BK) tf32_slice<KT_K_STEP, KT_N_STEP>(s, Qs + BK, KTs + BK * KT_K_STEP, warp_m, warp_n);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -144,12 +159,12 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
                     const int col = warp_n * WN + nt * 8 + 2 * t + r % 2;
                     float score = s[mt][nt][r] * SCALE;
 #if HAS_BIAS
-                    if (q0 + row < TQ && k0 + col < TK) score += __ldg(bias + (long long)(q0 + row) * TK + k0 + col);
+                    if (q0 + row < TQ && k0 + col < TK) score += __ldg(bias + (q0 + row) * BIAS_ROW + (k0 + col) * BIAS_COL);
 #endif
                     Ps[row * A_STRIDE + col] = k0 + col < TK ? score : NEG_INF;
                 }
         __syncthreads();  // K^T's tile is read: the next one may land there
-        if (k0 + BKEY < TK) copy_tile(KTs, B_ROW, kt, TK, 0, D, k0 + BKEY, TK);
+        if (k0 + BKEY < TK) copy_tile<KT_ROW, KT_COL, KT_K_STEP, KT_N_STEP>(KTs, kt, 0, D, k0 + BKEY, TK);
         commit_copies();  // an empty group past the last tile keeps the count in step
 
         // each row's running maximum and sum, by the ROW_THREADS neighbouring lanes that share it
@@ -202,7 +217,7 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
         tf32_slice(o, Ps, Vs, warp_m, warp_n);
         tf32_slice(o, Ps + BK, Vs + BK * B_ROW, warp_m, warp_n);
         __syncthreads();  // V's tile and the probabilities are read: the next tiles may overwrite them
-        if (k0 + BKEY < TK) copy_tile(Vs, B_ROW, v, DV, k0 + BKEY, TK, 0, DV);
+        if (k0 + BKEY < TK) copy_tile<V_ROW, V_COL, B_ROW, 1>(Vs, v, k0 + BKEY, TK, 0, DV);
         commit_copies();
     }
     wait_copies<0>();
@@ -219,7 +234,7 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
                 const int col = warp_n * WN + nt * 8 + 2 * t + r % 2;
                 if (col < DV) {
                     const float value = o[mt][nt][r] / sum;
-                    out[(long long)(q0 + row) * DV + col] = value;
+                    out[(q0 + row) * OUT_ROW + col * OUT_COL] = value;
                     flag_nonfinite(nonfinite, value);
                 }
             }

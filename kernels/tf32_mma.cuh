@@ -78,6 +78,9 @@ __device__ __forceinline__ void fragment_value(float v, unsigned int& big, unsig
 // accumulator with truncation, so over a long K a running sum drifts (3xTF32 measured 1e-5
 // relative at K = 1440, past the exact bound); with SPLIT each slice is summed in `part` by the
 // MMAs, then added to acc with a correctly rounded add.
+// K_STEP and N_STEP: the B tile's layout, B_K_STEP and B_N_STEP unless the includer stages a second
+// B operand in another layout (attention_tc's K^T beside its V)
+template <int K_STEP = B_K_STEP, int N_STEP = B_N_STEP>
 __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float* As, const float* Bs, int warp_m, int warp_n)
 {
     const int lane = threadIdx.x % 32;
@@ -102,8 +105,8 @@ __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float*
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            const float* col = Bs + (kk + t) * B_K_STEP + (warp_n * WN + nt * 8 + g) * B_N_STEP;
-            const float v[2] = {col[0], col[4 * B_K_STEP]};
+            const float* col = Bs + (kk + t) * K_STEP + (warp_n * WN + nt * 8 + g) * N_STEP;
+            const float v[2] = {col[0], col[4 * K_STEP]};
 #pragma unroll
             for (int r = 0; r < 2; ++r) fragment_value(v[r], b_big[nt][r], b_small[nt][r]);
         }

@@ -254,6 +254,11 @@ class Plugin(Protocol):
         None declared: the build compiles as it goes."""
         return ()
 
+    def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
+        """True where the kernel `build` makes for `node` and `fused` reads its inputs as they lie, any strides:
+        the plan may then hand it strided views in place of layout steps (plan/input_views.py)."""
+        return False
+
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after `node`, each the only reader of
         the one before) the node's kernel computes as well; 0: none."""

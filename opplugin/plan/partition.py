@@ -16,7 +16,9 @@ from ..core.node_reads import reads
 from ..errors import ModelError, PluginError
 from ..ort import known_ops
 from ..graph.model import Model
+from ..ops.layout.views import InputViewsKernel
 from .keep import checked_keep, given_up_for_keep, hidden_outputs
+from .input_views import InputView, find_input_views
 from .prologue import find_prologues, give_way, prologue_inputs
 from ..registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from ..core.texttable import OP_SEPARATOR
@@ -39,26 +41,38 @@ class PluginStep:
     group: NodeGroup | None = None
     # nodes before `node` that the plugin applies to its first input as it loads it (prologue.py)
     prologue: list[NodeInfo] = field(default_factory=list)
+    # input position -> the layout nodes that make the operand there from the step's input, as views (input_views.py)
+    views: dict[int, InputView] = field(default_factory=dict)
 
     @property
     def ops(self) -> list[str]:
         """The op of each node the kernel runs: its type, with the domain for one outside ONNX's (op_key)."""
-        return [n.op_key for n in self.kernel_nodes]
+        return [n.op_key for n in (*self.prologue, self.node, *self.fused)]
 
     @property
     def node_names(self) -> list[str]:
-        return [n.name for n in self.kernel_nodes]
+        """The node of each op in `ops` (the view nodes have their own line: `views`)."""
+        return [n.name for n in (*self.prologue, self.node, *self.fused)]
+
+    @property
+    def view_nodes(self) -> list[NodeInfo]:
+        """The layout nodes the step applies as views to its inputs, in graph order."""
+        nodes = {n.name: n for view in self.views.values() for n in view.nodes}
+        return [n for n in nodes.values()]
 
     @property
     def kernel_nodes(self) -> list[NodeInfo]:
         """Every node the step's kernel runs, in graph order."""
-        return [*self.prologue, self.node, *self.fused]
+        return [*self.view_nodes, *self.prologue, self.node, *self.fused]
 
     def build(self, device: Device, variant: str | None = None, graphed: bool = True) -> Kernel:
         """The step's kernel; `graphed`: it will be launched from CUDA graphs (see registry.Plugin)."""
         if self.group is not None:
             return self.plugin.build_group(self.group, device, variant, graphed=graphed)
-        return self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
+        kernel = self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
+        if self.views:
+            kernel = InputViewsKernel(kernel, [self.views[i].function() if i in self.views else None for i in range(len(self.inputs))])
+        return kernel
 
     def compile_jobs(self, device: Device, variant: str | None = None, graphed: bool = True) -> Sequence[CompileJob]:
         """The kernel sources `build` with the same arguments will compile (Plugin.compile_jobs)."""
@@ -129,7 +143,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     registry = {**(plugins() if registry is None else registry), **model.declarations}  # the model's custom ops too
     tensors = model.infer(batch) if tensors is None else tensors
     grouping = _Grouping.of(model.node_infos(batch, tensors), model, device, registry, frozenset(kept))
-    consumed_later = _consumers_after(grouping.groups, grouping.fused, [*model.outputs, *kept], grouping.prologues)
+    consumed_later = _consumers_after(grouping.groups, grouping.fused, [*model.outputs, *kept], grouping.prologues, grouping.views)
     steps: list[Step] = []
     for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo) and group.name in grouping.node_groups:
@@ -144,7 +158,9 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
             prologue = grouping.prologues.get(group.name, [])
             if prologue:
                 inputs = prologue_inputs(prologue, registry[group.op_key].prologue_input, inputs, model.initializers)
-            steps.append(PluginStep(group.name, group, registry[group.op_key], inputs, outputs, followers, prologue=prologue))
+            views = {i: view for i, name in enumerate(inputs) for view in grouping.views.get(group.name, []) if view.operand == name}
+            inputs = [views[i].source if i in views else name for i, name in enumerate(inputs)]
+            steps.append(PluginStep(group.name, group, registry[group.op_key], inputs, outputs, followers, prologue=prologue, views=views))
             continue
         number = sum(isinstance(s, OrtStep) for s in steps) + 1
         nodes = [info.node for info in group]
@@ -186,6 +202,7 @@ class _Grouping:
     fallbacks: dict[str, str] = field(default_factory=dict)
     given_up: dict[str, str] = field(default_factory=dict)
     prologues: dict[str, list[NodeInfo]] = field(default_factory=dict)  # plugin node name -> the nodes its kernel applies first
+    views: dict[str, list[InputView]] = field(default_factory=dict)  # plugin node name -> its operands read as views
 
     @classmethod
     def of(cls, infos: list[NodeInfo], model: Model, device: Device, registry: dict[str, Plugin],
@@ -234,7 +251,26 @@ class _Grouping:
                 grouping.groups[-1].append(info)
             else:
                 grouping.groups.append([info])
+        grouping._read_views(model, registry, readers, visible)
         return grouping
+
+    def _read_views(self, model: Model, registry: dict[str, Plugin], readers: dict[str, list[NodeInfo]], visible: set[str]) -> None:
+        """Layout nodes that the steps reading views take in (input_views.py), no longer steps of their own."""
+        alone = {o: g for g in self.groups if isinstance(g, NodeInfo) and not self.fused.get(g.name) and g.name not in self.node_groups
+                 and g.name not in self.prologues for o in g.node.output if o}
+        joined: set[str] = set()
+        for group in self.groups:
+            if not isinstance(group, NodeInfo) or group.name in self.node_groups or group.name in joined:
+                continue
+            followers = self.fused.get(group.name, [])
+            if not _reads_views(registry.get(group.op_key), group, followers):
+                continue
+            free = {t: n for t, n in alone.items() if n.name not in joined and n.name != group.name}
+            views = find_input_views(group, [group, *followers], step_inputs(group, followers, model), free, readers, visible)
+            if views:
+                self.views[group.name] = views
+                joined.update(n.name for view in views for n in view.nodes)
+        self.groups = [g for g in self.groups if not (isinstance(g, NodeInfo) and g.name in joined)]
 
     def _prologues_given_up(self, free: dict[str, list[NodeInfo]], keep: frozenset[str]) -> None:
         """Note each prologue that the plan without `keep` would fuse and that hides a kept tensor."""
@@ -284,6 +320,13 @@ def _node_group(members: list[NodeInfo], readers: dict[str, list[NodeInfo]], mod
     written = [o for m in members for o in m.node.output if o]
     outputs = [o for o in written if o in visible or any(r.name not in names for r in readers.get(o, []))]
     return NodeGroup(tuple(members), tuple(outside_inputs([m.node for m in members], model)), tuple(outputs))
+
+
+def _reads_views(plugin: Plugin | None, info: NodeInfo, followers: list[NodeInfo]) -> bool:
+    try:
+        return plugin is not None and plugin.reads_views(info, followers)
+    except Exception:  # a plugin that cannot judge its node reads no views
+        return False
 
 
 def _admitted(plugin: Plugin, group: NodeGroup, device: Device) -> bool:
@@ -455,7 +498,7 @@ def _empty_tensor(info: NodeInfo) -> str | None:
 
 
 def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outputs: list[str],
-                     prologues: dict[str, list[NodeInfo]]) -> list[set[str]]:
+                     prologues: dict[str, list[NodeInfo]], views: dict[str, list[InputView]]) -> list[set[str]]:
     """For each group, the tensor names read by any later group (a plugin step's fused
     followers and prologue too: a residual Add reads its other operand) or by the graph's outputs."""
     needed: set[str] = set(graph_outputs)
@@ -463,7 +506,8 @@ def _consumers_after(groups: list, fused: dict[str, list[NodeInfo]], graph_outpu
     for index in range(len(groups) - 1, -1, -1):
         after[index] = set(needed)
         group = groups[index]
-        members = [*prologues.get(group.name, []), group, *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group
+        members = ([*(n for view in views.get(group.name, []) for n in view.nodes), *prologues.get(group.name, []), group,
+                    *fused.get(group.name, [])] if isinstance(group, NodeInfo) else group)
         for info in members:
             needed.update(reads(info.node))
     return after

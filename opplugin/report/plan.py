@@ -53,6 +53,7 @@ def step_entry(plan: PlanRecord, step: StepRecord, variants: dict[str, str | Non
         "inputs": _tensors(plan, step.inputs),
         "outputs": _tensors(plan, step.outputs),
         "nodes": _nodes(plan, step),
+        "views": list(step.views),
         "flops": step.flops,
         "bytes_moved": step.bytes_moved,
         "variants": variants,
@@ -98,6 +99,7 @@ def format_plan(plan: PlanRecord, wide: bool = False) -> str:
         lines.append(first + summarise_ops(list(step.ops), ops_width))
         indent = f"      {'':<{width}}  "
         lines.append(elide_middle(f"{indent}runs: {step.implementation}", line_width))
+        lines += [elide_middle(f"{indent}reads as a view: {view}", line_width) for view in step.views]
         shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shapes[n])}" for n in step.inputs if n in plan.shapes],
                          None if wide else LINE_WIDTH - len(indent) - 4)
         lines.append(f"{indent}in: {shapes or '-'}")

@@ -150,6 +150,9 @@ def split_fused(plan: Plan) -> Plan:
         if not isinstance(step, PluginStep) or step.group is not None or not (step.fused or step.prologue or step.node.op_type in NAN_BY_POSITION):
             steps.append(step)
             continue
+        if step.views:  # the layout nodes the kernel read through as views run first, on onnxruntime
+            operands = list(dict.fromkeys(view.operand for view in step.views.values()))
+            steps.append(_ort_step(plan, f"{step.name} views", [info.node for info in step.view_nodes], operands))
         if step.prologue:  # the nodes the kernel applied to its input run first, on onnxruntime
             steps.append(_ort_step(plan, f"{step.name} prologue", [info.node for info in step.prologue], [step.node.node.input[0]]))
             if not step.fused and step.node.op_type not in NAN_BY_POSITION:

@@ -48,6 +48,7 @@ def record_plan(
             flops=kernel.flops(batch) if kernel else None,
             bytes_moved=kernel.bytes_moved(batch) if kernel else None,
             nodes=tuple(step.node_names),
+            views=tuple(view.describe() for view in step.views.values()) if step.kind == "plugin" else (),
         ))
     notes = {}
     if variant_notes:

@@ -31,6 +31,7 @@ class StepRecord:
     flops: int | None = None  # plugin steps: the kernel's count at the record's batch
     bytes_moved: int | None = None
     nodes: tuple[str, ...] = ()  # the names of the ONNX nodes it runs, one per op
+    views: tuple[str, ...] = ()  # the operands it reads through layout nodes as views, each in words (plan/input_views.py)
 
 
 @dataclass(frozen=True)

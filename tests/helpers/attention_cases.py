@@ -67,3 +67,46 @@ def scaled_operands_model(heads: int = 3, t: int = 30, d: int = 16, seed: int = 
     model = helper.make_model(helper.make_graph(nodes, "sdpa", inputs, [output], [scale]), opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def projected_attention_model(heads: int = 3, t: int = 20, d: int = 16, split: bool = False, seed: int = 0,
+                              k_also_out: bool = False) -> onnx.ModelProto:
+    """A transformer's attention as torch's dynamo exporter writes it, from tokens x (N, T, C) to (N, T, C):
+    one QKV projection, Reshape to (N, T, 3, H, D), Transpose to (3, N, H, T, D), Slice and Squeeze (or,
+    with `split`, Split and Squeeze) per operand, K transposed per head through (N H, T, D), then
+    MatMul > Mul > Softmax > MatMul, the heads merged by Transpose and Reshape. `k_also_out`: K is a
+    graph output too."""
+    rng = np.random.default_rng(seed)
+    c = heads * d
+    weights = {"w_qkv": (rng.standard_normal((c, 3 * c)) / np.sqrt(c)).astype(np.float32),
+               "heads_shape": np.array([0, t, 3, heads, d], np.int64), "merged": np.array([-1, t, d], np.int64),
+               "unmerged": np.array([-1, heads, d, t], np.int64), "tokens": np.array([0, t, c], np.int64),
+               "scale": np.array([d ** -0.5], np.float32), "zero": np.array([0], np.int64)}
+    nodes = [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"], name="qkv_projection"),
+             helper.make_node("Reshape", ["qkv", "heads_shape"], ["qkv_heads"], name="qkv_reshape"),
+             helper.make_node("Transpose", ["qkv_heads"], ["qkv_first"], name="qkv_permute", perm=[2, 0, 3, 1, 4])]
+    if split:
+        nodes.append(helper.make_node("Split", ["qkv_first"], ["q1", "k1", "v1"], name="qkv_split", axis=0, num_outputs=3))
+    else:
+        for i, name in enumerate("qkv"):
+            weights[f"start{i}"], weights[f"end{i}"] = np.array([i], np.int64), np.array([i + 1], np.int64)
+            nodes.append(helper.make_node("Slice", ["qkv_first", f"start{i}", f"end{i}", "zero"], [f"{name}1"], name=f"{name}_slice"))
+    for name in "qkv":
+        nodes.append(helper.make_node("Squeeze", [f"{name}1", "zero"], [name], name=f"{name}_squeeze"))
+    nodes += [helper.make_node("Reshape", ["k", "merged"], ["k_merged"], name="k_merge"),
+              helper.make_node("Transpose", ["k_merged"], ["kt_merged"], name="k_transpose", perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["kt_merged", "unmerged"], ["kt"], name="k_unmerge"),
+              helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk"),
+              helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale_scores"),
+              helper.make_node("Softmax", ["scaled"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["heads_out"], name="pv"),
+              helper.make_node("Transpose", ["heads_out"], ["tokens_heads"], name="merge_heads", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["tokens_heads", "tokens"], ["y"], name="merge_reshape")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", t, c])]
+    if k_also_out:
+        outputs.append(helper.make_tensor_value_info("k", TensorProto.FLOAT, ["N", heads, t, d]))
+    graph = helper.make_graph(nodes, "projected_attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", t, c])],
+                              outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model

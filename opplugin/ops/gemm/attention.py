@@ -19,7 +19,9 @@ from ...gpu import cuda
 from ...gpu.kernel_cache import CompileJob
 from ...registry import Kernel
 from ..activation import cuda_float
-from ..operands import batched_input, contiguous_out
+from ..layout.strides import contiguous_strides, element_strides
+from ..layout.kernels import output_array
+from ..operands import batched_input
 from .matmul import GRID_Z_LIMIT, MAX_BATCH_RANK, matrix_strides
 
 SOURCE = "attention_tc.cu"
@@ -37,6 +39,9 @@ class AttentionSpec:
     scale: float = 1.0
     bias_shape: tuple[int, ...] | None = None
     constants: frozenset[str] = frozenset()  # the operands among OPERANDS that are initializers
+    # a Transpose of the output fused after the product (heads merged: (N, H, T, DV) -> (N, T, H, DV)):
+    # the kernel writes through the transposed view, and the step's output is the transposed tensor
+    out_perm: tuple[int, ...] | None = None
 
     @property
     def tq(self) -> int:
@@ -62,11 +67,16 @@ class AttentionSpec:
         shapes = [self.q_shape[:-2], self.kt_shape[:-2], self.v_shape[:-2]] + ([self.bias_shape[:-2]] if self.bias_shape else [])
         return tuple(np.broadcast_shapes(*shapes))
 
-    def output_shape(self, batch: int) -> tuple[int, ...]:
+    def product_shape(self, batch: int) -> tuple[int, ...]:
+        """softmax(..) V's shape, before any fused Transpose."""
         return (batch, *(*self.batch_shape, self.tq, self.dv)[1:])
 
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        shape = self.product_shape(batch)
+        return shape if self.out_perm is None else tuple(shape[p] for p in self.out_perm)
+
     def matrices(self, batch: int) -> int:
-        return int(np.prod(self.output_shape(batch)[:-2], dtype=np.int64))
+        return int(np.prod(self.product_shape(batch)[:-2], dtype=np.int64))
 
     def strides(self, operand: str) -> tuple[int, ...]:
         return matrix_strides(self.shape_of(operand), operand in self.constants, len(self.batch_shape))
@@ -100,6 +110,8 @@ class AttentionSpec:
             shape = self.shape_of(operand)
             if shape is not None and operand not in self.constants and len(shape) != len(lead) + 2:
                 return f"{operand} is computed at run time with rank {len(shape)} below the output's: its first axis would not be the batch"
+        if self.out_perm is not None and sorted(self.out_perm) != list(range(len(lead) + 2)):
+            return f"the Transpose after it (perm {list(self.out_perm)}) is no permutation of the output's axes"
         return None
 
 
@@ -109,7 +121,8 @@ def reference(spec: AttentionSpec, q: Any, kt: Any, v: Any, bias: Any = None) ->
     if bias is not None:
         scores = scores + bias
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return np.matmul(e / e.sum(axis=-1, keepdims=True), v)
+    y = np.matmul(e / e.sum(axis=-1, keepdims=True), v)
+    return y if spec.out_perm is None else np.ascontiguousarray(y.transpose(spec.out_perm))
 
 
 class ReferenceAttentionKernel(Kernel):
@@ -141,37 +154,89 @@ def operands_of(spec: AttentionSpec, inputs: Sequence[Any], constants: dict[str,
     return {o: constants[o] if o in constants else given.get(o) for o in OPERANDS}
 
 
-def defines(spec: AttentionSpec) -> dict[str, int | str]:
+# per operand (and the output): the strides of its leading axes under the output's (0 where it
+# broadcasts), then of its rows and of its columns, in floats
+Layout = tuple[tuple[tuple[int, ...], int, int], ...]
+
+
+def contiguous_layout(spec: AttentionSpec) -> Layout:
+    """Every operand as a C-contiguous tensor of its own: the layout `compile_job` compiles for."""
+    rank = len(spec.batch_shape)
+    layout = []
+    for operand in OPERANDS:
+        shape = spec.shape_of(operand)
+        layout.append(((0,) * rank, 0, 0) if shape is None else (matrix_strides(shape, operand in spec.constants, rank), shape[-1], 1))
+    product = spec.product_shape(1)
+    out_strides = contiguous_strides(spec.output_shape(1))
+    if spec.out_perm is not None:
+        out_strides = tuple(out_strides[spec.out_perm.index(axis)] for axis in range(len(product)))
+    layout.append((out_strides[:-2], out_strides[-2], out_strides[-1]))
+    return tuple(layout)
+
+
+def layout_of(spec: AttentionSpec, operands: dict[str, Any], y: Any) -> Layout:
+    """The strides of the arrays a call hands the kernel: views as they lie (`y`: the product's shape)."""
+    rank = len(spec.batch_shape)
+    default = contiguous_layout(spec)
+    layout = []
+    for operand, fixed in zip(OPERANDS, default):
+        x = operands[operand]
+        layout.append(fixed if x is None or operand in spec.constants else _strides_under(x, rank, spec.product_shape(x.shape[0])))
+    return (*layout, _strides_under(y, rank, y.shape))
+
+
+def _strides_under(x: Any, rank: int, output: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
+    strides = element_strides(x)
+    lead = tuple(0 if x.shape[axis] == 1 and output[axis] != 1 else strides[axis] for axis in range(rank))
+    return lead, strides[-2], strides[-1]
+
+
+def defines(spec: AttentionSpec, layout: Layout | None = None) -> dict[str, int | str]:
     lead = spec.batch_shape
     macros: dict[str, int | str] = {"TQ": spec.tq, "TK": spec.tk, "D": spec.d, "DV": spec.dv, "SCALE": cuda_float(spec.scale),
                                     "HAS_BIAS": int(spec.bias_shape is not None), "BATCH_RANK": max(1, len(lead))}
     for axis in range(1, len(lead)):
         macros[f"OUT_DIM{axis}"] = lead[axis]
-    for operand in OPERANDS:
-        strides = spec.strides(operand) if spec.shape_of(operand) is not None and lead else ()
+    for operand, (strides, row, col) in zip((*OPERANDS, "out"), layout or contiguous_layout(spec)):
+        name = operand.upper()
+        macros[f"{name}_ROW"], macros[f"{name}_COL"] = f"{row}LL", f"{col}LL"
         for axis in range(MAX_BATCH_RANK):
-            macros[f"{operand.upper()}_STRIDE{axis}"] = strides[axis] if axis < len(strides) else 0
+            macros[f"{name}_STRIDE{axis}"] = f"{strides[axis] if axis < len(strides) else 0}LL"
     return macros
 
 
-def compile_job(spec: AttentionSpec, arch: str) -> CompileJob:
-    return cuda.module_job(SOURCE, defines(spec), arch)
+def compile_job(spec: AttentionSpec, arch: str, layout: Layout | None = None) -> CompileJob:
+    return cuda.module_job(SOURCE, defines(spec, layout), arch)
 
 
 class AttentionKernel(Kernel):
-    """kernels/attention_tc.cu for one attention; called with the step's inputs [Q, K^T, (bias,) V]."""
+    """kernels/attention_tc.cu for one attention; called with the step's inputs [Q, K^T, (bias,) V], each a
+    tensor of its own or a strided view of one (a slice of a QKV projection, a transposed K): the kernel
+    reads them as they lie, compiled once per layout met."""
 
     nonfinite_exact = False  # the 3xTF32 split turns an infinity into NaN: watched, and rerun node by node
     flags_nonfinite = True
+    out_view = "strided"  # it writes through any view of its output's shape
 
     def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray]):
         import cupy
 
         self.spec, self.name = spec, name
-        self.function = cuda.load(compile_job(spec, cuda.device_arch())).get_function("attention_tc")
-        self.function.max_dynamic_shared_size_bytes = SHARED_BYTES
-        self.functions = [self.function]
+        self._functions: dict[Layout, Any] = {}
+        self.function = self._function(contiguous_layout(spec))
         self._constants = {o: cupy.asarray(x, dtype=cupy.float32) for o, x in constants.items()}
+
+    @property
+    def functions(self) -> list[Any]:
+        return list(self._functions.values())
+
+    def _function(self, layout: Layout) -> Any:
+        function = self._functions.get(layout)
+        if function is None:
+            function = cuda.load(compile_job(self.spec, cuda.device_arch(), layout)).get_function("attention_tc")
+            function.max_dynamic_shared_size_bytes = SHARED_BYTES
+            self._functions[layout] = function
+        return function
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -180,22 +245,23 @@ class AttentionKernel(Kernel):
         return self.spec.bytes_moved(batch)
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
-        """[the attention's output]; written into `out` when given (a C-contiguous float32 array)."""
+        """[the attention's output]; written into `out` when given (a float32 array of the output's shape, any strides)."""
         import cupy
 
         with cuda.on_stream(stream):
             operands = operands_of(self.spec, inputs, self._constants)
             for operand in ("q", "kt", "v", "bias"):
                 if operands[operand] is not None and operand not in self.spec.constants:
-                    sample = self.spec.shape_of(operand)[1:]
-                    operands[operand] = cupy.ascontiguousarray(batched_input(cupy, operands[operand], sample, operand, self.name))
+                    operands[operand] = batched_input(cupy, operands[operand], self.spec.shape_of(operand)[1:], operand, self.name)
             batch = int(next(operands[o] for o in OPERANDS if operands[o] is not None and o not in self.spec.constants).shape[0])
             shape = self.spec.output_shape(batch)
-            y = cupy.empty(shape, dtype=cupy.float32) if out is None else contiguous_out(cupy, out, shape, self.name)
+            y = output_array(out, shape, self.name)
+            product = y if self.spec.out_perm is None else y.transpose(np.argsort(self.spec.out_perm))
+            function = self._function(layout_of(self.spec, operands, product))
             matrices = self.spec.matrices(batch)
             bias = operands["bias"] if operands["bias"] is not None else np.uint64(0)
             for first in range(0, matrices, GRID_Z_LIMIT):
                 grid = (-(-self.spec.tq // QUERY_TILE), min(GRID_Z_LIMIT, matrices - first), 1)
-                self.function(grid, (256, 1, 1), (operands["q"], operands["kt"], operands["v"], bias, y, np.int32(first),
-                                                  np.uint64(nonfinite)), shared_mem=SHARED_BYTES)
+                function(grid, (256, 1, 1), (operands["q"], operands["kt"], operands["v"], bias, product, np.int32(first),
+                                             np.uint64(nonfinite)), shared_mem=SHARED_BYTES)
         return [y]

@@ -153,6 +153,10 @@ class MatMulPlugin(GemmPlugin):
                 return count
         return 1 if followers and activation.from_node(followers[0]) else 0
 
+    def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
+        """A fused attention's kernel reads Q, K^T and V as they lie: slices of one QKV projection, K transposed."""
+        return not spec_of(node, self.make_spec).is_flat and len(fused) > 1 and attention_of(node, fused) is not None
+
     def _parts(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, Sequence[NodeInfo], np.ndarray | None]:
         spec = self.gemm_spec(node)
         bias = _bias_add(node, fused)
@@ -242,7 +246,8 @@ def epilogue_of(followers: Sequence[NodeInfo]) -> GemmEpilogue | None:
 
 def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.AttentionSpec | None:
     """The attention a batched MatMul(Q, K^T) and `followers` compute, every follower used: [Mul or Div by
-    one constant], [Add], a Softmax over the keys, then a MatMul whose first operand is its output."""
+    one constant], [Add], a Softmax over the keys, a MatMul whose first operand is its output, [a Transpose
+    that keeps the batch axis first]."""
     rest, scale, bias = list(followers), 1.0, None
     if rest and rest[0].op_type in ("Mul", "Div"):
         factor = _scalar_constant(rest[0])
@@ -257,6 +262,11 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
             return None
         bias = other
         rest = rest[1:]
+    out_perm = None
+    if len(rest) == 3 and rest[2].op_type == "Transpose":  # the heads merged: written through a transposed view
+        rank = len(rest[2].inputs[0].shape)
+        out_perm = tuple(int(p) for p in rest[2].attributes.get("perm", range(rank - 1, -1, -1)))
+        rest = rest[:2]
     if len(rest) != 2 or not _row_softmax(rest[0]) or rest[1].op_type != "MatMul" or rest[1].node.input[0] != rest[0].node.output[0]:
         return None
     product, v = rest[1], rest[1].inputs[1]
@@ -266,7 +276,7 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
                                                             ("bias", bias, followers[0]))
                           if tensor is not None and tensor.name in {**owner.constants, **_all_constants(followers)})
     spec = attention.AttentionSpec(tuple(map(int, node.inputs[0].shape)), tuple(map(int, node.inputs[1].shape)), tuple(map(int, v.shape)),
-                                   scale, None if bias is None else tuple(map(int, bias.shape)), constants)
+                                   scale, None if bias is None else tuple(map(int, bias.shape)), constants, out_perm)
     if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
         return None
     return spec if spec.reason_against() is None else None
@@ -275,7 +285,8 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
 def attention_constants(node: NodeInfo, fused: Sequence[NodeInfo], spec: attention.AttentionSpec) -> dict[str, np.ndarray]:
     """The operands of a fused attention that are initializers, as arrays (the build keeps them)."""
     values = {**node.constants, **_all_constants(fused)}
-    names = {"q": node.inputs[0].name, "kt": node.inputs[1].name, "v": fused[-1].inputs[1].name}
+    product = next(f for f in reversed(fused) if f.op_type == "MatMul")
+    names = {"q": node.inputs[0].name, "kt": node.inputs[1].name, "v": product.inputs[1].name}
     add = next((f for f in fused if f.op_type == "Add"), None)
     if add is not None:
         names["bias"] = next(t.name for t in add.inputs if t.name not in {o for f in (node, *fused) for o in f.node.output})

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from attention_cases import attention_model, error_scale, random_feeds
+from attention_cases import attention_model, error_scale, projected_attention_model, random_feeds
 from onnx_builders import save
 from opplugin.gpu.device import current_cuda_device
 from opplugin.graph.model import load_model
@@ -73,6 +73,59 @@ def test_a_run_with_the_fused_attention_matches_onnxruntime(tmp_path, shape):
     reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     for _ in range(2):  # eager, then replayed from a CUDA graph
         np.testing.assert_allclose(runner.run(feeds).outputs["y"], reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("out_perm", [None, (0, 2, 1, 3), (2, 0, 1, 3)])
+def test_the_kernel_reads_strided_views_and_writes_through_a_transposed_one(out_perm):
+    """Q, K^T and V as slices of one QKV tensor (K^T a transposed view), the output poisoned and written
+    through the fused Transpose's view."""
+    import cupy
+
+    batch, heads, t, d = 3, 4, 83, 32
+    qkv = np.random.default_rng(5).standard_normal((batch, t, 3, heads, d)).astype(np.float32)
+    device_qkv = cupy.asarray(qkv).transpose(2, 0, 3, 1, 4)  # (3, N, H, T, D), a view
+    q, k, v = device_qkv[0], device_qkv[1], device_qkv[2]
+    kt = k.transpose(0, 1, 3, 2)
+    spec = attention.AttentionSpec((batch, heads, t, d), (batch, heads, d, t), (batch, heads, t, d), 0.2, out_perm=out_perm)
+    kernel = attention.AttentionKernel(spec, "attention.3xtf32", {})
+    out = cupy.full(spec.output_shape(batch), np.nan, dtype=cupy.float32)
+    [y] = kernel([q, kt, v], None, out=out)
+    assert y is out and len(kernel.functions) == 2  # the contiguous layout, built, and this one
+    host = qkv.astype(np.float64).transpose(2, 0, 3, 1, 4)
+    exact_q, exact_kt, exact_v = host[0], host[1].transpose(0, 1, 3, 2), host[2]
+    plain = attention.AttentionSpec(spec.q_shape, spec.kt_shape, spec.v_shape, spec.scale)
+    exact = attention.reference(plain, exact_q, exact_kt, exact_v)
+    probabilities = attention.reference(plain, exact_q, exact_kt, np.broadcast_to(np.eye(t), (batch, heads, t, t)))
+    scale = error_scale(spec.scale, exact_q, exact_kt, exact_v, probabilities)
+    got = cupy.asnumpy(y) if out_perm is None else cupy.asnumpy(y).transpose(np.argsort(out_perm))
+    assert (np.abs(got - exact) / scale).max() <= RTOL
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["Slice", "Split"])
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_a_run_through_views_matches_onnxruntime(tmp_path, split, chunk):
+    proto = projected_attention_model(heads=6, t=197, d=64, split=split)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    runner = Runner(model, 5, "cuda", chunk=chunk)
+    [attention_step] = [s for s in runner.plan.plugin_steps if s.views]
+    assert runner.kernels[attention_step.name].name == "attention.3xtf32"
+    feeds = random_feeds(proto, 5, 2)
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for _ in range(2):  # eager, then replayed from a CUDA graph
+        np.testing.assert_allclose(runner.run(feeds).outputs["y"], reference, rtol=1e-5, atol=2e-5)
+
+
+def test_an_infinity_read_through_views_reruns_the_views_then_the_nodes(tmp_path):
+    proto = projected_attention_model(heads=2, t=40, d=16)
+    runner = Runner(load_model(save(proto, tmp_path / "attention.onnx")), 4, "cuda", chunk=2, streams=1)
+    feeds = random_feeds(proto, 4, 3)
+    feeds["x"][3, 7, 5] = np.inf
+    result = runner.run(feeds)
+    assert result.exact_reruns == 1
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(np.isnan(result.outputs["y"]), np.isnan(reference))
+    finite = np.isfinite(reference)
+    np.testing.assert_allclose(result.outputs["y"][finite], reference[finite], rtol=1e-5, atol=2e-5)
 
 
 def test_an_infinity_is_flagged_and_the_chunk_reruns_node_by_node(tmp_path):

@@ -1,0 +1,96 @@
+"""Input views (plan/input_views.py, ops/layout/views.py): the layout nodes between a QKV projection and a
+fused attention become views its step reads through, not steps; what something else reads stays a step;
+the K transposed per head through merged axes stays a view; the runs match onnxruntime, chunked too, and
+the NaN/Inf rerun runs the views' nodes first."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from attention_cases import projected_attention_model, random_feeds
+from onnx_builders import save
+from opplugin.gpu.device import CPU
+from opplugin.graph.model import load_model
+from opplugin.ops.layout.views import chain_view
+from opplugin.plan.partition import make_plan
+from opplugin.runtime import Runner
+from opplugin.runtime.exact import split_fused
+
+
+def onnxruntime_outputs(proto, feeds):
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["Slice", "Split"])
+def test_the_layout_between_projection_and_attention_is_read_as_views(tmp_path, split):
+    proto = projected_attention_model(split=split)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    plan = make_plan(model, 4, CPU)
+    assert [s.ops for s in plan.plugin_steps] == [["MatMul"], ["MatMul", "Mul", "Softmax", "MatMul", "Transpose"], ["Reshape"]]
+    attention = plan.plugin_steps[1]
+    assert attention.inputs == ["qkv", "qkv", "qkv"]
+    assert {n.name for n in attention.view_nodes} >= {"qkv_reshape", "qkv_permute", "k_merge", "k_transpose", "k_unmerge"}
+    assert attention.kernel_nodes[:len(attention.view_nodes)] == attention.view_nodes
+    assert attention.node_names == ["qk", "scale_scores", "softmax", "pv", "merge_heads"]
+
+
+@pytest.mark.parametrize("batch, chunk", [(3, None), (5, 2)])
+def test_a_run_through_views_matches_onnxruntime(tmp_path, batch, chunk):
+    proto = projected_attention_model(heads=2, t=30, d=16)
+    runner = Runner(load_model(save(proto, tmp_path / "attention.onnx")), batch, "cpu", chunk=chunk)
+    feeds = random_feeds(proto, batch, 4)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_view_something_else_reads_stays_a_step(tmp_path):
+    proto = projected_attention_model(k_also_out=True)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    plan = make_plan(model, 2, CPU)
+    steps = {s.name: s for s in plan.plugin_steps}
+    assert "k_squeeze" in steps  # K is a graph output: written by a step of its own
+    attention = next(s for s in plan.plugin_steps if s.ops[-1] == "Transpose" and len(s.ops) > 1)
+    assert "k_squeeze" not in {n.name for n in attention.view_nodes} and "k" in attention.inputs
+    feeds = random_feeds(proto, 2, 1)
+    ours = Runner(model, 2, "cpu").run(feeds).outputs
+    for name, theirs in zip(("y", "k"), onnxruntime_outputs(proto, feeds)):
+        np.testing.assert_allclose(ours[name], theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_a_per_head_transpose_through_merged_axes_is_one_view(tmp_path):
+    model = load_model(save(projected_attention_model(heads=3, t=7, d=4), tmp_path / "attention.onnx"))
+    attention = next(s for s in make_plan(model, 2, CPU).plugin_steps if len(s.ops) > 1)
+    k_view = next(view for view in attention.views.values() if view.operand == "kt")
+    qkv = np.arange(2 * 7 * 36, dtype=np.float32).reshape(2, 7, 36)
+    kt = k_view.function()(qkv)
+    assert np.shares_memory(kt, qkv), "the merged axes of a strided K would have been copied"
+    expected = qkv.reshape(2, 7, 3, 3, 4).transpose(2, 0, 3, 1, 4)[1].transpose(0, 1, 3, 2)
+    np.testing.assert_array_equal(kt, expected)
+
+
+def test_the_plan_says_what_each_step_reads_as_a_view(tmp_path):
+    from opplugin.report.plan import build_plan_report, format_plan
+    from opplugin.runtime.plan_record import record_plan_alone
+
+    model = load_model(save(projected_attention_model(), tmp_path / "attention.onnx"))
+    record = record_plan_alone(make_plan(model, 2, CPU))
+    text = format_plan(record, wide=True)
+    assert "reads as a view: kt = Reshape > Transpose > Slice > Squeeze > Reshape > Transpose > Reshape of qkv" in text
+    [entry] = [e for e in build_plan_report(record)["steps"] if e["views"]]
+    assert entry["name"] == "qk" and len(entry["views"]) == 3
+
+
+def test_a_chain_that_is_no_view_is_refused_by_name(tmp_path):
+    model = load_model(save(projected_attention_model(), tmp_path / "attention.onnx"))
+    softmax = next(n for n in model.node_infos(2, model.infer(2)) if n.op_type == "Softmax")
+    with pytest.raises(Exception, match="softmax"):
+        chain_view([(softmax, "p")])
+
+
+def test_the_exact_path_runs_the_views_nodes_before_the_split_attention(tmp_path):
+    proto = projected_attention_model()
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    split = split_fused(make_plan(model, 2, CPU))
+    names = [s.name for s in split.steps]
+    views_at = names.index("qk views")
+    assert names[views_at + 1] == "qk" and split.steps[views_at].outputs == ["q", "kt", "v"]

@@ -223,6 +223,8 @@ class AttentionKernel(Kernel):
 
         self.spec, self.name = spec, name
         self._functions: dict[Layout, Any] = {}
+        self._by_arrays: dict[tuple, Any] = {}  # the arrays' shapes and strides -> the function for their layout
+        self._inverse_perm = None if spec.out_perm is None else tuple(int(a) for a in np.argsort(spec.out_perm))
         self.function = self._function(contiguous_layout(spec))
         self._constants = {o: cupy.asarray(x, dtype=cupy.float32) for o, x in constants.items()}
 
@@ -256,8 +258,12 @@ class AttentionKernel(Kernel):
             batch = int(next(operands[o] for o in OPERANDS if operands[o] is not None and o not in self.spec.constants).shape[0])
             shape = self.spec.output_shape(batch)
             y = output_array(out, shape, self.name)
-            product = y if self.spec.out_perm is None else y.transpose(np.argsort(self.spec.out_perm))
-            function = self._function(layout_of(self.spec, operands, product))
+            product = y if self.spec.out_perm is None else y.transpose(self._inverse_perm)
+            arrays = [operands[o] for o in OPERANDS if o not in self.spec.constants and operands[o] is not None] + [product]
+            key = tuple((x.shape, x.strides) for x in arrays)  # cheap to read: a call meets few layouts
+            function = self._by_arrays.get(key)
+            if function is None:
+                function = self._by_arrays[key] = self._function(layout_of(self.spec, operands, product))
             matrices = self.spec.matrices(batch)
             bias = operands["bias"] if operands["bias"] is not None else np.uint64(0)
             for first in range(0, matrices, GRID_Z_LIMIT):

@@ -46,9 +46,9 @@ def test_the_kernel_matches_float64_with_its_output_poisoned(tmp_path, shape, ba
     kernel = step.build(device)
     assert kernel.name == "attention.3xtf32"
     feeds = random_feeds(proto, batch, 3)
-    feeds["k"] = np.ascontiguousarray(np.swapaxes(feeds["k"], -1, -2))  # the step reads K^T, the Transpose's output
-    values = {"q": feeds["q"], "kt": feeds["k"], "v": feeds["v"], "bias": feeds.get("bias")}
-    inputs = [cupy.asarray(values[name]) for name in ("q", "kt", "bias", "v") if values[name] is not None]
+    assert step.inputs[:2] == ["q", "k"]  # K^T read as a transposed view of K
+    inputs = [cupy.asarray(feeds[name]) for name in step.inputs]
+    values = {"q": feeds["q"], "kt": np.swapaxes(feeds["k"], -1, -2), "v": feeds["v"], "bias": feeds.get("bias")}
     spec = step.plugin._attention(step.node, device, None, step.fused)
     constants = {"bias": model.initializers["bias"]} if "bias" in spec.constants else {}
     out = cupy.full(spec.output_shape(batch), np.nan, dtype=cupy.float32)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import onnx
@@ -254,6 +254,12 @@ class Plugin(Protocol):
         None declared: the build compiles as it goes."""
         return ()
 
+    def view_of(self, node: NodeInfo, output: str) -> Callable[[Any], Any] | None:
+        """For a layout node whose `output` is a view of its first input (a Transpose, a Reshape): the
+        function from that input's array (NumPy or CuPy) to the view; None for any other node. A step
+        reading the output may then apply it itself (plan/input_views.py)."""
+        return None
+
     def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
         """True where the kernel `build` makes for `node` and `fused` reads its inputs as they lie, any strides:
         the plan may then hand it strided views in place of layout steps (plan/input_views.py)."""
@@ -283,7 +289,7 @@ class Plugin(Protocol):
 
 # What a plugin needs when it does not subclass Plugin (register's error message names them)
 PLUGIN_MEMBERS = ("op_type", "group_kind", "prologue_input", "empty_tensors", "supports", "build", "make_spec", "kernel_name", "compile_jobs",
-                  "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant")
+                  "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant", "view_of", "reads_views")
 
 
 class GroupPlugin(Plugin, Protocol):

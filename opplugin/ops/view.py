@@ -9,7 +9,7 @@ Reshape needs its target shape as a constant; 0 copies the input's dimension unl
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,20 @@ class ViewPlugin(Plugin):
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         return f"view.{self.op_type.lower()}"
 
+    def target(self, node: NodeInfo) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+        """The output's shape for an input's shape (any batch)."""
+        raise NotImplementedError
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        return ViewKernel(self.kernel_name(node, device), self.target(node))
+
+    def view_of(self, node: NodeInfo, output: str) -> Callable[[Any], Any] | None:
+        if self.supports(node, None) is not None or node.inputs[0].dtype != np.float32:
+            return None
+        target = self.target(node)
+        return lambda x: x.reshape(target(tuple(x.shape)))
+
 
 class FlattenPlugin(ViewPlugin):
     op_type = "Flatten"
@@ -73,10 +87,9 @@ class FlattenPlugin(ViewPlugin):
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         return None
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
-              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+    def target(self, node: NodeInfo) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
         axis = int(node.attributes.get("axis", 1))
-        return ViewKernel(self.kernel_name(node, device), lambda shape: flatten_shape(axis, shape))
+        return lambda shape: flatten_shape(axis, shape)
 
 
 class ReshapePlugin(ViewPlugin):
@@ -87,11 +100,10 @@ class ReshapePlugin(ViewPlugin):
             return "the target shape is computed at run time (a view needs it as a constant)"
         return None
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
-              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
-        target = [int(d) for d in np.asarray(node.constants[node.inputs[1].name]).reshape(-1)]
+    def target(self, node: NodeInfo) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+        dims = [int(d) for d in np.asarray(node.constants[node.inputs[1].name]).reshape(-1)]
         allowzero = bool(node.attributes.get("allowzero", 0))
-        return ViewKernel(self.kernel_name(node, device), lambda shape: reshape_shape(target, allowzero, shape))
+        return lambda shape: reshape_shape(dims, allowzero, shape)
 
 
 def _float32_data(node: NodeInfo) -> None:
@@ -134,10 +146,9 @@ class SqueezePlugin(ViewPlugin):
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         return reason_against(node, self.make_spec)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
-              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+    def target(self, node: NodeInfo) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
         axes = set(spec_of(node, self.make_spec))
-        return ViewKernel(self.kernel_name(node, device), lambda shape: tuple(d for a, d in enumerate(shape) if a not in axes))
+        return lambda shape: tuple(d for a, d in enumerate(shape) if a not in axes)
 
 
 class UnsqueezePlugin(ViewPlugin):
@@ -158,14 +169,13 @@ class UnsqueezePlugin(ViewPlugin):
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         return reason_against(node, self.make_spec)
 
-    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
-              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+    def target(self, node: NodeInfo) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
         axes = spec_of(node, self.make_spec)
 
-        def target(shape: tuple[int, ...]) -> tuple[int, ...]:
+        def unsqueezed(shape: tuple[int, ...]) -> tuple[int, ...]:
             dims = list(shape)
             for axis in axes:
                 dims.insert(axis, 1)
             return tuple(dims)
 
-        return ViewKernel(self.kernel_name(node, device), target)
+        return unsqueezed

@@ -1,64 +1,195 @@
-"""Input views: layout nodes that need no step of their own, because the step reading their output has
-a kernel that reads strided operands as they lie (its plugin's `reads_views`: the fused attention).
+"""Input views: layout nodes that need no step of their own, because the step reading their output
+applies them to its input as views: any of them where its kernel reads strided operands as they lie (its
+plugin's `reads_views`: the fused attention), reshapes for every other step but a Concat.
 
 Between a QKV projection and the attention, exporters write a Reshape, a Transpose that moves the
 heads forward, a Slice or Split and a Squeeze per operand, and a Transpose of K: each a pass over
 memory as a step of its own, though every one of them only re-indexes its input. Here, walking back
-from each tensor such a step reads, the producers that are views of their input (ops/layout/views.py)
+from each tensor a step reads, the producers that are views of their input (their plugin's `view_of`)
 join the step while every tensor they write is read by the step or by other nodes that join it, and
 is no graph output or kept tensor. The step is then handed the first input of each chain, and applies
-the chain as views before its kernel runs: no copy, no launch.
+the chain as views before its kernel runs (InputViewsKernel): no copy, no launch. A step whose kernel
+reads C-contiguous operands only is handed a copy where a view is not contiguous.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
-from ..ops.layout.views import chain_view, view_of
-from ..registry import NodeInfo
+import numpy as np
+
+from ..gpu import cuda
+from ..registry import Kernel, NodeInfo
+
+View = Callable[[Any], Any]
+ViewOf = Callable[[NodeInfo, str], "View | None"]  # a node's plugin's view_of
+
+# what a step whose kernel reads strided operands takes in; what any other step takes (a reshape of a
+# contiguous tensor is a contiguous view)
+STRIDED_VIEWS = frozenset({"Transpose", "Slice", "Split", "Gather", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
 @dataclass(frozen=True)
 class InputView:
-    """The tensor `operand` a step's kernel reads, made from `source` by `nodes` (in order), each a view."""
+    """The tensor `operand` a step's kernel reads, made from `source` by `nodes` (in order), each a view
+    (`views`: each node's function from its input's array to its output's)."""
 
     operand: str
     source: str
     nodes: tuple[NodeInfo, ...]
+    views: tuple[View, ...] = field(compare=False, repr=False)
 
     def describe(self) -> str:
         return f"{self.operand} = {' > '.join(n.op_type for n in self.nodes)} of {self.source}"
 
-    def function(self) -> Callable:
-        """The array of `source` -> the view the kernel reads as `operand` (ops/layout/views.py's chain_view)."""
-        outputs = [*(n.node.input[0] for n in self.nodes[1:]), self.operand]
-        return chain_view(list(zip(self.nodes, outputs)))
+    def function(self) -> View:
+        """The array of `source` -> the view the kernel reads as `operand`: the nodes' views one after the
+        other, except that a Reshape merging axes, a Transpose of the merged axes and a Reshape splitting
+        them back (how exporters transpose K per head: (N, H, T, D) > (N H, T, D) > (N H, D, T) >
+        (N, H, D, T)) become one Transpose of the unmerged axes, which stays a view where the merge of
+        strided axes would copy."""
+        steps: list[View] = []
+        at = 0
+        while at < len(self.nodes):
+            perm = _merged_transpose(*self.nodes[at:at + 3]) if at + 3 <= len(self.nodes) else None
+            if perm is not None:
+                steps.append(lambda x, perm=perm: x.transpose(perm))
+                at += 3
+            else:
+                steps.append(self.views[at])
+                at += 1
+
+        def apply(x: Any) -> Any:
+            for step in steps:
+                x = step(x)
+            return x
+
+        return apply
 
 
-def find_input_views(step: NodeInfo, step_nodes: Iterable[NodeInfo], operands: Iterable[str], candidates: dict[str, NodeInfo],
-                     readers: dict[str, list[NodeInfo]], visible: set[str]) -> list[InputView]:
-    """The views of `step`'s operands. `candidates`: tensor -> the node writing it, for the nodes that may
-    join (steps of their own, fusing nothing); `readers`: tensor -> the nodes reading it."""
+def _merged_transpose(first: NodeInfo, middle: NodeInfo, last: NodeInfo) -> tuple[int, ...] | None:
+    """The Transpose of `first`'s input that Reshape `first`, Transpose `middle`, Reshape `last` make, where
+    `first` only merges runs of neighbouring axes and `last` splits each back; else None."""
+    if [n.op_type for n in (first, middle, last)] != ["Reshape", "Transpose", "Reshape"]:
+        return None
+    source, merged, result = (tuple(int(d) for d in shape) for shape in (first.inputs[0].shape, first.outputs[0].shape, last.outputs[0].shape))
+    groups: list[list[int]] = []
+    axis = 0
+    for extent in merged:
+        group, size = [], 1
+        while axis < len(source) and (not group or size < extent):
+            group.append(axis)
+            size *= source[axis]
+            axis += 1
+        if size != extent:
+            return None
+        groups.append(group)
+    perm = tuple(int(p) for p in middle.attributes.get("perm", range(len(merged) - 1, -1, -1)))
+    if axis != len(source) or sorted(perm) != list(range(len(merged))):
+        return None
+    unmerged = tuple(a for p in perm for a in groups[p])
+    return unmerged if tuple(source[a] for a in unmerged) == result else None
+
+
+def find_input_views(step_nodes: Iterable[NodeInfo], operands: Iterable[str], candidates: dict[str, NodeInfo],
+                     readers: dict[str, list[NodeInfo]], visible: set[str], view_of: ViewOf,
+                     kinds: frozenset[str] = STRIDED_VIEWS) -> list[InputView]:
+    """The views of the operands of the step running `step_nodes`. `candidates`: tensor -> the node writing it,
+    for the nodes that may join (steps of their own, fusing nothing); `readers`: tensor -> the nodes reading
+    it; `kinds`: the op types that may join."""
     inside = {n.name for n in step_nodes}
     operands = list(dict.fromkeys(o for o in operands if o))
     by_name = {n.name: n for n in candidates.values()}
+    views: dict[tuple[str, str], View | None] = {}
 
-    def chain_of(operand: str, allowed: set[str] | None) -> list[NodeInfo]:
+    def view(node: NodeInfo, tensor: str) -> View | None:
+        if (node.name, tensor) not in views:
+            views[node.name, tensor] = view_of(node, tensor) if node.op_type in kinds else None
+        return views[node.name, tensor]
+
+    def chain_of(operand: str, allowed: set[str] | None) -> list[tuple[NodeInfo, View]]:
         chain, tensor = [], operand
         while tensor in candidates and tensor not in visible:
             node = candidates[tensor]
-            if (allowed is not None and node.name not in allowed) or view_of(node, tensor) is None:
+            made = view(node, tensor)
+            if (allowed is not None and node.name not in allowed) or made is None:
                 break
-            chain.insert(0, node)
+            chain.insert(0, (node, made))
             tensor = node.node.input[0]
         return chain
 
-    joined = {n.name for operand in operands for n in chain_of(operand, None)}
+    joined = {n.name for operand in operands for n, _ in chain_of(operand, None)}
     while True:  # drop each node something outside reads, and with it what lies before it on every chain
         reads_outside = {name for name in joined for o in by_name[name].node.output if o
                          and (o in visible or any(r.name not in inside and r.name not in joined for r in readers.get(o, [])))}
-        kept = {n.name for operand in operands for n in chain_of(operand, joined - reads_outside)}
+        kept = {n.name for operand in operands for n, _ in chain_of(operand, joined - reads_outside)}
         if kept == joined:
             break
         joined = kept
-    return [InputView(operand, chain[0].node.input[0], tuple(chain)) for operand in operands if (chain := chain_of(operand, joined))]
+    return [InputView(operand, chain[0][0].node.input[0], tuple(n for n, _ in chain), tuple(v for _, v in chain))
+            for operand in operands if (chain := chain_of(operand, joined))]
+
+
+def _contiguous(view: View) -> View:
+    def apply(x: Any) -> Any:
+        y = view(x)
+        if y.flags.c_contiguous:
+            return y
+        return np.ascontiguousarray(y) if isinstance(y, np.ndarray) else y.copy(order="C")
+
+    return apply
+
+
+class InputViewsKernel(Kernel):
+    """A kernel handed views of the step's inputs: `views[i]` (when not None) takes input i to the operand
+    the inner kernel reads there, copied C-contiguous with `contiguous` where it is not. Everything else is
+    the inner kernel's."""
+
+    replayable = False  # each call makes new view objects; the inner kernel launches from them
+
+    def __init__(self, inner: Kernel, views: Sequence[View | None], contiguous: bool = False):
+        self.inner = inner
+        self.views = [view if view is None or not contiguous else _contiguous(view) for view in views]
+
+    def __getattr__(self, name: str) -> Any:  # functions and what else a caller asks of the inner kernel
+        return getattr(self.__dict__["inner"], name)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def variant(self) -> str | None:
+        return getattr(self.inner, "variant", None)
+
+    @property
+    def nonfinite_exact(self) -> bool:
+        return self.inner.nonfinite_exact
+
+    @property
+    def device_work(self) -> bool:
+        return self.inner.device_work
+
+    @property
+    def out_view(self) -> str:
+        return self.inner.out_view
+
+    @property
+    def flags_nonfinite(self) -> bool:
+        return self.inner.flags_nonfinite
+
+    def flops(self, batch: int) -> int:
+        return self.inner.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        return self.inner.bytes_moved(batch)
+
+    def workspace_bytes(self, batch: int) -> int:
+        return self.inner.workspace_bytes(batch)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, **options: Any) -> list[Any]:
+        on_host = any(isinstance(x, np.ndarray) for x in inputs)
+        with cuda.on_stream(None if on_host else stream):  # a view that must be copied is copied there
+            operands = [x if view is None or x is None else view(x) for x, view in zip(inputs, self.views)]
+        return self.inner(operands + list(inputs[len(operands):]), stream, **options)

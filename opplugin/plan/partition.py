@@ -16,9 +16,8 @@ from ..core.node_reads import reads
 from ..errors import ModelError, PluginError
 from ..ort import known_ops
 from ..graph.model import Model
-from ..ops.layout.views import InputViewsKernel
 from .keep import checked_keep, given_up_for_keep, hidden_outputs
-from .input_views import InputView, find_input_views
+from .input_views import RESHAPES, STRIDED_VIEWS, InputView, InputViewsKernel, find_input_views
 from .prologue import find_prologues, give_way, prologue_inputs
 from ..registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from ..core.texttable import OP_SEPARATOR
@@ -71,7 +70,9 @@ class PluginStep:
             return self.plugin.build_group(self.group, device, variant, graphed=graphed)
         kernel = self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
         if self.views:
-            kernel = InputViewsKernel(kernel, [self.views[i].function() if i in self.views else None for i in range(len(self.inputs))])
+            strided = self.plugin.reads_views(self.node, self.fused)
+            kernel = InputViewsKernel(kernel, [self.views[i].function() if i in self.views else None for i in range(len(self.inputs))],
+                                      contiguous=not strided)
         return kernel
 
     def compile_jobs(self, device: Device, variant: str | None = None, graphed: bool = True) -> Sequence[CompileJob]:
@@ -191,6 +192,10 @@ def _refuse_unknown_ops(nodes: list[onnx.NodeProto], model: Model) -> None:
                          f"and pass --ops FILE.py")
 
 
+# ops whose steps take no input views: a Concat's inputs may be written in place into its buffer (runtime/buffers.py)
+NO_VIEWS = frozenset({"Concat"})
+
+
 @dataclass
 class _Grouping:
     """The nodes in graph order as groups: a plugin node is a group of its own (with the
@@ -255,18 +260,20 @@ class _Grouping:
         return grouping
 
     def _read_views(self, model: Model, registry: dict[str, Plugin], readers: dict[str, list[NodeInfo]], visible: set[str]) -> None:
-        """Layout nodes that the steps reading views take in (input_views.py), no longer steps of their own."""
+        """Layout nodes that later steps take in as views of their inputs (input_views.py), no longer steps of
+        their own: any layout view for a step whose kernel reads strided operands, reshapes for the others.
+        Later steps first, so that a chain goes whole to the step at its end."""
         alone = {o: g for g in self.groups if isinstance(g, NodeInfo) and not self.fused.get(g.name) and g.name not in self.node_groups
                  and g.name not in self.prologues for o in g.node.output if o}
         joined: set[str] = set()
-        for group in self.groups:
-            if not isinstance(group, NodeInfo) or group.name in self.node_groups or group.name in joined:
+        for group in reversed(self.groups):
+            if not isinstance(group, NodeInfo) or group.name in self.node_groups or group.name in joined or group.op_type in NO_VIEWS:
                 continue
             followers = self.fused.get(group.name, [])
-            if not _reads_views(registry.get(group.op_key), group, followers):
-                continue
-            free = {t: n for t, n in alone.items() if n.name not in joined and n.name != group.name}
-            views = find_input_views(group, [group, *followers], step_inputs(group, followers, model), free, readers, visible)
+            kinds = STRIDED_VIEWS if _reads_views(registry.get(group.op_key), group, followers) else RESHAPES
+            free = {t: n for t, n in alone.items() if n.name not in joined and n.name != group.name and n.name not in self.views}
+            views = find_input_views([group, *followers], step_inputs(group, followers, model), free, readers, visible,
+                                     lambda node, output: _view_of(registry.get(node.op_key), node, output), kinds)
             if views:
                 self.views[group.name] = views
                 joined.update(n.name for view in views for n in view.nodes)
@@ -320,6 +327,13 @@ def _node_group(members: list[NodeInfo], readers: dict[str, list[NodeInfo]], mod
     written = [o for m in members for o in m.node.output if o]
     outputs = [o for o in written if o in visible or any(r.name not in names for r in readers.get(o, []))]
     return NodeGroup(tuple(members), tuple(outside_inputs([m.node for m in members], model)), tuple(outputs))
+
+
+def _view_of(plugin: Plugin | None, info: NodeInfo, output: str):
+    try:
+        return None if plugin is None else plugin.view_of(info, output)
+    except Exception:  # a plugin that cannot judge its node offers no view
+        return None
 
 
 def _reads_views(plugin: Plugin | None, info: NodeInfo, followers: list[NodeInfo]) -> bool:

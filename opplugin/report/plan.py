@@ -24,7 +24,7 @@ from ..runtime.records import PlanRecord, StepRecord
 from ..core.texttable import LINE_WIDTH, elide_middle, summarise_ops
 
 SCHEMA = "opplugin-plan/4"
-STEP_KEYS = ("name", "kind", "ops", "implementation", "inputs", "outputs", "nodes", "flops", "bytes_moved", "variants")
+STEP_KEYS = ("name", "kind", "ops", "implementation", "inputs", "outputs", "nodes", "views", "flops", "bytes_moved", "variants")
 
 # variant -> None when a plugin offers it for a step, else why not (Plugin.variant_notes)
 VariantNotes = dict[str, dict[str, str | None]]
@@ -53,7 +53,7 @@ def step_entry(plan: PlanRecord, step: StepRecord, variants: dict[str, str | Non
         "inputs": _tensors(plan, step.inputs),
         "outputs": _tensors(plan, step.outputs),
         "nodes": _nodes(plan, step),
-        "views": list(step.views),
+        "views": list(step.views),  # the operands the step reads through layout nodes applied as views, in words
         "flops": step.flops,
         "bytes_moved": step.bytes_moved,
         "variants": variants,

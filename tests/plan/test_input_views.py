@@ -1,4 +1,4 @@
-"""Input views (plan/input_views.py, ops/layout/views.py): the layout nodes between a QKV projection and a
+"""Input views (plan/input_views.py, the plugins' view_of): the layout nodes between a QKV projection and a
 fused attention become views its step reads through, not steps; what something else reads stays a step;
 the K transposed per head through merged axes stays a view; the runs match onnxruntime, chunked too, and
 the NaN/Inf rerun runs the views' nodes first."""
@@ -12,7 +12,6 @@ from attention_cases import projected_attention_model, random_feeds
 from onnx_builders import save
 from opplugin.gpu.device import CPU
 from opplugin.graph.model import load_model
-from opplugin.ops.layout.views import chain_view
 from opplugin.plan.partition import make_plan
 from opplugin.runtime import Runner
 from opplugin.runtime.exact import split_fused
@@ -80,11 +79,16 @@ def test_the_plan_says_what_each_step_reads_as_a_view(tmp_path):
     assert entry["name"] == "qk" and len(entry["views"]) == 3
 
 
-def test_a_chain_that_is_no_view_is_refused_by_name(tmp_path):
+def test_only_layout_nodes_offer_views(tmp_path):
+    from opplugin.registry import plugins
+
     model = load_model(save(projected_attention_model(), tmp_path / "attention.onnx"))
-    softmax = next(n for n in model.node_infos(2, model.infer(2)) if n.op_type == "Softmax")
-    with pytest.raises(Exception, match="softmax"):
-        chain_view([(softmax, "p")])
+    nodes = {n.name: n for n in model.node_infos(2, model.infer(2))}
+    registry = plugins()
+    assert registry["Softmax"].view_of(nodes["softmax"], "p") is None
+    x = np.zeros((2, 20, 3, 3, 16), np.float32)
+    assert registry["Transpose"].view_of(nodes["qkv_permute"], "qkv_first")(x).shape == (3, 2, 3, 20, 16)
+    assert registry["Squeeze"].view_of(nodes["q_squeeze"], "q")(np.zeros((1, 2, 3, 20, 16), np.float32)).shape == (2, 3, 20, 16)
 
 
 def test_the_exact_path_runs_the_views_nodes_before_the_split_attention(tmp_path):
@@ -94,3 +98,58 @@ def test_the_exact_path_runs_the_views_nodes_before_the_split_attention(tmp_path
     names = [s.name for s in split.steps]
     views_at = names.index("qk views")
     assert names[views_at + 1] == "qk" and split.steps[views_at].outputs == ["q", "kt", "v"]
+
+
+def reshape_then_product_model(concat: bool = False):
+    """x (N, 4, 6) > Reshape (N, 24) > MatMul by W (24, 5) [> Concat with itself]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((24, 5)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array([-1, 24], np.int64), "flat_shape")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "flat_shape"], ["flat"], name="flatten")]
+    if concat:
+        nodes.append(helper.make_node("Concat", ["flat", "flat"], ["y"], name="join", axis=1))
+        width = 48
+    else:
+        nodes.append(helper.make_node("MatMul", ["flat", "w"], ["y"], name="product"))
+        width = 5
+    graph = helper.make_graph(nodes, "reshaped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("concat", [False, True], ids=["MatMul", "Concat"])
+def test_any_step_but_a_concat_reads_a_reshape_as_a_view(tmp_path, concat):
+    proto = reshape_then_product_model(concat)
+    model = load_model(save(proto, tmp_path / "reshaped.onnx"))
+    runner = Runner(model, 3, "cpu")
+    ops = [s.ops for s in runner.plan.plugin_steps]
+    if concat:  # its inputs may be written in place into its buffer: the Reshape stays a step
+        assert ["Reshape"] in ops and not any(s.views for s in runner.plan.plugin_steps)
+    else:
+        assert ["Reshape"] not in ops and runner.plan.plugin_steps[-1].inputs[0] == "r"
+    feeds = random_feeds(proto, 3, 0)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_reshape_that_is_no_view_reaches_a_plain_kernel_contiguous():
+    from opplugin.plan.input_views import InputViewsKernel
+
+    seen = []
+
+    class Recorder:
+        name, nonfinite_exact, device_work, out_view, flags_nonfinite = "recorder", True, True, "", False
+
+        def __call__(self, inputs, stream=None):
+            seen.append(inputs[0])
+            return [inputs[0]]
+
+    transposed = np.arange(12, dtype=np.float32).reshape(3, 4).T  # (4, 3), strided
+    InputViewsKernel(Recorder(), [lambda x: x.reshape(2, 6)], contiguous=True)([transposed])
+    InputViewsKernel(Recorder(), [lambda x: x[:, :2]], contiguous=True)([np.ones((3, 4), np.float32)])
+    assert all(x.flags.c_contiguous for x in seen)
+    np.testing.assert_array_equal(seen[0], transposed.reshape(2, 6))

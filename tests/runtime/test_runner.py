@@ -35,7 +35,7 @@ def test_swapped_model_matches_onnxruntime(tiny_model_path):
     assert sum(t.ms for t in result.times) <= result.total_ms
     implementations = {step.name: step.implementation for step in record.steps}
     assert implementations["conv1"].startswith("conv.reference")
-    assert implementations["flatten"] == "view.flatten" and implementations["fc"] == "gemm.reference+softmax"
+    assert "flatten" not in implementations and implementations["fc"] == "gemm.reference+softmax"  # fc reads the Flatten as a view
 
 
 def test_profile_keeps_every_timed_reading(tiny_model_path):

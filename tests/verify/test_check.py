@@ -45,9 +45,9 @@ def test_check_passes_each_plugin_step_and_the_output(tiny_model_path):
     labels = np.arange(8) % 5
     result = _check(runner, _feeds(8), labels)
     assert result.passed
-    # conv1's step runs Conv > Relu > MaxPool: it is compared at the pool's output; the Flatten
-    # is a view step, and fc's step (Gemm > Softmax) writes y, compared as its output and the model's
-    assert [r["tensor"] for r in result.records] == ["p1", "r2", "f", "y", "y"]
+    # conv1's step runs Conv > Relu > MaxPool: it is compared at the pool's output; fc's step reads the
+    # Flatten as a view of r2 and runs Gemm > Softmax: y, compared as its output and the model's
+    assert [r["tensor"] for r in result.records] == ["p1", "r2", "y", "y"]
     assert result.top1_agreement == 1.0
     assert result.accuracy == result.reference_accuracy
 
@@ -155,15 +155,16 @@ def test_the_runner_never_keeps_more_than_the_budget(tiny_model_path, monkeypatc
     assert result.passed
     sizes = [size for size, _ in spy.ours]
     assert sum(sizes) == 16 and max(sizes) * check_image_bytes(runner.plan_record()) <= budget
-    assert all(keep == ("p1", "r2", "f") for _, keep in spy.ours)  # y, the model output, comes anyway
+    assert all(keep == ("p1", "r2") for _, keep in spy.ours)  # y, the model output, comes anyway; fc reads f as a view of r2
     # progress after every chunk when there are several, ending at the whole batch
     assert [done for _, done, _ in progress] == (list(np.cumsum(sizes)) if len(sizes) > 1 else [])
 
 
 def test_check_image_bytes_counts_both_sides_and_onnxruntimes_working_set(tiny_model_path):
     runner = Runner(load_model(tiny_model_path), 4, "cpu")
-    # kept p1 (4x6x6), r2 and f (4x4x4), and y (5), the kept step output that is also the model's, float32, on both sides
-    held = 2 * 4 * (4 * 6 * 6 + 2 * 4 * 4 * 4 + 5)
+    # kept p1 (4x6x6), r2 (4x4x4), and y (5), the kept step output that is also the model's, float32, on both sides
+    # (f, the Flatten of r2, is no step's output: fc reads it as a view)
+    held = 2 * 4 * (4 * 6 * 6 + 4 * 4 * 4 + 5)
     # every tensor but the input x, none sharing memory: c1 r1 (4x12x12) p1 c2 r2 f (4x4x4) logits y (5)
     working = 4 * (2 * 4 * 12 * 12 + 4 * 6 * 6 + 3 * 4 * 4 * 4 + 2 * 5)
     assert check_image_bytes(runner.plan_record()) == held + working

@@ -16,7 +16,7 @@ from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
 from ..specs import reason_against, spec_of
 from ..view import ViewKernel
-from . import reference
+from . import reference, views
 from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TransposeTileKernel
 from .spec import ConcatSpec, GatherSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
 from .strides import contiguous_strides
@@ -103,6 +103,9 @@ class LayoutPlugin(Plugin):
 
     def supports(self, node: NodeInfo, device: Device) -> str | None:
         return reason_against(node, self.make_spec)
+
+    def view_of(self, node: NodeInfo, output: str) -> Callable[[Any], Any] | None:
+        return views.view_of(node, output) if self.supports(node, None) is None else None
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:

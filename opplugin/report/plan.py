@@ -100,7 +100,7 @@ def format_plan(plan: PlanRecord, wide: bool = False) -> str:
         indent = f"      {'':<{width}}  "
         lines.append(elide_middle(f"{indent}runs: {step.implementation}", line_width))
         lines += [elide_middle(f"{indent}reads as a view: {view}", line_width) for view in step.views]
-        shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shapes[n])}" for n in step.inputs if n in plan.shapes],
+        shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shapes[n])}" for n in dict.fromkeys(step.inputs) if n in plan.shapes],
                          None if wide else LINE_WIDTH - len(indent) - 4)
         lines.append(f"{indent}in: {shapes or '-'}")
     sections = (("Left to onnxruntime:", plan.fallbacks), ("Fusions given up:", plan.fusions_given_up))

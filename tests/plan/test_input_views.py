@@ -75,6 +75,7 @@ def test_the_plan_says_what_each_step_reads_as_a_view(tmp_path):
     record = record_plan_alone(make_plan(model, 2, CPU))
     text = format_plan(record, wide=True)
     assert "reads as a view: kt = Reshape > Transpose > Slice > Squeeze > Reshape > Transpose > Reshape of qkv" in text
+    assert "in: qkv [2, 20, 144]\n" in text  # one source for three operands, listed once
     [entry] = [e for e in build_plan_report(record)["steps"] if e["views"]]
     assert entry["name"] == "qk" and len(entry["views"]) == 3
 

@@ -70,12 +70,13 @@ def scaled_operands_model(heads: int = 3, t: int = 30, d: int = 16, seed: int = 
 
 
 def projected_attention_model(heads: int = 3, t: int = 20, d: int = 16, split: bool = False, seed: int = 0,
-                              k_also_out: bool = False) -> onnx.ModelProto:
+                              k_also_out: bool = False, tokens_first: bool = False) -> onnx.ModelProto:
     """A transformer's attention as torch's dynamo exporter writes it, from tokens x (N, T, C) to (N, T, C):
     one QKV projection, Reshape to (N, T, 3, H, D), Transpose to (3, N, H, T, D), Slice and Squeeze (or,
     with `split`, Split and Squeeze) per operand, K transposed per head through (N H, T, D), then
     MatMul > Mul > Softmax > MatMul, the heads merged by Transpose and Reshape. `k_also_out`: K is a
-    graph output too."""
+    graph output too; `tokens_first`: the heads merged into (T, N, C), as torchvision's multi-head
+    attention leaves them, the batch no longer first."""
     rng = np.random.default_rng(seed)
     c = heads * d
     weights = {"w_qkv": (rng.standard_normal((c, 3 * c)) / np.sqrt(c)).astype(np.float32),
@@ -100,8 +101,13 @@ def projected_attention_model(heads: int = 3, t: int = 20, d: int = 16, split: b
               helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale_scores"),
               helper.make_node("Softmax", ["scaled"], ["p"], name="softmax", axis=-1),
               helper.make_node("MatMul", ["p", "v"], ["heads_out"], name="pv"),
-              helper.make_node("Transpose", ["heads_out"], ["tokens_heads"], name="merge_heads", perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["tokens_heads", "tokens"], ["y"], name="merge_reshape")]
+              helper.make_node("Transpose", ["heads_out"], ["tokens_heads"], name="merge_heads", perm=[2, 0, 1, 3] if tokens_first else [0, 2, 1, 3])]
+    if tokens_first:  # back to (N, T, C) after the merge, so that the graph's output has the batch first
+        weights["tokens"] = np.array([t, -1, c], np.int64)
+        nodes += [helper.make_node("Reshape", ["tokens_heads", "tokens"], ["tokens_merged"], name="merge_reshape"),
+                  helper.make_node("Transpose", ["tokens_merged"], ["y"], name="batch_first", perm=[1, 0, 2])]
+    else:
+        nodes.append(helper.make_node("Reshape", ["tokens_heads", "tokens"], ["y"], name="merge_reshape"))
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", t, c])]
     if k_also_out:
         outputs.append(helper.make_tensor_value_info("k", TensorProto.FLOAT, ["N", heads, t, d]))

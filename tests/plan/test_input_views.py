@@ -34,10 +34,13 @@ def test_the_layout_between_projection_and_attention_is_read_as_views(tmp_path, 
     assert attention.node_names == ["qk", "scale_scores", "softmax", "pv", "merge_heads"]
 
 
+@pytest.mark.parametrize("tokens_first", [False, True], ids=["(N, T, C)", "(T, N, C)"])
 @pytest.mark.parametrize("batch, chunk", [(3, None), (5, 2)])
-def test_a_run_through_views_matches_onnxruntime(tmp_path, batch, chunk):
-    proto = projected_attention_model(heads=2, t=30, d=16)
+def test_a_run_through_views_matches_onnxruntime(tmp_path, batch, chunk, tokens_first):
+    proto = projected_attention_model(heads=2, t=30, d=16, tokens_first=tokens_first)
     runner = Runner(load_model(save(proto, tmp_path / "attention.onnx")), batch, "cpu", chunk=chunk)
+    [attention] = [s for s in runner.plan.plugin_steps if s.views and "Softmax" in s.ops]
+    assert attention.ops[-1] == "Transpose"  # the heads merged as the kernel writes, the batch moved or not
     feeds = random_feeds(proto, batch, 4)
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=1e-5, atol=1e-5)
 

@@ -55,9 +55,9 @@ class PluginStep:
 
     @property
     def view_nodes(self) -> list[NodeInfo]:
-        """The layout nodes the step applies as views to its inputs, in graph order."""
-        nodes = {n.name: n for view in self.views.values() for n in view.nodes}
-        return [n for n in nodes.values()]
+        """The layout nodes the step applies as views to its inputs, each after the node it reads (chains that
+        share a node share all before it: the first chain lists them first)."""
+        return list({n.name: n for view in self.views.values() for n in view.nodes}.values())
 
     @property
     def kernel_nodes(self) -> list[NodeInfo]:
@@ -271,7 +271,7 @@ class _Grouping:
                 continue
             followers = self.fused.get(group.name, [])
             kinds = STRIDED_VIEWS if _reads_views(registry.get(group.op_key), group, followers) else RESHAPES
-            free = {t: n for t, n in alone.items() if n.name not in joined and n.name != group.name and n.name not in self.views}
+            free = {t: n for t, n in alone.items() if n.name not in joined and n.name != group.name}
             views = find_input_views([group, *followers], step_inputs(group, followers, model), free, readers, visible,
                                      lambda node, output: _view_of(registry.get(node.op_key), node, output), kinds)
             if views:

@@ -14,7 +14,7 @@ reads C-contiguous operands only is handed a copy where a view is not contiguous
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Container, Iterable, Sequence
 
 import numpy as np
 
@@ -94,13 +94,12 @@ def _merged_transpose(first: NodeInfo, middle: NodeInfo, last: NodeInfo) -> tupl
 
 def find_input_views(step_nodes: Iterable[NodeInfo], operands: Iterable[str], candidates: dict[str, NodeInfo],
                      readers: dict[str, list[NodeInfo]], visible: set[str], view_of: ViewOf,
-                     kinds: frozenset[str] = STRIDED_VIEWS) -> list[InputView]:
+                     kinds: frozenset[str] = STRIDED_VIEWS, taken: Container[str] = ()) -> list[InputView]:
     """The views of the operands of the step running `step_nodes`. `candidates`: tensor -> the node writing it,
-    for the nodes that may join (steps of their own, fusing nothing); `readers`: tensor -> the nodes reading
-    it; `kinds`: the op types that may join."""
+    for the nodes that may join (steps of their own, fusing nothing), but those named in `taken` (joined
+    to another step already); `readers`: tensor -> the nodes reading it; `kinds`: the op types that may join."""
     inside = {n.name for n in step_nodes}
     operands = list(dict.fromkeys(o for o in operands if o))
-    by_name = {n.name: n for n in candidates.values()}
     views: dict[tuple[str, str], View | None] = {}
 
     def view(node: NodeInfo, tensor: str) -> View | None:
@@ -108,23 +107,26 @@ def find_input_views(step_nodes: Iterable[NodeInfo], operands: Iterable[str], ca
             views[node.name, tensor] = view_of(node, tensor) if node.op_type in kinds else None
         return views[node.name, tensor]
 
-    def chain_of(operand: str, allowed: set[str] | None) -> list[tuple[NodeInfo, View]]:
+    def chain_of(operand: str, allowed: Container[str] | None) -> list[tuple[NodeInfo, View]]:
         chain, tensor = [], operand
         while tensor in candidates and tensor not in visible:
             node = candidates[tensor]
             made = view(node, tensor)
-            if (allowed is not None and node.name not in allowed) or made is None:
+            if node.name in taken or (allowed is not None and node.name not in allowed) or made is None:
                 break
             chain.insert(0, (node, made))
             tensor = node.node.input[0]
         return chain
 
-    joined = {n.name for operand in operands for n, _ in chain_of(operand, None)}
+    def joining(allowed: Container[str] | None) -> dict[str, NodeInfo]:
+        return {n.name: n for operand in operands for n, _ in chain_of(operand, allowed)}
+
+    joined = joining(None)
     while True:  # drop each node something outside reads, and with it what lies before it on every chain
-        reads_outside = {name for name in joined for o in by_name[name].node.output if o
+        reads_outside = {name for name, node in joined.items() for o in node.node.output if o
                          and (o in visible or any(r.name not in inside and r.name not in joined for r in readers.get(o, [])))}
-        kept = {n.name for operand in operands for n, _ in chain_of(operand, joined - reads_outside)}
-        if kept == joined:
+        kept = joining(joined.keys() - reads_outside)
+        if kept.keys() == joined.keys():
             break
         joined = kept
     return [InputView(operand, chain[0][0].node.input[0], tuple(n for n, _ in chain), tuple(v for _, v in chain))
@@ -151,33 +153,11 @@ class InputViewsKernel(Kernel):
     def __init__(self, inner: Kernel, views: Sequence[View | None], contiguous: bool = False):
         self.inner = inner
         self.views = [view if view is None or not contiguous else _contiguous(view) for view in views]
+        self.name, self.variant, self.nonfinite_exact = inner.name, getattr(inner, "variant", None), inner.nonfinite_exact
+        self.device_work, self.out_view, self.flags_nonfinite = inner.device_work, inner.out_view, inner.flags_nonfinite
 
     def __getattr__(self, name: str) -> Any:  # functions and what else a caller asks of the inner kernel
         return getattr(self.__dict__["inner"], name)
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def variant(self) -> str | None:
-        return getattr(self.inner, "variant", None)
-
-    @property
-    def nonfinite_exact(self) -> bool:
-        return self.inner.nonfinite_exact
-
-    @property
-    def device_work(self) -> bool:
-        return self.inner.device_work
-
-    @property
-    def out_view(self) -> str:
-        return self.inner.out_view
-
-    @property
-    def flags_nonfinite(self) -> bool:
-        return self.inner.flags_nonfinite
 
     def flops(self, batch: int) -> int:
         return self.inner.flops(batch)

@@ -159,7 +159,8 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
             prologue = grouping.prologues.get(group.name, [])
             if prologue:
                 inputs = prologue_inputs(prologue, registry[group.op_key].prologue_input, inputs, model.initializers)
-            views = {i: view for i, name in enumerate(inputs) for view in grouping.views.get(group.name, []) if view.operand == name}
+            by_operand = {view.operand: view for view in grouping.views.get(group.name, [])}
+            views = {i: by_operand[name] for i, name in enumerate(inputs) if name in by_operand}
             inputs = [views[i].source if i in views else name for i, name in enumerate(inputs)]
             steps.append(PluginStep(group.name, group, registry[group.op_key], inputs, outputs, followers, prologue=prologue, views=views))
             continue
@@ -271,9 +272,9 @@ class _Grouping:
                 continue
             followers = self.fused.get(group.name, [])
             kinds = STRIDED_VIEWS if _reads_views(registry.get(group.op_key), group, followers) else RESHAPES
-            free = {t: n for t, n in alone.items() if n.name not in joined and n.name != group.name}
-            views = find_input_views([group, *followers], step_inputs(group, followers, model), free, readers, visible,
-                                     lambda node, output: _view_of(registry.get(node.op_key), node, output), kinds)
+            operands = step_inputs(group, followers, model)
+            view_of = lambda node, output: _view_of(registry.get(node.op_key), node, output)  # noqa: E731
+            views = find_input_views([group, *followers], operands, alone, readers, visible, view_of, kinds, joined)
             if views:
                 self.views[group.name] = views
                 joined.update(n.name for view in views for n in view.nodes)

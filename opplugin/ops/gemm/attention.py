@@ -225,7 +225,7 @@ class AttentionKernel(Kernel):
         self._functions: dict[Layout, Any] = {}
         self._by_arrays: dict[tuple, Any] = {}  # the arrays' shapes and strides -> the function for their layout
         self._inverse_perm = None if spec.out_perm is None else tuple(int(a) for a in np.argsort(spec.out_perm))
-        self.function = self._function(contiguous_layout(spec))
+        self._function(contiguous_layout(spec))  # compiled at build, from the job compile_jobs declared
         self._constants = {o: cupy.asarray(x, dtype=cupy.float32) for o, x in constants.items()}
 
     @property

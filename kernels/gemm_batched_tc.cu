@@ -38,40 +38,35 @@
 static_assert(NTHREADS == 256, "the launch's block");
 static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
 
+// the ROWS x COLS tile at (row0, col0) of a row-major matrix `length` floats a row into shared memory
+// `stride` floats a row, zero past `rows` and `cols`: 16-byte copies where VEC (`length` a multiple of 4)
+template <int ROWS, int COLS, bool VEC>
+__device__ __forceinline__ void copy_tile(float* tile, int stride, const float* __restrict__ from, int length, int row0, int rows,
+                                          int col0, int cols)
+{
+    if (VEC) {
+#pragma unroll
+        for (int i = threadIdx.x; i < ROWS * COLS / 4; i += NTHREADS) {
+            const int r = i / (COLS / 4), col = col0 + i % (COLS / 4) * 4;
+            const bool valid = row0 + r < rows && col < cols;
+            copy_async16(tile + r * stride + (col - col0), valid ? from + (long long)(row0 + r) * length + col : from, valid);
+        }
+    } else {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < ROWS * COLS; i += NTHREADS) {
+            const int r = i / COLS, col = col0 + i % COLS;
+            const bool valid = row0 + r < rows && col < cols;
+            copy_async4(tile + r * stride + (col - col0), valid ? from + (long long)(row0 + r) * length + col : from, valid);
+        }
+    }
+}
+
 // slice k0 of A[j]'s rows [m0, m0 + BM) and B[j]'s columns [n0, n0 + BN) into shared memory
 __device__ __forceinline__ void copy_slice(float* As, float* Bs, const float* __restrict__ a, const float* __restrict__ b,
                                            int m0, int n0, int k0)
 {
-#if K % 4 == 0
-#pragma unroll
-    for (int i = threadIdx.x; i < BM * BK / 4; i += NTHREADS) {
-        const int row = i / (BK / 4), k = k0 + i % (BK / 4) * 4;
-        const bool valid = m0 + row < M && k < K;
-        copy_async16(As + row * A_STRIDE + (k - k0), valid ? a + (long long)(m0 + row) * K + k : a, valid);
-    }
-#else
-#pragma unroll 4
-    for (int i = threadIdx.x; i < BM * BK; i += NTHREADS) {
-        const int row = i / BK, k = k0 + i % BK;
-        const bool valid = m0 + row < M && k < K;
-        copy_async4(As + row * A_STRIDE + (k - k0), valid ? a + (long long)(m0 + row) * K + k : a, valid);
-    }
-#endif
-#if N % 4 == 0
-#pragma unroll
-    for (int i = threadIdx.x; i < BK * BN / 4; i += NTHREADS) {
-        const int row = i / (BN / 4), n = n0 + i % (BN / 4) * 4;
-        const bool valid = k0 + row < K && n < N;
-        copy_async16(Bs + row * B_STRIDE + (n - n0), valid ? b + (long long)(k0 + row) * N + n : b, valid);
-    }
-#else
-#pragma unroll 4
-    for (int i = threadIdx.x; i < BK * BN; i += NTHREADS) {
-        const int row = i / BN, n = n0 + i % BN;
-        const bool valid = k0 + row < K && n < N;
-        copy_async4(Bs + row * B_STRIDE + (n - n0), valid ? b + (long long)(k0 + row) * N + n : b, valid);
-    }
-#endif
+    copy_tile<BM, BK, K % 4 == 0>(As, A_STRIDE, a, K, m0, M, k0, K);
+    copy_tile<BK, BN, N % 4 == 0>(Bs, B_STRIDE, b, N, k0, K, n0, N);
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS)
@@ -90,26 +85,15 @@ matmul_batched_tc(const float* __restrict__ a, const float* __restrict__ b, floa
     const auto copy = [&](float* as, float* bs, int k0) { copy_slice(as, bs, a, b, m0, n0, k0); };
     pipelined_product(acc, As, Bs, B_STAGE, KTILES, copy, warp_m, warp_n);
 
-    const int lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
+    for_each_output_pair(acc, m0, n0, warp_m, warp_n, M, [&](int m, int n, float first, float second) {
+        const float pair[2] = {first, second};
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int upper = 0; upper < 2; ++upper) {
-            const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
-            if (m >= M) continue;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    const int n = n0 + warp_n * WN + nt * 8 + 2 * t + q;
-                    if (n < N) {
-                        const float out = opplugin_activation(acc[mt][nt][2 * upper + q]);
-                        c[(long long)m * N + n] = out;
-                        flag_nonfinite(nonfinite, out);
-                    }
-                }
+        for (int q = 0; q < 2; ++q) {
+            if (n + q < N) {
+                const float out = opplugin_activation(pair[q]);
+                c[(long long)m * N + n + q] = out;
+                flag_nonfinite(nonfinite, out);
             }
         }
-    }
+    });
 }

@@ -81,19 +81,7 @@ gemm_tc(const float* __restrict__ a, const float* __restrict__ w, const float* _
     const auto copy = [&](float* as, float* ws, int k0) { copy_slice(as, ws, a, w, m0, n0, batch, k0); };
     pipelined_product(acc, As, Ws, W_STAGE, KTILES, copy, warp_m, warp_n);
 
-    const int lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int upper = 0; upper < 2; ++upper) {
-            const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
-            if (m >= batch) continue;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const int n = n0 + warp_n * WN + nt * 8 + 2 * t;
-                store_output_pair(y, bias, nonfinite, m, n, acc[mt][nt][2 * upper], acc[mt][nt][2 * upper + 1]);
-            }
-        }
-    }
+    for_each_output_pair(acc, m0, n0, warp_m, warp_n, batch, [&](int m, int n, float first, float second) {
+        store_output_pair(y, bias, nonfinite, m, n, first, second);
+    });
 }

@@ -132,6 +132,28 @@ __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float*
 #endif
 }
 
+// store(m, n, first, second) for each pair of neighbouring outputs of the warp's accumulators (row m,
+// columns n and n + 1: c0 and c1, or c2 and c3, of a fragment) in rows below `rows`, the block's tile
+// starting at row m0 and column n0
+template <class Store>
+__device__ __forceinline__ void for_each_output_pair(const float (&acc)[MT][NT][4], int m0, int n0, int warp_m, int warp_n, int rows,
+                                                     const Store& store)
+{
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int upper = 0; upper < 2; ++upper) {
+            const int m = m0 + warp_m * WM + mt * 16 + g + 8 * upper;
+            if (m >= rows) continue;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                store(m, n0 + warp_n * WN + nt * 8 + 2 * t, acc[mt][nt][2 * upper], acc[mt][nt][2 * upper + 1]);
+        }
+    }
+}
+
 #ifdef STAGES
 // acc = the product over `ktiles` BK-deep slices, STAGES of them in flight: copy(As, Bs, k0) issues the
 // cp.async copies of slice k0 into one stage of the A tiles (A_STAGE floats apart) and of the B tiles

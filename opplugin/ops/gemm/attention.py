@@ -165,11 +165,10 @@ def contiguous_layout(spec: AttentionSpec) -> Layout:
     layout = []
     for operand in OPERANDS:
         shape = spec.shape_of(operand)
-        layout.append(((0,) * rank, 0, 0) if shape is None else (matrix_strides(shape, operand in spec.constants, rank), shape[-1], 1))
-    product = spec.product_shape(1)
+        layout.append(((0,) * rank, 0, 0) if shape is None else (spec.strides(operand), shape[-1], 1))
     out_strides = contiguous_strides(spec.output_shape(1))
-    if spec.out_perm is not None:
-        out_strides = tuple(out_strides[spec.out_perm.index(axis)] for axis in range(len(product)))
+    if spec.out_perm is not None:  # the product's axes, as they lie in the transposed output
+        out_strides = tuple(out_strides[spec.out_perm.index(axis)] for axis in range(len(out_strides)))
     layout.append((out_strides[:-2], out_strides[-2], out_strides[-1]))
     return tuple(layout)
 

@@ -105,7 +105,9 @@ class LayoutPlugin(Plugin):
         return reason_against(node, self.make_spec)
 
     def view_of(self, node: NodeInfo, output: str) -> Callable[[Any], Any] | None:
-        return views.view_of(node, output) if self.supports(node, None) is None else None
+        if self.supports(node, None) is not None:
+            return None
+        return views.view_of(self.op_type, spec_of(node, self.make_spec), [o.name for o in node.outputs].index(output))
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:

@@ -376,7 +376,7 @@ def _fusion(
     plugin's own step). A user's or third party's plugin does: a kernel someone
     registered for an op runs that op's nodes. When that cuts short a fusion, the
     second item says so (else None)."""
-    chain, ends = _fusable_chain(info, readers, made_by, graph_outputs)
+    chain, ends = _fusable_chain(info, readers, made_by, graph_outputs, getattr(plugin, "max_followers", MAX_FOLLOWERS))
     mine = next((i for i, follower in enumerate(chain) if follower.op_key in registry and not is_builtin(registry[follower.op_key])),
                 len(chain))
     count = _fuse_count(plugin, info, chain[:mine], device, ends)
@@ -394,9 +394,10 @@ MAX_FOLLOWERS = 4
 
 
 def _fusable_chain(
-    info: NodeInfo, readers: dict[str, list[NodeInfo]], made_by: dict[str, int], graph_outputs: set[str]
+    info: NodeInfo, readers: dict[str, list[NodeInfo]], made_by: dict[str, int], graph_outputs: set[str], limit: int = MAX_FOLLOWERS
 ) -> tuple[list[NodeInfo], set[int]]:
-    """Up to MAX_FOLLOWERS nodes after `info`, and the lengths the chain may be cut at.
+    """Up to `limit` nodes after `info` (MAX_FOLLOWERS, or the plugin's `max_followers`: a fused attention's
+    chain is longer), and the lengths the chain may be cut at.
 
     Each link is the only reader of the one-output node before it, reading it first and then
     only constants or tensors written before `info` runs (attention's V), so that the fused step
@@ -407,12 +408,12 @@ def _fusable_chain(
     ends = {0}
     current = info
     lead_at = min((made_by.get(o, -1) for o in info.node.output if o), default=-1)
-    while len(chain) < MAX_FOLLOWERS:
+    while len(chain) < limit:
         outputs = [o for o in current.node.output if o]
         if len(outputs) != 1 or outputs[0] in graph_outputs:
             break
         link = _next_link(outputs[0], readers, graph_outputs, lead_at, made_by)
-        if not link or len(chain) + len(link) > MAX_FOLLOWERS:
+        if not link or len(chain) + len(link) > limit:
             break
         chain += link
         ends.add(len(chain))

@@ -116,3 +116,34 @@ def projected_attention_model(heads: int = 3, t: int = 20, d: int = 16, split: b
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     return model
+
+
+def shifted_window_model(windows: int = 4, heads: int = 3, t: int = 16, d: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """Swin's shifted-window attention as torch's dynamo exporter writes it: Q, K and V (N, windows, H, T, D)
+    merged to (N windows, H, T, D), MatMul(Q, K^T) > Mul > Add of a relative position bias (1, H, T, T) >
+    Reshape to (N, windows, H, T, T) > Add of a mask (1, windows, 1, T, T) (0 or -100, as torchvision's) >
+    Reshape back > Softmax > MatMul(P, V) > Transpose(0, 2, 1, 3), out as (N, windows, T, H D)."""
+    rng = np.random.default_rng(seed)
+    mask = np.where(rng.random((1, windows, 1, t, t)) < 0.3, -100.0, 0.0).astype(np.float32)
+    weights = {"bias": rng.standard_normal((1, heads, t, t)).astype(np.float32), "mask": mask,
+               "scale": np.array([d ** -0.5], np.float32), "merged": np.array([-1, heads, t, d], np.int64),
+               "split": np.array([-1, windows, heads, t, t], np.int64), "scores": np.array([-1, heads, t, t], np.int64),
+               "out": np.array([-1, windows, t, heads * d], np.int64)}
+    nodes = [helper.make_node("Reshape", [name, "merged"], [f"{name}_w"], name=f"{name}_merge") for name in ("q", "k", "v")]
+    nodes += [helper.make_node("Transpose", ["k_w"], ["kt"], name="k_transposed", perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q_w", "kt"], ["s"], name="qk"),
+              helper.make_node("Mul", ["s", "scale"], ["scaled"], name="scale_scores"),
+              helper.make_node("Add", ["scaled", "bias"], ["biased"], name="bias_add"),
+              helper.make_node("Reshape", ["biased", "split"], ["by_window"], name="window_split"),
+              helper.make_node("Add", ["by_window", "mask"], ["masked"], name="mask_add"),
+              helper.make_node("Reshape", ["masked", "scores"], ["masked_scores"], name="window_merge"),
+              helper.make_node("Softmax", ["masked_scores"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "v_w"], ["heads_out"], name="pv"),
+              helper.make_node("Transpose", ["heads_out"], ["tokens_heads"], name="merge_heads", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["tokens_heads", "out"], ["y"], name="out_reshape")]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", windows, heads, t, d]) for name in ("q", "k", "v")]
+    graph = helper.make_graph(nodes, "shifted_windows", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", windows, t, heads * d])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

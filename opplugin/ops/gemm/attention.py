@@ -42,6 +42,10 @@ class AttentionSpec:
     # a Transpose of the output fused after the product (heads merged: (N, H, T, DV) -> (N, T, H, DV)):
     # the kernel writes through the transposed view, and the step's output is the transposed tensor
     out_perm: tuple[int, ...] | None = None
+    # > 1 for Swin's shifted windows: the graph's tensors have N x `windows` matrices along their first
+    # axis, which the spec's shapes (and the step's kernel) split into (N, windows), so that a mask per
+    # window broadcasts over N as a constant of its own (the bias then holds the mask added in)
+    windows: int = 1
 
     @property
     def tq(self) -> int:
@@ -66,6 +70,10 @@ class AttentionSpec:
     def batch_shape(self) -> tuple[int, ...]:
         shapes = [self.q_shape[:-2], self.kt_shape[:-2], self.v_shape[:-2]] + ([self.bias_shape[:-2]] if self.bias_shape else [])
         return tuple(np.broadcast_shapes(*shapes))
+
+    def in_graph(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A shape of the spec's as the graph has it: (N, windows, ..) merged back into (N windows, ..)."""
+        return shape if self.windows == 1 else (shape[0] * shape[1], *shape[2:])
 
     def product_shape(self, batch: int) -> tuple[int, ...]:
         """softmax(..) V's shape, before any fused Transpose."""
@@ -140,7 +148,13 @@ class ReferenceAttentionKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         operands = operands_of(self.spec, inputs, self._constants)
         q, kt, v, bias = (None if x is None else np.asarray(x, np.float64) for x in (operands[o] for o in OPERANDS))
-        return [reference(self.spec, q, kt, v, bias).astype(np.float32)]
+        y = reference(self.spec, q, kt, v, bias).astype(np.float32)
+        return [y.reshape(self.spec.in_graph(y.shape))]
+
+
+def split_windows(spec: AttentionSpec, x: Any) -> Any:
+    """A run-time operand of the graph's (N windows, ..) as the spec's (N, windows, ..): a view."""
+    return x if spec.windows == 1 else x.reshape(x.shape[0] // spec.windows, spec.windows, *x.shape[1:])
 
 
 def operands_of(spec: AttentionSpec, inputs: Sequence[Any], constants: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +165,7 @@ def operands_of(spec: AttentionSpec, inputs: Sequence[Any], constants: dict[str,
     if len(inputs) < 2 + len(later):
         raise PluginError(f"attention: {2 + len(later)} inputs expected (q, kt{''.join(', ' + o for o in later)}), {len(inputs)} given")
     given = {"q": inputs[0], "kt": inputs[1], **dict(zip(later, inputs[2:]))}
-    return {o: constants[o] if o in constants else given.get(o) for o in OPERANDS}
+    return {o: constants[o] if o in constants else None if given.get(o) is None else split_windows(spec, given[o]) for o in OPERANDS}
 
 
 # per operand (and the output): the strides of its leading axes under the output's (0 where it
@@ -256,8 +270,9 @@ class AttentionKernel(Kernel):
                     operands[operand] = batched_input(cupy, operands[operand], self.spec.shape_of(operand)[1:], operand, self.name)
             batch = int(next(operands[o] for o in OPERANDS if operands[o] is not None and o not in self.spec.constants).shape[0])
             shape = self.spec.output_shape(batch)
-            y = output_array(out, shape, self.name)
-            product = y if self.spec.out_perm is None else y.transpose(self._inverse_perm)
+            y = output_array(out, self.spec.in_graph(shape), self.name)
+            product = split_windows(self.spec, y)
+            product = product if self.spec.out_perm is None else product.transpose(self._inverse_perm)
             arrays = [operands[o] for o in OPERANDS if o not in self.spec.constants and operands[o] is not None] + [product]
             key = tuple((x.shape, x.strides) for x in arrays)  # cheap to read: a call meets few layouts
             function = self._by_arrays.get(key)

@@ -10,7 +10,7 @@ import numpy as np
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeInfo, Plugin
+from ...registry import Kernel, NodeInfo, Plugin, TensorInfo
 from ..specs import reason_against, spec_of
 from .. import activation
 from . import families
@@ -119,6 +119,9 @@ class MatMulPlugin(GemmPlugin):
     broadcast, an activation fused."""
 
     op_type = "MatMul"
+    # an attention's chain: scale, bias, a mask added between Reshapes to (N, windows, ..) and back
+    # (Swin's shifted windows), Softmax, the product with V, the heads merged
+    max_followers = 8
 
     def make_spec(self, node: NodeInfo) -> MatMulSpec:
         if any(t.dtype != np.float32 for t in node.inputs[:2]):
@@ -262,6 +265,12 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
             return None
         bias = other
         rest = rest[1:]
+    windows, mask = 1, None
+    if len(rest) > 3 and [n.op_type for n in rest[:3]] == ["Reshape", "Add", "Reshape"]:  # Swin's shifted windows
+        windows, mask = _window_mask(*rest[:3])
+        if windows == 1:
+            return None
+        rest = rest[3:]
     out_perm = None
     if len(rest) == 3 and rest[2].op_type == "Transpose":  # the heads merged: written through a transposed view
         rank = len(rest[2].inputs[0].shape)
@@ -275,6 +284,8 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
     constants = frozenset(name for name, tensor, owner in (("q", node.inputs[0], node), ("kt", node.inputs[1], node), ("v", v, product),
                                                             ("bias", bias, followers[0]))
                           if tensor is not None and tensor.name in {**owner.constants, **_all_constants(followers)})
+    if windows > 1:
+        return _windowed(node, v, scale, bias, mask, constants, out_perm, windows)
     spec = attention.AttentionSpec(tuple(map(int, node.inputs[0].shape)), tuple(map(int, node.inputs[1].shape)), tuple(map(int, v.shape)),
                                    scale, None if bias is None else tuple(map(int, bias.shape)), constants, out_perm)
     if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
@@ -282,14 +293,60 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
     return spec if spec.reason_against() is None else None
 
 
+def _window_mask(split: NodeInfo, add: NodeInfo, merge: NodeInfo) -> tuple[int, TensorInfo | None]:
+    """(windows, the mask) where Reshape `split` takes the scores (N windows, H, T, T) to (N, windows, H, T, T),
+    `add` adds a constant mask there whose first axis is 1 (the same for every image), and Reshape `merge`
+    takes them back; else (1, None)."""
+    scores, split_shape = tuple(map(int, split.inputs[0].shape)), tuple(map(int, split.outputs[0].shape))
+    if len(split_shape) != len(scores) + 1 or split_shape[2:] != scores[1:] or split_shape[0] * split_shape[1] != scores[0]:
+        return 1, None
+    if tuple(map(int, merge.outputs[0].shape)) != scores or merge.node.input[0] != add.node.output[0] or split.node.output[0] not in add.node.input:
+        return 1, None
+    mask = next((t for t in add.inputs if t.name != split.node.output[0]), None)
+    if mask is None or mask.name not in add.constants or len(mask.shape) > len(split_shape) or mask.dtype != np.float32:
+        return 1, None
+    padded = (1,) * (len(split_shape) - len(mask.shape)) + tuple(map(int, mask.shape))
+    return (split_shape[1], mask) if padded[0] == 1 else (1, None)
+
+
+def _windowed(node: NodeInfo, v: TensorInfo, scale: float, bias: TensorInfo | None, mask: TensorInfo, constants: frozenset[str],
+              out_perm: tuple[int, ...] | None, windows: int) -> attention.AttentionSpec | None:
+    """The spec of a shifted-window attention, its shapes split into (N, windows, ..) (attention.py), the bias
+    (with the mask added in) a constant of its own. None where the bias is computed at run time, or the
+    Transpose after it moves the first axis."""
+    if (bias is not None and "bias" not in constants) or any(name in constants for name in ("q", "kt", "v")):
+        return None
+    if out_perm is not None and out_perm[0] != 0:
+        return None
+
+    def split(shape) -> tuple[int, ...]:
+        shape = tuple(map(int, shape))
+        return (shape[0] // windows, windows, *shape[1:])
+
+    lead = len(node.inputs[0].shape) - 2
+    bias_shape = (1, 1, *tuple(map(int, bias.shape))[-lead - 1:]) if bias is not None else ()
+    combined = tuple(np.broadcast_shapes(bias_shape, tuple(map(int, mask.shape))))
+    spec = attention.AttentionSpec(split(node.inputs[0].shape), split(node.inputs[1].shape), split(v.shape), scale, combined,
+                                   frozenset({"bias"}), None if out_perm is None else (0, 1, *(p + 1 for p in out_perm[1:])), windows)
+    if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
+        return None
+    return spec if spec.reason_against() is None else None
+
+
 def attention_constants(node: NodeInfo, fused: Sequence[NodeInfo], spec: attention.AttentionSpec) -> dict[str, np.ndarray]:
-    """The operands of a fused attention that are initializers, as arrays (the build keeps them)."""
+    """The operands of a fused attention that are initializers, as arrays (the build keeps them); for shifted
+    windows, the bias is the Adds' two constants summed, in the spec's (N, windows, ..) axes."""
     values = {**node.constants, **_all_constants(fused)}
     product = next(f for f in reversed(fused) if f.op_type == "MatMul")
     names = {"q": node.inputs[0].name, "kt": node.inputs[1].name, "v": product.inputs[1].name}
-    add = next((f for f in fused if f.op_type == "Add"), None)
-    if add is not None:
-        names["bias"] = next(t.name for t in add.inputs if t.name not in {o for f in (node, *fused) for o in f.node.output})
+    written = {o for f in (node, *fused) for o in f.node.output}
+    adds = [next(t.name for t in f.inputs if t.name not in written) for f in fused if f.op_type == "Add"]
+    if spec.windows > 1:
+        parts = [np.asarray(values[name], np.float32) for name in adds]
+        in_windows = [p.reshape((1,) * (len(spec.bias_shape) - p.ndim) + p.shape) for p in parts]
+        return {"bias": np.ascontiguousarray(sum(np.broadcast_to(p, spec.bias_shape) for p in in_windows), np.float32)}
+    if adds:
+        names["bias"] = adds[0]
     return {operand: np.asarray(values[names[operand]], np.float32) for operand in spec.constants}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 import compile_cache
 from attention_cases import attention_model, random_feeds, scaled_operands_model
@@ -125,3 +126,31 @@ def test_the_scales_of_q_and_k_move_after_their_product_into_the_attention(tmp_p
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_output(proto, feeds), rtol=1e-5, atol=1e-6)
     kept = load_model(save(proto, tmp_path / "sdpa.onnx"), keep=["q_scaled"])  # --keep leaves the pass out
     assert "MatMul operand scale" not in kept.simplification.constants_folded
+
+
+@pytest.mark.parametrize("batch, chunk", [(2, None), (5, 2)])
+def test_a_shifted_window_attention_with_its_mask_is_one_step(tmp_path, batch, chunk):
+    """Swin's shifted windows: the mask added between Reshapes to (N, windows, ..) and back joins the step,
+    summed with the bias into one constant over (windows, heads)."""
+    from attention_cases import shifted_window_model
+
+    proto = shifted_window_model()
+    runner = Runner(load_model(save(proto, tmp_path / "shifted.onnx")), batch, "cpu", chunk=chunk)
+    [step] = [s for s in runner.plan.plugin_steps if s.ops[0] == "MatMul"]
+    assert step.ops == ["MatMul", "Mul", "Add", "Reshape", "Add", "Reshape", "Softmax", "MatMul", "Transpose"]
+    spec = step.plugin._attention(step.node, CPU, None, step.fused)
+    assert spec.windows == 4 and spec.bias_shape == (1, 4, 3, 16, 16) and spec.q_shape[1:] == (4, 3, 16, 8)
+    assert step.kernel_name(GPU) == "attention.3xtf32"
+    feeds = random_feeds(proto, batch, 1)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_output(proto, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_computed_at_run_time_keeps_the_shifted_windows_apart(tmp_path):
+    from attention_cases import shifted_window_model
+
+    proto = shifted_window_model()
+    mask = next(i for i in proto.graph.initializer if i.name == "mask")
+    proto.graph.initializer.remove(mask)
+    proto.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 4, 1, 16, 16]))
+    plan = make_plan(load_model(save(proto, tmp_path / "shifted.onnx")), 2, CPU)
+    assert not any("Softmax" in s.ops and s.ops[0] == "MatMul" for s in plan.plugin_steps)

@@ -148,3 +148,17 @@ def test_the_attention_bench_checks_and_times_every_candidate():
     assert {row["shape"] for row in payload["rows"]} == {shape[0] for shape in attention_bench.SHAPES}
     ours = [row for row in payload["rows"] if row["name"].startswith("opplugin")]
     assert ours and all(row["rel_error"] <= attention_bench.TOLERANCE and row["ms"] > 0 for row in ours)
+
+
+@pytest.mark.parametrize("windows, heads, t, d", [(4, 3, 49, 32), (16, 6, 49, 32)])
+def test_a_shifted_window_attention_matches_onnxruntime(tmp_path, windows, heads, t, d):
+    from attention_cases import shifted_window_model
+
+    proto = shifted_window_model(windows, heads, t, d)
+    runner = Runner(load_model(save(proto, tmp_path / "shifted.onnx")), 3, "cuda")
+    [step] = [s for s in runner.plan.plugin_steps if "Softmax" in s.ops]
+    assert runner.kernels[step.name].name == "attention.3xtf32"
+    feeds = random_feeds(proto, 3, 5)
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for _ in range(2):  # eager, then replayed from a CUDA graph
+        np.testing.assert_allclose(runner.run(feeds).outputs["y"], reference, rtol=1e-5, atol=2e-5)

@@ -1,6 +1,6 @@
 """Input views: layout nodes that need no step of their own, because the step reading their output
 applies them to its input as views: any of them where its kernel reads strided operands as they lie (its
-plugin's `reads_views`: the fused attention), reshapes for every other step but a Concat.
+plugin's `reads_views`: the fused attention, a Concat), reshapes for every other step.
 
 Between a QKV projection and the attention, exporters write a Reshape, a Transpose that moves the
 heads forward, a Slice or Split and a Squeeze per operand, and a Transpose of K: each a pass over
@@ -133,6 +133,28 @@ def find_input_views(step_nodes: Iterable[NodeInfo], operands: Iterable[str], ca
             for operand in operands if (chain := chain_of(operand, joined))]
 
 
+def reads_in_place(view: InputView, shape: tuple[int, ...], axis: int) -> bool:
+    """Whether `view`, applied to a C-contiguous tensor of `shape` (its source's), is rows of contiguous runs
+    from `axis` on, as a Concat along `axis` reads an input in place; else the Concat would copy it first,
+    where the node's own step writes it into the Concat's buffer at no extra cost (runtime/buffers.py)."""
+    size = int(np.prod(shape, dtype=np.int64))
+    strides = [4 * int(np.prod(shape[a + 1:], dtype=np.int64)) for a in range(len(shape))]
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape, strides if size else [0] * len(shape))
+    try:
+        seen = view.function()(probe)
+    except ValueError:  # a Reshape that would copy
+        return False
+    if not np.shares_memory(seen, probe) and seen.size:
+        return False
+    inner = [(d, s // 4) for d, s in zip(seen.shape[axis:], seen.strides[axis:]) if d != 1]
+    run = 1
+    for extent, stride in reversed(inner):
+        if stride != run:
+            return False
+        run *= extent
+    return True
+
+
 def _contiguous(view: View) -> View:
     def apply(x: Any) -> Any:
         y = view(x)
@@ -149,6 +171,8 @@ class InputViewsKernel(Kernel):
     the inner kernel's."""
 
     replayable = False  # each call makes new view objects; the inner kernel launches from them
+    # input_slices stays None: a Concat reading views is no in-place Concat, whose producers would write
+    # their outputs straight into its buffer (runtime/buffers.py), for its inputs are views of other tensors
 
     def __init__(self, inner: Kernel, views: Sequence[View | None], contiguous: bool = False):
         self.inner = inner

@@ -17,7 +17,7 @@ from ..errors import ModelError, PluginError
 from ..ort import known_ops
 from ..graph.model import Model
 from .keep import checked_keep, given_up_for_keep, hidden_outputs
-from .input_views import RESHAPES, STRIDED_VIEWS, InputView, InputViewsKernel, find_input_views
+from .input_views import RESHAPES, STRIDED_VIEWS, InputView, InputViewsKernel, find_input_views, reads_in_place
 from .prologue import find_prologues, give_way, prologue_inputs
 from ..registry import Kernel, NodeGroup, NodeInfo, Plugin, TensorInfo, is_builtin, node_name, plugins
 from ..core.texttable import OP_SEPARATOR
@@ -193,10 +193,6 @@ def _refuse_unknown_ops(nodes: list[onnx.NodeProto], model: Model) -> None:
                          f"and pass --ops FILE.py")
 
 
-# ops whose steps take no input views: a Concat's inputs may be written in place into its buffer (runtime/buffers.py)
-NO_VIEWS = frozenset({"Concat"})
-
-
 @dataclass
 class _Grouping:
     """The nodes in graph order as groups: a plugin node is a group of its own (with the
@@ -268,13 +264,18 @@ class _Grouping:
                  and g.name not in self.prologues for o in g.node.output if o}
         joined: set[str] = set()
         for group in reversed(self.groups):
-            if not isinstance(group, NodeInfo) or group.name in self.node_groups or group.name in joined or group.op_type in NO_VIEWS:
+            if not isinstance(group, NodeInfo) or group.name in self.node_groups or group.name in joined:
                 continue
             followers = self.fused.get(group.name, [])
             kinds = STRIDED_VIEWS if _reads_views(registry.get(group.op_key), group, followers) else RESHAPES
             operands = step_inputs(group, followers, model)
             view_of = lambda node, output: _view_of(registry.get(node.op_key), node, output)  # noqa: E731
             views = find_input_views([group, *followers], operands, alone, readers, visible, view_of, kinds, joined)
+            if group.op_type == "Concat":  # only what it reads in place: its producers may write the rest into its buffer
+                axis = int(group.attributes.get("axis", 0)) % len(group.outputs[0].shape)
+                kept = [v.operand for v in views if reads_in_place(v, tuple(map(int, v.nodes[0].inputs[0].shape)), axis)]
+                if len(kept) < len(views):  # again without the others, whose nodes stay steps that read what they read
+                    views = find_input_views([group, *followers], kept, alone, readers, visible, view_of, kinds, joined)
             if views:
                 self.views[group.name] = views
                 joined.update(n.name for view in views for n in view.nodes)

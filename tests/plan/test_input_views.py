@@ -127,15 +127,12 @@ def reshape_then_product_model(concat: bool = False):
 
 
 @pytest.mark.parametrize("concat", [False, True], ids=["MatMul", "Concat"])
-def test_any_step_but_a_concat_reads_a_reshape_as_a_view(tmp_path, concat):
+def test_any_step_reads_a_reshape_as_a_view(tmp_path, concat):
     proto = reshape_then_product_model(concat)
     model = load_model(save(proto, tmp_path / "reshaped.onnx"))
     runner = Runner(model, 3, "cpu")
     ops = [s.ops for s in runner.plan.plugin_steps]
-    if concat:  # its inputs may be written in place into its buffer: the Reshape stays a step
-        assert ["Reshape"] in ops and not any(s.views for s in runner.plan.plugin_steps)
-    else:
-        assert ["Reshape"] not in ops and runner.plan.plugin_steps[-1].inputs[0] == "r"
+    assert ["Reshape"] not in ops and runner.plan.plugin_steps[-1].inputs[0] == "r"
     feeds = random_feeds(proto, 3, 0)
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=1e-5, atol=1e-5)
 
@@ -157,3 +154,35 @@ def test_a_reshape_that_is_no_view_reaches_a_plain_kernel_contiguous():
     InputViewsKernel(Recorder(), [lambda x: x[:, :2]], contiguous=True)([np.ones((3, 4), np.float32)])
     assert all(x.flags.c_contiguous for x in seen)
     np.testing.assert_array_equal(seen[0], transposed.reshape(2, 6))
+
+
+def roll_model(step: int = 1):
+    """x (N, 6, 8) rolled by 2 along axis 1 as exporters write torch.roll: two Slices and a Concat (with `step`
+    2 the Slices take every other row, as Swin's patch merging does)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    starts = ([2], [6], [0], [2]) if step == 1 else ([1], [6], [0], [6])  # rolled by 2, or odd rows then even ones
+    constants = dict(zip(("a_start", "a_end", "b_start", "b_end"), starts), axis=[1], step=[step])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Slice", ["r", "a_start", "a_end", "axis", "step"], ["tail"], name="tail"),
+             helper.make_node("Slice", ["r", "b_start", "b_end", "axis", "step"], ["head"], name="head"),
+             helper.make_node("Concat", ["tail", "head"], ["y"], name="roll", axis=1)]
+    graph = helper.make_graph(nodes, "roll", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 8])],
+                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["roll", "every other row"])
+def test_a_concat_reads_the_slices_it_can_read_in_place_as_views(tmp_path, step):
+    proto = roll_model(step)
+    runner = Runner(load_model(save(proto, tmp_path / "roll.onnx")), 4, "cpu", chunk=3)
+    ops = [s.ops for s in runner.plan.plugin_steps]
+    if step == 1:  # rows of contiguous runs: the Concat reads both in place
+        assert ops == [["Relu"], ["Concat"]] and runner.plan.plugin_steps[1].inputs == ["r", "r"]
+    else:  # strided: each Slice stays a step, which may write into the Concat's buffer
+        assert ops == [["Relu"], ["Slice"], ["Slice"], ["Concat"]]
+    feeds = random_feeds(proto, 4, 0)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=0, atol=0)

@@ -144,6 +144,11 @@ class LayoutPlugin(Plugin):
 class ConcatPlugin(LayoutPlugin):
     op_type = "Concat"
 
+    def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
+        """The Concat kernels read strided inputs (in place where each is rows of contiguous runs, else
+        through a contiguous copy): a roll's or a patch merge's Slices need no steps of their own."""
+        return True
+
     def op_spec(self, node: NodeInfo) -> ConcatSpec:
         return ConcatSpec.from_node(node)
 

@@ -137,12 +137,11 @@ def reads_in_place(view: InputView, shape: tuple[int, ...], axis: int) -> bool:
     """Whether `view`, applied to a C-contiguous tensor of `shape` (its source's), is rows of contiguous runs
     from `axis` on, as a Concat along `axis` reads an input in place; else the Concat would copy it first,
     where the node's own step writes it into the Concat's buffer at no extra cost (runtime/buffers.py)."""
-    size = int(np.prod(shape, dtype=np.int64))
-    strides = [4 * int(np.prod(shape[a + 1:], dtype=np.int64)) for a in range(len(shape))]
-    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape, strides if size else [0] * len(shape))
+    # Real (untouched, so unpaged) memory: a Reshape that cannot be a view copies, reading all of it
+    probe = np.empty(shape, np.float32)
     try:
         seen = view.function()(probe)
-    except ValueError:  # a Reshape that would copy
+    except ValueError:  # a view that refuses to copy
         return False
     if not np.shares_memory(seen, probe) and seen.size:
         return False

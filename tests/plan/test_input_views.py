@@ -186,3 +186,27 @@ def test_a_concat_reads_the_slices_it_can_read_in_place_as_views(tmp_path, step)
         assert ops == [["Relu"], ["Slice"], ["Slice"], ["Concat"]]
     feeds = random_feeds(proto, 4, 0)
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=0, atol=0)
+
+
+def test_a_view_that_would_copy_is_probed_without_reading_past_memory(tmp_path):
+    """A Transpose then a Reshape merging strided axes is no view (NumPy copies it): the Concat's in-place
+    probe must find that out on memory it owns, at a size where reading past it would crash the process."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Transpose", ["r"], ["t"], name="swap", perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["t", "rows"], ["m"], name="merge"),
+             helper.make_node("Neg", ["x"], ["n"], name="neg"),
+             helper.make_node("Reshape", ["n", "rows"], ["nm"], name="merge_n"),
+             helper.make_node("Concat", ["m", "nm"], ["y"], name="join", axis=1)]
+    graph = helper.make_graph(nodes, "copying_view", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64, 64, 96])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8192, 96])],
+                              [numpy_helper.from_array(np.array([-1, 4096, 96], np.int64), "rows")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = load_model(save(proto, tmp_path / "copying_view.onnx"))
+    plan = make_plan(model, 16, CPU)
+    join = next(s for s in plan.plugin_steps if "Concat" in s.ops)
+    assert "m" in join.inputs and "swap" not in {n.name for n in join.view_nodes}  # the copying view stays steps
+    feeds = random_feeds(proto, 2, 0)
+    np.testing.assert_allclose(Runner(model, 2, "cpu").run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=0, atol=0)

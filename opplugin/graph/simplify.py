@@ -45,7 +45,7 @@ class Simplification:
 
     constants_folded: dict[str, int] = field(default_factory=dict)  # op type -> nodes evaluated into initializers
     batchnorms_folded: int = 0  # BatchNormalization nodes folded into the Conv before them
-    dropped: dict[str, int] = field(default_factory=dict)  # op type -> identities removed (Identity, Dropout)
+    dropped: dict[str, int] = field(default_factory=dict)  # op type -> identities removed (Identity, Dropout, no-op layout)
     # a tensor written in another layout than the original's -> (original tensor, perm that makes it[, axes of 1
     # inserted after[, the shape it is then reshaped to, -1 for the batch]]): graph/passes/layout_sink.py,
     # graph/passes/einsum.py, graph/passes/linear_batchnorm.py
@@ -86,6 +86,7 @@ def simplify(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Simplification]:
 PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (drop_identities, "dropped"),
     (fold_constants, "constants_folded"),
+    (drop_identities, "dropped"),  # again: pads and perms that were computed are constants now
     (fold_decomposed_layernorms, "constants_folded"),
     (fold_decomposed_gelus, "constants_folded"),
     (sink_channel_last_regions, "constants_folded"),
@@ -98,7 +99,7 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
 
 # Each pass in words, for the plan's line on a pass left out for --keep.
 PASS_NAMES: dict[Callable, str] = {
-    drop_identities: "dropping Identity and Dropout",
+    drop_identities: "dropping Identity, Dropout and no-op layout nodes",
     fold_constants: "constant folding",
     fold_decomposed_layernorms: "writing decomposed LayerNormalizations as one node",
     fold_decomposed_gelus: "writing decomposed GELUs as one node",
@@ -112,7 +113,7 @@ PASS_NAMES: dict[Callable, str] = {
 
 # What each pass does to the tensors it removes, in words: why a tensor the file names is not computed.
 REMOVED_BY: dict[Callable, str] = {
-    drop_identities: "an Identity or Dropout node is dropped at load",
+    drop_identities: "an Identity, Dropout or no-op layout node is dropped at load",
     fold_constants: "it is folded into a constant at load: its value does not depend on the inputs",
     fold_decomposed_layernorms: "it is inside a LayerNormalization pattern written as one node at load",
     fold_decomposed_gelus: "it is inside a GELU pattern written as one node at load",

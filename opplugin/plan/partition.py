@@ -67,10 +67,12 @@ class PluginStep:
     def build(self, device: Device, variant: str | None = None, graphed: bool = True) -> Kernel:
         """The step's kernel; `graphed`: it will be launched from CUDA graphs (see registry.Plugin)."""
         if self.group is not None:
-            return self.plugin.build_group(self.group, device, variant, graphed=graphed)
-        kernel = self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
-        if self.views:
+            kernel = self.plugin.build_group(self.group, device, variant, graphed=graphed)
+            strided = False  # a group's generated kernel reads its operands contiguous
+        else:
+            kernel = self.plugin.build(self.node, device, variant, fused=self.fused, prologue=self.prologue, graphed=graphed)
             strided = self.plugin.reads_views(self.node, self.fused)
+        if self.views:
             kernel = InputViewsKernel(kernel, [self.views[i].function() if i in self.views else None for i in range(len(self.inputs))],
                                       contiguous=not strided)
         return kernel
@@ -149,8 +151,9 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
     for index, group in enumerate(grouping.groups):
         if isinstance(group, NodeInfo) and group.name in grouping.node_groups:
             nodes = grouping.node_groups[group.name]
-            steps.append(PluginStep(group.name, group, registry[group.op_key], list(nodes.inputs), list(nodes.outputs),
-                                    grouping.fused[group.name], nodes))
+            inputs, views = grouping.read_through_views(group.name, list(nodes.inputs))
+            steps.append(PluginStep(group.name, group, registry[group.op_key], inputs, list(nodes.outputs),
+                                    grouping.fused[group.name], nodes, views=views))
             continue
         if isinstance(group, NodeInfo):
             followers = grouping.fused[group.name]
@@ -159,9 +162,7 @@ def make_plan(model: Model, batch: int, device: Device, registry: dict[str, Plug
             prologue = grouping.prologues.get(group.name, [])
             if prologue:
                 inputs = prologue_inputs(prologue, registry[group.op_key].prologue_input, inputs, model.initializers)
-            by_operand = {view.operand: view for view in grouping.views.get(group.name, [])}
-            views = {i: by_operand[name] for i, name in enumerate(inputs) if name in by_operand}
-            inputs = [views[i].source if i in views else name for i, name in enumerate(inputs)]
+            inputs, views = grouping.read_through_views(group.name, inputs)
             steps.append(PluginStep(group.name, group, registry[group.op_key], inputs, outputs, followers, prologue=prologue, views=views))
             continue
         number = sum(isinstance(s, OrtStep) for s in steps) + 1
@@ -264,22 +265,32 @@ class _Grouping:
                  and g.name not in self.prologues for o in g.node.output if o}
         joined: set[str] = set()
         for group in reversed(self.groups):
-            if not isinstance(group, NodeInfo) or group.name in self.node_groups or group.name in joined:
+            if not isinstance(group, NodeInfo) or group.name in joined:
                 continue
             followers = self.fused.get(group.name, [])
-            kinds = STRIDED_VIEWS if _reads_views(registry.get(group.op_key), group, followers) else RESHAPES
-            operands = step_inputs(group, followers, model)
+            if group.name in self.node_groups:  # a generated kernel over the group's inputs: reshapes only
+                kinds, operands = RESHAPES, list(self.node_groups[group.name].inputs)
+            else:
+                kinds = STRIDED_VIEWS if _reads_views(registry.get(group.op_key), group, followers) else RESHAPES
+                operands = step_inputs(group, followers, model)
             view_of = lambda node, output: _view_of(registry.get(node.op_key), node, output)  # noqa: E731
             views = find_input_views([group, *followers], operands, alone, readers, visible, view_of, kinds, joined)
             if group.op_type == "Concat":  # only what it reads in place: its producers may write the rest into its buffer
                 axis = int(group.attributes.get("axis", 0)) % len(group.outputs[0].shape)
-                kept = [v.operand for v in views if reads_in_place(v, tuple(map(int, v.nodes[0].inputs[0].shape)), axis)]
-                if len(kept) < len(views):  # again without the others, whose nodes stay steps that read what they read
-                    views = find_input_views([group, *followers], kept, alone, readers, visible, view_of, kinds, joined)
+                cut = {n.name for view in views for n in _not_in_place(view, axis)}
+                if cut:  # again without those nodes, which stay steps (that may write into the Concat's buffer)
+                    views = find_input_views([group, *followers], operands, alone, readers, visible, view_of, kinds, joined | cut)
             if views:
                 self.views[group.name] = views
                 joined.update(n.name for view in views for n in view.nodes)
         self.groups = [g for g in self.groups if not (isinstance(g, NodeInfo) and g.name in joined)]
+
+    def read_through_views(self, name: str, operands: list[str]) -> tuple[list[str], dict[int, InputView]]:
+        """The inputs of plugin step `name`, whose kernel reads `operands`: each operand read as a view
+        replaced by the view's source; and the views by input position."""
+        by_operand = {view.operand: view for view in self.views.get(name, [])}
+        views = {i: by_operand[operand] for i, operand in enumerate(operands) if operand in by_operand}
+        return [views[i].source if i in views else operand for i, operand in enumerate(operands)], views
 
     def _prologues_given_up(self, free: dict[str, list[NodeInfo]], keep: frozenset[str]) -> None:
         """Note each prologue that the plan without `keep` would fuse and that hides a kept tensor."""
@@ -336,6 +347,16 @@ def _view_of(plugin: Plugin | None, info: NodeInfo, output: str):
         return None if plugin is None else plugin.view_of(info, output)
     except Exception:  # a plugin that cannot judge its node offers no view
         return None
+
+
+def _not_in_place(view: InputView, axis: int) -> tuple[NodeInfo, ...]:
+    """The fewest first nodes of `view` without which the rest reads in place for a Concat along `axis`
+    (input_views.reads_in_place): all of them where not even its last node does."""
+    for first in range(len(view.nodes)):
+        rest = InputView(view.operand, view.nodes[first].node.input[0], view.nodes[first:], view.views[first:])
+        if reads_in_place(rest, tuple(map(int, view.nodes[first].inputs[0].shape)), axis):
+            return view.nodes[:first]
+    return view.nodes
 
 
 def _reads_views(plugin: Plugin | None, info: NodeInfo, followers: list[NodeInfo]) -> bool:

@@ -207,6 +207,29 @@ def test_a_view_that_would_copy_is_probed_without_reading_past_memory(tmp_path):
     model = load_model(save(proto, tmp_path / "copying_view.onnx"))
     plan = make_plan(model, 16, CPU)
     join = next(s for s in plan.plugin_steps if "Concat" in s.ops)
-    assert "m" in join.inputs and "swap" not in {n.name for n in join.view_nodes}  # the copying view stays steps
+    # the Transpose, which would make the Reshape copy, stays a step; the Concat reads its output reshaped, in place
+    assert "swap" in {s.name for s in plan.plugin_steps} and "t" in join.inputs
+    assert {n.name for n in join.view_nodes} == {"merge", "merge_n"}
     feeds = random_feeds(proto, 2, 0)
     np.testing.assert_allclose(Runner(model, 2, "cpu").run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0], rtol=0, atol=0)
+
+
+def test_an_elementwise_group_reads_a_reshape_as_a_view(tmp_path):
+    """A residual Add after a Reshape (Swin's window reverse): the Add's generated kernel is handed the
+    reshaped view, so the Reshape is no step of its own."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["back"], name="reverse"),
+             helper.make_node("Add", ["skip", "back"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6]),
+                                                  helper.make_tensor_value_info("skip", TensorProto.FLOAT, ["N", 2, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 12])],
+                              [numpy_helper.from_array(np.array([-1, 2, 12], np.int64), "shape")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    runner = Runner(load_model(save(proto, tmp_path / "residual.onnx")), 5, "cpu", chunk=2)
+    [relu, residual] = runner.plan.plugin_steps
+    assert residual.ops == ["Add"] and residual.inputs == ["skip", "r"] and [n.name for n in residual.view_nodes] == ["reverse"]
+    feeds = random_feeds(proto, 5, 0)
+    np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0])

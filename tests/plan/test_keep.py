@@ -90,7 +90,7 @@ def test_a_runner_made_without_keep_says_how_to_keep_a_hidden_tensor(tiny_model_
     (tiny_cnn, "c_1", "tiny_cnn has no tensor of that name (did you mean c1"),
     (tiny_cnn, "w1", "it is a weight of tiny_cnn (a constant), not computed by a run"),
     (conv_bn_relu, "c", "the BatchNormalization after it is folded into the Conv that writes it, at load"),
-    (identities_and_constants, "x_same", "an Identity or Dropout node is dropped at load; x holds the same values"),
+    (identities_and_constants, "x_same", "an Identity, Dropout or no-op layout node is dropped at load; x holds the same values"),
     (identities_and_constants, "w", "it is folded into a constant at load: its value does not depend on the inputs"),
 ])
 def test_a_name_no_step_can_hand_back_is_refused_saying_why(tmp_path, build, name, why):
@@ -102,7 +102,7 @@ def test_a_name_no_step_can_hand_back_is_refused_saying_why(tmp_path, build, nam
 
 @pytest.mark.parametrize("build, keep, left_out", [
     (conv_bn_relu, ("c",), {"folding BatchNormalization into Conv": ["c"]}),
-    (identities_and_constants, ("x_same", "d"), {"dropping Identity and Dropout": ["x_same", "d"]}),
+    (identities_and_constants, ("x_same", "d"), {"dropping Identity, Dropout and no-op layout nodes": ["x_same", "d"]}),
     (identities_and_constants, ("w",), {"constant folding": ["w"]}),
 ])
 def test_a_tensor_a_load_time_rewrite_removes_is_kept_by_leaving_that_rewrite_out(tmp_path, build, keep, left_out):

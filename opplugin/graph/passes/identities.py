@@ -1,4 +1,7 @@
-"""Identity, and inference Dropout whose mask nobody reads, dropped: their readers read the source.
+"""Identity, inference Dropout whose mask nobody reads, and layout nodes that change nothing (a Pad of
+zeros, a Transpose in order, a Concat of one input) dropped: their readers read the source. Exporters
+write the no-op layout nodes where the model's code pads or permutes by amounts known only once the
+shapes are (Swin pads each feature map to a multiple of its window, which the ImageNet sizes already are).
 
 Where the identity writes a graph output, the node before it writes that output's name instead,
 so the graph's outputs keep their names; where that node cannot (the source is a graph input or
@@ -13,7 +16,7 @@ from ..ir import DEFAULT_DOMAINS, Graph
 
 
 def drop_identities(graph: Graph) -> dict[str, int]:
-    """Drop every Identity and inference Dropout that can go; op type -> how many."""
+    """Drop every Identity, inference Dropout and no-op layout node that can go; op type -> how many."""
     dropped: dict[str, int] = {}
     for node in list(graph.nodes):
         if node.domain not in DEFAULT_DOMAINS or not _is_identity(graph, node):
@@ -35,9 +38,11 @@ def drop_identities(graph: Graph) -> dict[str, int]:
 
 
 def _is_identity(graph: Graph, node: onnx.NodeProto) -> bool:
-    """Identity, or a Dropout in inference mode whose mask nobody reads."""
+    """Identity, a Dropout in inference mode whose mask nobody reads, or a layout node that changes nothing."""
     if node.op_type == "Identity":
         return len(node.input) == 1 and len(node.output) == 1
+    if node.op_type in _NO_OP_TESTS:
+        return bool(node.input) and bool(node.input[0]) and len(node.output) == 1 and _NO_OP_TESTS[node.op_type](graph, node)
     if node.op_type != "Dropout" or not node.input or not node.input[0]:
         return False
     if any(a.name == "is_test" and a.i == 0 for a in node.attribute):  # opset < 7: training
@@ -53,3 +58,23 @@ def _is_identity(graph: Graph, node: onnx.NodeProto) -> bool:
 def _can_take_name(graph: Graph, source: str) -> bool:
     """Whether the node writing `source` can write a graph output's name instead."""
     return graph.writer(source) is not None and source not in graph.outputs and source not in graph.inputs
+
+
+def _zero_pad(graph: Graph, node: onnx.NodeProto) -> bool:
+    """Pads of zero on every side (the pads input, or before opset 11 the attribute), whatever the mode."""
+    attribute = next((a for a in node.attribute if a.name == "pads"), None)
+    pads = np.asarray(attribute.ints) if attribute is not None else (
+        graph.constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None)
+    return pads is not None and not np.asarray(pads).any()
+
+
+def _transpose_in_order(graph: Graph, node: onnx.NodeProto) -> bool:
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+    return perm is not None and perm == list(range(len(perm)))  # no perm reverses the axes
+
+
+def _single_concat(graph: Graph, node: onnx.NodeProto) -> bool:
+    return len(node.input) == 1
+
+
+_NO_OP_TESTS = {"Pad": _zero_pad, "Transpose": _transpose_in_order, "Concat": _single_concat}

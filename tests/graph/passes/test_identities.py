@@ -20,3 +20,29 @@ def test_identity_from_a_graph_input_to_a_graph_output_stays():
     simplified, done = simplify(finish(graph))
     assert not done.changed  # the Identity's output cannot be renamed; the Dropout's mask is read
     assert [n.op_type for n in simplified.graph.node] == ["Identity", "Dropout", "Relu"]
+
+
+def test_layout_nodes_that_change_nothing_are_dropped_and_the_rest_stay():
+    """A Pad of zeros (pads a constant, or computed and folded first), a Transpose in order and a Concat of
+    one input go; a Pad of ones and a Transpose that permutes stay."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2, 4, 4])
+    constants = [numpy_helper.from_array(np.zeros(8, np.int64), "zeros"), numpy_helper.from_array(np.ones(8, np.int64), "ones"),
+                 numpy_helper.from_array(np.array([4], np.int64), "four")]
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "zeros"], ["p"], name="pad_nothing"),
+         helper.make_node("Sub", ["four", "four"], ["zero"], name="computed_zero"),
+         helper.make_node("Expand", ["zero", "four"], ["zeros4"], name="expand_zero"),
+         helper.make_node("Concat", ["zeros4", "zeros4"], ["computed_pads"], name="computed_pads", axis=0),
+         helper.make_node("Pad", ["p", "computed_pads"], ["q"], name="pad_computed_nothing"),
+         helper.make_node("Transpose", ["q"], ["t"], name="in_order", perm=[0, 1, 2, 3]),
+         helper.make_node("Concat", ["t"], ["c"], name="lone", axis=1),
+         helper.make_node("Pad", ["c", "ones"], ["grown"], name="pad_one"),
+         helper.make_node("Transpose", ["grown"], ["y"], name="swap", perm=[0, 1, 3, 2])],
+        "no_ops", [x], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 6, 6])], constants)
+    simplified, done = simplify(finish(graph))
+    assert [n.name for n in simplified.graph.node] == ["pad_one", "swap"]
+    assert simplified.graph.node[0].input[0] == "x"
+    assert done.dropped == {"Pad": 2, "Transpose": 1, "Concat": 1}

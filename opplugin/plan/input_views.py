@@ -68,6 +68,14 @@ class InputView:
         return apply
 
 
+def _whole_slice(node: NodeInfo) -> bool:
+    """A Slice that keeps all of its input (an export's crop back to a size the tensor already has): the
+    input itself, which any step may read in its place."""
+    steps = getattr(node.spec, "steps", None)
+    return (node.op_type == "Slice" and steps is not None and all(step > 0 for step in steps)
+            and tuple(node.inputs[0].shape) == tuple(node.outputs[0].shape))
+
+
 def _merged_transpose(first: NodeInfo, middle: NodeInfo, last: NodeInfo) -> tuple[int, ...] | None:
     """The Transpose of `first`'s input that Reshape `first`, Transpose `middle`, Reshape `last` make, where
     `first` only merges runs of neighbouring axes and `last` splits each back; else None."""
@@ -104,7 +112,7 @@ def find_input_views(step_nodes: Iterable[NodeInfo], operands: Iterable[str], ca
 
     def view(node: NodeInfo, tensor: str) -> View | None:
         if (node.name, tensor) not in views:
-            views[node.name, tensor] = view_of(node, tensor) if node.op_type in kinds else None
+            views[node.name, tensor] = view_of(node, tensor) if node.op_type in kinds or _whole_slice(node) else None
         return views[node.name, tensor]
 
     def chain_of(operand: str, allowed: Container[str] | None) -> list[tuple[NodeInfo, View]]:

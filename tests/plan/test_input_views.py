@@ -233,3 +233,23 @@ def test_an_elementwise_group_reads_a_reshape_as_a_view(tmp_path):
     assert residual.ops == ["Add"] and residual.inputs == ["skip", "r"] and [n.name for n in residual.view_nodes] == ["reverse"]
     feeds = random_feeds(proto, 5, 0)
     np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0])
+
+
+def test_a_slice_that_keeps_everything_is_read_as_the_input_itself(tmp_path):
+    """An export's crop back to the size the tensor has (Swin's un-pad, x[:, :H, :W]) is no step."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    constants = dict(starts=[0, 0], ends=[6, 8], axes=[1, 2])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["cropped"], name="crop"),
+             helper.make_node("Add", ["cropped", "x"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "crop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 8])],
+                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    runner = Runner(load_model(save(proto, tmp_path / "crop.onnx")), 3, "cpu")
+    assert [s.ops for s in runner.plan.plugin_steps] == [["Relu"], ["Add"]]
+    assert [n.name for n in runner.plan.plugin_steps[1].view_nodes] == ["crop"]
+    feeds = random_feeds(proto, 3, 0)
+    np.testing.assert_array_equal(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds)[0])

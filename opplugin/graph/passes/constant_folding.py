@@ -33,7 +33,7 @@ def _fold_constant_nodes(graph: Graph, folded: dict[str, int]) -> None:
     known = set(graph.constants)
     batch: list[onnx.NodeProto] = []
     for node in list(graph.nodes):
-        if foldable(graph, node) and all(name in known for name in node.input if name) and node.op_type not in SHAPE_OF:
+        if foldable(graph, node) and all(name in known for name in node.input if name):  # a Shape of a constant too
             batch.append(node)
             known.update(o for o in node.output if o)
     values = evaluate(graph, batch) if batch else {}

@@ -46,3 +46,21 @@ def test_layout_nodes_that_change_nothing_are_dropped_and_the_rest_stay():
     assert [n.name for n in simplified.graph.node] == ["pad_one", "swap"]
     assert simplified.graph.node[0].input[0] == "x"
     assert done.dropped == {"Pad": 2, "Transpose": 1, "Concat": 1}
+
+
+def test_the_shape_of_a_constant_folds():
+    """TorchScript's Swin export builds its attention mask from Shape of a constant (an initializer):
+    the Shape, and all that follows from it, is a constant."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["table"], ["extent"], name="shape_of_table"),
+         helper.make_node("Expand", ["one", "extent"], ["ones"], name="ones_like"),
+         helper.make_node("Add", ["x", "ones"], ["y"], name="add")],
+        "shape_of_constant", [x], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.zeros((1, 3), np.float32), "table"), numpy_helper.from_array(np.ones(1, np.float32), "one")])
+    simplified, done = simplify(finish(graph))
+    assert [n.op_type for n in simplified.graph.node] == ["Add"]
+    assert done.constants_folded.get("Shape") == 1

@@ -41,6 +41,17 @@ __device__ __forceinline__ void store_output_pair(float* __restrict__ y, const f
 #endif
 }
 
+// Y[m][n] and Y[m][n + 1] as summed, for a K split's partial sums (gemm_split_reduce finishes them)
+__device__ __forceinline__ void store_sum_pair(float* __restrict__ y, int m, int n, float sum0, float sum1)
+{
+#if N % 2 == 0
+    if (n < N) *reinterpret_cast<float2*>(y + (size_t)m * N + n) = make_float2(sum0, sum1);
+#else
+    if (n < N) y[(size_t)m * N + n] = sum0;
+    if (n + 1 < N) y[(size_t)m * N + n + 1] = sum1;
+#endif
+}
+
 // four consecutive elements k..k+3 (k a multiple of 4) of row `row` of A (row length K):
 // one float4 load when rows are 16-byte aligned (K % 4 == 0), two float2 loads when they
 // are 8-byte aligned, else four loads; zero past the row's end

@@ -16,19 +16,32 @@
 // The epilogue (gemm_epilogue.cuh: alpha, C, the activation) runs on the accumulators; a lane's two
 // neighbouring columns are stored as one float2 when N is even (store_output_pair).
 //
-// Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32), STAGES and the epilogue's.
+// A K split (SPLITS > 1) is for grids too small to fill the GPU (a transformer's projections at batch
+// 1: 197 rows): block z of the grid's third axis walks the z-th run of K's slices and stores its raw
+// sums to partial[z] (batch x N); gemm_split_reduce then adds the runs in order (the same sum on
+// every run) and applies the epilogue.
+//
+// Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32), STAGES, SPLITS and the epilogue's.
 // Launch gemm_small_parts (block 256, any grid) over A first, then gemm_wgmma: block (4 * BM),
-// grid (ceil(N / BN), ceil(batch / BM)), dynamic shared memory (STAGES * 2 * (BM + BN) * BK * 4 +
-// STAGES * 16 + 1024) bytes. nonfinite: a byte raised where an output is NaN or Inf (null: the
-// step is not watched; see watch_flag.cuh).
+// grid (ceil(N / BN), ceil(batch / BM), SPLITS), dynamic shared memory (STAGES * 2 * (BM + BN) * BK
+// * 4 + STAGES * 16 + 1024) bytes, y the partial sums when SPLITS > 1; then gemm_split_reduce
+// (block 256, one thread per pair of neighbouring outputs). nonfinite: a byte raised where an output
+// is NaN or Inf (null: the step is not watched; see watch_flag.cuh).
 #include "gemm_epilogue.cuh"
 
 #define W_ROWS BN  // Y's columns: wgmma's N
 #define X_ROWS BM  // Y's rows: 64 a consumer warpgroup
 #include "wgmma_3xtf32.cuh"
 
+#ifndef SPLITS
+#define SPLITS 1
+#endif
+#define SLICES (KP / BK)
+#define SLICES_PER_SPLIT ((SLICES + SPLITS - 1) / SPLITS)
+
 static_assert(K % 4 == 0, "A's rows copied in 16-byte quads");
 static_assert(KP % BK == 0 && KP >= K, "W's columns padded to whole slices");
+static_assert((SPLITS - 1) * SLICES_PER_SPLIT < SLICES, "every run of the K split has a slice");
 
 // small[i] = small_part(a[i]) for `count` values (a multiple of 4: K is)
 extern "C" __global__ void __launch_bounds__(256)
@@ -48,13 +61,13 @@ struct SliceCopies {
     const float* __restrict__ a_small;
     const float* __restrict__ w;
     const float* __restrict__ w_small;
-    int m0, n0, batch;
+    int m0, n0, batch, first_slice;
 
     __device__ __forceinline__ void copy(float* stage, int j) const
     {
         static_assert(BM % ROW_STEP == 0 && BN % ROW_STEP == 0, "whole turns of rows");
         const int quad = threadIdx.x % QUADS, first_row = threadIdx.x / QUADS;
-        const int k = j * BK + quad * 4;
+        const int k = (first_slice + j) * BK + quad * 4;
 #pragma unroll
         for (int row = first_row; row < BN; row += ROW_STEP) {
             const size_t from = (size_t)(n0 + row) * KP + k;
@@ -80,19 +93,24 @@ gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const
 {
     extern __shared__ float4 shared_tiles[];
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int first_slice = blockIdx.z * SLICES_PER_SPLIT;
+    const int slices = min(SLICES_PER_SPLIT, SLICES - first_slice);
     unsigned long long *full, *empty;
     float* stages = stage_memory(shared_tiles, full, empty);
 
     if (threadIdx.x < NTHREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-        const SliceCopies copies{a, a_small, w, w_small, m0, n0, batch};
-        produce_slices(copies, KP / BK, stages, full, empty);
+        const SliceCopies copies{a, a_small, w, w_small, m0, n0, batch, first_slice};
+        produce_slices(copies, slices, stages, full, empty);
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
     float acc[ACC];
-    consume_slices(acc, KP / BK, stages, full, empty);
+    consume_slices(acc, slices, stages, full, empty);
+#if SPLITS > 1
+    y += (size_t)blockIdx.z * batch * N;  // this run's partial sums
+#endif
 
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -104,7 +122,30 @@ gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int n = n0 + 8 * j + 2 * t;
+#if SPLITS > 1
+            store_sum_pair(y, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1]);
+#else
             store_output_pair(y, bias, nonfinite, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1]);
+#endif
         }
     }
+}
+
+// y = epilogue(the K split's partial sums added in order), a thread per pair of neighbouring outputs
+extern "C" __global__ void __launch_bounds__(256)
+gemm_split_reduce(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y, int batch,
+                  unsigned char* nonfinite)
+{
+    constexpr int PAIRS = (N + 1) / 2;
+    const size_t pair = blockIdx.x * (size_t)blockDim.x + threadIdx.x, outputs = (size_t)batch * N;
+    if (pair >= (size_t)batch * PAIRS) return;
+    const int m = (int)(pair / PAIRS), n = (int)(pair % PAIRS) * 2;
+    const float* at = partial + (size_t)m * N + n;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int z = 0; z < SPLITS; ++z, at += outputs) {
+        sum0 += at[0];
+        if (n + 1 < N) sum1 += at[1];
+    }
+    store_output_pair(y, bias, nonfinite, m, n, sum0, sum1);
 }

@@ -13,6 +13,7 @@ few rows against float64 on the host, with the output poisoned (NaN) before the 
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -68,7 +69,7 @@ def layer_spec(k: int, n: int, batch: int) -> GemmSpec:
 def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray, all_configs: bool = False) -> list[Candidate]:
     """The heuristic's choice first, then every other exact family's default configuration that runs the
     layer (gemv only up to its batch of 16), and with `all_configs` every tile of the tiled, tc_3xtf32 and
-    wg_3xtf32 families and, for batches gemv serves, its configurations with the default rows per block (and a
+    wg_3xtf32 families, wg_3xtf32's default tile with K split in 1, 2, 4 and 8 runs, and, for batches gemv serves, its configurations with the default rows per block (and a
     quarter of them)."""
     chosen = families.heuristic_config(spec)
     configs = [chosen] + [families.DEFAULTS[name](spec) for name in families.EXACT_FAMILIES]
@@ -77,6 +78,7 @@ def candidates(spec: GemmSpec, a: Any, w: np.ndarray, b: np.ndarray, all_configs
                                      for tile, warp in families.TENSOR_TILES.items() for stages in (2, 3, 4)]
         configs += [families.WgmmaConfig("wg_3xtf32", (*tile, families.TENSOR_DEPTH), stages)
                     for tile in families.WGMMA_TILES for stages in (2, 3, 4)]
+        configs += [dataclasses.replace(families.wgmma_default(spec), splits=splits) for splits in (1, 2, 4, 8)]
         if spec.m <= families.MAX_GEMV_BATCH:
             rows = {families.gemv_default(spec).mb, max(1, families.gemv_default(spec).mb // 4)}
             configs += [families.GemvConfig("gemv", (mb, opw), wpr) for mb in sorted(rows) for opw in (1, 2) for wpr in (1, 2, 4, 8, 16)]

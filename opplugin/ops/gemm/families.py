@@ -16,8 +16,9 @@ Each family has a frozen Config, its name made in the one grammar (ops/config_gr
   cores: mma.sync in 3xTF32 (an error of FP32's order against float64) from tiles streamed
   through an S-stage cp.async pipeline. `tc_tf32_...` is the same with one TF32 MMA per tile:
   opt-in (~3e-4 relative error, as cuBLAS's TF32 mode), never picked by the heuristic.
-- `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>` (kernels/gemm_wgmma.cu): the same 3xTF32 arithmetic on Hopper's
-  wgmma (sm_90a alone), producer and consumer warpgroups; for grids that fill the GPU.
+- `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>[_k<SPLITS>]` (kernels/gemm_wgmma.cu): the same 3xTF32 arithmetic on
+  Hopper's wgmma (sm_90a alone), producer and consumer warpgroups; for grids that fill the GPU, with
+  K split into runs (and their sums added in order by a second launch) where the tiles alone do not.
 
 A family's plain name ("gemv") stands for the configuration the heuristic picks.
 """
@@ -229,6 +230,7 @@ class TensorConfig(BlockTiledConfig):
 class WgmmaConfig(BlockTiledConfig):
     block: tuple[int, int, int] = tagged("b", 3)  # BM rows (64 a consumer warpgroup) x BN columns (64 or 128) x BK
     stages: int = tagged("s")
+    splits: int = tagged("k", default=1)  # K split into runs, each a block; gemm_split_reduce adds them in order
     source = "gemm_wgmma.cu"
     function = "gemm_wgmma"
     arch_specific = True
@@ -245,7 +247,10 @@ class WgmmaConfig(BlockTiledConfig):
 
     def defines(self, spec):
         bm, bn, bk = self.block
-        return {"BM": bm, "BN": bn, "BK": bk, "STAGES": self.stages, "KP": round_up(spec.k, bk)}
+        return {"BM": bm, "BN": bn, "BK": bk, "STAGES": self.stages, "KP": round_up(spec.k, bk), "SPLITS": self.splits}
+
+    def grid(self, spec, batch):
+        return (*super().grid(spec, batch)[:2], self.splits)
 
 
 # wg's block tiles, rows x columns, most rows first; three stages of 128 x 128 take 197 KB of shared memory
@@ -331,10 +336,27 @@ def tensor_default(spec: GemmSpec, family: str = "tc_3xtf32") -> TensorConfig:
 
 
 def wgmma_default(spec: GemmSpec) -> WgmmaConfig:
-    """The first tile (most rows, then columns not wider than N needs) whose grid fills every SM once."""
+    """The first tile (most rows, then columns not wider than N needs) whose grid fills every SM once;
+    where even the smallest does not, K split into as few runs as fill them (wgmma_splits)."""
     fits = [tile for tile in WGMMA_TILES if tile[1] <= max(64, _power_of_two_at_least(spec.n))]
-    chosen = next((tile for tile in fits if -(-spec.m // tile[0]) * -(-spec.n // tile[1]) >= SMS), fits[-1])
-    return WgmmaConfig("wg_3xtf32", (*chosen, TENSOR_DEPTH), WGMMA_STAGES)
+    blocks = {tile: -(-spec.m // tile[0]) * -(-spec.n // tile[1]) for tile in fits}
+    chosen = next((tile for tile in fits if blocks[tile] >= SMS), fits[-1])
+    splits = wgmma_splits(spec, blocks[chosen]) if blocks[chosen] < SMS else 1
+    return WgmmaConfig("wg_3xtf32", (*chosen, TENSOR_DEPTH), WGMMA_STAGES, splits)
+
+
+MIN_SLICES_PER_SPLIT = 2  # a run shorter than this is all pipeline fill
+MAX_SPLITS = 16  # each run's partial sums are a pass over Y for the reduce
+
+
+def wgmma_splits(spec: GemmSpec, blocks: int) -> int:
+    """The fewest runs of K's slices that give `blocks` tiles a block per SM, each run at least
+    MIN_SLICES_PER_SPLIT slices long (every run non-empty)."""
+    slices = -(-spec.k // TENSOR_DEPTH)
+    splits = min(-(-SMS // max(1, blocks)), MAX_SPLITS, max(1, slices // MIN_SLICES_PER_SPLIT))
+    while splits > 1 and (splits - 1) * -(-slices // splits) >= slices:  # the last run would be empty
+        splits -= 1
+    return splits
 
 
 def fills_the_gpu(spec: GemmSpec, config: GemmConfig) -> bool:
@@ -400,6 +422,9 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
             return f"{config}: at least 2 stages, within {MAX_SHARED_BYTES >> 10} KB of shared memory"
         if spec.k % 4:
             return f"wg_3xtf32 copies A's rows in 16-byte quads: K must be a multiple of 4, not {spec.k}"
+        slices = -(-spec.k // TENSOR_DEPTH)
+        if not 1 <= config.splits <= slices or (config.splits - 1) * -(-slices // config.splits) >= slices:
+            return f"{config}: K's {slices} slices of {TENSOR_DEPTH} do not split into {config.splits} non-empty runs"
         if not wgmma_runs_here():
             return f"wg_3xtf32 needs an sm_90 GPU (wgmma); this one is {cuda.device_arch()}"
     if isinstance(config, RowwarpConfig):

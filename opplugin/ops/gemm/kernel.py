@@ -71,6 +71,7 @@ def compile_job(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue, arch
 
 TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value that a TF32 operand keeps
 SPLIT_BLOCK = 256  # gemm_small_parts' block
+REDUCE_BLOCK = 256  # gemm_split_reduce's
 
 
 def small_parts(cupy: Any, values: Any) -> Any:
@@ -94,7 +95,10 @@ class GemmKernel(Kernel):
         self.function = module.get_function(config.function)
         # wgmma reads A's small parts beside A: gemm_small_parts makes them before each product
         self._split = module.get_function("gemm_small_parts") if isinstance(config, WgmmaConfig) else None
-        self.functions = [self.function] + ([self._split] if self._split is not None else [])
+        # a K split's runs store partial sums, which gemm_split_reduce adds in order through the epilogue
+        self._splits = getattr(config, "splits", 1)
+        self._reduce = module.get_function("gemm_split_reduce") if self._splits > 1 else None
+        self.functions = [self.function] + [f for f in (self._split, self._reduce) if f is not None]
         # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an
         # infinity into NaN (tf32_mma.cuh): the runner watches such a kernel, which raises its own flag
         # as it stores (registry.Kernel); a fused row Softmax is split off on the exact path
@@ -143,8 +147,9 @@ class GemmKernel(Kernel):
         return cupy.ascontiguousarray(cupy.broadcast_to(scaled, (batch, self.spec.n)))
 
     def workspace_bytes(self, batch: int) -> int:
-        """A's small parts, for wgmma."""
-        return 4 * batch * self.spec.k if self._split is not None else 0
+        """A's small parts, for wgmma, and a K split's partial sums."""
+        small = 4 * batch * self.spec.k if self._split is not None else 0
+        return small + (4 * self._splits * batch * self.spec.n if self._reduce is not None else 0)
 
     def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int) -> None:
         args = (a, w, c, y, np.int32(batch))
@@ -155,11 +160,15 @@ class GemmKernel(Kernel):
             blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
             self._split((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
             w_small = self._w_small if w is self._w else small_parts(cupy, w)
-            args = (a, a_small, w, w_small, c, y, np.int32(batch))
+            partial = cupy.empty(self._splits * batch * self.spec.n, dtype=cupy.float32) if self._reduce is not None else None
+            args = (a, a_small, w, w_small, c, y if partial is None else partial, np.int32(batch))
         if self.flags_nonfinite:
             self.function(grid, self._block, (*args, np.uint64(nonfinite)), shared_mem=self._shared)
         else:
             self.function(grid, self._block, args)
+        if self._reduce is not None:
+            pairs = batch * -(-self.spec.n // 2)
+            self._reduce((-(-pairs // REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), (partial, c, y, np.int32(batch), np.uint64(nonfinite)))
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
         """[Y] for the node's inputs; Y is `out` when given (a C-contiguous float32 array, written in full).

@@ -37,7 +37,8 @@ CONFIGS = ["gemv_w1x1_k1", "gemv_w2x2_k4", "gemv_w4x1_k16", "gemv_w16x2_k1", "ge
            "rowwarp_r1", "rowwarp_r3", "rowwarp_r4",
            "tc_3xtf32_b128x128x32_w64x32_s3", "tc_3xtf32_b128x64x32_w64x32_s4", "tc_3xtf32_b64x128x32_w32x64_s2",
            "tc_3xtf32_b64x64x32_w32x32_s3", "tc_3xtf32_b32x64x32_w32x16_s4", "tc_tf32_b64x64x32_w32x32_s3",
-           "wg_3xtf32_b128x128x32_s3", "wg_3xtf32_b128x64x32_s4", "wg_3xtf32_b64x128x32_s2", "wg_3xtf32_b64x64x32_s3"]
+           "wg_3xtf32_b128x128x32_s3", "wg_3xtf32_b128x64x32_s4", "wg_3xtf32_b64x128x32_s2", "wg_3xtf32_b64x64x32_s3",
+           "wg_3xtf32_b64x64x32_s3_k2", "wg_3xtf32_b128x64x32_s2_k3", "wg_3xtf32_b64x128x32_s3_k7"]  # K split, summed by a second launch
 
 
 def run_poisoned(kernel: GemmKernel, p: GemmProblem, constant: bool) -> np.ndarray:

@@ -242,7 +242,9 @@ def test_heuristic_choice_by_batch_and_width():
     assert {shape: families.heuristic_config(GemmSpec(*shape)).name() for shape in picks} == picks
     assert families.heuristic_config(GemmSpec(10000, 128, 7200)).name() == "wg_3xtf32_b128x64x32_s3"  # the grid fills the GPU
     assert families.heuristic_config(GemmSpec(10000, 128, 7200), tensor_cores=False).name().startswith("tiled_")
-    assert families.heuristic_config(GemmSpec(197, 1152, 384)).name() == "tc_3xtf32_b32x64x32_w32x16_s3"  # a ViT's QKV, one image
+    # a ViT's QKV at one image: 72 blocks of the smallest tile, so K splits in two (12 slices, 6 a run)
+    assert families.heuristic_config(GemmSpec(197, 1152, 384)).name() == "wg_3xtf32_b64x64x32_s3_k2"
+    assert families.heuristic_config(GemmSpec(197, 384, 1536)).name() == "wg_3xtf32_b64x64x32_s3_k6"  # its MLP out: 24 blocks
     assert families.heuristic_config(GemmSpec(10000, 32, 1024)).name().startswith("rowwarp_")
     assert families.heuristic_config(GemmSpec(3, 10, 128), GemmEpilogue(softmax=True)).name().startswith("rowwarp_")
     # every configuration the heuristic names parses back to itself
@@ -254,16 +256,18 @@ def test_heuristic_choice_by_batch_and_width():
 # --- the CLI and the shipped model ---------------------------------------------------------
 
 def test_the_tensor_core_families_are_picked_where_they_fill_the_gpu():
-    # wgmma where its grid gives every SM a block, mma.sync where it would not (a ViT's QKV at one image)
+    # wgmma where its grid gives every SM a block, with K split where the tiles alone do not; mma.sync
+    # where even that would not (K too short to split)
     vit_qkv_32 = GemmSpec(32 * 197, 1152, 384)
     assert families.heuristic_config(vit_qkv_32).name() == "wg_3xtf32_b128x128x32_s3"
-    assert families.heuristic_config(GemmSpec(197, 1152, 384)).family == "tc_3xtf32"
+    assert families.heuristic_config(GemmSpec(197, 1152, 384)).family == "wg_3xtf32"
+    assert families.heuristic_config(GemmSpec(197, 1152, 32)).family == "tc_3xtf32"  # one slice of K
     # wgmma copies A in 16-byte quads: an odd K takes mma.sync, which copies four bytes at a time
     assert families.heuristic_config(GemmSpec(10000, 512, 1023)).family == "tc_3xtf32"
     assert "K must be a multiple of 4" in families.unsupported_reason(GemmSpec(10000, 512, 1023), families.configure(vit_qkv_32, "wg_3xtf32"))
     # the opt-in TF32 family is never the heuristic's, nor the bench's default candidate
     assert "tc_tf32" not in families.EXACT_FAMILIES
-    for spec in (vit_qkv_32, GemmSpec(197, 1152, 384), GemmSpec(10000, 512, 1023)):
+    for spec in (vit_qkv_32, GemmSpec(197, 1152, 384), GemmSpec(197, 384, 1536), GemmSpec(10000, 512, 1023)):
         config = families.heuristic_config(spec)
         assert families.configure(spec, config.name()) == config and families.unsupported_reason(spec, config) is None
 
@@ -273,6 +277,8 @@ def test_the_tensor_core_families_are_picked_where_they_fill_the_gpu():
     ("tc_3xtf32_b64x64x32_w32x32_s5", "2 to 4 stages"),
     ("wg_3xtf32_b256x128x32_s3", "the tiles are"),
     ("wg_3xtf32_b128x128x32_s4", "KB of shared memory"),  # 262 KB of stages
+    ("wg_3xtf32_b64x64x32_s3_k17", "non-empty runs"),  # K = 512 is 16 slices
+    ("wg_3xtf32_b64x64x32_s3_k12", "non-empty runs"),  # runs of 2 slices: the twelfth would be empty
 ])
 def test_a_tensor_core_configuration_outside_the_tables_is_refused_with_the_reason(name, why):
     spec = GemmSpec(1000, 512, 512)

@@ -24,7 +24,6 @@ A family's plain name ("gemv") stands for the configuration the heuristic picks.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .. import config_grammar
@@ -337,7 +336,7 @@ def tensor_default(spec: GemmSpec, family: str = "tc_3xtf32") -> TensorConfig:
 
 def wgmma_default(spec: GemmSpec) -> WgmmaConfig:
     """The first tile (most rows, then columns not wider than N needs) whose grid fills every SM once;
-    where even the smallest does not, K split into as few runs as fill them (wgmma_splits)."""
+    where even the smallest does not, K split as wgmma_splits finds fastest."""
     fits = [tile for tile in WGMMA_TILES if tile[1] <= max(64, _power_of_two_at_least(spec.n))]
     blocks = {tile: -(-spec.m // tile[0]) * -(-spec.n // tile[1]) for tile in fits}
     chosen = next((tile for tile in fits if blocks[tile] >= SMS), fits[-1])
@@ -345,22 +344,30 @@ def wgmma_default(spec: GemmSpec) -> WgmmaConfig:
     return WgmmaConfig("wg_3xtf32", (*chosen, TENSOR_DEPTH), WGMMA_STAGES, splits)
 
 
-MIN_SLICES_PER_SPLIT = 2  # a run shorter than this is all pipeline fill
-MAX_SPLITS = 16  # each run's partial sums are a pass over Y for the reduce
+# wg_3xtf32's time on an H200 at batch-1 transformer shapes (bench --suite gemm --all-configs, 197 and 49
+# rows), in units of one K slice's time for a wave of blocks (~0.55 us; a block per SM: 232 registers a
+# consumer thread): waves of blocks x slices a block walks, plus, for a K split, the reduce's launch
+# (~3 us) and its pass over the split's partial sums (~2 TB/s, written once and read once). It predicts
+# the 20 timed (shape, split) pairs within 15% but one.
+SLICE_US = 0.55
+REDUCE_US = 3.0
+PARTIAL_BYTES_PER_US = 2e6
+MAX_SPLITS = 16
 
 
 def wgmma_splits(spec: GemmSpec, blocks: int) -> int:
-    """The fewest runs of K's slices that give `blocks` tiles a block per SM, each run at least
-    MIN_SLICES_PER_SPLIT slices long (every run non-empty)."""
+    """The K split the cost model above finds fastest for `blocks` tiles (fewest runs on a tie), every
+    run non-empty."""
     slices = -(-spec.k // TENSOR_DEPTH)
-    splits = min(-(-SMS // max(1, blocks)), MAX_SPLITS, max(1, slices // MIN_SLICES_PER_SPLIT))
-    while splits > 1 and (splits - 1) * -(-slices // splits) >= slices:  # the last run would be empty
-        splits -= 1
-    return splits
 
+    def cost(splits: int) -> float:
+        per_run = -(-slices // splits)
+        waves = -(-blocks * splits // SMS)
+        reduce = REDUCE_US + 8 * splits * spec.m * spec.n / PARTIAL_BYTES_PER_US if splits > 1 else 0.0
+        return waves * per_run * SLICE_US + reduce
 
-def fills_the_gpu(spec: GemmSpec, config: GemmConfig) -> bool:
-    return math.prod(config.grid(spec, spec.m)) >= SMS
+    valid = [splits for splits in range(1, min(MAX_SPLITS, slices) + 1) if (splits - 1) * -(-slices // splits) < slices]
+    return min(valid, key=lambda splits: (cost(splits), splits))
 
 
 def rowwarp_default(spec: GemmSpec) -> RowwarpConfig:
@@ -437,8 +444,10 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
 
 def heuristic_config(spec: GemmSpec, epilogue: GemmEpilogue = NONE, tensor_cores: bool = True) -> GemmConfig:
     """gemv for batch <= 16, rowwarp for narrow outputs (and wherever a Softmax is fused), else the
-    tensor cores in 3xTF32: on wgmma where its grid fills the GPU, else on mma.sync (or, without
-    `tensor_cores`, tiled FP32 FMAs)."""
+    tensor cores in 3xTF32: on wgmma where it runs (Hopper, K a multiple of 4), its K split where the
+    tiles alone leave SMs idle, else on mma.sync (or, without `tensor_cores`, tiled FP32 FMAs). wgmma,
+    split or not, beat mma.sync on every batch-1 transformer shape timed, filling the GPU or not
+    (197 and 49 rows: 11.7 against 12.4 us on ViT-S's QKV, 17.2 against 40.9 on its MLP out)."""
     if epilogue.softmax or (spec.n <= MAX_ROWWARP_N and spec.m > MAX_GEMV_BATCH):
         return rowwarp_default(spec)
     if spec.m <= MAX_GEMV_BATCH:
@@ -446,7 +455,7 @@ def heuristic_config(spec: GemmSpec, epilogue: GemmEpilogue = NONE, tensor_cores
     if not tensor_cores:
         return tiled_default(spec)
     hopper = wgmma_default(spec)
-    if fills_the_gpu(spec, hopper) and unsupported_reason(spec, hopper, epilogue) is None:
+    if unsupported_reason(spec, hopper, epilogue) is None:
         return hopper
     return tensor_default(spec)
 

@@ -96,7 +96,7 @@ class GemmKernel(Kernel):
         # wgmma reads A's small parts beside A: gemm_small_parts makes them before each product
         self._split = module.get_function("gemm_small_parts") if isinstance(config, WgmmaConfig) else None
         # a K split's runs store partial sums, which gemm_split_reduce adds in order through the epilogue
-        self._splits = getattr(config, "splits", 1)
+        self._splits = config.splits if isinstance(config, WgmmaConfig) else 1  # gemv's `splits` are warps of one block
         self._reduce = module.get_function("gemm_split_reduce") if self._splits > 1 else None
         self.functions = [self.function] + [f for f in (self._split, self._reduce) if f is not None]
         # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an

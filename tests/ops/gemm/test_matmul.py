@@ -34,7 +34,7 @@ def test_the_reference_matches_onnxruntime(case, batch):
 
 
 @pytest.mark.parametrize(("case", "kernel"), [
-    ("ConvNeXt MLP in: (N, H, W, C) x (C, 4C), Gelu left out", "matmul.tc_3xtf32_"),
+    ("ConvNeXt MLP in: (N, H, W, C) x (C, 4C), Gelu left out", "matmul.wg_3xtf32_"),
     ("rank 3 rows, Softmax fused", "matmul.rowwarp_r"),
     ("batched, both at run time", "matmul.batched_3xtf32"),
     ("batched, a constant B broadcast over the batch", "matmul.batched_3xtf32+tanh"),

@@ -161,7 +161,11 @@ def test_graphed_step_times_are_close_to_eager_ones(name):
         graphed = quickest[True][step]
         print(f"{name} {step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%}); "
               f"medians {medians[False][step]:.4f} and {medians[True][step]:.4f} ms")
-        if runners[True].kernels[step].device_work:
+        kernel = runners[True].kernels[step]
+        if kernel.device_work and len(getattr(kernel, "functions", ())) > 1:
+            # several launches (a K split's GEMM and its reduce): eagerly, the host's time between them counts too
+            assert graphed <= 1.5 * eager + EVENT_SLACK_MS
+        elif kernel.device_work:
             assert 0.5 * eager - EVENT_SLACK_MS <= graphed <= 1.5 * eager + EVENT_SLACK_MS
         else:
             assert graphed < eager

@@ -102,6 +102,9 @@ class NodeInfo:
     spec: Any = None
     # the model's opset of the default ONNX domain (0: unknown), for ops whose meaning changed (Softmax's axis)
     opset: int = 0
+    # the images the shapes are at (the plan's batch; 0: unknown), for a kernel whose cost per image is not
+    # its first axis's (Swin's windows fold N x 64 matrices into it)
+    batch: int = 0
 
     @property
     def name(self) -> str:

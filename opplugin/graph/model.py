@@ -222,6 +222,7 @@ class Model:
                     attributes=attributes(node),
                     constants={n: self.initializers[n] for n in node.input if n in self.initializers},
                     opset=opset,
+                    batch=batch,
                 )
             )
         return infos

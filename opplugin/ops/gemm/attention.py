@@ -46,6 +46,9 @@ class AttentionSpec:
     # axis, which the spec's shapes (and the step's kernel) split into (N, windows), so that a mask per
     # window broadcasts over N as a constant of its own (the bias then holds the mask added in)
     windows: int = 1
+    # the product's first-axis extent per image (after the windows' split): more than 1 where the graph folds
+    # several matrices per image into it (Swin's unshifted windows); the costs take images and scale by it
+    per_image: int = 1
 
     @property
     def tq(self) -> int:
@@ -89,16 +92,18 @@ class AttentionSpec:
     def strides(self, operand: str) -> tuple[int, ...]:
         return matrix_strides(self.shape_of(operand), operand in self.constants, len(self.batch_shape))
 
-    def flops(self, batch: int) -> int:
-        return 2 * self.matrices(batch) * self.tq * self.tk * (self.d + self.dv)
+    def flops(self, images: int) -> int:
+        return 2 * self.matrices(images * self.per_image) * self.tq * self.tk * (self.d + self.dv)
 
-    def bytes_moved(self, batch: int) -> int:
+    def bytes_moved(self, images: int) -> int:
+        extent = images * self.per_image
+
         def size(operand):
             shape = self.shape_of(operand)
             if shape is None:
                 return 0
-            return int(np.prod(shape if operand in self.constants else (batch, *shape[1:]), dtype=np.int64))
-        return 4 * (sum(size(o) for o in OPERANDS) + int(np.prod(self.output_shape(batch), dtype=np.int64)))
+            return int(np.prod(shape if operand in self.constants else (extent, *shape[1:]), dtype=np.int64))
+        return 4 * (sum(size(o) for o in OPERANDS) + int(np.prod(self.output_shape(extent), dtype=np.int64)))
 
     def reason_against(self) -> str | None:
         """None when the pieces make one attention (shapes that multiply, a bias over the scores), else why."""

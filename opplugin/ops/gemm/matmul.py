@@ -37,12 +37,20 @@ MAX_BATCH_RANK = 4
 GRID_Z_LIMIT = 65535
 
 
+def extent_per_image(extent: int, images: int) -> int:
+    """A first axis's extent per image, where it is a whole multiple of the images (else 1)."""
+    return extent // images if images > 0 and extent >= images and extent % images == 0 else 1
+
+
 @dataclass(frozen=True)
 class MatMulSpec:
     a_shape: tuple[int, ...]  # at the plan's batch
     b_shape: tuple[int, ...]
     a_constant: bool
     b_constant: bool
+    # the output's first-axis extent per image: more than 1 where the graph folds several matrices per image
+    # into the first axis (Swin's N x 64 windows); the costs (flops, bytes_moved) take images and scale by it
+    per_image: int = 1
 
     @property
     def m(self) -> int:
@@ -62,8 +70,8 @@ class MatMulSpec:
 
     @property
     def rows_per_image(self) -> int:
-        """The flat form's Gemm rows per image: A's axes between the batch and K."""
-        return int(np.prod(self.a_shape[1:-1], dtype=np.int64))
+        """The flat form's Gemm rows per image: A's axes but K, per image."""
+        return self.per_image * int(np.prod(self.a_shape[1:-1], dtype=np.int64))
 
     @property
     def gemm(self) -> GemmSpec:
@@ -87,13 +95,15 @@ class MatMulSpec:
         shape, constant = (self.a_shape, self.a_constant) if operand == "a" else (self.b_shape, self.b_constant)
         return matrix_strides(shape, constant, len(self.batch_shape))
 
-    def flops(self, batch: int) -> int:
-        return 2 * self.matrices(batch) * self.m * self.n * self.k
+    def flops(self, images: int) -> int:
+        return 2 * self.matrices(images * self.per_image) * self.m * self.n * self.k
 
-    def bytes_moved(self, batch: int) -> int:
+    def bytes_moved(self, images: int) -> int:
+        extent = images * self.per_image
+
         def size(shape, constant):
-            return int(np.prod(shape if constant else (batch, *shape[1:]), dtype=np.int64))
-        return 4 * (size(self.a_shape, self.a_constant) + size(self.b_shape, self.b_constant) + int(np.prod(self.output_shape(batch))))
+            return int(np.prod(shape if constant else (extent, *shape[1:]), dtype=np.int64))
+        return 4 * (size(self.a_shape, self.a_constant) + size(self.b_shape, self.b_constant) + int(np.prod(self.output_shape(extent))))
 
     @classmethod
     def from_node(cls, node: NodeInfo) -> "MatMulSpec":
@@ -105,7 +115,8 @@ class MatMulSpec:
             raise PluginError(f"{where}: the operands' shapes are not known at plan time (A {list(a.shape)}, B {list(b.shape)})")
         if a.shape[-1] != b.shape[-2]:
             raise PluginError(f"{where}: A {list(a.shape)} and B {list(b.shape)} do not multiply")
-        spec = cls(tuple(map(int, a.shape)), tuple(map(int, b.shape)), a.name in node.constants, b.name in node.constants)
+        spec = cls(tuple(map(int, a.shape)), tuple(map(int, b.shape)), a.name in node.constants, b.name in node.constants,
+                   extent_per_image(int(node.outputs[0].shape[0]) if node.outputs[0].shape else 0, node.batch))
         if spec.a_constant and spec.b_constant:
             raise PluginError(f"{where}: both operands are constants (simplification folds such a node)")
         try:

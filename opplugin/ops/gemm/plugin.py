@@ -17,7 +17,7 @@ from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
 from . import attention
-from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job
+from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job, extent_per_image
 from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
 
@@ -287,7 +287,8 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
     if windows > 1:
         return _windowed(node, v, scale, bias, mask, constants, out_perm, windows)
     spec = attention.AttentionSpec(tuple(map(int, node.inputs[0].shape)), tuple(map(int, node.inputs[1].shape)), tuple(map(int, v.shape)),
-                                   scale, None if bias is None else tuple(map(int, bias.shape)), constants, out_perm)
+                                   scale, None if bias is None else tuple(map(int, bias.shape)), constants, out_perm,
+                                   per_image=extent_per_image(int(node.outputs[0].shape[0]), node.batch))
     if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
         return None
     return spec if spec.reason_against() is None else None
@@ -327,7 +328,8 @@ def _windowed(node: NodeInfo, v: TensorInfo, scale: float, bias: TensorInfo | No
     bias_shape = (1, 1, *tuple(map(int, bias.shape))[-lead - 1:]) if bias is not None else ()
     combined = tuple(np.broadcast_shapes(bias_shape, tuple(map(int, mask.shape))))
     spec = attention.AttentionSpec(split(node.inputs[0].shape), split(node.inputs[1].shape), split(v.shape), scale, combined,
-                                   frozenset({"bias"}), None if out_perm is None else (0, 1, *(p + 1 for p in out_perm[1:])), windows)
+                                   frozenset({"bias"}), None if out_perm is None else (0, 1, *(p + 1 for p in out_perm[1:])), windows,
+                                   extent_per_image(int(node.outputs[0].shape[0]) // windows, node.batch))
     if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
         return None
     return spec if spec.reason_against() is None else None

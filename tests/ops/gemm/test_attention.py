@@ -140,6 +140,7 @@ def test_a_shifted_window_attention_with_its_mask_is_one_step(tmp_path, batch, c
     assert step.ops == ["MatMul", "Mul", "Add", "Reshape", "Add", "Reshape", "Softmax", "MatMul", "Transpose"]
     spec = step.plugin._attention(step.node, CPU, None, step.fused)
     assert spec.windows == 4 and spec.bias_shape == (1, 4, 3, 16, 16) and spec.q_shape[1:] == (4, 3, 16, 8)
+    assert spec.flops(2) == 2 * (2 * 4 * 3) * 16 * 16 * (8 + 8)  # two images: 4 windows x 3 heads each
     assert step.kernel_name(GPU) == "attention.3xtf32"
     feeds = random_feeds(proto, batch, 1)
     np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_output(proto, feeds), rtol=1e-5, atol=1e-5)

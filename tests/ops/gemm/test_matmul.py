@@ -77,6 +77,33 @@ def test_the_flat_form_counts_every_row():
     assert kernel.flops(2) == 2 * (2 * 49) * 96 * 384
 
 
+def test_matrices_folded_into_the_first_axis_count_per_image(tmp_path):
+    """Swin's window partition folds N x 4 windows into the first axis: a step's costs take images, so a
+    product over those windows counts all four of each image's (the flat Gemm and the batched product)."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx_builders import save
+    from opplugin.graph.model import load_model
+    from opplugin.plan.partition import make_plan
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["x", "windows"], ["w"], name="partition"),
+             helper.make_node("MatMul", ["w", "weight"], ["y"], name="flat"),
+             helper.make_node("Transpose", ["w"], ["wt"], name="keys", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["w", "wt"], ["scores"], name="batched")]
+    graph = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["W", 16, 32]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["W", 16, 16])],
+                              [numpy_helper.from_array(np.array([-1, 16, 16], np.int64), "windows"),
+                               numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "weight")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    plan = make_plan(load_model(save(proto, tmp_path / "windows.onnx")), 3, CPU)
+    kernels = {s.name: s.build(CPU) for s in plan.plugin_steps}
+    assert kernels["flat"].flops(3) == 2 * (3 * 4 * 16) * 16 * 32  # 4 windows of 16 tokens an image
+    assert kernels["batched"].flops(3) == 2 * (3 * 4) * 16 * 16 * 16
+    assert kernels["flat"].bytes_moved(1) == 4 * (64 * 16 + 16 * 32 + 64 * 32)
+
+
 def test_strides_broadcast_and_the_batch_axis_moves_even_at_batch_1():
     from opplugin.ops.gemm.matmul import MatMulSpec
 

@@ -277,8 +277,11 @@ class _Grouping:
             views = find_input_views([group, *followers], operands, alone, readers, visible, view_of, kinds, joined)
             if group.op_type == "Concat":  # only what it reads in place: its producers may write the rest into its buffer
                 axis = int(group.attributes.get("axis", 0)) % len(group.outputs[0].shape)
-                cut = {n.name for view in views for n in _not_in_place(view, axis)}
-                if cut:  # again without those nodes, which stay steps (that may write into the Concat's buffer)
+                cut: set[str] = set()
+                # again without those nodes, which stay steps (that may write into the Concat's buffer), until
+                # what is left reads in place (a chain cut short may lose more of its first nodes to other readers)
+                while more := {n.name for view in views for n in _not_in_place(view, axis)} - cut:
+                    cut |= more
                     views = find_input_views([group, *followers], operands, alone, readers, visible, view_of, kinds, joined | cut)
             if views:
                 self.views[group.name] = views

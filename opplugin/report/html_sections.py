@@ -15,7 +15,7 @@ import datetime
 from typing import Any
 
 from . import trace
-from .charts import Bar, Point, Roof, Track, roofline_svg, timeline_svg
+from .charts import Bar, HBar, Point, Roof, Track, bars_svg, roofline_svg, timeline_svg
 from .page import Section, header_facts, legend, render, table
 from ..runtime.records import PlanRecord, Profile
 from ..runtime.timeline import COPY, GRAPH
@@ -127,6 +127,17 @@ def roofline_section(rows: list[dict[str, Any]], roof: Roof | None) -> Section:
     return Section("Roofline", roofline_svg(points, roof) if points else "", note)
 
 
+def op_chain_section(chains: list[dict[str, Any]]) -> Section:
+    """Where the time goes by kind of step: a bar per op chain (timing.op_chain_rows), slowest first."""
+    bars = [HBar(c["ops"], c["time_ms"], "opplugin" if c["kind"] == "plugin" else "peer",
+                 f"{c['steps']} step{'s' if c['steps'] != 1 else ''}, {100 * c['share']:.1f}% of the steps' time"
+                 + (f", {c['gflops_per_s']:,.1f} GFLOP/s" if c["gflops_per_s"] else ""))
+            for c in chains]
+    note = ("The steps' median times summed per op chain (a fused chain is one kind); onnxruntime steps and copies "
+            "in the second colour. The plan table above has each step's.")
+    return Section("Time by op chain", bars_svg(bars, "ms") if bars else "", note)
+
+
 def check_section(report: dict[str, Any]) -> Section:
     """check --json's records as a table: a row per compared tensor, failures shaded."""
     body, classes, cells = [], [], {}
@@ -170,7 +181,8 @@ def run_page(report: dict[str, Any], profile: Profile, roof: Roof | None = None,
         rule = f" at atol {agreement['atol']:g}, rtol {agreement['rtol']:g}" if "atol" in agreement else ""
         header.append(("against onnxruntime CPU", f"{'PASS' if agreement['passed'] else 'FAIL'}{rule}, max abs error "
                        f"{agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"))
-    sections = [plan_section(profile.plan, report["steps"]), timeline_section(profile), roofline_section(report["steps"], roof)]
+    sections = [plan_section(profile.plan, report["steps"]), op_chain_section(report["by_op_chain"]), timeline_section(profile),
+                roofline_section(report["steps"], roof)]
     return render(f"opplugin run: {report['model']}", header, sections)
 
 

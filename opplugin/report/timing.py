@@ -21,7 +21,8 @@ from ..core.texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle,
 # 3: the header every report shares (jsonout.py), the device's memory_bytes; data,
 #    accuracy and agreement always present (null when there is none)
 # 4: agreement carries the atol and rtol it was judged at (run --atol, --rtol)
-SCHEMA = "opplugin-run/4"
+# 5: by_op_chain: the steps' time summed per op chain (op_chain_rows)
+SCHEMA = "opplugin-run/5"
 
 ROW_KEYS = (
     "step",
@@ -98,6 +99,33 @@ def step_rows(profile: Profile) -> list[dict[str, Any]]:
     return rows
 
 
+def op_chain_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step rows summed per op chain (`MatMul > Add > Gelu`, a copy's direction), slowest first: how
+    many steps run it, their time and share, and their GFLOP/s together where every one counts its FLOPs."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        key = row["ops"] if row["kind"] != "copy" else f"copy {row['ops']}"
+        groups.setdefault(key, []).append(row)
+    total = sum(row["time_ms"] for row in rows)
+    chains = []
+    for key, members in groups.items():
+        ms = sum(row["time_ms"] for row in members)
+        counted = all(row["gflops_per_s"] is not None for row in members)
+        flops = sum(row["gflops_per_s"] * row["time_ms"] * 1e6 for row in members) if counted else 0.0
+        chains.append({"ops": key, "kind": members[0]["kind"], "steps": len(members), "time_ms": ms,
+                       "share": ms / total if total > 0 else 0.0,
+                       "gflops_per_s": flops / ms / 1e6 if counted and ms > 0 else None})
+    return sorted(chains, key=lambda chain: -chain["time_ms"])
+
+
+def format_op_chains(chains: list[dict[str, Any]], wide: bool = False) -> str:
+    """The op-chain summary as a table; unless `wide`, long chains summarised as the step table does."""
+    body = [[summarise_ops(c["ops"].split(OP_SEPARATOR), None if wide else OPS_WIDTH), str(c["steps"]), _fmt(c["time_ms"]),
+             _fmt(c["gflops_per_s"], 1), f"{100 * c['share']:.1f}%"] for c in chains]
+    return "\n".join(text_table(["op chain", "steps", "time ms", "GFLOP/s", "share"], body, right=(1, 2, 3, 4),
+                                width=None if wide else LINE_WIDTH))
+
+
 def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else 0.0
 
@@ -117,6 +145,7 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
         "warmup": warmup,
         "repeat": len(profile.total_ms),
         "steps": rows,
+        "by_op_chain": op_chain_rows(rows),
         "op_times_ms": {r["step"]: r["time_ms"] for r in rows if r["kind"] == "plugin"},
         "steps_total_ms": sum(r["time_ms"] for r in rows),
         "fallbacks": dict(plan.fallbacks),
@@ -252,6 +281,8 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
     if report.get("accuracy") is not None:
         lines.append(f"Test Accuracy: {report['accuracy']:.4f}")
     lines += ["", format_table(report["steps"], wide), ""]
+    if any(c["steps"] > 1 and c["kind"] != "copy" for c in report["by_op_chain"]):  # where the time goes by kind of step
+        lines += ["Time by op chain:", format_op_chains(report["by_op_chain"], wide), ""]
     lines.extend(_graph_lines(report))
     if report.get("devices"):
         steps = report["steps_device"]

@@ -64,7 +64,8 @@ def test_run_writes_its_html_report_with_a_bar_per_span_and_a_point_per_plugin_s
     assert page.links == [] and not any(scheme in text for scheme in ("http://", "https://"))
     steps = [row["step"] for row in data["steps"]]
     assert [row[0] for row in page.rows[1:]] == steps  # the plan, step by step (the CPU has no copies)
-    assert page.count("rect", "bar") == data["chunks"] * len(steps) == 2 * 4
+    # the timeline's bar per step and chunk, then the op chains' (conv1 and conv2 are one chain)
+    assert page.count("rect", "bar") == data["chunks"] * len(steps) + len(data["by_op_chain"]) == 2 * 4 + 3
     assert page.count("circle", "point") == 4  # every plugin step (fc1 reads the Flatten as a view)
     assert "PASS" in text and "lenet86" in text
 

@@ -25,8 +25,10 @@ def test_run_report_renders_with_its_bars_and_points(browser, tmp_path, capsys):
     path = tmp_path / "r.html"
     assert main(["run", "lenet86", "--batch", "6", "--chunk", "3", "--device", "cpu", "--repeat", "1", "--report", str(path)]) == 0
     page, logged = opened(browser, path)
-    assert page.title() == "opplugin run: lenet86" and page.locator("h2").all_inner_texts() == ["Plan", "Timeline", "Roofline"]
-    assert page.locator("svg rect.bar").count() == 8 and page.locator("svg circle.point").count() == 4  # 4 steps, 2 chunks
+    assert page.title() == "opplugin run: lenet86"
+    assert page.locator("h2").all_inner_texts() == ["Plan", "Time by op chain", "Timeline", "Roofline"]
+    # 4 steps in 2 chunks on the timeline; 3 op chains (conv1 and conv2 are both Conv > Relu > MaxPool)
+    assert page.locator("svg rect.bar").count() == 8 + 3 and page.locator("svg circle.point").count() == 4
     box = page.locator("svg circle.point").first.bounding_box()
     assert box is not None and box["width"] > 0  # drawn, not merely present
     assert logged == []

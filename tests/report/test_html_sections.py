@@ -27,7 +27,10 @@ def test_a_cpu_run_page_has_the_plan_a_bar_per_span_and_a_point_per_plugin_step(
     assert page.rows[0][-4:] == ["time ms", "GFLOP/s", "GB/s", "share"]
     spans = cpu_profile.result.spans
     assert len(spans) == 2 * len(plan.steps)  # two chunks
-    assert page.count("rect", "bar") == len(spans) and page.count("rect", "plugin") == len(spans) + 1  # and its legend's key
+    # a bar per span on the timeline, one per op chain above it; the legend's key is a plugin rect too
+    assert page.count("rect", "bar") == len(spans) + len(report["by_op_chain"]) and page.count("rect", "plugin") == len(spans) + 1
+    html = html_sections.run_page(report, cpu_profile)
+    assert html.index(">Plan<") < html.index(">Time by op chain<") < html.index(">Timeline<") < html.index(">Roofline<")
     assert page.count("rect", "key") == 1
     with_work = [row["step"] for row in report["steps"] if row["kind"] == "plugin" and row["gflops_per_s"] and row["gb_per_s"]]
     assert with_work == ["conv1", "conv2", "fc1", "fc2"]  # every step: fc1 reads the Flatten as a view
@@ -53,7 +56,8 @@ def test_on_a_gpu_the_points_sit_under_the_measured_roof():
     text = html_sections.run_page(report, profile, roof)
     page = ReadPage(text)
     assert page.count("polyline", "roof") == 1 and page.count("circle", "point") == 4
-    assert page.count("rect", "graph") == 2 + 1 and page.count("rect", "bar") == len(profile.result.spans)  # +1: the legend
+    assert page.count("rect", "graph") == 2 + 1  # +1: the legend
+    assert page.count("rect", "bar") == len(profile.result.spans) + len(report["by_op_chain"])  # the timeline's, the op chains'
     assert "measured as the run ended" in text
     bounds = {t.split(":")[0]: t.rsplit("; ", 1)[1] for t in page.titles if "FLOPs/byte" in t}
     # the ridge is at 12.5 FLOPs per byte: conv1 does 19 a byte, fc2 (a 32 x 10 Gemm) about 1

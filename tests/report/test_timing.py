@@ -125,3 +125,41 @@ def test_a_cuda_graph_is_one_row_with_its_steps_work_and_the_text_says_so(tiny_m
     assert row["gflops_per_s"] == pytest.approx(total_flops / row["time_ms"] / 1e6)
     assert row["input_shapes"] == [[4, 3, 12, 12]] and built["cuda_graphs"] == {name: members}
     assert f"CUDA graphs: 1 graph(s) replayed {len(members)} plugin steps" in report.format_text(built)
+
+
+def test_the_steps_are_summed_per_op_chain_in_the_json_text_and_page(tmp_path):
+    """Two Relu steps and a Conv > Relu: the Relus are one chain of two steps, their times summed, and the
+    text, the JSON and the HTML page's bars say so."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx_builders import save
+    from opplugin.report.html_sections import op_chain_section
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Sigmoid", ["r"], ["s"], name="gate"),
+             helper.make_node("Concat", ["s", "r"], ["j"], name="join", axis=1),
+             helper.make_node("Relu", ["j"], ["a"], name="relu_a"),
+             helper.make_node("Transpose", ["a"], ["t"], name="swap", perm=[0, 1, 3, 2]),
+             helper.make_node("Relu", ["t"], ["y"], name="relu_b")]
+    graph = helper.make_graph(nodes, "chains", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 5, 5])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    runner = Runner(load_model(save(proto, tmp_path / "chains.onnx")), 2, "cpu")
+    feeds = {"x": rng.standard_normal((2, 2, 5, 5)).astype(np.float32)}
+    result = report.build_report(runner.profile(feeds, warmup=0, repeat=2), warmup=0)
+    chains = {c["ops"]: c for c in result["by_op_chain"]}
+    steps = {r["step"]: r for r in result["steps"]}
+    relus = [r for r in result["steps"] if r["ops"] == "Relu"]
+    assert len(relus) == 2 and chains["Relu"]["steps"] == 2
+    assert chains["Relu"]["time_ms"] == pytest.approx(sum(r["time_ms"] for r in relus))
+    assert sum(c["steps"] for c in chains.values()) == len(steps)
+    assert sum(c["share"] for c in chains.values()) == pytest.approx(1.0)
+    assert [c["time_ms"] for c in result["by_op_chain"]] == sorted((c["time_ms"] for c in result["by_op_chain"]), reverse=True)
+    assert chains["Transpose"]["gflops_per_s"] is None  # a layout step counts no FLOPs
+    text = report.format_text(result)
+    assert "Time by op chain:" in text and "op chain" in text
+    section = op_chain_section(result["by_op_chain"])
+    assert section.body.count("<rect") == len(chains) and "2 steps" in section.body

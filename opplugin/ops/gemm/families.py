@@ -346,9 +346,11 @@ def wgmma_default(spec: GemmSpec) -> WgmmaConfig:
 
 # wg_3xtf32's time on an H200 at batch-1 transformer shapes (bench --suite gemm --all-configs, 197 and 49
 # rows), in units of one K slice's time for a wave of blocks (~0.55 us; a block per SM: 232 registers a
-# consumer thread): waves of blocks x slices a block walks, plus, for a K split, the reduce's launch
-# (~3 us) and its pass over the split's partial sums (~2 TB/s, written once and read once). It predicts
-# the 20 timed (shape, split) pairs within 15% but one.
+# consumer thread): a fixed 4 us (launches, the small parts' pass, the pipeline's fill), waves of blocks x
+# slices a block walks, plus, for a K split, the reduce's launch (~3 us) and its pass over the split's
+# partial sums (~2 TB/s, written once and read once). It predicts 24 of the 25 timed (shape, split) pairs
+# within 15% (ViT-S's MLP out split in 4: 23% under).
+FIXED_US = 4.0
 SLICE_US = 0.55
 REDUCE_US = 3.0
 PARTIAL_BYTES_PER_US = 2e6
@@ -364,7 +366,7 @@ def wgmma_splits(spec: GemmSpec, blocks: int) -> int:
         per_run = -(-slices // splits)
         waves = -(-blocks * splits // SMS)
         reduce = REDUCE_US + 8 * splits * spec.m * spec.n / PARTIAL_BYTES_PER_US if splits > 1 else 0.0
-        return waves * per_run * SLICE_US + reduce
+        return FIXED_US + waves * per_run * SLICE_US + reduce
 
     valid = [splits for splits in range(1, min(MAX_SPLITS, slices) + 1) if (splits - 1) * -(-slices // splits) < slices]
     return min(valid, key=lambda splits: (cost(splits), splits))
@@ -447,7 +449,7 @@ def heuristic_config(spec: GemmSpec, epilogue: GemmEpilogue = NONE, tensor_cores
     tensor cores in 3xTF32: on wgmma where it runs (Hopper, K a multiple of 4), its K split where the
     tiles alone leave SMs idle, else on mma.sync (or, without `tensor_cores`, tiled FP32 FMAs). wgmma,
     split or not, beat mma.sync on every batch-1 transformer shape timed, filling the GPU or not
-    (197 and 49 rows: 11.7 against 12.4 us on ViT-S's QKV, 17.2 against 40.9 on its MLP out)."""
+    (197 and 49 rows: 11.7 against 12.4 us on ViT-S's QKV; 32.2 against 40.9 on its MLP out, 17.2 split in six)."""
     if epilogue.softmax or (spec.n <= MAX_ROWWARP_N and spec.m > MAX_GEMV_BATCH):
         return rowwarp_default(spec)
     if spec.m <= MAX_GEMV_BATCH:

@@ -106,9 +106,14 @@ class AttentionSpec:
         return 4 * (sum(size(o) for o in OPERANDS) + int(np.prod(self.output_shape(extent), dtype=np.int64)))
 
     def reason_against(self) -> str | None:
-        """None when the pieces make one attention (shapes that multiply, a bias over the scores), else why."""
+        """None when the pieces make one attention the kernel runs (shapes known that multiply, heads of at most
+        MAX_HEAD, a bias over the scores), else why."""
         if min(len(self.q_shape), len(self.kt_shape), len(self.v_shape)) < 3:
             return "Q, K^T and V need a leading axis (the batch)"
+        if min((*self.q_shape, *self.kt_shape, *self.v_shape)) < 1:
+            return "a shape of Q, K^T or V is unknown at plan time, or empty"
+        if self.d > MAX_HEAD or self.dv > MAX_HEAD:
+            return f"heads of {self.d} and {self.dv} values: the kernel takes at most {MAX_HEAD}"
         if self.kt_shape[-2] != self.d or self.v_shape[-2] != self.tk:
             return f"Q {list(self.q_shape)}, K^T {list(self.kt_shape)} and V {list(self.v_shape)} do not multiply"
         if self.bias_shape is not None and (len(self.bias_shape) < 2 or tuple(self.bias_shape[-2:]) != (self.tq, self.tk)):

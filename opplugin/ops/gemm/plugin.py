@@ -289,8 +289,6 @@ def attention_of(node: NodeInfo, followers: Sequence[NodeInfo]) -> attention.Att
     spec = attention.AttentionSpec(tuple(map(int, node.inputs[0].shape)), tuple(map(int, node.inputs[1].shape)), tuple(map(int, v.shape)),
                                    scale, None if bias is None else tuple(map(int, bias.shape)), constants, out_perm,
                                    per_image=extent_per_image(int(node.outputs[0].shape[0]), node.batch))
-    if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
-        return None
     return spec if spec.reason_against() is None else None
 
 
@@ -330,8 +328,6 @@ def _windowed(node: NodeInfo, v: TensorInfo, scale: float, bias: TensorInfo | No
     spec = attention.AttentionSpec(split(node.inputs[0].shape), split(node.inputs[1].shape), split(v.shape), scale, combined,
                                    frozenset({"bias"}), None if out_perm is None else (0, 1, *(p + 1 for p in out_perm[1:])), windows,
                                    extent_per_image(int(node.outputs[0].shape[0]) // windows, node.batch))
-    if min((*spec.q_shape, *spec.kt_shape, *spec.v_shape)) < 1 or spec.d > attention.MAX_HEAD or spec.dv > attention.MAX_HEAD:
-        return None
     return spec if spec.reason_against() is None else None
 
 

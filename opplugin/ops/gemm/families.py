@@ -357,10 +357,20 @@ PARTIAL_BYTES_PER_US = 2e6
 MAX_SPLITS = 16
 
 
+def k_slices(spec: GemmSpec) -> int:
+    """The TENSOR_DEPTH-deep slices the tensor-core families walk K in."""
+    return -(-spec.k // TENSOR_DEPTH)
+
+
+def splits_fill(slices: int, splits: int) -> bool:
+    """Whether `slices` split into `splits` runs of equal length (the last shorter) leave no run empty."""
+    return 1 <= splits <= slices and (splits - 1) * -(-slices // splits) < slices
+
+
 def wgmma_splits(spec: GemmSpec, blocks: int) -> int:
     """The K split the cost model above finds fastest for `blocks` tiles (fewest runs on a tie), every
     run non-empty."""
-    slices = -(-spec.k // TENSOR_DEPTH)
+    slices = k_slices(spec)
 
     def cost(splits: int) -> float:
         per_run = -(-slices // splits)
@@ -368,7 +378,7 @@ def wgmma_splits(spec: GemmSpec, blocks: int) -> int:
         reduce = REDUCE_US + 8 * splits * spec.m * spec.n / PARTIAL_BYTES_PER_US if splits > 1 else 0.0
         return FIXED_US + waves * per_run * SLICE_US + reduce
 
-    valid = [splits for splits in range(1, min(MAX_SPLITS, slices) + 1) if (splits - 1) * -(-slices // splits) < slices]
+    valid = [splits for splits in range(1, min(MAX_SPLITS, slices) + 1) if splits_fill(slices, splits)]
     return min(valid, key=lambda splits: (cost(splits), splits))
 
 
@@ -431,9 +441,8 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
             return f"{config}: at least 2 stages, within {MAX_SHARED_BYTES >> 10} KB of shared memory"
         if spec.k % 4:
             return f"wg_3xtf32 copies A's rows in 16-byte quads: K must be a multiple of 4, not {spec.k}"
-        slices = -(-spec.k // TENSOR_DEPTH)
-        if not 1 <= config.splits <= slices or (config.splits - 1) * -(-slices // config.splits) >= slices:
-            return f"{config}: K's {slices} slices of {TENSOR_DEPTH} do not split into {config.splits} non-empty runs"
+        if not splits_fill(k_slices(spec), config.splits):
+            return f"{config}: K's {k_slices(spec)} slices of {TENSOR_DEPTH} do not split into {config.splits} non-empty runs"
         if not wgmma_runs_here():
             return f"wg_3xtf32 needs an sm_90 GPU (wgmma); this one is {cuda.device_arch()}"
     if isinstance(config, RowwarpConfig):

@@ -94,11 +94,11 @@ class GemmKernel(Kernel):
         tensor = isinstance(config, (TensorConfig, WgmmaConfig))
         self.function = module.get_function(config.function)
         # wgmma reads A's small parts beside A: gemm_small_parts makes them before each product
-        self._split = module.get_function("gemm_small_parts") if isinstance(config, WgmmaConfig) else None
+        self._small_parts = module.get_function("gemm_small_parts") if isinstance(config, WgmmaConfig) else None
         # a K split's runs store partial sums, which gemm_split_reduce adds in order through the epilogue
         self._splits = config.splits if isinstance(config, WgmmaConfig) else 1  # gemv's `splits` are warps of one block
         self._reduce = module.get_function("gemm_split_reduce") if self._splits > 1 else None
-        self.functions = [self.function] + [f for f in (self._split, self._reduce) if f is not None]
+        self.functions = [self.function] + [f for f in (self._small_parts, self._reduce) if f is not None]
         # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an
         # infinity into NaN (tf32_mma.cuh): the runner watches such a kernel, which raises its own flag
         # as it stores (registry.Kernel); a fused row Softmax is split off on the exact path
@@ -109,7 +109,7 @@ class GemmKernel(Kernel):
             self.function.max_dynamic_shared_size_bytes = self._shared
         self.bias_mode = effective_bias(spec)
         self._w = None if b is None else padded_weights(cupy, cupy.asarray(b, dtype=cupy.float32), spec, config)
-        self._w_small = small_parts(cupy, self._w) if self._split is not None and self._w is not None else None
+        self._w_small = small_parts(cupy, self._w) if self._small_parts is not None and self._w is not None else None
         self._c = None
         if self.bias_mode == BIAS_COLUMN and c is not None:
             self._c = column_bias(cupy, cupy.asarray(c), spec)
@@ -148,17 +148,17 @@ class GemmKernel(Kernel):
 
     def workspace_bytes(self, batch: int) -> int:
         """A's small parts, for wgmma, and a K split's partial sums."""
-        small = 4 * batch * self.spec.k if self._split is not None else 0
+        small = 4 * batch * self.spec.k if self._small_parts is not None else 0
         return small + (4 * self._splits * batch * self.spec.n if self._reduce is not None else 0)
 
     def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int) -> None:
         args = (a, w, c, y, np.int32(batch))
-        if self._split is not None:
+        if self._small_parts is not None:
             import cupy
 
             a_small = cupy.empty_like(a)
             blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
-            self._split((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
+            self._small_parts((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
             w_small = self._w_small if w is self._w else small_parts(cupy, w)
             partial = cupy.empty(self._splits * batch * self.spec.n, dtype=cupy.float32) if self._reduce is not None else None
             args = (a, a_small, w, w_small, c, y if partial is None else partial, np.int32(batch))

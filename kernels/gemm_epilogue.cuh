@@ -1,6 +1,10 @@
 // What every Gemm family does to one accumulated dot product before storing it:
-// alpha * acc + C (C already scaled by beta), then the activation.
+// alpha * acc + C (C already scaled by beta), then the activation; with RESIDUAL, a
+// tensor of Y's shape added last (store_output_pair's `residual`).
 // Needs N, HAS_ALPHA, ALPHA, BIAS (0 none, 1 one value per column, 2 one per element).
+#ifndef RESIDUAL
+#define RESIDUAL 0
+#endif
 #include "activation.cuh"
 #include "watch_flag.cuh"
 
@@ -20,11 +24,16 @@ __device__ __forceinline__ float gemm_output(float acc, const float* __restrict_
 // Y[m][n] and Y[m][n + 1] from their sums (n even, as an MMA tile's lanes hold them): one 8-byte
 // store when N is even, else each while it lies inside Y; flagged if not finite (see watch_flag.cuh)
 __device__ __forceinline__ void store_output_pair(float* __restrict__ y, const float* __restrict__ bias, unsigned char* nonfinite,
-                                                  int m, int n, float sum0, float sum1)
+                                                  int m, int n, float sum0, float sum1, const float* __restrict__ residual = nullptr)
 {
 #if N % 2 == 0
     if (n < N) {
-        const float2 out = make_float2(gemm_output(sum0, bias, m, n), gemm_output(sum1, bias, m, n + 1));
+        float2 out = make_float2(gemm_output(sum0, bias, m, n), gemm_output(sum1, bias, m, n + 1));
+#if RESIDUAL
+        const float2 added = *reinterpret_cast<const float2*>(residual + (size_t)m * N + n);
+        out.x += added.x;
+        out.y += added.y;
+#endif
         *reinterpret_cast<float2*>(y + (size_t)m * N + n) = out;
         flag_nonfinite2(nonfinite, out);
     }
@@ -33,7 +42,10 @@ __device__ __forceinline__ void store_output_pair(float* __restrict__ y, const f
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
         if (n + q < N) {
-            const float out = gemm_output(sums[q], bias, m, n + q);
+            float out = gemm_output(sums[q], bias, m, n + q);
+#if RESIDUAL
+            out += residual[(size_t)m * N + n + q];
+#endif
             y[(size_t)m * N + n + q] = out;
             flag_nonfinite(nonfinite, out);
         }

@@ -13,8 +13,9 @@
 // of BK) made once at build, A's by gemm_small_parts before each call. A's rows past the batch and k
 // past K are copied as zeros, so K must be a multiple of 4 (16-byte copies of whole quads).
 //
-// The epilogue (gemm_epilogue.cuh: alpha, C, the activation) runs on the accumulators; a lane's two
-// neighbouring columns are stored as one float2 when N is even (store_output_pair).
+// The epilogue (gemm_epilogue.cuh: alpha, C, the activation, with RESIDUAL a tensor of Y's shape added
+// last; null otherwise) runs on the accumulators; a lane's two neighbouring columns are stored as one
+// float2 when N is even (store_output_pair).
 //
 // A K split (SPLITS > 1) is for grids too small to fill the GPU (a transformer's projections at batch
 // 1: 197 rows): block z of the grid's third axis walks the z-th run of K's slices and stores its raw
@@ -88,8 +89,8 @@ struct SliceCopies {
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const float* __restrict__ w,
-           const float* __restrict__ w_small, const float* __restrict__ bias, float* __restrict__ y, int batch,
-           unsigned char* nonfinite)
+           const float* __restrict__ w_small, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ y,
+           int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
@@ -125,7 +126,7 @@ gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const
 #if SPLITS > 1
             store_sum_pair(y, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1]);
 #else
-            store_output_pair(y, bias, nonfinite, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1]);
+            store_output_pair(y, bias, nonfinite, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1], residual);
 #endif
         }
     }
@@ -133,8 +134,8 @@ gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const
 
 // y = epilogue(the K split's partial sums added in order), a thread per pair of neighbouring outputs
 extern "C" __global__ void __launch_bounds__(256)
-gemm_split_reduce(const float* __restrict__ partial, const float* __restrict__ bias, float* __restrict__ y, int batch,
-                  unsigned char* nonfinite)
+gemm_split_reduce(const float* __restrict__ partial, const float* __restrict__ bias, const float* __restrict__ residual,
+                  float* __restrict__ y, int batch, unsigned char* nonfinite)
 {
     constexpr int PAIRS = (N + 1) / 2;
     const size_t pair = blockIdx.x * (size_t)blockDim.x + threadIdx.x, outputs = (size_t)batch * N;
@@ -147,5 +148,5 @@ gemm_split_reduce(const float* __restrict__ partial, const float* __restrict__ b
         sum0 += at[0];
         if (n + 1 < N) sum1 += at[1];
     }
-    store_output_pair(y, bias, nonfinite, m, n, sum0, sum1);
+    store_output_pair(y, bias, nonfinite, m, n, sum0, sum1, residual);
 }

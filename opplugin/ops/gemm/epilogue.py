@@ -1,5 +1,6 @@
 """What may follow a Gemm inside its kernel: an activation (ops/activation.py's
-table), then a Softmax over each row of Y.
+table), then a Softmax over each row of Y; or, after the activation, the Add of a
+residual tensor of Y's shape (wg_3xtf32 alone).
 
 The bias (Gemm's C) and alpha, beta belong to the Gemm itself. A kernel applies
 all of it in ONNX's order: alpha * acc + beta * C, the activation, then the row
@@ -20,11 +21,15 @@ from ..activation import Activation
 class GemmEpilogue:
     activation: Activation | None = None
     softmax: bool = False
+    # a tensor of Y's shape added last (a transformer's residual: x + Linear(...)), read as the outputs are
+    # stored; the caller hands it to the kernel (GemmKernel's `residual`)
+    residual: bool = False
 
     @property
     def suffix(self) -> str:
-        """For kernel names: "+sigmoid+softmax"."""
-        return (self.activation.suffix if self.activation else "") + ("+softmax" if self.softmax else "")
+        """For kernel names: "+sigmoid+softmax", "+residual"."""
+        return ((self.activation.suffix if self.activation else "") + ("+softmax" if self.softmax else "")
+                + ("+residual" if self.residual else ""))
 
     def apply(self, y: Any, xp: Any = np) -> Any:
         """The meaning on Y (M, N), in Y's dtype."""
@@ -36,7 +41,7 @@ class GemmEpilogue:
         return y
 
     def defines(self) -> dict[str, int | str]:
-        return (self.activation.define() if self.activation else {}) | {"SOFTMAX": int(self.softmax)}
+        return (self.activation.define() if self.activation else {}) | {"SOFTMAX": int(self.softmax), "RESIDUAL": int(self.residual)}
 
 
 NONE = GemmEpilogue()

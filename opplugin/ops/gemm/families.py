@@ -418,6 +418,8 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
         return "the operands exceed 32-bit indexing"
     if epilogue.softmax and config.family != "rowwarp":
         return f"{config.family} does not fuse a row Softmax (rowwarp does, for N <= {MAX_ROWWARP_N})"
+    if epilogue.residual and not isinstance(config, WgmmaConfig):
+        return f"{config.family} does not add a residual in its epilogue (wg_3xtf32 does)"
     if isinstance(config, GemvConfig):
         mb, opw = config.warp
         if mb < 1 or mb > MAX_GEMV_BATCH or opw < 1 or mb * opw > GEMV_MAX_RESULTS:

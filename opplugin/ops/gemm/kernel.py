@@ -43,10 +43,19 @@ class ReferenceGemmKernel(Kernel):
     def bytes_moved(self, batch: int) -> int:
         return self.spec.bytes_moved(batch)
 
-    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, residual: Any = None) -> list[Any]:
         c = inputs[2] if len(inputs) > 2 and inputs[2] is not None else self.bias
         y = reference.run(self.spec, self.epilogue, inputs[0], inputs[1], c)
+        if self.epilogue.residual:
+            y = np.asarray(y, np.float32) + np.asarray(_residual_of(residual, self.name), np.float32)
         return [np.asarray(y, np.float32)]
+
+
+def _residual_of(residual: Any, name: str) -> Any:
+    """The residual a kernel whose epilogue adds one was handed; PluginError where it was not."""
+    if residual is None:
+        raise PluginError(f"{name}: its epilogue adds a residual, and none was given")
+    return residual
 
 
 def padded_weights(xp: Any, b: Any, spec: GemmSpec, config: GemmConfig) -> Any:
@@ -151,7 +160,7 @@ class GemmKernel(Kernel):
         small = 4 * batch * self.spec.k if self._small_parts is not None else 0
         return small + (4 * self._splits * batch * self.spec.n if self._reduce is not None else 0)
 
-    def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int) -> None:
+    def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int, residual: Any) -> None:
         args = (a, w, c, y, np.int32(batch))
         if self._small_parts is not None:
             import cupy
@@ -161,19 +170,29 @@ class GemmKernel(Kernel):
             self._small_parts((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
             w_small = self._w_small if w is self._w else small_parts(cupy, w)
             partial = cupy.empty(self._splits * batch * self.spec.n, dtype=cupy.float32) if self._reduce is not None else None
-            args = (a, a_small, w, w_small, c, y if partial is None else partial, np.int32(batch))
+            added = residual if residual is not None else np.uint64(0)  # a null pointer where none is added
+            args = (a, a_small, w, w_small, c, added, y if partial is None else partial, np.int32(batch))
         if self.flags_nonfinite:
             self.function(grid, self._block, (*args, np.uint64(nonfinite)), shared_mem=self._shared)
         else:
             self.function(grid, self._block, args)
         if self._reduce is not None:
             pairs = batch * -(-self.spec.n // 2)
-            self._reduce((-(-pairs // REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), (partial, c, y, np.int32(batch), np.uint64(nonfinite)))
+            self._reduce((-(-pairs // REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), (partial, c, added, y, np.int32(batch), np.uint64(nonfinite)))
 
-    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
+    def _residual_rows(self, cupy: Any, residual: Any, batch: int) -> Any:
+        """The residual as the kernel reads it, C-contiguous (batch, N); None where the epilogue adds none."""
+        if not self.epilogue.residual:
+            return None
+        r = checked_array(cupy, _residual_of(residual, self.name), "the residual", self.name)
+        if tuple(r.shape) != (batch, self.spec.n):
+            raise PluginError(f"{self.name}: the residual has shape {tuple(r.shape)}, expected {(batch, self.spec.n)}")
+        return cupy.ascontiguousarray(r)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0, residual: Any = None) -> list[Any]:
         """[Y] for the node's inputs; Y is `out` when given (a C-contiguous float32 array, written in full).
         `nonfinite`: for a kernel that `flags_nonfinite`, the device address of a zeroed byte it sets if Y
-        holds a NaN or an Inf."""
+        holds a NaN or an Inf. `residual`: the (batch, N) tensor an epilogue that adds one adds."""
         if nonfinite and not self.flags_nonfinite:
             raise PluginError(f"{self.name}: this kernel does not flag NaN and Inf itself")
         import cupy
@@ -187,7 +206,7 @@ class GemmKernel(Kernel):
             grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
             with cuda.on_stream(stream):
                 y = cupy.empty((batch, self.spec.n), dtype=cupy.float32)
-                self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite)
+                self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite, self._residual_rows(cupy, residual, batch))
             return [y]
         with cuda.on_stream(stream):
             a = self._operand_a(cupy, checked_array(cupy, inputs[0], "A", self.name))
@@ -207,11 +226,13 @@ class GemmKernel(Kernel):
                 raise PluginError(f"{self.name}: out must be a C-contiguous float32 CuPy array of shape {(batch, self.spec.n)}")
             # the tensor-core kernel stores two neighbouring outputs as one 8-byte float2
             y = out if out is not None and out.data.ptr % 8 == 0 else cupy.empty((batch, self.spec.n), dtype=cupy.float32)
+            added = self._residual_rows(cupy, residual, batch)
             if batch:
                 for start in range(0, batch, self.config.max_batch()):  # a grid's y extent is limited
                     rows = min(self.config.max_batch(), batch - start)
                     c_rows = c[start:start + rows] if self.bias_mode == BIAS_FULL else c
-                    self._launch(self.config.grid(self.spec, rows), a[start:start + rows], w, c_rows, y[start:start + rows], rows, nonfinite)
+                    self._launch(self.config.grid(self.spec, rows), a[start:start + rows], w, c_rows, y[start:start + rows], rows, nonfinite,
+                                 None if added is None else added[start:start + rows])
             if out is not None and y is not out:
                 out[...] = y
                 y = out

@@ -175,10 +175,11 @@ class ReferenceMatMulKernel(Kernel):
 
 
 class FlatMatMulKernel(Kernel):
-    """A Gemm kernel run on A with its leading axes merged into rows: (batch, ..., K) -> (rows, K) -> (batch, ..., N)."""
+    """A Gemm kernel run on A with its leading axes merged into rows: (batch, ..., K) -> (rows, K) -> (batch, ..., N).
+    With `residual`, the last input is a tensor of the output's shape that the Gemm's epilogue adds."""
 
-    def __init__(self, spec: MatMulSpec, gemm: Kernel):
-        self.spec, self.gemm = spec, gemm
+    def __init__(self, spec: MatMulSpec, gemm: Kernel, residual: bool = False):
+        self.spec, self.gemm, self.residual = spec, gemm, residual
         self.name, self.variant = gemm.name, gemm.variant
         self.nonfinite_exact, self.device_work = gemm.nonfinite_exact, gemm.device_work
         # a call reshapes its arrays and calls the Gemm kernel: what that launches and flags is all it does
@@ -190,7 +191,8 @@ class FlatMatMulKernel(Kernel):
         return self.gemm.flops(batch * self.spec.rows_per_image)
 
     def bytes_moved(self, batch: int) -> int:
-        return self.gemm.bytes_moved(batch * self.spec.rows_per_image)
+        rows = batch * self.spec.rows_per_image
+        return self.gemm.bytes_moved(rows) + (4 * rows * self.spec.n if self.residual else 0)
 
     def workspace_bytes(self, batch: int) -> int:
         return self.gemm.workspace_bytes(batch * self.spec.rows_per_image)
@@ -202,7 +204,13 @@ class FlatMatMulKernel(Kernel):
         shape = self.spec.output_shape(int(a.shape[0]))
         if out.get("out") is not None:
             out = {**out, "out": out["out"].reshape(-1, self.spec.n)}
-        [y] = self.gemm([a.reshape(-1, self.spec.k), *inputs[1:]], stream, **out)
+        operands = list(inputs[1:])
+        if self.residual:
+            residual = operands.pop()
+            if tuple(residual.shape) != shape:
+                raise PluginError(f"{self.name}: the residual has shape {tuple(residual.shape)}, expected {shape}")
+            out = {**out, "residual": residual.reshape(-1, self.spec.n)}
+        [y] = self.gemm([a.reshape(-1, self.spec.k), *operands], stream, **out)
         return [y.reshape(shape)]
 
 

@@ -94,13 +94,20 @@ class GemmPlugin(Plugin):
         node brings): a Gemm's C is its own input, so no follower brings one here."""
         return self.gemm_spec(node), fused, None
 
+    def _residual(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
+        """Whether the last of `fused` is an Add of a residual the epilogue adds (MatMul's)."""
+        return False
+
     def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]):
         """(spec, epilogue, Config) of what `build` makes, decided without compiling; the Config is
         None on the CPU device (the numpy reference)."""
-        spec, fused, _ = self._parts(node, fused)
-        epilogue = epilogue_of(fused) if fused else NONE
+        residual = self._residual(node, fused)
+        spec, rest, _ = self._parts(node, fused)
+        epilogue = epilogue_of(rest) if rest else NONE
         if epilogue is None:
             raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
+        if residual:
+            epilogue = dataclasses.replace(epilogue, residual=True)
         if not device.is_cuda:
             if variant not in (None, "reference"):
                 families.configure(spec, variant)  # an unknown name says so before the missing device does
@@ -146,11 +153,16 @@ class MatMulPlugin(GemmPlugin):
         return BATCHED if device.is_cuda else None
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
-        """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses; batched: the rest of an
-        attention (attention.py: scale, bias, Softmax, the product with V), or an activation."""
+        """Flat: a bias Add (a constant along the last axis), then what a Gemm fuses, then the Add of a residual
+        where the family the heuristic picks adds one (wg_3xtf32: a transformer's x + Linear(..) at 17 rows or
+        more on Hopper); batched: the rest of an attention (attention.py: scale, bias, Softmax, the product with
+        V), or an activation."""
         if spec_of(node, self.make_spec).is_flat:
             bias = _bias_add(node, followers)
-            return super().fuse(node, followers, device) if bias is None else 1 + super().fuse(node, followers[1:], device)
+            count = super().fuse(node, followers, device) if bias is None else 1 + super().fuse(node, followers[1:], device)
+            if count < len(followers) and _residual_add(node, followers, count) and self._adds_residual(node, followers[:count + 1], device):
+                count += 1
+            return count
         for count in range(len(followers), 1, -1):
             if attention_of(node, followers[:count]) is not None:
                 return count
@@ -160,8 +172,25 @@ class MatMulPlugin(GemmPlugin):
         """A fused attention's kernel reads Q, K^T and V as they lie: slices of one QKV projection, K transposed."""
         return not spec_of(node, self.make_spec).is_flat and len(fused) > 1 and attention_of(node, fused) is not None
 
+    def _residual(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
+        return bool(fused) and spec_of(node, self.make_spec).is_flat and _residual_add(node, fused, len(fused) - 1)
+
+    def _adds_residual(self, node: NodeInfo, fused: Sequence[NodeInfo], device: Device) -> bool:
+        """Whether the kernel for `fused` (ending in a residual Add) can add it: the reference can; on a GPU,
+        the family the heuristic picks for that epilogue must."""
+        if not device.is_cuda:
+            return True
+        spec, rest, _ = self._parts(node, fused)
+        epilogue = epilogue_of(rest) if rest else NONE
+        if epilogue is None:
+            return False
+        epilogue = dataclasses.replace(epilogue, residual=True)
+        return families.unsupported_reason(spec, families.heuristic_config(spec, epilogue), epilogue) is None
+
     def _parts(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, Sequence[NodeInfo], np.ndarray | None]:
         spec = self.gemm_spec(node)
+        if self._residual(node, fused):  # the residual's Add is the epilogue's last step, not a follower it computes
+            fused = fused[:-1]
         bias = _bias_add(node, fused)
         if bias is None:
             return spec, fused, None
@@ -190,7 +219,7 @@ class MatMulPlugin(GemmPlugin):
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
-            return FlatMatMulKernel(spec, super().build(node, device, variant, fused))
+            return FlatMatMulKernel(spec, super().build(node, device, variant, fused), residual=self._residual(node, fused))
         fused_attention = self._attention(node, device, variant, fused)
         if fused_attention is not None:
             name = self.kernel_name(node, device, variant, fused)
@@ -395,6 +424,22 @@ def _bias_add(node: NodeInfo, followers: Sequence[NodeInfo]) -> np.ndarray | Non
     if value.dtype != np.float32 or value.ndim > rank or not value.ndim or value.shape[-1] != n or value.size != n:
         return None
     return value.reshape(n)
+
+
+def _residual_add(node: NodeInfo, followers: Sequence[NodeInfo], at: int) -> bool:
+    """Whether followers[at] adds, to the chain's tensor (the product's, or the follower's before it), a
+    float32 tensor computed before the product, of the output's very shape (no broadcast): a residual."""
+    if not 0 <= at < len(followers):
+        return False
+    add = followers[at]
+    if add.op_type != "Add" or len(add.node.input) != 2:
+        return False
+    entering = followers[at - 1].node.output[0] if at else node.node.output[0]
+    if list(add.node.input).count(entering) != 1:
+        return False
+    other = next(t for t in add.inputs if t.name != entering)
+    return (other.name not in add.constants and other.dtype == np.float32
+            and tuple(other.shape) == tuple(add.outputs[0].shape) == tuple(node.outputs[0].shape))
 
 
 def _constant(node: NodeInfo, index: int) -> np.ndarray | None:

@@ -177,3 +177,29 @@ def test_a_tensor_core_kernel_raises_its_flag_exactly_when_an_output_is_nan_or_i
         [plain] = kernel([cupy.asarray(a)])
         assert flag.get().tolist() == [False, expected, False, False], poison
         np.testing.assert_array_equal(cupy.asnumpy(flagged), cupy.asnumpy(plain))
+
+
+@pytest.mark.parametrize("variant", ["wg_3xtf32_b64x64x32_s3", "wg_3xtf32_b128x64x32_s3", "wg_3xtf32_b64x64x32_s3_k3",
+                                     "wg_3xtf32_b64x128x32_s2_k5"])
+@pytest.mark.parametrize("n", [96, 97])
+def test_wgmma_adds_a_residual_as_it_stores(variant, n):
+    """A transformer's x + Linear(h) in one kernel: the residual added after the bias and activation, split or not,
+    an odd N too; the output poisoned first, the result against float64."""
+    import cupy
+
+    p = make_problem(197, n, 384, trans_b=True, c="row", seed=n)
+    epilogue = GemmEpilogue(Activation("Relu"), residual=True)
+    config = families.configure(p.spec, variant)
+    reason = families.unsupported_reason(p.spec, config, epilogue)
+    if reason:
+        pytest.skip(reason)
+    residual = np.random.default_rng(n + 1).standard_normal((197, n)).astype(np.float32)
+    kernel = GemmKernel(p.spec, config, epilogue, p.b, p.c)
+    out = cupy.full((197, n), np.nan, dtype=cupy.float32)
+    [y] = kernel([cupy.asarray(p.a), cupy.asarray(p.b)], None, out=out, residual=cupy.asarray(residual))
+    assert kernel.name.endswith("+relu+residual")
+    exact = reference.expected(p.spec, GemmEpilogue(Activation("Relu")), p.a, p.b, p.c) + residual.astype(np.float64)
+    tolerance = FAMILY_RTOL["wg_3xtf32"] * error_scale(p) + ATOL
+    assert np.all(np.abs(cupy.asnumpy(y) - exact) <= tolerance + 2 ** -23 * np.abs(residual))
+    with pytest.raises(Exception, match="residual"):
+        kernel([cupy.asarray(p.a), cupy.asarray(p.b)])  # the epilogue adds one: a call without it is refused

@@ -151,3 +151,64 @@ def test_a_batched_product_runs_on_the_tensor_cores_unless_fma_is_asked_for():
         step.plugin.kernel_name(step.node, GPU, "tiled")
     with pytest.raises(PluginError, match="'reference' on the CPU device"):
         step.plugin.kernel_name(step.node, CPU, "batched")
+
+
+def residual_model(rows: int = 5, k: int = 16, n: int = 48, activation: str | None = None):
+    """y = x + [act](MatMul(h, W) + b), x and h graph inputs (N, rows, n) and (N, rows, k): a transformer
+    block's x + MLP(..) ends so."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["h", "w"], ["mm"], name="fc"), helper.make_node("Add", ["mm", "b"], ["lin"], name="bias")]
+    last = "lin"
+    if activation:
+        nodes.append(helper.make_node(activation, [last], ["act"], name="act"))
+        last = "act"
+    nodes.append(helper.make_node("Add", ["x", last], ["y"], name="residual"))
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", rows, n]),
+                                                  helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", rows, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", rows, n])],
+                              [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("activation", [None, "Relu"])
+def test_a_residual_add_after_a_flat_matmul_joins_its_step(tmp_path, activation):
+    """On the CPU the reference adds it; on a Hopper GPU wg_3xtf32 does, where it runs (17 rows or more)."""
+    from onnx_builders import save
+    from opplugin.graph.model import load_model
+    from opplugin.ops.gemm import families
+    from opplugin.runtime import Runner
+
+    proto = residual_model(activation=activation)
+    model = load_model(save(proto, tmp_path / "residual.onnx"))
+    runner = Runner(model, 6, "cpu", chunk=4)
+    [step] = runner.plan.plugin_steps
+    assert step.ops == ["MatMul", "Add", *([activation] if activation else []), "Add"] and step.inputs == ["h", "w", "x"]
+    feeds = fresh_inputs(proto, 6, 2)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds), rtol=1e-5, atol=1e-5)
+    assert runner.kernels[step.name].bytes_moved(6) > Runner(model, 6, "cpu", keep=["lin"]).kernels["fc"].bytes_moved(6)
+    hopper = families.wgmma_runs_here
+    families.wgmma_runs_here = lambda: True
+    try:
+        from opplugin.plan.partition import make_plan
+
+        gpu = make_plan(model, 8, GPU)  # 40 rows of 48: wg_3xtf32, which adds the residual as it stores
+        assert gpu.plugin_steps[0].kernel_name(GPU).endswith("+residual") and len(gpu.plugin_steps) == 1
+        few = make_plan(model, 3, GPU)  # 15 rows: gemv, which does not; the Add stays a step
+        assert [s.ops[-1] for s in few.plugin_steps] == [activation or "Add", "Add"]
+    finally:
+        families.wgmma_runs_here = hopper
+
+
+def test_only_wgmma_adds_a_residual():
+    from opplugin.ops.gemm import families
+    from opplugin.ops.gemm.epilogue import GemmEpilogue
+    from opplugin.ops.gemm.spec import GemmSpec
+
+    spec, epilogue = GemmSpec(400, 64, 64), GemmEpilogue(residual=True)
+    assert "does not add a residual" in families.unsupported_reason(spec, families.configure(spec, "tc_3xtf32"), epilogue)
+    assert "does not add a residual" in families.unsupported_reason(spec, families.configure(spec, "tiled"), epilogue)

@@ -33,6 +33,7 @@ from .passes.conv_affine import fold_channel_affines
 from .passes.einsum import decompose_einsums
 from .passes.gelu import fold_decomposed_gelus
 from .passes.identities import drop_identities
+from .passes.transpose_sink import sink_transposes_through_products
 from .passes.layernorm import fold_decomposed_layernorms
 from .passes.layout_sink import sink_channel_last_regions
 from .passes.linear_batchnorm import fold_linear_batchnorms
@@ -95,6 +96,7 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (fold_linear_batchnorms, "constants_folded"),
     (fold_channel_affines, "constants_folded"),
     (fold_matmul_operand_scales, "constants_folded"),
+    (sink_transposes_through_products, "constants_folded"),
 )
 
 # Each pass in words, for the plan's line on a pass left out for --keep.
@@ -109,6 +111,7 @@ PASS_NAMES: dict[Callable, str] = {
     fold_linear_batchnorms: "folding BatchNormalization into linear layers",
     fold_channel_affines: "folding per-channel scales and shifts into the layer before",
     fold_matmul_operand_scales: "moving the scales of a product's operands after it",
+    sink_transposes_through_products: "moving Transposes after the products by constant matrices that read them",
 }
 
 # What each pass does to the tensors it removes, in words: why a tensor the file names is not computed.
@@ -123,6 +126,7 @@ REMOVED_BY: dict[Callable, str] = {
     fold_linear_batchnorms: "the BatchNormalization after it is folded into the layer that writes it, at load",
     fold_channel_affines: "the per-channel scale or shift after it is folded into the layer that writes it, at load",
     fold_matmul_operand_scales: "its scale is moved after the MatMul that reads it, at load",
+    sink_transposes_through_products: "its rows are permuted after the product by a constant matrix instead of before, at load",
 }
 
 

@@ -16,6 +16,14 @@ __device__ __forceinline__ void copy_async16(float* shared, const float* global,
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(global), "r"(valid ? 16 : 0));
 }
 
+// 16 bytes of which the first `bytes` (0 to 16, a multiple of 4) are read and the rest zero-filled:
+// a vector copy at a tile's edge, where a row ends inside the four floats
+__device__ __forceinline__ void copy_async16_part(float* shared, const float* global, int bytes)
+{
+    const unsigned int to = (unsigned int)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(global), "r"(bytes));
+}
+
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // wait until at most PENDING of this thread's committed groups are still in flight

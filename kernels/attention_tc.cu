@@ -17,16 +17,19 @@
 // X + offset_of(j, X) + r * X_ROW + c * X_COL; the leading axes broadcast as numpy does (the
 // output's axes OUT_DIM1.. and each operand's X_STRIDE<i>, 0 where it broadcasts). D and DV are at
 // most 64; tiles past TQ, TK, D and DV are zero-filled, and the scores of keys past TK are -inf.
-// K^T's tile is staged [d][key] where its keys are contiguous (KT_COL 1) and [key][d] otherwise, so
-// that neighbouring threads copy neighbouring floats either way.
+// K's tile is staged [key][d] as Q's is [query][d], so that the score product reads both in float4s;
+// that is how K lies when K^T is a transposed view of it, as exporters write it (a K^T with its keys
+// contiguous is copied a float at a time).
 //
-// Arithmetic: the scores as ONNX has them (the FP32 product, times SCALE, plus the bias), softmax in
-// FP32 with expf; an infinite operand turns into NaN in the 3xTF32 split, so the runner watches this
-// kernel (nonfinite) and reruns such chunks on the nodes one by one.
+// Arithmetic: the scores as ONNX has them (the FP32 product, times SCALE, plus the bias), then kept
+// times log2(e) so that the softmax in FP32 runs on exp2f; an infinite operand turns into NaN in the
+// 3xTF32 split, so the runner watches this kernel (nonfinite) and reruns such chunks on the nodes one
+// by one.
 //
 // Macros: TQ, TK, D, DV, SCALE (a float literal), HAS_BIAS, BATCH_RANK, OUT_DIM<i>, and for X in Q,
-// KT, V, BIAS and OUT: X_ROW, X_COL, X_STRIDE<i>. Launch: block 256, grid (ceil(TQ / 64), matrices),
-// dynamic shared memory SHARED_BYTES (below).
+// KT, V, BIAS and OUT: X_ROW, X_COL, X_STRIDE<i>, and X_ALIGNED (1: X starts on 16 bytes and its
+// X_STRIDE<i> are multiples of four floats). Launch: block 256, grid (ceil(TQ / 64), matrices), dynamic
+// shared memory SHARED_BYTES (below).
 #include "watch_flag.cuh"
 #include "async_copy.cuh"
 
@@ -40,23 +43,16 @@
 #define WARPS_N (64 / WN)
 #define NTHREADS 256
 #define A_STRIDE (64 + 4)  // Q's and P's tiles, [row][k]
-#define B_ROW (64 + 8)     // K^T's tile [d][key] and V's [key][dv]
+#define B_ROW (64 + 8)     // V's tile [key][dv]
 #define B_K_STEP B_ROW
 #define B_N_STEP 1
 #include "tf32_mma.cuh"
 
-#if KT_COL == 1
-#define KT_K_STEP B_ROW  // K^T's tile [d][key]
-#define KT_N_STEP 1
-#else
-#define KT_K_STEP 1  // [key][d], as K lies
-#define KT_N_STEP A_STRIDE
-#endif
-
 #define Q_TILE (BQ * A_STRIDE)
 #define B_TILE (64 * B_ROW)
-#define SHARED_FLOATS (2 * Q_TILE + 2 * B_TILE + 3 * BQ)
+#define SHARED_FLOATS (3 * Q_TILE + 2 * B_TILE + 3 * BQ)
 #define NEG_INF __int_as_float(0xff800000)
+#define LOG2E 1.44269504088896340736f  // the scores are kept in base 2: exp2f is a few instructions shorter than expf
 #define ROW_THREADS (NTHREADS / BQ)  // threads that share a row's softmax update: 4, neighbouring lanes
 
 static_assert(D <= PAD_D && DV <= PAD_D, "a head of at most 64 values");
@@ -88,10 +84,26 @@ __device__ __forceinline__ long long offset_of(long long j, long long s0, long l
 // the 64 x 64 tile at (row0, col0) of a matrix whose element (r, c) is at from[r * ROW + c * COL], into
 // tile[r * TILE_ROW + c * TILE_COL], zero where row >= rows or col >= cols. Neighbouring threads take
 // neighbouring columns, or neighbouring rows where those lie next to each other in memory instead.
-template <long long ROW, long long COL, int TILE_ROW, int TILE_COL>
+// Where that contiguous axis stays contiguous in the tile and every four floats along it start on 16
+// bytes (ALIGNED, and the other axis's stride a multiple of four), a thread copies four floats at once:
+// a quarter of the copies, and of the index arithmetic that was most of this kernel's integer work.
+template <long long ROW, long long COL, int TILE_ROW, int TILE_COL, bool ALIGNED>
 __device__ __forceinline__ void copy_tile(float* tile, const float* __restrict__ from, int row0, int rows, int col0, int cols)
 {
     constexpr bool down = COL != 1 && ROW == 1;
+    constexpr bool in_fours = ALIGNED && (down ? TILE_ROW == 1 && COL % 4 == 0 : COL == 1 && TILE_COL == 1 && ROW % 4 == 0);
+    if constexpr (in_fours) {
+#pragma unroll 1
+        for (int i = threadIdx.x; i < 64 * 16; i += NTHREADS) {
+            const int along = i % 16 * 4, across = i / 16;  // 16 threads a line of 64 floats
+            const int r = down ? along : across, c = down ? across : along;
+            const int left = down ? rows - (row0 + r) : cols - (col0 + c);  // floats of the line from here on
+            const bool line = down ? col0 + c < cols : row0 + r < rows;
+            const int bytes = line && left > 0 ? 4 * min(left, 4) : 0;  // the rest of the 16 zero-filled
+            copy_async16_part(tile + r * TILE_ROW + c * TILE_COL, bytes ? from + (row0 + r) * ROW + (col0 + c) * COL : from, bytes);
+        }
+        return;
+    }
 #pragma unroll 4
     for (int i = threadIdx.x; i < 64 * 64; i += NTHREADS) {
         const int r = down ? i % 64 : i / 64, c = down ? i / 64 : i % 64;
@@ -100,14 +112,73 @@ __device__ __forceinline__ void copy_tile(float* tile, const float* __restrict__
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS)
+__device__ __forceinline__ float element(const float4& x, int i) { return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w; }
+
+// acc += the warp's part of the scores over one BK-deep slice of d, from Q's tile split once into its
+// TF32 big and small parts (Qs, Qsmall: [query][d]) and K's tile as it landed ([key][d], split here),
+// all A_STRIDE apart. A product's k order within the slice is free, so lane t of a quad takes
+// d = 8t .. 8t + 7 across the slice's four MMA steps (step s: 8t + 2s as its k = t, 8t + 2s + 1 as
+// t + 4) in place of t and t + 4 of each step: a row's eight values come in two float4 loads, not eight
+// scalar ones. Banks: the eight lanes of a quarter-warp read rows g, g + 1 at 8t, all 32 banks once.
+__device__ __forceinline__ void score_slice(float (&acc)[MT][NT][4], const float* Qs, const float* Qsmall, const float* Ks, int warp_m,
+                                            int warp_n)
+{
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float part[MT][NT][4];
+    zero_tiles(part);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float4 a[MT][2], a_rest[MT][2], b[NT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int up = 0; up < 2; ++up) {
+                const int at = (warp_m * WM + mt * 16 + g + 8 * up) * A_STRIDE + 8 * t + 4 * half;
+                a[mt][up] = *reinterpret_cast<const float4*>(Qs + at);
+                a_rest[mt][up] = *reinterpret_cast<const float4*>(Qsmall + at);
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) b[nt] = *reinterpret_cast<const float4*>(Ks + (warp_n * WN + nt * 8 + g) * A_STRIDE + 8 * t + 4 * half);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+            unsigned int a_big[MT][4], a_small[MT][4], b_big[NT][2], b_small[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {  // a0 = [g][t], a1 = [g + 8][t], a2 = [g][t + 4], a3 = [g + 8][t + 4]
+                    const int up = r % 2, at = 2 * step + r / 2;
+                    a_big[mt][r] = __float_as_uint(element(a[mt][up], at));
+                    a_small[mt][r] = __float_as_uint(element(a_rest[mt][up], at));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                split_tf32(element(b[nt], 2 * step), b_big[nt][0], b_small[nt][0]);  // b0 = [t][g]
+                split_tf32(element(b[nt], 2 * step + 1), b_big[nt][1], b_small[nt][1]);  // b1 = [t + 4][g]
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma_3xtf32(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
 attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const float* __restrict__ v, const float* __restrict__ bias,
              float* __restrict__ out, int first, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
-    float* Qs = reinterpret_cast<float*>(shared_tiles);
-    float* Ps = Qs + Q_TILE;      // the scores, then the probabilities, of the key tile
-    float* KTs = Ps + Q_TILE;
+    float* Qs = reinterpret_cast<float*>(shared_tiles);  // Q's tile, then its TF32 big parts
+    float* Qsmall = Qs + Q_TILE;                           // ... and small ones
+    float* Ps = Qsmall + Q_TILE;  // the scores, then the probabilities, of the key tile
+    float* KTs = Ps + Q_TILE;     // K's tile [key][d] whichever way K^T lies
     float* Vs = KTs + B_TILE;
     float* row_max = Vs + B_TILE;
     float* row_sum = row_max + BQ;
@@ -128,14 +199,29 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
 
     // the copies run one step ahead of the arithmetic, in commit groups that alternate K^T and V: the
     // next K^T tile lands while this tile's softmax and PV run, the next V tile while its scores do
-    copy_tile<Q_ROW, Q_COL, A_STRIDE, 1>(Qs, q, q0, TQ, 0, D);
-    copy_tile<KT_ROW, KT_COL, KT_K_STEP, KT_N_STEP>(KTs, kt, 0, D, 0, TK);
+    copy_tile<Q_ROW, Q_COL, A_STRIDE, 1, Q_ALIGNED>(Qs, q, q0, TQ, 0, D);
+    copy_tile<KT_ROW, KT_COL, 1, A_STRIDE, KT_ALIGNED>(KTs, kt, 0, D, 0, TK);
     commit_copies();
-    copy_tile<V_ROW, V_COL, B_ROW, 1>(Vs, v, 0, TK, 0, DV);
+    copy_tile<V_ROW, V_COL, B_ROW, 1, V_ALIGNED>(Vs, v, 0, TK, 0, DV);
     commit_copies();
     if (threadIdx.x < BQ) {
         row_max[threadIdx.x] = NEG_INF;
         row_sum[threadIdx.x] = 0.0f;
+    }
+    // Q's tile split once into its TF32 parts, where every key tile's product would split it again
+    wait_copies<1>();
+    __syncthreads();
+#pragma unroll
+    for (int i = threadIdx.x; i < BQ * 16; i += NTHREADS) {
+        float4* at = reinterpret_cast<float4*>(Qs + i / 16 * A_STRIDE + i % 16 * 4);
+        float4 big = *at, small;
+        unsigned int hi, lo;
+        split_tf32(big.x, hi, lo), big.x = __uint_as_float(hi), small.x = __uint_as_float(lo);
+        split_tf32(big.y, hi, lo), big.y = __uint_as_float(hi), small.y = __uint_as_float(lo);
+        split_tf32(big.z, hi, lo), big.z = __uint_as_float(hi), small.z = __uint_as_float(lo);
+        split_tf32(big.w, hi, lo), big.w = __uint_as_float(hi), small.w = __uint_as_float(lo);
+        *at = big;
+        *reinterpret_cast<float4*>(Qsmall + (at - reinterpret_cast<float4*>(Qs)) * 4) = small;
     }
     float o[MT][NT][4];
     zero_tiles(o);
@@ -147,8 +233,8 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
         // the scores of this key tile: Q K^T over D, scaled, the bias added, keys past TK at -inf
         float s[MT][NT][4];
         zero_tiles(s);
-        tf32_slice<KT_K_STEP, KT_N_STEP>(s, Qs, KTs, warp_m, warp_n);
-        if (D > BK) tf32_slice<KT_K_STEP, KT_N_STEP>(s, Qs + BK, KTs + BK * KT_K_STEP, warp_m, warp_n);
+        score_slice(s, Qs, Qsmall, KTs, warp_m, warp_n);
+        if (D > BK) score_slice(s, Qs + BK, Qsmall + BK, KTs + BK, warp_m, warp_n);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -161,10 +247,11 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
 #if HAS_BIAS
                     if (q0 + row < TQ && k0 + col < TK) score += __ldg(bias + (q0 + row) * BIAS_ROW + (k0 + col) * BIAS_COL);
 #endif
+                    score *= LOG2E;
                     Ps[row * A_STRIDE + col] = k0 + col < TK ? score : NEG_INF;
                 }
         __syncthreads();  // K^T's tile is read: the next one may land there
-        if (k0 + BKEY < TK) copy_tile<KT_ROW, KT_COL, KT_K_STEP, KT_N_STEP>(KTs, kt, 0, D, k0 + BKEY, TK);
+        if (k0 + BKEY < TK) copy_tile<KT_ROW, KT_COL, 1, A_STRIDE, KT_ALIGNED>(KTs, kt, 0, D, k0 + BKEY, TK);
         commit_copies();  // an empty group past the last tile keeps the count in step
 
         // each row's running maximum and sum, by the ROW_THREADS neighbouring lanes that share it
@@ -184,11 +271,12 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
             }
             const float old_max = row_max[row];
             const float new_max = old_max > tile_max ? old_max : tile_max;
+            // every score so far -inf (a mask): exp2(-inf - 0) adds nothing yet, where -inf - -inf would be NaN
+            const float shift = new_max == NEG_INF ? 0.0f : new_max;
             float tile_sum = 0.0f;
 #pragma unroll
             for (int c = part; c < BKEY; c += ROW_THREADS) {
-                // every score so far -inf (a mask): nothing to add yet, where exp(-inf - -inf) would be NaN
-                const float p = new_max == NEG_INF ? 0.0f : expf(scores[c] - new_max);
+                const float p = exp2f(scores[c] - shift);
                 scores[c] = p;
                 tile_sum += p;
             }
@@ -196,7 +284,7 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
             for (int step = ROW_THREADS / 2; step > 0; step /= 2) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, step);
             __syncwarp();
             if (part == 0) {
-                const float scale = old_max == NEG_INF ? 0.0f : expf(old_max - new_max);  // nothing summed yet: no NaN
+                const float scale = old_max == NEG_INF ? 0.0f : exp2f(old_max - new_max);  // nothing summed yet: no NaN
                 row_scale[row] = scale;
                 row_sum[row] = row_sum[row] * scale + tile_sum;
                 row_max[row] = new_max;
@@ -217,7 +305,7 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
         tf32_slice(o, Ps, Vs, warp_m, warp_n);
         tf32_slice(o, Ps + BK, Vs + BK * B_ROW, warp_m, warp_n);
         __syncthreads();  // V's tile and the probabilities are read: the next tiles may overwrite them
-        if (k0 + BKEY < TK) copy_tile<V_ROW, V_COL, B_ROW, 1>(Vs, v, k0 + BKEY, TK, 0, DV);
+        if (k0 + BKEY < TK) copy_tile<V_ROW, V_COL, B_ROW, 1, V_ALIGNED>(Vs, v, k0 + BKEY, TK, 0, DV);
         commit_copies();
     }
     wait_copies<0>();

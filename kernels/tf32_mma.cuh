@@ -64,6 +64,16 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// part += a x b in 3xTF32 from the split fragments: the two small-by-big products first, where the
+// accumulator is still small, then big by big
+__device__ __forceinline__ void mma_3xtf32(float (&part)[4], const unsigned int (&a_big)[4], const unsigned int (&a_small)[4],
+                                           const unsigned int (&b_big)[2], const unsigned int (&b_small)[2])
+{
+    mma_tf32(part, a_small, b_big[0], b_big[1]);
+    mma_tf32(part, a_big, b_small[0], b_small[1]);
+    mma_tf32(part, a_big, b_big[0], b_big[1]);
+}
+
 // big (and with SPLIT its small rest) of a value on its way from shared memory to a fragment
 __device__ __forceinline__ void fragment_value(float v, unsigned int& big, unsigned int& small)
 {
@@ -115,10 +125,10 @@ __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float*
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
 #if SPLIT
-                mma_tf32(part[mt][nt], a_small[mt], b_big[nt][0], b_big[nt][1]);
-                mma_tf32(part[mt][nt], a_big[mt], b_small[nt][0], b_small[nt][1]);
-#endif
+                mma_3xtf32(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
+#else
                 mma_tf32(part[mt][nt], a_big[mt], b_big[nt][0], b_big[nt][1]);
+#endif
             }
         }
     }

@@ -27,7 +27,7 @@ from .matmul import GRID_Z_LIMIT, MAX_BATCH_RANK, matrix_strides
 SOURCE = "attention_tc.cu"
 QUERY_TILE = 64
 MAX_HEAD = 64  # D and DV: a 64 x 64 tile of the kernel's
-SHARED_BYTES = (2 * 64 * 68 + 2 * 64 * 72 + 3 * 64) * 4  # Q, P, K^T and V tiles and three per-row values
+SHARED_BYTES = (3 * 64 * 68 + 2 * 64 * 72 + 3 * 64) * 4  # Q's split tile, P, K and V tiles, three per-row values
 OPERANDS = ("q", "kt", "v", "bias")
 
 
@@ -179,8 +179,9 @@ def operands_of(spec: AttentionSpec, inputs: Sequence[Any], constants: dict[str,
 
 
 # per operand (and the output): the strides of its leading axes under the output's (0 where it
-# broadcasts), then of its rows and of its columns, in floats
-Layout = tuple[tuple[tuple[int, ...], int, int], ...]
+# broadcasts), then of its rows and of its columns, in floats; then whether it starts on 16 bytes with
+# its leading strides multiples of four floats, so that the kernel may copy its rows four floats at once
+Layout = tuple[tuple[tuple[int, ...], int, int, bool], ...]
 
 
 def contiguous_layout(spec: AttentionSpec) -> Layout:
@@ -189,11 +190,11 @@ def contiguous_layout(spec: AttentionSpec) -> Layout:
     layout = []
     for operand in OPERANDS:
         shape = spec.shape_of(operand)
-        layout.append(((0,) * rank, 0, 0) if shape is None else (spec.strides(operand), shape[-1], 1))
+        layout.append(((0,) * rank, 0, 0, False) if shape is None else (spec.strides(operand), shape[-1], 1, True))
     out_strides = contiguous_strides(spec.output_shape(1))
     if spec.out_perm is not None:  # the product's axes, as they lie in the transposed output
         out_strides = tuple(out_strides[spec.out_perm.index(axis)] for axis in range(len(out_strides)))
-    layout.append((out_strides[:-2], out_strides[-2], out_strides[-1]))
+    layout.append((out_strides[:-2], out_strides[-2], out_strides[-1], True))
     return tuple(layout)
 
 
@@ -208,10 +209,15 @@ def layout_of(spec: AttentionSpec, operands: dict[str, Any], y: Any) -> Layout:
     return (*layout, _strides_under(y, rank, y.shape))
 
 
-def _strides_under(x: Any, rank: int, output: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
+def _strides_under(x: Any, rank: int, output: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, bool]:
     strides = element_strides(x)
     lead = tuple(0 if x.shape[axis] == 1 and output[axis] != 1 else strides[axis] for axis in range(rank))
-    return lead, strides[-2], strides[-1]
+    return lead, strides[-2], strides[-1], starts_aligned(x) and all(stride % 4 == 0 for stride in lead)
+
+
+def starts_aligned(x: Any) -> bool:
+    """Whether a device array (a view too) starts on a 16-byte boundary."""
+    return x.data.ptr % 16 == 0
 
 
 def defines(spec: AttentionSpec, layout: Layout | None = None) -> dict[str, int | str]:
@@ -220,9 +226,9 @@ def defines(spec: AttentionSpec, layout: Layout | None = None) -> dict[str, int 
                                     "HAS_BIAS": int(spec.bias_shape is not None), "BATCH_RANK": max(1, len(lead))}
     for axis in range(1, len(lead)):
         macros[f"OUT_DIM{axis}"] = lead[axis]
-    for operand, (strides, row, col) in zip((*OPERANDS, "out"), layout or contiguous_layout(spec)):
+    for operand, (strides, row, col, aligned) in zip((*OPERANDS, "out"), layout or contiguous_layout(spec)):
         name = operand.upper()
-        macros[f"{name}_ROW"], macros[f"{name}_COL"] = f"{row}LL", f"{col}LL"
+        macros[f"{name}_ROW"], macros[f"{name}_COL"], macros[f"{name}_ALIGNED"] = f"{row}LL", f"{col}LL", int(aligned)
         for axis in range(MAX_BATCH_RANK):
             macros[f"{name}_STRIDE{axis}"] = f"{strides[axis] if axis < len(strides) else 0}LL"
     return macros
@@ -246,7 +252,7 @@ class AttentionKernel(Kernel):
 
         self.spec, self.name = spec, name
         self._functions: dict[Layout, Any] = {}
-        self._by_arrays: dict[tuple, Any] = {}  # the arrays' shapes and strides -> the function for their layout
+        self._by_arrays: dict[tuple, Any] = {}  # the arrays' shapes, strides and alignment -> the function for their layout
         self._inverse_perm = None if spec.out_perm is None else tuple(int(a) for a in np.argsort(spec.out_perm))
         self._function(contiguous_layout(spec))  # compiled at build, from the job compile_jobs declared
         self._constants = {o: cupy.asarray(x, dtype=cupy.float32) for o, x in constants.items()}
@@ -284,7 +290,7 @@ class AttentionKernel(Kernel):
             product = split_windows(self.spec, y)
             product = product if self.spec.out_perm is None else product.transpose(self._inverse_perm)
             arrays = [operands[o] for o in OPERANDS if o not in self.spec.constants and operands[o] is not None] + [product]
-            key = tuple((x.shape, x.strides) for x in arrays)  # cheap to read: a call meets few layouts
+            key = tuple((x.shape, x.strides, starts_aligned(x)) for x in arrays)  # cheap to read: a call meets few layouts
             function = self._by_arrays.get(key)
             if function is None:
                 function = self._by_arrays[key] = self._function(layout_of(self.spec, operands, product))

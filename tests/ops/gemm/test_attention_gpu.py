@@ -148,6 +148,7 @@ def test_the_attention_bench_checks_and_times_every_candidate():
     assert {row["shape"] for row in payload["rows"]} == {shape[0] for shape in attention_bench.SHAPES}
     ours = [row for row in payload["rows"] if row["name"].startswith("opplugin")]
     assert ours and all(row["rel_error"] <= attention_bench.TOLERANCE and row["ms"] > 0 for row in ours)
+    assert all(row["timer"] == "cuda-graph" for row in payload["rows"] if row["ms"] is not None)  # the host's launch left out
 
 
 @pytest.mark.parametrize("windows, heads, t, d", [(4, 3, 49, 32), (16, 6, 49, 32)])

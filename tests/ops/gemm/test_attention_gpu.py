@@ -75,16 +75,21 @@ def test_a_run_with_the_fused_attention_matches_onnxruntime(tmp_path, shape):
         np.testing.assert_allclose(runner.run(feeds).outputs["y"], reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("start", [0, 1], ids=["on 16 bytes", "a float past"])
 @pytest.mark.parametrize("out_perm", [None, (0, 2, 1, 3), (2, 0, 1, 3)])
-def test_the_kernel_reads_strided_views_and_writes_through_a_transposed_one(out_perm):
+def test_the_kernel_reads_strided_views_and_writes_through_a_transposed_one(out_perm, start):
     """Q, K^T and V as slices of one QKV tensor (K^T a transposed view), the output poisoned and written
-    through the fused Transpose's view."""
+    through the fused Transpose's view; the tensor starting on 16 bytes (tiles copied four floats at a
+    time) or a float past (a float at a time)."""
     import cupy
 
     batch, heads, t, d = 3, 4, 83, 32
     qkv = np.random.default_rng(5).standard_normal((batch, t, 3, heads, d)).astype(np.float32)
-    device_qkv = cupy.asarray(qkv).transpose(2, 0, 3, 1, 4)  # (3, N, H, T, D), a view
+    flat = cupy.full(qkv.size + 1, np.nan, dtype=cupy.float32)
+    flat[start:start + qkv.size] = cupy.asarray(qkv).ravel()
+    device_qkv = flat[start:start + qkv.size].reshape(qkv.shape).transpose(2, 0, 3, 1, 4)  # (3, N, H, T, D), a view
     q, k, v = device_qkv[0], device_qkv[1], device_qkv[2]
+    assert attention.starts_aligned(q) == (start == 0)
     kt = k.transpose(0, 1, 3, 2)
     spec = attention.AttentionSpec((batch, heads, t, d), (batch, heads, d, t), (batch, heads, t, d), 0.2, out_perm=out_perm)
     kernel = attention.AttentionKernel(spec, "attention.3xtf32", {})

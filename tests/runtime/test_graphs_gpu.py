@@ -102,6 +102,10 @@ def test_chunked_runs_on_several_lanes_replay_a_graph_per_lane_and_chunk_size():
 # graph, must fall within the replay's span, and at a batch where the kernels dominate add up to most of it.
 STEPS_SHARE_OF_REPLAY = 0.8
 EVENT_SLACK_MS = 0.002  # two events' readings differ by up to about a microsecond
+# An eager step's events bracket the host's Python for its call too (checks, allocations, the launch): on an
+# H200's host 20 to 35 us. A kernel shorter than that is timed eagerly as the host, so its graphed time has
+# no lower bound from the eager one (ece408_high's fc2 at batch 1024: eager 0.0335 ms, graphed 0.0092).
+EAGER_HOST_MS = 0.035
 
 
 @pytest.mark.parametrize("name", ["lenet86", "ece408_high"])
@@ -166,7 +170,9 @@ def test_graphed_step_times_are_close_to_eager_ones(name):
             # several launches (a K split's GEMM and its reduce): eagerly, the host's time between them counts too
             assert graphed <= 1.5 * eager + EVENT_SLACK_MS
         elif kernel.device_work:
-            assert 0.5 * eager - EVENT_SLACK_MS <= graphed <= 1.5 * eager + EVENT_SLACK_MS
+            assert graphed <= 1.5 * eager + EVENT_SLACK_MS
+            if graphed >= EAGER_HOST_MS:
+                assert 0.5 * eager - EVENT_SLACK_MS <= graphed
         else:
             assert graphed < eager
 

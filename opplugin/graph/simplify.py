@@ -37,6 +37,7 @@ from .passes.transpose_sink import sink_transposes_through_products
 from .passes.layernorm import fold_decomposed_layernorms
 from .passes.layout_sink import sink_channel_last_regions
 from .passes.linear_batchnorm import fold_linear_batchnorms
+from .passes.linear_scale import fold_linear_scales
 from .passes.matmul_scales import fold_matmul_operand_scales
 
 
@@ -95,6 +96,7 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (fold_batchnorms, "batchnorms_folded"),
     (fold_linear_batchnorms, "constants_folded"),
     (fold_channel_affines, "constants_folded"),
+    (fold_linear_scales, "constants_folded"),
     (fold_matmul_operand_scales, "constants_folded"),
     (sink_transposes_through_products, "constants_folded"),
 )
@@ -110,6 +112,7 @@ PASS_NAMES: dict[Callable, str] = {
     fold_batchnorms: "folding BatchNormalization into Conv",
     fold_linear_batchnorms: "folding BatchNormalization into linear layers",
     fold_channel_affines: "folding per-channel scales and shifts into the layer before",
+    fold_linear_scales: "folding layer scales into the linear layers before them",
     fold_matmul_operand_scales: "moving the scales of a product's operands after it",
     sink_transposes_through_products: "moving Transposes after the products by constant matrices that read them",
 }
@@ -125,6 +128,7 @@ REMOVED_BY: dict[Callable, str] = {
     fold_batchnorms: "the BatchNormalization after it is folded into the Conv that writes it, at load",
     fold_linear_batchnorms: "the BatchNormalization after it is folded into the layer that writes it, at load",
     fold_channel_affines: "the per-channel scale or shift after it is folded into the layer that writes it, at load",
+    fold_linear_scales: "the layer scale after it is folded into the linear layer that writes it, at load",
     fold_matmul_operand_scales: "its scale is moved after the MatMul that reads it, at load",
     sink_transposes_through_products: "its rows are permuted after the product by a constant matrix instead of before, at load",
 }

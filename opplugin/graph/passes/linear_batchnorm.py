@@ -73,7 +73,7 @@ def _fold(graph: Graph, bn: onnx.NodeProto, probes) -> bool:
     linear = graph.writer(reshape.input[0]) if reshape else source
     if linear is None or linear.op_type not in ("MatMul", "Gemm") or linear.domain not in ("", "ai.onnx"):
         return False
-    weight = _column_weight(graph, linear)
+    weight = column_weight(graph, linear)
     if weight is None or any(graph.constants[name].shape != (weight[1],) for name in bn.input[1:5]):
         return False
     between = [linear.output[0], *([reshape.output[0]] if reshape else [])]
@@ -145,7 +145,7 @@ def _reads_features(graph: Graph, linear: onnx.NodeProto, features: str, count: 
         return False
     if linear.input[0] != features:
         return False
-    weight = _column_weight(graph, linear)
+    weight = column_weight(graph, linear)
     if weight is None:
         return False
     transposed = linear.op_type == "Gemm" and attribute(linear, "transB", 0)
@@ -183,10 +183,10 @@ def _scale_rows(graph: Graph, linear: onnx.NodeProto, factor: np.ndarray, shift:
 
 
 def _fold_into(graph: Graph, linear: onnx.NodeProto, affine: tuple[np.ndarray, np.ndarray], target: str) -> None:
-    (_fold_gemm if linear.op_type == "Gemm" else _fold_matmul)(graph, linear, *affine, target)
+    (fold_gemm_columns if linear.op_type == "Gemm" else fold_matmul_columns)(graph, linear, *affine, target)
 
 
-def _column_weight(graph: Graph, linear: onnx.NodeProto) -> tuple[np.ndarray, int] | None:
+def column_weight(graph: Graph, linear: onnx.NodeProto) -> tuple[np.ndarray, int] | None:
     """(the constant 2-D float32 weight, its output columns), or None where the weight is not that
     (or a Gemm's C is computed at run time, or A is the constant)."""
     if len(linear.input) < 2 or linear.input[0] in graph.constants:
@@ -232,7 +232,7 @@ def _restoring_reshape(graph: Graph, bn: onnx.NodeProto, linear: onnx.NodeProto,
     return restore
 
 
-def _fold_gemm(graph: Graph, gemm: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
+def fold_gemm_columns(graph: Graph, gemm: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
     """B's output columns times factor; C' = beta * C * factor + shift, beta 1; the Gemm writes `target`."""
     b = graph.constants[gemm.input[1]].astype(np.float64)
     columns = factor[:, None] if attribute(gemm, "transB", 0) else factor[None, :]
@@ -249,7 +249,7 @@ def _fold_gemm(graph: Graph, gemm: onnx.NodeProto, factor: np.ndarray, shift: np
     gemm.output[0] = target
 
 
-def _fold_matmul(graph: Graph, matmul: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
+def fold_matmul_columns(graph: Graph, matmul: onnx.NodeProto, factor: np.ndarray, shift: np.ndarray, target: str) -> None:
     """W's columns times factor, then an Add of the shift (a column bias) that writes `target`."""
     weights = graph.constants[matmul.input[1]].astype(np.float64) * factor[None, :]
     weight_name, shift_name = graph.new_name(f"{matmul.input[1]}_bn"), graph.new_name(f"{target}_bn_shift")

@@ -14,12 +14,15 @@ from ..report.html_sections import check_page
 from ..report.timing import add_devices, format_devices
 from ..runtime.multi_device import DevicesTally
 from ..verify.check import build_check_report, check, check_chunks, format_check
+from ..errors import InputError
+from ..verify import precision_cost
 from ..verify.first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
+from ..verify.precision_cost import PRECISIONS
 from .file_guard import CommandFiles
-from .options import ReportOptions, ToleranceOptions
+from .options import DEFAULT_ATOL, DEFAULT_RTOL, ReportOptions, ToleranceOptions
 from .output import save_outputs, write_json
 from .progress import ProgressBar
-from .workload import Workload, kernel_loops, prepare
+from .workload import Workload, kernel_loops, load_with_inputs, prepare
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class CheckOptions:
     workload: Workload
     tolerance: ToleranceOptions
     reports: ReportOptions
+    precision: str = "fp32"  # fp16 or bf16: what that precision costs, node by node (precision_cost.py)
 
     def files(self) -> CommandFiles:
         return self.workload.files(self.reports.outputs())
@@ -37,14 +41,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ToleranceOptions.add(parser)
     ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True,
                       html_help="also write the plan and the comparison as one HTML page to open in a browser")
+    parser.add_argument("--precision", choices=("fp32", *PRECISIONS), default="fp32",
+                        help="fp32 (default): opplugin against onnxruntime; fp16, bf16: what that precision costs the model, "
+                             "each node's error and the outputs' against float64 (emulated: every float tensor rounded to it, "
+                             "FP32 arithmetic inside each node; opplugin's kernels in it are not built yet)")
 
 
 def read(args: argparse.Namespace) -> CheckOptions:
-    return CheckOptions(Workload.from_args(args), ToleranceOptions.from_args(args), ReportOptions.from_args(args))
+    options = CheckOptions(Workload.from_args(args), ToleranceOptions.from_args(args), ReportOptions.from_args(args), args.precision)
+    if options.precision != "fp32":
+        _refuse_what_precision_ignores(options)
+    return options
+
+
+def _refuse_what_precision_ignores(options: CheckOptions) -> None:
+    """--precision runs no plan and compares with float64 alone: the flags of the comparison with onnxruntime
+    would do nothing, so they are refused in one line."""
+    workload, tolerance = options.workload, options.tolerance
+    ignored = [flag for flag, given in (
+        ("--report", options.reports.html), ("--save-outputs", workload.data.save_outputs), ("--keep", workload.data.keep),
+        ("--devices", workload.runner.devices), ("--variant", workload.runner.variant), ("--chunk", workload.runner.chunk),
+        ("--streams", workload.runner.streams), ("--kernel", workload.kernels.files), ("--sanitize", workload.kernels.sanitize),
+        ("--watch", workload.kernels.watch), ("--atol", tolerance.atol != DEFAULT_ATOL), ("--rtol", tolerance.rtol != DEFAULT_RTOL),
+        ("--check-chunk", tolerance.check_chunk)) if given]
+    if ignored:
+        raise InputError(f"{', '.join(ignored)}: for the comparison with onnxruntime; --precision measures against float64 "
+                         f"alone (text, and --json)")
 
 
 def execute(options: CheckOptions) -> int:
     """0 when the model passes, 1 when it does not."""
+    if options.precision != "fp32":
+        return _precision_cost(options)
     looped = kernel_loops(options.workload, options.tolerance, poison=True)
     if looped is not None:
         return looped
@@ -93,6 +121,27 @@ def execute(options: CheckOptions) -> int:
     if options.reports.html:
         write_atomic(options.reports.html, check_page(report, plan))
     return 0 if result.passed else 1
+
+
+PRECISION_IMAGES = 32  # check --precision's images without --batch
+
+
+def _precision_cost(options: CheckOptions) -> int:
+    """check --precision fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured."""
+    loaded, inputs = load_with_inputs(options.workload)
+    # every tensor is kept in float64 and in the format: without --batch, a few images, not a run's thousands
+    images = loaded.batch if options.workload.model.batch is not None else min(loaded.batch, PRECISION_IMAGES)
+    feeds = {name: np.asarray(value)[:images] for name, value in inputs.feeds.items()}
+    bar = ProgressBar(sys.stderr, unit="nodes")
+    try:
+        cost = precision_cost.measure(loaded.model.original, feeds, options.precision, loaded.model.name,
+                                      lambda done, total: bar(options.precision, done, total))
+    finally:
+        bar.close()
+    print(precision_cost.format_text(cost), end="")
+    if options.reports.json:
+        write_json(options.reports.json, cost.as_json() | {"inputs": inputs.source})
+    return 0
 
 
 def _devices_section(tally) -> dict:

@@ -21,10 +21,11 @@ LOG_AFTER_S = 5.0
 
 
 class ProgressBar:
-    """Callable as progress(label, done, total), counting images."""
+    """Callable as progress(label, done, total), counting images (or another `unit`)."""
 
-    def __init__(self, stream: TextIO | None = None, plain_lines: bool = False, clock=time.monotonic):
+    def __init__(self, stream: TextIO | None = None, plain_lines: bool = False, clock=time.monotonic, unit: str = "images"):
         self.stream = stream or sys.stderr
+        self.unit = unit
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.plain_lines = plain_lines
         self.clock = clock
@@ -44,7 +45,7 @@ class ProgressBar:
 
     def _rate(self, done: int, now: float) -> str:
         elapsed = now - self.started
-        return f"{done / elapsed:,.0f} images/s" if elapsed > 0 and done else "-"
+        return f"{done / elapsed:,.0f} {self.unit}/s" if elapsed > 0 and done else "-"
 
     def _redraw(self, label: str, done: int, total: int, now: float) -> None:
         finished = done >= total
@@ -54,7 +55,7 @@ class ProgressBar:
             return
         filled = int(BAR_WIDTH * min(done, total) / total)
         bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-        line = f"\r{label:<10} [{bar}] {100 * done / total:5.1f}%  {done:,}/{total:,} images  {self._rate(done, now)}"
+        line = f"\r{label:<10} [{bar}] {100 * done / total:5.1f}%  {done:,}/{total:,} {self.unit}  {self._rate(done, now)}"
         self.stream.write(line + ("\n" if finished else ""))
         self.stream.flush()
         self.last_draw, self.drawn = now, not finished
@@ -66,7 +67,7 @@ class ProgressBar:
             return
         while self.next_quarter <= 4 and done * 4 >= total * self.next_quarter:
             self.next_quarter += 1
-        self.stream.write(f"progress: {100 * done // total}% ({done:,}/{total:,} images, {label}, {self._rate(done, now)})\n")
+        self.stream.write(f"progress: {100 * done // total}% ({done:,}/{total:,} {self.unit}, {label}, {self._rate(done, now)})\n")
         self.stream.flush()
 
     def close(self) -> None:

@@ -108,6 +108,12 @@ def prepare(workload: Workload, *, poison: bool) -> Prepared:
     return Prepared(loaded, runner, devices, inputs)
 
 
+def load_with_inputs(workload: Workload) -> tuple[Loaded, Inputs]:
+    """The model loaded and the inputs, without a runner: for work that runs no plan (check --precision)."""
+    loaded = _load(workload)
+    return loaded, _inputs(workload.data, loaded, pinned=False)
+
+
 def _load(workload: Workload) -> Loaded:
     return load(workload.model, workload.runner.device, cuda_graphs=workload.runner.cuda_graphs, streams=workload.runner.streams,
                 data=workload.data)

@@ -1,0 +1,194 @@
+"""What half precision costs a model in accuracy, node by node, against float64: `check --precision fp16|bf16`.
+
+opplugin's FP16 and BF16 kernels for whole models are not built yet, so the cost is measured on an
+emulation of them: every float tensor a node reads or writes (inputs, weights, results) is rounded to
+the format, and the arithmetic inside the node stays FP32, as a tensor-core kernel that stores half
+precision and accumulates in FP32 computes, up to the order of its sums. onnxruntime's CPU provider runs
+each node in FP32; the exact result is each node in float64 (float64.py). Three measures:
+
+- a node's own error: the node alone on the exact result's inputs, rounded, its output rounded, against
+  its exact output: what that node costs wherever it stands, the ranking's measure;
+- the error as it arrives: every node on the rounded results before it (the emulated model run
+  through), each tensor against its exact value;
+- the outputs: their error and, for (batch, classes) scores, the top-1 agreement with float64.
+
+Errors are relative L2 (||got - exact|| / ||exact||) over the values both hold finite; a value the
+format cannot hold (FP16 past 65504) comes out infinite and is counted, not hidden.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import InputError
+from . import float64
+
+PRECISIONS = ("fp16", "bf16")
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # a value rounded to the format moves by this much at most, relatively
+SCHEMA = "opplugin-precision-cost/1"
+RANKED = 10  # nodes the text names in its ranking (the JSON has them all)
+
+
+def round_to(values: np.ndarray, precision: str) -> np.ndarray:
+    """float32 `values` rounded to the nearest FP16 or BF16 value (ties to even), back as float32."""
+    x = np.asarray(values, np.float32)
+    if precision == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    if precision != "bf16":
+        raise ValueError(f"unknown precision {precision!r}")
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, rounded)  # a NaN's payload could round into an infinity
+
+
+@dataclass
+class NodeCost:
+    name: str
+    op: str
+    output: str
+    own: float  # relative L2 of the node alone on rounded exact inputs
+    arriving: float  # relative L2 of its output in the emulated run
+    nonfinite: int  # values the emulated run made infinite or NaN where float64 has a number
+
+
+@dataclass
+class PrecisionCost:
+    precision: str
+    model: str
+    batch: int
+    nodes: list[NodeCost] = field(default_factory=list)
+    outputs: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    def ranking(self) -> list[NodeCost]:
+        return sorted((n for n in self.nodes if np.isfinite(n.own)), key=lambda n: -n.own) + [n for n in self.nodes if not np.isfinite(n.own)]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "precision": self.precision, "emulated": True, "model": self.model, "batch": self.batch,
+                "how": "every float tensor rounded to the format, FP32 arithmetic inside each node, against float64",
+                "outputs": self.outputs,
+                "nodes": [vars(n) | {"rank": i + 1} for i, n in enumerate(self.ranking())]}
+
+
+def measure(model: onnx.ModelProto, feeds: dict[str, np.ndarray], precision: str, name: str = "model",
+            progress: Callable[[int, int], None] | None = None) -> PrecisionCost:
+    """The cost of `precision` for `model` (the file's graph, names as written) on `feeds`."""
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision {precision}: one of {', '.join(PRECISIONS)} is measured (fp32 is what check compares)")
+    graph = model.graph
+    _refuse_what_cannot_run_alone(graph)
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for node in graph.node:  # Constant nodes' values, as constants
+        if node.op_type == "Constant":
+            constants[node.output[0]] = _constant_value(node)
+    body = [n for n in graph.node if n.op_type != "Constant"]
+    written = [o for n in body for o in n.output if o]
+    exact = float64.evaluate(body, feeds, constants, written, model.opset_import)
+    exact_of = {**{k: np.asarray(v) for k, v in feeds.items()}, **constants, **exact}
+    emulated = {k: _rounded(v, precision) for k, v in {**feeds, **constants}.items()}
+    result = PrecisionCost(precision, name, int(next(iter(feeds.values())).shape[0]) if feeds else 0)
+    for index, node in enumerate(body):
+        # the exact inputs in the dtypes the node reads (float64.evaluate computed float32 tensors in float64)
+        exact_inputs = {i: _rounded(np.asarray(exact_of[i]).astype(emulated[i].dtype), precision) for i in node.input if i}
+        alone = _run_alone(node, exact_inputs, model.opset_import, precision)
+        through = _run_alone(node, {i: emulated[i] for i in node.input if i}, model.opset_import, precision)
+        emulated.update(through)
+        for output in (o for o in node.output if o):
+            truth = exact_of[output]
+            if not np.issubdtype(np.asarray(truth).dtype, np.floating):
+                continue
+            result.nodes.append(NodeCost(node.name or output, node.op_type, output, relative_l2(alone[output], truth),
+                                         relative_l2(through[output], truth), _made_nonfinite(through[output], truth)))
+        if progress:
+            progress(index + 1, len(body))
+    for output in graph.output:
+        result.outputs[output.name] = output_error(emulated[output.name], exact_of[output.name])
+    return result
+
+
+def relative_l2(got: np.ndarray, exact: np.ndarray) -> float:
+    """||got - exact|| / ||exact|| over the values both hold finite (0 for a tensor of zeros matched)."""
+    g, e = np.asarray(got, np.float64), np.asarray(exact, np.float64)
+    finite = np.isfinite(g) & np.isfinite(e)
+    difference, norm = np.linalg.norm((g - e)[finite]), np.linalg.norm(e[finite])
+    if norm > 0:
+        return float(difference / norm)
+    return 0.0 if difference == 0 else float("inf")
+
+
+def output_error(got: np.ndarray, exact: np.ndarray) -> dict[str, float | None]:
+    """A graph output's relative L2 error and, for (batch, classes) scores, top-1 agreement with float64."""
+    error: dict[str, float | None] = {"rel_l2": relative_l2(got, exact), "nonfinite": _made_nonfinite(got, exact), "top1_agreement": None}
+    g, e = np.asarray(got), np.asarray(exact)
+    if g.ndim == 2 and g.shape[1] > 1:
+        error["top1_agreement"] = float(np.mean(np.argmax(np.nan_to_num(g, nan=-np.inf), axis=1) == np.argmax(e, axis=1)))
+    return error
+
+
+def format_text(cost: PrecisionCost) -> str:
+    fmt = cost.precision.upper()
+    lines = [f"{fmt} cost of {cost.model} on {cost.batch} images, against float64 (emulated: every float tensor rounded to {fmt},",
+             f"FP32 arithmetic inside each node; opplugin's own kernels in {fmt} are not built yet). Rounding alone moves a",
+             f"value by at most {UNIT_ROUNDOFF[cost.precision]:.1e} of itself: a node's own error near that is the format's, above it the node's.", ""]
+    for name, error in cost.outputs.items():
+        top1 = "" if error["top1_agreement"] is None else f", top-1 agreement {error['top1_agreement']:.4f}"
+        overflow = f", {error['nonfinite']} values not finite" if error["nonfinite"] else ""
+        lines.append(f"Output {name}: relative L2 error {error['rel_l2']:.2e}{top1}{overflow}")
+    lines += ["", f"The {min(RANKED, len(cost.nodes))} nodes that cost the most on their own (of {len(cost.nodes)}):",
+              f"{'rank':>4}  {'node':40}  {'op':20}  {'own error':>9}  {'arriving':>9}"]
+    for rank, node in enumerate(cost.ranking()[:RANKED], 1):
+        flag = f"  {node.nonfinite} not finite" if node.nonfinite else ""
+        lines.append(f"{rank:>4}  {_short(node.name, 40):40}  {node.op:20}  {node.own:9.2e}  {node.arriving:9.2e}{flag}")
+    return "\n".join(lines) + "\n"
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 12] + "..." + text[-9:]
+
+
+def _made_nonfinite(got: np.ndarray, exact: np.ndarray) -> int:
+    g, e = np.asarray(got, np.float64), np.asarray(exact, np.float64)
+    return int(np.count_nonzero(~np.isfinite(g) & np.isfinite(e)))
+
+
+def _rounded(value: np.ndarray, precision: str) -> np.ndarray:
+    value = np.asarray(value)
+    return round_to(value, precision) if value.dtype == np.float32 else value
+
+
+def _run_alone(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: Sequence[onnx.OperatorSetIdProto], precision: str) -> dict[str, np.ndarray]:
+    """The node's outputs from onnxruntime's CPU provider on `inputs` (float ones rounded already), each
+    float32 output rounded."""
+    import onnxruntime as ort
+
+    outputs = [o for o in node.output if o]
+    graph = helper.make_graph([node], "alone", [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                                                for i, v in inputs.items()],
+                              [helper.make_empty_tensor_value_info(o) for o in outputs])
+    alone = helper.make_model(graph, opset_imports=list(opset))
+    alone.ir_version = min(alone.ir_version, 10)
+    settings = ort.SessionOptions()
+    settings.intra_op_num_threads = settings.inter_op_num_threads = 1  # a session a node: thread pools would cost more than the node
+    session = ort.InferenceSession(alone.SerializeToString(), settings, providers=["CPUExecutionProvider"])
+    return {o: _rounded(v, precision) for o, v in zip(outputs, session.run(outputs, inputs))}
+
+
+def _refuse_what_cannot_run_alone(graph: onnx.GraphProto) -> None:
+    for node in graph.node:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            raise InputError(f"--precision: node {node.name or node.output[0]!r} ({node.op_type}) has a subgraph; "
+                             "the precision cost is measured on graphs without control flow")
+        if node.domain not in ("", "ai.onnx"):
+            raise InputError(f"--precision: node {node.name or node.output[0]!r} is a {node.domain}::{node.op_type}; "
+                             "the precision cost is measured on standard ONNX ops")
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    """A Constant node's value, whichever attribute holds it."""
+    [attribute] = node.attribute
+    value = helper.get_attribute_value(attribute)
+    return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)

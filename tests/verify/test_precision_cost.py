@@ -1,0 +1,92 @@
+"""check --precision fp16|bf16 (verify/precision_cost.py): rounding to the formats, each node's own error and the
+error as it arrives against float64, the outputs' error and top-1 agreement, overflow counted, and what is refused."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import finish, save, tiny_cnn
+
+from opplugin.cli import main
+from opplugin.errors import InputError
+from opplugin.verify.precision_cost import UNIT_ROUNDOFF, measure, round_to
+
+
+def test_rounding_goes_to_the_nearest_value_of_each_format():
+    x = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, np.nan, -2.5], np.float32)
+    half = round_to(x, "fp16")
+    assert half[0] == 1.0 and half[1] == 1 + 2 ** -9  # ties to even, both ways
+    assert np.isinf(half[2]) and np.isnan(half[3]) and half[4] == -2.5  # past 65504: infinite
+    brain = round_to(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 70000.0, np.nan], np.float32), "bf16")
+    assert brain[0] == 1.0 and brain[1] == 1 + 2 ** -6 and brain[2] == 70144.0 and np.isnan(brain[3])
+
+
+def feeds_for(model: onnx.ModelProto, batch: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
+    return {model.graph.input[0].name: np.random.default_rng(seed).standard_normal((batch, *dims)).astype(np.float32)}
+
+
+def test_each_node_is_measured_and_bf16_costs_more_than_fp16():
+    model = tiny_cnn()
+    feeds = feeds_for(model)
+    costs = {p: measure(model, feeds, p) for p in ("fp16", "bf16")}
+    names = [n.name for n in model.graph.node]
+    for precision, cost in costs.items():
+        assert [n.name for n in cost.nodes] == names  # each node once, by its name in the file
+        # every node's own error is at least about the format's rounding and within a few times of it
+        assert all(0 < n.own < 8 * UNIT_ROUNDOFF[precision] for n in cost.nodes), [(n.name, n.own) for n in cost.nodes]
+        [output] = cost.outputs.values()
+        assert 0 < output["rel_l2"] < 8 * UNIT_ROUNDOFF[precision] and 0.5 <= output["top1_agreement"] <= 1
+    assert np.median([n.own for n in costs["bf16"].nodes]) > 4 * np.median([n.own for n in costs["fp16"].nodes])
+    assert [n["rank"] for n in costs["fp16"].as_json()["nodes"]] == list(range(1, len(names) + 1))
+
+
+def overflowing_model() -> onnx.ModelProto:
+    """y = Relu(x * 1000): past FP16's 65504 wherever x > 65.5, within BF16's range."""
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "big"], ["scaled"], name="scale"),
+                               helper.make_node("Relu", ["scaled"], ["y"], name="relu")], "overflow",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+                              [numpy_helper.from_array(np.array(1000.0, np.float32), "big")])
+    return finish(graph)
+
+
+def test_values_past_the_format_are_counted_not_hidden():
+    model = overflowing_model()
+    feeds = {"x": 100 * feeds_for(model, 32)["x"]}
+    # the infinities Relu keeps: FP16's x (3 significant digits) times 1000, past 65504 once rounded
+    expected = int(np.count_nonzero(round_to(round_to(feeds["x"], "fp16") * 1000, "fp16") > 65504))
+    half = measure(model, feeds, "fp16")
+    assert half.outputs["y"]["nonfinite"] == expected > 0 and half.nodes[0].nonfinite > 0
+    assert measure(model, feeds, "bf16").outputs["y"]["nonfinite"] == 0
+
+
+def test_a_graph_that_cannot_run_node_by_node_is_refused_in_one_line():
+    graph = helper.make_graph([helper.make_node("Swish", ["x"], ["y"], domain="my.ops", name="swish")], "custom",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.ops", 1)])
+    with pytest.raises(InputError, match="swish.*my.ops::Swish"):
+        measure(model, {"x": np.ones((2, 4), np.float32)}, "fp16")
+
+
+def test_check_precision_prints_the_cost_and_writes_its_json(tmp_path, capsys):
+    report = tmp_path / "cost.json"
+    assert main(["check", save(tiny_cnn(), tmp_path / "cnn.onnx"), "--precision", "bf16", "--batch", "8", "--data", "random",
+                 "--json", str(report)]) == 0
+    text = capsys.readouterr().out
+    assert "BF16 cost of" in text and "on 8 images" in text and "top-1 agreement" in text
+    payload = json.loads(report.read_text())
+    assert payload["schema"] == "opplugin-precision-cost/1" and payload["emulated"] and payload["batch"] == 8
+    assert payload["nodes"][0]["rank"] == 1 and payload["nodes"][0]["own"] >= payload["nodes"][-1]["own"]
+
+
+@pytest.mark.parametrize("flags", [["--report", "page.html"], ["--save-outputs", "o.npz", "--keep", "conv1_out"], ["--atol", "0.1", "--variant", "const"]])
+def test_check_precision_refuses_the_flags_of_the_comparison_with_onnxruntime(tmp_path, capsys, monkeypatch, flags):
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "lenet86", "--precision", "fp16", *flags]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and flags[0] in error and "against float64" in error and not (tmp_path / "page.html").exists()

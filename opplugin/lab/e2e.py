@@ -69,6 +69,14 @@ def opplugin_default() -> str:
     return "opplugin_eager" if parameter is None or parameter.default is False else "opplugin_graphs"
 
 
+def output_varies(reference: np.ndarray) -> bool | None:
+    """Whether the reference output differs between the batch's images (None for one image, which cannot
+    tell). An output the same for every input (a classifier head of zeros, as torchvision initialises
+    ViT's) leaves the error columns checking little of the model."""
+    values = np.asarray(reference)
+    return None if values.ndim == 0 or values.shape[0] < 2 else bool(np.any(values != values[:1]))
+
+
 def agreement(ours: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
     """Relative L2 error and, for a classifier's (images, classes) output, top-1 agreement."""
     ours, reference = np.asarray(ours, np.float64), np.asarray(reference, np.float64)
@@ -177,11 +185,13 @@ def bench_case(path: Path, model: Model, batch: int, warmup: int, repeat: int, s
         "onnxruntime_cuda_graph": lambda: e2e_onnxruntime.time_cuda_graph(model, feeds, outputs, warmup, repeat),
     }
     rows = []
+    varies = output_varies(references[model.outputs[0]])
     for candidate in CANDIDATES:
         if candidate in PEERS and candidate not in peers:
             rows.append({**empty_row(model.name, batch, candidate), "status": "skipped", "reason": "not asked for (--peers)"})
             continue
-        row = measured_row(empty_row(model.name, batch, candidate), timers[candidate], references[model.outputs[0]])
+        row = measured_row(empty_row(model.name, batch, candidate) | {"output_varies": varies}, timers[candidate],
+                           references[model.outputs[0]])
         rows.append(row)
         print(f"{model.name} batch {batch} {candidate}: {row['status']}, {row['host_to_host_ms']} ms host to host, "
               f"{row['device_ms']} ms resident", file=sys.stderr, flush=True)
@@ -204,6 +214,9 @@ def case_record(model: str, batch: int, rows: list[dict[str, Any]], floor: dict[
     peer, peer_ms = fastest_peer(rows)
     floor_ms = floor["floor_ms"] if floor else None
     record: dict[str, Any] = {"model": model, "batch": batch, "fastest_peer": peer, "fastest_peer_ms": peer_ms}
+    varies = [row["output_varies"] for row in rows if "output_varies" in row]  # rows of runs before it was kept lack it
+    if varies:
+        record["output_varies"] = varies[0]
     for row in rows:
         if row["peer"] in OPPLUGIN:
             ours = row["host_to_host_ms"] if row["status"] == "ok" else None

@@ -89,6 +89,20 @@ def test_the_text_tables_name_the_fastest_peer_and_fit_110_columns():
     assert "opplugin's default is opplugin graphs" in prose
 
 
+def test_an_output_the_same_for_every_image_is_said_to_check_little():
+    """torchvision's ViT-B/16 with random weights has a head of zeros: every image gets the zero bias, and a rel L2
+    of 0.0 against onnxruntime would look like a perfect check."""
+    head_of_zeros = np.zeros((32, 1000), np.float32)
+    assert e2e.output_varies(head_of_zeros) is False and e2e.output_varies(head_of_zeros[:1]) is None
+    assert e2e.output_varies(np.random.default_rng(0).standard_normal((2, 10))) is True
+    flat = [dict(r, output_varies=False) for r in resnet18_batch1()]
+    assert e2e.case_record("resnet18", 1, flat, None)["output_varies"] is False
+    notes = [line for line in e2e_table.format_text(payload_of([flat]), None).splitlines() if line.startswith("- resnet18")]
+    assert notes == ["- resnet18 at 1: onnxruntime's output is the same for every image (a head of zeros, as torchvision "
+                     "initialises ViT's, say), so the error columns check little of the model"]
+    assert not any("same for every image" in line for line in e2e_table.format_text(payload_of([resnet18_batch1()])).splitlines())
+
+
 def test_the_markdown_tables_have_a_line_per_case_and_per_candidate():
     text = e2e_table.format_markdown(payload_of([resnet18_batch1()]))
     lines = text.splitlines()

@@ -12,7 +12,8 @@ or timm), its name, the arguments it was built with and the same weights, which 
 bench --e2e` loads for its PyTorch peers (eager, in a CUDA graph, torch.compile in a CUDA
 graph). Besides the random convolution and linear weights, each BatchNormalization gets
 random running statistics and affine parameters, so folding it into the Conv is exercised
-on numbers that are not 0 and 1. Inception-v3 takes 299x299 images, a timm model the size
+on numbers that are not 0 and 1, and a linear layer made all zeros (ViT-B/16's head) random
+weights, so that the output depends on the image. Inception-v3 takes 299x299 images, a timm model the size
 its default configuration names, the others 224x224. Needs torch, torchvision (or timm) and
 onnx (and onnxscript for torch's dynamo exporter, which is tried first; the TorchScript
 exporter is the fallback).
@@ -64,6 +65,10 @@ def build(name: str, seed: int):
                 module.running_var.uniform_(0.5, 1.5)
                 module.weight.uniform_(0.5, 1.5)
                 module.bias.uniform_(-0.1, 0.1)
+            elif isinstance(module, torch.nn.Linear) and not module.weight.any():
+                # torchvision starts ViT's head at zero: every image would get the same output (its bias),
+                # and the end-to-end check would compare constants
+                module.weight.normal_(0.0, 0.02)
     return source, arch, model.eval()
 
 

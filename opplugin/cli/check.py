@@ -30,7 +30,7 @@ class CheckOptions:
     workload: Workload
     tolerance: ToleranceOptions
     reports: ReportOptions
-    precision: str = "fp32"  # fp16 or bf16: what that precision costs, node by node (precision_cost.py)
+    precision: str = "fp32"  # tf32, fp16 or bf16: what that precision costs, node by node (precision_cost.py)
 
     def files(self) -> CommandFiles:
         return self.workload.files(self.reports.outputs())
@@ -42,9 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True,
                       html_help="also write the plan and the comparison as one HTML page to open in a browser")
     parser.add_argument("--precision", choices=("fp32", *PRECISIONS), default="fp32",
-                        help="fp32 (default): opplugin against onnxruntime; fp16, bf16: what that precision costs the model, "
-                             "each node's error and the outputs' against float64 (emulated: every float tensor rounded to it, "
-                             "FP32 arithmetic inside each node; opplugin's kernels in it are not built yet)")
+                        help="fp32 (default): opplugin against onnxruntime; tf32, fp16, bf16: what that precision costs the model, "
+                             "each node's error and the outputs' against float64, emulated (fp16, bf16: every float tensor rounded "
+                             "to it; tf32: the operands of each product), FP32 arithmetic inside each node")
 
 
 def read(args: argparse.Namespace) -> CheckOptions:
@@ -127,7 +127,7 @@ PRECISION_IMAGES = 32  # check --precision's images without --batch
 
 
 def _precision_cost(options: CheckOptions) -> int:
-    """check --precision fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured."""
+    """check --precision tf32|fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured."""
     loaded, inputs = load_with_inputs(options.workload)
     # every tensor is kept in float64 and in the format: without --batch, a few images, not a run's thousands
     images = loaded.batch if options.workload.model.batch is not None else min(loaded.batch, PRECISION_IMAGES)

@@ -1,10 +1,13 @@
-"""What half precision costs a model in accuracy, node by node, against float64: `check --precision fp16|bf16`.
+"""What reduced precision costs a model in accuracy, node by node, against float64: `check --precision
+tf32|fp16|bf16`.
 
-opplugin's FP16 and BF16 kernels for whole models are not built yet, so the cost is measured on an
-emulation of them: every float tensor a node reads or writes (inputs, weights, results) is rounded to
-the format, and the arithmetic inside the node stays FP32, as a tensor-core kernel that stores half
-precision and accumulates in FP32 computes, up to the order of its sums. onnxruntime's CPU provider runs
-each node in FP32; the exact result is each node in float64 (float64.py). Three measures:
+opplugin does not run whole models in these precisions yet (its FP16, BF16 and TF32 Conv families are
+opt-in, for single layers), so the cost is measured on an emulation. FP16 and BF16: every float tensor a node reads or writes (inputs, weights, results) is
+rounded to the format, and the arithmetic inside the node stays FP32, as a tensor-core kernel that stores
+half precision and accumulates in FP32 computes, up to the order of its sums. TF32: tensors stay FP32,
+and the operands of each product (Conv, ConvTranspose, Gemm, MatMul) are rounded to TF32 as they are read,
+as cuDNN's and cuBLAS's TF32 modes do. onnxruntime's CPU provider runs each node in FP32; the exact result
+is each node in float64 (float64.py). Three measures:
 
 - a node's own error: the node alone on the exact result's inputs, rounded, its output rounded, against
   its exact output: what that node costs wherever it stands, the ranking's measure;
@@ -27,23 +30,30 @@ from onnx import helper, numpy_helper
 from ..errors import InputError
 from . import float64
 
-PRECISIONS = ("fp16", "bf16")
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # a value rounded to the format moves by this much at most, relatively
+PRECISIONS = ("tf32", "fp16", "bf16")
+UNIT_ROUNDOFF = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # a value rounded to it moves by this much at most, relatively
+# what each emulation rounds, in words
+HOW = {"tf32": "the operands of each Conv, Gemm and MatMul rounded to TF32, sums and every other op in FP32",
+       "fp16": "every float tensor rounded to FP16, FP32 arithmetic inside each node",
+       "bf16": "every float tensor rounded to BF16, FP32 arithmetic inside each node"}
+PRODUCTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})  # what TF32 tensor cores compute
 SCHEMA = "opplugin-precision-cost/1"
 RANKED = 10  # nodes the text names in its ranking (the JSON has them all)
 
 
 def round_to(values: np.ndarray, precision: str) -> np.ndarray:
-    """float32 `values` rounded to the nearest FP16 or BF16 value (ties to even), back as float32."""
+    """float32 `values` rounded to the nearest FP16, BF16 or TF32 value (ties to even), back as float32."""
     x = np.asarray(values, np.float32)
     if precision == "fp16":
         with np.errstate(over="ignore"):
             return x.astype(np.float16).astype(np.float32)
-    if precision != "bf16":
+    dropped = {"bf16": 16, "tf32": 13}.get(precision)  # the low mantissa bits the format lacks
+    if dropped is None:
         raise ValueError(f"unknown precision {precision!r}")
     bits = x.view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(x), x, rounded)  # a NaN's payload could round into an infinity
+    half = (1 << (dropped - 1)) - 1
+    kept = (bits + half + ((bits >> dropped) & 1)) & (0xFFFFFFFF ^ ((1 << dropped) - 1))
+    return np.where(np.isnan(x), x, kept.astype(np.uint32).view(np.float32))  # a NaN's payload could round into an infinity
 
 
 @dataclass
@@ -69,7 +79,7 @@ class PrecisionCost:
 
     def as_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "precision": self.precision, "emulated": True, "model": self.model, "batch": self.batch,
-                "how": "every float tensor rounded to the format, FP32 arithmetic inside each node, against float64",
+                "how": HOW[self.precision] + ", against float64",
                 "outputs": self.outputs,
                 "nodes": [vars(n) | {"rank": i + 1} for i, n in enumerate(self.ranking())]}
 
@@ -89,11 +99,11 @@ def measure(model: onnx.ModelProto, feeds: dict[str, np.ndarray], precision: str
     written = [o for n in body for o in n.output if o]
     exact = float64.evaluate(body, feeds, constants, written, model.opset_import)
     exact_of = {**{k: np.asarray(v) for k, v in feeds.items()}, **constants, **exact}
-    emulated = {k: _rounded(v, precision) for k, v in {**feeds, **constants}.items()}
+    emulated = {k: _stored(v, precision) for k, v in {**feeds, **constants}.items()}
     result = PrecisionCost(precision, name, int(next(iter(feeds.values())).shape[0]) if feeds else 0)
     for index, node in enumerate(body):
         # the exact inputs in the dtypes the node reads (float64.evaluate computed float32 tensors in float64)
-        exact_inputs = {i: _rounded(np.asarray(exact_of[i]).astype(emulated[i].dtype), precision) for i in node.input if i}
+        exact_inputs = {i: _stored(np.asarray(exact_of[i]).astype(emulated[i].dtype), precision) for i in node.input if i}
         alone = _run_alone(node, exact_inputs, model.opset_import, precision)
         through = _run_alone(node, {i: emulated[i] for i in node.input if i}, model.opset_import, precision)
         emulated.update(through)
@@ -131,9 +141,10 @@ def output_error(got: np.ndarray, exact: np.ndarray) -> dict[str, float | None]:
 
 def format_text(cost: PrecisionCost) -> str:
     fmt = cost.precision.upper()
-    lines = [f"{fmt} cost of {cost.model} on {cost.batch} images, against float64 (emulated: every float tensor rounded to {fmt},",
-             f"FP32 arithmetic inside each node; opplugin's own kernels in {fmt} are not built yet). Rounding alone moves a",
-             f"value by at most {UNIT_ROUNDOFF[cost.precision]:.1e} of itself: a node's own error near that is the format's, above it the node's.", ""]
+    lines = [f"{fmt} cost of {cost.model} on {cost.batch} images, against float64. Emulated, as opplugin does not run whole",
+             f"models in {fmt} yet: {HOW[cost.precision]}. Rounding to {fmt}",
+             f"moves a value by at most {UNIT_ROUNDOFF[cost.precision]:.1e} of itself: a node's own error near that is the format's, "
+             "above it the node's.", ""]
     for name, error in cost.outputs.items():
         top1 = "" if error["top1_agreement"] is None else f", top-1 agreement {error['top1_agreement']:.4f}"
         overflow = f", {error['nonfinite']} values not finite" if error["nonfinite"] else ""
@@ -160,11 +171,18 @@ def _rounded(value: np.ndarray, precision: str) -> np.ndarray:
     return round_to(value, precision) if value.dtype == np.float32 else value
 
 
+def _stored(value: np.ndarray, precision: str) -> np.ndarray:
+    """A tensor as it is kept between nodes: in the format, but TF32's, which stays FP32."""
+    return np.asarray(value) if precision == "tf32" else _rounded(value, precision)
+
+
 def _run_alone(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: Sequence[onnx.OperatorSetIdProto], precision: str) -> dict[str, np.ndarray]:
-    """The node's outputs from onnxruntime's CPU provider on `inputs` (float ones rounded already), each
-    float32 output rounded."""
+    """The node's outputs from onnxruntime's CPU provider on `inputs` (as stored), each float32 output as
+    stored; a product's operands rounded to TF32 first, under tf32."""
     import onnxruntime as ort
 
+    if precision == "tf32" and node.op_type in PRODUCTS:
+        inputs = {i: _rounded(v, precision) for i, v in inputs.items()}
     outputs = [o for o in node.output if o]
     graph = helper.make_graph([node], "alone", [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                                                 for i, v in inputs.items()],
@@ -174,7 +192,7 @@ def _run_alone(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: Seque
     settings = ort.SessionOptions()
     settings.intra_op_num_threads = settings.inter_op_num_threads = 1  # a session a node: thread pools would cost more than the node
     session = ort.InferenceSession(alone.SerializeToString(), settings, providers=["CPUExecutionProvider"])
-    return {o: _rounded(v, precision) for o, v in zip(outputs, session.run(outputs, inputs))}
+    return {o: _stored(v, precision) for o, v in zip(outputs, session.run(outputs, inputs))}
 
 
 def _refuse_what_cannot_run_alone(graph: onnx.GraphProto) -> None:

@@ -1,4 +1,4 @@
-"""check --precision fp16|bf16 (verify/precision_cost.py): rounding to the formats, each node's own error and the
+"""check --precision tf32|fp16|bf16 (verify/precision_cost.py): rounding to the formats, each node's own error and the
 error as it arrives against float64, the outputs' error and top-1 agreement, overflow counted, and what is refused."""
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def test_rounding_goes_to_the_nearest_value_of_each_format():
     assert np.isinf(half[2]) and np.isnan(half[3]) and half[4] == -2.5  # past 65504: infinite
     brain = round_to(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 70000.0, np.nan], np.float32), "bf16")
     assert brain[0] == 1.0 and brain[1] == 1 + 2 ** -6 and brain[2] == 70144.0 and np.isnan(brain[3])
+    tensor = round_to(np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, 1 + 2 ** -12], np.float32), "tf32")
+    assert tensor[0] == 1.0 and tensor[1] == 1 + 2 ** -9 and tensor[2] == 70016.0 and tensor[3] == 1.0  # FP32's range, 10 bits
 
 
 def feeds_for(model: onnx.ModelProto, batch: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
@@ -42,6 +44,14 @@ def test_each_node_is_measured_and_bf16_costs_more_than_fp16():
         assert 0 < output["rel_l2"] < 8 * UNIT_ROUNDOFF[precision] and 0.5 <= output["top1_agreement"] <= 1
     assert np.median([n.own for n in costs["bf16"].nodes]) > 4 * np.median([n.own for n in costs["fp16"].nodes])
     assert [n["rank"] for n in costs["fp16"].as_json()["nodes"]] == list(range(1, len(names) + 1))
+
+
+def test_tf32_rounds_the_operands_of_products_alone():
+    cost = measure(tiny_cnn(), feeds_for(tiny_cnn()), "tf32")
+    products = {"Conv", "Gemm"}
+    assert all(0 < n.own < 8 * UNIT_ROUNDOFF["tf32"] for n in cost.nodes if n.op in products)
+    assert all(n.own < 1e-6 for n in cost.nodes if n.op not in products)  # FP32 against float64 alone
+    assert cost.ranking()[0].op in products
 
 
 def overflowing_model() -> onnx.ModelProto:

@@ -15,13 +15,14 @@ from ..report.timing import add_devices, format_devices
 from ..runtime.multi_device import DevicesTally
 from ..verify.check import build_check_report, check, check_chunks, format_check
 from ..errors import InputError
-from ..verify import precision_cost
+from ..verify import mixed_precision, precision_cost
 from ..verify.first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
+from ..verify.mixed_precision import Budget
 from ..verify.precision_cost import PRECISIONS
 from .file_guard import CommandFiles
 from .options import DEFAULT_ATOL, DEFAULT_RTOL, ReportOptions, ToleranceOptions
 from .output import save_outputs, write_json
-from .progress import ProgressBar
+from .progress import PassBars, ProgressBar
 from .workload import Workload, kernel_loops, load_with_inputs, prepare
 
 
@@ -30,7 +31,8 @@ class CheckOptions:
     workload: Workload
     tolerance: ToleranceOptions
     reports: ReportOptions
-    precision: str = "fp32"  # tf32, fp16 or bf16: what that precision costs, node by node (precision_cost.py)
+    precision: str = "fp32"  # tf32, fp16 or bf16: what that precision costs, node by node (precision_cost.py); mixed
+    budget: Budget | None = None  # with mixed: what the outputs must meet (mixed_precision.py)
 
     def files(self) -> CommandFiles:
         return self.workload.files(self.reports.outputs())
@@ -41,14 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ToleranceOptions.add(parser)
     ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True,
                       html_help="also write the plan and the comparison as one HTML page to open in a browser")
-    parser.add_argument("--precision", choices=("fp32", *PRECISIONS), default="fp32",
+    parser.add_argument("--precision", choices=("fp32", *PRECISIONS, "mixed"), default="fp32",
                         help="fp32 (default): opplugin against onnxruntime; tf32, fp16, bf16: what that precision costs the model, "
                              "each node's error and the outputs' against float64, emulated (fp16, bf16: every float tensor rounded "
-                             "to it; tf32: the operands of each product), FP32 arithmetic inside each node")
+                             "to it; tf32: the operands of each product), FP32 arithmetic inside each node; mixed: which nodes "
+                             "must stay in FP32 for FP16 to meet --budget")
+    parser.add_argument("--budget", metavar="rel_l2=E|top1=A",
+                        help="with --precision mixed: the outputs' relative L2 error against float64 at most E, or their top-1 "
+                             "agreement with it at least A")
 
 
 def read(args: argparse.Namespace) -> CheckOptions:
-    options = CheckOptions(Workload.from_args(args), ToleranceOptions.from_args(args), ReportOptions.from_args(args), args.precision)
+    if (args.precision == "mixed") != (args.budget is not None):
+        raise InputError("--precision mixed needs --budget rel_l2=E or top1=A, and --budget needs --precision mixed")
+    budget = Budget.parse(args.budget) if args.budget is not None else None
+    options = CheckOptions(Workload.from_args(args), ToleranceOptions.from_args(args), ReportOptions.from_args(args), args.precision, budget)
     if options.precision != "fp32":
         _refuse_what_precision_ignores(options)
     return options
@@ -127,21 +136,24 @@ PRECISION_IMAGES = 32  # check --precision's images without --batch
 
 
 def _precision_cost(options: CheckOptions) -> int:
-    """check --precision tf32|fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured."""
+    """check --precision tf32|fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured. --precision
+    mixed: the nodes kept in FP32 for the budget; 1 where no assignment meets it."""
     loaded, inputs = load_with_inputs(options.workload)
     # every tensor is kept in float64 and in the format: without --batch, a few images, not a run's thousands
     images = loaded.batch if options.workload.model.batch is not None else min(loaded.batch, PRECISION_IMAGES)
     feeds = {name: np.asarray(value)[:images] for name, value in inputs.feeds.items()}
-    bar = ProgressBar(sys.stderr, unit="nodes")
+    bar = PassBars(sys.stderr, unit="nodes")
     try:
-        cost = precision_cost.measure(loaded.model.original, feeds, options.precision, loaded.model.name,
-                                      lambda done, total: bar(options.precision, done, total))
+        if options.budget is not None:
+            found = mixed_precision.plan_mixed(loaded.model.original, feeds, options.budget, loaded.model.name, bar)
+        else:
+            found = precision_cost.measure(loaded.model.original, feeds, options.precision, loaded.model.name, bar)
     finally:
         bar.close()
-    print(precision_cost.format_text(cost), end="")
+    print((mixed_precision if options.budget is not None else precision_cost).format_text(found), end="")
     if options.reports.json:
-        write_json(options.reports.json, cost.as_json() | {"inputs": inputs.source})
-    return 0
+        write_json(options.reports.json, found.as_json() | {"inputs": inputs.source})
+    return 0 if getattr(found, "met", True) else 1
 
 
 def _devices_section(tally) -> dict:

@@ -76,3 +76,23 @@ class ProgressBar:
             self.stream.write("\n")
             self.stream.flush()
             self.drawn = False
+
+
+class PassBars:
+    """Callable as progress(label, done, total) for work done in passes, one label a pass: a fresh
+    ProgressBar for each pass, so that each shows its own start and quarters."""
+
+    def __init__(self, stream: TextIO | None = None, unit: str = "images"):
+        self.stream, self.unit = stream, unit
+        self.label: str | None = None
+        self.bar: ProgressBar | None = None
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if label != self.label:
+            self.close()
+            self.label, self.bar = label, ProgressBar(self.stream, unit=self.unit)
+        self.bar(label, done, total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

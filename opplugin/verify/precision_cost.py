@@ -21,12 +21,13 @@ format cannot hold (FP16 past 65504) comes out infinite and is counted, not hidd
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..core.texttable import elide_middle
 from ..errors import InputError
 from . import float64
 
@@ -84,39 +85,86 @@ class PrecisionCost:
                 "nodes": [vars(n) | {"rank": i + 1} for i, n in enumerate(self.ranking())]}
 
 
+class Emulation:
+    """A model's nodes run one at a time on onnxruntime's CPU provider, each in a precision of its own (`run`),
+    beside the exact result of every tensor (float64.evaluate). A node rounds what it reads and writes as its
+    precision says (`_on_read`, `_on_write`), so tensors are kept as their writers left them: an FP32 node
+    reading an FP16 node's output reads FP16 values, as a mixed plan converting at its boundaries would.
+    The first run is in FP32, to learn each tensor's dtype; every run reuses the nodes' sessions."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Callable[[str, int, int], None] | None = None):
+        graph = model.graph
+        _refuse_what_cannot_run_alone(graph)
+        constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        for node in graph.node:  # Constant nodes' values, as constants
+            if node.op_type == "Constant":
+                constants[node.output[0]] = _constant_value(node)
+        self.body = [n for n in graph.node if n.op_type != "Constant"]
+        self.opset, self.outputs, self.progress = list(model.opset_import), [o.name for o in graph.output], progress
+        self.given = {**{k: np.asarray(v) for k, v in feeds.items()}, **constants}
+        written = [o for n in self.body for o in n.output if o]
+        self.exact = {**self.given, **float64.evaluate(self.body, feeds, constants, written, model.opset_import)}
+        self._sessions: dict[int, Any] = {}
+        self.dtypes = {name: value.dtype for name, value in self.run(lambda index: "fp32", "fp32").items()}
+
+    def run(self, precision_of: Callable[[int], str], label: str) -> dict[str, np.ndarray]:
+        """Every tensor of a pass through the model, node `index` in precision_of(index)."""
+        values = dict(self.given)
+        for index, node in enumerate(self.body):
+            values.update(self._node(index, {i: values[i] for i in node.input if i}, precision_of(index)))
+            if self.progress:
+                self.progress(label, index + 1, len(self.body))
+        return values
+
+    def own(self, precision: str) -> list[dict[str, np.ndarray]]:
+        """Each node's outputs in `precision`, alone on the exact values of its inputs (in the model's dtypes)."""
+        found = []
+        for index, node in enumerate(self.body):
+            inputs = {i: np.asarray(self.exact[i]).astype(self.dtypes[i]) for i in node.input if i}
+            found.append(self._node(index, inputs, precision))
+            if self.progress:
+                self.progress(f"{precision}, alone", index + 1, len(self.body))
+        return found
+
+    def float_outputs(self, index: int) -> list[str]:
+        """The outputs of node `index` that hold numbers with fractions: those a precision can cost."""
+        return [o for o in self.body[index].output if o and np.issubdtype(np.asarray(self.exact[o]).dtype, np.floating)]
+
+    def _node(self, index: int, inputs: dict[str, np.ndarray], precision: str) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        node = self.body[index]
+        outputs = [o for o in node.output if o]
+        session = self._sessions.get(index)
+        if session is None:
+            graph = helper.make_graph([node], "alone", [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                                                        for i, v in inputs.items()],
+                                      [helper.make_empty_tensor_value_info(o) for o in outputs])
+            alone = helper.make_model(graph, opset_imports=self.opset)
+            alone.ir_version = min(alone.ir_version, 10)
+            settings = ort.SessionOptions()
+            settings.intra_op_num_threads = settings.inter_op_num_threads = 1  # a session a node: thread pools would cost more
+            session = self._sessions[index] = ort.InferenceSession(alone.SerializeToString(), settings, providers=["CPUExecutionProvider"])
+        read = {i: _on_read(node, v, precision) for i, v in inputs.items()}
+        return {o: _on_write(v, precision) for o, v in zip(outputs, session.run(outputs, read))}
+
+
 def measure(model: onnx.ModelProto, feeds: dict[str, np.ndarray], precision: str, name: str = "model",
-            progress: Callable[[int, int], None] | None = None) -> PrecisionCost:
+            progress: Callable[[str, int, int], None] | None = None) -> PrecisionCost:
     """The cost of `precision` for `model` (the file's graph, names as written) on `feeds`."""
     if precision not in PRECISIONS:
         raise InputError(f"--precision {precision}: one of {', '.join(PRECISIONS)} is measured (fp32 is what check compares)")
-    graph = model.graph
-    _refuse_what_cannot_run_alone(graph)
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:  # Constant nodes' values, as constants
-        if node.op_type == "Constant":
-            constants[node.output[0]] = _constant_value(node)
-    body = [n for n in graph.node if n.op_type != "Constant"]
-    written = [o for n in body for o in n.output if o]
-    exact = float64.evaluate(body, feeds, constants, written, model.opset_import)
-    exact_of = {**{k: np.asarray(v) for k, v in feeds.items()}, **constants, **exact}
-    emulated = {k: _stored(v, precision) for k, v in {**feeds, **constants}.items()}
+    emulation = Emulation(model, feeds, progress)
+    alone = emulation.own(precision)
+    through = emulation.run(lambda index: precision, precision)
     result = PrecisionCost(precision, name, int(next(iter(feeds.values())).shape[0]) if feeds else 0)
-    for index, node in enumerate(body):
-        # the exact inputs in the dtypes the node reads (float64.evaluate computed float32 tensors in float64)
-        exact_inputs = {i: _stored(np.asarray(exact_of[i]).astype(emulated[i].dtype), precision) for i in node.input if i}
-        alone = _run_alone(node, exact_inputs, model.opset_import, precision)
-        through = _run_alone(node, {i: emulated[i] for i in node.input if i}, model.opset_import, precision)
-        emulated.update(through)
-        for output in (o for o in node.output if o):
-            truth = exact_of[output]
-            if not np.issubdtype(np.asarray(truth).dtype, np.floating):
-                continue
-            result.nodes.append(NodeCost(node.name or output, node.op_type, output, relative_l2(alone[output], truth),
+    for index, node in enumerate(emulation.body):
+        for output in emulation.float_outputs(index):
+            truth = emulation.exact[output]
+            result.nodes.append(NodeCost(node.name or output, node.op_type, output, relative_l2(alone[index][output], truth),
                                          relative_l2(through[output], truth), _made_nonfinite(through[output], truth)))
-        if progress:
-            progress(index + 1, len(body))
-    for output in graph.output:
-        result.outputs[output.name] = output_error(emulated[output.name], exact_of[output.name])
+    for output in emulation.outputs:
+        result.outputs[output] = output_error(through[output], emulation.exact[output])
     return result
 
 
@@ -153,12 +201,8 @@ def format_text(cost: PrecisionCost) -> str:
               f"{'rank':>4}  {'node':40}  {'op':20}  {'own error':>9}  {'arriving':>9}"]
     for rank, node in enumerate(cost.ranking()[:RANKED], 1):
         flag = f"  {node.nonfinite} not finite" if node.nonfinite else ""
-        lines.append(f"{rank:>4}  {_short(node.name, 40):40}  {node.op:20}  {node.own:9.2e}  {node.arriving:9.2e}{flag}")
+        lines.append(f"{rank:>4}  {elide_middle(node.name, 40):40}  {node.op:20}  {node.own:9.2e}  {node.arriving:9.2e}{flag}")
     return "\n".join(lines) + "\n"
-
-
-def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 12] + "..." + text[-9:]
 
 
 def _made_nonfinite(got: np.ndarray, exact: np.ndarray) -> int:
@@ -171,28 +215,16 @@ def _rounded(value: np.ndarray, precision: str) -> np.ndarray:
     return round_to(value, precision) if value.dtype == np.float32 else value
 
 
-def _stored(value: np.ndarray, precision: str) -> np.ndarray:
-    """A tensor as it is kept between nodes: in the format, but TF32's, which stays FP32."""
-    return np.asarray(value) if precision == "tf32" else _rounded(value, precision)
+def _on_read(node: onnx.NodeProto, value: np.ndarray, precision: str) -> np.ndarray:
+    """An input as a node in `precision` reads it: FP16 and BF16 round every float input, TF32 a product's."""
+    if precision in ("fp16", "bf16") or (precision == "tf32" and node.op_type in PRODUCTS):
+        return _rounded(value, precision)
+    return np.asarray(value)
 
 
-def _run_alone(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: Sequence[onnx.OperatorSetIdProto], precision: str) -> dict[str, np.ndarray]:
-    """The node's outputs from onnxruntime's CPU provider on `inputs` (as stored), each float32 output as
-    stored; a product's operands rounded to TF32 first, under tf32."""
-    import onnxruntime as ort
-
-    if precision == "tf32" and node.op_type in PRODUCTS:
-        inputs = {i: _rounded(v, precision) for i, v in inputs.items()}
-    outputs = [o for o in node.output if o]
-    graph = helper.make_graph([node], "alone", [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-                                                for i, v in inputs.items()],
-                              [helper.make_empty_tensor_value_info(o) for o in outputs])
-    alone = helper.make_model(graph, opset_imports=list(opset))
-    alone.ir_version = min(alone.ir_version, 10)
-    settings = ort.SessionOptions()
-    settings.intra_op_num_threads = settings.inter_op_num_threads = 1  # a session a node: thread pools would cost more than the node
-    session = ort.InferenceSession(alone.SerializeToString(), settings, providers=["CPUExecutionProvider"])
-    return {o: _stored(v, precision) for o, v in zip(outputs, session.run(outputs, inputs))}
+def _on_write(value: np.ndarray, precision: str) -> np.ndarray:
+    """An output as a node in `precision` stores it: in FP16 or BF16; TF32's and FP32's stay FP32."""
+    return _rounded(value, precision) if precision in ("fp16", "bf16") else np.asarray(value)
 
 
 def _refuse_what_cannot_run_alone(graph: onnx.GraphProto) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from onnx_builders import finish, save, tiny_cnn
+from onnx import TensorProto, helper
+from onnx_builders import save, tiny_cnn
+from precision_cases import feeds_for, overflowing_model
 
 from opplugin.cli import main
 from opplugin.errors import InputError
@@ -24,11 +24,6 @@ def test_rounding_goes_to_the_nearest_value_of_each_format():
     assert brain[0] == 1.0 and brain[1] == 1 + 2 ** -6 and brain[2] == 70144.0 and np.isnan(brain[3])
     tensor = round_to(np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, 1 + 2 ** -12], np.float32), "tf32")
     assert tensor[0] == 1.0 and tensor[1] == 1 + 2 ** -9 and tensor[2] == 70016.0 and tensor[3] == 1.0  # FP32's range, 10 bits
-
-
-def feeds_for(model: onnx.ModelProto, batch: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
-    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
-    return {model.graph.input[0].name: np.random.default_rng(seed).standard_normal((batch, *dims)).astype(np.float32)}
 
 
 def test_each_node_is_measured_and_bf16_costs_more_than_fp16():
@@ -52,16 +47,6 @@ def test_tf32_rounds_the_operands_of_products_alone():
     assert all(0 < n.own < 8 * UNIT_ROUNDOFF["tf32"] for n in cost.nodes if n.op in products)
     assert all(n.own < 1e-6 for n in cost.nodes if n.op not in products)  # FP32 against float64 alone
     assert cost.ranking()[0].op in products
-
-
-def overflowing_model() -> onnx.ModelProto:
-    """y = Relu(x * 1000): past FP16's 65504 wherever x > 65.5, within BF16's range."""
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "big"], ["scaled"], name="scale"),
-                               helper.make_node("Relu", ["scaled"], ["y"], name="relu")], "overflow",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
-                              [numpy_helper.from_array(np.array(1000.0, np.float32), "big")])
-    return finish(graph)
 
 
 def test_values_past_the_format_are_counted_not_hidden():

@@ -17,7 +17,7 @@ import onnx
 
 from ..core.texttable import elide_middle
 from ..errors import InputError
-from .precision_cost import UNIT_ROUNDOFF, Emulation, output_error, relative_l2
+from .precision_cost import UNIT_ROUNDOFF, Emulation, output_error, own_error
 
 SCHEMA = "opplugin-mixed-precision/1"
 LOW = "fp16"  # the precision every node takes unless the budget keeps it in FP32
@@ -83,7 +83,7 @@ def plan_mixed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: Bud
     if budget.kind == "top1" and not any(np.asarray(emulation.exact[o]).ndim == 2 for o in emulation.outputs):
         raise InputError("--budget top1=...: the model has no (images, classes) output to agree on; give rel_l2=... instead")
     alone = emulation.own(LOW)
-    own = {index: max((relative_l2(alone[index][o], emulation.exact[o]) for o in emulation.float_outputs(index)), default=0.0)
+    own = {index: max((own_error(alone[index][o], emulation.exact[o]) for o in emulation.float_outputs(index)), default=0.0)
            for index in range(len(emulation.body))}
     # the nodes that compute numbers, dearest first (a node of shapes or indices has no precision to choose)
     order = sorted((i for i in own if emulation.float_outputs(i)), key=lambda i: (-own[i], i))

@@ -2,15 +2,17 @@
 tf32|fp16|bf16`.
 
 opplugin does not run whole models in these precisions yet (its FP16, BF16 and TF32 Conv families are
-opt-in, for single layers), so the cost is measured on an emulation. FP16 and BF16: every float tensor a node reads or writes (inputs, weights, results) is
-rounded to the format, and the arithmetic inside the node stays FP32, as a tensor-core kernel that stores
-half precision and accumulates in FP32 computes, up to the order of its sums. TF32: tensors stay FP32,
+opt-in, for single layers), so the cost is measured on an emulation. FP16 and BF16: every float tensor a
+node reads or writes (inputs, weights, results) is rounded to the format, and the arithmetic inside the
+node stays FP32, as a tensor-core kernel that stores half precision and accumulates in FP32 computes, up
+to the order of its sums. TF32: tensors stay FP32,
 and the operands of each product (Conv, ConvTranspose, Gemm, MatMul) are rounded to TF32 as they are read,
 as cuDNN's and cuBLAS's TF32 modes do. onnxruntime's CPU provider runs each node in FP32; the exact result
 is each node in float64 (float64.py). Three measures:
 
 - a node's own error: the node alone on the exact result's inputs, rounded, its output rounded, against
-  its exact output: what that node costs wherever it stands, the ranking's measure;
+  its exact output: what that node costs wherever it stands, the ranking's measure (infinite where the
+  node alone makes a value the format cannot hold);
 - the error as it arrives: every node on the rounded results before it (the emulated model run
   through), each tensor against its exact value;
 - the outputs: their error and, for (batch, classes) scores, the top-1 agreement with float64.
@@ -62,7 +64,7 @@ class NodeCost:
     name: str
     op: str
     output: str
-    own: float  # relative L2 of the node alone on rounded exact inputs
+    own: float  # relative L2 of the node alone on rounded exact inputs (own_error)
     arriving: float  # relative L2 of its output in the emulated run
     nonfinite: int  # values the emulated run made infinite or NaN where float64 has a number
 
@@ -76,7 +78,7 @@ class PrecisionCost:
     outputs: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def ranking(self) -> list[NodeCost]:
-        return sorted((n for n in self.nodes if np.isfinite(n.own)), key=lambda n: -n.own) + [n for n in self.nodes if not np.isfinite(n.own)]
+        return sorted(self.nodes, key=lambda n: -n.own)  # an overflow (infinite) first
 
     def as_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "precision": self.precision, "emulated": True, "model": self.model, "batch": self.batch,
@@ -161,11 +163,16 @@ def measure(model: onnx.ModelProto, feeds: dict[str, np.ndarray], precision: str
     for index, node in enumerate(emulation.body):
         for output in emulation.float_outputs(index):
             truth = emulation.exact[output]
-            result.nodes.append(NodeCost(node.name or output, node.op_type, output, relative_l2(alone[index][output], truth),
+            result.nodes.append(NodeCost(node.name or output, node.op_type, output, own_error(alone[index][output], truth),
                                          relative_l2(through[output], truth), _made_nonfinite(through[output], truth)))
     for output in emulation.outputs:
         result.outputs[output] = output_error(through[output], emulation.exact[output])
     return result
+
+
+def own_error(got: np.ndarray, exact: np.ndarray) -> float:
+    """A node's own error: its relative L2, or infinite where it made a value infinite or NaN that float64 holds."""
+    return float("inf") if _made_nonfinite(got, exact) else relative_l2(got, exact)
 
 
 def relative_l2(got: np.ndarray, exact: np.ndarray) -> float:

@@ -34,6 +34,7 @@
 #endif
 
 #include "async_copy.cuh"
+#include "tf32_small_part.cuh"
 
 #define NTHREADS (X_ROWS * 2)       // producers; as many consumers: a warpgroup per 64 data rows
 #define BLOCK_THREADS (2 * NTHREADS)
@@ -60,8 +61,6 @@ static_assert(W_ROWS == 64 || W_ROWS == 128, "a wgmma's N: 64 or 128 weight rows
 static_assert(X_ROWS % 64 == 0 && BK == 32, "64 data rows a warpgroup, a row's slice one 128-byte line");
 static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
 
-// an operand's small part: the value less the TF32 bits the tensor core keeps of it
-__device__ __forceinline__ float small_part(float v) { return v - __uint_as_float(__float_as_uint(v) & 0xffffe000u); }
 
 // The descriptor of a K-major operand in the 128-byte swizzle whose k8 step starts at `tile`: the
 // operand's rows in whole 1024-byte atoms of 8, the step 32 bytes into its lines; 8-row groups 1024

@@ -21,21 +21,25 @@ from ..operands import checked_array
 from . import reference
 from .epilogue import NONE, GemmEpilogue
 from .families import GemmConfig, TensorConfig, WgmmaConfig, defines, effective_bias
+from .layernorm_prologue import LayerNormPrologue
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
 
-def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE) -> str:
-    """A Gemm or MatMul kernel's name in reports: "<op>.<configured name><epilogue>", e.g. "gemm.rowwarp_r2+softmax"."""
-    return f"{op}.{variant}{epilogue.suffix}"
+def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE, prologue: LayerNormPrologue | None = None) -> str:
+    """A Gemm or MatMul kernel's name in reports: "<op>.<prologue><configured name><epilogue>", e.g.
+    "gemm.rowwarp_r2+softmax", "matmul.ln*wg_3xtf32_b64x64x32_s3+gelu"."""
+    return f"{op}.{prologue.prefix if prologue else ''}{variant}{epilogue.suffix}"
 
 
 class ReferenceGemmKernel(Kernel):
     """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused)."""
 
-    def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm", bias: np.ndarray | None = None):
-        """`bias`: a constant C that the inputs do not carry (a MatMul's fused bias Add)."""
-        self.spec, self.epilogue, self.bias = spec, epilogue, bias
-        self.name = kernel_name(op, "reference", epilogue)
+    def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm", bias: np.ndarray | None = None,
+                 prologue: LayerNormPrologue | None = None):
+        """`bias`: a constant C that the inputs do not carry (a MatMul's fused bias Add); `prologue`: a
+        LayerNorm applied to A's rows first."""
+        self.spec, self.epilogue, self.bias, self.prologue = spec, epilogue, bias, prologue
+        self.name = kernel_name(op, "reference", epilogue, prologue)
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -45,7 +49,8 @@ class ReferenceGemmKernel(Kernel):
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, residual: Any = None) -> list[Any]:
         c = inputs[2] if len(inputs) > 2 and inputs[2] is not None else self.bias
-        y = reference.run(self.spec, self.epilogue, inputs[0], inputs[1], c)
+        a = inputs[0] if self.prologue is None else self.prologue.reference(inputs[0])
+        y = reference.run(self.spec, self.epilogue, a, inputs[1], c)
         if self.epilogue.residual:
             y = np.asarray(y, np.float32) + np.asarray(_residual_of(residual, self.name), np.float32)
         return [np.asarray(y, np.float32)]
@@ -93,12 +98,13 @@ class GemmKernel(Kernel):
     B and C are ignored when they were constants at build."""
 
     def __init__(self, spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue, b: np.ndarray | None, c: np.ndarray | None,
-                 op: str = "gemm"):
+                 op: str = "gemm", prologue: LayerNormPrologue | None = None):
+        """`prologue`: a LayerNorm applied to A's rows before the product (layernorm_prologue.py)."""
         import cupy
 
-        self.spec, self.config, self.epilogue = spec, config, epilogue
+        self.spec, self.config, self.epilogue, self.prologue = spec, config, epilogue, prologue
         self.variant = config.name()
-        self.name = kernel_name(op, self.variant, epilogue)
+        self.name = kernel_name(op, self.variant, epilogue, prologue)
         module = cuda.load(compile_job(spec, config, epilogue, cuda.device_arch()))
         tensor = isinstance(config, (TensorConfig, WgmmaConfig))
         self.function = module.get_function(config.function)
@@ -108,6 +114,8 @@ class GemmKernel(Kernel):
         self._splits = config.splits if isinstance(config, WgmmaConfig) else 1  # gemv's `splits` are warps of one block
         self._reduce = module.get_function("gemm_split_reduce") if self._splits > 1 else None
         self.functions = [self.function] + [f for f in (self._small_parts, self._reduce) if f is not None]
+        if prologue is not None:
+            self.functions.append(prologue.load())
         # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an
         # infinity into NaN (tf32_mma.cuh): the runner watches such a kernel, which raises its own flag
         # as it stores (registry.Kernel); a fused row Softmax is split off on the exact path
@@ -158,16 +166,24 @@ class GemmKernel(Kernel):
     def workspace_bytes(self, batch: int) -> int:
         """A's small parts, for wgmma, and a K split's partial sums."""
         small = 4 * batch * self.spec.k if self._small_parts is not None else 0
-        return small + (4 * self._splits * batch * self.spec.n if self._reduce is not None else 0)
+        normalised = 4 * batch * self.spec.k if self.prologue is not None else 0
+        return small + normalised + (4 * self._splits * batch * self.spec.n if self._reduce is not None else 0)
 
     def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int, residual: Any) -> None:
+        a_small = None
+        if self.prologue is not None:  # A's rows normalised, and for wgmma their small parts made, in one pass
+            import cupy
+
+            a_small = cupy.empty_like(a) if self._small_parts is not None else None
+            a = self.prologue.launch(cupy, a, a_small)
         args = (a, w, c, y, np.int32(batch))
         if self._small_parts is not None:
             import cupy
 
-            a_small = cupy.empty_like(a)
-            blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
-            self._small_parts((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
+            if a_small is None:
+                a_small = cupy.empty_like(a)
+                blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
+                self._small_parts((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
             w_small = self._w_small if w is self._w else small_parts(cupy, w)
             partial = cupy.empty(self._splits * batch * self.spec.n, dtype=cupy.float32) if self._reduce is not None else None
             added = residual if residual is not None else np.uint64(0)  # a null pointer where none is added

@@ -16,7 +16,8 @@ from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
-from . import attention
+from . import attention, layernorm_prologue
+from .layernorm_prologue import LayerNormPrologue
 from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job, extent_per_image
 from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
@@ -73,21 +74,32 @@ class GemmPlugin(Plugin):
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         spec, epilogue, config = self._choose(node, device, variant, fused)
-        return kernel_name(node.op_type.lower(), "reference" if config is None else config.name(), epilogue)
+        return kernel_name(node.op_type.lower(), "reference" if config is None else config.name(), epilogue, self._prologue(node, prologue))
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
         spec, epilogue, config = self._choose(node, device, variant, fused)
-        return [] if config is None else [compile_job(spec, config, epilogue, device.arch)]
+        if config is None:
+            return []
+        return [compile_job(spec, config, epilogue, device.arch)] + ([LayerNormPrologue.compile_job(device.arch)] if prologue else [])
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         spec, epilogue, config = self._choose(node, device, variant, fused)
         bias = self._parts(node, fused)[2]
-        op = node.op_type.lower()
+        op, before = node.op_type.lower(), self._prologue(node, prologue)
         if config is None:
-            return ReferenceGemmKernel(spec, epilogue, op, bias)
-        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2) if bias is None else bias, op)
+            return ReferenceGemmKernel(spec, epilogue, op, bias, before)
+        return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2) if bias is None else bias, op, before)
+
+    def _prologue(self, node: NodeInfo, prologue: Sequence[NodeInfo]) -> LayerNormPrologue | None:
+        """The LayerNorm `prologue` (as fuse_prologue agreed) applies to A's rows; None for none."""
+        if not prologue:
+            return None
+        made = layernorm_prologue.from_nodes(prologue, self.gemm_spec(node).k)
+        if made is None:
+            raise PluginError(f"{node.op_type} {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
+        return made
 
     def _parts(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, Sequence[NodeInfo], np.ndarray | None]:
         """(the GemmSpec the families run, the followers its epilogue computes, a constant bias a fused
@@ -129,6 +141,9 @@ class MatMulPlugin(GemmPlugin):
     # an attention's chain: scale, bias, a mask added between Reshapes to (N, windows, ..) and back
     # (Swin's shifted windows), Softmax, the product with V, the heads merged
     max_followers = 8
+    # a flat product's LayerNorm prologue (layernorm_prologue.py) takes its scale and bias as constants, so
+    # it brings the step no operand: nothing is ever read from here
+    prologue_input = 2
 
     def make_spec(self, node: NodeInfo) -> MatMulSpec:
         if any(t.dtype != np.float32 for t in node.inputs[:2]):
@@ -168,6 +183,14 @@ class MatMulPlugin(GemmPlugin):
                 return count
         return 1 if followers and activation.from_node(followers[0]) else 0
 
+    def fuse_prologue(self, node: NodeInfo, chain: Sequence[NodeInfo], data: str, device: Device) -> bool:
+        """A LayerNorm over the last axis before a flat product (layernorm_prologue.py): on a GPU where the
+        heuristic picks wg_3xtf32, whose pass over A for its small parts then normalises A's rows as well."""
+        spec = spec_of(node, self.make_spec)
+        if not spec.is_flat or layernorm_prologue.from_nodes(chain, spec.k) is None:
+            return False
+        return not device.is_cuda or isinstance(families.heuristic_config(spec.gemm, NONE), families.WgmmaConfig)
+
     def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
         """A fused attention's kernel reads Q, K^T and V as they lie: slices of one QKV projection, K transposed."""
         return not spec_of(node, self.make_spec).is_flat and len(fused) > 1 and attention_of(node, fused) is not None
@@ -199,7 +222,7 @@ class MatMulPlugin(GemmPlugin):
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         if spec_of(node, self.make_spec).is_flat:
-            return super().kernel_name(node, device, variant, fused)
+            return super().kernel_name(node, device, variant, fused, prologue)
         if self._attention(node, device, variant, fused) is not None:
             return "attention.3xtf32" if device.is_cuda else "attention.reference"
         return kernel_name("matmul", self._batched_variant(node, device, variant), self._batched_epilogue(node, fused))
@@ -208,7 +231,7 @@ class MatMulPlugin(GemmPlugin):
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
-            return super().compile_jobs(node, device, variant, fused)
+            return super().compile_jobs(node, device, variant, fused, prologue)
         fused_attention = self._attention(node, device, variant, fused)
         if fused_attention is not None:
             return [attention.compile_job(fused_attention, device.arch)] if device.is_cuda else []
@@ -219,7 +242,7 @@ class MatMulPlugin(GemmPlugin):
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
-            return FlatMatMulKernel(spec, super().build(node, device, variant, fused), residual=self._residual(node, fused))
+            return FlatMatMulKernel(spec, super().build(node, device, variant, fused, prologue), residual=self._residual(node, fused))
         fused_attention = self._attention(node, device, variant, fused)
         if fused_attention is not None:
             name = self.kernel_name(node, device, variant, fused)

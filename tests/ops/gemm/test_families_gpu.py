@@ -203,3 +203,30 @@ def test_wgmma_adds_a_residual_as_it_stores(variant, n):
     assert np.all(np.abs(cupy.asnumpy(y) - exact) <= tolerance + 2 ** -23 * np.abs(residual))
     with pytest.raises(Exception, match="residual"):
         kernel([cupy.asarray(p.a), cupy.asarray(p.b)])  # the epilogue adds one: a call without it is refused
+
+
+@pytest.mark.parametrize("variant", ["wg_3xtf32", "wg_3xtf32_b64x64x32_s3_k3", "tc_3xtf32", "tiled"])
+def test_a_layernorm_prologue_normalises_a_rows_before_the_product(variant):
+    """A transformer's LN > Linear in one step: wg_3xtf32's pass for A's small parts normalises the rows as
+    it goes; the other families take the normalised rows from the same pass. Rows far from mean 0 and
+    variance 1, so that a skipped normalisation shows; the output poisoned first, against float64."""
+    import cupy
+
+    from opplugin.ops.gemm.layernorm_prologue import LayerNormPrologue
+
+    p = make_problem(197, 96, 384, trans_b=True, c="row", seed=7)
+    rng = np.random.default_rng(8)
+    x = (3 * rng.standard_normal((197, 384)) + 1.5).astype(np.float32)
+    scale, bias = (1 + 0.2 * rng.standard_normal(384)).astype(np.float32), rng.standard_normal(384).astype(np.float32)
+    config = families.configure(p.spec, variant)
+    kernel = GemmKernel(p.spec, config, NONE, p.b, p.c, "matmul", LayerNormPrologue(384, 1e-6, scale, bias))
+    assert kernel.name.startswith("matmul.ln*")
+    out = cupy.full((197, 96), np.nan, dtype=cupy.float32)
+    [y] = kernel([cupy.asarray(x)], None, out=out)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=1, keepdims=True)
+    normalised = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-6) * scale + bias
+    exact = reference.expected(p.spec, NONE, normalised, p.b, p.c)
+    # the normalised rows carry FP32's rounding (a few units of 2^-24 each) into the product as well
+    scale_of_y = np.abs(normalised) @ np.abs(p.b.T.astype(np.float64)) + np.abs(p.c.astype(np.float64))
+    assert np.all(np.abs(cupy.asnumpy(y) - exact) <= 2e-5 * scale_of_y + ATOL)

@@ -212,3 +212,71 @@ def test_only_wgmma_adds_a_residual():
     spec, epilogue = GemmSpec(400, 64, 64), GemmEpilogue(residual=True)
     assert "does not add a residual" in families.unsupported_reason(spec, families.configure(spec, "tc_3xtf32"), epilogue)
     assert "does not add a residual" in families.unsupported_reason(spec, families.configure(spec, "tiled"), epilogue)
+
+
+def layernorm_model(rows: int = 5, k: int = 16, n: int = 48, axis: int = -1, scale_input: bool = False):
+    """y = x + MatMul(LayerNorm(x), W) + b over (N, rows, k), x also the residual: a pre-norm transformer's
+    LN > Linear (k == n here so that the residual fits; `n` != k leaves the residual out)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    initializers = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w"),
+                    numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"),
+                    numpy_helper.from_array((1 + 0.1 * rng.standard_normal(k)).astype(np.float32), "gamma"),
+                    numpy_helper.from_array(rng.standard_normal(k).astype(np.float32), "beta")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", rows, k])]
+    if scale_input:  # the LayerNorm's scale computed at run time: no prologue takes it
+        initializers = [i for i in initializers if i.name != "gamma"]
+        inputs.append(helper.make_tensor_value_info("gamma", TensorProto.FLOAT, [k]))
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["normed"], name="norm", axis=axis, epsilon=1e-6),
+             helper.make_node("MatMul", ["normed", "w"], ["mm"], name="fc"), helper.make_node("Add", ["mm", "b"], ["y" if n != k else "lin"], name="bias")]
+    if n == k:
+        nodes.append(helper.make_node("Add", ["x", "lin"], ["y"], name="residual"))
+    graph = helper.make_graph(nodes, "ln_linear", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", rows, n])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("k", [48, 16], ids=["with the residual", "wider"])
+def test_a_layernorm_only_a_flat_matmul_reads_is_its_prologue(tmp_path, k):
+    """On the CPU the reference normalises A's rows first; on a Hopper GPU where wg_3xtf32 runs, its pass over
+    A for the small parts does; elsewhere the LayerNorm stays a step of its own."""
+    from onnx_builders import save
+    from opplugin.graph.model import load_model
+    from opplugin.ops.gemm import families
+    from opplugin.plan.partition import make_plan
+    from opplugin.runtime import Runner
+
+    proto = layernorm_model(k=k)
+    model = load_model(save(proto, tmp_path / "ln.onnx"))
+    runner = Runner(model, 6, "cpu", chunk=4)
+    [step] = runner.plan.plugin_steps
+    assert [p.name for p in step.prologue] == ["norm"] and step.inputs[0] == "x"
+    assert runner.kernels[step.name].name.startswith("matmul.ln*reference")
+    feeds = fresh_inputs(proto, 6, 2)
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], onnxruntime_outputs(proto, feeds), rtol=1e-5, atol=1e-5)
+    unfused = Runner(model, 6, "cpu", keep=["normed"])
+    assert [s.ops[0] for s in unfused.plan.plugin_steps] == ["LayerNormalization", "MatMul"]
+    hopper = families.wgmma_runs_here
+    families.wgmma_runs_here = lambda: True
+    try:
+        [wide] = make_plan(model, 8, GPU).plugin_steps  # 40 rows: wg_3xtf32
+        hopper_device = Device("cuda", "test H200", "9.0")
+        assert wide.kernel_name(GPU).startswith("matmul.ln*wg_3xtf32")
+        assert [job.label for job in wide.compile_jobs(hopper_device)] == ["gemm_wgmma.cu", "layernorm_rows.cu"]
+        few = make_plan(model, 3, GPU)  # 15 rows: gemv, which makes no pass over A to normalise in
+        assert few.plugin_steps[0].ops == ["LayerNormalization"] and not few.plugin_steps[1].prologue
+    finally:
+        families.wgmma_runs_here = hopper
+
+
+@pytest.mark.parametrize("case", ["over two axes", "a scale computed at run time"])
+def test_a_layernorm_no_prologue_can_apply_stays_a_step(tmp_path, case):
+    from onnx_builders import save
+    from opplugin.graph.model import load_model
+    from opplugin.runtime import Runner
+
+    proto = layernorm_model(axis=-2) if case == "over two axes" else layernorm_model(scale_input=True)
+    runner = Runner(load_model(save(proto, tmp_path / "ln.onnx")), 2, "cpu")
+    assert runner.plan.steps[0].ops == ["LayerNormalization"] and not any(s.prologue for s in runner.plan.plugin_steps)

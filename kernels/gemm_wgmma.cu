@@ -22,7 +22,12 @@
 // sums to partial[z] (batch x N); gemm_split_reduce then adds the runs in order (the same sum on
 // every run) and applies the epilogue.
 //
-// Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32), STAGES, SPLITS and the epilogue's.
+// With HALF_OPERANDS (1 FP16, 2 BF16: wg_fp16, wg_bf16; opt-in, not FP32-exact) A and W arrive in that format,
+// without small parts (the a_small and w_small arguments are null): W converted once at build, A by
+// gemm_to_half before each call; BK is 64 and K a multiple of 8 (16-byte quads of eight values).
+//
+// Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32; 64 with HALF_OPERANDS), STAGES, SPLITS,
+// HALF_OPERANDS and the epilogue's.
 // Launch gemm_small_parts (block 256, any grid) over A first, then gemm_wgmma: block (4 * BM),
 // grid (ceil(N / BN), ceil(batch / BM), SPLITS), dynamic shared memory (STAGES * 2 * (BM + BN) * BK
 // * 4 + STAGES * 16 + 1024) bytes, y the partial sums when SPLITS > 1; then gemm_split_reduce
@@ -40,10 +45,33 @@
 #define SLICES (KP / BK)
 #define SLICES_PER_SPLIT ((SLICES + SPLITS - 1) / SPLITS)
 
-static_assert(K % 4 == 0, "A's rows copied in 16-byte quads");
+static_assert(K % QUAD_VALUES == 0, "A's rows copied in 16-byte quads");
 static_assert(KP % BK == 0 && KP >= K, "W's columns padded to whole slices");
 static_assert((SPLITS - 1) * SLICES_PER_SPLIT < SLICES, "every run of the K split has a slice");
 
+#ifdef HALF_OPERANDS
+// the format's bits of v, rounded to nearest (ties to even)
+__device__ __forceinline__ unsigned short to_half(float v)
+{
+    unsigned short bits;
+#if HALF_OPERANDS == 2
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(v));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(v));
+#endif
+    return bits;
+}
+
+// half[i] = a[i] in the format, for `count` values (a multiple of 4: K is)
+extern "C" __global__ void __launch_bounds__(256)
+gemm_to_half(const float4* __restrict__ a, ushort4* __restrict__ half, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 4; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 v = __ldg(a + i);
+        half[i] = make_ushort4(to_half(v.x), to_half(v.y), to_half(v.z), to_half(v.w));
+    }
+}
+#else
 // small[i] = small_part(a[i]) for `count` values (a multiple of 4: K is)
 extern "C" __global__ void __launch_bounds__(256)
 gemm_small_parts(const float4* __restrict__ a, float4* __restrict__ small, size_t count)
@@ -53,43 +81,50 @@ gemm_small_parts(const float4* __restrict__ a, float4* __restrict__ small, size_
         small[i] = make_float4(small_part(v.x), small_part(v.y), small_part(v.z), small_part(v.w));
     }
 }
+#endif
 
 // A slice's copies for produce_slices: eight consecutive threads on a row's eight quads (one 128-byte
 // line read, all 32 banks written), rows NTHREADS / 8 apart; the weight rows, then the data rows.
 struct SliceCopies {
     static constexpr int ROW_STEP = NTHREADS / QUADS;
-    const float* __restrict__ a;
-    const float* __restrict__ a_small;
-    const float* __restrict__ w;
-    const float* __restrict__ w_small;
+    const operand_t* __restrict__ a;
+    const operand_t* __restrict__ a_small;  // null with HALF_OPERANDS
+    const operand_t* __restrict__ w;
+    const operand_t* __restrict__ w_small;
     int m0, n0, batch, first_slice;
 
-    __device__ __forceinline__ void copy(float* stage, int j) const
+    // a 16-byte quad of operand values; copy_async16 moves bytes, typed as floats
+    static __device__ __forceinline__ void quad(operand_t* to, const operand_t* from, bool valid)
+    {
+        copy_async16(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(from), valid);
+    }
+
+    __device__ __forceinline__ void copy(operand_t* stage, int j) const
     {
         static_assert(BM % ROW_STEP == 0 && BN % ROW_STEP == 0, "whole turns of rows");
-        const int quad = threadIdx.x % QUADS, first_row = threadIdx.x / QUADS;
-        const int k = (first_slice + j) * BK + quad * 4;
+        const int column = threadIdx.x % QUADS * QUAD_VALUES, first_row = threadIdx.x / QUADS;
+        const int k = (first_slice + j) * BK + column;
 #pragma unroll
         for (int row = first_row; row < BN; row += ROW_STEP) {
             const size_t from = (size_t)(n0 + row) * KP + k;
-            const int to = SWIZZLED_AT(row, quad * 4);
-            copy_async16(stage + to, w + from, true);
-            copy_async16(stage + A_STAGE + to, w_small + from, true);
+            const int to = SWIZZLED_AT(row, column);
+            quad(stage + to, w + from, true);
+            if (PARTS > 1) quad(stage + A_STAGE + to, w_small + from, true);
         }
 #pragma unroll
         for (int row = first_row; row < BM; row += ROW_STEP) {
             const bool valid = m0 + row < batch && k < K;
             const size_t from = valid ? (size_t)(m0 + row) * K + k : 0;
-            const int to = SWIZZLED_AT(row, quad * 4);
-            copy_async16(stage + 2 * A_STAGE + to, a + from, valid);
-            copy_async16(stage + 2 * A_STAGE + B_STAGE + to, a_small + from, valid);
+            const int to = SWIZZLED_AT(row, column);
+            quad(stage + PARTS * A_STAGE + to, a + from, valid);
+            if (PARTS > 1) quad(stage + PARTS * A_STAGE + B_STAGE + to, a_small + from, valid);
         }
     }
 };
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
-gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const float* __restrict__ w,
-           const float* __restrict__ w_small, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ y,
+gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_small, const operand_t* __restrict__ w,
+           const operand_t* __restrict__ w_small, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ y,
            int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
@@ -97,7 +132,7 @@ gemm_wgmma(const float* __restrict__ a, const float* __restrict__ a_small, const
     const int first_slice = blockIdx.z * SLICES_PER_SPLIT;
     const int slices = min(SLICES_PER_SPLIT, SLICES - first_slice);
     unsigned long long *full, *empty;
-    float* stages = stage_memory(shared_tiles, full, empty);
+    operand_t* stages = stage_memory(shared_tiles, full, empty);
 
     if (threadIdx.x < NTHREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));

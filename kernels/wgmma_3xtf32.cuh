@@ -25,6 +25,11 @@
 // Accumulators (lane = 4*g + t; consumer warp w owns data rows 16w..16w+15): those of n8 block j are
 // d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1].
 //
+// With HALF_OPERANDS (1: FP16, 2: BF16; gemm_wgmma alone) the operands arrive in that format, two bytes a
+// value: a 128-byte line holds BK = 64 of them, one wgmma m64nNk16 per k16 step multiplies them with FP32
+// accumulation, and there are no small parts (the stage is the weights and the data values alone). The
+// swizzle, the descriptors and the accumulators' layout are the same in bytes.
+//
 // The includer defines W_ROWS, X_ROWS, BK and STAGES.
 #ifndef OPPLUGIN_WGMMA_3XTF32_CUH
 #define OPPLUGIN_WGMMA_3XTF32_CUH
@@ -48,24 +53,46 @@
 #define PRODUCER_REGISTERS 56
 #define CONSUMER_REGISTERS 200
 #endif
+#ifdef HALF_OPERANDS
+typedef unsigned short operand_t;  // an FP16 or BF16 value's bits
+#define PARTS 1                    // each operand as it is
+#define K_STEP 16                  // the k of one wgmma
+#else
+typedef float operand_t;
+#define PARTS 2  // each operand and its small part
+#define K_STEP 8
+#endif
+#if HALF_OPERANDS == 2
+#define WGMMA_SHAPE "k16.f32.bf16.bf16"
+#elif defined(HALF_OPERANDS)
+#define WGMMA_SHAPE "k16.f32.f16.f16"
+#else
+#define WGMMA_SHAPE "k8.f32.tf32.tf32"
+#endif
+#ifdef HALF_OPERANDS
+#define WGMMA_TRANSPOSES ", 0, 0"  // both operands K-major (TF32's wgmma takes no such operands)
+#else
+#define WGMMA_TRANSPOSES ""
+#endif
+#define QUAD_VALUES (16 / (int)sizeof(operand_t))  // values in a 16-byte quad: 4 floats, 8 halves
 #define A_STAGE (W_ROWS * BK)
 #define B_STAGE (X_ROWS * BK)
-#define STAGE (2 * (A_STAGE + B_STAGE))  // a slice: weights, their small parts, data values, theirs
-#define LAG (STAGES - 1)                 // slices copied ahead of the one being multiplied
-#define QUADS (BK / 4)                   // 16-byte copies a row of a slice
-// value (row, k) of a K-major operand in wgmma's 128-byte swizzle: a row's BK = 32 values are one
-// 128-byte line, its 16-byte quad q stored at quad q ^ (row % 8)
-#define SWIZZLED_AT(row, k) ((row) * BK + ((((k) / 4) ^ ((row) % 8)) * 4) + (k) % 4)
+#define STAGE (PARTS * (A_STAGE + B_STAGE))  // a slice: weights, (their small parts,) data values(, theirs)
+#define LAG (STAGES - 1)                     // slices copied ahead of the one being multiplied
+#define QUADS (BK / QUAD_VALUES)             // 16-byte copies a row of a slice
+// value (row, k) of a K-major operand in wgmma's 128-byte swizzle: a row's BK values are one 128-byte
+// line, its 16-byte quad q stored at quad q ^ (row % 8)
+#define SWIZZLED_AT(row, k) ((row) * BK + ((((k) / QUAD_VALUES) ^ ((row) % 8)) * QUAD_VALUES) + (k) % QUAD_VALUES)
 
 static_assert(W_ROWS == 64 || W_ROWS == 128, "a wgmma's N: 64 or 128 weight rows");
-static_assert(X_ROWS % 64 == 0 && BK == 32, "64 data rows a warpgroup, a row's slice one 128-byte line");
+static_assert(X_ROWS % 64 == 0 && BK * sizeof(operand_t) == 128, "64 data rows a warpgroup, a row's slice one 128-byte line");
 static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
 
 
 // The descriptor of a K-major operand in the 128-byte swizzle whose k8 step starts at `tile`: the
 // operand's rows in whole 1024-byte atoms of 8, the step 32 bytes into its lines; 8-row groups 1024
 // bytes apart (stride); the leading offset unused (a row's k fit one line).
-__device__ __forceinline__ unsigned long long descriptor(const float* tile)
+__device__ __forceinline__ unsigned long long descriptor(const operand_t* tile)
 {
     const unsigned long long at = (unsigned int)__cvta_generic_to_shared(tile);
     constexpr unsigned long long LEADING = 16, STRIDE = 1024, SWIZZLE_128B = 1;
@@ -113,10 +140,10 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], unsigned long long a, 
     asm volatile(
         "{\n.reg .pred p;\n"
         "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "wgmma.mma_async.sync.aligned.m64n64" WGMMA_SHAPE " "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"
-        " %32, %33, p, 1, 1;\n}\n"
+        " %32, %33, p, 1, 1" WGMMA_TRANSPOSES ";\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -129,12 +156,12 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], unsigned long long a,
     asm volatile(
         "{\n.reg .pred p;\n"
         "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "wgmma.mma_async.sync.aligned.m64n128" WGMMA_SHAPE " "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
         " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
-        " %64, %65, p, 1, 1;\n}\n"
+        " %64, %65, p, 1, 1" WGMMA_TRANSPOSES ";\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -158,14 +185,19 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[ACC], unsigned long long a
 
 // Issues part (+)= this consumer warpgroup's 64 data rows x W_ROWS weight rows of the slice at
 // `stage` (`adds`: onto what part holds, else over it).
-__device__ __forceinline__ void issue_slice(float (&part)[ACC], const float* stage, bool adds)
+__device__ __forceinline__ void issue_slice(float (&part)[ACC], const operand_t* stage, bool adds)
 {
     const int rows = (threadIdx.x - NTHREADS) / 128 * 64;  // the warpgroup's first row of the data tile
-    const float* data = stage + 2 * A_STAGE + SWIZZLED_AT(rows, 0);
+    const operand_t* data = stage + PARTS * A_STAGE + SWIZZLED_AT(rows, 0);
     pin(part);
     wgmma_fence();
+#ifdef HALF_OPERANDS
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 8) {
+    for (int kk = 0; kk < BK; kk += K_STEP)
+        wgmma_tile(part, descriptor(data + SWIZZLED_AT(0, kk)), descriptor(stage + SWIZZLED_AT(0, kk)), adds || kk > 0);
+#else
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += K_STEP) {
         const unsigned long long w_big = descriptor(stage + SWIZZLED_AT(0, kk));
         const unsigned long long w_small = descriptor(stage + A_STAGE + SWIZZLED_AT(0, kk));
         const unsigned long long x_big = descriptor(data + SWIZZLED_AT(0, kk));
@@ -174,6 +206,7 @@ __device__ __forceinline__ void issue_slice(float (&part)[ACC], const float* sta
         wgmma_tile(part, x_big, w_small, 1);
         wgmma_tile(part, x_big, w_big, 1);
     }
+#endif
     wgmma_commit();
 }
 
@@ -189,7 +222,7 @@ __device__ __forceinline__ void add_part(float (&acc)[ACC], float (&part)[ACC])
 // .. j - 1 are in flight. The hand-over comes first: the consumers may need that slice to release
 // the stage slice j goes to.
 template <class Copies>
-__device__ __forceinline__ void produce_slices(const Copies& copies, int count, float* stages, unsigned long long* full,
+__device__ __forceinline__ void produce_slices(const Copies& copies, int count, operand_t* stages, unsigned long long* full,
                                                unsigned long long* empty)
 {
     for (int j = 0; j < count + LAG; ++j) {
@@ -200,7 +233,7 @@ __device__ __forceinline__ void produce_slices(const Copies& copies, int count, 
             barrier_arrive(full + ready % STAGES);
         }
         if (j < count) {
-            float* stage = stages + j % STAGES * STAGE;
+            operand_t* stage = stages + j % STAGES * STAGE;
             if (j >= STAGES) barrier_wait(empty + j % STAGES, j / STAGES - 1);  // slice j - STAGES is multiplied
             copies.copy(stage, j);
         }
@@ -211,7 +244,7 @@ __device__ __forceinline__ void produce_slices(const Copies& copies, int count, 
 // The consumers' part: acc = the sum over `count` slices. Slices go to part in pairs: the second's
 // wgmmas are issued before the first's are waited for, so that the tensor cores have work across the
 // turn; each stage is released as its wgmmas end.
-__device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, float* stages, unsigned long long* full,
+__device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, operand_t* stages, unsigned long long* full,
                                                unsigned long long* empty)
 {
     float part[ACC];
@@ -235,10 +268,10 @@ __device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, flo
 
 // The stages in dynamic shared memory, aligned to the swizzle's 1024-byte atoms (the launch gives
 // 1024 bytes to spare), then the mbarriers, initialised; every thread of the block calls it.
-__device__ __forceinline__ float* stage_memory(float4* shared_tiles, unsigned long long*& full, unsigned long long*& empty)
+__device__ __forceinline__ operand_t* stage_memory(float4* shared_tiles, unsigned long long*& full, unsigned long long*& empty)
 {
     const unsigned int misaligned = shared_address(shared_tiles) % 1024;
-    float* stages = reinterpret_cast<float*>(reinterpret_cast<char*>(shared_tiles) + (misaligned ? 1024 - misaligned : 0));
+    operand_t* stages = reinterpret_cast<operand_t*>(reinterpret_cast<char*>(shared_tiles) + (misaligned ? 1024 - misaligned : 0));
     full = reinterpret_cast<unsigned long long*>(stages + STAGES * STAGE);
     empty = full + STAGES;
     if (threadIdx.x == 0) {

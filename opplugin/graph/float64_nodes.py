@@ -14,7 +14,8 @@ def up(value: np.ndarray) -> np.ndarray:
 
 
 def node_in_float64(node: onnx.NodeProto) -> onnx.NodeProto:
-    """A copy of `node` whose float32 casts and tensor attributes are float64."""
+    """A copy of `node` whose float32 casts and tensor attributes are float64 (a ConstantOfShape's default
+    value, a float32 zero, too)."""
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     if copy.op_type == "Constant":  # a float or floats given as such: float32 by ONNX's rule, a float64 tensor here
@@ -22,6 +23,8 @@ def node_in_float64(node: onnx.NodeProto) -> onnx.NodeProto:
             if attribute.name in ("value_float", "value_floats"):
                 value = np.asarray(attribute.f if attribute.name == "value_float" else list(attribute.floats), np.float64)
                 attribute.CopyFrom(onnx.helper.make_attribute("value", numpy_helper.from_array(value)))
+    if copy.op_type == "ConstantOfShape" and not any(a.name == "value" for a in copy.attribute):  # ONNX's default: a float32 zero
+        copy.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, np.float64))))
     for attribute in copy.attribute:
         if attribute.name == "to" and attribute.type == onnx.AttributeProto.INT and attribute.i in (TensorProto.FLOAT, TensorProto.FLOAT16):
             attribute.i = TensorProto.DOUBLE

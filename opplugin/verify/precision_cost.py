@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..core.texttable import elide_middle
-from ..errors import InputError
+from ..errors import InputError, first_line
 from . import float64
 
 PRECISIONS = ("tf32", "fp16", "bf16")
@@ -105,7 +105,11 @@ class Emulation:
         self.opset, self.outputs, self.progress = list(model.opset_import), [o.name for o in graph.output], progress
         self.given = {**{k: np.asarray(v) for k, v in feeds.items()}, **constants}
         written = [o for n in self.body for o in n.output if o]
-        self.exact = {**self.given, **float64.evaluate(self.body, feeds, constants, written, model.opset_import)}
+        try:
+            exact = float64.evaluate(self.body, feeds, constants, written, model.opset_import)
+        except Exception as err:  # an op or a typing the evaluator lacks: said in one line, as what cannot be measured
+            raise InputError(f"--precision: onnx's float64 reference cannot evaluate this graph: {first_line(err)}") from None
+        self.exact = {**self.given, **exact}
         self._sessions: dict[int, Any] = {}
         self.dtypes = {name: value.dtype for name, value in self.run(lambda index: "fp32", "fp32").items()}
 
@@ -133,10 +137,17 @@ class Emulation:
         return [o for o in self.body[index].output if o and np.issubdtype(np.asarray(self.exact[o]).dtype, np.floating)]
 
     def _node(self, index: int, inputs: dict[str, np.ndarray], precision: str) -> dict[str, np.ndarray]:
-        import onnxruntime as ort
-
         node = self.body[index]
         outputs = [o for o in node.output if o]
+        try:
+            return self._run_node(index, node, outputs, inputs, precision)
+        except Exception as err:
+            raise InputError(f"--precision: onnxruntime cannot run node {node.name or outputs[0]!r} ({node.op_type}) alone: "
+                             f"{first_line(err)}") from None
+
+    def _run_node(self, index: int, node: onnx.NodeProto, outputs: list[str], inputs: dict[str, np.ndarray], precision: str):
+        import onnxruntime as ort
+
         session = self._sessions.get(index)
         if session is None:
             graph = helper.make_graph([node], "alone", [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)

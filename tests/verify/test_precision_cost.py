@@ -85,3 +85,17 @@ def test_check_precision_refuses_the_flags_of_the_comparison_with_onnxruntime(tm
     assert main(["check", "lenet86", "--precision", "fp16", *flags]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and flags[0] in error and "against float64" in error and not (tmp_path / "page.html").exists()
+
+
+def test_a_constant_of_shape_without_a_value_is_a_float64_zero_in_the_exact_result():
+    """ONNX's default ConstantOfShape value is a float32 zero: the float64 reference made it float64 too, or an op
+    mixing it with a float64 tensor (Swin-T's mask built from a ConstantOfShape) failed on the types."""
+    graph = helper.make_graph([helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+                               helper.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros"),
+                               helper.make_node("Add", ["x", "zeros"], ["y"], name="add")], "zeros",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    from onnx_builders import finish
+
+    cost = measure(finish(graph), {"x": np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)}, "bf16")
+    assert [n.name for n in cost.nodes] == ["zeros", "add"] and cost.outputs["y"]["rel_l2"] < UNIT_ROUNDOFF["bf16"]

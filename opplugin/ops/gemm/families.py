@@ -225,6 +225,11 @@ class TensorConfig(BlockTiledConfig):
                 "MIN_BLOCKS": self.min_blocks, "KP": round_up(spec.k, bk)}
 
 
+# wg's operand formats: the 3xTF32 family's FP32 values with their small parts; the opt-in half-precision
+# families' FP16 or BF16 values (HALF_OPERANDS), two bytes each, a slice's 128-byte line holding 64
+HALF_FORMATS = {"wg_fp16": 1, "wg_bf16": 2}
+
+
 @dataclass(frozen=True)
 class WgmmaConfig(BlockTiledConfig):
     block: tuple[int, int, int] = tagged("b", 3)  # BM rows (64 a consumer warpgroup) x BN columns (64 or 128) x BK
@@ -239,14 +244,27 @@ class WgmmaConfig(BlockTiledConfig):
         """A consumer warpgroup per 64 rows, as many producer threads."""
         return 4 * self.block[0]
 
+    @property
+    def half(self) -> bool:
+        """Operands in FP16 or BF16 (wg_fp16, wg_bf16), not FP32 with small parts."""
+        return self.family in HALF_FORMATS
+
+    @property
+    def depth(self) -> int:
+        """BK: the values of a slice's 128-byte line."""
+        return HALF_DEPTH if self.half else TENSOR_DEPTH
+
     def shared_bytes(self) -> int:
-        """The stages (weights, data and their small parts), two mbarriers a stage, 1024 bytes to align the swizzle."""
+        """The stages (weights and data, with their small parts in 3xTF32), two mbarriers a stage, 1024 bytes to
+        align the swizzle."""
         bm, bn, bk = self.block
-        return self.stages * 2 * (bm + bn) * bk * 4 + self.stages * 16 + 1024
+        per_value = 2 if self.half else 2 * 4  # a half; a float and its small part
+        return self.stages * (bm + bn) * bk * per_value + self.stages * 16 + 1024
 
     def defines(self, spec):
         bm, bn, bk = self.block
-        return {"BM": bm, "BN": bn, "BK": bk, "STAGES": self.stages, "KP": round_up(spec.k, bk), "SPLITS": self.splits}
+        half = {"HALF_OPERANDS": HALF_FORMATS[self.family]} if self.half else {}
+        return {"BM": bm, "BN": bn, "BK": bk, "STAGES": self.stages, "KP": round_up(spec.k, bk), "SPLITS": self.splits} | half
 
     def grid(self, spec, batch):
         return (*super().grid(spec, batch)[:2], self.splits)
@@ -275,6 +293,7 @@ TENSOR_TILES = {
     (32, 64): (32, 16),
 }
 TENSOR_DEPTH = 32
+HALF_DEPTH = 64  # wg_fp16's and wg_bf16's BK: 64 two-byte values a 128-byte line
 TENSOR_STAGES = 3
 
 # tiled's tiles: BM x BN, its micro-tile and K step; BK makes each thread load whole float4s of both tiles
@@ -334,14 +353,16 @@ def tensor_default(spec: GemmSpec, family: str = "tc_3xtf32") -> TensorConfig:
     return TensorConfig(family, (*chosen, TENSOR_DEPTH), TENSOR_TILES[chosen], TENSOR_STAGES)
 
 
-def wgmma_default(spec: GemmSpec) -> WgmmaConfig:
+def wgmma_default(spec: GemmSpec, family: str = "wg_3xtf32") -> WgmmaConfig:
     """The first tile (most rows, then columns not wider than N needs) whose grid fills every SM once;
-    where even the smallest does not, K split as wgmma_splits finds fastest."""
+    where even the smallest does not, K split as wgmma_splits finds fastest (3xTF32's cost model: the
+    half-precision families take it as it is, not yet measured)."""
+    depth = HALF_DEPTH if family in HALF_FORMATS else TENSOR_DEPTH
     fits = [tile for tile in WGMMA_TILES if tile[1] <= max(64, _power_of_two_at_least(spec.n))]
     blocks = {tile: -(-spec.m // tile[0]) * -(-spec.n // tile[1]) for tile in fits}
     chosen = next((tile for tile in fits if blocks[tile] >= SMS), fits[-1])
-    splits = wgmma_splits(spec, blocks[chosen]) if blocks[chosen] < SMS else 1
-    return WgmmaConfig("wg_3xtf32", (*chosen, TENSOR_DEPTH), WGMMA_STAGES, splits)
+    splits = wgmma_splits(spec, blocks[chosen], depth) if blocks[chosen] < SMS else 1
+    return WgmmaConfig(family, (*chosen, depth), WGMMA_STAGES, splits)
 
 
 # wg_3xtf32's time on an H200 at batch-1 transformer shapes (bench --suite gemm --all-configs, 197 and 49
@@ -357,9 +378,9 @@ PARTIAL_BYTES_PER_US = 2e6
 MAX_SPLITS = 16
 
 
-def k_slices(spec: GemmSpec) -> int:
-    """The TENSOR_DEPTH-deep slices the tensor-core families walk K in."""
-    return -(-spec.k // TENSOR_DEPTH)
+def k_slices(spec: GemmSpec, depth: int = TENSOR_DEPTH) -> int:
+    """The `depth`-deep slices a tensor-core family walks K in."""
+    return -(-spec.k // depth)
 
 
 def splits_fill(slices: int, splits: int) -> bool:
@@ -367,10 +388,10 @@ def splits_fill(slices: int, splits: int) -> bool:
     return 1 <= splits <= slices and (splits - 1) * -(-slices // splits) < slices
 
 
-def wgmma_splits(spec: GemmSpec, blocks: int) -> int:
+def wgmma_splits(spec: GemmSpec, blocks: int, depth: int = TENSOR_DEPTH) -> int:
     """The K split the cost model above finds fastest for `blocks` tiles (fewest runs on a tie), every
     run non-empty."""
-    slices = k_slices(spec)
+    slices = k_slices(spec, depth)
 
     def cost(splits: int) -> float:
         per_run = -(-slices // splits)
@@ -396,11 +417,16 @@ FAMILIES = {
     "tc_tf32": "tc_3xtf32 with one TF32 mma.sync per tile (opt-in, ~3e-4 relative error, as cuBLAS's TF32 mode)",
     "wg_3xtf32": "large batches on Hopper (sm_90a): tc_3xtf32's arithmetic on wgmma, producer warpgroups copying "
                  "through a cp.async and mbarrier pipeline, consumer warpgroups multiplying; K a multiple of 4",
+    "wg_fp16": "wg_3xtf32's pipeline on FP16 operands (A converted before each call, W at build), one wgmma a k16 step, "
+               "FP32 sums (opt-in, not FP32-exact: ~5e-4 relative a product); K a multiple of 8",
+    "wg_bf16": "wg_fp16 in BF16 (opt-in, ~4e-3 relative a product, FP32's range)",
 }
 CONFIGS: dict[str, type[GemmConfig]] = {"gemv": GemvConfig, "tiled": TiledConfig, "rowwarp": RowwarpConfig,
-                                        "tc_3xtf32": TensorConfig, "tc_tf32": TensorConfig, "wg_3xtf32": WgmmaConfig}
+                                        "tc_3xtf32": TensorConfig, "tc_tf32": TensorConfig, "wg_3xtf32": WgmmaConfig,
+                                        "wg_fp16": WgmmaConfig, "wg_bf16": WgmmaConfig}
 DEFAULTS = {"gemv": gemv_default, "tiled": tiled_default, "rowwarp": rowwarp_default,
-            "tc_3xtf32": tensor_default, "tc_tf32": lambda spec: tensor_default(spec, "tc_tf32"), "wg_3xtf32": wgmma_default}
+            "tc_3xtf32": tensor_default, "tc_tf32": lambda spec: tensor_default(spec, "tc_tf32"), "wg_3xtf32": wgmma_default,
+            "wg_fp16": lambda spec: wgmma_default(spec, "wg_fp16"), "wg_bf16": lambda spec: wgmma_default(spec, "wg_bf16")}
 SIMT_FAMILIES = ("gemv", "tiled", "rowwarp")  # FP32 FMAs
 EXACT_FAMILIES = (*SIMT_FAMILIES, "tc_3xtf32", "wg_3xtf32")  # the heuristic's and the tuner's choice; tc_tf32 is opt-in
 
@@ -437,16 +463,17 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
         if not 2 <= config.stages <= 4:
             return f"{config}: 2 to 4 stages"
     if isinstance(config, WgmmaConfig):
-        if config.block[:2] not in WGMMA_TILES or config.block[2] != TENSOR_DEPTH:
-            return f"{config}: the tiles are {', '.join(WgmmaConfig(config.family, (*t, TENSOR_DEPTH), WGMMA_STAGES).name() for t in WGMMA_TILES)}"
+        depth, quad = config.depth, 8 if config.half else 4  # values in a 16-byte copy
+        if config.block[:2] not in WGMMA_TILES or config.block[2] != depth:
+            return f"{config}: the tiles are {', '.join(WgmmaConfig(config.family, (*t, depth), WGMMA_STAGES).name() for t in WGMMA_TILES)}"
         if config.stages < 2 or config.shared_bytes() > MAX_SHARED_BYTES:
             return f"{config}: at least 2 stages, within {MAX_SHARED_BYTES >> 10} KB of shared memory"
-        if spec.k % 4:
-            return f"wg_3xtf32 copies A's rows in 16-byte quads: K must be a multiple of 4, not {spec.k}"
-        if not splits_fill(k_slices(spec), config.splits):
-            return f"{config}: K's {k_slices(spec)} slices of {TENSOR_DEPTH} do not split into {config.splits} non-empty runs"
+        if spec.k % quad:
+            return f"{config.family} copies A's rows in 16-byte quads: K must be a multiple of {quad}, not {spec.k}"
+        if not splits_fill(k_slices(spec, depth), config.splits):
+            return f"{config}: K's {k_slices(spec, depth)} slices of {depth} do not split into {config.splits} non-empty runs"
         if not wgmma_runs_here():
-            return f"wg_3xtf32 needs an sm_90 GPU (wgmma); this one is {cuda.device_arch()}"
+            return f"{config.family} needs an sm_90 GPU (wgmma); this one is {cuda.device_arch()}"
     if isinstance(config, RowwarpConfig):
         if spec.n > MAX_ROWWARP_N:
             return f"rowwarp needs N <= {MAX_ROWWARP_N} (a lane per output); this Gemm has N = {spec.n}"

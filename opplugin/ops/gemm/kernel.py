@@ -88,6 +88,15 @@ SPLIT_BLOCK = 256  # gemm_small_parts' block
 REDUCE_BLOCK = 256  # gemm_split_reduce's
 
 
+def half_bits(cupy: Any, values: Any, family: str) -> Any:
+    """FP32 `values` rounded to FP16 (wg_fp16) or BF16 (wg_bf16), nearest with ties to even, as their uint16 bits."""
+    if family == "wg_fp16":
+        return values.astype(cupy.float16).view(cupy.uint16)
+    bits = values.view(cupy.uint32)
+    rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) >> 16
+    return cupy.where(cupy.isnan(values), cupy.uint32(0x7FC0), rounded).astype(cupy.uint16)  # a NaN stays one
+
+
 def small_parts(cupy: Any, values: Any) -> Any:
     """Each value less its TF32 bits (exact in FP32): the small parts wgmma's 3xTF32 multiplies."""
     return values - (values.view(cupy.uint32) & TF32_KEPT).view(cupy.float32)
@@ -108,8 +117,11 @@ class GemmKernel(Kernel):
         module = cuda.load(compile_job(spec, config, epilogue, cuda.device_arch()))
         tensor = isinstance(config, (TensorConfig, WgmmaConfig))
         self.function = module.get_function(config.function)
-        # wgmma reads A's small parts beside A: gemm_small_parts makes them before each product
-        self._small_parts = module.get_function("gemm_small_parts") if isinstance(config, WgmmaConfig) else None
+        # wgmma reads A's small parts beside A: gemm_small_parts makes them before each product; the
+        # half-precision families read A in their format, which gemm_to_half makes instead
+        self._half = isinstance(config, WgmmaConfig) and config.half
+        wgmma = isinstance(config, WgmmaConfig)
+        self._small_parts = module.get_function("gemm_to_half" if self._half else "gemm_small_parts") if wgmma else None
         # a K split's runs store partial sums, which gemm_split_reduce adds in order through the epilogue
         self._splits = config.splits if isinstance(config, WgmmaConfig) else 1  # gemv's `splits` are warps of one block
         self._reduce = module.get_function("gemm_split_reduce") if self._splits > 1 else None
@@ -125,8 +137,8 @@ class GemmKernel(Kernel):
         if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
             self.function.max_dynamic_shared_size_bytes = self._shared
         self.bias_mode = effective_bias(spec)
-        self._w = None if b is None else padded_weights(cupy, cupy.asarray(b, dtype=cupy.float32), spec, config)
-        self._w_small = small_parts(cupy, self._w) if self._small_parts is not None and self._w is not None else None
+        self._w = None if b is None else self._weights(cupy, cupy.asarray(b, dtype=cupy.float32))
+        self._w_small = small_parts(cupy, self._w) if self._small_parts is not None and not self._half and self._w is not None else None
         self._c = None
         if self.bias_mode == BIAS_COLUMN and c is not None:
             self._c = column_bias(cupy, cupy.asarray(c), spec)
@@ -142,6 +154,11 @@ class GemmKernel(Kernel):
 
     def bytes_moved(self, batch: int) -> int:
         return self.spec.bytes_moved(batch)
+
+    def _weights(self, cupy: Any, b: Any) -> Any:
+        """W as the family reads it: padded N x K rows, in FP32, or in FP16's or BF16's bits."""
+        w = padded_weights(cupy, b, self.spec, self.config)
+        return half_bits(cupy, w, self.config.family) if self._half else w
 
     def _operand_a(self, cupy: Any, a: Any) -> Any:
         a = a.T if self.spec.trans_a else a
@@ -174,20 +191,23 @@ class GemmKernel(Kernel):
         if self.prologue is not None:  # A's rows normalised, and for wgmma their small parts made, in one pass
             import cupy
 
-            a_small = cupy.empty_like(a) if self._small_parts is not None else None
+            # the half-precision families convert the normalised rows in their own pass after it
+            a_small = cupy.empty_like(a) if self._small_parts is not None and not self._half else None
             a = self.prologue.launch(cupy, a, a_small)
         args = (a, w, c, y, np.int32(batch))
         if self._small_parts is not None:
             import cupy
 
-            if a_small is None:
-                a_small = cupy.empty_like(a)
+            if a_small is None:  # the pass over A: its small parts (3xTF32), or A in FP16 or BF16
+                a_small = cupy.empty(a.shape, dtype=cupy.uint16) if self._half else cupy.empty_like(a)
                 blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
                 self._small_parts((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
-            w_small = self._w_small if w is self._w else small_parts(cupy, w)
+            if self._half:  # A in the format, and no small parts: null pointers the kernel never reads
+                a, a_small = a_small, np.uint64(0)
+            w_small = None if self._half else self._w_small if w is self._w else small_parts(cupy, w)
             partial = cupy.empty(self._splits * batch * self.spec.n, dtype=cupy.float32) if self._reduce is not None else None
             added = residual if residual is not None else np.uint64(0)  # a null pointer where none is added
-            args = (a, a_small, w, w_small, c, added, y if partial is None else partial, np.int32(batch))
+            args = (a, a_small, w, np.uint64(0) if w_small is None else w_small, c, added, y if partial is None else partial, np.int32(batch))
         if self.flags_nonfinite:
             self.function(grid, self._block, (*args, np.uint64(nonfinite)), shared_mem=self._shared)
         else:
@@ -235,7 +255,7 @@ class GemmKernel(Kernel):
                 b = checked_array(cupy, inputs[1], "B", self.name)
                 if tuple(b.shape) != self.spec.b_shape:
                     raise PluginError(f"{self.name}: B has shape {tuple(b.shape)}, expected {self.spec.b_shape}")
-                w = padded_weights(cupy, b, self.spec, self.config)
+                w = self._weights(cupy, b)
             c = self._operand_c(cupy, inputs, batch)
             if out is not None and (not isinstance(out, cupy.ndarray) or out.dtype != cupy.float32 or tuple(out.shape) != (batch, self.spec.n)
                                     or not out.flags.c_contiguous):

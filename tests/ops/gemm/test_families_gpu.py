@@ -230,3 +230,29 @@ def test_a_layernorm_prologue_normalises_a_rows_before_the_product(variant):
     # the normalised rows carry FP32's rounding (a few units of 2^-24 each) into the product as well
     scale_of_y = np.abs(normalised) @ np.abs(p.b.T.astype(np.float64)) + np.abs(p.c.astype(np.float64))
     assert np.all(np.abs(cupy.asnumpy(y) - exact) <= 2e-5 * scale_of_y + ATOL)
+
+
+@pytest.mark.parametrize("variant, unit_roundoff", [("wg_fp16", 2.0 ** -11), ("wg_fp16_b64x64x64_s3_k3", 2.0 ** -11),
+                                                    ("wg_fp16_b128x64x64_s3", 2.0 ** -11), ("wg_bf16", 2.0 ** -8)])
+@pytest.mark.parametrize("n", [96, 97])
+def test_the_half_precision_wgmma_families_are_within_their_formats_rounding(variant, unit_roundoff, n):
+    """wg_fp16 and wg_bf16 (opt-in): each operand rounded to the format once, products summed in FP32, the epilogue
+    as wg_3xtf32's (a residual too). Against float64, each output within two roundings of the sum of |a| |b| it
+    adds; and further than FP32's tolerance somewhere, or the operands were never rounded. Output poisoned first."""
+    import cupy
+
+    p = make_problem(197, n, 384, trans_b=True, c="row", seed=n + 3)
+    epilogue = GemmEpilogue(Activation("Relu"), residual=True)
+    config = families.configure(p.spec, variant)
+    reason = families.unsupported_reason(p.spec, config, epilogue)
+    if reason:
+        pytest.skip(reason)
+    residual = np.random.default_rng(n).standard_normal((197, n)).astype(np.float32)
+    kernel = GemmKernel(p.spec, config, epilogue, p.b, p.c)
+    out = cupy.full((197, n), np.nan, dtype=cupy.float32)
+    [y] = kernel([cupy.asarray(p.a)], None, out=out, residual=cupy.asarray(residual))
+    got = cupy.asnumpy(y)
+    exact = reference.expected(p.spec, GemmEpilogue(Activation("Relu")), p.a, p.b, p.c) + residual.astype(np.float64)
+    error = np.abs(got - exact)
+    assert np.all(error <= 2 * unit_roundoff * error_scale(p) + ATOL + 2 ** -23 * np.abs(residual))
+    assert np.any(error > FAMILY_RTOL["wg_3xtf32"] * error_scale(p) + ATOL)

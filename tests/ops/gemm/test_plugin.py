@@ -271,7 +271,21 @@ def test_wgmma_is_picked_where_it_runs_split_where_its_tiles_leave_sms_idle():
         assert families.configure(spec, config.name()) == config and families.unsupported_reason(spec, config) is None
 
 
+def test_the_half_precision_wgmma_families_are_opt_in_and_read_k_in_64s():
+    vit_qkv_32 = GemmSpec(32 * 197, 1152, 384)
+    for family in ("wg_fp16", "wg_bf16"):
+        config = families.configure(vit_qkv_32, family)
+        assert config.name() == f"{family}_b128x128x64_s3" and config.defines(vit_qkv_32)["HALF_OPERANDS"] == {"wg_fp16": 1, "wg_bf16": 2}[family]
+        assert config.shared_bytes() < families.configure(vit_qkv_32, "wg_3xtf32").shared_bytes()  # no small parts, two bytes a value
+        assert families.configure(vit_qkv_32, config.name()) == config and families.unsupported_reason(vit_qkv_32, config) is None
+        assert family not in families.EXACT_FAMILIES  # never the heuristic's pick, nor the tuner's
+        assert "K must be a multiple of 8" in families.unsupported_reason(GemmSpec(1000, 512, 516), families.configure(GemmSpec(1000, 512, 512), family))
+    assert families.configure(GemmSpec(49, 768, 3072), "wg_fp16").splits > 1  # 48 slices of 64, 12 blocks: split
+    assert "HALF_OPERANDS" not in families.configure(vit_qkv_32, "wg_3xtf32").defines(vit_qkv_32)  # 3xTF32 as it was
+
+
 @pytest.mark.parametrize(("name", "why"), [
+    ("wg_fp16_b128x128x32_s3", "the tiles are"),  # a slice of 64 halves, not 32
     ("tc_3xtf32_b128x128x32_w32x32_s3", "the tiles are"),  # a warp tile the block tile does not take
     ("tc_3xtf32_b64x64x32_w32x32_s5", "2 to 4 stages"),
     ("wg_3xtf32_b256x128x32_s3", "the tiles are"),

@@ -162,12 +162,7 @@ __device__ __forceinline__ void score_slice(float (&acc)[MT][NT][4], const float
                 for (int nt = 0; nt < NT; ++nt) mma_3xtf32(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
+    add_tiles(acc, part);
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 2)

@@ -56,6 +56,17 @@ __device__ __forceinline__ void zero_tiles(float (&tiles)[ROWS][COLS][4])
             for (int r = 0; r < 4; ++r) tiles[i][j][r] = 0.0f;
 }
 
+template <int ROWS, int COLS>
+__device__ __forceinline__ void add_tiles(float (&acc)[ROWS][COLS][4], const float (&part)[ROWS][COLS][4])
+{
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] += part[i][j][r];
+}
+
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
 {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -133,12 +144,7 @@ __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float*
         }
     }
 #if SPLIT
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mt][nt][r] += part[mt][nt][r];
+    add_tiles(acc, part);
 #endif
 }
 

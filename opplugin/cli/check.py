@@ -138,22 +138,24 @@ PRECISION_IMAGES = 32  # check --precision's images without --batch
 def _precision_cost(options: CheckOptions) -> int:
     """check --precision tf32|fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured. --precision
     mixed: the nodes kept in FP32 for the budget; 1 where no assignment meets it."""
-    loaded, inputs = load_with_inputs(options.workload)
     # every tensor is kept in float64 and in the format: without --batch, a few images, not a run's thousands
+    loaded, inputs = load_with_inputs(options.workload, default_batch=PRECISION_IMAGES)
     images = loaded.batch if options.workload.model.batch is not None else min(loaded.batch, PRECISION_IMAGES)
-    feeds = {name: np.asarray(value)[:images] for name, value in inputs.feeds.items()}
+    feeds = {name: np.asarray(value)[:images] for name, value in inputs.feeds.items()}  # the user's own feeds too
     bar = PassBars(sys.stderr, unit="nodes")
     try:
         if options.budget is not None:
             found = mixed_precision.plan_mixed(loaded.model.original, feeds, options.budget, loaded.model.name, bar)
+            text, status = mixed_precision.format_text(found), 0 if found.met else 1
         else:
             found = precision_cost.measure(loaded.model.original, feeds, options.precision, loaded.model.name, bar)
+            text, status = precision_cost.format_text(found), 0
     finally:
         bar.close()
-    print((mixed_precision if options.budget is not None else precision_cost).format_text(found), end="")
+    print(text, end="")
     if options.reports.json:
         write_json(options.reports.json, found.as_json() | {"inputs": inputs.source})
-    return 0 if getattr(found, "met", True) else 1
+    return status
 
 
 def _devices_section(tally) -> dict:

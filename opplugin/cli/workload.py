@@ -108,9 +108,12 @@ def prepare(workload: Workload, *, poison: bool) -> Prepared:
     return Prepared(loaded, runner, devices, inputs)
 
 
-def load_with_inputs(workload: Workload) -> tuple[Loaded, Inputs]:
-    """The model loaded and the inputs, without a runner: for work that runs no plan (check --precision)."""
+def load_with_inputs(workload: Workload, default_batch: int | None = None) -> tuple[Loaded, Inputs]:
+    """The model loaded and the inputs, without a runner: for work that runs no plan (check --precision).
+    `default_batch`: the images to make without --batch, where the model's default would be more."""
     loaded = _load(workload)
+    if default_batch is not None and workload.model.batch is None and loaded.feeds is None:
+        loaded = replace(loaded, batch=min(loaded.batch, default_batch))
     return loaded, _inputs(workload.data, loaded, pinned=False)
 
 

@@ -9,6 +9,7 @@ throughout meets the budget, nothing is kept. The outputs keep the model's dtype
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ from .precision_cost import UNIT_ROUNDOFF, Emulation, output_error, own_error
 SCHEMA = "opplugin-mixed-precision/1"
 LOW = "fp16"  # the precision every node takes unless the budget keeps it in FP32
 KINDS = ("rel_l2", "top1")
+LISTED = 20  # kept nodes the text names one by one
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,11 @@ def format_text(plan: MixedPlan) -> str:
         lines += [f"Kept in FP32: {len(plan.kept)} of {plan.nodes} nodes, the dearest by their own FP16 error (found in "
                   f"{plan.passes} passes); then {_errors(plan.outputs)}.",
                   f"{'node':40}  {'op':20}  own FP16 error (FP16's rounding is {UNIT_ROUNDOFF[LOW]:.1e})"]
-        lines += [f"{elide_middle(k.name, 40):40}  {k.op:20}  {k.own:.2e} ({k.own / UNIT_ROUNDOFF[LOW]:.1f}x)" for k in plan.kept]
+        lines += [f"{elide_middle(k.name, 40):40}  {k.op:20}  {k.own:.2e} ({k.own / UNIT_ROUNDOFF[LOW]:.1f}x)" for k in plan.kept[:LISTED]]
+        rest = plan.kept[LISTED:]
+        if rest:
+            by_op = Counter(k.op for k in rest)
+            lines.append(f"... and {len(rest)} more ({', '.join(f'{count} {op}' for op, count in by_op.most_common())}; all in --json)")
     return "\n".join(lines) + "\n"
 
 

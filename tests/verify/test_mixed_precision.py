@@ -35,6 +35,16 @@ def test_a_tight_budget_keeps_the_dearest_nodes_and_is_met():
     assert [k.own for k in plan.kept] == sorted((k.own for k in plan.kept), reverse=True)  # along the ranking
 
 
+def test_the_text_names_the_first_kept_nodes_and_counts_the_rest_by_op():
+    from opplugin.verify.mixed_precision import LISTED, Kept, MixedPlan, format_text
+
+    error = {"rel_l2": 1e-3, "nonfinite": 0, "top1_agreement": None}
+    kept = [Kept(f"mm{i}", "MatMul", 1e-3) for i in range(LISTED + 3)] + [Kept("ln", "LayerNormalization", 5e-4)]
+    text = format_text(MixedPlan("m", 2, Budget.parse("rel_l2=1e-3"), {"y": error}, {"y": error}, kept, 100, 7))
+    assert "mm0 " in text and f"mm{LISTED - 1} " in text and f"mm{LISTED} " not in text
+    assert text.rstrip().endswith("... and 4 more (3 MatMul, 1 LayerNormalization; all in --json)")
+
+
 def test_overflow_is_kept_in_fp32_until_the_outputs_are_finite():
     model = overflowing_model()
     plan = plan_mixed(model, {"x": 100 * feeds_for(model, 32)["x"]}, Budget.parse("rel_l2=1e-2"))

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.gpu
 RTOL = 2e-6  # per unit of error_scale: float32 accumulation over K leaves ~K * 2^-24 at worst, far less in practice
 ATOL = 1e-6
 # the tensor cores: 3xTF32 loses small*small and small's truncation (~2^-21 a product) and truncates as
-# it accumulates a slice; TF32 rounds each operand to 11 bits (2^-11 a product)
-FAMILY_RTOL = {"tc_3xtf32": 1e-5, "wg_3xtf32": 1e-5, "tc_tf32": 4e-3}
+# it accumulates a slice; TF32 rounds each operand to 11 bits (2^-11 a product); FP16 and BF16 round each operand
+# once to their unit roundoff u, so a product is off by at most 2u + u^2 of |a||b|
+FAMILY_RTOL = {"tc_3xtf32": 1e-5, "wg_3xtf32": 1e-5, "tc_tf32": 4e-3, "wg_fp16": 2.1 * 2.0 ** -11, "wg_bf16": 2.1 * 2.0 ** -8}
 
 GPU_SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
 

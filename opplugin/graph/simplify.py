@@ -39,6 +39,7 @@ from .passes.layout_sink import sink_channel_last_regions
 from .passes.linear_batchnorm import fold_linear_batchnorms
 from .passes.linear_scale import fold_linear_scales
 from .passes.matmul_scales import fold_matmul_operand_scales
+from .passes.row_gather import gather_rows
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ PASSES: tuple[tuple[Callable[[Graph], dict[str, int] | int], str], ...] = (
     (fold_linear_scales, "constants_folded"),
     (fold_matmul_operand_scales, "constants_folded"),
     (sink_transposes_through_products, "constants_folded"),
+    (gather_rows, "constants_folded"),
 )
 
 # Each pass in words, for the plan's line on a pass left out for --keep.
@@ -115,6 +117,7 @@ PASS_NAMES: dict[Callable, str] = {
     fold_linear_scales: "folding layer scales into the linear layers before them",
     fold_matmul_operand_scales: "moving the scales of a product's operands after it",
     sink_transposes_through_products: "moving Transposes after the products by constant matrices that read them",
+    gather_rows: "writing layout chains that move whole rows as one Gather",
 }
 
 # What each pass does to the tensors it removes, in words: why a tensor the file names is not computed.
@@ -131,6 +134,7 @@ REMOVED_BY: dict[Callable, str] = {
     fold_linear_scales: "the layer scale after it is folded into the linear layer that writes it, at load",
     fold_matmul_operand_scales: "its scale is moved after the MatMul that reads it, at load",
     sink_transposes_through_products: "its rows are permuted after the product by a constant matrix instead of before, at load",
+    gather_rows: "it is inside a chain of layout nodes that only moves rows, written as one Gather at load",
 }
 
 

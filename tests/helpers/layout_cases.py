@@ -64,6 +64,9 @@ CASES = {
     "gather_one_index_kept": lambda: single_node("Gather", [X], {"axis": 1}, constants=[i64(-1)]),
     "gather_run_step2": lambda: single_node("Gather", [X], {"axis": 3}, constants=[i64(0, 2, 4, 6)]),
     "gather_2d_indices_backward": lambda: single_node("Gather", [X], {"axis": 2}, constants=[np.asarray([[-1, -2], [-3, -4]], np.int64)]),
+    # indices that do not step evenly: a table (GatherSpec.table), whole blocks copied (rows of 8: float4 copies; of 7: one float each)
+    "gather_table_rows": lambda: single_node("Gather", [(2, 12, 8)], {"axis": 1}, constants=[np.asarray([[3, 0, 11], [-1, 2, 2]], np.int64)]),
+    "gather_table_odd_inner": lambda: single_node("Gather", [X], {"axis": 2}, constants=[i64(4, 0, 3, 3, 1)]),
     "split_equal": lambda: single_node("Split", [X], {"axis": 1}, outputs=3),
     "split_sizes": lambda: single_node("Split", [X], {"axis": 1}, constants=[i64(2, 3, 1)], outputs=3),
     "split_last_axis": lambda: single_node("Split", [X], {"axis": -1}, constants=[i64(3, 4)], outputs=2),

@@ -123,6 +123,39 @@ class GatherKernel(LayoutKernel):
         launch((-(-y.size // BLOCK),), (BLOCK,), (x, y, np.int64(y.size)))
 
 
+class TableGatherKernel(LayoutKernel):
+    """A Gather by a table of indices (GatherSpec.table): whole blocks copied (kernels/layout_rows.cu), the
+    table on the device from the first call on. Its output is C-contiguous (its own, or `out`)."""
+
+    out_view = "contiguous"
+
+    def __init__(self, name: str, bytes_per_image: int, axis: int, table: Sequence[int]):
+        super().__init__(name, bytes_per_image)
+        self._axis, self._table = axis, np.asarray(table, dtype=np.int32)
+        self._device_table = None
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
+        import cupy
+
+        x = checked_input(inputs[0] if inputs else None, "X", self.name)
+        shape = tuple(x.shape)
+        inner = int(np.prod(shape[self._axis + 1:], dtype=np.int64))
+        y = output_array(out, (*shape[: self._axis], self._table.size, *shape[self._axis + 1:]), self.name)
+        with cuda.on_stream(stream):
+            x = cupy.ascontiguousarray(x)
+            if self._device_table is None:
+                self._device_table = cupy.asarray(self._table)
+            if not y.flags.c_contiguous:
+                raise PluginError(f"{self.name}: out must be C-contiguous")
+            if y.size:
+                vec = 4 if inner % 4 == 0 and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0 else 1
+                launch = function("layout_rows.cu", {"INNER": inner, "COUNT": self._table.size, "AXIS": shape[self._axis], "VEC": vec},
+                                  "layout_rows")
+                vectors = y.size // vec
+                launch((-(-vectors // BLOCK),), (BLOCK,), (x, self._device_table, y, np.int64(vectors)))
+        return [y]
+
+
 def gather_defines(shape: tuple[int, ...], base: int, src: tuple[int, ...], dst: tuple[int, ...], wide: bool) -> dict[str, Any]:
     """kernels/layout_gather.cu's macros: output `shape`, source offset and strides, output strides (elements).
     Axis 0's extent is left out (the kernel never reads it), so one module serves every batch."""

@@ -1,5 +1,5 @@
-"""The layout plugins: Concat, Transpose, Slice, Split, Gather (constant indices that step
-evenly), Pad and Resize. Each makes its node's record once (spec.py), runs the numpy reference
+"""The layout plugins: Concat, Transpose, Slice, Split, Gather (constant indices: a strided copy
+where they step evenly, else a copy of the blocks a table names), Pad and Resize. Each makes its node's record once (spec.py), runs the numpy reference
 on the CPU device (reference.py) and a CUDA kernel specialised to the node's shapes on a
 GPU (kernels.py). Every kernel can write into a strided view of a larger buffer (`out=`),
 so the runtime may hand a producer its slice of a Concat's output instead of copying it
@@ -17,7 +17,7 @@ from ...registry import Kernel, NodeInfo, Plugin
 from ..specs import reason_against, spec_of
 from ..view import ViewKernel
 from . import reference, views
-from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TransposeTileKernel
+from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TableGatherKernel, TransposeTileKernel
 from .spec import ConcatSpec, GatherSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
 from .strides import contiguous_strides
 
@@ -284,12 +284,14 @@ class GatherPlugin(LayoutPlugin):
         return GatherSpec.from_node(node)
 
     def suffix_of(self, spec: GatherSpec) -> str:
-        return f"axis{spec.axis}"
+        return f"axis{spec.axis}" + (".table" if spec.table is not None else "")
 
     def reference_kernel(self, node, spec, name):
         return ReferenceLayoutKernel(name, _bytes_per_image(node), lambda xs: [reference.gather(spec, xs[0])])
 
     def cuda_kernel(self, node, spec, name):
+        if spec.table is not None:
+            return TableGatherKernel(name, _bytes_per_image(node), spec.axis, spec.table)
         return GatherKernel(name, _bytes_per_image(node), gather_pieces(spec))
 
 

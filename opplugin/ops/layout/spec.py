@@ -166,13 +166,15 @@ class SplitSpec:
 
 @dataclass(frozen=True)
 class GatherSpec:
-    """Gather by constant indices that step evenly (one index, or a run first, first + step, ...):
-    a strided slice of the data, the indices' shape taking the place of the gathered axis."""
+    """Gather by constant indices, the indices' shape taking the place of the gathered axis. Indices that
+    step evenly (one index, or a run first, first + step, ...) are a strided slice of the data, a view;
+    any others are a `table`, and a copy of the blocks they name (a row gather: graph/passes/row_gather.py)."""
 
     axis: int
     first: int  # the first index, as a position in the axis
     step: int
     index_shape: tuple[int, ...]
+    table: tuple[int, ...] | None = None  # every index (positions in the axis), where they do not step evenly
 
     @classmethod
     def from_node(cls, node: NodeInfo) -> "GatherSpec":
@@ -187,14 +189,16 @@ class GatherSpec:
             raise PluginError(f"an index of {flat.tolist()[:8]} is outside axis {axis} of extent {shape[axis]}")
         flat = np.where(flat < 0, flat + shape[axis], flat)
         steps = np.diff(flat)
-        if steps.size and (steps != steps[0]).any():
-            raise PluginError("its indices do not step evenly; only an even run is a strided copy")
-        return cls(axis, int(flat[0]), int(steps[0]) if steps.size else 1, tuple(int(d) for d in indices.shape))
+        even = not steps.size or (steps == steps[0]).all()
+        return cls(axis, int(flat[0]), int(steps[0]) if steps.size else 1, tuple(int(d) for d in indices.shape),
+                   None if even else tuple(int(i) for i in flat))
 
     def output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (*shape[: self.axis], *self.index_shape, *shape[self.axis + 1:])
 
     def indices(self) -> np.ndarray:
+        if self.table is not None:
+            return np.array(self.table, dtype=np.int64).reshape(self.index_shape)
         count = int(np.prod(self.index_shape, dtype=np.int64))
         return (self.first + self.step * np.arange(count)).reshape(self.index_shape)
 

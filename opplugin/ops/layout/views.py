@@ -33,7 +33,9 @@ def _split(spec: SplitSpec, output: int) -> View:
     return lambda x: x[spec.slices(x.shape)[output]]
 
 
-def _gather(spec: GatherSpec, _output: int) -> View:
+def _gather(spec: GatherSpec, _output: int) -> View | None:
+    if spec.table is not None:  # indices that do not step evenly: no strides say them
+        return None
     lead = (slice(None),) * spec.axis
     if not spec.index_shape:  # one index: the axis goes
         return lambda x: x[(*lead, spec.first)]

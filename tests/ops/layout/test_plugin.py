@@ -68,6 +68,7 @@ def _reason(model, tmp_path) -> str:
     ("concat_channels_4", "concat.reference.axis1x4", "concat.cuda.axis1x4"),
     ("resize_linear_half_pixel_x2", "resize.reference.linear.half_pixel", "resize.cuda.linear.half_pixel"),
     ("pad_reflect", "pad.reference.reflect", "pad.cuda.reflect"),
+    ("gather_table_rows", "gather.reference.axis1.table", "gather.cuda.axis1.table"),
 ])
 def test_kernel_names_say_the_form_of_the_kernel(case, cpu, gpu, tmp_path):
     for device, name in [(CPU, cpu), (GPU, gpu)]:
@@ -101,8 +102,6 @@ def test_nodes_the_layout_plugins_leave_to_onnxruntime_say_why(tmp_path):
     assert "reflect padding wider than its axis" in _reason(wide, tmp_path)
     crop = single_node("Pad", [x], {"mode": "edge"}, constants=[i64(0, 0, -1, 0, 0, 0, 0, 0)])
     assert "edge padding with negative pads (a crop) is left to onnxruntime" in _reason(crop, tmp_path)
-    uneven = single_node("Gather", [x], {"axis": 3}, constants=[i64(0, 1, 3)])
-    assert "indices do not step evenly" in _reason(uneven, tmp_path)
     outside = single_node("Gather", [x], {"axis": 1}, constants=[i64(3)])
     assert "outside axis 1 of extent 3" in _reason(outside, tmp_path)
 
@@ -297,6 +296,10 @@ def _device_compiles(name, tmp_path):
         out = tuple(merged[p] for p in perm)
         return [("layout_transpose.cu", layout_kernels.transpose_defines(merged, perm, layout_kernels.contiguous_strides(out)),
                  "layout_transpose")]
+    if op == "Gather" and spec.table is not None:
+        inner = int(np.prod(shape[spec.axis + 1:]))
+        return [("layout_rows.cu", {"INNER": inner, "COUNT": len(spec.table), "AXIS": shape[spec.axis], "VEC": vec}, "layout_rows")
+                for vec in ((1, 4) if inner % 4 == 0 else (1,))]
     if op in ("Transpose", "Slice", "Split", "Gather"):
         pieces = transpose_pieces(spec)(shape) if op == "Transpose" else gather_pieces(spec)(shape) if op == "Gather" else \
             slice_pieces(spec.slices if op == "Split" else (lambda s: [spec.slices(s)]))(shape)

@@ -1,0 +1,178 @@
+"""A chain of layout nodes that only moves whole rows (a row: the last axis) becomes one Gather of rows
+by constant indices: Swin's window partition and reverse and its cyclic shift (Roll, exported as Slice +
+Concat on two axes), or any such mix of Reshape, Transpose, Slice, Concat, Split, Gather, Squeeze and
+Unsqueeze. Each copying node of the chain was a pass over memory; the Gather is one, and a product that
+reads it can take its indices in (ops/gemm/row_map.py), so that it costs none.
+
+What a chain does is not derived from its nodes' attributes but measured: onnxruntime runs it on a
+tensor whose every element holds its own position, one image's worth and two images' worth. The chain
+moves whole rows when each output row holds one input row's positions in order; it moves them the
+same way in every image when the second image's rows come from the second input image at the same
+places. Those rows are then the Gather's indices, and the rewrite holds at any batch:
+
+    Reshape(X, [-1, rows per image, C]) > Gather(axis 1, indices) > Reshape(to Y's shape, -1 for the batch)
+
+The chain's end Y keeps its name and values; its inner tensors are gone. A chain is rewritten where it
+copies more than once, or where a flat product by a constant matrix alone reads its end (that product
+then gathers as it loads A).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..evaluate import evaluate
+from ..ir import DEFAULT_DOMAINS, Graph
+from ..static_shapes import PROBE_BATCHES, probe_shapes
+
+MOVERS = frozenset({"Reshape", "Transpose", "Slice", "Concat", "Split", "Gather", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+# the nodes of a chain that make a pass over memory: the others are views, a Slice or Split one the next
+# step reads through (a Concat reads its slices in place), so a lone roll along one axis is one copy already
+COPIES = frozenset({"Transpose", "Concat", "Gather"})
+MIN_ROW = 8  # floats a row: shorter rows gather poorly, and the strided views serve them (a head's 32 is fine)
+
+
+def gather_rows(graph: Graph) -> dict[str, int]:
+    """Rewrite each such chain (see the module); "row-moving layout nodes" -> how many nodes it replaced."""
+    if graph.scoped:  # a subgraph could read an inner tensor by name
+        return {}
+    shapes = None
+    replaced = 0
+    for end in [n for n in graph.nodes if _is_mover(n)]:
+        if end not in graph.nodes:
+            continue
+        chain = _chain_ending_at(graph, end)
+        if chain is None or not _worth_it(graph, chain, end):
+            continue
+        if shapes is None:
+            shapes = probe_shapes(graph)
+        rewrite = _measured_rewrite(graph, chain, end, shapes)
+        if rewrite is None:
+            continue
+        source, rows, indices, out_shape = rewrite
+        _replace(graph, chain, end, source, rows, indices, out_shape)
+        replaced += len(chain)
+    return {"row-moving layout nodes": replaced} if replaced else {}
+
+
+def _is_mover(node: onnx.NodeProto) -> bool:
+    return node.op_type in MOVERS and node.domain in DEFAULT_DOMAINS
+
+
+def _data_inputs(graph: Graph, node: onnx.NodeProto) -> list[str]:
+    """What a layout node moves (its non-constant inputs); its shape, slice or index inputs are constants."""
+    return [name for name in node.input if name and graph.constant(name) is None]
+
+
+def _chain_ending_at(graph: Graph, end: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The layout nodes (graph order) between one source tensor and `end`'s single output, every inner
+    tensor read only inside the chain; None where `end` does not end such a chain (its output feeds
+    another layout node, or the nodes before it read more than one computed tensor)."""
+    if len([o for o in end.output if o]) != 1 or any(map(_is_mover, graph.readers(end.output[0]))):
+        return None
+    chain = [end]
+    frontier = list(_data_inputs(graph, end))
+    while frontier:
+        name = frontier.pop()
+        writer = graph.writer(name)
+        if writer is None or not _is_mover(writer) or writer in chain or name in graph.outputs:
+            continue
+        inside = {id(n) for n in chain}
+        outputs = [o for o in writer.output if o]
+        if any(id(r) not in inside for o in outputs for r in graph.readers(o)) or any(o in graph.outputs for o in outputs):
+            continue  # the writer's output is read outside: it stays, and its output is a source
+        chain.append(writer)
+        frontier += _data_inputs(graph, writer)
+    chain.sort(key=graph.nodes.index)
+    produced = {o for n in chain for o in n.output if o}
+    sources = {name for n in chain for name in _data_inputs(graph, n) if name not in produced}
+    return chain if len(sources) == 1 else None
+
+
+def _copies(chain: list[onnx.NodeProto]) -> int:
+    return sum(n.op_type in COPIES for n in chain)
+
+
+def _worth_it(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto) -> bool:
+    """More than one copy, or one read by a flat product by a constant matrix (which gathers as it loads)."""
+    copies = _copies(chain)
+    if copies > 1:
+        return True
+    reader = graph.only_reader(end.output[0], "MatMul")
+    return copies == 1 and reader is not None and reader.input[0] == end.output[0] and _constant_matrix(graph, reader.input[1])
+
+
+def _constant_matrix(graph: Graph, name: str) -> bool:
+    value = graph.constant(name)
+    return value is not None and value.ndim == 2
+
+
+def _source(graph: Graph, chain: list[onnx.NodeProto]) -> str:
+    produced = {o for n in chain for o in n.output if o}
+    return next(name for n in chain for name in _data_inputs(graph, n) if name not in produced)
+
+
+def _rows_per_image(shapes: tuple[dict, dict], name: str) -> tuple[tuple[int, ...], int, int] | None:
+    """(the shape at the first probe batch, rows per image, row length) of a batch-major tensor: one whose
+    shape follows the batch in its first axis alone (or not at all); None otherwise."""
+    small, large = (probe.get(name) for probe in shapes)
+    if small is None or large is None or len(small) < 2 or len(small) != len(large) or small[1:] != large[1:]:
+        return None
+    row = small[-1]
+    if row < MIN_ROW:
+        return None
+    if small == large:  # no batch: the whole tensor is one "image"
+        return small, int(np.prod(small[:-1])), row
+    images = PROBE_BATCHES[0]
+    rows = int(np.prod(small[:-1]))
+    if rows % images or int(np.prod(large[:-1])) != rows // images * PROBE_BATCHES[1]:
+        return None
+    return small, rows // images, row
+
+
+def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, shapes: tuple[dict, dict]):
+    """(source, rows per source image, the Gather's indices, Y's shape with -1 for the batch) where the
+    chain moves whole rows alike in every image (see the module); None otherwise."""
+    source, result = _source(graph, chain), end.output[0]
+    x, y = _rows_per_image(shapes, source), _rows_per_image(shapes, result)
+    if x is None or y is None or x[2] != y[2]:
+        return None
+    (x_shape, x_rows, row), (y_shape, y_rows, _) = x, y
+    batched = x_shape != shapes[1].get(source)
+    maps = []
+    for images in ((1, 2) if batched else (1,)):
+        shape = (x_shape[0] // PROBE_BATCHES[0] * images, *x_shape[1:]) if batched else x_shape
+        positions = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+        got = evaluate(graph, chain, {source: positions}).get(result)
+        if got is None or got.size != images * y_rows * row:
+            return None
+        taken = got.reshape(-1, row)
+        first = taken[:, 0]
+        if (first % row).any() or not np.array_equal(taken, first[:, None] + np.arange(row)):
+            return None  # not whole rows in order
+        maps.append(first // row)
+    if batched and not np.array_equal(maps[1], np.concatenate([maps[0], maps[0] + x_rows])):
+        return None  # images mixed, or moved differently
+    indices = maps[0]
+    if np.array_equal(indices, np.arange(x_rows)):
+        return None  # rows stay in order: the chain is a reshape, left to the views
+    out_shape = (-1, *y_shape[1:]) if batched else y_shape
+    return source, x_rows, indices, out_shape
+
+
+def _replace(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str, rows: int, indices: np.ndarray,
+             out_shape: tuple[int, ...]) -> None:
+    result, row = end.output[0], out_shape[-1]
+    by_image, gathered = graph.new_name(f"{result}_by_image"), graph.new_name(f"{result}_gathered")
+    names = [graph.new_name(f"{result}_{what}") for what in ("image_shape", "row_indices", "shape")]
+    graph.constants[names[0]] = np.array([-1, rows, row], dtype=np.int64)
+    graph.constants[names[1]] = indices.astype(np.int64)
+    graph.constants[names[2]] = np.array(out_shape, dtype=np.int64)
+    made = [helper.make_node("Reshape", [source, names[0]], [by_image], name=f"{end.name}_by_image"),
+            helper.make_node("Gather", [by_image, names[1]], [gathered], name=f"{end.name}_rows", axis=1),
+            helper.make_node("Reshape", [gathered, names[2]], [result], name=end.name)]
+    at = graph.nodes.index(chain[-1])
+    graph.nodes[at:at + 1] = made
+    for node in chain[:-1]:
+        graph.nodes.remove(node)

@@ -129,9 +129,9 @@ class TableGatherKernel(LayoutKernel):
 
     out_view = "contiguous"
 
-    def __init__(self, name: str, bytes_per_image: int, axis: int, table: Sequence[int]):
+    def __init__(self, name: str, bytes_per_image: int, axis: int, table: Sequence[int], index_shape: tuple[int, ...]):
         super().__init__(name, bytes_per_image)
-        self._axis, self._table = axis, np.asarray(table, dtype=np.int32)
+        self._axis, self._table, self._index_shape = axis, np.asarray(table, dtype=np.int32), index_shape
         self._device_table = None
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None) -> list[Any]:
@@ -140,7 +140,7 @@ class TableGatherKernel(LayoutKernel):
         x = checked_input(inputs[0] if inputs else None, "X", self.name)
         shape = tuple(x.shape)
         inner = int(np.prod(shape[self._axis + 1:], dtype=np.int64))
-        y = output_array(out, (*shape[: self._axis], self._table.size, *shape[self._axis + 1:]), self.name)
+        y = output_array(out, (*shape[: self._axis], *self._index_shape, *shape[self._axis + 1:]), self.name)
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)
             if self._device_table is None:

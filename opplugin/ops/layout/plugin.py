@@ -291,7 +291,7 @@ class GatherPlugin(LayoutPlugin):
 
     def cuda_kernel(self, node, spec, name):
         if spec.table is not None:
-            return TableGatherKernel(name, _bytes_per_image(node), spec.axis, spec.table)
+            return TableGatherKernel(name, _bytes_per_image(node), spec.axis, spec.table, spec.index_shape)
         return GatherKernel(name, _bytes_per_image(node), gather_pieces(spec))
 
 

@@ -6,7 +6,8 @@ input is offered to that node's plugin (its `fuse_prologue`, where it declares a
 - each node's output is read by the next node alone (the last's by the plugin node alone) and is
   no graph output: the fused kernel never writes it;
 - each node transforms one tensor (its *data* input: the first that is no constant and has the
-  node's shape), the data input of the next being the output of the one before;
+  node's shape; for a Reshape or a Gather, its first input), the data input of the next being the output
+  of the one before;
 - an epilogue cannot take the chain instead: the first node's data input has another reader, or
   its producer's plugin fuses none of the chain (a Relu after a Conv goes to that Conv's epilogue);
   where the plan's epilogue fusion takes a node of it after all (the second of x * Sigmoid(x),
@@ -22,7 +23,9 @@ from typing import Sequence
 from ..gpu.device import Device
 from ..registry import NodeInfo, Plugin
 
-MAX_PROLOGUE = 2  # a BatchNormalization and its activation
+# a BatchNormalization and its activation; a LayerNorm, then a row gather between Reshapes (a flat product's)
+MAX_PROLOGUE = 4
+MOVED_WHOLE = ("Reshape", "Gather")  # nodes whose first input is what they transform, into another shape
 
 
 def find_prologues(infos: list[NodeInfo], readers: dict[str, list[NodeInfo]], made_by: dict[str, int], graph_outputs: set[str],
@@ -55,10 +58,10 @@ def _candidate_chain(info: NodeInfo, infos: list[NodeInfo], readers: dict[str, l
         if [r.name for r in readers.get(value, [])] != [reader.name]:
             break
         producer = infos[made_by[value]]
-        if producer.name in claimed or [o for o in producer.node.output if o] != [value] or producer.data_input() is None:
+        if producer.name in claimed or [o for o in producer.node.output if o] != [value] or data_input(producer) is None:
             break
         chain.insert(0, producer)
-        value, reader = producer.data_input(), producer
+        value, reader = data_input(producer), producer
     return chain
 
 
@@ -75,7 +78,7 @@ def give_way(prologues: dict[str, list[NodeInfo]], followers: Sequence[NodeInfo]
 def _epilogue_could_take(chain: Sequence[NodeInfo], infos: list[NodeInfo], readers: dict[str, list[NodeInfo]],
                          made_by: dict[str, int], device: Device, registry: dict[str, Plugin]) -> bool:
     """Whether the producer of the chain's data input could fuse the chain's first node into its epilogue instead."""
-    data = chain[0].data_input()
+    data = data_input(chain[0])
     if data not in made_by or len(readers.get(data, [])) != 1:
         return False
     producer = infos[made_by[data]]
@@ -88,7 +91,7 @@ def _epilogue_could_take(chain: Sequence[NodeInfo], infos: list[NodeInfo], reade
 
 def _accepted(plugin: Plugin, info: NodeInfo, chain: Sequence[NodeInfo], device: Device) -> bool:
     try:
-        return bool(plugin.fuse_prologue(info, chain, chain[0].data_input(), device))
+        return bool(plugin.fuse_prologue(info, chain, data_input(chain[0]), device))
     except Exception:  # a plugin that cannot judge a chain does not take it
         return False
 
@@ -97,9 +100,16 @@ def prologue_inputs(chain: Sequence[NodeInfo], at: int, inputs: list[str], initi
     """A fused step's inputs: `inputs` (the node's own, then its epilogue's) with the first replaced by
     the chain's data input and, from place `at` on (padded with ""), what else the chain reads."""
     produced = {o for n in chain for o in n.node.output if o}
-    data = chain[0].data_input()
+    data = data_input(chain[0])
     extra = [i for n in chain for i in n.node.input if i and i not in produced and i != data and i not in initializers]
     inputs = [data, *inputs[1:]]
     if extra:
         inputs += [""] * (at - len(inputs))
     return inputs + list(dict.fromkeys(extra))
+
+
+def data_input(node: NodeInfo) -> str | None:
+    """The tensor a prologue node transforms: a pointwise node's data input, or a Reshape's or Gather's first input."""
+    if node.op_type in MOVED_WHOLE and node.node.domain in ("", "ai.onnx") and node.node.input and node.node.input[0]:
+        return node.node.input[0]
+    return node.data_input()

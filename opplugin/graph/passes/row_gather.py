@@ -12,9 +12,13 @@ places. Those rows are then the Gather's indices, and the rewrite holds at any b
 
     Reshape(X, [-1, rows per image, C]) > Gather(axis 1, indices) > Reshape(to Y's shape, -1 for the batch)
 
-The chain's end Y keeps its name and values; its inner tensors are gone. A chain is rewritten where it
-copies more than once, or where a flat product by a constant matrix alone reads its end (that product
-then gathers as it loads A).
+The chain's end Y keeps its name and values; its inner tensors are gone. Where X is what a product by a
+constant matrix (and its bias Add) writes for the chain alone, the Gather moves before the product, which
+works on each row alone: it then gathers the rows of its own A, and writes Y (Swin's window reverse and
+shift back after the attention's projection, whose residual Add then follows the product directly).
+
+A chain is rewritten where it copies more than once, or where a flat product by a constant matrix reads
+its end or writes its source: that product then gathers as it loads A (ops/gemm/row_prologue.py).
 """
 from __future__ import annotations
 
@@ -51,7 +55,11 @@ def gather_rows(graph: Graph) -> dict[str, int]:
         if rewrite is None:
             continue
         source, rows, indices, out_shape = rewrite
-        _replace(graph, chain, end, source, rows, indices, out_shape)
+        product = _product_writing(graph, source, chain)
+        if product is not None:
+            _move_before_product(graph, chain, end, product, rows, indices, out_shape)
+        else:
+            _replace(graph, chain, end, source, rows, indices, out_shape)
         replaced += len(chain)
     return {"row-moving layout nodes": replaced} if replaced else {}
 
@@ -95,12 +103,15 @@ def _copies(chain: list[onnx.NodeProto]) -> int:
 
 
 def _worth_it(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto) -> bool:
-    """More than one copy, or one read by a flat product by a constant matrix (which gathers as it loads)."""
+    """More than one copy, or one that a flat product by a constant matrix can take in as it loads A: the
+    product reading the chain's end, or writing its source (the Gather then moves before it)."""
     copies = _copies(chain)
-    if copies > 1:
-        return True
+    if copies != 1:
+        return copies > 1
     reader = graph.only_reader(end.output[0], "MatMul")
-    return copies == 1 and reader is not None and reader.input[0] == end.output[0] and _constant_matrix(graph, reader.input[1])
+    if reader is not None and reader.input[0] == end.output[0] and _constant_matrix(graph, reader.input[1]):
+        return True
+    return _product_writing(graph, _source(graph, chain), chain) is not None
 
 
 def _constant_matrix(graph: Graph, name: str) -> bool:
@@ -163,16 +174,64 @@ def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeP
 
 def _replace(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str, rows: int, indices: np.ndarray,
              out_shape: tuple[int, ...]) -> None:
-    result, row = end.output[0], out_shape[-1]
-    by_image, gathered = graph.new_name(f"{result}_by_image"), graph.new_name(f"{result}_gathered")
+    made = _gather_nodes(graph, source, end.output[0], end.name, rows, out_shape[-1], indices, out_shape)
+    at = graph.nodes.index(chain[-1])
+    graph.nodes[at:at + 1] = made
+    for node in chain[:-1]:
+        graph.nodes.remove(node)
+
+
+def _gather_nodes(graph: Graph, source: str, result: str, name: str, rows: int, row: int, indices: np.ndarray,
+                  out_shape: tuple[int, ...]) -> list[onnx.NodeProto]:
+    """Reshape(source, [-1, rows, row]) > Gather(axis 1, indices) > Reshape(out_shape), writing `result`."""
+    by_image, taken = graph.new_name(f"{result}_by_image"), graph.new_name(f"{result}_gathered")
     names = [graph.new_name(f"{result}_{what}") for what in ("image_shape", "row_indices", "shape")]
     graph.constants[names[0]] = np.array([-1, rows, row], dtype=np.int64)
     graph.constants[names[1]] = indices.astype(np.int64)
     graph.constants[names[2]] = np.array(out_shape, dtype=np.int64)
-    made = [helper.make_node("Reshape", [source, names[0]], [by_image], name=f"{end.name}_by_image"),
-            helper.make_node("Gather", [by_image, names[1]], [gathered], name=f"{end.name}_rows", axis=1),
-            helper.make_node("Reshape", [gathered, names[2]], [result], name=end.name)]
-    at = graph.nodes.index(chain[-1])
-    graph.nodes[at:at + 1] = made
-    for node in chain[:-1]:
+    return [helper.make_node("Reshape", [source, names[0]], [by_image], name=f"{name}_by_image"),
+            helper.make_node("Gather", [by_image, names[1]], [taken], name=f"{name}_rows", axis=1),
+            helper.make_node("Reshape", [taken, names[2]], [result], name=name)]
+
+
+def _product_writing(graph: Graph, source: str, chain: list[onnx.NodeProto]) -> tuple[onnx.NodeProto, onnx.NodeProto | None] | None:
+    """(the MatMul by a constant matrix, its bias Add or None) that writes `source` for the chain alone; None otherwise."""
+    if source in graph.outputs or any(r not in chain for r in graph.readers(source)):
+        return None
+    writer = graph.writer(source)
+    bias_add = None
+    if writer is not None and writer.op_type == "Add" and writer.domain in DEFAULT_DOMAINS and len(writer.input) == 2:
+        bias_add = writer
+        computed = [name for name in writer.input if graph.constant(name) is None]
+        writer = graph.writer(computed[0]) if len(computed) == 1 else None
+        if writer is None or graph.only_reader(writer.output[0], "Add") is not bias_add:
+            return None
+    if writer is None or writer.op_type != "MatMul" or writer.domain not in DEFAULT_DOMAINS or not _constant_matrix(graph, writer.input[1]):
+        return None
+    if bias_add is not None:
+        bias = graph.constant(next(name for name in bias_add.input if name != writer.output[0]))
+        columns = graph.constant(writer.input[1]).shape[1]
+        if bias is None or bias.size != bias.shape[-1] or bias.shape[-1] not in (1, columns):
+            return None  # not the same for every row: the rows could not move before it
+    return writer, bias_add
+
+
+def _move_before_product(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, product: tuple, rows: int,
+                         indices: np.ndarray, out_shape: tuple[int, ...]) -> None:
+    """The chain's Gather on the product's A instead of its output: the product (and its bias Add) then
+    writes the chain's end, rows gathered."""
+    matmul, bias_add = product
+    result, depth = end.output[0], int(graph.constant(matmul.input[1]).shape[0])
+    gathered = graph.new_name(f"{result}_rows_in")
+    made = _gather_nodes(graph, matmul.input[0], gathered, f"{end.name}_rows", rows, depth, indices, (*out_shape[:-1], depth))
+    last = bias_add or matmul
+    if bias_add is not None:
+        product_out = graph.new_name(f"{result}_product")
+        bias_add.input[list(bias_add.input).index(matmul.output[0])] = product_out
+        matmul.output[0] = product_out
+    last.output[0] = result
+    matmul.input[0] = gathered
+    at = graph.nodes.index(matmul)
+    graph.nodes[at:at] = made
+    for node in chain:
         graph.nodes.remove(node)

@@ -21,11 +21,11 @@ from ..operands import checked_array
 from . import reference
 from .epilogue import NONE, GemmEpilogue
 from .families import GemmConfig, TensorConfig, WgmmaConfig, defines, effective_bias
-from .layernorm_prologue import LayerNormPrologue
+from .row_prologue import RowPrologue
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
 
-def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE, prologue: LayerNormPrologue | None = None) -> str:
+def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE, prologue: RowPrologue | None = None) -> str:
     """A Gemm or MatMul kernel's name in reports: "<op>.<prologue><configured name><epilogue>", e.g.
     "gemm.rowwarp_r2+softmax", "matmul.ln*wg_3xtf32_b64x64x32_s3+gelu"."""
     return f"{op}.{prologue.prefix if prologue else ''}{variant}{epilogue.suffix}"
@@ -35,9 +35,9 @@ class ReferenceGemmKernel(Kernel):
     """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused)."""
 
     def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm", bias: np.ndarray | None = None,
-                 prologue: LayerNormPrologue | None = None):
+                 prologue: RowPrologue | None = None):
         """`bias`: a constant C that the inputs do not carry (a MatMul's fused bias Add); `prologue`: a
-        LayerNorm applied to A's rows first."""
+        LayerNorm and a row gather applied to A's rows first (row_prologue.py)."""
         self.spec, self.epilogue, self.bias, self.prologue = spec, epilogue, bias, prologue
         self.name = kernel_name(op, "reference", epilogue, prologue)
 
@@ -107,8 +107,8 @@ class GemmKernel(Kernel):
     B and C are ignored when they were constants at build."""
 
     def __init__(self, spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue, b: np.ndarray | None, c: np.ndarray | None,
-                 op: str = "gemm", prologue: LayerNormPrologue | None = None):
-        """`prologue`: a LayerNorm applied to A's rows before the product (layernorm_prologue.py)."""
+                 op: str = "gemm", prologue: RowPrologue | None = None):
+        """`prologue`: a LayerNorm and a row gather applied to A's rows before the product (row_prologue.py)."""
         import cupy
 
         self.spec, self.config, self.epilogue, self.prologue = spec, config, epilogue, prologue
@@ -186,14 +186,9 @@ class GemmKernel(Kernel):
         normalised = 4 * batch * self.spec.k if self.prologue is not None else 0
         return small + normalised + (4 * self._splits * batch * self.spec.n if self._reduce is not None else 0)
 
-    def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int, residual: Any) -> None:
-        a_small = None
-        if self.prologue is not None:  # A's rows normalised, and for wgmma their small parts made, in one pass
-            import cupy
-
-            # the half-precision families convert the normalised rows in their own pass after it
-            a_small = cupy.empty_like(a) if self._small_parts is not None and not self._half else None
-            a = self.prologue.launch(cupy, a, a_small)
+    def _launch(self, grid: tuple[int, int, int], a: Any, w: Any, c: Any, y: Any, batch: int, nonfinite: int, residual: Any,
+                a_small: Any = None) -> None:
+        """One product over `batch` rows; `a_small`: A's small parts where the prologue made them already."""
         args = (a, w, c, y, np.int32(batch))
         if self._small_parts is not None:
             import cupy
@@ -216,6 +211,17 @@ class GemmKernel(Kernel):
             pairs = batch * -(-self.spec.n // 2)
             self._reduce((-(-pairs // REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), (partial, c, added, y, np.int32(batch), np.uint64(nonfinite)))
 
+    def _prologue_pass(self, cupy: Any, a: Any) -> tuple[Any, Any]:
+        """(A's rows as the product reads them, after the prologue; their small parts for wgmma's 3xTF32, made
+        in the same pass, else None). The half-precision families convert the rows in their own pass after it."""
+        x = checked_array(cupy, a, "A", self.name)
+        if self.spec.trans_a or x.ndim != 2 or x.shape[1] != self.spec.k:
+            raise PluginError(f"{self.name}: A has shape {tuple(x.shape)}, expected (rows, {self.spec.k})")
+        x = cupy.ascontiguousarray(x)
+        small = cupy.empty((self.prologue.rows_after(int(x.shape[0])), self.spec.k), dtype=cupy.float32) \
+            if self._small_parts is not None and not self._half else None
+        return self.prologue.launch(cupy, x, small), small
+
     def _residual_rows(self, cupy: Any, residual: Any, batch: int) -> Any:
         """The residual as the kernel reads it, C-contiguous (batch, N); None where the epilogue adds none."""
         if not self.epilogue.residual:
@@ -235,17 +241,20 @@ class GemmKernel(Kernel):
 
         if not inputs:
             raise PluginError(f"{self.name}: no inputs given")
-        a = inputs[0]
+        a, a_small = inputs[0], None
+        if self.prologue is not None:
+            with cuda.on_stream(stream):
+                a, a_small = self._prologue_pass(cupy, a)
         if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == np.float32 and a.ndim == 2 \
                 and a.shape[1] == self.spec.k and a.flags.c_contiguous and a.data.ptr % 16 == 0 and 0 < a.shape[0] <= self.config.max_batch():
             batch = a.shape[0]
             grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
             with cuda.on_stream(stream):
                 y = cupy.empty((batch, self.spec.n), dtype=cupy.float32)
-                self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite, self._residual_rows(cupy, residual, batch))
+                self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite, self._residual_rows(cupy, residual, batch), a_small)
             return [y]
         with cuda.on_stream(stream):
-            a = self._operand_a(cupy, checked_array(cupy, inputs[0], "A", self.name))
+            a = self._operand_a(cupy, checked_array(cupy, a, "A", self.name))
             batch = int(a.shape[0])
             if self._w is not None:
                 w = self._w
@@ -268,7 +277,7 @@ class GemmKernel(Kernel):
                     rows = min(self.config.max_batch(), batch - start)
                     c_rows = c[start:start + rows] if self.bias_mode == BIAS_FULL else c
                     self._launch(self.config.grid(self.spec, rows), a[start:start + rows], w, c_rows, y[start:start + rows], rows, nonfinite,
-                                 None if added is None else added[start:start + rows])
+                                 None if added is None else added[start:start + rows], None if a_small is None else a_small[start:start + rows])
             if out is not None and y is not out:
                 out[...] = y
                 y = out

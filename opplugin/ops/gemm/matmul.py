@@ -25,6 +25,7 @@ from ...errors import PluginError
 from ...registry import Kernel, NodeInfo
 from ..activation import Activation
 from ..operands import batched_input
+from .row_prologue import RowPrologue
 from .spec import GemmSpec
 
 BATCHED = "batched"  # the variants of a batched product on a GPU: FP32 FMAs ...
@@ -178,8 +179,11 @@ class FlatMatMulKernel(Kernel):
     """A Gemm kernel run on A with its leading axes merged into rows: (batch, ..., K) -> (rows, K) -> (batch, ..., N).
     With `residual`, the last input is a tensor of the output's shape that the Gemm's epilogue adds."""
 
-    def __init__(self, spec: MatMulSpec, gemm: Kernel, residual: bool = False):
+    def __init__(self, spec: MatMulSpec, gemm: Kernel, residual: bool = False, prologue: RowPrologue | None = None):
+        """`prologue`: what the Gemm kernel does to A's rows first (row_prologue.py); with a row gather, the step
+        reads the gather's source, whose rows (whole images of them) become A's."""
         self.spec, self.gemm, self.residual = spec, gemm, residual
+        self.rows = prologue.rows if prologue is not None else None
         self.name, self.variant = gemm.name, gemm.variant
         self.nonfinite_exact, self.device_work = gemm.nonfinite_exact, gemm.device_work
         # a call reshapes its arrays and calls the Gemm kernel: what that launches and flags is all it does
@@ -199,9 +203,15 @@ class FlatMatMulKernel(Kernel):
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, **out: Any) -> list[Any]:
         a = inputs[0]
-        if tuple(a.shape[1:]) != self.spec.a_shape[1:]:
+        if self.rows is not None:  # the gather's source: A's leading extent from the rows the gather makes of it
+            if a.size % (self.rows.rows_in * self.spec.k):
+                raise PluginError(f"{self.name}: its input has shape {tuple(a.shape)}, no whole images of {self.rows.rows_in} rows of {self.spec.k}")
+            lead = self.rows.rows_after(a.size // self.spec.k) // int(np.prod(self.spec.a_shape[1:-1], dtype=np.int64))
+        elif tuple(a.shape[1:]) != self.spec.a_shape[1:]:
             raise PluginError(f"{self.name}: A has shape {tuple(a.shape)}, expected (batch, {', '.join(map(str, self.spec.a_shape[1:]))})")
-        shape = self.spec.output_shape(int(a.shape[0]))
+        else:
+            lead = int(a.shape[0])
+        shape = self.spec.output_shape(lead)
         if out.get("out") is not None:
             out = {**out, "out": out["out"].reshape(-1, self.spec.n)}
         operands = list(inputs[1:])

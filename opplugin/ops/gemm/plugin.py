@@ -16,8 +16,8 @@ from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
 from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
-from . import attention, layernorm_prologue
-from .layernorm_prologue import LayerNormPrologue
+from . import attention, row_prologue
+from .row_prologue import RowPrologue
 from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job, extent_per_image
 from .spec import BIAS_COLUMN, BIAS_FULL, GemmSpec
 
@@ -81,7 +81,8 @@ class GemmPlugin(Plugin):
         spec, epilogue, config = self._choose(node, device, variant, fused)
         if config is None:
             return []
-        return [compile_job(spec, config, epilogue, device.arch)] + ([LayerNormPrologue.compile_job(device.arch)] if prologue else [])
+        before = self._prologue(node, prologue)
+        return [compile_job(spec, config, epilogue, device.arch)] + ([before.compile_job(device.arch)] if before is not None else [])
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
@@ -92,11 +93,11 @@ class GemmPlugin(Plugin):
             return ReferenceGemmKernel(spec, epilogue, op, bias, before)
         return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2) if bias is None else bias, op, before)
 
-    def _prologue(self, node: NodeInfo, prologue: Sequence[NodeInfo]) -> LayerNormPrologue | None:
-        """The LayerNorm `prologue` (as fuse_prologue agreed) applies to A's rows; None for none."""
+    def _prologue(self, node: NodeInfo, prologue: Sequence[NodeInfo]) -> RowPrologue | None:
+        """What `prologue` (as fuse_prologue agreed) does to A's rows (row_prologue.py); None for none."""
         if not prologue:
             return None
-        made = layernorm_prologue.from_nodes(prologue, self.gemm_spec(node).k)
+        made = row_prologue.from_nodes(prologue, self.gemm_spec(node).k)
         if made is None:
             raise PluginError(f"{node.op_type} {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
         return made
@@ -141,7 +142,7 @@ class MatMulPlugin(GemmPlugin):
     # an attention's chain: scale, bias, a mask added between Reshapes to (N, windows, ..) and back
     # (Swin's shifted windows), Softmax, the product with V, the heads merged
     max_followers = 8
-    # a flat product's LayerNorm prologue (layernorm_prologue.py) takes its scale and bias as constants, so
+    # a flat product's prologue (row_prologue.py) takes its LayerNorm's scale and bias and its row table as constants, so
     # it brings the step no operand: nothing is ever read from here
     prologue_input = 2
 
@@ -184,12 +185,14 @@ class MatMulPlugin(GemmPlugin):
         return 1 if followers and activation.from_node(followers[0]) else 0
 
     def fuse_prologue(self, node: NodeInfo, chain: Sequence[NodeInfo], data: str, device: Device) -> bool:
-        """A LayerNorm over the last axis before a flat product (layernorm_prologue.py): on a GPU where the
-        heuristic picks wg_3xtf32, whose pass over A for its small parts then normalises A's rows as well."""
+        """Before a flat product (row_prologue.py): a row gather, always (its pass over A replaces the Gather's
+        step); a LayerNorm over the last axis, on a GPU where the heuristic picks wg_3xtf32, whose pass over A
+        for its small parts then normalises A's rows as well."""
         spec = spec_of(node, self.make_spec)
-        if not spec.is_flat or layernorm_prologue.from_nodes(chain, spec.k) is None:
+        made = row_prologue.from_nodes(chain, spec.k) if spec.is_flat else None
+        if made is None:
             return False
-        return not device.is_cuda or isinstance(families.heuristic_config(spec.gemm, NONE), families.WgmmaConfig)
+        return made.norm is None or not device.is_cuda or isinstance(families.heuristic_config(spec.gemm, NONE), families.WgmmaConfig)
 
     def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
         """A fused attention's kernel reads Q, K^T and V as they lie: slices of one QKV projection, K transposed."""
@@ -242,7 +245,8 @@ class MatMulPlugin(GemmPlugin):
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         spec = spec_of(node, self.make_spec)
         if spec.is_flat:
-            return FlatMatMulKernel(spec, super().build(node, device, variant, fused, prologue), residual=self._residual(node, fused))
+            return FlatMatMulKernel(spec, super().build(node, device, variant, fused, prologue), residual=self._residual(node, fused),
+                                    prologue=self._prologue(node, prologue))
         fused_attention = self._attention(node, device, variant, fused)
         if fused_attention is not None:
             name = self.kernel_name(node, device, variant, fused)

@@ -28,20 +28,24 @@ def _roll_constants(name: str, shift: int) -> dict:
     return {f"{name}_s0": [SIDE - shift], f"{name}_e0": [SIDE], f"{name}_s1": [0], f"{name}_e1": [SIDE - shift]}
 
 
-def shifted_windows(reader: str = "MatMul", perm_last: bool = True, shift: int = 2):
-    """x (N, 8, 8, 16) > Relu > rolled by `shift` on both spatial axes > partitioned into 4x4 windows (N*4, 16, 16)
+def shifted_windows(reader: str = "MatMul", perm_last: bool = True, shift: int = 2, source: str = "Relu"):
+    """x (N, 8, 8, 16) > `source` (a Relu, or a Linear layer: MatMul by V (16, 16) and a bias Add) > rolled by `shift` on both spatial axes > partitioned into 4x4 windows (N*4, 16, 16)
     > `reader`: a MatMul by W (16, 24), or an Add of a constant per window position (16, 16)."""
     rng = np.random.default_rng(0)
     blocks = SIDE // WINDOW
     constants = {**_roll_constants("roll_h", shift), **_roll_constants("roll_w", shift), "axis1": [1], "axis2": [2],
                  "split": [-1, blocks, WINDOW, blocks, WINDOW, CHANNELS], "windows": [-1, WINDOW * WINDOW, CHANNELS]}
     perm = [0, 1, 3, 2, 4, 5] if perm_last else [0, 1, 3, 2, 5, 4]
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), *_roll("r", 1, shift, "roll_h"), *_roll("roll_h", 2, shift, "roll_w"),
+    before = [helper.make_node("Relu", ["x"], ["r"], name="relu")] if source == "Relu" else \
+        [helper.make_node("MatMul", ["x", "v"], ["projected"], name="proj"), helper.make_node("Add", ["projected", "b"], ["r"], name="proj_bias")]
+    nodes = [*before, *_roll("r", 1, shift, "roll_h"), *_roll("roll_h", 2, shift, "roll_w"),
              helper.make_node("Reshape", ["roll_w", "split"], ["split_view"], name="split_view"),
              helper.make_node("Transpose", ["split_view"], ["partition"], name="partition", perm=perm),
              helper.make_node("Reshape", ["partition", "windows"], ["windowed"], name="windowed")]
     weights = [numpy_helper.from_array(rng.standard_normal((CHANNELS, 24)).astype(np.float32), "w"),
-               numpy_helper.from_array(rng.standard_normal((WINDOW * WINDOW, CHANNELS)).astype(np.float32), "position")]
+               numpy_helper.from_array(rng.standard_normal((WINDOW * WINDOW, CHANNELS)).astype(np.float32), "position"),
+               numpy_helper.from_array(rng.standard_normal((CHANNELS, CHANNELS)).astype(np.float32), "v"),
+               numpy_helper.from_array(rng.standard_normal(CHANNELS).astype(np.float32), "b")]
     if reader == "MatMul":
         nodes.append(helper.make_node("MatMul", ["windowed", "w"], ["y"], name="qkv"))
         out = ["M", WINDOW * WINDOW, 24]
@@ -67,9 +71,29 @@ def test_a_shift_and_window_partition_become_one_row_gather_with_the_same_values
     for batch in (1, 3):
         feeds = {"x": np.random.default_rng(batch).standard_normal((batch, SIDE, SIDE, CHANNELS)).astype(np.float32)}
         runner = Runner(load_model(save(proto, tmp_path / "m.onnx")), batch, "cpu")
-        assert [s.ops for s in runner.plan.plugin_steps][1] == ["Gather"]
+        if reader == "MatMul":  # the product gathers A's rows as it loads them: no step of the Gather's own
+            assert [s.ops for s in runner.plan.plugin_steps] == [["Relu"], ["Reshape", "Gather", "Reshape", "MatMul"]]
+            assert runner.kernels[runner.plan.plugin_steps[1].name].name == "matmul.rows*reference"
+        else:
+            assert [s.ops for s in runner.plan.plugin_steps][1] == ["Gather"]
         theirs = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         np.testing.assert_allclose(runner.run(feeds).outputs["y"], theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_the_gather_of_rows_a_linear_layer_writes_moves_before_it_and_the_layer_writes_the_chains_end(tmp_path):
+    """Swin's window reverse after the attention's projection: the product works on each row alone, so it
+    gathers its own A's rows (as it loads them) and writes the chain's end with its bias Add."""
+    proto = shifted_windows("Add", source="Linear")
+    simplified, done = simplify(proto)
+    assert [n.op_type for n in simplified.graph.node] == ["Reshape", "Gather", "Reshape", "MatMul", "Add", "Add"]
+    assert done.constants_folded["row-moving layout nodes"] == 9
+    bias = simplified.graph.node[4]
+    assert bias.name == "proj_bias" and bias.output[0] == "windowed"  # the bias Add writes the chain's end now
+    runner = Runner(load_model(save(proto, tmp_path / "m.onnx")), 3, "cpu")
+    assert runner.plan.plugin_steps[0].ops[:4] == ["Reshape", "Gather", "Reshape", "MatMul"]
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, SIDE, SIDE, CHANNELS)).astype(np.float32)}
+    theirs = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(runner.run(feeds).outputs["y"], theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_a_chain_that_moves_values_within_a_row_stays():

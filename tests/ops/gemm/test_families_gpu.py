@@ -206,31 +206,41 @@ def test_wgmma_adds_a_residual_as_it_stores(variant, n):
         kernel([cupy.asarray(p.a), cupy.asarray(p.b)])  # the epilogue adds one: a call without it is refused
 
 
-@pytest.mark.parametrize("variant", ["wg_3xtf32", "wg_3xtf32_b64x64x32_s3_k3", "tc_3xtf32", "tiled"])
-def test_a_layernorm_prologue_normalises_a_rows_before_the_product(variant):
-    """A transformer's LN > Linear in one step: wg_3xtf32's pass for A's small parts normalises the rows as
-    it goes; the other families take the normalised rows from the same pass. Rows far from mean 0 and
-    variance 1, so that a skipped normalisation shows; the output poisoned first, against float64."""
+@pytest.mark.parametrize("variant", ["wg_3xtf32", "wg_3xtf32_b64x64x32_s3_k3", "tc_3xtf32", "tiled", "wg_fp16"])
+@pytest.mark.parametrize("norm, gather", [(True, False), (False, True), (True, True)], ids=["layernorm", "rows", "layernorm+rows"])
+def test_a_row_prologue_normalises_and_gathers_a_rows_before_the_product(variant, norm, gather):
+    """A transformer's LN > Linear, Swin's shifted windows > Linear, or both, in one step: wg_3xtf32's pass
+    for A's small parts normalises and gathers the rows as it goes; the other families take the rows from the
+    same pass. Rows far from mean 0 and variance 1, so that a skipped normalisation shows; a table that
+    drops, repeats and reorders rows of each of two images; the output poisoned first, against float64."""
     import cupy
 
-    from opplugin.ops.gemm.layernorm_prologue import LayerNormPrologue
+    from opplugin.ops.gemm.row_prologue import RowPrologue, RowTable
 
-    p = make_problem(197, 96, 384, trans_b=True, c="row", seed=7)
     rng = np.random.default_rng(8)
-    x = (3 * rng.standard_normal((197, 384)) + 1.5).astype(np.float32)
+    rows_in = 101
+    table = np.concatenate([rng.permutation(rows_in)[:96], [5, 5]]) if gather else None
+    m = 2 * (len(table) if gather else rows_in)
+    p = make_problem(m, 96, 384, trans_b=True, c="row", seed=7)
+    x = (3 * rng.standard_normal((2 * rows_in, 384)) + 1.5).astype(np.float32)
     scale, bias = (1 + 0.2 * rng.standard_normal(384)).astype(np.float32), rng.standard_normal(384).astype(np.float32)
     config = families.configure(p.spec, variant)
-    kernel = GemmKernel(p.spec, config, NONE, p.b, p.c, "matmul", LayerNormPrologue(384, 1e-6, scale, bias))
-    assert kernel.name.startswith("matmul.ln*")
-    out = cupy.full((197, 96), np.nan, dtype=cupy.float32)
+    prologue = RowPrologue(384, (1e-6, scale, bias) if norm else None, RowTable(rows_in, tuple(map(int, table))) if gather else None)
+    kernel = GemmKernel(p.spec, config, NONE, p.b, p.c, "matmul", prologue)
+    assert kernel.name.startswith("matmul." + ("ln*" if norm else "") + ("rows*" if gather else ""))
+    out = cupy.full((m, 96), np.nan, dtype=cupy.float32)
     [y] = kernel([cupy.asarray(x)], None, out=out)
-    x64 = x.astype(np.float64)
-    centred = x64 - x64.mean(axis=1, keepdims=True)
-    normalised = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-6) * scale + bias
-    exact = reference.expected(p.spec, NONE, normalised, p.b, p.c)
+    rows = x.astype(np.float64)
+    if norm:
+        centred = rows - rows.mean(axis=1, keepdims=True)
+        rows = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-6) * scale + bias
+    if gather:
+        rows = rows.reshape(2, rows_in, 384)[:, table].reshape(-1, 384)
+    exact = reference.expected(p.spec, NONE, rows, p.b, p.c)
     # the normalised rows carry FP32's rounding (a few units of 2^-24 each) into the product as well
-    scale_of_y = np.abs(normalised) @ np.abs(p.b.T.astype(np.float64)) + np.abs(p.c.astype(np.float64))
-    assert np.all(np.abs(cupy.asnumpy(y) - exact) <= 2e-5 * scale_of_y + ATOL)
+    scale_of_y = np.abs(rows) @ np.abs(p.b.T.astype(np.float64)) + np.abs(p.c.astype(np.float64))
+    tolerance = 2.1 * 2.0 ** -11 if variant.startswith("wg_fp16") else 2e-5
+    assert np.all(np.abs(cupy.asnumpy(y) - exact) <= tolerance * scale_of_y + ATOL)
 
 
 @pytest.mark.parametrize("variant, unit_roundoff", [("wg_fp16", 2.0 ** -11), ("wg_fp16_b64x64x64_s3_k3", 2.0 ** -11),

@@ -134,7 +134,7 @@ def test_an_mlp_block_runs_as_plugin_steps_and_check_passes(tmp_path):
     from matmul_cases import mlp_block
 
     runner = Runner(load_model(save(mlp_block(), tmp_path / "mlp.onnx")), 3, "cpu")
-    # the LayerNorm only the first product reads is that product's prologue (layernorm_prologue.py)
+    # the LayerNorm only the first product reads is that product's prologue (row_prologue.py)
     assert [s.ops for s in runner.plan.steps] == [["LayerNormalization", "MatMul", "Relu"], ["MatMul", "Softmax"], ["ReduceSum"]]
     x = np.random.default_rng(4).uniform(-2, 2, (3, 5, 6, 32)).astype(np.float32)
     result = check(runner.run, runner.plan_record(), {"x": x})
@@ -265,7 +265,7 @@ def test_a_layernorm_only_a_flat_matmul_reads_is_its_prologue(tmp_path, k):
         [wide] = make_plan(model, 8, GPU).plugin_steps  # 40 rows: wg_3xtf32
         hopper_device = Device("cuda", "test H200", "9.0")
         assert wide.kernel_name(GPU).startswith("matmul.ln*wg_3xtf32")
-        assert [job.label for job in wide.compile_jobs(hopper_device)] == ["gemm_wgmma.cu", "layernorm_rows.cu"]
+        assert [job.label for job in wide.compile_jobs(hopper_device)] == ["gemm_wgmma.cu", "row_prologue.cu"]
         few = make_plan(model, 3, GPU)  # 15 rows: gemv, which makes no pass over A to normalise in
         assert few.plugin_steps[0].ops == ["LayerNormalization"] and not few.plugin_steps[1].prologue
     finally:

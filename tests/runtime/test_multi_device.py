@@ -17,6 +17,7 @@ from opplugin.errors import DeviceError, InputError
 from opplugin.graph.model import load_model
 from opplugin.core.row_ranges import split_even
 from opplugin.runtime import Runner
+from opplugin.runtime.feeding import MIN_PROBE_SHARE, PROBE_WARMUP, Feeding, fed_count
 from opplugin.runtime.multi_device import DeviceFailure, DeviceRunners, DeviceSlot, cuda_slots
 
 CPU = DeviceSlot()
@@ -86,6 +87,77 @@ def test_a_batch_smaller_than_the_devices_leaves_some_idle(tiny_model_path):
     assert [row["device"] for row in rows] == ["cpu #1", "cpu #2", "cpu #3"]
     assert rows[2] == {"device": "cpu #3", "images": 0, "time_ms": 0.0, "images_per_s": None}
     assert rows[0]["images_per_s"] > 0
+
+
+# --- the feed probe: how many of the runners a run uses -------------------------------------
+
+
+def _used(images: list[int]) -> int:
+    """The runners that got rows: the first ones, the rest idle."""
+    used = sum(1 for count in images if count)
+    assert all(images[:used]) and not any(images[used:])
+    return used
+
+
+def test_the_probe_times_each_count_on_the_shares_of_a_split_over_all(tiny_model_path):
+    model = load_model(tiny_model_path)
+    batch = 3 * MIN_PROBE_SHARE + 1  # shares of 257, 256 and 256 rows
+    devices = _on_cpus(model, batch, 3)
+    feeding = devices.probe_feeding(_random(model, batch))
+    assert feeding.given == 3 and feeding.skipped is None
+    assert feeding.images == (257, 513, batch)  # the first 1, 2, 3 shares
+    assert len(feeding.times_ms) == 3 and all(ms > 0 for ms in feeding.times_ms)
+    assert feeding.used == fed_count(feeding.rates)
+    assert devices.used == 3  # measuring changes nothing: profile (or use) applies the choice
+
+
+def test_a_probed_profile_runs_on_the_count_chosen_and_gives_one_runners_outputs(tiny_model_path):
+    model = load_model(tiny_model_path)
+    batch = 2 * MIN_PROBE_SHARE + 5
+    feeds = _random(model, batch)
+    seen = []
+    measured = _on_cpus(model, batch, 2).profile(feeds, warmup=0, repeat=2, keep=("r2",),
+                                                  progress=lambda label, done, total: seen.append((label, done, total)))
+    feeding = measured.feeding
+    assert feeding.skipped is None and len(feeding.images) == 2 and 1 <= feeding.used <= 2
+    used = _used(measured.images)
+    assert used == feeding.used and measured.images[:used] == [r.stop - r.start for r in split_even(batch, used)]
+    assert [profile is None for profile in measured.profiles] == [index >= used for index in range(2)]
+    whole = Runner(model, batch, "cpu").run(feeds, ("r2",))
+    assert np.array_equal(measured.last.outputs["y"], whole.outputs["y"])
+    assert np.array_equal(measured.last.kept["r2"], whole.kept["r2"])
+    # the probe's own warm-up (PROBE_WARMUP passes) though --warmup is 0, then the probe, then the timed passes
+    labels = list(dict.fromkeys(label for label, _, _ in seen))
+    assert labels == ["warm-up", "feed probe", "timed run"]
+    assert seen[-1][1] == seen[-1][2] == (PROBE_WARMUP + 2) * batch + sum(feeding.images)
+    assert all(later[1] >= earlier[1] for earlier, later in zip(seen, seen[1:]))
+
+
+def test_use_splits_later_runs_over_the_first_runners(tiny_model_path):
+    model = load_model(tiny_model_path)
+    feeds = _random(model, 10)
+    devices = _on_cpus(model, 10, 3)
+    devices.use(2)
+    split = devices.run(feeds)
+    assert split.rows == [slice(0, 5), slice(5, 10), None] and split.results[2] is None
+    assert np.array_equal(split.outputs["y"], Runner(model, 10, "cpu").run(feeds).outputs["y"])
+    with pytest.raises(InputError, match=r"^use 4 of 3 runners: give 1 to 3$"):
+        devices.use(4)
+
+
+@pytest.mark.parametrize("batch, asked, why", [(2 * MIN_PROBE_SHARE, False, "asked to use every device given"),
+                                                (2 * MIN_PROBE_SHARE - 1, True, f"the batch gives each device under {MIN_PROBE_SHARE} images")])
+def test_an_unprobed_profile_uses_every_runner_and_says_why(tiny_model_path, batch, asked, why):
+    model = load_model(tiny_model_path)
+    measured = _on_cpus(model, batch, 2).profile(_random(model, batch), warmup=0, repeat=1, feed_probe=asked)
+    assert measured.feeding == Feeding(2, 2, skipped=why)
+    assert _used(measured.images) == 2
+
+
+def test_the_probe_needs_a_row_for_each_runner(tiny_model_path):
+    model = load_model(tiny_model_path)
+    with pytest.raises(InputError, match=r"^the feed probe needs a row for each of the 3 runners; the batch has 2$"):
+        _on_cpus(model, 2, 3).probe_feeding(_random(model, 2))
 
 
 class _Broken(Runner):

@@ -224,12 +224,45 @@ def test_run_with_devices_reports_a_row_per_device_and_saves_outputs_in_order(tw
     assert [(row["device"], row["images"]) for row in report["devices"]] == [("cpu #1", 5), ("cpu #2", 4)]
     assert set(report["devices"][0]) == {"device", "images", "time_ms", "images_per_s"}
     assert report["steps_device"] == {"device": "cpu #1", "images": 5}
+    assert report["feeding"]["why_not_probed"] == f"the batch gives each device under {MIN_PROBE_SHARE} images"
+    assert report["feeding"]["used"] == ["cpu #1", "cpu #2"] and report["feeding"]["probe"] == []
     assert main(["run", "lenet86", "--batch", "9", "--device", "cpu", "--save-outputs", files["whole.npz"],
                  "--keep", "pool1_out"]) == 0
     split, whole = np.load(files["split.npz"]), np.load(files["whole.npz"])
     assert sorted(split.files) == sorted(whole.files) == ["pool1_out", "probabilities"]
     for name in whole.files:
         assert np.array_equal(split[name], whole[name])
+
+
+def test_run_with_devices_says_how_many_the_host_fed_and_gives_one_runners_outputs(two_cpus, tiny_model_path, tmp_path, capsys):
+    """A batch large enough to probe: a pass on one "cpu" runner, then on both, and the timed passes on
+    the count that measured fastest (whichever it is here: the figures are this machine's)."""
+    batch = 2 * MIN_PROBE_SHARE + 3
+    common = ["run", str(tiny_model_path), "--batch", str(batch), "--data", "random"]
+    assert main([*common, "--devices", "0,1", "--json", str(tmp_path / "r.json"), "--save-outputs", str(tmp_path / "split.npz")]) == 0
+    out = capsys.readouterr().out
+    feeding = json.loads((tmp_path / "r.json").read_text())["feeding"]
+    assert feeding["probed"] is True and feeding["why_not_probed"] is None and feeding["given"] == ["cpu #1", "cpu #2"]
+    assert [(row["devices"], row["images"]) for row in feeding["probe"]] == [(1, MIN_PROBE_SHARE + 2), (2, batch)]
+    assert all(row["images_per_s"] > 0 for row in feeding["probe"])
+    used = fed_count([row["images_per_s"] for row in feeding["probe"]])
+    assert feeding["used"] == ["cpu #1", "cpu #2"][:used] and feeding["idle"] == ["cpu #1", "cpu #2"][used:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [row["images"] for row in report["devices"]] == ([batch, 0] if used == 1 else [MIN_PROBE_SHARE + 2, MIN_PROBE_SHARE + 1])
+    line = next(line for line in out.splitlines() if line.startswith("Feed probe: the host fed "))
+    assert ("1 of the 2 devices" in line and line.endswith("; cpu #2 left idle")) if used == 1 else "all 2 devices" in line
+    assert main([*common, "--device", "cpu", "--save-outputs", str(tmp_path / "whole.npz")]) == 0
+    assert np.array_equal(np.load(tmp_path / "split.npz")["y"], np.load(tmp_path / "whole.npz")["y"])
+
+
+def test_no_feed_probe_uses_every_device_named(two_cpus, tiny_model_path, tmp_path, capsys):
+    batch = 2 * MIN_PROBE_SHARE
+    assert main(["run", str(tiny_model_path), "--batch", str(batch), "--data", "random", "--devices", "0,1", "--no-feed-probe",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    assert "Feed probe: none (asked to use every device given); all 2 devices used" in capsys.readouterr().out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["feeding"]["probed"] is False and report["feeding"]["idle"] == []
+    assert [row["images"] for row in report["devices"]] == [MIN_PROBE_SHARE, MIN_PROBE_SHARE]
 
 
 def test_without_devices_the_report_has_no_device_rows(tmp_path, capsys):
@@ -295,6 +328,7 @@ def test_device_ids_are_read_and_checked(one_gpu):
     (["run", "--devices", "0,-1"], "--devices 0,-1: give all, or device ids such as 0,1"),
     (["run", "--devices", "0", "--device", "cpu"], "--devices splits the batch over CUDA devices; leave out --device cpu"),
     (["run", "--devices", "0", "--trace", "t.json"], "--trace follows a single device; leave out --devices"),
+    (["run", "--no-feed-probe"], "--no-feed-probe applies to --devices; give --devices too, or leave it out"),
 ])
 def test_bad_device_requests_are_one_line_errors(one_gpu, argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -214,15 +214,15 @@ def format_devices(report: dict[str, Any]) -> list[str]:
     return [*text_table(header, body, right=(1, 2, 3)), total, *([format_feeding(feeding)] if feeding and len(feeding["given"]) > 1 else [])]
 
 
-def format_feeding(feeding: dict[str, Any]) -> str:
-    """One line: how many of the devices given the run used, the feed probe's images/s on 1, 2, ...
-    N of them behind the choice, and the devices left idle; or why no probe ran."""
+def format_feeding(feeding: dict[str, Any], lead: str = "Feed probe") -> str:
+    """One line, after `lead`: how many of the devices given the run used, the feed probe's images/s
+    on 1, 2, ... N of them behind the choice, and the devices left idle; or why no probe ran."""
     given, used = len(feeding["given"]), len(feeding["used"])
     if not feeding["probed"]:
-        return f"Feed probe: none ({feeding['why_not_probed']}); all {given} devices used"
+        return f"{lead}: none ({feeding['why_not_probed']}); all {given} devices used"
     rates = ", ".join(f"{row['devices']}: {row['images_per_s']:,.0f}" for row in feeding["probe"])
     fed = f"all {given} devices" if used == given else f"{used} of the {given} devices"
-    line = f"Feed probe: the host fed {fed} (images/s on {rates}; the fewest within {feeding['margin']:.0%} of the most)"
+    line = f"{lead}: the host fed {fed} (images/s on {rates}; the fewest within {feeding['margin']:.0%} of the most)"
     return line + (f"; {', '.join(feeding['idle'])} left idle" if feeding["idle"] else "")
 
 

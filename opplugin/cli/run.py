@@ -33,6 +33,7 @@ class RunOptions:
     reports: ReportOptions
     compare: bool = True  # False: --no-compare, no comparison with onnxruntime
     tolerance: ToleranceOptions = ToleranceOptions()  # the comparison's pass rule (--atol, --rtol), as check's
+    feed_probe: bool = True  # with --devices: time 1, 2, ... N of them first and use the fastest count (False: --no-feed-probe)
 
     def files(self) -> CommandFiles:
         return self.workload.files(self.reports.outputs())
@@ -44,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     TimingOptions.add(parser, warmup_help=f"untimed runs first (default {gpu['warmup']} on a GPU, {cpu['warmup']} on the CPU)",
                       repeat_help=f"timed runs; the report gives medians (default {gpu['repeat']} on a GPU, {cpu['repeat']} on the CPU)")
     parser.add_argument("--no-compare", action="store_true", help="skip the comparison with onnxruntime")
+    parser.add_argument("--no-feed-probe", action="store_true",
+                        help="with --devices: use every device it names; by default a large batch first times a pass on "
+                             "1, 2, ... N of them and runs on the count the host feeds fastest, the rest left idle")
     ToleranceOptions.add(parser, chunks=False)  # the comparison's pass rule, which decides exit status 1
     ReportOptions.add(parser, "also write the report as JSON (- for standard output)", wide=True, csv_and_trace=True,
                       html_help="also write the report as one HTML page to open in a browser: the plan, the last timed run's "
@@ -56,7 +60,9 @@ def read(args: argparse.Namespace) -> RunOptions:
     tolerance = ToleranceOptions.from_args(args)
     if args.no_compare and tolerance != ToleranceOptions():
         raise InputError("--atol and --rtol set the comparison with onnxruntime; leave out --no-compare")
-    return RunOptions(workload, TimingOptions.from_args(args), reports, not args.no_compare, tolerance)
+    if args.no_feed_probe and workload.runner.devices is None:
+        raise InputError("--no-feed-probe applies to --devices; give --devices too, or leave it out")
+    return RunOptions(workload, TimingOptions.from_args(args), reports, not args.no_compare, tolerance, not args.no_feed_probe)
 
 
 def execute(options: RunOptions) -> int:
@@ -76,7 +82,10 @@ def execute(options: RunOptions) -> int:
     keep = options.workload.data.keep
     bar = _progress(runner, batch, warmup + repeat)
     try:
-        measured = (devices or runner).profile(inputs.feeds, warmup, repeat, keep=keep, progress=bar)
+        if devices:
+            measured = devices.profile(inputs.feeds, warmup, repeat, keep=keep, progress=bar, feed_probe=options.feed_probe)
+        else:
+            measured = runner.profile(inputs.feeds, warmup, repeat, keep=keep, progress=bar)
     finally:
         bar.close()
     # with --devices: the first device's profile gives the step table, and the last pass holds every output
@@ -95,7 +104,8 @@ def execute(options: RunOptions) -> int:
 
     result = reports.build_report(profile, warmup, extra)
     if devices:
-        result = reports.add_devices(result, measured.rows(), statistics.median(measured.total_ms))
+        result = reports.add_devices(result, measured.rows(), statistics.median(measured.total_ms),
+                                     measured.feeding.record(measured.labels))
     print(reports.format_text(result, options.reports.wide))
     _warn_cpu_provider(profile)
     files = options.reports

@@ -234,6 +234,7 @@ def scaling_sections(payload: Payload) -> tuple[str, list[Section]]:
         sections.append(Section(f"Batch {batch:,}", _chart(bars, "images/s"), "Images per second host to host, per device list."))
     marks = ["" if row["agrees"] else "fail" for row in payload["rows"]]
     notes = ([scaling_text.SHARED_NOTE] if any(r["shared_gpu"] for r in payload["rows"]) else []) + [scaling_text.LEGEND]
+    notes += scaling_text.feeding_lines(payload)
     sections.append(Section("Every device list", table(scaling_text.HEADER, scaling_text.table_cells(payload),
                                                        numeric=scaling_text.NUMBERS, row_classes=marks), ". ".join(notes) + "."))
     return f"{payload['model']} over several devices", sections

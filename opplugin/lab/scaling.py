@@ -18,6 +18,11 @@ first and last rows of the batch and the rows either side of every share boundar
 row put back in the wrong place would show), and with the one-device list's outputs over
 the whole batch (their largest absolute difference). Runners are built before timing;
 their build time (plans, kernel compiles) is reported apart.
+
+Each list is timed as given: that is the curve. `run --devices` with the same list would first
+time 1, 2, ... N of its devices and use the count the host feeds fastest (runtime/feeding.py);
+each row says which count that is (`feeding`), from the same probe run on its runners after
+they are timed, so a list that scales badly shows beside what `run` would do with it.
 """
 from __future__ import annotations
 
@@ -36,10 +41,12 @@ from ..errors import DeviceError, InputError
 from ..report.jsonout import header, json_safe
 from ..graph.model import Model
 from ..runtime import Runner
+from ..runtime.feeding import Feeding, probe_skipped
 from ..runtime.multi_device import DeviceRunners, DeviceSlot, cuda_slots
 
 # 1: a row per batch and device list, each with its runners' own rows
-SCHEMA = "opplugin-bench-scaling/1"
+# 2: feeding: how many of the list's devices run --devices would use, and the feed probe behind it
+SCHEMA = "opplugin-bench-scaling/2"
 DEFAULT_MODEL = "lenet86"
 DEFAULT_BATCHES = (200_000,)
 WARMUP, REPEAT = 2, 5
@@ -48,7 +55,7 @@ SEED = 0
 EDGE_ROWS = 4
 
 ROW_KEYS = ("batch", "devices", "runners", "gpus", "shared_gpu", "images_per_s", "time_ms", "times_ms", "speedup", "efficiency",
-            "build_s", "input_pinned", "compared_rows", "agrees", "max_abs_error", "rel_l2", "max_abs_vs_one", "per_runner")
+            "build_s", "input_pinned", "compared_rows", "agrees", "max_abs_error", "rel_l2", "max_abs_vs_one", "per_runner", "feeding")
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,13 @@ def _with_spans(rows: list[dict[str, Any]], spans_ms: list[list[tuple[float, flo
     return rows
 
 
+def run_would_use(devices: DeviceRunners, feeds: dict[str, np.ndarray], batch: int) -> Feeding:
+    """How many of the list's devices `run --devices` would use at this batch: its feed probe, on
+    runners already warm, or all of them where run would not probe (feeding.probe_skipped)."""
+    skipped = probe_skipped(batch, len(devices.runners))
+    return Feeding.unprobed(len(devices.runners), skipped) if skipped else devices.probe_feeding(feeds)
+
+
 MakeRunner = Callable[[DeviceSlot, int], Runner]
 
 
@@ -149,7 +163,7 @@ def time_list(model: Model, feeds: dict[str, np.ndarray], batch: int, entry: Dev
     started = time.perf_counter()
     devices = DeviceRunners(model, entry.slots, make_runner, batch)
     build_s = time.perf_counter() - started
-    measured = devices.profile(feeds, warmup, repeat)
+    measured = devices.profile(feeds, warmup, repeat, feed_probe=False)  # each list timed as given: the curve
     last = measured.last
     ms = statistics.median(measured.total_ms)
     row = {
@@ -159,6 +173,7 @@ def time_list(model: Model, feeds: dict[str, np.ndarray], batch: int, entry: Dev
         "input_pinned": all(result.input_pinned for result in last.results if result is not None),
         **_compare(model, devices, feeds, last.outputs, last.rows, batch),
         "max_abs_vs_one": _max_abs(last.outputs, one), "per_runner": _with_spans(measured.rows(), measured.spans_ms),
+        "feeding": run_would_use(devices, feeds, batch).record(devices.labels),  # after the timed passes: they warmed it
     }
     outputs = last.outputs
     del devices, measured, last  # each list's runners go before the next list's are built,

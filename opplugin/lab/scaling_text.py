@@ -9,13 +9,16 @@ from typing import Any
 from ..errors import InputError
 from ..core.files import write_atomic
 from ..core.texttable import text_table
+from ..report.timing import format_feeding
 
 SHARED_NOTE = ("* its runners share a GPU (an id repeats): the row exercises the split and the reassembly, "
                "it is not a scaling figure")
 LEGEND = ("speed-up: images/s over the one-device list's; efficiency: speed-up / runners (100% is perfect scaling); "
           "vs one: largest |difference| from the one-device list's outputs; onnxruntime: the first output on the "
-          "rows at both ends and either side of every share boundary against onnxruntime CPU")
-NUMBERS = (2, 3, 4, 5, 6, 7, 8, 9)
+          "rows at both ends and either side of every share boundary against onnxruntime CPU; run uses: the devices "
+          "run --devices would use with the list, the fewest within 3% of the most images/s in its feed probe (a pass "
+          "on 1, 2, ... N of them, each on its share of the split over all N), below for each list it probed")
+NUMBERS = (2, 3, 4, 5, 6, 7, 8, 9, 11)
 
 
 def _rate(value: float | None) -> str:
@@ -41,7 +44,17 @@ def _pinned(payload: dict[str, Any]) -> str:
     return "inputs in pinned host memory" if not unpinned else f"inputs NOT pinned on --devices {', '.join(unpinned)}"
 
 
-HEADER = ["batch", "devices", "runners", "GPUs", "images/s", "ms", "speed-up", "efficiency", "build s", "vs one", "onnxruntime"]
+HEADER = ["batch", "devices", "runners", "GPUs", "images/s", "ms", "speed-up", "efficiency", "build s", "vs one", "onnxruntime",
+          "run uses"]
+
+
+def _run_uses(row: dict[str, Any]) -> str:
+    """How many of the list's devices run --devices would use: "3 of 4" where it leaves some idle."""
+    feeding = row["feeding"]
+    if feeding is None:
+        return "-"
+    used, given = len(feeding["used"]), len(feeding["given"])
+    return str(used) if used == given else f"{used} of {given}"
 
 
 def table_cells(payload: dict[str, Any]) -> list[list[str]]:
@@ -52,8 +65,14 @@ def table_cells(payload: dict[str, Any]) -> list[list[str]]:
         cells.append([f"{row['batch']:,}", row["devices"] + (" *" if row["shared_gpu"] else ""), str(row["runners"]),
                       str(row["gpus"]), _rate(row["images_per_s"]), f"{row['time_ms']:.2f}", _ratio(row["speedup"], ".2f") + "x",
                       _ratio(row["efficiency"], ".1%"), f"{row['build_s']:.1f}",
-                      _ratio(row["max_abs_vs_one"], ".1e"), compared])
+                      _ratio(row["max_abs_vs_one"], ".1e"), compared, _run_uses(row)])
     return cells
+
+
+def feeding_lines(payload: dict[str, Any]) -> list[str]:
+    """A line per list whose feed probe ran: the images/s of each count and the devices run would leave idle."""
+    return [format_feeding(row["feeding"], f"--devices {row['devices']} at {row['batch']:,}") for row in payload["rows"]
+            if row["feeding"] is not None and row["feeding"]["probed"]]
 
 
 def format_text(payload: dict[str, Any]) -> str:
@@ -62,6 +81,7 @@ def format_text(payload: dict[str, Any]) -> str:
              f"median of {settings['repeat']} timed passes after {settings['warmup']} warm-up", ""]
     lines += text_table(HEADER, table_cells(payload), right=NUMBERS)
     lines.append("")
+    lines += feeding_lines(payload)
     if any(row["shared_gpu"] for row in payload["rows"]):
         lines.append(SHARED_NOTE)
     lines.append(LEGEND)

@@ -22,7 +22,9 @@ from ..core.texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle,
 #    accuracy and agreement always present (null when there is none)
 # 4: agreement carries the atol and rtol it was judged at (run --atol, --rtol)
 # 5: by_op_chain: the steps' time summed per op chain (op_chain_rows)
-SCHEMA = "opplugin-run/5"
+# 6: with --devices, feeding: the devices used and those left idle, and the feed probe's images/s
+#    on 1, 2, ... N of them behind the choice (runtime/feeding.py: Feeding.record)
+SCHEMA = "opplugin-run/6"
 
 ROW_KEYS = (
     "step",
@@ -180,10 +182,12 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
     return report
 
 
-def add_devices(report: dict[str, Any], rows: list[dict[str, Any]], total_ms: float) -> dict[str, Any]:
+def add_devices(report: dict[str, Any], rows: list[dict[str, Any]], total_ms: float,
+                feeding: dict[str, Any] | None = None) -> dict[str, Any]:
     """A run split over several devices (--devices): the batch and images/s of them all, host to
-    host, and `rows` (runtime.multi_device.device_rows), one per device. The step table, chunks and
-    copies stay those of the first device's share, which `steps_device` names."""
+    host, `rows` (runtime.multi_device.device_rows), one per device, and `feeding`, how many of them
+    the run used and why (runtime.feeding.Feeding.record). The step table, chunks and copies stay
+    those of the first device's share, which `steps_device` names."""
     batch = sum(row["images"] for row in rows)
     first = next(row for row in rows if row["images"])
     return report | {
@@ -192,6 +196,7 @@ def add_devices(report: dict[str, Any], rows: list[dict[str, Any]], total_ms: fl
         "images_per_s": batch / (total_ms / 1e3) if total_ms > 0 else None,
         "devices": rows,
         "steps_device": {"device": first["device"], "images": first["images"]},
+        "feeding": feeding,
     }
 
 
@@ -201,9 +206,24 @@ def format_devices(report: dict[str, Any]) -> list[str]:
     body = [[row["device"], f"{row['images']:,}", _fmt(row["time_ms"]),
              "-" if row["images_per_s"] is None else f"{row['images_per_s']:,.0f}"] for row in report["devices"]]
     rate = report.get("images_per_s")
-    total = (f"All {len(report['devices'])} devices: {report['batch']:,} images in {report['host_to_host_ms']:.3f} ms host to host, "
+    given, used = len(report["devices"]), sum(1 for row in report["devices"] if row["images"])
+    which = f"All {given} devices" if used == given else f"{used} of {given} devices"
+    total = (f"{which}: {report['batch']:,} images in {report['host_to_host_ms']:.3f} ms host to host, "
              f"{'-' if rate is None else f'{rate:,.0f}'} images/s")
-    return [*text_table(header, body, right=(1, 2, 3)), total]
+    feeding = report.get("feeding")
+    return [*text_table(header, body, right=(1, 2, 3)), total, *([format_feeding(feeding)] if feeding and len(feeding["given"]) > 1 else [])]
+
+
+def format_feeding(feeding: dict[str, Any], lead: str = "Feed probe") -> str:
+    """One line, after `lead`: how many of the devices given the run used, the feed probe's images/s
+    on 1, 2, ... N of them behind the choice, and the devices left idle; or why no probe ran."""
+    given, used = len(feeding["given"]), len(feeding["used"])
+    if not feeding["probed"]:
+        return f"{lead}: none ({feeding['why_not_probed']}); all {given} devices used"
+    rates = ", ".join(f"{row['devices']}: {row['images_per_s']:,.0f}" for row in feeding["probe"])
+    fed = f"all {given} devices" if used == given else f"{used} of the {given} devices"
+    line = f"{lead}: the host fed {fed} (images/s on {rates}; the fewest within {feeding['margin']:.0%} of the most)"
+    return line + (f"; {', '.join(feeding['idle'])} left idle" if feeding["idle"] else "")
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -9,6 +9,11 @@ runners, which is how the mechanism is tested without a GPU.
 
 A run waits for every device before it returns; when one fails, the run fails with an
 error naming that device, and no output is handed back.
+
+More devices are not always faster (the host's copies to them may not scale: feeding.py). So
+`profile`, where the batch is large enough, times a pass on the first 1, 2, ... N runners after
+its warm-up (probe_feeding) and runs its timed passes on the count that measured fastest, the
+others left idle; `use(count)` does the same by hand.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from ..graph.model import Model
 from ..core.row_ranges import split_even
 from . import chunking
 from .executor import Progress, Results
+from .feeding import PROBE_WARMUP, Feeding, probe_skipped
 from .records import Profile, RunResult
 from .runner import Runner
 
@@ -111,6 +117,8 @@ class DevicesProfile:
     # each timed pass's DevicesResult.spans_ms
     spans_ms: list[list[tuple[float, float] | None]] = field(default_factory=list)
     last: DevicesResult | None = None
+    # how many of the devices the timed passes used, and the feed probe's figures behind it
+    feeding: Feeding | None = None
 
     @property
     def batch(self) -> int:
@@ -179,6 +187,7 @@ class DeviceRunners:
             with slot.context():
                 self.runners.append(make_runner(slot, share))
         self.layout = _require_rows(self.runners[0].layout)  # the plan's steps may exchange unbatched tensors
+        self.used = len(self.runners)  # a run splits its batch over the first `used` runners (see use)
 
     @property
     def labels(self) -> list[str]:
@@ -191,10 +200,19 @@ class DeviceRunners:
             labels.append(label if plain.count(label) == 1 else f"{label} #{seen[label]}")
         return labels
 
+    def use(self, count: int) -> None:
+        """Later runs split their batch over the first `count` runners; the others stay built, idle."""
+        if not 1 <= count <= len(self.runners):
+            raise InputError(f"use {count} of {len(self.runners)} runners: give 1 to {len(self.runners)}")
+        self.used = count
+
     def split(self, batch: int) -> list[slice | None]:
-        """Each runner's rows: consecutive, in order, sizes within one of each other; None for
-        the runners left without rows when the batch is smaller than the number of devices."""
-        pieces = split_even(batch, len(self.runners))
+        """Each runner's rows: consecutive, in order, sizes within one of each other over the first
+        `used` runners; None for the runners left without rows (those past `used`, and the last
+        ones when the batch has fewer rows than runners)."""
+        return self._padded(split_even(batch, self.used))
+
+    def _padded(self, pieces: list[slice]) -> list[slice | None]:
         return pieces + [None] * (len(self.runners) - len(pieces))
 
     def _piece(self, feeds: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
@@ -247,7 +265,11 @@ class DeviceRunners:
         `progress(label, images_done, images)` counts the images every device has done; `step_times`
         times every step, as Runner.run does."""
         batch = self.runners[0].check_feeds(feeds)
-        rows = self.split(batch)
+        return self._run_rows(feeds, batch, self.split(batch), keep, progress, step_times)
+
+    def _run_rows(self, feeds: dict[str, np.ndarray], batch: int, rows: list[slice | None], keep: tuple[str, ...],
+                  progress: Progress | None, step_times: bool) -> DevicesResult:
+        """One pass of `batch` images, each runner given its `rows` (None: none), every runner at once."""
         counter = _Counter(progress, len(rows), batch)
         outputs = Results(batch, chunked=True, single=False)  # every device writes its rows straight in
         spans: list[tuple[float, float] | None] = [None] * len(rows)
@@ -265,25 +287,51 @@ class DeviceRunners:
         return DevicesResult({name: outputs.arrays[name] for name in self.runners[0].plan.model.outputs},
                              self._gather_kept(results, keep), rows, results, total_ms, batch, spans)
 
+    def probe_feeding(self, feeds: dict[str, np.ndarray], progress: Progress | None = None) -> Feeding:
+        """One timed pass on each count of runners, the first 1, 2, ... N, and the count a run should
+        use (feeding.fed_count). Each pass gives its runners the rows they have in a run over all N
+        (the first k shares of the batch): only how many devices work at once changes from pass to
+        pass, and every runner meets the chunks it met in a pass over all N, so warm those up first
+        (PROBE_WARMUP passes). `progress` counts the probe's images, about (N + 1) / 2 batches."""
+        batch = self.runners[0].check_feeds(feeds)
+        if batch < len(self.runners):
+            raise InputError(f"the feed probe needs a row for each of the {len(self.runners)} runners; the batch has {batch}")
+        shares = split_even(batch, len(self.runners))
+        passes = _Passes(progress, sum(piece.stop for piece in shares))
+        images, times_ms = [], []
+        for count in range(1, len(shares) + 1):
+            end = shares[count - 1].stop  # the pass runs rows [0, end): the first `count` shares
+            result = self._run_rows(self._piece(feeds, slice(0, end)), end, self._padded(shares[:count]), (),
+                                    passes.start("feed probe", end), step_times=True)  # step events on: the graphs the warm-up captured
+            images.append(end)
+            times_ms.append(result.total_ms)
+        return Feeding.measured(images, times_ms)
+
     def profile(self, feeds: dict[str, np.ndarray], warmup: int = 2, repeat: int = 5, keep: tuple[str, ...] = (),
-                progress: Progress | None = None) -> DevicesProfile:
-        """Warm-up passes, then `repeat` timed passes, every device at once in each; a Profile per
-        device (its own steps, its rows' times) and the wall time of every timed pass."""
+                progress: Progress | None = None, *, feed_probe: bool = True) -> DevicesProfile:
+        """Warm-up passes, then `repeat` timed passes, every device used at once in each; a Profile per
+        device (its own steps, its rows' times) and the wall time of every timed pass.
+
+        With `feed_probe`, where the batch is large enough (feeding.probe_skipped), the warm-up passes
+        (PROBE_WARMUP at least) over every runner are followed by the feed probe (probe_feeding), and
+        the timed passes run on the count it chose. When that is fewer than all, those devices get the
+        `warmup` passes again first: their shares are larger now, and end in chunks not met yet.
+        Without it (or where the batch is too small), the passes use the runners `use` left in use."""
         repeat = positive_int(repeat, "repeat")
         warmup = positive_int(warmup, "warm-up", allow_zero=True)
         batch = self.runners[0].check_feeds(feeds)
+        skipped = probe_skipped(batch, len(self.runners), feed_probe)
+        if skipped:
+            passes = _Passes(progress, (warmup + repeat) * batch)
+            self._warm(feeds, batch, warmup, passes)
+            feeding = Feeding(len(self.runners), self.used, skipped=skipped)
+        else:
+            passes = _Passes(progress, (max(warmup, PROBE_WARMUP) + warmup + repeat) * batch + self._probe_images(batch))
+            feeding = self._warm_and_probe(feeds, batch, warmup, passes)
         rows = self.split(batch)
-        passes = warmup + repeat
-        found = DevicesProfile(self.labels, [None] * len(rows), [0 if r is None else r.stop - r.start for r in rows])
-        for number in range(passes):
-            label = "warm-up" if number < warmup else "timed run"
-
-            def report(_label: str, done: int, _total: int, offset: int = number * batch, label: str = label) -> None:
-                progress(label, offset + done, passes * batch)
-
-            result = self.run(feeds, keep if number >= warmup else (), report if progress else None, step_times=True)
-            if number < warmup:
-                continue
+        found = DevicesProfile(self.labels, [None] * len(rows), [0 if r is None else r.stop - r.start for r in rows], feeding=feeding)
+        for _ in range(repeat):
+            result = self.run(feeds, keep, passes.start("timed run", batch), step_times=True)
             for index, (piece, ran) in enumerate(zip(rows, result.results)):
                 if ran is None:
                     continue
@@ -294,6 +342,49 @@ class DeviceRunners:
             found.spans_ms.append(result.spans_ms)
             found.last = result
         return found
+
+    def _warm(self, feeds: dict[str, np.ndarray], batch: int, count: int, passes: "_Passes") -> None:
+        """`count` untimed passes over the runners in use, with step events on, as the timed passes
+        run: their CUDA graphs are the ones these capture."""
+        for _ in range(count):
+            self.run(feeds, (), passes.start("warm-up", batch), step_times=True)
+
+    def _warm_and_probe(self, feeds: dict[str, np.ndarray], batch: int, warmup: int, passes: "_Passes") -> Feeding:
+        """A probed profile's warm-up: passes over every runner (PROBE_WARMUP at least), the feed
+        probe, and the count it chose put in use. Where that count leaves runners idle, its shares
+        are larger than in the warm-up and end in chunks not met yet, so it gets `warmup` passes again."""
+        self.use(len(self.runners))
+        self._warm(feeds, batch, max(warmup, PROBE_WARMUP), passes)
+        feeding = self.probe_feeding(feeds, passes.start("feed probe", self._probe_images(batch)))
+        self.use(feeding.used)
+        if feeding.used < len(self.runners):
+            self._warm(feeds, batch, warmup, passes)
+        else:
+            passes.skip(warmup * batch)
+        return feeding
+
+    def _probe_images(self, batch: int) -> int:
+        """The images the feed probe runs at `batch`: the first 1, 2, ... N shares."""
+        return sum(piece.stop for piece in split_even(batch, len(self.runners)))
+
+
+class _Passes:
+    """Progress over several passes: the images of the passes started before the current one, plus its own."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.started = progress, total, 0
+
+    def start(self, label: str, images: int) -> Progress | None:
+        """The progress of a pass of `images` images starting now, under `label`."""
+        offset = self.started
+        self.started += images
+        if not self.progress:
+            return None
+        return lambda _label, done, _total: self.progress(label, offset + done, self.total)
+
+    def skip(self, images: int) -> None:
+        """Counted in the total, not run after all (the second warm-up where every runner stays in use)."""
+        self.started += images
 
 
 class _Counter:

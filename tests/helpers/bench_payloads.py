@@ -12,6 +12,7 @@ from opplugin.lab import bench, e2e, gemm_bench, roofline, scaling
 from opplugin.lab.custom_tune import ImplementationTrial
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.report.jsonout import header, json_safe
+from opplugin.runtime.feeding import Feeding
 
 GPU = Device("cuda", "NVIDIA H200", "9.0")
 ROOF = roofline.Roofline(copy_bytes=2 << 30, copy_ms=0.5, matmul_n=8192, matmul_ms=22.0, matmul_rel_error=3e-7)
@@ -105,13 +106,17 @@ def e2e_payload() -> dict:
 
 
 def scaling_payload() -> dict:
-    """lenet86 at 200,000 images over 0, 0,1 and 0,0 (runners sharing a GPU); 0,1 disagrees with onnxruntime."""
+    """lenet86 at 200,000 images over 0, 0,1 and 0,0 (runners sharing a GPU); 0,1 disagrees with onnxruntime;
+    run --devices would use both GPUs of 0,1 and one runner of 0,0 (their feed probes)."""
+    feeding = {"0": Feeding.unprobed(1, "one device given").record(["cuda:0"]),
+               "0,1": Feeding.measured([100_000, 200_000], [54.0, 55.0]).record(["cuda:0", "cuda:1"]),
+               "0,0": Feeding.measured([100_000, 200_000], [54.0, 108.0]).record(["cuda:0 #1", "cuda:0 #2"])}
     rows = []
     for devices, runners, gpus, ms in [("0", 1, 1, 100.0), ("0,1", 2, 2, 55.0), ("0,0", 2, 1, 98.0)]:
         row = dict.fromkeys(scaling.ROW_KEYS)
         row.update(batch=200_000, devices=devices, runners=runners, gpus=gpus, shared_gpu=gpus < runners, images_per_s=200_000 / (ms / 1e3),
                    time_ms=ms, times_ms=[ms], build_s=1.5, input_pinned=True, compared_rows=16, agrees=devices != "0,1",
-                   max_abs_error=1e-6, rel_l2=1e-7, max_abs_vs_one=0.0, per_runner=[])
+                   max_abs_error=1e-6, rel_l2=1e-7, max_abs_vs_one=0.0, per_runner=[], feeding=feeding[devices])
         rows.append(row)
     return json_safe(header(scaling.SCHEMA, GPU, "lenet86", [200_000]) | {
         "settings": {"warmup": 2, "repeat": 5, "data": "random uniform [0, 1), seed 0",

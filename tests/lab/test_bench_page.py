@@ -109,6 +109,7 @@ def test_the_scaling_page_draws_images_per_second_per_device_list():
     assert page.count("rect", "bar") == 3 and len(data_rows(page, "batch")) == 3
     assert page.count("tr", "fail") == 1 and "share a GPU" in text
     assert any("efficiency 90.9%" in title for title in page.titles)
+    assert "--devices 0,0 at 200,000: the host fed 1 of the 2 devices" in text and "cuda:0 #2 left idle" in text
 
 
 def test_the_custom_page_draws_each_implementation_of_each_custom_node():

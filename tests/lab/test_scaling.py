@@ -15,6 +15,7 @@ from opplugin.lab import scaling
 from opplugin.lab.scaling_text import SHARED_NOTE, format_text, save_plot
 from opplugin.graph.model import load_model
 from opplugin.runtime import multi_device as device_module
+from opplugin.runtime.feeding import MIN_PROBE_SHARE, fed_count
 from opplugin.runtime.multi_device import DeviceSlot
 
 CPU = DeviceSlot()
@@ -70,6 +71,9 @@ def test_a_cpu_benchmark_gives_a_row_per_list_in_the_order_given(payload):
     assert two["efficiency"] == pytest.approx(two["images_per_s"] / (2 * one["images_per_s"]))
     assert three["speedup"] == pytest.approx(three["images_per_s"] / one["images_per_s"])
     assert (two["shared_gpu"], one["shared_gpu"]) == (True, False) and (two["gpus"], two["runners"]) == (1, 2)
+    # 23 images: too few for run to probe, so run would use every runner of each list
+    assert [(len(row["feeding"]["used"]), row["feeding"]["probed"]) for row in rows] == [(2, False), (1, False), (3, False)]
+    assert two["feeding"]["why_not_probed"] == f"the batch gives each device under {MIN_PROBE_SHARE} images"
 
 
 def test_every_list_is_checked_against_onnxruntime_and_the_one_device_outputs(payload):
@@ -80,6 +84,26 @@ def test_every_list_is_checked_against_onnxruntime_and_the_one_device_outputs(pa
         assert row["input_pinned"] is False  # no GPU: plain host memory
     # two runners: rows 0-3, 8-15 around the boundary at 12, 19-22; one: the ends; three (8, 8, 7): every row
     assert [row["compared_rows"] for row in payload["rows"]] == [16, 8, 23]
+
+
+def test_each_list_says_how_many_devices_run_would_use_from_its_feed_probe(tiny_model_path):
+    """A batch large enough for run to probe: each list is still timed as given, and its row carries
+    the probe run would make (the count chosen is this machine's: only its consistency is checked)."""
+    batch = 2 * MIN_PROBE_SHARE + 1
+    payload = scaling.run_scaling(load_model(tiny_model_path), [batch], _cpu_lists("0", "0,0"), warmup=0, repeat=1)
+    one, two = payload["rows"]
+    assert [runner["images"] for runner in two["per_runner"]] == [MIN_PROBE_SHARE + 1, MIN_PROBE_SHARE]  # timed as given
+    assert one["feeding"]["probed"] is False and one["feeding"]["why_not_probed"] == "one device given"
+    feeding = two["feeding"]
+    assert feeding["probed"] is True and [(row["devices"], row["images"]) for row in feeding["probe"]] == [(1, MIN_PROBE_SHARE + 1),
+                                                                                                         (2, batch)]
+    used = fed_count([row["images_per_s"] for row in feeding["probe"]])
+    assert feeding["used"] == ["cpu #1", "cpu #2"][:used]
+    lines = format_text(payload).splitlines()
+    row = next(line for line in lines if line.split()[:2] == [f"{batch:,}", "0,0"])
+    assert row.rstrip().endswith("2" if used == 2 else "1 of 2")
+    probe = next(line for line in lines if line.startswith(f"--devices 0,0 at {batch:,}: the host fed "))
+    assert probe.endswith("cpu #2 left idle") == (used == 1)
 
 
 def test_the_payload_is_strict_json(payload):
@@ -137,7 +161,7 @@ def test_bench_scaling_prints_the_table_and_writes_the_json(cpu_runners, tmp_pat
     assert captured.out.startswith("Scaling of lenet86 on the CPU")
     assert "lenet86: 9 images over --devices 0,0 (2 runners)" in captured.err
     data = json.loads(path.read_text())
-    assert data["schema"] == "opplugin-bench-scaling/1" and data["batch"] == [9]
+    assert data["schema"] == "opplugin-bench-scaling/2" and data["batch"] == [9]
     assert [(row["devices"], row["runners"], row["agrees"]) for row in data["rows"]] == [("0", 1, True), ("0,0", 2, True)]
 
 

@@ -163,3 +163,29 @@ def test_the_steps_are_summed_per_op_chain_in_the_json_text_and_page(tmp_path):
     assert "Time by op chain:" in text and "op chain" in text
     section = op_chain_section(result["by_op_chain"])
     assert section.body.count("<rect") == len(chains) and "2 steps" in section.body
+
+
+def test_the_devices_section_says_how_many_the_host_fed_and_which_were_left_idle():
+    """The issue's four H200s: 1.77x on 2, 1.87x on 3, 1.66x on 4; the run used 3."""
+    from opplugin.runtime.feeding import Feeding
+
+    labels = ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    ms = [100.0 / speedup * share for speedup, share in zip([1.0, 1.77, 1.87, 1.66], [1, 2, 3, 4])]
+    feeding = Feeding.measured([50_000, 100_000, 150_000, 200_000], [ms_one * 0.25 for ms_one in ms])
+    rows = [{"device": label, "images": images, "time_ms": 50.0 if images else 0.0, "images_per_s": None}
+            for label, images in zip(labels, [66_667, 66_667, 66_666, 0])]
+    result = report.add_devices({}, rows, 60.0, feeding.record(labels))
+    assert result["feeding"]["used"] == labels[:3] and result["feeding"]["idle"] == ["cuda:3"]
+    lines = report.format_devices(result)
+    assert lines[-2].startswith("3 of 4 devices: 200,000 images in 60.000 ms host to host")
+    assert lines[-1] == ("Feed probe: the host fed 3 of the 4 devices (images/s on 1: 2,000,000, 2: 3,540,000, 3: 3,740,000, "
+                         "4: 3,320,000; the fewest within 3% of the most); cuda:3 left idle")
+
+
+def test_a_run_not_probed_says_why_and_that_every_device_was_used():
+    from opplugin.runtime.feeding import Feeding
+
+    rows = [{"device": label, "images": 5, "time_ms": 1.0, "images_per_s": 5000.0} for label in ("cpu #1", "cpu #2")]
+    result = report.add_devices({}, rows, 2.0, Feeding.unprobed(2, "one reason").record(["cpu #1", "cpu #2"]))
+    assert report.format_devices(result)[-2:] == ["All 2 devices: 10 images in 2.000 ms host to host, 5,000 images/s",
+                                                  "Feed probe: none (one reason); all 2 devices used"]

@@ -17,6 +17,7 @@ from opplugin.errors import DeviceError, InputError
 from opplugin.graph.model import load_model
 from opplugin.core.row_ranges import split_even
 from opplugin.runtime import Runner
+from opplugin.runtime.feeding import MIN_PROBE_SHARE, PROBE_WARMUP, Feeding, fed_count
 from opplugin.runtime.multi_device import DeviceFailure, DeviceRunners, DeviceSlot, cuda_slots
 
 CPU = DeviceSlot()
@@ -88,6 +89,77 @@ def test_a_batch_smaller_than_the_devices_leaves_some_idle(tiny_model_path):
     assert rows[0]["images_per_s"] > 0
 
 
+# --- the feed probe: how many of the runners a run uses -------------------------------------
+
+
+def _used(images: list[int]) -> int:
+    """The runners that got rows: the first ones, the rest idle."""
+    used = sum(1 for count in images if count)
+    assert all(images[:used]) and not any(images[used:])
+    return used
+
+
+def test_the_probe_times_each_count_on_the_shares_of_a_split_over_all(tiny_model_path):
+    model = load_model(tiny_model_path)
+    batch = 3 * MIN_PROBE_SHARE + 1  # shares of 257, 256 and 256 rows
+    devices = _on_cpus(model, batch, 3)
+    feeding = devices.probe_feeding(_random(model, batch))
+    assert feeding.given == 3 and feeding.skipped is None
+    assert feeding.images == (257, 513, batch)  # the first 1, 2, 3 shares
+    assert len(feeding.times_ms) == 3 and all(ms > 0 for ms in feeding.times_ms)
+    assert feeding.used == fed_count(feeding.rates)
+    assert devices.used == 3  # measuring changes nothing: profile (or use) applies the choice
+
+
+def test_a_probed_profile_runs_on_the_count_chosen_and_gives_one_runners_outputs(tiny_model_path):
+    model = load_model(tiny_model_path)
+    batch = 2 * MIN_PROBE_SHARE + 5
+    feeds = _random(model, batch)
+    seen = []
+    measured = _on_cpus(model, batch, 2).profile(feeds, warmup=0, repeat=2, keep=("r2",),
+                                                  progress=lambda label, done, total: seen.append((label, done, total)))
+    feeding = measured.feeding
+    assert feeding.skipped is None and len(feeding.images) == 2 and 1 <= feeding.used <= 2
+    used = _used(measured.images)
+    assert used == feeding.used and measured.images[:used] == [r.stop - r.start for r in split_even(batch, used)]
+    assert [profile is None for profile in measured.profiles] == [index >= used for index in range(2)]
+    whole = Runner(model, batch, "cpu").run(feeds, ("r2",))
+    assert np.array_equal(measured.last.outputs["y"], whole.outputs["y"])
+    assert np.array_equal(measured.last.kept["r2"], whole.kept["r2"])
+    # the probe's own warm-up (PROBE_WARMUP passes) though --warmup is 0, then the probe, then the timed passes
+    labels = list(dict.fromkeys(label for label, _, _ in seen))
+    assert labels == ["warm-up", "feed probe", "timed run"]
+    assert seen[-1][1] == seen[-1][2] == (PROBE_WARMUP + 2) * batch + sum(feeding.images)
+    assert all(later[1] >= earlier[1] for earlier, later in zip(seen, seen[1:]))
+
+
+def test_use_splits_later_runs_over_the_first_runners(tiny_model_path):
+    model = load_model(tiny_model_path)
+    feeds = _random(model, 10)
+    devices = _on_cpus(model, 10, 3)
+    devices.use(2)
+    split = devices.run(feeds)
+    assert split.rows == [slice(0, 5), slice(5, 10), None] and split.results[2] is None
+    assert np.array_equal(split.outputs["y"], Runner(model, 10, "cpu").run(feeds).outputs["y"])
+    with pytest.raises(InputError, match=r"^use 4 of 3 runners: give 1 to 3$"):
+        devices.use(4)
+
+
+@pytest.mark.parametrize("batch, asked, why", [(2 * MIN_PROBE_SHARE, False, "asked to use every device given"),
+                                                (2 * MIN_PROBE_SHARE - 1, True, f"the batch gives each device under {MIN_PROBE_SHARE} images")])
+def test_an_unprobed_profile_uses_every_runner_and_says_why(tiny_model_path, batch, asked, why):
+    model = load_model(tiny_model_path)
+    measured = _on_cpus(model, batch, 2).profile(_random(model, batch), warmup=0, repeat=1, feed_probe=asked)
+    assert measured.feeding == Feeding(2, 2, skipped=why)
+    assert _used(measured.images) == 2
+
+
+def test_the_probe_needs_a_row_for_each_runner(tiny_model_path):
+    model = load_model(tiny_model_path)
+    with pytest.raises(InputError, match=r"^the feed probe needs a row for each of the 3 runners; the batch has 2$"):
+        _on_cpus(model, 2, 3).probe_feeding(_random(model, 2))
+
+
 class _Broken(Runner):
     def __init__(self, error: BaseException, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -152,12 +224,45 @@ def test_run_with_devices_reports_a_row_per_device_and_saves_outputs_in_order(tw
     assert [(row["device"], row["images"]) for row in report["devices"]] == [("cpu #1", 5), ("cpu #2", 4)]
     assert set(report["devices"][0]) == {"device", "images", "time_ms", "images_per_s"}
     assert report["steps_device"] == {"device": "cpu #1", "images": 5}
+    assert report["feeding"]["why_not_probed"] == f"the batch gives each device under {MIN_PROBE_SHARE} images"
+    assert report["feeding"]["used"] == ["cpu #1", "cpu #2"] and report["feeding"]["probe"] == []
     assert main(["run", "lenet86", "--batch", "9", "--device", "cpu", "--save-outputs", files["whole.npz"],
                  "--keep", "pool1_out"]) == 0
     split, whole = np.load(files["split.npz"]), np.load(files["whole.npz"])
     assert sorted(split.files) == sorted(whole.files) == ["pool1_out", "probabilities"]
     for name in whole.files:
         assert np.array_equal(split[name], whole[name])
+
+
+def test_run_with_devices_says_how_many_the_host_fed_and_gives_one_runners_outputs(two_cpus, tiny_model_path, tmp_path, capsys):
+    """A batch large enough to probe: a pass on one "cpu" runner, then on both, and the timed passes on
+    the count that measured fastest (whichever it is here: the figures are this machine's)."""
+    batch = 2 * MIN_PROBE_SHARE + 3
+    common = ["run", str(tiny_model_path), "--batch", str(batch), "--data", "random"]
+    assert main([*common, "--devices", "0,1", "--json", str(tmp_path / "r.json"), "--save-outputs", str(tmp_path / "split.npz")]) == 0
+    out = capsys.readouterr().out
+    feeding = json.loads((tmp_path / "r.json").read_text())["feeding"]
+    assert feeding["probed"] is True and feeding["why_not_probed"] is None and feeding["given"] == ["cpu #1", "cpu #2"]
+    assert [(row["devices"], row["images"]) for row in feeding["probe"]] == [(1, MIN_PROBE_SHARE + 2), (2, batch)]
+    assert all(row["images_per_s"] > 0 for row in feeding["probe"])
+    used = fed_count([row["images_per_s"] for row in feeding["probe"]])
+    assert feeding["used"] == ["cpu #1", "cpu #2"][:used] and feeding["idle"] == ["cpu #1", "cpu #2"][used:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [row["images"] for row in report["devices"]] == ([batch, 0] if used == 1 else [MIN_PROBE_SHARE + 2, MIN_PROBE_SHARE + 1])
+    line = next(line for line in out.splitlines() if line.startswith("Feed probe: the host fed "))
+    assert ("1 of the 2 devices" in line and line.endswith("; cpu #2 left idle")) if used == 1 else "all 2 devices" in line
+    assert main([*common, "--device", "cpu", "--save-outputs", str(tmp_path / "whole.npz")]) == 0
+    assert np.array_equal(np.load(tmp_path / "split.npz")["y"], np.load(tmp_path / "whole.npz")["y"])
+
+
+def test_no_feed_probe_uses_every_device_named(two_cpus, tiny_model_path, tmp_path, capsys):
+    batch = 2 * MIN_PROBE_SHARE
+    assert main(["run", str(tiny_model_path), "--batch", str(batch), "--data", "random", "--devices", "0,1", "--no-feed-probe",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    assert "Feed probe: none (asked to use every device given); all 2 devices used" in capsys.readouterr().out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["feeding"]["probed"] is False and report["feeding"]["idle"] == []
+    assert [row["images"] for row in report["devices"]] == [MIN_PROBE_SHARE, MIN_PROBE_SHARE]
 
 
 def test_without_devices_the_report_has_no_device_rows(tmp_path, capsys):
@@ -223,6 +328,7 @@ def test_device_ids_are_read_and_checked(one_gpu):
     (["run", "--devices", "0,-1"], "--devices 0,-1: give all, or device ids such as 0,1"),
     (["run", "--devices", "0", "--device", "cpu"], "--devices splits the batch over CUDA devices; leave out --device cpu"),
     (["run", "--devices", "0", "--trace", "t.json"], "--trace follows a single device; leave out --devices"),
+    (["run", "--no-feed-probe"], "--no-feed-probe applies to --devices; give --devices too, or leave it out"),
 ])
 def test_bad_device_requests_are_one_line_errors(one_gpu, argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -42,13 +42,26 @@ def test_run_devices_0_0_saves_what_a_single_device_run_saves(tmp_path, capsys):
     single, split, report = tmp_path / "single.npz", tmp_path / "split.npz", tmp_path / "r.json"
     common = ["run", "lenet86", "--data", "random", "--batch", "6000", "--chunk", str(CHUNK), "--no-compare"]
     assert main([*common, "--save-outputs", str(single)]) == 0
-    assert main([*common, "--devices", "0,0", "--save-outputs", str(split), "--json", str(report)]) == 0
+    # --no-feed-probe: the split as named, two runners on one GPU (a probe would likely keep one)
+    assert main([*common, "--devices", "0,0", "--no-feed-probe", "--save-outputs", str(split), "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "cuda:0 #1" in out and "cuda:0 #2" in out and "All 2 devices: 6,000 images" in out
     assert np.array_equal(np.load(split)["probabilities"], np.load(single)["probabilities"])
     data = json.loads(report.read_text())
     assert [(row["device"], row["images"]) for row in data["devices"]] == [("cuda:0 #1", 3000), ("cuda:0 #2", 3000)]
     assert all(row["images_per_s"] > 0 for row in data["devices"]) and data["images_per_s"] > 0
+
+
+def test_run_devices_0_0_probes_how_many_runners_the_gpu_feeds_and_saves_one_runners_outputs(tmp_path, capsys):
+    single, split, report = tmp_path / "single.npz", tmp_path / "split.npz", tmp_path / "r.json"
+    common = ["run", "lenet86", "--data", "random", "--batch", "6000", "--chunk", str(CHUNK), "--no-compare"]
+    assert main([*common, "--save-outputs", str(single)]) == 0
+    assert main([*common, "--devices", "0,0", "--save-outputs", str(split), "--json", str(report)]) == 0
+    assert "Feed probe: the host fed " in capsys.readouterr().out
+    feeding = json.loads(report.read_text())["feeding"]
+    assert feeding["probed"] is True and [(row["devices"], row["images"]) for row in feeding["probe"]] == [(1, 3000), (2, 6000)]
+    assert len(feeding["used"]) + len(feeding["idle"]) == 2
+    assert np.array_equal(np.load(split)["probabilities"], np.load(single)["probabilities"])
 
 
 def test_a_users_inputs_go_to_pinned_memory_and_come_back_in_order(tmp_path, capsys):

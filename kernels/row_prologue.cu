@@ -1,7 +1,8 @@
 // row_prologue: what a GEMM's step does to A's rows on their way into the product (ops/gemm/row_prologue.py),
 // so that a LayerNorm or a row gather that only that GEMM reads needs no step of its own:
 // - with `table`, output row r is input row (r / rows_out) * rows_in + table[r % rows_out]: the rows of each
-//   image gathered (Swin's shift and windows, graph/passes/row_gather.py);
+//   image gathered (Swin's shift, padding and windows, graph/passes/row_gather.py); a table entry of -1 is a
+//   row of zeros (a padded one: neither normalised nor read);
 // - with NORMALISE, each row normalised as a LayerNormalization over the last axis would, in FP32 as
 //   kernels/reduce.cu does: two passes (the mean, then the mean of the squared deviations),
 //   inv = 1 / sqrtf(variance + epsilon), (x - mean) * inv * scale + bias;
@@ -25,9 +26,17 @@ row_prologue(const float* __restrict__ x, const int* __restrict__ table, int row
     const int lane = threadIdx.x % 32;
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;  // a whole warp: the shuffles below see every lane
-    const long long source = table == nullptr ? row : row / rows_out * rows_in + __ldg(table + row % rows_out);
-    const float* in = x + source * k;
+    const int taken = table == nullptr ? 0 : __ldg(table + row % rows_out);
     float* out = a + row * k;
+    if (taken < 0) {  // a padded row: zeros, and zero small parts
+        for (int i = lane; i < k; i += 32) {
+            out[i] = 0.0f;
+            if (small != nullptr) small[row * k + i] = 0.0f;
+        }
+        return;
+    }
+    const long long source = table == nullptr ? row : row / rows_out * rows_in + taken;
+    const float* in = x + source * k;
 #if NORMALISE
     float sum = 0.0f;
     for (int i = lane; i < k; i += 32) sum += in[i];

@@ -6,7 +6,7 @@ input is offered to that node's plugin (its `fuse_prologue`, where it declares a
 - each node's output is read by the next node alone (the last's by the plugin node alone) and is
   no graph output: the fused kernel never writes it;
 - each node transforms one tensor (its *data* input: the first that is no constant and has the
-  node's shape; for a Reshape or a Gather, its first input), the data input of the next being the output
+  node's shape; for a Reshape, a Gather or a Pad, its first input), the data input of the next being the output
   of the one before;
 - an epilogue cannot take the chain instead: the first node's data input has another reader, or
   its producer's plugin fuses none of the chain (a Relu after a Conv goes to that Conv's epilogue);
@@ -23,9 +23,10 @@ from typing import Sequence
 from ..gpu.device import Device
 from ..registry import NodeInfo, Plugin
 
-# a BatchNormalization and its activation; a LayerNorm, then a row gather between Reshapes (a flat product's)
-MAX_PROLOGUE = 4
-MOVED_WHOLE = ("Reshape", "Gather")  # nodes whose first input is what they transform, into another shape
+# a BatchNormalization and its activation; a LayerNorm, then a row gather between Reshapes, after a Pad of a
+# zero row (a flat product's)
+MAX_PROLOGUE = 5
+MOVED_WHOLE = ("Reshape", "Gather", "Pad")  # nodes whose first input is what they transform, into another shape
 
 
 def find_prologues(infos: list[NodeInfo], readers: dict[str, list[NodeInfo]], made_by: dict[str, int], graph_outputs: set[str],
@@ -109,7 +110,7 @@ def prologue_inputs(chain: Sequence[NodeInfo], at: int, inputs: list[str], initi
 
 
 def data_input(node: NodeInfo) -> str | None:
-    """The tensor a prologue node transforms: a pointwise node's data input, or a Reshape's or Gather's first input."""
+    """The tensor a prologue node transforms: a pointwise node's data input, or a Reshape's, Gather's or Pad's first input."""
     if node.op_type in MOVED_WHOLE and node.node.domain in ("", "ai.onnx") and node.node.input and node.node.input[0]:
         return node.node.input[0]
     return node.data_input()

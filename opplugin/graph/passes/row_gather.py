@@ -1,16 +1,19 @@
 """A chain of layout nodes that only moves whole rows (a row: the last axis) becomes one Gather of rows
 by constant indices: Swin's window partition and reverse and its cyclic shift (Roll, exported as Slice +
-Concat on two axes), or any such mix of Reshape, Transpose, Slice, Concat, Split, Gather, Squeeze and
-Unsqueeze. Each copying node of the chain was a pass over memory; the Gather is one, and a product that
+Concat on two axes), the padding to whole windows and the crop back, or any such mix of Reshape, Transpose,
+Slice, Concat, Split, Gather, Pad (with zeros, or edge and reflect copies), Squeeze and Unsqueeze. Each copying node of the chain was a pass over memory; the Gather is one, and a product that
 reads it can take its indices in (ops/gemm/row_map.py), so that it costs none.
 
 What a chain does is not derived from its nodes' attributes but measured: onnxruntime runs it on a
-tensor whose every element holds its own position, one image's worth and two images' worth. The chain
-moves whole rows when each output row holds one input row's positions in order; it moves them the
+tensor whose every element holds its own position (from 1: a padded zero is 0), one image's worth and two
+images' worth. The chain moves whole rows when each output row holds one input row's positions in order,
+or zeros; it moves them the
 same way in every image when the second image's rows come from the second input image at the same
 places. Those rows are then the Gather's indices, and the rewrite holds at any batch:
 
     Reshape(X, [-1, rows per image, C]) > Gather(axis 1, indices) > Reshape(to Y's shape, -1 for the batch)
+
+with a Pad of one zero row after each image's rows before the Gather where the chain makes rows of zeros.
 
 The chain's end Y keeps its name and values; its inner tensors are gone. Where X is what a product by a
 constant matrix (and its bias Add) writes for the chain alone, the Gather moves before the product, which
@@ -30,42 +33,72 @@ from ..evaluate import evaluate
 from ..ir import DEFAULT_DOMAINS, Graph
 from ..static_shapes import PROBE_BATCHES, probe_shapes
 
-MOVERS = frozenset({"Reshape", "Transpose", "Slice", "Concat", "Split", "Gather", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+MOVERS = frozenset({"Reshape", "Transpose", "Slice", "Concat", "Split", "Gather", "Pad", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 # the nodes of a chain that make a pass over memory: the others are views, a Slice or Split one the next
 # step reads through (a Concat reads its slices in place), so a lone roll along one axis is one copy already
-COPIES = frozenset({"Transpose", "Concat", "Gather"})
+COPIES = frozenset({"Transpose", "Concat", "Gather", "Pad"})
 MIN_ROW = 8  # floats a row: shorter rows gather poorly, and the strided views serve them (a head's 32 is fine)
 
 
 def gather_rows(graph: Graph) -> dict[str, int]:
-    """Rewrite each such chain (see the module); "row-moving layout nodes" -> how many nodes it replaced."""
+    """Rewrite each such chain (see the module); "row-moving layout nodes" -> how many nodes of the graph as
+    loaded it replaced. A Gather moved before a product can meet the Gather that product's A came from: a
+    chain of two, measured and written as one in another round."""
     if graph.scoped:  # a subgraph could read an inner tensor by name
         return {}
-    shapes = None
-    replaced = 0
-    for end in [n for n in graph.nodes if _is_mover(n)]:
-        if end not in graph.nodes:
-            continue
-        chain = _chain_ending_at(graph, end)
-        if chain is None or not _worth_it(graph, chain, end):
-            continue
-        if shapes is None:
-            shapes = probe_shapes(graph)
-        rewrite = _measured_rewrite(graph, chain, end, shapes)
-        if rewrite is None:
-            continue
-        source, rows, indices, out_shape = rewrite
-        product = _product_writing(graph, source, chain)
-        if product is not None:
-            _move_before_product(graph, chain, end, product, rows, indices, out_shape)
-        else:
-            _replace(graph, chain, end, source, rows, indices, out_shape)
-        replaced += len(chain)
+    made: set[int] = set()  # the nodes the rewrites wrote (id), so that one of them is not rewritten as itself
+    replaced, moved = 0, True
+    while moved:
+        shapes, moved = None, False
+        for end in [n for n in graph.nodes if _is_mover(n)]:
+            if not any(n is end for n in graph.nodes):
+                continue
+            chain = _chain_ending_at(graph, end)
+            if chain is None or _written_already(chain, made) or not _worth_it(graph, chain, end):
+                continue
+            shapes = shapes or probe_shapes(graph)
+            rewrite = _measured_rewrite(graph, chain, end, shapes)
+            if rewrite is None:
+                continue
+            source, rows, indices, out_shape = rewrite
+            # a zero row made before a product would come out as its bias: only gathers of input rows move before one
+            product = _product_writing(graph, source, chain) if (indices >= 0).all() else None
+            if product is not None:
+                new = _move_before_product(graph, chain, end, product, rows, indices, out_shape)
+                moved = True
+            elif _in_order(indices, rows):  # every row where it was (a roll and its reverse): a reshape
+                new = _reshape_only(graph, chain, end, source, out_shape)
+            else:
+                new = _replace(graph, chain, end, source, rows, indices, out_shape)
+            replaced += sum(id(n) not in made for n in chain)
+            made.update(id(n) for n in new)
     return {"row-moving layout nodes": replaced} if replaced else {}
+
+
+def _in_order(indices: np.ndarray, rows: int) -> bool:
+    return np.array_equal(indices, np.arange(rows))
+
+
+def _written_already(chain: list[onnx.NodeProto], made: set[int]) -> bool:
+    """Whether the chain is one Gather a rewrite wrote (with its Reshapes and Pad): nothing to gain."""
+    return all(id(n) in made for n in chain) and sum(n.op_type == "Gather" for n in chain) == 1
 
 
 def _is_mover(node: onnx.NodeProto) -> bool:
     return node.op_type in MOVERS and node.domain in DEFAULT_DOMAINS
+
+
+def _pads_rows_of_zeros_or_copies(graph: Graph, node: onnx.NodeProto) -> bool:
+    """A Pad whose new rows are zeros (constant mode, value 0) or copies of rows (edge, reflect): rows
+    a gather can make. A constant pad of another value makes rows no input row nor zero row is."""
+    mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
+    if mode != "constant":
+        return True
+    value = next((a.f for a in node.attribute if a.name == "value"), 0.0)  # opset < 11
+    if len(node.input) > 2 and node.input[2]:
+        constant = graph.constant(node.input[2])
+        value = None if constant is None else (0.0 if constant.size == 0 else float(constant.reshape(-1)[0]))
+    return value == 0.0
 
 
 def _data_inputs(graph: Graph, node: onnx.NodeProto) -> list[str]:
@@ -79,12 +112,16 @@ def _chain_ending_at(graph: Graph, end: onnx.NodeProto) -> list[onnx.NodeProto] 
     another layout node, or the nodes before it read more than one computed tensor)."""
     if len([o for o in end.output if o]) != 1 or any(map(_is_mover, graph.readers(end.output[0]))):
         return None
+    if end.op_type == "Pad" and not _pads_rows_of_zeros_or_copies(graph, end):
+        return None
     chain = [end]
     frontier = list(_data_inputs(graph, end))
     while frontier:
         name = frontier.pop()
         writer = graph.writer(name)
         if writer is None or not _is_mover(writer) or writer in chain or name in graph.outputs:
+            continue
+        if writer.op_type == "Pad" and not _pads_rows_of_zeros_or_copies(graph, writer):
             continue
         inside = {id(n) for n in chain}
         outputs = [o for o in writer.output if o]
@@ -154,43 +191,73 @@ def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeP
     maps = []
     for images in ((1, 2) if batched else (1,)):
         shape = (x_shape[0] // PROBE_BATCHES[0] * images, *x_shape[1:]) if batched else x_shape
-        positions = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+        positions = np.arange(1, int(np.prod(shape)) + 1, dtype=np.int64).reshape(shape)  # 0: a Pad's zero
         got = evaluate(graph, chain, {source: positions}).get(result)
         if got is None or got.size != images * y_rows * row:
             return None
         taken = got.reshape(-1, row)
-        first = taken[:, 0]
-        if (first % row).any() or not np.array_equal(taken, first[:, None] + np.arange(row)):
+        first = taken[:, 0] - 1
+        zero = ~taken.any(axis=1)
+        whole = np.array_equal(taken[~zero], first[~zero, None] + 1 + np.arange(row)) and not (first[~zero] % row).any()
+        if not whole:
             return None  # not whole rows in order
-        maps.append(first // row)
-    if batched and not np.array_equal(maps[1], np.concatenate([maps[0], maps[0] + x_rows])):
+        maps.append(np.where(zero, -1, first // row))
+    if batched and not np.array_equal(maps[1], np.concatenate([maps[0], np.where(maps[0] < 0, -1, maps[0] + x_rows)])):
         return None  # images mixed, or moved differently
     indices = maps[0]
-    if np.array_equal(indices, np.arange(x_rows)):
-        return None  # rows stay in order: the chain is a reshape, left to the views
     out_shape = (-1, *y_shape[1:]) if batched else y_shape
     return source, x_rows, indices, out_shape
 
 
 def _replace(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str, rows: int, indices: np.ndarray,
-             out_shape: tuple[int, ...]) -> None:
+             out_shape: tuple[int, ...]) -> list[onnx.NodeProto]:
+    """The chain as one Gather (and its Reshapes, and a Pad where it makes zero rows); returns the nodes it wrote."""
     made = _gather_nodes(graph, source, end.output[0], end.name, rows, out_shape[-1], indices, out_shape)
     at = graph.nodes.index(chain[-1])
     graph.nodes[at:at + 1] = made
     for node in chain[:-1]:
         graph.nodes.remove(node)
+    return made
+
+
+def _reshape_only(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str,
+                  out_shape: tuple[int, ...]) -> list[onnx.NodeProto]:
+    """A chain that leaves every row where it was, as the one Reshape it amounts to; returns that node."""
+    made = [_reshape_node(graph, source, end.output[0], end.name, out_shape)]
+    at = graph.nodes.index(chain[-1])
+    graph.nodes[at:at + 1] = made
+    for node in chain[:-1]:
+        graph.nodes.remove(node)
+    return made
+
+
+def _reshape_node(graph: Graph, source: str, result: str, name: str, shape: tuple[int, ...]) -> onnx.NodeProto:
+    constant = graph.new_name(f"{result}_shape")
+    graph.constants[constant] = np.array(shape, dtype=np.int64)
+    return helper.make_node("Reshape", [source, constant], [result], name=name)
 
 
 def _gather_nodes(graph: Graph, source: str, result: str, name: str, rows: int, row: int, indices: np.ndarray,
                   out_shape: tuple[int, ...]) -> list[onnx.NodeProto]:
-    """Reshape(source, [-1, rows, row]) > Gather(axis 1, indices) > Reshape(out_shape), writing `result`."""
+    """Reshape(source, [-1, rows, row]) [> Pad(one zero row)] > Gather(axis 1, indices, -1 the zero row) > Reshape(out_shape),
+    writing `result`."""
     by_image, taken = graph.new_name(f"{result}_by_image"), graph.new_name(f"{result}_gathered")
     names = [graph.new_name(f"{result}_{what}") for what in ("image_shape", "row_indices", "shape")]
     graph.constants[names[0]] = np.array([-1, rows, row], dtype=np.int64)
-    graph.constants[names[1]] = indices.astype(np.int64)
+    graph.constants[names[1]] = np.where(indices < 0, rows, indices).astype(np.int64)  # a zero row: the one padded on
     graph.constants[names[2]] = np.array(out_shape, dtype=np.int64)
-    return [helper.make_node("Reshape", [source, names[0]], [by_image], name=f"{name}_by_image"),
-            helper.make_node("Gather", [by_image, names[1]], [taken], name=f"{name}_rows", axis=1),
+    made = [helper.make_node("Reshape", [source, names[0]], [by_image], name=f"{name}_by_image")]
+    if (indices < 0).any():  # rows of zeros: one zero row after each image's rows, which the Gather takes
+        padded = graph.new_name(f"{result}_with_zero_row")
+        pads = [0, 0, 0, 0, 1, 0]
+        if graph.opset >= 11:
+            pad_name = graph.new_name(f"{result}_pads")
+            graph.constants[pad_name] = np.array(pads, dtype=np.int64)
+            made.append(helper.make_node("Pad", [by_image, pad_name], [padded], name=f"{name}_zero_row", mode="constant"))
+        else:
+            made.append(helper.make_node("Pad", [by_image], [padded], name=f"{name}_zero_row", mode="constant", pads=pads))
+        by_image = padded
+    return [*made, helper.make_node("Gather", [by_image, names[1]], [taken], name=f"{name}_rows", axis=1),
             helper.make_node("Reshape", [taken, names[2]], [result], name=name)]
 
 
@@ -217,13 +284,17 @@ def _product_writing(graph: Graph, source: str, chain: list[onnx.NodeProto]) -> 
 
 
 def _move_before_product(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, product: tuple, rows: int,
-                         indices: np.ndarray, out_shape: tuple[int, ...]) -> None:
-    """The chain's Gather on the product's A instead of its output: the product (and its bias Add) then
-    writes the chain's end, rows gathered."""
+                         indices: np.ndarray, out_shape: tuple[int, ...]) -> list[onnx.NodeProto]:
+    """The chain's Gather on the product's A instead of its output (a Reshape, where no row moves): the product
+    (and its bias Add) then writes the chain's end, rows gathered. Returns the nodes it wrote."""
     matmul, bias_add = product
     result, depth = end.output[0], int(graph.constant(matmul.input[1]).shape[0])
     gathered = graph.new_name(f"{result}_rows_in")
-    made = _gather_nodes(graph, matmul.input[0], gathered, f"{end.name}_rows", rows, depth, indices, (*out_shape[:-1], depth))
+    a_shape = (*out_shape[:-1], depth)
+    if _in_order(indices, rows):  # no row moves: the product reads A in the end's shape, and writes the end
+        made = [_reshape_node(graph, matmul.input[0], gathered, f"{end.name}_rows", a_shape)]
+    else:
+        made = _gather_nodes(graph, matmul.input[0], gathered, f"{end.name}_rows", rows, depth, indices, a_shape)
     last = bias_add or matmul
     if bias_add is not None:
         product_out = graph.new_name(f"{result}_product")
@@ -235,3 +306,4 @@ def _move_before_product(graph: Graph, chain: list[onnx.NodeProto], end: onnx.No
     graph.nodes[at:at] = made
     for node in chain:
         graph.nodes.remove(node)
+    return made

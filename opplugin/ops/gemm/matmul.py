@@ -180,10 +180,9 @@ class FlatMatMulKernel(Kernel):
     With `residual`, the last input is a tensor of the output's shape that the Gemm's epilogue adds."""
 
     def __init__(self, spec: MatMulSpec, gemm: Kernel, residual: bool = False, prologue: RowPrologue | None = None):
-        """`prologue`: what the Gemm kernel does to A's rows first (row_prologue.py); with a row gather, the step
-        reads the gather's source, whose rows (whole images of them) become A's."""
-        self.spec, self.gemm, self.residual = spec, gemm, residual
-        self.rows = prologue.rows if prologue is not None else None
+        """`prologue`: what the Gemm kernel does to A's rows first (row_prologue.py): the step reads its chain's
+        input, whose rows (gathered, where the chain gathers) become A's."""
+        self.spec, self.gemm, self.residual, self.prologue = spec, gemm, residual, prologue
         self.name, self.variant = gemm.name, gemm.variant
         self.nonfinite_exact, self.device_work = gemm.nonfinite_exact, gemm.device_work
         # a call reshapes its arrays and calls the Gemm kernel: what that launches and flags is all it does
@@ -203,10 +202,12 @@ class FlatMatMulKernel(Kernel):
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None, **out: Any) -> list[Any]:
         a = inputs[0]
-        if self.rows is not None:  # the gather's source: A's leading extent from the rows the gather makes of it
-            if a.size % (self.rows.rows_in * self.spec.k):
-                raise PluginError(f"{self.name}: its input has shape {tuple(a.shape)}, no whole images of {self.rows.rows_in} rows of {self.spec.k}")
-            lead = self.rows.rows_after(a.size // self.spec.k) // int(np.prod(self.spec.a_shape[1:-1], dtype=np.int64))
+        if self.prologue is not None:  # its chain's input (Reshapes, a gather): A's leading extent from the rows it makes
+            per_lead = int(np.prod(self.spec.a_shape[1:-1], dtype=np.int64))
+            rows = self.prologue.rows_after(a.size // self.spec.k) if a.size % self.spec.k == 0 else -1
+            if rows < 0 or rows % per_lead:
+                raise PluginError(f"{self.name}: its input has shape {tuple(a.shape)}, no whole rows of A's {self.spec.a_shape[1:]}")
+            lead = rows // per_lead
         elif tuple(a.shape[1:]) != self.spec.a_shape[1:]:
             raise PluginError(f"{self.name}: A has shape {tuple(a.shape)}, expected (batch, {', '.join(map(str, self.spec.a_shape[1:]))})")
         else:

@@ -1,9 +1,9 @@
 """What a flat product's step does to the rows of A on their way into the product (a prologue,
 plan/prologue.py), so that nodes whose output only the product reads need no step of their own:
 - a LayerNormalization over the last axis (a transformer's LN > Linear);
-- a Gather of each image's rows by a table (graph/passes/row_gather.py: Swin's cyclic shift and window
-  partition before a projection, or the reverse moved before the next one), between Reshapes, which
-  move nothing in a contiguous tensor;
+- a Gather of each image's rows by a table (graph/passes/row_gather.py: Swin's cyclic shift, padding and
+  window partition before a projection, or the reverse moved before the next one), between Reshapes, which
+  move nothing in a contiguous tensor, after a Pad of one zero row where the table takes rows of zeros;
 - both, in that order (the LayerNorm before a shifted window block's QKV projection).
 
 On a GPU, kernels/row_prologue.cu reads each row of A where the table says, normalises it, and for
@@ -33,7 +33,8 @@ RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")  # views of a contiguo
 
 @dataclass(frozen=True)
 class RowTable:
-    """Each image's rows gathered: output row i of an image is its input row table[i] (rows_in rows an image)."""
+    """Each image's rows gathered: output row i of an image is its input row table[i] (rows_in rows an
+    image), or zeros where table[i] is -1."""
 
     rows_in: int
     table: tuple[int, ...]
@@ -46,7 +47,9 @@ class RowTable:
 
     def take(self, x: np.ndarray) -> np.ndarray:
         k = x.shape[-1]
-        return x.reshape(-1, self.rows_in, k)[:, list(self.table)].reshape(-1, k)
+        images = x.reshape(-1, self.rows_in, k)
+        with_zero_row = np.concatenate([images, np.zeros((images.shape[0], 1, k), images.dtype)], axis=1)
+        return with_zero_row[:, [self.rows_in if i < 0 else i for i in self.table]].reshape(-1, k)
 
 
 class RowPrologue:
@@ -105,8 +108,8 @@ class RowPrologue:
 
 def from_nodes(chain: Sequence[NodeInfo], k: int) -> RowPrologue | None:
     """The prologue `chain` makes for a product over `k`, or None: an optional LayerNormalization over the last
-    axis of k values with constant scale and bias, then optionally Reshapes around one Gather along axis 1 of
-    (images, rows, k) by constant indices."""
+    axis of k values with constant scale and bias, then Reshapes, around one Gather along axis 1 of (images,
+    rows, k) by constant indices where the chain has one (after a Pad of one zero row where it takes zeros)."""
     chain = list(chain)
     norm = None
     if chain and chain[0].op_type == "LayerNormalization":
@@ -116,10 +119,13 @@ def from_nodes(chain: Sequence[NodeInfo], k: int) -> RowPrologue | None:
     if any(n.node.domain not in ("", "ai.onnx") for n in chain):
         return None
     gathers = [n for n in chain if n.op_type == "Gather"]
-    if len(gathers) > 1 or any(n.op_type not in (*RESHAPES, "Gather") for n in chain):
+    pads = [n for n in chain if n.op_type == "Pad"]
+    if len(gathers) > 1 or any(n.op_type not in (*RESHAPES, "Pad", "Gather") for n in chain):
         return None
-    rows = _row_table(gathers[0], k) if gathers else None
-    if (gathers and rows is None) or (norm is None and rows is None) or (chain and not gathers):
+    if pads and (len(pads) > 1 or not gathers or chain.index(pads[0]) + 1 != chain.index(gathers[0]) or not _one_zero_row(pads[0], k)):
+        return None
+    rows = _row_table(gathers[0], k, zero_row=bool(pads)) if gathers else None
+    if (gathers and rows is None) or (norm is None and rows is None):
         return None
     return RowPrologue(k, norm, rows)
 
@@ -137,8 +143,19 @@ def _layernorm(node: NodeInfo, k: int) -> tuple[float, np.ndarray, np.ndarray] |
     return spec.epsilon, scale, bias
 
 
-def _row_table(gather: NodeInfo, k: int) -> RowTable | None:
-    """A Gather along axis 1 of (images, rows, k) by constant 1-D indices, as graph/passes/row_gather.py writes it."""
+def _one_zero_row(pad: NodeInfo, k: int) -> bool:
+    """A Pad of (images, rows, k) that adds one row of zeros after each image's rows, as row_gather.py writes it."""
+    shape = tuple(pad.inputs[0].shape)
+    pads = pad.constants.get(pad.inputs[1].name) if len(pad.inputs) > 1 and pad.inputs[1].name else pad.attributes.get("pads")
+    value = pad.constants.get(pad.inputs[2].name) if len(pad.inputs) > 2 and pad.inputs[2].name else None
+    mode = pad.attributes.get("mode", b"constant")
+    return (len(shape) == 3 and shape[2] == k and pads is not None and [int(p) for p in np.asarray(pads).reshape(-1)] == [0, 0, 0, 0, 1, 0]
+            and (mode.decode() if isinstance(mode, bytes) else mode) == "constant" and (value is None or not np.any(value)))
+
+
+def _row_table(gather: NodeInfo, k: int, zero_row: bool = False) -> RowTable | None:
+    """A Gather along axis 1 of (images, rows, k) by constant 1-D indices, as graph/passes/row_gather.py writes it;
+    with `zero_row`, the data's last row of each image is the zero row a Pad added (its index becomes -1)."""
     shape = tuple(gather.inputs[0].shape)
     indices = gather.constants.get(gather.inputs[1].name) if len(gather.inputs) > 1 else None
     if len(shape) != 3 or shape[2] != k or int(gather.attributes.get("axis", 0)) != 1 or indices is None or np.ndim(indices) != 1:
@@ -147,4 +164,5 @@ def _row_table(gather: NodeInfo, k: int) -> RowTable | None:
     table = np.where(table < 0, table + shape[1], table)
     if not table.size or table.min() < 0 or table.max() >= shape[1]:
         return None
-    return RowTable(shape[1], tuple(int(i) for i in table))
+    rows_in = shape[1] - 1 if zero_row else shape[1]
+    return RowTable(rows_in, tuple(-1 if i == rows_in else int(i) for i in table))

@@ -139,3 +139,75 @@ def test_a_roll_along_one_axis_stays_one_concat_reading_its_slices_in_place():
     simplified, done = simplify(proto)
     assert "row-moving layout nodes" not in done.constants_folded
     assert [n.op_type for n in simplified.graph.node] == ["Relu", "Slice", "Slice", "Concat", "Relu"]
+
+
+def padded_window_block():
+    """A Swin block at a size its windows do not divide: x (N, 6, 6, 16) > LayerNorm > padded with zeros to 8 x 8 >
+    4 x 4 windows > MatMul by W > Softmax across each window's tokens (the attention's stand-in) > MatMul by V and
+    a bias Add (the projection) > windows reversed > cropped to 6 x 6 > the residual x added."""
+    rng = np.random.default_rng(5)
+    constants = {"pads": [0, 0, 0, 0, 0, 2, 2, 0], "split": [-1, 2, WINDOW, 2, WINDOW, CHANNELS], "windows": [-1, WINDOW * WINDOW, CHANNELS],
+                 "unsplit": [-1, 2, 2, WINDOW, WINDOW, CHANNELS], "image": [-1, SIDE, SIDE, CHANNELS], "zero": [0, 0], "six": [6, 6],
+                 "spatial": [1, 2]}
+    arrays = {"w": rng.standard_normal((CHANNELS, CHANNELS)), "v": rng.standard_normal((CHANNELS, CHANNELS)), "b": rng.standard_normal(CHANNELS),
+              "gamma": 1 + 0.1 * rng.standard_normal(CHANNELS), "beta": rng.standard_normal(CHANNELS)}
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["normed"], name="norm", axis=-1),
+             helper.make_node("Pad", ["normed", "pads"], ["padded"], name="pad", mode="constant"),
+             helper.make_node("Reshape", ["padded", "split"], ["split_view"], name="split_view"),
+             helper.make_node("Transpose", ["split_view"], ["partition"], name="partition", perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["partition", "windows"], ["windowed"], name="windowed"),
+             helper.make_node("MatMul", ["windowed", "w"], ["qkv"], name="qkv"),
+             helper.make_node("Softmax", ["qkv"], ["mixed"], name="mix", axis=1),
+             helper.make_node("MatMul", ["mixed", "v"], ["projected"], name="proj"),
+             helper.make_node("Add", ["projected", "b"], ["proj_out"], name="proj_bias"),
+             helper.make_node("Reshape", ["proj_out", "unsplit"], ["unsplit_view"], name="unsplit_view"),
+             helper.make_node("Transpose", ["unsplit_view"], ["reverse"], name="reverse", perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["reverse", "image"], ["merged"], name="merged"),
+             helper.make_node("Slice", ["merged", "zero", "six", "spatial"], ["cropped"], name="crop"),
+             helper.make_node("Add", ["x", "cropped"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "padded_windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 6, CHANNELS])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 6, CHANNELS])],
+                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()]
+                              + [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_padding_to_whole_windows_and_the_crop_back_are_rows_of_the_products_gathers(tmp_path):
+    """The zero rows the padding makes come from a zero row padded on before the Gather (never through the
+    product: they would come out as its bias); the crop is rows left out. Both products then gather as they
+    load A: the first after the LayerNorm, the second with the residual Add in its epilogue."""
+    proto = padded_window_block()
+    simplified, done = simplify(proto)
+    assert [n.op_type for n in simplified.graph.node] == ["LayerNormalization", "Reshape", "Pad", "Gather", "Reshape", "MatMul", "Softmax",
+                                                          "Reshape", "Gather", "Reshape", "MatMul", "Add", "Add"]
+    assert done.constants_folded["row-moving layout nodes"] == 8  # Pad, Reshape > Transpose > Reshape twice, the crop
+    for batch in (1, 3):
+        runner = Runner(load_model(save(proto, tmp_path / "m.onnx")), batch, "cpu")
+        assert [runner.kernels[s.name].name for s in runner.plan.plugin_steps] == [
+            "matmul.ln*rows*reference", "softmax.reference", "matmul.rows*reference+residual"]
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 6, 6, CHANNELS)).astype(np.float32)}
+        theirs = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        np.testing.assert_allclose(runner.run(feeds).outputs["y"], theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_a_roll_and_its_reverse_are_one_reshape():
+    """Rolled by 2 and back by 6 along both axes of 8: every row where it was, so the chain is the Reshape it
+    amounts to, and no copy is left."""
+    constants = {**_roll_constants("roll_h", 2), **_roll_constants("roll_w", 2), **_roll_constants("back_h", 6),
+                 **_roll_constants("back_w", 6), "axis1": [1], "axis2": [2]}
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), *_roll("r", 1, 2, "roll_h"), *_roll("roll_h", 2, 2, "roll_w"),
+             *_roll("roll_w", 1, 6, "back_h"), *_roll("back_h", 2, 6, "back_w"), helper.make_node("Relu", ["back_w"], ["y"], name="after")]
+    graph = helper.make_graph(nodes, "rolls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
+                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    simplified, done = simplify(proto)
+    assert [n.op_type for n in simplified.graph.node] == ["Relu", "Reshape", "Relu"]
+    assert done.constants_folded["row-moving layout nodes"] == 12
+    x = np.random.default_rng(0).standard_normal((2, SIDE, SIDE, CHANNELS)).astype(np.float32)
+    theirs = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ours = ort.InferenceSession(simplified.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ours, theirs)

@@ -212,14 +212,15 @@ def test_a_row_prologue_normalises_and_gathers_a_rows_before_the_product(variant
     """A transformer's LN > Linear, Swin's shifted windows > Linear, or both, in one step: wg_3xtf32's pass
     for A's small parts normalises and gathers the rows as it goes; the other families take the rows from the
     same pass. Rows far from mean 0 and variance 1, so that a skipped normalisation shows; a table that
-    drops, repeats and reorders rows of each of two images; the output poisoned first, against float64."""
+    drops, repeats and reorders rows of each of two images and adds zero rows (padding); the output poisoned
+    first, against float64."""
     import cupy
 
     from opplugin.ops.gemm.row_prologue import RowPrologue, RowTable
 
     rng = np.random.default_rng(8)
     rows_in = 101
-    table = np.concatenate([rng.permutation(rows_in)[:96], [5, 5]]) if gather else None
+    table = np.concatenate([rng.permutation(rows_in)[:94], [5, 5, -1, -1]]) if gather else None  # -1: a padded row of zeros
     m = 2 * (len(table) if gather else rows_in)
     p = make_problem(m, 96, 384, trans_b=True, c="row", seed=7)
     x = (3 * rng.standard_normal((2 * rows_in, 384)) + 1.5).astype(np.float32)
@@ -235,7 +236,8 @@ def test_a_row_prologue_normalises_and_gathers_a_rows_before_the_product(variant
         centred = rows - rows.mean(axis=1, keepdims=True)
         rows = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-6) * scale + bias
     if gather:
-        rows = rows.reshape(2, rows_in, 384)[:, table].reshape(-1, 384)
+        with_zero_row = np.concatenate([rows.reshape(2, rows_in, 384), np.zeros((2, 1, 384))], axis=1)
+        rows = with_zero_row[:, np.where(table < 0, rows_in, table)].reshape(-1, 384)
     exact = reference.expected(p.spec, NONE, rows, p.b, p.c)
     # the normalised rows carry FP32's rounding (a few units of 2^-24 each) into the product as well
     scale_of_y = np.abs(rows) @ np.abs(p.b.T.astype(np.float64)) + np.abs(p.c.astype(np.float64))

@@ -1,19 +1,21 @@
 """A chain of layout nodes that only moves whole rows (a row: the last axis) becomes one Gather of rows
-by constant indices: Swin's window partition and reverse and its cyclic shift (Roll, exported as Slice +
-Concat on two axes), the padding to whole windows and the crop back, or any such mix of Reshape, Transpose,
-Slice, Concat, Split, Gather, Pad (with zeros, or edge and reflect copies), Squeeze and Unsqueeze. Each copying node of the chain was a pass over memory; the Gather is one, and a product that
-reads it can take its indices in (ops/gemm/row_map.py), so that it costs none.
+by constant indices: Swin's window partition and reverse, its cyclic shift (Roll, exported as Slice +
+Concat on two axes), the padding to whole windows and the crop back, or any such mix of Reshape,
+Transpose, Slice, Concat, Split, Gather, Pad (with zeros, or edge and reflect copies), Squeeze and
+Unsqueeze. Each copying node of the chain was a pass over memory; the Gather is one, and a product that
+reads it takes its indices in (ops/gemm/row_prologue.py), so that it costs none.
 
 What a chain does is not derived from its nodes' attributes but measured: onnxruntime runs it on a
-tensor whose every element holds its own position (from 1: a padded zero is 0), one image's worth and two
-images' worth. The chain moves whole rows when each output row holds one input row's positions in order,
-or zeros; it moves them the
-same way in every image when the second image's rows come from the second input image at the same
-places. Those rows are then the Gather's indices, and the rewrite holds at any batch:
+tensor whose every element holds its own position (from 1: a padded zero is 0), one image's worth and
+two images' worth. The chain moves whole rows when each output row holds one input row's positions in
+order, or zeros; it moves them the same way in every image when the second image's rows come from the
+second input image at the same places. Those rows are then the Gather's indices, and the rewrite holds
+at any batch:
 
     Reshape(X, [-1, rows per image, C]) > Gather(axis 1, indices) > Reshape(to Y's shape, -1 for the batch)
 
 with a Pad of one zero row after each image's rows before the Gather where the chain makes rows of zeros.
+A chain that leaves every row where it was becomes the one Reshape it amounts to.
 
 The chain's end Y keeps its name and values; its inner tensors are gone. Where X is what a product by a
 constant matrix (and its bias Add) writes for the chain alone, the Gather moves before the product, which

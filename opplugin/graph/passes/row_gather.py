@@ -34,6 +34,7 @@ from onnx import helper
 from ..evaluate import evaluate
 from ..ir import DEFAULT_DOMAINS, Graph
 from ..static_shapes import PROBE_BATCHES, probe_shapes
+from .transpose_sink import per_column
 
 MOVERS = frozenset({"Reshape", "Transpose", "Slice", "Concat", "Split", "Gather", "Pad", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 # the nodes of a chain that make a pass over memory: the others are views, a Slice or Split one the next
@@ -59,16 +60,19 @@ def gather_rows(graph: Graph) -> dict[str, int]:
             if not any(n is end for n in graph.nodes):
                 continue
             chain = _chain_ending_at(graph, end)
-            if chain is None or _written_already(chain, made) or not _worth_it(graph, chain, end):
+            if chain is None or _written_already(chain, made):
+                continue
+            source = _source(graph, chain)
+            product = _product_writing(graph, source, chain)
+            if not _worth_it(graph, chain, end, product is not None):
                 continue
             shapes = shapes or probe_shapes(graph)
-            rewrite = _measured_rewrite(graph, chain, end, shapes)
+            rewrite = _measured_rewrite(graph, chain, end, source, shapes)
             if rewrite is None:
                 continue
-            source, rows, indices, out_shape = rewrite
+            rows, indices, out_shape = rewrite
             # a zero row made before a product would come out as its bias: only gathers of input rows move before one
-            product = _product_writing(graph, source, chain) if (indices >= 0).all() else None
-            if product is not None:
+            if product is not None and (indices >= 0).all():
                 new = _move_before_product(graph, chain, end, product, rows, indices, out_shape)
                 moved = True
             elif _in_order(indices, rows):  # every row where it was (a roll and its reverse): a reshape
@@ -144,7 +148,7 @@ def _copies(chain: list[onnx.NodeProto]) -> int:
     return sum(n.op_type in COPIES for n in chain)
 
 
-def _worth_it(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto) -> bool:
+def _worth_it(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, written_by_product: bool) -> bool:
     """More than one copy, or one that a flat product by a constant matrix can take in as it loads A: the
     product reading the chain's end, or writing its source (the Gather then moves before it)."""
     copies = _copies(chain)
@@ -153,7 +157,7 @@ def _worth_it(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto) ->
     reader = graph.only_reader(end.output[0], "MatMul")
     if reader is not None and reader.input[0] == end.output[0] and _constant_matrix(graph, reader.input[1]):
         return True
-    return _product_writing(graph, _source(graph, chain), chain) is not None
+    return written_by_product
 
 
 def _constant_matrix(graph: Graph, name: str) -> bool:
@@ -184,10 +188,10 @@ def _rows_per_image(shapes: tuple[dict, dict], name: str) -> tuple[tuple[int, ..
     return small, rows // images, row
 
 
-def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, shapes: tuple[dict, dict]):
-    """(source, rows per source image, the Gather's indices, Y's shape with -1 for the batch) where the
-    chain moves whole rows alike in every image (see the module); None otherwise."""
-    source, result = _source(graph, chain), end.output[0]
+def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str, shapes: tuple[dict, dict]):
+    """(rows per image of `source`, the Gather's indices, Y's shape with -1 for the batch) where the chain
+    moves whole rows alike in every image (see the module); None otherwise."""
+    result = end.output[0]
     x, y = _rows_per_image(shapes, source), _rows_per_image(shapes, result)
     if x is None or y is None or x[2] != y[2]:
         return None
@@ -214,7 +218,7 @@ def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeP
         return None  # images mixed, or moved differently
     indices = maps[0]
     out_shape = (-1, *y_shape[1:]) if batched else y_shape
-    return source, x_rows, indices, out_shape
+    return x_rows, indices, out_shape
 
 
 def _replace(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str, rows: int, indices: np.ndarray,
@@ -298,8 +302,7 @@ def _product_writing(graph: Graph, source: str, chain: list[onnx.NodeProto]) -> 
         return None
     if bias_add is not None:
         bias = graph.constant(next(name for name in bias_add.input if name != writer.output[0]))
-        columns = graph.constant(writer.input[1]).shape[1]
-        if bias is None or bias.size != bias.shape[-1] or bias.shape[-1] not in (1, columns):
+        if bias is None or not per_column(bias, graph.constant(writer.input[1]).shape[1]):
             return None  # not the same for every row: the rows could not move before it
     return writer, bias_add
 

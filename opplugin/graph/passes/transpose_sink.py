@@ -74,9 +74,15 @@ def _row_product_after(graph: Graph, transpose: onnx.NodeProto) -> tuple[onnx.No
         bias = graph.constant(other) if other is not None else None
         # a value per column (leading axes of one), no higher rank than the product: it broadcasts the same
         # over the rows in either order
-        if bias is None or bias.ndim > len(perm) or bias.size != bias.shape[-1] or bias.shape[-1] not in (1, weights.shape[1]):
+        if bias is None or bias.ndim > len(perm) or not per_column(bias, weights.shape[1]):
             bias_add = None
     return product, bias_add
+
+
+def per_column(bias: np.ndarray, columns: int) -> bool:
+    """Whether a constant added to a product of `columns` columns is one value per column (or one for all),
+    its leading axes of one: the same for every row, so rows may be permuted before the Add or after it."""
+    return bias.size == bias.shape[-1] and bias.shape[-1] in (1, columns)
 
 
 def _no_wider(graph: Graph, product: onnx.NodeProto) -> bool:

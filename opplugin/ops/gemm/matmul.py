@@ -183,6 +183,7 @@ class FlatMatMulKernel(Kernel):
         """`prologue`: what the Gemm kernel does to A's rows first (row_prologue.py): the step reads its chain's
         input, whose rows (gathered, where the chain gathers) become A's."""
         self.spec, self.gemm, self.residual, self.prologue = spec, gemm, residual, prologue
+        self._rows_per_lead = int(np.prod(spec.a_shape[1:-1], dtype=np.int64))  # A's rows per unit of its first axis
         self.name, self.variant = gemm.name, gemm.variant
         self.nonfinite_exact, self.device_work = gemm.nonfinite_exact, gemm.device_work
         # a call reshapes its arrays and calls the Gemm kernel: what that launches and flags is all it does
@@ -203,11 +204,10 @@ class FlatMatMulKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None, **out: Any) -> list[Any]:
         a = inputs[0]
         if self.prologue is not None:  # its chain's input (Reshapes, a gather): A's leading extent from the rows it makes
-            per_lead = int(np.prod(self.spec.a_shape[1:-1], dtype=np.int64))
             rows = self.prologue.rows_after(a.size // self.spec.k) if a.size % self.spec.k == 0 else -1
-            if rows < 0 or rows % per_lead:
+            if rows < 0 or rows % self._rows_per_lead:
                 raise PluginError(f"{self.name}: its input has shape {tuple(a.shape)}, no whole rows of A's {self.spec.a_shape[1:]}")
-            lead = rows // per_lead
+            lead = rows // self._rows_per_lead
         elif tuple(a.shape[1:]) != self.spec.a_shape[1:]:
             raise PluginError(f"{self.name}: A has shape {tuple(a.shape)}, expected (batch, {', '.join(map(str, self.spec.a_shape[1:]))})")
         else:

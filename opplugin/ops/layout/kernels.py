@@ -149,8 +149,8 @@ class TableGatherKernel(LayoutKernel):
                 raise PluginError(f"{self.name}: out must be C-contiguous")
             if y.size:
                 vec = 4 if inner % 4 == 0 and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0 else 1
-                launch = function("layout_rows.cu", {"INNER": inner, "COUNT": self._table.size, "AXIS": shape[self._axis], "VEC": vec},
-                                  "layout_rows")
+                launch = self._remembered((shape, vec), lambda: function(
+                    "layout_rows.cu", {"INNER": inner, "COUNT": self._table.size, "AXIS": shape[self._axis], "VEC": vec}, "layout_rows"))
                 vectors = y.size // vec
                 launch((-(-vectors // BLOCK),), (BLOCK,), (x, self._device_table, y, np.int64(vectors)))
         return [y]

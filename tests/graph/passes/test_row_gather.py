@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_builders import save
+from onnx_builders import finish, save
 from opplugin.graph.model import load_model
 from opplugin.graph.simplify import simplify
 from opplugin.runtime import Runner
@@ -28,9 +28,17 @@ def _roll_constants(name: str, shift: int) -> dict:
     return {f"{name}_s0": [SIDE - shift], f"{name}_e0": [SIDE], f"{name}_s1": [0], f"{name}_e1": [SIDE - shift]}
 
 
+def _model(name: str, nodes: list, x_shape: list, y_shape: list, integers: dict, floats: dict | None = None):
+    """The nodes as a model from x to y, with `integers` as int64 constants and `floats` as float32 ones."""
+    constants = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in integers.items()]
+    constants += [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in (floats or {}).items()]
+    return finish(helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], constants))
+
+
 def shifted_windows(reader: str = "MatMul", perm_last: bool = True, shift: int = 2, source: str = "Relu"):
-    """x (N, 8, 8, 16) > `source` (a Relu, or a Linear layer: MatMul by V (16, 16) and a bias Add) > rolled by `shift` on both spatial axes > partitioned into 4x4 windows (N*4, 16, 16)
-    > `reader`: a MatMul by W (16, 24), or an Add of a constant per window position (16, 16)."""
+    """x (N, 8, 8, 16) > `source` (a Relu, or a Linear layer: MatMul by V (16, 16) and a bias Add) > rolled by
+    `shift` on both spatial axes > partitioned into 4x4 windows (N*4, 16, 16) > `reader`: a MatMul by W (16, 24), or an Add of a constant per window position (16, 16)."""
     rng = np.random.default_rng(0)
     blocks = SIDE // WINDOW
     constants = {**_roll_constants("roll_h", shift), **_roll_constants("roll_w", shift), "axis1": [1], "axis2": [2],
@@ -42,22 +50,15 @@ def shifted_windows(reader: str = "MatMul", perm_last: bool = True, shift: int =
              helper.make_node("Reshape", ["roll_w", "split"], ["split_view"], name="split_view"),
              helper.make_node("Transpose", ["split_view"], ["partition"], name="partition", perm=perm),
              helper.make_node("Reshape", ["partition", "windows"], ["windowed"], name="windowed")]
-    weights = [numpy_helper.from_array(rng.standard_normal((CHANNELS, 24)).astype(np.float32), "w"),
-               numpy_helper.from_array(rng.standard_normal((WINDOW * WINDOW, CHANNELS)).astype(np.float32), "position"),
-               numpy_helper.from_array(rng.standard_normal((CHANNELS, CHANNELS)).astype(np.float32), "v"),
-               numpy_helper.from_array(rng.standard_normal(CHANNELS).astype(np.float32), "b")]
+    floats = {"w": rng.standard_normal((CHANNELS, 24)), "position": rng.standard_normal((WINDOW * WINDOW, CHANNELS)),
+              "v": rng.standard_normal((CHANNELS, CHANNELS)), "b": rng.standard_normal(CHANNELS)}
     if reader == "MatMul":
         nodes.append(helper.make_node("MatMul", ["windowed", "w"], ["y"], name="qkv"))
         out = ["M", WINDOW * WINDOW, 24]
     else:
         nodes.append(helper.make_node("Add", ["windowed", "position"], ["y"], name="position_add"))
         out = ["M", WINDOW * WINDOW, CHANNELS]
-    graph = helper.make_graph(nodes, "shifted_windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
-                              weights + [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model("shifted_windows", nodes, ["N", SIDE, SIDE, CHANNELS], out, constants, floats)
 
 
 @pytest.mark.parametrize("reader", ["MatMul", "Add"])
@@ -112,11 +113,7 @@ def test_a_chain_that_mixes_images_stays(tmp_path):
              helper.make_node("Concat", ["tail", "head"], ["rolled"], name="roll", axis=1),
              helper.make_node("Transpose", ["rolled"], ["t"], name="sequence_first", perm=[1, 0, 2]),
              helper.make_node("Relu", ["t"], ["y"], name="after")]
-    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, "N", CHANNELS])],
-                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto = _model("mixed", nodes, ["N", 5, CHANNELS], [5, "N", CHANNELS], constants)
     simplified, done = simplify(proto)
     assert "row-moving layout nodes" not in done.constants_folded
     assert [n.op_type for n in simplified.graph.node] == ["Relu", "Slice", "Slice", "Concat", "Transpose", "Relu"]
@@ -131,11 +128,7 @@ def test_a_roll_along_one_axis_stays_one_concat_reading_its_slices_in_place():
     constants = {**_roll_constants("roll_h", 2), "axis1": [1]}
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), *_roll("r", 1, 2, "roll_h"),
              helper.make_node("Relu", ["roll_h"], ["y"], name="after")]
-    graph = helper.make_graph(nodes, "roll", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
-                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto = _model("roll", nodes, ["N", SIDE, SIDE, CHANNELS], ["N", SIDE, SIDE, CHANNELS], constants)
     simplified, done = simplify(proto)
     assert "row-moving layout nodes" not in done.constants_folded
     assert [n.op_type for n in simplified.graph.node] == ["Relu", "Slice", "Slice", "Concat", "Relu"]
@@ -166,13 +159,7 @@ def padded_window_block(value_input: bool = False, value: float = 0.0):
              helper.make_node("Reshape", ["reverse", "image"], ["merged"], name="merged"),
              helper.make_node("Slice", ["merged", "zero", "six", "spatial"], ["cropped"], name="crop"),
              helper.make_node("Add", ["x", "cropped"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "padded_windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 6, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 6, CHANNELS])],
-                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()]
-                              + [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in arrays.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model("padded_windows", nodes, ["N", 6, 6, CHANNELS], ["N", 6, 6, CHANNELS], constants, arrays)
 
 
 @pytest.mark.parametrize("value_input", [False, True], ids=["default zero", "zero given"])
@@ -201,11 +188,7 @@ def test_a_roll_and_its_reverse_are_one_reshape():
                  **_roll_constants("back_w", 6), "axis1": [1], "axis2": [2]}
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), *_roll("r", 1, 2, "roll_h"), *_roll("roll_h", 2, 2, "roll_w"),
              *_roll("roll_w", 1, 6, "back_h"), *_roll("back_h", 2, 6, "back_w"), helper.make_node("Relu", ["back_w"], ["y"], name="after")]
-    graph = helper.make_graph(nodes, "rolls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", SIDE, SIDE, CHANNELS])],
-                              [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items()])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto = _model("rolls", nodes, ["N", SIDE, SIDE, CHANNELS], ["N", SIDE, SIDE, CHANNELS], constants)
     simplified, done = simplify(proto)
     assert [n.op_type for n in simplified.graph.node] == ["Relu", "Reshape", "Relu"]
     assert done.constants_folded["row-moving layout nodes"] == 12

@@ -63,14 +63,22 @@ def attention_scores_model(tokens: int = 8, width: int = 16) -> onnx.ModelProto:
     return finish(graph)
 
 
-def mlp_block_model(tokens: int = 50, width: int = 64, hidden: int = 256, seed: int = 0) -> onnx.ModelProto:
-    """A transformer's MLP block on (N, tokens, width): x + MatMul(Gelu(MatMul(x, W1) + b1), W2) + b2, the residual
-    Add joining the second product's step where wg's epilogue adds it."""
+LN_EPSILON = 1e-5
+
+
+def mlp_block_model(tokens: int = 50, width: int = 64, hidden: int = 256, seed: int = 0, layernorm: bool = False) -> onnx.ModelProto:
+    """A transformer's MLP block on (N, tokens, width): x + MatMul(Gelu(MatMul(x', W1) + b1), W2) + b2, x' = x or (with
+    `layernorm`) LayerNorm(x) over the last axis, the prologue of the first product's step; the residual Add joins the
+    second product's step where wg's epilogue adds it."""
     rng = np.random.default_rng(seed)
     weights = {"w1": rng.standard_normal((width, hidden)) / np.sqrt(width), "b1": rng.standard_normal(hidden) * 0.1,
                "w2": rng.standard_normal((hidden, width)) / np.sqrt(hidden), "b2": rng.standard_normal(width) * 0.1,
                "root2": np.sqrt(2.0), "one": 1.0, "half": 0.5}
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+    norm = []
+    if layernorm:
+        weights |= {"ln_scale": 1 + 0.2 * rng.standard_normal(width), "ln_bias": 0.1 * rng.standard_normal(width)}
+        norm = [helper.make_node("LayerNormalization", ["x", "ln_scale", "ln_bias"], ["xn"], name="ln", axis=-1, epsilon=LN_EPSILON)]
+    nodes = [*norm, helper.make_node("MatMul", ["xn" if layernorm else "x", "w1"], ["h0"], name="fc1"),
              helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
              # GELU written out as torch exports it, h1 * (0.5 * (1 + erf(h1 / sqrt 2))): one Gelu node at load
              helper.make_node("Div", ["h1", "root2"], ["g0"], name="gelu_div"),

@@ -87,6 +87,11 @@ PLAN_NAME_WIDTH = 40
 OPS_WIDTH = 72
 
 
+def _own_op(step) -> str:
+    """The op of the node a step is named after (its plugin's), not a prologue's first (a LayerNorm, a Reshape)."""
+    return step.ops[step.nodes.index(step.name)] if step.name in step.nodes else step.ops[0]
+
+
 def format_plan(plan: PlanRecord, wide: bool = False) -> str:
     """The plan as text: a line per step with its implementation, a line with its inputs, then
     why claimed nodes stay in onnxruntime, why fusions were given up, and which variants each
@@ -101,7 +106,7 @@ def format_plan(plan: PlanRecord, wide: bool = False) -> str:
     names = {step.name: elide_middle(step.name, name_width) for step in plan.steps}
     width = max(len(name) for name in names.values())
     for number, step in enumerate(plan.steps, 1):
-        runs_on = f"plugin {step.ops[0]}" if step.kind == "plugin" else "onnxruntime"
+        runs_on = f"plugin {_own_op(step)}" if step.kind == "plugin" else "onnxruntime"
         if step.kind == "plugin" and len(step.ops) > 1:
             runs_on += " (fused)"
         first = f"  {number:>2}  {names[step.name]:<{width}}  {runs_on:<20}  "

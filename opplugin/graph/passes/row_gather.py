@@ -38,6 +38,9 @@ MOVERS = frozenset({"Reshape", "Transpose", "Slice", "Concat", "Split", "Gather"
 # step reads through (a Concat reads its slices in place), so a lone roll along one axis is one copy already
 COPIES = frozenset({"Transpose", "Concat", "Gather", "Pad"})
 MIN_ROW = 8  # floats a row: shorter rows gather poorly, and the strided views serve them (a head's 32 is fine)
+# elements of one image of a chain's source at most, for its measurement: two images' positions in int32 take
+# 8 bytes each (a 1024 x 1024 Swin's first stage is 6.3M elements an image)
+MAX_MEASURED = 2 ** 25
 
 
 def gather_rows(graph: Graph) -> dict[str, int]:
@@ -189,10 +192,13 @@ def _measured_rewrite(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeP
     (x_shape, x_rows, row), (y_shape, y_rows, _) = x, y
     batched = x_shape != shapes[1].get(source)
     maps = []
+    if x_rows * row > MAX_MEASURED:
+        return None
+    measurable = [_on_positions(node) for node in chain]
     for images in ((1, 2) if batched else (1,)):
         shape = (x_shape[0] // PROBE_BATCHES[0] * images, *x_shape[1:]) if batched else x_shape
-        positions = np.arange(1, int(np.prod(shape)) + 1, dtype=np.int64).reshape(shape)  # 0: a Pad's zero
-        got = evaluate(graph, chain, {source: positions}).get(result)
+        positions = np.arange(1, int(np.prod(shape)) + 1, dtype=np.int32).reshape(shape)  # 0: a Pad's zero
+        got = evaluate(graph, measurable, {source: positions, ZERO: np.zeros((), np.int32)}).get(result)
         if got is None or got.size != images * y_rows * row:
             return None
         taken = got.reshape(-1, row)
@@ -218,6 +224,19 @@ def _replace(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, sou
     for node in chain[:-1]:
         graph.nodes.remove(node)
     return made
+
+
+ZERO = "row_gather_zero"  # an int32 zero: a Pad's value as the measurement's positions are typed
+
+
+def _on_positions(node: onnx.NodeProto) -> onnx.NodeProto:
+    """`node` as it runs on int32 positions: a Pad's value (a float constant, 0 as checked) becomes an int32 zero."""
+    if node.op_type != "Pad" or len(node.input) < 3 or not node.input[2]:
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.input[2] = ZERO
+    return copy
 
 
 def _reshape_only(graph: Graph, chain: list[onnx.NodeProto], end: onnx.NodeProto, source: str,

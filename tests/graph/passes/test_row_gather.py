@@ -141,18 +141,19 @@ def test_a_roll_along_one_axis_stays_one_concat_reading_its_slices_in_place():
     assert [n.op_type for n in simplified.graph.node] == ["Relu", "Slice", "Slice", "Concat", "Relu"]
 
 
-def padded_window_block():
+def padded_window_block(value_input: bool = False, value: float = 0.0):
     """A Swin block at a size its windows do not divide: x (N, 6, 6, 16) > LayerNorm > padded with zeros to 8 x 8 >
     4 x 4 windows > MatMul by W > Softmax across each window's tokens (the attention's stand-in) > MatMul by V and
-    a bias Add (the projection) > windows reversed > cropped to 6 x 6 > the residual x added."""
+    a bias Add (the projection) > windows reversed > cropped to 6 x 6 > the residual x added. `value_input`: the
+    Pad's zero given as a float input, as torch's exporters write it."""
     rng = np.random.default_rng(5)
     constants = {"pads": [0, 0, 0, 0, 0, 2, 2, 0], "split": [-1, 2, WINDOW, 2, WINDOW, CHANNELS], "windows": [-1, WINDOW * WINDOW, CHANNELS],
                  "unsplit": [-1, 2, 2, WINDOW, WINDOW, CHANNELS], "image": [-1, SIDE, SIDE, CHANNELS], "zero": [0, 0], "six": [6, 6],
                  "spatial": [1, 2]}
     arrays = {"w": rng.standard_normal((CHANNELS, CHANNELS)), "v": rng.standard_normal((CHANNELS, CHANNELS)), "b": rng.standard_normal(CHANNELS),
-              "gamma": 1 + 0.1 * rng.standard_normal(CHANNELS), "beta": rng.standard_normal(CHANNELS)}
+              "gamma": 1 + 0.1 * rng.standard_normal(CHANNELS), "beta": rng.standard_normal(CHANNELS), "pad_value": value}
     nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["normed"], name="norm", axis=-1),
-             helper.make_node("Pad", ["normed", "pads"], ["padded"], name="pad", mode="constant"),
+             helper.make_node("Pad", ["normed", "pads", *(["pad_value"] if value_input else [])], ["padded"], name="pad", mode="constant"),
              helper.make_node("Reshape", ["padded", "split"], ["split_view"], name="split_view"),
              helper.make_node("Transpose", ["split_view"], ["partition"], name="partition", perm=[0, 1, 3, 2, 4, 5]),
              helper.make_node("Reshape", ["partition", "windows"], ["windowed"], name="windowed"),
@@ -174,11 +175,12 @@ def padded_window_block():
     return model
 
 
-def test_padding_to_whole_windows_and_the_crop_back_are_rows_of_the_products_gathers(tmp_path):
+@pytest.mark.parametrize("value_input", [False, True], ids=["default zero", "zero given"])
+def test_padding_to_whole_windows_and_the_crop_back_are_rows_of_the_products_gathers(tmp_path, value_input):
     """The zero rows the padding makes come from a zero row padded on before the Gather (never through the
     product: they would come out as its bias); the crop is rows left out. Both products then gather as they
     load A: the first after the LayerNorm, the second with the residual Add in its epilogue."""
-    proto = padded_window_block()
+    proto = padded_window_block(value_input)
     simplified, done = simplify(proto)
     assert [n.op_type for n in simplified.graph.node] == ["LayerNormalization", "Reshape", "Pad", "Gather", "Reshape", "MatMul", "Softmax",
                                                           "Reshape", "Gather", "Reshape", "MatMul", "Add", "Add"]
@@ -211,3 +213,14 @@ def test_a_roll_and_its_reverse_are_one_reshape():
     theirs = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     ours = ort.InferenceSession(simplified.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_pad_of_another_value_stays_and_the_windows_after_it_are_gathered(tmp_path):
+    """Padding with 1.5 makes rows that are neither input rows nor zeros: the Pad stays a step of its own."""
+    proto = padded_window_block(value_input=True, value=1.5)
+    simplified, _ = simplify(proto)
+    assert [n.name for n in simplified.graph.node if n.op_type == "Pad"] == ["pad"]
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, 6, 6, CHANNELS)).astype(np.float32)}
+    theirs = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    ours = Runner(load_model(save(proto, tmp_path / "m.onnx")), 2, "cpu").run(feeds).outputs["y"]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)

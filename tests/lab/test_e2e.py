@@ -239,7 +239,10 @@ def test_a_warm_up_with_a_time_goes_on_until_that_time_has_passed():
     host_ms(slow, warmup=2, repeat=1, warmup_ms=20.0)
     warm, timed = calls[:-1], calls[-1]
     assert len(warm) >= 2 and (timed - warm[0]) * 1e3 >= 19.9  # timing began once 20 ms of warm-up had passed
-    assert (warm[-1] - warm[0]) * 1e3 < 20.0  # and the warm-up made no call after that
+    # and the warm-up stopped there: each call sleeps 2 ms at least, so 20 ms hold 10 of them and the one that
+    # began before the 20th ms (a busy machine's scheduling delays make fewer, never more; the time of the
+    # last call's start is no measure, as the process may wait between the check and the call)
+    assert len(warm) <= 11
 
 
 def test_bench_e2e_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):

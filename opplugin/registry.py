@@ -7,7 +7,7 @@ the CPU device, CuPy on a CUDA device) and returning its outputs.
 
 `Plugin` and `Kernel` list every member the runtime, the plan and other plugins read.
 Subclass them: the optional members (fusing followers and prologues, groups, variants,
-compile jobs, workspace, NaN/Inf exactness, device work, writing into a Concat's slice)
+the variant of a precision, compile jobs, workspace, NaN/Inf exactness, device work, writing into a Concat's slice)
 then have their defaults, and a plugin need only write `op_type`, `supports` and `build`.
 
 Third-party plugins register with `register(plugin)` or through the entry-point
@@ -206,6 +206,15 @@ KERNEL_MEMBERS = ("name", "variant", "nonfinite_exact", "device_work", "out_view
                   "flags_nonfinite", "flops", "bytes_moved", "workspace_bytes", "copying", "__call__")
 
 
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """A plugin's answer for one step under a reduced --precision (Plugin.precision_variant): the variant that
+    runs it in that precision, or None and, in a few words, why the step stays FP32."""
+
+    variant: str | None
+    reason: str | None = None  # None where `variant` is given
+
+
 @runtime_checkable
 class Plugin(Protocol):
     """Runs the nodes of one ONNX op type.
@@ -289,10 +298,25 @@ class Plugin(Protocol):
         other than what `build` makes."""
         return None
 
+    def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
+                          prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
+        """The variant that runs the node, with `fused` and `prologue` as the plan made them, in `precision`
+        ("tf32", "fp16" or "bf16": a run's --precision) on the device, for `build` and the other methods that
+        take a variant; or none, with the reason the step stays FP32 (plan/precision.py asks each step whose op
+        has no --variant). On the CPU device a variant that emulates the precision, where a GPU would run it.
+        Default: none."""
+        return PrecisionChoice(None, f"no {precision} kernel for {self.op_type}")
+
+    def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
+        """The precision the kernel `build` makes with `variant` (None: the plugin's own choice) computes its
+        products in: "fp32", or "tf32", "fp16", "bf16" for a variant that rounds its operands. Default: "fp32"."""
+        return "fp32"
+
 
 # What a plugin needs when it does not subclass Plugin (register's error message names them)
 PLUGIN_MEMBERS = ("op_type", "group_kind", "prologue_input", "empty_tensors", "supports", "build", "make_spec", "kernel_name", "compile_jobs",
-                  "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant", "view_of", "reads_views")
+                  "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant", "precision_variant", "variant_precision", "view_of",
+                  "reads_views")
 
 
 class GroupPlugin(Plugin, Protocol):

@@ -175,3 +175,14 @@ def test_without_ray_the_import_says_how_to_install_it():
     last = done.stderr.strip().splitlines()[-1]
     assert last == "opplugin.ray.RayNotInstalled: opplugin.ray needs Ray Data, which is not installed: pip install 'opplugin[ray]'"
     assert "ModuleNotFoundError" not in done.stderr
+
+
+def test_the_predictors_runner_takes_a_precision():
+    pytest.importorskip("ray.data", reason="Ray is not installed (pip install 'opplugin[ray]')")
+    from opplugin.ray import Predictor
+
+    half = Predictor(MODEL, device="cpu", batch=8, precision="fp16")
+    fc1 = next(step for step in half.runner.plan_record().steps if step.name == "fc1")
+    assert half.runner.precision == "fp16" and (fc1.implementation, fc1.precision) == ("gemm.reference.fp16+relu", "fp16")
+    out = half({"input": _images()[:3]})
+    assert out["probabilities"].shape == (3, 10) and out["probabilities"].dtype == np.float32

@@ -139,6 +139,12 @@ class Identity:
     def nonfinite_exact_variant(self, node, device):
         return None
 
+    def precision_variant(self, node, device, precision, fused=(), prologue=()):
+        return registry.PrecisionChoice(None, "no kernel in it")
+
+    def variant_precision(self, node, device, variant):
+        return "fp32"
+
     def view_of(self, node, output):
         return None
 

@@ -39,7 +39,7 @@ class CheckOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    Workload.add(parser)
+    Workload.add(parser, precision=False)  # check's --precision is its own: what a precision costs, emulated
     ToleranceOptions.add(parser)
     ReportOptions.add(parser, "also write the comparison as JSON (- for standard output)", wide=True,
                       html_help="also write the plan and the comparison as one HTML page to open in a browser")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ..errors import InputError, positive_int
 from ..graph.model import BUNDLED_MODELS, DYNAMIC_BATCH_CPU, DYNAMIC_BATCH_GPU, SHIPPED_BATCH
 from ..inputs.user_data import ImageOptions, parse_input_shapes, parse_pair
+from ..plan.precision import HELP as PRECISION_HELP, checked_precision
 from ..runtime.runner import DEFAULT_STREAMS
 from ..user_kernels.flags import parse_kernels
 from ..verify.check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL
@@ -63,8 +64,9 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """Where plugin steps run and how the runner runs them: --device, --variant, and on run and
-    check (which run the plan) --chunk, --streams, --cuda-graphs and --devices."""
+    """Where plugin steps run and how the runner runs them: --device, --variant, --precision (on run and
+    plan: check's --precision is its own, an emulation), and on run and check (which run the plan) --chunk,
+    --streams, --cuda-graphs and --devices."""
 
     device: str = "auto"  # auto: the GPU when there is one
     variant: str | None = None  # --variant as typed: a Conv variant, or OP=VARIANT pairs joined by spaces
@@ -72,16 +74,22 @@ class RunnerOptions:
     streams: int | None = None  # None: the runner's default
     cuda_graphs: bool | None = None  # None: neither flag typed (graphs where there is a GPU); True: --cuda-graphs
     devices: str | None = None  # --devices as typed: made into device slots as the command starts (it asks CUDA)
+    precision: str = "fp32"  # --precision: the steps with a kernel in it run in it (plan/precision.py)
 
     @staticmethod
-    def add(parser: argparse.ArgumentParser, *, devices: bool = False, runs: bool = True) -> None:
+    def add(parser: argparse.ArgumentParser, *, devices: bool = False, runs: bool = True, precision: bool = True) -> None:
         """`runs`: the command runs the plan (run, check), so how it runs it is its to say; plan takes
-        only what changes the plan (--device, --variant)."""
+        only what changes the plan (--device, --variant, --precision). `precision`: the command takes
+        --precision as the runner's (check's is its own)."""
         parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one")
         parser.add_argument("--variant", action="append", metavar="[OP=]VARIANT",
                             help="a Conv kernel variant (baseline, const, const_mo, ...), or OP=VARIANT for another op "
-                                 "(example.ops::Swish=cupy picks a custom op's implementation); repeatable; "
-                                 "default: what `opplugin tune` chose on this GPU, else each op's own rule of thumb")
+                                 "(example.ops::Swish=cupy picks a custom op's implementation); repeatable; wins over --precision "
+                                 "for its op; default: what `opplugin tune` chose on this GPU, else each op's own rule of thumb")
+        if precision:
+            parser.add_argument("--precision", dest="run_precision", default="fp32", metavar="fp32|tf32|fp16|bf16", help=PRECISION_HELP)
+        else:
+            parser.set_defaults(run_precision="fp32")
         if not runs:
             parser.set_defaults(chunk=None, streams=None, cuda_graphs=None, devices=None)
             return
@@ -106,7 +114,8 @@ class RunnerOptions:
             raise InputError("--devices splits the batch over CUDA devices; leave out --device cpu")
         given = args.variant or []
         parse_variants(given)
-        return cls(args.device, " ".join(given) or None, args.chunk, args.streams, args.cuda_graphs, args.devices)
+        return cls(args.device, " ".join(given) or None, args.chunk, args.streams, args.cuda_graphs, args.devices,
+                   checked_precision(args.run_precision, "--precision"))
 
     @property
     def variants(self) -> dict[str, str] | None:

@@ -32,7 +32,7 @@ class PlanOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     ModelOptions.add(parser, "images per run (default: the model's own fixed batch, else 1)")
-    RunnerOptions.add(parser, runs=False)  # a plan is the same whatever the chunk, streams and CUDA graphs
+    RunnerOptions.add(parser, runs=False)  # a plan is the same whatever the chunk, streams and CUDA graphs; --precision changes it
     DataOptions.add(parser, runs=False)  # the user's inputs fix the model's free sizes; --keep gives fusions up
     KernelOptions.add(parser)
     ReportOptions.add(parser, "also write the plan as JSON (- for standard output)", wide=True)
@@ -50,7 +50,7 @@ def execute(options: PlanOptions) -> int:
     plan = make_plan(loaded.model, loaded.batch, loaded.device, registry, keep=keep)
     uses = compile_user_kernels(plan, registry)  # compiles the --kernel files: their errors come before any output
     custom = [] if loaded.device.is_cuda else compile_cuda_sources(plan)  # and a custom op's CUDA files, without a GPU
-    record = record_plan_alone(plan, options.runner.variants)
+    record = record_plan_alone(plan, options.runner.variants, options.runner.precision)
     print(format_plan(record, options.reports.wide))
     if uses:
         print("\n".join(plan_lines(plan, registry, uses)))

@@ -33,9 +33,10 @@ class Workload:
     kernels: KernelOptions
 
     @staticmethod
-    def add(parser: argparse.ArgumentParser) -> None:
+    def add(parser: argparse.ArgumentParser, *, precision: bool = True) -> None:
+        """`precision`: --precision is the runner's (run); check has a --precision of its own."""
         ModelOptions.add(parser, f"images per run (default: {DEFAULT_BATCH})")
-        RunnerOptions.add(parser, devices=True)
+        RunnerOptions.add(parser, devices=True, precision=precision)
         DataOptions.add(parser)
         KernelOptions.add(parser, loops=True)
 
@@ -138,7 +139,8 @@ def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> 
     if unknown:  # before any kernel is built
         raise InputError(f"--variant names {unknown[0]}, which no node of {loaded.model.name} is")
     runner = Runner(loaded.model, loaded.batch, loaded.device, settings.variants, registry, chunk=settings.chunk,
-                    streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False, keep=workload.data.keep)
+                    streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False, keep=workload.data.keep,
+                    precision=settings.precision)
     if registry is not None and not runner.device.is_cuda:
         compile_without_gpu(runner.plan, registry)
         say_cpu_note(registry, runner.device)

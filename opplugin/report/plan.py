@@ -14,6 +14,9 @@ the built-in choice runs the node, "not_compiled": no NVRTC here, "unused": no n
 its op type is a plugin step, `step` null), `reason` (why rejected or not compiled),
 `fused` (the op types fused after the node) and `fused_by_kernel` (whether the source
 applies them itself; null when nothing is fused). Empty without `--kernel`.
+"precision" is the precision asked for (`--precision`; "fp32" by default), and each step's own
+`precision` ("fp32", "tf32", "fp16", "bf16") what its kernel computes its products in, with
+`precision_reason`: why it stays fp32 under a reduced precision (null otherwise).
 """
 from __future__ import annotations
 
@@ -23,8 +26,10 @@ from .jsonout import header
 from ..runtime.records import PlanRecord, StepRecord
 from ..core.texttable import LINE_WIDTH, elide_middle, summarise_ops
 
-SCHEMA = "opplugin-plan/4"
-STEP_KEYS = ("name", "kind", "ops", "implementation", "inputs", "outputs", "nodes", "views", "flops", "bytes_moved", "variants")
+# 5: precision (asked for), and each step's precision and precision_reason (plan/precision.py)
+SCHEMA = "opplugin-plan/5"
+STEP_KEYS = ("name", "kind", "ops", "implementation", "precision", "precision_reason", "inputs", "outputs", "nodes", "views", "flops",
+             "bytes_moved", "variants")
 
 # variant -> None when a plugin offers it for a step, else why not (Plugin.variant_notes)
 VariantNotes = dict[str, dict[str, str | None]]
@@ -50,6 +55,8 @@ def step_entry(plan: PlanRecord, step: StepRecord, variants: dict[str, str | Non
         "kind": step.kind,
         "ops": list(step.ops),
         "implementation": step.implementation,
+        "precision": step.precision,
+        "precision_reason": step.precision_reason,
         "inputs": _tensors(plan, step.inputs),
         "outputs": _tensors(plan, step.outputs),
         "nodes": _nodes(plan, step),
@@ -65,6 +72,7 @@ def build_plan_report(plan: PlanRecord, user_kernels: list[dict[str, Any]] | Non
     and the user kernels' entries (cli_support.UserKernelUse.as_json)."""
     return header(SCHEMA, plan.device, plan.model.name, plan.batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
+        "precision": plan.precision,
         "chunk": plan.chunk,
         "steps": [step_entry(plan, step, plan.variant_notes.get(step.name) or None) for step in plan.steps],
         "fallbacks": dict(plan.fallbacks),
@@ -90,7 +98,9 @@ def format_plan(plan: PlanRecord, wide: bool = False) -> str:
     plugin step is offered. Long names and op chains are shortened unless `wide`."""
     device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
     line_width, name_width = (None, None) if wide else (LINE_WIDTH, PLAN_NAME_WIDTH)
-    lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}", ""]
+    reduced = plan.precision != "fp32"
+    asked = f", precision {plan.precision} (where a step has a kernel in it; the rest fp32)" if reduced else ""
+    lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}{asked}", ""]
     if plan.model.simplification.changed:
         lines[1:1] = [elide_middle(f"Simplified at load: {plan.model.simplification.summary()}", line_width)]
     names = {step.name: elide_middle(step.name, name_width) for step in plan.steps}
@@ -104,6 +114,9 @@ def format_plan(plan: PlanRecord, wide: bool = False) -> str:
         lines.append(first + summarise_ops(list(step.ops), ops_width))
         indent = f"      {'':<{width}}  "
         lines.append(elide_middle(f"{indent}runs: {step.implementation}", line_width))
+        if reduced or step.precision != "fp32":  # an FP32 plan reads as it always has
+            lines.append(elide_middle(f"{indent}precision: {step.precision}{f': {step.precision_reason}' if step.precision_reason else ''}",
+                                      line_width))
         lines += [elide_middle(f"{indent}reads as a view: {view}", line_width) for view in step.views]
         shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shapes[n])}" for n in dict.fromkeys(step.inputs) if n in plan.shapes],
                          None if wide else LINE_WIDTH - len(indent) - 4)

@@ -24,7 +24,8 @@ from ..core.texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle,
 # 5: by_op_chain: the steps' time summed per op chain (op_chain_rows)
 # 6: with --devices, feeding: the devices used and those left idle, and the feed probe's images/s
 #    on 1, 2, ... N of them behind the choice (runtime/feeding.py: Feeding.record)
-SCHEMA = "opplugin-run/6"
+# 7: precision, the --precision the run asked for (each step's own: `plan --precision ... --json`)
+SCHEMA = "opplugin-run/7"
 
 ROW_KEYS = (
     "step",
@@ -144,6 +145,7 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
     batch = profile.batch
     report = header(SCHEMA, device, plan.model.name, batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
+        "precision": plan.precision,  # asked for: steps with a kernel in it run in it, the rest in fp32 (plan/precision.py)
         "warmup": warmup,
         "repeat": len(profile.total_ms),
         "steps": rows,
@@ -291,8 +293,10 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
     name_width = None if wide else NAME_WIDTH
     device = report["device"]
     where = device["name"] if device["kind"] == "cuda" else "CPU — no CUDA device, plugin steps ran the numpy reference"
+    precision = report.get("precision", "fp32")
+    asked = f", precision {precision} where a step has a kernel in it" if precision != "fp32" else ""
     lines = [
-        f"opplugin {report['opplugin_version']}: {report['model']}, batch {report['batch']}, on {where}",
+        f"opplugin {report['opplugin_version']}: {report['model']}, batch {report['batch']}, on {where}{asked}",
         f"onnxruntime steps on {report['onnxruntime_provider']}; times are {_timed_runs(report['repeat'])} after {report['warmup']} warm-up",
         "",
     ]
@@ -321,6 +325,8 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
             f"Against onnxruntime CPU: {verdict}{rule}  {top1}"
             f"max abs error {agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"
         )
+        if not agreement["passed"] and precision != "fp32":  # onnxruntime's FP32 is the reference: a reduced precision's error shows
+            lines.append(f"  (the pass rule is FP32's, and {precision} steps round their operands: --atol and --rtol set one for {precision})")
     if report.get("exact_reruns"):
         lines.append(f"Exact path: {report['exact_reruns']} of {report.get('chunks', 1)} chunks held NaN or Inf after a fused step "
                      "and ran again as Conv, then onnxruntime's own activation and MaxPool")

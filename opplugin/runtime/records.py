@@ -32,6 +32,8 @@ class StepRecord:
     bytes_moved: int | None = None
     nodes: tuple[str, ...] = ()  # the names of the ONNX nodes it runs, one per op
     views: tuple[str, ...] = ()  # the operands it reads through layout nodes as views, each in words (plan/input_views.py)
+    precision: str = "fp32"  # what its kernel computes its products in ("fp32", "tf32", "fp16", "bf16"; plan/precision.py)
+    precision_reason: str | None = None  # under a reduced --precision, why the step does not run in it (None where it does)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class PlanRecord:
     fusions_given_up: dict[str, str] = field(default_factory=dict)  # plugin node -> why a fusion was given up
     # plugin step -> variant -> why it is not offered (None: offered); `plan` fills it, a runner does not
     variant_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    precision: str = "fp32"  # the precision asked for (--precision); each step's own is its StepRecord's
 
     @property
     def plugin_steps(self) -> tuple[StepRecord, ...]:

@@ -36,6 +36,7 @@ from ..errors import InputError, ModelError, OutOfDeviceMemory, PluginError, fir
 from ..graph.model import Model
 from ..plan.keep import checked_keep
 from ..plan.partition import OrtStep, Plan, PluginStep, make_plan
+from ..plan.precision import checked_precision, step_precisions
 from ..registry import KERNEL_MEMBERS, Kernel, Plugin
 from . import chunking
 from .buffers import InPlace, assign_buffers
@@ -94,7 +95,10 @@ class Runner:
     time, from events recorded inside the graph. A run that cannot be captured runs
     eagerly, and `graph_failures()` (and each RunResult) says why. `keep` names tensors a run
     may hand back (`run(feeds, keep=...)`) that a fused step would hide: the plan gives those
-    fusions up (plan.fusions_given_up says which).
+    fusions up (plan.fusions_given_up says which). `precision` ("fp32", the default and exact; "tf32", "fp16",
+    "bf16") runs each step whose plugin has a kernel in that precision in it, chosen step by step
+    (plan/precision.py), the rest in FP32; a variant in `variants` wins for its op type. Inputs and outputs
+    keep the model's dtype; `plan_record()` says each step's precision, and why a step stays FP32.
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
     and `plan_record(batch)` the plan as a PlanRecord: what report/timing.py and
@@ -115,8 +119,10 @@ class Runner:
         cuda_graphs: bool = True,
         ops: Sequence[Plugin] | None = None,
         keep: Sequence[str] = (),
+        precision: str = "fp32",
     ):
         self.batch = positive_int(batch, "batch")
+        self.precision = checked_precision(precision)
         _declare(model, ops)
         registry = _with_user_kernels(registry, kernels)
         if chunk is not None:
@@ -129,6 +135,8 @@ class Runner:
         self._nodes = len(model.nodes)  # for the pipeline's host cost per chunk
         self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
         self.plan, self.layout = self._make_plan(model, registry, chunk, tuple(keep))
+        # each step's variant: the op type's --variant, else its plugin's for the precision, else its own choice
+        self.step_precisions = step_precisions(self.plan, self.precision, self.variants)
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
@@ -158,7 +166,7 @@ class Runner:
 
     def _build(self, step: PluginStep) -> Kernel:
         # whether the kernels run from CUDA graphs changes what a variant costs the host (ops/conv/cost.py)
-        kernel = step.build(self.device, self.variants.get(step.node.op_key), graphed=self.cuda_graphs)
+        kernel = step.build(self.device, self.step_precisions[step.name].variant, graphed=self.cuda_graphs)
         if not isinstance(kernel, Kernel):
             raise PluginError(
                 f"the {step.node.op_type} plugin built {type(kernel).__name__} for step {step.name}, which is not a Kernel "
@@ -168,7 +176,7 @@ class Runner:
         return kernel
 
     def _compile_jobs(self, step: PluginStep) -> Sequence[CompileJob]:
-        return step.compile_jobs(self.device, self.variants.get(step.node.op_key), graphed=self.cuda_graphs)
+        return step.compile_jobs(self.device, self.step_precisions[step.name].variant, graphed=self.cuda_graphs)
 
     def _chunk_for(self, batch: int) -> int:
         """Images per chunk: what the memory budget allows, and on a GPU no more than overlap wants."""
@@ -277,7 +285,8 @@ class Runner:
         implementation, tensors and cost, and the shape of every tensor crossing a step."""
         batch = self.batch if batch is None else positive_int(batch, "batch")
         return record_plan(self.plan, batch, layout=self.layout, peak_image_bytes=self.peak_image_bytes, chunk=self.chunk,
-                           ort_on_gpu=self.ort_on_gpu, kernels=self.kernels)
+                           ort_on_gpu=self.ort_on_gpu, kernels=self.kernels, precision=self.precision,
+                           precisions=self.step_precisions)
 
     def memory(self) -> dict[str, int]:
         """Device and pinned memory figures (zeros on the CPU), and this runner's staging buffers."""

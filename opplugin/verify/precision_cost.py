@@ -29,12 +29,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..core.number_formats import REDUCED, UNIT_ROUNDOFF, round_to
 from ..core.texttable import elide_middle
 from ..errors import InputError, first_line
 from . import float64
 
-PRECISIONS = ("tf32", "fp16", "bf16")
-UNIT_ROUNDOFF = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # a value rounded to it moves by this much at most, relatively
+PRECISIONS = REDUCED
 # what each emulation rounds, in words
 HOW = {"tf32": "the operands of each Conv, Gemm and MatMul rounded to TF32, sums and every other op in FP32",
        "fp16": "every float tensor rounded to FP16, FP32 arithmetic inside each node",
@@ -42,21 +42,6 @@ HOW = {"tf32": "the operands of each Conv, Gemm and MatMul rounded to TF32, sums
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})  # what TF32 tensor cores compute
 SCHEMA = "opplugin-precision-cost/1"
 RANKED = 10  # nodes the text names in its ranking (the JSON has them all)
-
-
-def round_to(values: np.ndarray, precision: str) -> np.ndarray:
-    """float32 `values` rounded to the nearest FP16, BF16 or TF32 value (ties to even), back as float32."""
-    x = np.asarray(values, np.float32)
-    if precision == "fp16":
-        with np.errstate(over="ignore"):
-            return x.astype(np.float16).astype(np.float32)
-    dropped = {"bf16": 16, "tf32": 13}.get(precision)  # the low mantissa bits the format lacks
-    if dropped is None:
-        raise ValueError(f"unknown precision {precision!r}")
-    bits = x.view(np.uint32).astype(np.uint64)
-    half = (1 << (dropped - 1)) - 1
-    kept = (bits + half + ((bits >> dropped) & 1)) & (0xFFFFFFFF ^ ((1 << dropped) - 1))
-    return np.where(np.isnan(x), x, kept.astype(np.uint32).view(np.float32))  # a NaN's payload could round into an infinity
 
 
 @dataclass

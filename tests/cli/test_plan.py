@@ -63,3 +63,37 @@ def test_plan_refuses_the_flags_that_do_not_change_a_plan(flag, capsys):
         main(["plan", "lenet86", "--device", "cpu", *flag])
     assert exit_info.value.code == 2
     assert f"unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
+
+
+def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(tmp_path, capsys):
+    import json
+
+    from onnx_builders import save
+    from precision_cases import conv_mlp_model
+
+    path = save(conv_mlp_model(), tmp_path / "conv_mlp.onnx")
+    assert main(["plan", path, "--device", "cpu", "--precision", "fp16", "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "precision fp16 (where a step has a kernel in it; the rest fp32)" in out.splitlines()[0]
+    assert "runs: matmul.reference.fp16+relu" in out and "precision: fp16" in out
+    assert "precision: fp32: not yet for Conv; --variant Conv=tc_fp16 runs it in fp16" in out
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["schema"] == "opplugin-plan/5" and data["precision"] == "fp16"
+    assert [(s["name"], s["precision"], s["precision_reason"]) for s in data["steps"]] == [
+        ("conv", "fp32", "not yet for Conv; --variant Conv=tc_fp16 runs it in fp16"), ("fc1", "fp16", None),
+        ("fc2", "fp32", "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)")]
+    # --variant wins for its op type
+    assert main(["plan", path, "--device", "cpu", "--precision", "fp16", "--variant", "MatMul=reference", "--json", str(tmp_path / "v.json")]) == 0
+    fc1 = json.loads((tmp_path / "v.json").read_text())["steps"][1]
+    assert (fc1["implementation"], fc1["precision"], fc1["precision_reason"]) == ("matmul.reference+relu", "fp32", "--variant MatMul=reference")
+
+
+def test_an_fp32_plan_reads_as_it_did(tiny_model_path, capsys):
+    assert main(["plan", tiny_model_path, "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "precision" not in out
+
+
+def test_plan_refuses_a_precision_it_does_not_take_in_one_line(capsys):
+    assert main(["plan", "lenet86", "--device", "cpu", "--precision", "fp64"]) == 2
+    assert capsys.readouterr().err == "opplugin: error: --precision 'fp64': one of fp32, tf32, fp16, bf16 (a step without a kernel in it stays fp32)\n"

@@ -99,3 +99,38 @@ def test_runs_verdict_follows_atol_and_rtol(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "opplugin: error: --atol and --rtol set the comparison with onnxruntime; leave out --no-compare"
     with pytest.raises(SystemExit):  # check's alone: run compares its output in pieces of its own
         main([*lenet, "--check-chunk", "4"])
+
+
+def test_run_with_precision_fp16_records_it_and_runs_the_product_in_it(tmp_path, capsys):
+    from onnx_builders import save
+    from precision_cases import conv_mlp_model
+
+    path = save(conv_mlp_model(), tmp_path / "conv_mlp.onnx")
+    assert main(["run", path, "--batch", "4", "--device", "cpu", "--precision", "fp16", "--atol", "0.01", "--rtol", "0.01",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith(", precision fp16 where a step has a kernel in it")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["schema"] == "opplugin-run/7" and data["precision"] == "fp16"
+    assert [row["implementation"] for row in data["steps"]] == ["conv.reference+relu", "matmul.reference.fp16+relu", "gemm.reference+softmax"]
+    # FP32 by default: the header says nothing, the JSON says fp32
+    assert main(["run", path, "--batch", "4", "--device", "cpu", "--json", str(tmp_path / "fp32.json")]) == 0
+    assert "precision" not in capsys.readouterr().out.splitlines()[0]
+    assert json.loads((tmp_path / "fp32.json").read_text())["precision"] == "fp32"
+
+
+def test_run_at_fp32s_pass_rule_under_a_reduced_precision_says_how_to_set_one(tmp_path, capsys):
+    from onnx_builders import save
+    from precision_cases import conv_mlp_model
+
+    path = save(conv_mlp_model(), tmp_path / "conv_mlp.onnx")
+    assert main(["run", path, "--batch", "4", "--device", "cpu", "--precision", "bf16"]) == 1
+    out = capsys.readouterr().out
+    assert "Against onnxruntime CPU: FAIL" in out
+    assert "(the pass rule is FP32's, and bf16 steps round their operands: --atol and --rtol set one for bf16)" in out
+
+
+def test_run_refuses_a_precision_it_does_not_take_in_one_line(capsys):
+    assert main(["run", "lenet86", "--device", "cpu", "--precision", "mixed"]) == 2
+    err = capsys.readouterr().err
+    assert err == "opplugin: error: --precision 'mixed': one of fp32, tf32, fp16, bf16 (a step without a kernel in it stays fp32)\n"

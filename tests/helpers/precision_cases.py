@@ -1,5 +1,6 @@
-"""Models and inputs for the precision tests (check --precision): a small CNN's feeds, and a model whose values pass
-FP16's range."""
+"""Models and inputs for the precision tests: check --precision's (a small CNN's feeds, and a model whose values pass
+FP16's range), and a run's --precision's (a model with a step of each kind, a product alone, a batched product, a
+transformer's MLP block)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,4 +21,75 @@ def overflowing_model() -> onnx.ModelProto:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
                               [numpy_helper.from_array(np.array(1000.0, np.float32), "big")])
+    return finish(graph)
+
+
+def conv_mlp_model(seed: int = 0) -> onnx.ModelProto:
+    """A run's --precision meets every kind of step: Conv > Relu (Conv stays FP32), Flatten (a view), MatMul (512 -> 64)
+    > Add (its bias) > Relu (a flat product: FP16-able), Gemm (64 -> 10) > Softmax (rowwarp's fused Softmax, which no
+    reduced-precision family fuses), then a Transpose no plugin takes where the registry is cut down to these ops."""
+    rng = np.random.default_rng(seed)
+    weights = {"cw": rng.standard_normal((8, 3, 3, 3)) * 0.3, "mw": rng.standard_normal((512, 64)) * 0.05,
+               "mb": rng.standard_normal(64) * 0.1, "gw": rng.standard_normal((10, 64)) * 0.2, "gb": rng.standard_normal(10) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "mw"], ["m"], name="fc1"),
+             helper.make_node("Add", ["m", "mb"], ["mbias"], name="fc1_bias"),
+             helper.make_node("Relu", ["mbias"], ["h"], name="fc1_relu"),
+             helper.make_node("Gemm", ["h", "gw", "gb"], ["logits"], name="fc2", transB=1),
+             helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1)]
+    graph = helper.make_graph(nodes, "conv_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+                              [numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in weights.items()])
+    return finish(graph)
+
+
+def product_model(k: int = 64, n: int = 48, op: str = "MatMul", seed: int = 0) -> onnx.ModelProto:
+    """One flat product of (N, k) by a constant weight, (k, n) for MatMul, (n, k) with transB for Gemm: the step alone."""
+    w = (np.random.default_rng(seed).standard_normal((k, n) if op == "MatMul" else (n, k)) / np.sqrt(k)).astype(np.float32)
+    node = helper.make_node(op, ["x", "w"], ["y"], name="product", **({} if op == "MatMul" else {"transB": 1}))
+    graph = helper.make_graph([node], "product", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n])], [numpy_helper.from_array(w, "w")])
+    return finish(graph)
+
+
+def attention_scores_model(tokens: int = 8, width: int = 16) -> onnx.ModelProto:
+    """A batched product: (N, T, D) by its own transpose, (N, D, T), both computed at run time."""
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], name="transpose", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["y"], name="scores")]
+    graph = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", tokens, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", tokens, tokens])])
+    return finish(graph)
+
+
+LN_EPSILON = 1e-5
+
+
+def mlp_block_model(tokens: int = 50, width: int = 64, hidden: int = 256, seed: int = 0, layernorm: bool = False) -> onnx.ModelProto:
+    """A transformer's MLP block on (N, tokens, width): x + MatMul(Gelu(MatMul(x', W1) + b1), W2) + b2, x' = x or (with
+    `layernorm`) LayerNorm(x) over the last axis, the prologue of the first product's step; the residual Add joins the
+    second product's step where wg's epilogue adds it."""
+    rng = np.random.default_rng(seed)
+    weights = {"w1": rng.standard_normal((width, hidden)) / np.sqrt(width), "b1": rng.standard_normal(hidden) * 0.1,
+               "w2": rng.standard_normal((hidden, width)) / np.sqrt(hidden), "b2": rng.standard_normal(width) * 0.1,
+               "root2": np.sqrt(2.0), "one": 1.0, "half": 0.5}
+    norm = []
+    if layernorm:
+        weights |= {"ln_scale": 1 + 0.2 * rng.standard_normal(width), "ln_bias": 0.1 * rng.standard_normal(width)}
+        norm = [helper.make_node("LayerNormalization", ["x", "ln_scale", "ln_bias"], ["xn"], name="ln", axis=-1, epsilon=LN_EPSILON)]
+    nodes = [*norm, helper.make_node("MatMul", ["xn" if layernorm else "x", "w1"], ["h0"], name="fc1"),
+             helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
+             # GELU written out as torch exports it, h1 * (0.5 * (1 + erf(h1 / sqrt 2))): one Gelu node at load
+             helper.make_node("Div", ["h1", "root2"], ["g0"], name="gelu_div"),
+             helper.make_node("Erf", ["g0"], ["g1"], name="gelu_erf"),
+             helper.make_node("Add", ["g1", "one"], ["g2"], name="gelu_add"),
+             helper.make_node("Mul", ["half", "g2"], ["g3"], name="gelu_half"),
+             helper.make_node("Mul", ["h1", "g3"], ["h"], name="gelu"),
+             helper.make_node("MatMul", ["h", "w2"], ["o0"], name="fc2"),
+             helper.make_node("Add", ["o0", "b2"], ["o1"], name="fc2_bias"),
+             helper.make_node("Add", ["x", "o1"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "mlp_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", tokens, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", tokens, width])],
+                              [numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in weights.items()])
     return finish(graph)

@@ -10,7 +10,7 @@ import numpy as np
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeInfo, Plugin
+from ...registry import Kernel, NodeInfo, Plugin, PrecisionChoice
 from ..specs import spec_of
 from .. import activation
 from . import reference
@@ -93,6 +93,10 @@ class UnfusedEpilogueKernel(Kernel):
             return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
+# the tensor-core family of each reduced precision (tc_gemm.py): opt-in through --variant, not yet picked by --precision
+REDUCED_FAMILIES = {"tf32": "tc_tf32", "fp16": "tc_fp16", "bf16": "tc_bf16"}
+
+
 class ConvPlugin(Plugin):
     """Runs ONNX Conv nodes: the numpy reference on the CPU device, a CUDA variant on a GPU.
 
@@ -134,6 +138,27 @@ class ConvPlugin(Plugin):
         from .choice import nonfinite_exact_config
 
         return nonfinite_exact_config(conv_spec(node), constant_weights(node)).name()
+
+    def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
+                          prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
+        """None yet: a Conv stays FP32 under --precision; its reduced-precision families are --variant's alone."""
+        family = REDUCED_FAMILIES.get(precision)
+        if family is None:
+            return PrecisionChoice(None, f"no {precision} kernel for Conv")
+        return PrecisionChoice(None, f"not yet for Conv; --variant Conv={family} runs it in {precision}")
+
+    def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
+        """fp32 but for the opt-in families that round their operands (Family.precision); a name no family
+        reads runs nothing (its build says why): fp32."""
+        if variant in (None, "reference"):
+            return "fp32"
+        from .families import parse
+
+        try:
+            family, _ = parse(variant)
+        except PluginError:
+            return "fp32"
+        return family.precision
 
     def fuse(self, node: NodeInfo, followers: Sequence[NodeInfo], device: Device) -> int:
         """How many of `followers` (the nodes after this Conv, each the only reader

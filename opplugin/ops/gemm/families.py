@@ -427,6 +427,10 @@ CONFIGS: dict[str, type[GemmConfig]] = {"gemv": GemvConfig, "tiled": TiledConfig
 DEFAULTS = {"gemv": gemv_default, "tiled": tiled_default, "rowwarp": rowwarp_default,
             "tc_3xtf32": tensor_default, "tc_tf32": lambda spec: tensor_default(spec, "tc_tf32"), "wg_3xtf32": wgmma_default,
             "wg_fp16": lambda spec: wgmma_default(spec, "wg_fp16"), "wg_bf16": lambda spec: wgmma_default(spec, "wg_bf16")}
+# the family that runs a flat product in each reduced precision of a run's --precision (its operands rounded to
+# the format, FP32 sums), and the other way round
+PRECISION_FAMILIES = {"tf32": "tc_tf32", "fp16": "wg_fp16", "bf16": "wg_bf16"}
+FAMILY_PRECISIONS = {family: precision for precision, family in PRECISION_FAMILIES.items()}
 SIMT_FAMILIES = ("gemv", "tiled", "rowwarp")  # FP32 FMAs
 EXACT_FAMILIES = (*SIMT_FAMILIES, "tc_3xtf32", "wg_3xtf32")  # the heuristic's and the tuner's choice; tc_tf32 is opt-in
 
@@ -438,8 +442,9 @@ def configure(spec: GemmSpec, variant: str) -> GemmConfig:
     return DEFAULTS[family](spec) if config is None else config
 
 
-def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue = NONE) -> str | None:
-    """None when the configuration can run this node with this epilogue, else why."""
+def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogue = NONE, *, this_gpu: bool = True) -> str | None:
+    """None when the configuration can run this node with this epilogue, else why. `this_gpu`: on this machine's
+    GPU too (False: on the GPU its family is written for, as the CPU device's emulation of a precision asks)."""
     if spec.m * max(spec.n, spec.k) > INT32_MAX or spec.n * spec.k > INT32_MAX:
         return "the operands exceed 32-bit indexing"
     if epilogue.softmax and config.family != "rowwarp":
@@ -472,7 +477,7 @@ def unsupported_reason(spec: GemmSpec, config: GemmConfig, epilogue: GemmEpilogu
             return f"{config.family} copies A's rows in 16-byte quads: K must be a multiple of {quad}, not {spec.k}"
         if not splits_fill(k_slices(spec, depth), config.splits):
             return f"{config}: K's {k_slices(spec, depth)} slices of {depth} do not split into {config.splits} non-empty runs"
-        if not wgmma_runs_here():
+        if this_gpu and not wgmma_runs_here():
             return f"{config.family} needs an sm_90 GPU (wgmma); this one is {cuda.device_arch()}"
     if isinstance(config, RowwarpConfig):
         if spec.n > MAX_ROWWARP_N:

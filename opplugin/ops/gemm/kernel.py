@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core.number_formats import FP32, REDUCED, round_to
 from ...gpu import cuda
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
@@ -27,19 +28,40 @@ from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
 def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE, prologue: RowPrologue | None = None) -> str:
     """A Gemm or MatMul kernel's name in reports: "<op>.<prologue><configured name><epilogue>", e.g.
-    "gemm.rowwarp_r2+softmax", "matmul.ln*wg_3xtf32_b64x64x32_s3+gelu"."""
+    "gemm.rowwarp_r2+softmax", "matmul.ln*wg_3xtf32_b64x64x32_s3+gelu", "matmul.reference.fp16+relu"."""
     return f"{op}.{prologue.prefix if prologue else ''}{variant}{epilogue.suffix}"
 
 
+REFERENCE = "reference"  # the CPU device's variant: the numpy reference in FP32 ...
+# ... or emulating a reduced precision: "reference.fp16" rounds A and W to FP16 before its FP32 product
+REFERENCE_VARIANTS = {REFERENCE: None, **{f"{REFERENCE}.{precision}": precision for precision in REDUCED}}
+
+
+def reference_variant(precision: str | None = None) -> str:
+    """The CPU device's variant for a precision: the reference, its operands rounded to `precision` first (None, fp32: not)."""
+    return REFERENCE if precision in (None, FP32) else f"{REFERENCE}.{precision}"
+
+
+def is_reference(variant: str | None) -> bool:
+    """Whether the CPU device runs `variant`: None (the plugin's choice), or a reference variant."""
+    return variant is None or variant in REFERENCE_VARIANTS
+
+
 class ReferenceGemmKernel(Kernel):
-    """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused)."""
+    """The numpy reference, run as the Gemm kernel of the CPU device (with its epilogue, if fused). With a
+    `precision`, the step a GPU would run in it: A (after the prologue) and W rounded to the format, as the
+    kernel converts them, then the product, C, the epilogue and the residual in FP32, as its sums are."""
 
     def __init__(self, spec: GemmSpec, epilogue: GemmEpilogue = NONE, op: str = "gemm", bias: np.ndarray | None = None,
-                 prologue: RowPrologue | None = None):
+                 prologue: RowPrologue | None = None, precision: str | None = None):
         """`bias`: a constant C that the inputs do not carry (a MatMul's fused bias Add); `prologue`: a
-        LayerNorm and a row gather applied to A's rows first (row_prologue.py)."""
+        LayerNorm and a row gather applied to A's rows first (row_prologue.py); `precision`: "tf32", "fp16"
+        or "bf16" to emulate (None: FP32)."""
         self.spec, self.epilogue, self.bias, self.prologue = spec, epilogue, bias, prologue
-        self.name = kernel_name(op, "reference", epilogue, prologue)
+        self.precision = None if precision == FP32 else precision
+        self.name = kernel_name(op, reference_variant(self.precision), epilogue, prologue)
+        # an emulation names itself, so that the exact path's rerun of a chunk emulates the same precision
+        self.variant = None if self.precision is None else reference_variant(self.precision)
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -47,10 +69,14 @@ class ReferenceGemmKernel(Kernel):
     def bytes_moved(self, batch: int) -> int:
         return self.spec.bytes_moved(batch)
 
+    def _rounded(self, operand: Any) -> Any:
+        """An operand as the emulated kernel reads it: in its format (round_to: the checks' own rounding), held as float32."""
+        return operand if self.precision is None else round_to(np.asarray(operand, np.float32), self.precision)
+
     def __call__(self, inputs: Sequence[Any], stream: Any = None, *, residual: Any = None) -> list[Any]:
         c = inputs[2] if len(inputs) > 2 and inputs[2] is not None else self.bias
         a = inputs[0] if self.prologue is None else self.prologue.reference(inputs[0])
-        y = reference.run(self.spec, self.epilogue, a, inputs[1], c)
+        y = reference.run(self.spec, self.epilogue, self._rounded(a), self._rounded(inputs[1]), c)
         if self.epilogue.residual:
             y = np.asarray(y, np.float32) + np.asarray(_residual_of(residual, self.name), np.float32)
         return [np.asarray(y, np.float32)]

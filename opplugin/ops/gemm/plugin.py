@@ -10,12 +10,14 @@ import numpy as np
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeInfo, Plugin, TensorInfo
+from ...core.number_formats import FP32
+from ...registry import Kernel, NodeInfo, Plugin, PrecisionChoice, TensorInfo
+from .. import config_grammar
 from ..specs import reason_against, spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
-from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
+from .kernel import REFERENCE, REFERENCE_VARIANTS, GemmKernel, ReferenceGemmKernel, compile_job, is_reference, kernel_name, reference_variant
 from . import attention, row_prologue
 from .row_prologue import RowPrologue
 from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job, extent_per_image
@@ -71,10 +73,37 @@ class GemmPlugin(Plugin):
                 return count
         return 0
 
+    def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
+                          prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
+        """The configuration the heuristic's shape rule gives the precision's family (families.PRECISION_FAMILIES:
+        tc_tf32, wg_fp16, wg_bf16) where that family runs the step's shape and epilogue (else its reason); on the
+        CPU device, the reference emulating the precision wherever that family could run the step on its GPU."""
+        family = families.PRECISION_FAMILIES.get(precision)
+        if family is None:
+            return PrecisionChoice(None, f"no {precision} kernel for {node.op_type}")
+        spec, epilogue = self._spec_and_epilogue(node, fused)
+        config = families.DEFAULTS[family](spec)
+        reason = families.unsupported_reason(spec, config, epilogue, this_gpu=device.is_cuda)
+        if reason is not None:
+            return PrecisionChoice(None, reason)
+        return PrecisionChoice(config.name() if device.is_cuda else reference_variant(precision))
+
+    def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
+        """fp32 but for the reduced-precision families (tc_tf32, wg_fp16, wg_bf16) and the reference's emulations of them;
+        a name no Gemm family reads runs nothing (its build says why): fp32."""
+        if is_reference(variant):
+            return REFERENCE_VARIANTS.get(variant) or FP32
+        try:
+            family, _ = config_grammar.parse(variant, families.CONFIGS, "Gemm")
+        except PluginError:
+            return FP32
+        return families.FAMILY_PRECISIONS.get(family, FP32)
+
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         spec, epilogue, config = self._choose(node, device, variant, fused)
-        return kernel_name(node.op_type.lower(), "reference" if config is None else config.name(), epilogue, self._prologue(node, prologue))
+        return kernel_name(node.op_type.lower(), (variant or REFERENCE) if config is None else config.name(), epilogue,
+                           self._prologue(node, prologue))
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
@@ -90,7 +119,7 @@ class GemmPlugin(Plugin):
         bias = self._parts(node, fused)[2]
         op, before = node.op_type.lower(), self._prologue(node, prologue)
         if config is None:
-            return ReferenceGemmKernel(spec, epilogue, op, bias, before)
+            return ReferenceGemmKernel(spec, epilogue, op, bias, before, REFERENCE_VARIANTS[variant or REFERENCE])
         return GemmKernel(spec, config, epilogue, _constant(node, 1), _constant(node, 2) if bias is None else bias, op, before)
 
     def _prologue(self, node: NodeInfo, prologue: Sequence[NodeInfo]) -> RowPrologue | None:
@@ -111,20 +140,24 @@ class GemmPlugin(Plugin):
         """Whether the last of `fused` is an Add of a residual the epilogue adds (MatMul's)."""
         return False
 
-    def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]):
-        """(spec, epilogue, Config) of what `build` makes, decided without compiling; the Config is
-        None on the CPU device (the numpy reference)."""
+    def _spec_and_epilogue(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> tuple[GemmSpec, GemmEpilogue]:
+        """(the GemmSpec the families run, the epilogue its kernel applies) for the node with `fused`."""
         residual = self._residual(node, fused)
         spec, rest, _ = self._parts(node, fused)
         epilogue = epilogue_of(rest) if rest else NONE
         if epilogue is None:
             raise PluginError(f"{node.op_type} {node.name} cannot fuse {[n.op_type for n in fused]}")
-        if residual:
-            epilogue = dataclasses.replace(epilogue, residual=True)
+        return spec, dataclasses.replace(epilogue, residual=True) if residual else epilogue
+
+    def _choose(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]):
+        """(spec, epilogue, Config) of what `build` makes, decided without compiling; the Config is
+        None on the CPU device (the numpy reference, `variant` saying which: kernel.REFERENCE_VARIANTS)."""
+        spec, epilogue = self._spec_and_epilogue(node, fused)
         if not device.is_cuda:
-            if variant not in (None, "reference"):
+            if not is_reference(variant):
                 families.configure(spec, variant)  # an unknown name says so before the missing device does
-                raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
+                raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference "
+                                  f"({', '.join(REFERENCE_VARIANTS)})")
             return spec, epilogue, None
         config = families.configure(spec, variant) if variant else families.heuristic_config(spec, epilogue)
         reason = families.unsupported_reason(spec, config, epilogue)
@@ -193,6 +226,18 @@ class MatMulPlugin(GemmPlugin):
         if made is None:
             return False
         return made.norm is None or not device.is_cuda or isinstance(families.heuristic_config(spec.gemm, NONE), families.WgmmaConfig)
+
+    def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
+                          prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
+        """A flat product's, as Gemm's; a batched product and a fused attention have FP32 kernels alone (3xTF32)."""
+        if spec_of(node, self.make_spec).is_flat:
+            return super().precision_variant(node, device, precision, fused, prologue)
+        if len(fused) > 1 and attention_of(node, fused) is not None:
+            return PrecisionChoice(None, f"no {precision} kernel for a fused attention")
+        return PrecisionChoice(None, f"no {precision} kernel for a batched product")
+
+    def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
+        return super().variant_precision(node, device, variant) if spec_of(node, self.make_spec).is_flat else FP32
 
     def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
         """A fused attention's kernel reads Q, K^T and V as they lie: slices of one QKV projection, K transposed."""

@@ -216,6 +216,7 @@ class Family:
     name: str = ""
     summary: str = ""  # what it does and why it should be faster
     exact: bool = True  # False: fp16/tf32 arithmetic, opt-in only, never auto-picked
+    precision: str = "fp32"  # the format its products' operands are rounded to ("tf32", "fp16", "bf16"), as a plan shows it
     # how an exact family earns the name: "construction" (FP32 multiply-adds, in some order) or
     # "measurement" (other arithmetic whose measured error meets the same bound, e.g. 3xTF32)
     exact_by: str = "construction"

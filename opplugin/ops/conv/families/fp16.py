@@ -34,6 +34,7 @@ class Fp16(Family):
         "in __constant__ memory, FP32 sums every ~16 taps and FP32 output; relative L2 error ~6e-4"
     )
     exact = False
+    precision = "fp16"
     constant_weights = True
     # measured on an H200, standard-normal data, batch 10000: 6.0e-4 to 6.3e-4 on the shipped convs
     # (flushing to FP32 once per channel instead of every ~16 taps: 1.1e-3, 3-8% faster)

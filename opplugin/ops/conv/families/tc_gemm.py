@@ -128,6 +128,7 @@ class ReducedPrecisionGemm(PipelinedTensorGemm):
 
 class Tf32Gemm(ReducedPrecisionGemm):
     name = "tc_tf32"
+    precision = "tf32"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with one TF32 mma.sync per tile; "
         "relative L2 error ~3e-4, as cuDNN's TF32 mode"
@@ -138,6 +139,7 @@ class Tf32Gemm(ReducedPrecisionGemm):
 
 class Fp16Gemm(ReducedPrecisionGemm):
     name = "tc_fp16"
+    precision = "fp16"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with both operands rounded to FP16 and "
         "m16n8k16 MMAs accumulating in FP32; relative L2 error ~3e-4; inputs beyond FP16's range (65504) overflow"
@@ -149,6 +151,7 @@ class Fp16Gemm(ReducedPrecisionGemm):
 
 class Bf16Gemm(ReducedPrecisionGemm):
     name = "tc_bf16"
+    precision = "bf16"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): the tc_3xtf32 pipeline with both operands rounded to BF16 "
         "(FP32's range, 8-bit mantissa) and m16n8k16 MMAs accumulating in FP32; relative L2 error ~2e-3"

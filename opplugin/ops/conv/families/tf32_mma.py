@@ -104,6 +104,7 @@ class TensorCoreGemm(Family):
 
 class Tf32(TensorCoreGemm):
     name = "tf32"
+    precision = "tf32"
     summary = (
         "tensor cores (opt-in, not exact, sm_80+): implicit GEMM with mma.sync m16n8k8 TF32, operands rounded with "
         "cvt.rna; relative L2 error ~3e-4 (cuDNN's TF32 mode gives the same); group 1; weights read at call time"

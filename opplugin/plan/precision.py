@@ -1,0 +1,72 @@
+"""Each step's precision under a run's --precision: the variant its kernel is built from, the precision that
+kernel computes in, and, where a step stays FP32 under a reduced precision, why.
+
+FP32 is the default and changes nothing: each step gets the --variant of its op type, else its plugin's own
+choice. Under tf32, fp16 or bf16 the choice is per step, not per op type: each plugin step whose op has no
+--variant asks its plugin for the variant that runs it in that precision (Plugin.precision_variant), and
+keeps FP32 where the plugin has none (no such kernel for the op, or none for this shape or fusion). A
+--variant for the op type wins over the precision. onnxruntime steps run in FP32 (TF32 off).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..core.number_formats import FP32, REDUCED
+from ..errors import InputError, PluginError
+from ..registry import PrecisionChoice
+from .partition import Plan, PluginStep
+
+PRECISIONS = (FP32, *REDUCED)  # what a run takes
+HELP = ("fp32 (default, exact) | tf32 | fp16 | bf16: run each step that has a kernel in that precision in it (the weights "
+        "converted once at build, inputs and outputs in the model's dtype, sums in FP32); every other step stays FP32, "
+        "and `plan --precision` says which and why")
+
+
+@dataclass(frozen=True)
+class StepPrecision:
+    """How one step runs under the run's precision."""
+
+    variant: str | None  # what its build is given: the op's --variant, else its plugin's variant for the precision, else None
+    precision: str = FP32  # what its kernel computes its products in
+    # under a reduced precision, why the step does not run in it (stays FP32, or runs its --variant's); None where it does
+    reason: str | None = None
+
+
+def checked_precision(precision: str, flag: str = "precision") -> str:
+    """`precision` when a run takes it; an InputError in one line otherwise."""
+    if precision not in PRECISIONS:
+        raise InputError(f"{flag} {precision!r}: one of {', '.join(PRECISIONS)} (a step without a kernel in it stays fp32)")
+    return precision
+
+
+def step_precisions(plan: Plan, precision: str = FP32, variants: Mapping[str, str] | None = None) -> dict[str, StepPrecision]:
+    """Step name -> how it runs, for every step of `plan` under `precision`; `variants`: --variant by op key."""
+    precision, variants = checked_precision(precision), variants or {}
+    return {step.name: _step_precision(plan, step, precision, variants) if isinstance(step, PluginStep)
+            else StepPrecision(None, FP32, None if precision == FP32 else "onnxruntime runs in fp32")
+            for step in plan.steps}
+
+
+def _step_precision(plan: Plan, step: PluginStep, precision: str, variants: Mapping[str, str]) -> StepPrecision:
+    op = step.node.op_key
+    if op in variants:  # the user's choice wins: the step runs in whatever its variant computes in
+        variant = variants[op]
+        ran = step.plugin.variant_precision(step.node, plan.device, variant)
+        return StepPrecision(variant, ran, None if ran == precision or precision == FP32 else f"--variant {op}={variant}")
+    if precision == FP32:
+        return StepPrecision(None)
+    choice = _asked(step, plan, precision)
+    if choice.variant is None:
+        return StepPrecision(None, FP32, choice.reason or f"no {precision} kernel for {op}")
+    return StepPrecision(choice.variant, precision)
+
+
+def _asked(step: PluginStep, plan: Plan, precision: str) -> PrecisionChoice:
+    """The plugin's answer for the step; a group step (one generated kernel over several nodes) has none yet."""
+    if step.group is not None:
+        return PrecisionChoice(None, f"no {precision} kernel for a group of {step.node.op_key} and what joins it")
+    try:
+        return step.plugin.precision_variant(step.node, plan.device, precision, step.fused, step.prologue)
+    except PluginError as err:  # a plugin that cannot judge the step keeps it in FP32, and says why
+        return PrecisionChoice(None, str(err))

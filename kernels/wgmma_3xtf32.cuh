@@ -27,8 +27,8 @@
 //
 // With HALF_OPERANDS (1: FP16, 2: BF16; gemm_wgmma alone) the operands arrive in that format, two bytes a
 // value: a 128-byte line holds BK = 64 of them, one wgmma m64nNk16 per k16 step multiplies them with FP32
-// accumulation, and there are no small parts (the stage is the weights and the data values alone). The
-// swizzle, the descriptors and the accumulators' layout are the same in bytes.
+// accumulation, and there are no small parts (the stage is the weights and the data values alone) and no
+// separate sums: the wgmmas add onto the running sums themselves. The swizzle, the descriptors and the accumulators' layout are the same in bytes.
 //
 // The includer defines W_ROWS, X_ROWS, BK and STAGES.
 #ifndef OPPLUGIN_WGMMA_3XTF32_CUH
@@ -247,6 +247,18 @@ __device__ __forceinline__ void produce_slices(const Copies& copies, int count, 
 __device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, operand_t* stages, unsigned long long* full,
                                                unsigned long long* empty)
 {
+#ifdef HALF_OPERANDS
+    // FP16 and BF16 products accumulate in FP32 in the tensor cores themselves: no separate sums, and each
+    // slice's wgmmas stay queued behind the next one's, a stage released as soon as its wgmmas end
+    for (int i = 0; i < count; ++i) {
+        barrier_wait(full + i % STAGES, i / STAGES);
+        issue_slice(acc, stages + i % STAGES * STAGE, i > 0);
+        wgmma_wait<1>();
+        if (i > 0) barrier_arrive(empty + (i - 1) % STAGES);
+    }
+    wgmma_wait<0>();
+    pin(acc);
+#else
     float part[ACC];
 #pragma unroll
     for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
@@ -264,6 +276,7 @@ __device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, ope
             add_part(acc, part);
         }
     }
+#endif
 }
 
 // The stages in dynamic shared memory, aligned to the swizzle's 1024-byte atoms (the launch gives

@@ -275,7 +275,7 @@ def test_the_half_precision_wgmma_families_are_opt_in_and_read_k_in_64s():
     vit_qkv_32 = GemmSpec(32 * 197, 1152, 384)
     for family in ("wg_fp16", "wg_bf16"):
         config = families.configure(vit_qkv_32, family)
-        assert config.name() == f"{family}_b128x128x64_s3" and config.defines(vit_qkv_32)["HALF_OPERANDS"] == {"wg_fp16": 1, "wg_bf16": 2}[family]
+        assert config.name() == f"{family}_b128x128x64_s4" and config.defines(vit_qkv_32)["HALF_OPERANDS"] == {"wg_fp16": 1, "wg_bf16": 2}[family]
         assert config.shared_bytes() < families.configure(vit_qkv_32, "wg_3xtf32").shared_bytes()  # no small parts, two bytes a value
         assert families.configure(vit_qkv_32, config.name()) == config and families.unsupported_reason(vit_qkv_32, config) is None
         assert family not in families.EXACT_FAMILIES  # never the heuristic's pick, nor the tuner's

@@ -28,7 +28,8 @@
 // With HALF_OPERANDS (1: FP16, 2: BF16; gemm_wgmma alone) the operands arrive in that format, two bytes a
 // value: a 128-byte line holds BK = 64 of them, one wgmma m64nNk16 per k16 step multiplies them with FP32
 // accumulation, and there are no small parts (the stage is the weights and the data values alone) and no
-// separate sums: the wgmmas add onto the running sums themselves. The swizzle, the descriptors and the accumulators' layout are the same in bytes.
+// separate sums: the wgmmas add onto the running sums themselves. The swizzle, the descriptors and the
+// accumulators' layout are the same in bytes.
 //
 // The includer defines W_ROWS, X_ROWS, BK and STAGES.
 #ifndef OPPLUGIN_WGMMA_3XTF32_CUH

@@ -22,7 +22,7 @@ from ..inputs.user_data import ImageOptions, parse_input_shapes, parse_pair
 from ..plan.precision import HELP as PRECISION_HELP, checked_precision
 from ..runtime.runner import DEFAULT_STREAMS
 from ..user_kernels.flags import parse_kernels
-from ..verify.check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL
+from ..verify.check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL, REDUCED_TOLERANCE_UNITS, default_tolerance
 
 DEFAULT_MODEL = "lenet86"
 # the batch a command runs without --batch (graph.model.choose_batch), for the flag's help
@@ -236,12 +236,15 @@ class ToleranceOptions:
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
     check_chunk: int | None = None  # None: as many images as fit in DEFAULT_CHECK_BYTES of host memory
+    widened: str | None = None  # the reduced precision whose default rule atol or rtol is (run --precision), if either
 
     @staticmethod
     def add(parser: argparse.ArgumentParser, *, chunks: bool = True) -> None:
-        """`chunks`: --check-chunk too (check, which compares every step's tensors; run compares the output alone)."""
-        parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
-        parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
+        """`chunks`: --check-chunk too (check, which compares every step's tensors; run compares the output alone,
+        and its default rule widens with --precision: verify/check.default_tolerance)."""
+        widened = "" if chunks else f"; under --precision P, {REDUCED_TOLERANCE_UNITS} units of P's roundoff"
+        parser.add_argument("--atol", type=float, help=f"absolute tolerance (default {DEFAULT_ATOL:g}{widened})")
+        parser.add_argument("--rtol", type=float, help=f"relative tolerance (default {DEFAULT_RTOL:g}{widened})")
         if not chunks:
             parser.set_defaults(check_chunk=None)
             return
@@ -249,13 +252,21 @@ class ToleranceOptions:
                             help=f"images compared with onnxruntime at a time (default: as many as fit in {DEFAULT_CHECK_BYTES >> 30} GiB of host memory)")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ToleranceOptions:
+    def from_args(cls, args: argparse.Namespace, precision: str = "fp32") -> ToleranceOptions:
+        """The flags given, the rest `precision`'s default rule (a run's --precision; check's is FP32's)."""
         if args.check_chunk is not None:
             positive_int(args.check_chunk, "--check-chunk")
         for value, flag in ((args.atol, "--atol"), (args.rtol, "--rtol")):
-            if not (math.isfinite(value) and value >= 0):
+            if value is not None and not (math.isfinite(value) and value >= 0):
                 raise InputError(f"{flag} must be a finite number of at least 0, got {value:g}")
-        return cls(args.atol, args.rtol, args.check_chunk)
+        atol, rtol = default_tolerance(precision)
+        widened = precision if precision != "fp32" and (args.atol is None or args.rtol is None) else None
+        return cls(atol if args.atol is None else args.atol, rtol if args.rtol is None else args.rtol, args.check_chunk, widened)
+
+    @staticmethod
+    def given(args: argparse.Namespace) -> bool:
+        """Whether --atol or --rtol was given."""
+        return args.atol is not None or args.rtol is not None
 
 
 @dataclass(frozen=True)

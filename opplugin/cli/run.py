@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def read(args: argparse.Namespace) -> RunOptions:
     reports = ReportOptions.from_args(args)
     workload = Workload.from_args(args, single_device=["--trace"] if reports.trace else [])
-    tolerance = ToleranceOptions.from_args(args)
-    if args.no_compare and tolerance != ToleranceOptions():
+    tolerance = ToleranceOptions.from_args(args, workload.runner.precision)
+    if args.no_compare and ToleranceOptions.given(args):
         raise InputError("--atol and --rtol set the comparison with onnxruntime; leave out --no-compare")
     if args.no_feed_probe and workload.runner.devices is None:
         raise InputError("--no-feed-probe applies to --devices; give --devices too, or leave it out")
@@ -100,7 +100,7 @@ def execute(options: RunOptions) -> int:
     if options.compare:
         atol, rtol = options.tolerance.atol, options.tolerance.rtol
         extra["agreement"] = agreement(runner.plan_record(batch) if devices else profile.plan, inputs.feeds, ours, atol, rtol) | {
-            "atol": atol, "rtol": rtol}
+            "atol": atol, "rtol": rtol, "widened_for": options.tolerance.widened}
 
     result = reports.build_report(profile, warmup, extra)
     if devices:

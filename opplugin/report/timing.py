@@ -325,8 +325,9 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
             f"Against onnxruntime CPU: {verdict}{rule}  {top1}"
             f"max abs error {agreement['max_abs_error']:.2e}, rel L2 {agreement['rel_l2']:.2e}"
         )
-        if not agreement["passed"] and precision != "fp32":  # onnxruntime's FP32 is the reference: a reduced precision's error shows
-            lines.append(f"  (the pass rule is FP32's, and {precision} steps round their operands: --atol and --rtol set one for {precision})")
+        if agreement.get("widened_for"):  # onnxruntime's FP32 is the reference, the rule widened for the format
+            lines.append(f"  ({agreement['widened_for']}'s default rule against onnxruntime's FP32, as wide as the format's "
+                         "roundoff allows; --atol and --rtol set one)")
     if report.get("exact_reruns"):
         lines.append(f"Exact path: {report['exact_reruns']} of {report.get('chunks', 1)} chunks held NaN or Inf after a fused step "
                      "and ran again as Conv, then onnxruntime's own activation and MaxPool")

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import InputError
+from ..core.number_formats import FP32, UNIT_ROUNDOFF
 from ..report.jsonout import header
 from ..core.row_ranges import split_rows
 from ..runtime.records import PlanRecord, RunResult
@@ -40,6 +41,10 @@ SPECIAL_COUNT_KEYS = ("nan_ours", "nan_onnxruntime", "inf_ours", "inf_onnxruntim
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
+# A run in a reduced precision (run --precision) is held, unless --atol or --rtol say otherwise, to a rule this
+# many units of its format's roundoff wide, as atol and rtol alike: ViT-S in FP16 at batch 32 measured 1.2e-3
+# at its worst element, a sixth of FP16's 7.8e-3; a kernel that is wrong is off by far more
+REDUCED_TOLERANCE_UNITS = 16
 # Host memory one check chunk may take (see check_image_bytes): our kept tensors and
 # outputs, onnxruntime's, and onnxruntime's working set while it runs the chunk.
 DEFAULT_CHECK_BYTES = 1 << 30
@@ -48,6 +53,15 @@ MAX_BAD_ROWS = 64
 # ErrorStats compares at most this many elements at a time, so its float64
 # temporaries stay small whatever the size of the arrays it is given.
 COMPARE_BLOCK_ELEMENTS = 1 << 22
+
+
+def default_tolerance(precision: str = FP32) -> tuple[float, float]:
+    """(atol, rtol): the pass rule a run in `precision` is held to by default (FP32's, or
+    REDUCED_TOLERANCE_UNITS of a reduced format's roundoff)."""
+    if precision == FP32:
+        return DEFAULT_ATOL, DEFAULT_RTOL
+    width = REDUCED_TOLERANCE_UNITS * UNIT_ROUNDOFF[precision]
+    return width, width
 
 
 def _max(running: float | None, value: float) -> float:

@@ -119,15 +119,26 @@ def test_run_with_precision_fp16_records_it_and_runs_the_product_in_it(tmp_path,
     assert json.loads((tmp_path / "fp32.json").read_text())["precision"] == "fp32"
 
 
-def test_run_at_fp32s_pass_rule_under_a_reduced_precision_says_how_to_set_one(tmp_path, capsys):
+def test_a_run_in_a_reduced_precision_is_held_to_its_formats_rule_unless_the_flags_set_one(tmp_path, capsys):
     from onnx_builders import save
     from precision_cases import conv_mlp_model
 
     path = save(conv_mlp_model(), tmp_path / "conv_mlp.onnx")
-    assert main(["run", path, "--batch", "4", "--device", "cpu", "--precision", "bf16"]) == 1
+    # BF16's rule: 16 units of 2^-8 as atol and rtol, which the run's rounding stays within
+    assert main(["run", path, "--batch", "4", "--device", "cpu", "--precision", "bf16", "--json", str(tmp_path / "bf16.json")]) == 0
     out = capsys.readouterr().out
-    assert "Against onnxruntime CPU: FAIL" in out
-    assert "(the pass rule is FP32's, and bf16 steps round their operands: --atol and --rtol set one for bf16)" in out
+    assert "Against onnxruntime CPU: PASS at atol 0.0625, rtol 0.0625" in out
+    assert "(bf16's default rule against onnxruntime's FP32, as wide as the format's roundoff allows; --atol and --rtol set one)" in out
+    agreement = json.loads((tmp_path / "bf16.json").read_text())["agreement"]
+    assert (agreement["atol"], agreement["rtol"], agreement["widened_for"]) == (0.0625, 0.0625, "bf16")
+    # FP32's rule, given, fails it: the rounding is real, and the flags win
+    assert main(["run", path, "--batch", "4", "--device", "cpu", "--precision", "bf16", "--atol", "1e-4", "--rtol", "1e-3"]) == 1
+    out = capsys.readouterr().out
+    assert "Against onnxruntime CPU: FAIL at atol 0.0001, rtol 0.001" in out and "default rule" not in out
+    # FP32 keeps its own rule and says nothing more
+    assert main(["run", path, "--batch", "4", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS at atol 0.0001, rtol 0.001" in out and "default rule" not in out
 
 
 def test_run_refuses_a_precision_it_does_not_take_in_one_line(capsys):

@@ -8,27 +8,37 @@
 #include "activation.cuh"
 #include "watch_flag.cuh"
 
-__device__ __forceinline__ float gemm_output(float acc, const float* __restrict__ bias, int m, int n)
+// alpha * acc + the bias value C holds for this output (read by the caller; ignored without BIAS), then the activation
+__device__ __forceinline__ float gemm_finish(float acc, float bias_value)
 {
 #if HAS_ALPHA
     acc *= ALPHA;
 #endif
-#if BIAS == 1
-    acc = bias[n] + acc;
-#elif BIAS == 2
-    acc = bias[(size_t)m * N + n] + acc;
+#if BIAS
+    acc = bias_value + acc;
 #endif
     return opplugin_activation(acc);
 }
 
-// Y[m][n] and Y[m][n + 1] from their sums (n even, as an MMA tile's lanes hold them): one 8-byte
-// store when N is even, else each while it lies inside Y; flagged if not finite (see watch_flag.cuh)
-__device__ __forceinline__ void store_output_pair(float* __restrict__ y, const float* __restrict__ bias, unsigned char* nonfinite,
-                                                  int m, int n, float sum0, float sum1, const float* __restrict__ residual = nullptr)
+__device__ __forceinline__ float gemm_output(float acc, const float* __restrict__ bias, int m, int n)
+{
+#if BIAS == 1
+    return gemm_finish(acc, bias[n]);
+#elif BIAS == 2
+    return gemm_finish(acc, bias[(size_t)m * N + n]);
+#else
+    return gemm_finish(acc, 0.0f);
+#endif
+}
+
+// Y[m][n] and Y[m][n + 1] (n even, as an MMA tile's lanes hold them) from their finished values, the residual
+// added: one 8-byte store when N is even, else each while it lies inside Y; flagged if not finite (watch_flag.cuh)
+__device__ __forceinline__ void store_pair(float* __restrict__ y, unsigned char* nonfinite, int m, int n, float out0, float out1,
+                                           const float* __restrict__ residual)
 {
 #if N % 2 == 0
     if (n < N) {
-        float2 out = make_float2(gemm_output(sum0, bias, m, n), gemm_output(sum1, bias, m, n + 1));
+        float2 out = make_float2(out0, out1);
 #if RESIDUAL
         const float2 added = *reinterpret_cast<const float2*>(residual + (size_t)m * N + n);
         out.x += added.x;
@@ -38,11 +48,11 @@ __device__ __forceinline__ void store_output_pair(float* __restrict__ y, const f
         flag_nonfinite2(nonfinite, out);
     }
 #else
-    const float sums[2] = {sum0, sum1};
+    const float outs[2] = {out0, out1};
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
         if (n + q < N) {
-            float out = gemm_output(sums[q], bias, m, n + q);
+            float out = outs[q];
 #if RESIDUAL
             out += residual[(size_t)m * N + n + q];
 #endif
@@ -51,6 +61,14 @@ __device__ __forceinline__ void store_output_pair(float* __restrict__ y, const f
         }
     }
 #endif
+}
+
+// Y[m][n] and Y[m][n + 1] from their sums, the epilogue applied (store_pair: how they are stored)
+__device__ __forceinline__ void store_output_pair(float* __restrict__ y, const float* __restrict__ bias, unsigned char* nonfinite,
+                                                  int m, int n, float sum0, float sum1, const float* __restrict__ residual = nullptr)
+{
+    if (n >= N) return;
+    store_pair(y, nonfinite, m, n, gemm_output(sum0, bias, m, n), n + 1 < N ? gemm_output(sum1, bias, m, n + 1) : 0.0f, residual);
 }
 
 // Y[m][n] and Y[m][n + 1] as summed, for a K split's partial sums (gemm_split_reduce finishes them)

@@ -15,7 +15,7 @@
 //
 // The epilogue (gemm_epilogue.cuh: alpha, C, the activation, with RESIDUAL a tensor of Y's shape added
 // last; null otherwise) runs on the accumulators; a lane's two neighbouring columns are stored as one
-// float2 when N is even (store_output_pair).
+// float2 when N is even (store_pair). A column bias is read into registers before the products.
 //
 // A K split (SPLITS > 1) is for grids too small to fill the GPU (a transformer's projections at batch
 // 1: 197 rows): block z of the grid's third axis walks the z-th run of K's slices and stores its raw
@@ -142,14 +142,24 @@ gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_smal
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#if BIAS == 1 && SPLITS == 1
+    // this lane's bias columns, read before the products so that their latency hides behind them (read in
+    // the epilogue, they were the kernel's longest wait: ncu's stall samples at ViT-S's QKV shape in FP16)
+    float2 column_bias[BN / 8];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int n = n0 + 8 * j + 2 * t;
+        column_bias[j] = make_float2(n < N ? bias[n] : 0.0f, n + 1 < N ? bias[n + 1] : 0.0f);
+    }
+#endif
     float acc[ACC];
     consume_slices(acc, slices, stages, full, empty);
 #if SPLITS > 1
     y += (size_t)blockIdx.z * batch * N;  // this run's partial sums
 #endif
 
-    const int lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
     const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 rows of the tile
 #pragma unroll
     for (int upper = 0; upper < 2; ++upper) {
@@ -158,10 +168,13 @@ gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_smal
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int n = n0 + 8 * j + 2 * t;
+            const float sum0 = acc[4 * j + 2 * upper], sum1 = acc[4 * j + 2 * upper + 1];
 #if SPLITS > 1
-            store_sum_pair(y, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1]);
+            store_sum_pair(y, m, n, sum0, sum1);
+#elif BIAS == 1
+            if (n < N) store_pair(y, nonfinite, m, n, gemm_finish(sum0, column_bias[j].x), gemm_finish(sum1, column_bias[j].y), residual);
 #else
-            store_output_pair(y, bias, nonfinite, m, n, acc[4 * j + 2 * upper], acc[4 * j + 2 * upper + 1], residual);
+            store_output_pair(y, bias, nonfinite, m, n, sum0, sum1, residual);
 #endif
         }
     }

@@ -29,7 +29,8 @@
 // Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32; 64 with HALF_OPERANDS), STAGES, SPLITS,
 // HALF_OPERANDS and the epilogue's.
 // Launch gemm_small_parts (block 256, any grid) over A first, then gemm_wgmma: block (4 * BM),
-// grid (ceil(N / BN), ceil(batch / BM), SPLITS), dynamic shared memory (STAGES * 2 * (BM + BN) * BK
+// grid (ceil(N / BN), ceil(batch / BM), SPLITS) with a K split, else any number of blocks along x (a block
+// an SM: each takes every gridDim.x-th tile, columns first), dynamic shared memory (STAGES * 2 * (BM + BN) * BK
 // * 4 + STAGES * 16 + 1024) bytes, y the partial sums when SPLITS > 1; then gemm_split_reduce
 // (block 256, one thread per pair of neighbouring outputs). nonfinite: a byte raised where an output
 // is NaN or Inf (null: the step is not watched; see watch_flag.cuh).
@@ -128,7 +129,11 @@ gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_smal
            int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    // the tiles of Y, columns first; a block takes every (gridDim.x * gridDim.y)-th, from its own: one with the
+    // K split's grid, several where the grid is one block an SM (persistent)
+    constexpr int COLUMN_TILES = (N + BN - 1) / BN;
+    const int tiles = COLUMN_TILES * ((batch + BM - 1) / BM), tile_step = gridDim.x * gridDim.y;
+    const int first_tile = blockIdx.y * gridDim.x + blockIdx.x;
     const int first_slice = blockIdx.z * SLICES_PER_SPLIT;
     const int slices = min(SLICES_PER_SPLIT, SLICES - first_slice);
     unsigned long long *full, *empty;
@@ -136,46 +141,51 @@ gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_smal
 
     if (threadIdx.x < NTHREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-        const SliceCopies copies{a, a_small, w, w_small, m0, n0, batch, first_slice};
-        produce_slices(copies, slices, stages, full, empty);
+        // the producers run ahead into the next tile while the consumers finish this one's epilogue
+        for (int tile = first_tile, before = 0; tile < tiles; tile += tile_step, before += slices) {
+            const SliceCopies copies{a, a_small, w, w_small, tile / COLUMN_TILES * BM, tile % COLUMN_TILES * BN, batch, first_slice};
+            produce_slices(copies, slices, stages, full, empty, before);
+        }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-#if BIAS == 1 && SPLITS == 1
-    // this lane's bias columns, read before the products so that their latency hides behind them (read in
-    // the epilogue, they were the kernel's longest wait: ncu's stall samples at ViT-S's QKV shape in FP16)
-    float2 column_bias[BN / 8];
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-        const int n = n0 + 8 * j + 2 * t;
-        column_bias[j] = make_float2(n < N ? bias[n] : 0.0f, n + 1 < N ? bias[n + 1] : 0.0f);
-    }
-#endif
-    float acc[ACC];
-    consume_slices(acc, slices, stages, full, empty);
+    const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 rows of the tile
 #if SPLITS > 1
     y += (size_t)blockIdx.z * batch * N;  // this run's partial sums
 #endif
-
-    const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 rows of the tile
-#pragma unroll
-    for (int upper = 0; upper < 2; ++upper) {
-        const int m = m0 + row0 + g + 8 * upper;
-        if (m >= batch) continue;
+    for (int tile = first_tile, before = 0; tile < tiles; tile += tile_step, before += slices) {
+        const int m0 = tile / COLUMN_TILES * BM, n0 = tile % COLUMN_TILES * BN;
+#if BIAS == 1 && SPLITS == 1
+        // this lane's bias columns, read before the products so that their latency hides behind them (read in
+        // the epilogue, they were the kernel's longest wait: ncu's stall samples at ViT-S's QKV shape in FP16)
+        float2 column_bias[BN / 8];
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int n = n0 + 8 * j + 2 * t;
-            const float sum0 = acc[4 * j + 2 * upper], sum1 = acc[4 * j + 2 * upper + 1];
-#if SPLITS > 1
-            store_sum_pair(y, m, n, sum0, sum1);
-#elif BIAS == 1
-            if (n < N) store_pair(y, nonfinite, m, n, gemm_finish(sum0, column_bias[j].x), gemm_finish(sum1, column_bias[j].y), residual);
-#else
-            store_output_pair(y, bias, nonfinite, m, n, sum0, sum1, residual);
+            column_bias[j] = make_float2(n < N ? bias[n] : 0.0f, n + 1 < N ? bias[n + 1] : 0.0f);
+        }
 #endif
+        float acc[ACC];
+        consume_slices(acc, slices, stages, full, empty, before);
+#pragma unroll
+        for (int upper = 0; upper < 2; ++upper) {
+            const int m = m0 + row0 + g + 8 * upper;
+            if (m >= batch) continue;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int n = n0 + 8 * j + 2 * t;
+                const float sum0 = acc[4 * j + 2 * upper], sum1 = acc[4 * j + 2 * upper + 1];
+#if SPLITS > 1
+                store_sum_pair(y, m, n, sum0, sum1);
+#elif BIAS == 1
+                if (n < N) store_pair(y, nonfinite, m, n, gemm_finish(sum0, column_bias[j].x), gemm_finish(sum1, column_bias[j].y), residual);
+#else
+                store_output_pair(y, bias, nonfinite, m, n, sum0, sum1, residual);
+#endif
+            }
         }
     }
 }

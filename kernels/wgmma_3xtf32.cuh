@@ -221,22 +221,22 @@ __device__ __forceinline__ void add_part(float (&acc)[ACC], float (&part)[ACC])
 // The producers' part: hand slice j - LAG over once this thread's copies of it have landed (each
 // producer arrives for its own), then copy slice j (copies.copy(stage, j)) while slices j - LAG + 1
 // .. j - 1 are in flight. The hand-over comes first: the consumers may need that slice to release
-// the stage slice j goes to.
+// the stage slice j goes to. `before`: the slices this block's earlier tiles passed through the stages.
 template <class Copies>
 __device__ __forceinline__ void produce_slices(const Copies& copies, int count, operand_t* stages, unsigned long long* full,
-                                               unsigned long long* empty)
+                                               unsigned long long* empty, int before = 0)
 {
     for (int j = 0; j < count + LAG; ++j) {
         const int ready = j - LAG;
         if (ready >= 0) {
             wait_copies<LAG - 1>();  // of the j groups committed, all but the newest LAG - 1: slice `ready`'s
             publish_to_async_proxy();
-            barrier_arrive(full + ready % STAGES);
+            barrier_arrive(full + (before + ready) % STAGES);
         }
         if (j < count) {
-            operand_t* stage = stages + j % STAGES * STAGE;
-            if (j >= STAGES) barrier_wait(empty + j % STAGES, j / STAGES - 1);  // slice j - STAGES is multiplied
-            copies.copy(stage, j);
+            const int at = before + j;  // the stages turn on across a persistent block's tiles
+            if (at >= STAGES) barrier_wait(empty + at % STAGES, at / STAGES - 1);  // slice at - STAGES is multiplied
+            copies.copy(stages + at % STAGES * STAGE, j);
         }
         commit_copies();  // an empty group keeps the count of groups in step
     }
@@ -244,20 +244,22 @@ __device__ __forceinline__ void produce_slices(const Copies& copies, int count, 
 
 // The consumers' part: acc = the sum over `count` slices. Slices go to part in pairs: the second's
 // wgmmas are issued before the first's are waited for, so that the tensor cores have work across the
-// turn; each stage is released as its wgmmas end.
+// turn; each stage is released as its wgmmas end. `before`: as produce_slices'.
 __device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, operand_t* stages, unsigned long long* full,
-                                               unsigned long long* empty)
+                                               unsigned long long* empty, int before = 0)
 {
 #ifdef HALF_OPERANDS
     // FP16 and BF16 products accumulate in FP32 in the tensor cores themselves: no separate sums, and each
     // slice's wgmmas stay queued behind the next one's, a stage released as soon as its wgmmas end
     for (int i = 0; i < count; ++i) {
-        barrier_wait(full + i % STAGES, i / STAGES);
-        issue_slice(acc, stages + i % STAGES * STAGE, i > 0);
+        const int at = before + i;
+        barrier_wait(full + at % STAGES, at / STAGES);
+        issue_slice(acc, stages + at % STAGES * STAGE, i > 0);
         wgmma_wait<1>();
-        if (i > 0) barrier_arrive(empty + (i - 1) % STAGES);
+        if (i > 0) barrier_arrive(empty + (at - 1) % STAGES);
     }
     wgmma_wait<0>();
+    barrier_arrive(empty + (before + count - 1) % STAGES);
     pin(acc);
 #else
     float part[ACC];
@@ -265,15 +267,16 @@ __device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, ope
     for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
     for (int i = 0; i < count; ++i) {
         const bool opens = i % 2 == 0;  // a pair's first slice
-        barrier_wait(full + i % STAGES, i / STAGES);
-        issue_slice(part, stages + i % STAGES * STAGE, !opens);
+        const int at = before + i;
+        barrier_wait(full + at % STAGES, at / STAGES);
+        issue_slice(part, stages + at % STAGES * STAGE, !opens);
         if (!opens) {
             wgmma_wait<1>();
-            barrier_arrive(empty + (i - 1) % STAGES);
+            barrier_arrive(empty + (at - 1) % STAGES);
         }
         if (!opens || i == count - 1) {
             wgmma_wait<0>();
-            barrier_arrive(empty + i % STAGES);
+            barrier_arrive(empty + at % STAGES);
             add_part(acc, part);
         }
     }

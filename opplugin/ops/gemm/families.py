@@ -267,7 +267,12 @@ class WgmmaConfig(BlockTiledConfig):
         return {"BM": bm, "BN": bn, "BK": bk, "STAGES": self.stages, "KP": round_up(spec.k, bk), "SPLITS": self.splits} | half
 
     def grid(self, spec, batch):
-        return (*super().grid(spec, batch)[:2], self.splits)
+        """A K split's grid: a block per tile and run of slices. Unsplit, persistent: a block an SM, each taking
+        every SM-th tile, so that its producers copy the next tile's first slices during this one's epilogue."""
+        columns, rows, _ = super().grid(spec, batch)
+        if self.splits > 1:
+            return (columns, rows, self.splits)
+        return (min(columns * rows, cuda.multiprocessor_count()), 1, 1)
 
 
 # wg's block tiles, rows x columns, most rows first; three stages of 128 x 128 take 197 KB of shared memory

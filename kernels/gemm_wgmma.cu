@@ -24,7 +24,7 @@
 //
 // With HALF_OPERANDS (1 FP16, 2 BF16: wg_fp16, wg_bf16; opt-in, not FP32-exact) A and W arrive in that format,
 // without small parts (the a_small and w_small arguments are null): W converted once at build, A by
-// gemm_to_half before each call; BK is 64 and K a multiple of 8 (16-byte quads of eight values).
+// gemm_to_half (or the row prologue) before each call; BK is 64 and K a multiple of 8 (16-byte quads of eight values).
 //
 // Macros: N, K, KP, BM (a multiple of 64), BN (64 or 128), BK (32; 64 with HALF_OPERANDS), STAGES, SPLITS,
 // HALF_OPERANDS and the epilogue's.
@@ -51,17 +51,7 @@ static_assert(KP % BK == 0 && KP >= K, "W's columns padded to whole slices");
 static_assert((SPLITS - 1) * SLICES_PER_SPLIT < SLICES, "every run of the K split has a slice");
 
 #ifdef HALF_OPERANDS
-// the format's bits of v, rounded to nearest (ties to even)
-__device__ __forceinline__ unsigned short to_half(float v)
-{
-    unsigned short bits;
-#if HALF_OPERANDS == 2
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(v));
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(v));
-#endif
-    return bits;
-}
+#include "half_bits.cuh"
 
 // half[i] = a[i] in the format, for `count` values (a multiple of 4: K is)
 extern "C" __global__ void __launch_bounds__(256)
@@ -69,7 +59,8 @@ gemm_to_half(const float4* __restrict__ a, ushort4* __restrict__ half, size_t co
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 4; i += (size_t)gridDim.x * blockDim.x) {
         const float4 v = __ldg(a + i);
-        half[i] = make_ushort4(to_half(v.x), to_half(v.y), to_half(v.z), to_half(v.w));
+        half[i] = make_ushort4(half_bits<HALF_OPERANDS>(v.x), half_bits<HALF_OPERANDS>(v.y), half_bits<HALF_OPERANDS>(v.z),
+                               half_bits<HALF_OPERANDS>(v.w));
     }
 }
 #else

@@ -21,7 +21,7 @@ from ...registry import Kernel
 from ..operands import checked_array
 from . import reference
 from .epilogue import NONE, GemmEpilogue
-from .families import GemmConfig, TensorConfig, WgmmaConfig, defines, effective_bias
+from .families import HALF_FORMATS, GemmConfig, TensorConfig, WgmmaConfig, defines, effective_bias
 from .row_prologue import RowPrologue
 from .spec import BIAS_COLUMN, BIAS_FULL, BIAS_NONE, GemmSpec
 
@@ -152,8 +152,10 @@ class GemmKernel(Kernel):
         self._splits = config.splits if isinstance(config, WgmmaConfig) else 1  # gemv's `splits` are warps of one block
         self._reduce = module.get_function("gemm_split_reduce") if self._splits > 1 else None
         self.functions = [self.function] + [f for f in (self._small_parts, self._reduce) if f is not None]
+        # a prologue writes A's rows in the half-precision families' format itself, sparing gemm_to_half's pass
+        self._half_format = HALF_FORMATS[config.family] if self._half else 0
         if prologue is not None:
-            self.functions.append(prologue.load())
+            self.functions.append(prologue.load(self._half_format))
         # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an
         # infinity into NaN (tf32_mma.cuh): the runner watches such a kernel, which raises its own flag
         # as it stores (registry.Kernel); a fused row Softmax is split off on the exact path
@@ -219,12 +221,12 @@ class GemmKernel(Kernel):
         if self._small_parts is not None:
             import cupy
 
-            if a_small is None:  # the pass over A: its small parts (3xTF32), or A in FP16 or BF16
+            if a_small is None and a.dtype != cupy.uint16:  # the pass over A: its small parts (3xTF32), or A in FP16 or BF16
                 a_small = cupy.empty(a.shape, dtype=cupy.uint16) if self._half else cupy.empty_like(a)
                 blocks = min(-(-a.size // (4 * SPLIT_BLOCK)), 65535)
                 self._small_parts((blocks, 1, 1), (SPLIT_BLOCK, 1, 1), (a, a_small, np.uint64(a.size)))
-            if self._half:  # A in the format, and no small parts: null pointers the kernel never reads
-                a, a_small = a_small, np.uint64(0)
+            if self._half:  # A in the format (converted above, or by the prologue), and no small parts: a null pointer
+                a, a_small = (a if a_small is None else a_small), np.uint64(0)
             w_small = None if self._half else self._w_small if w is self._w else small_parts(cupy, w)
             partial = cupy.empty(self._splits * batch * self.spec.n, dtype=cupy.float32) if self._reduce is not None else None
             added = residual if residual is not None else np.uint64(0)  # a null pointer where none is added
@@ -238,15 +240,15 @@ class GemmKernel(Kernel):
             self._reduce((-(-pairs // REDUCE_BLOCK), 1, 1), (REDUCE_BLOCK, 1, 1), (partial, c, added, y, np.int32(batch), np.uint64(nonfinite)))
 
     def _prologue_pass(self, cupy: Any, a: Any) -> tuple[Any, Any]:
-        """(A's rows as the product reads them, after the prologue; their small parts for wgmma's 3xTF32, made
-        in the same pass, else None). The half-precision families convert the rows in their own pass after it."""
+        """(A's rows as the product reads them, after the prologue: in FP32, or in the half-precision families'
+        format; their small parts for wgmma's 3xTF32, made in the same pass, else None)."""
         x = checked_array(cupy, a, "A", self.name)
         if self.spec.trans_a or x.ndim != 2 or x.shape[1] != self.spec.k:
             raise PluginError(f"{self.name}: A has shape {tuple(x.shape)}, expected (rows, {self.spec.k})")
         x = cupy.ascontiguousarray(x)
         small = cupy.empty((self.prologue.rows_after(int(x.shape[0])), self.spec.k), dtype=cupy.float32) \
             if self._small_parts is not None and not self._half else None
-        return self.prologue.launch(cupy, x, small), small
+        return self.prologue.launch(cupy, x, small, self._half_format), small
 
     def _residual_rows(self, cupy: Any, residual: Any, batch: int) -> Any:
         """The residual as the kernel reads it, C-contiguous (batch, N); None where the epilogue adds none."""
@@ -271,7 +273,8 @@ class GemmKernel(Kernel):
         if self.prologue is not None:
             with cuda.on_stream(stream):
                 a, a_small = self._prologue_pass(cupy, a)
-        if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == np.float32 and a.ndim == 2 \
+        in_format = self._half_format and self.prologue is not None  # A's rows as the prologue wrote them: the format's bits
+        if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == (np.uint16 if in_format else np.float32) and a.ndim == 2 \
                 and a.shape[1] == self.spec.k and a.flags.c_contiguous and a.data.ptr % 16 == 0 and 0 < a.shape[0] <= self.config.max_batch():
             batch = a.shape[0]
             grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
@@ -280,7 +283,7 @@ class GemmKernel(Kernel):
                 self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite, self._residual_rows(cupy, residual, batch), a_small)
             return [y]
         with cuda.on_stream(stream):
-            a = self._operand_a(cupy, checked_array(cupy, a, "A", self.name))
+            a = a if in_format else self._operand_a(cupy, checked_array(cupy, a, "A", self.name))
             batch = int(a.shape[0])
             if self._w is not None:
                 w = self._w

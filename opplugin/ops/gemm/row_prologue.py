@@ -7,8 +7,9 @@ plan/prologue.py), so that nodes whose output only the product reads need no ste
 - both, in that order (the LayerNorm before a shifted window block's QKV projection).
 
 On a GPU, kernels/row_prologue.cu reads each row of A where the table says, normalises it, and for
-wg_3xtf32 writes each value's TF32 small part beside it: the pass that kernel makes over A before every
-product anyway (gemm_small_parts), so the prologue costs neither a step nor a pass of its own. On the CPU
+wg_3xtf32 writes each value's TF32 small part beside it, for wg_fp16 and wg_bf16 the value in that format
+alone: the pass those kernels make over A before every product anyway (gemm_small_parts, gemm_to_half),
+so the prologue costs neither a step nor a pass of its own. On the CPU
 device the reference normalises the rows as the LayerNormalization plugin's reference does, then takes them.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ class RowPrologue:
         # before the variant in kernel names: "matmul.ln*wg_3xtf32_b64x64x32_s3+gelu", "matmul.ln*rows*wg_3xtf32..."
         self.prefix = ("ln*" if norm is not None else "") + ("rows*" if rows is not None else "")
         self._device: tuple[Any, Any, Any] | None = None  # scale, bias, table on the device
-        self._function = None
+        self._functions: dict[int, Any] = {}  # by the format the rows are written in (0: FP32, else HALF_OUT)
 
     def rows_after(self, rows: int) -> int:
         return rows if self.rows is None else self.rows.rows_after(rows)
@@ -74,26 +75,29 @@ class RowPrologue:
             x = normalize(NormSpec(LAYER, (1, self.k), Rows.of((1, self.k), 1, 2), epsilon, channels=self.k), x, scale, bias)
         return x if self.rows is None else self.rows.take(x)
 
-    def compile_job(self, arch: str) -> CompileJob:
-        return cuda.module_job(SOURCE, {"NORMALISE": int(self.norm is not None)}, arch)
+    def compile_job(self, arch: str, half: int = 0) -> CompileJob:
+        """`half`: the rows written in FP16's (1) or BF16's (2) bits, as wg_fp16 and wg_bf16 read A; 0: FP32."""
+        return cuda.module_job(SOURCE, {"NORMALISE": int(self.norm is not None)} | ({"HALF_OUT": half} if half else {}), arch)
 
-    def load(self) -> Any:
+    def load(self, half: int = 0) -> Any:
         """The CUDA function, compiled (or found in the cache) for this device; kept for the calls."""
         import cupy
 
-        if self._function is None:
-            self._function = cuda.load(self.compile_job(cuda.device_arch())).get_function("row_prologue")
+        if half not in self._functions:
+            self._functions[half] = cuda.load(self.compile_job(cuda.device_arch(), half)).get_function("row_prologue")
+        if self._device is None:
             scale, bias = (cupy.asarray(v) for v in self.norm[1:]) if self.norm is not None else (None, None)
             table = cupy.asarray(np.asarray(self.rows.table, np.int32)) if self.rows is not None else None
             self._device = (scale, bias, table)
-        return self._function
+        return self._functions[half]
 
-    def launch(self, cupy: Any, x: Any, small: Any) -> Any:
-        """A's rows as the product reads them, a new (rows out, k) array; with `small` (an array of that
-        shape) their TF32 small parts written there too. x: C-contiguous (rows, k) float32, on the current stream."""
-        function = self.load()
+    def launch(self, cupy: Any, x: Any, small: Any, half: int = 0) -> Any:
+        """A's rows as the product reads them, a new (rows out, k) array: FP32, or with `half` the bits of FP16
+        (1) or BF16 (2) in uint16; with `small` (an FP32 array of that shape) their TF32 small parts written
+        there too. x: C-contiguous (rows, k) float32, on the current stream."""
+        function = self.load(half)
         rows = self.rows_after(int(x.shape[0]))
-        a = cupy.empty((rows, self.k), dtype=cupy.float32)
+        a = cupy.empty((rows, self.k), dtype=cupy.uint16 if half else cupy.float32)
         if rows:
             scale, bias, table = self._device
             null = np.uint64(0)

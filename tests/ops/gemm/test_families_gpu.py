@@ -206,14 +206,15 @@ def test_wgmma_adds_a_residual_as_it_stores(variant, n):
         kernel([cupy.asarray(p.a), cupy.asarray(p.b)])  # the epilogue adds one: a call without it is refused
 
 
-@pytest.mark.parametrize("variant", ["wg_3xtf32", "wg_3xtf32_b64x64x32_s3_k3", "tc_3xtf32", "tiled", "wg_fp16"])
+@pytest.mark.parametrize("variant", ["wg_3xtf32", "wg_3xtf32_b64x64x32_s3_k3", "tc_3xtf32", "tiled", "wg_fp16", "wg_bf16"])
 @pytest.mark.parametrize("norm, gather", [(True, False), (False, True), (True, True)], ids=["layernorm", "rows", "layernorm+rows"])
 def test_a_row_prologue_normalises_and_gathers_a_rows_before_the_product(variant, norm, gather):
     """A transformer's LN > Linear, Swin's shifted windows > Linear, or both, in one step: wg_3xtf32's pass
-    for A's small parts normalises and gathers the rows as it goes; the other families take the rows from the
-    same pass. Rows far from mean 0 and variance 1, so that a skipped normalisation shows; a table that
-    drops, repeats and reorders rows of each of two images and adds zero rows (padding); the output poisoned
-    first, against float64."""
+    for A's small parts normalises and gathers the rows as it goes, wg_fp16's and wg_bf16's writes them in
+    their format; the other families take the rows from the same pass. Rows far from mean 0 and variance 1,
+    so that a skipped normalisation shows; a table that drops, repeats and reorders rows of each of two images
+    and adds zero rows (padding); the output poisoned first, against float64; a call into a given output and
+    one without (the common call's own path) alike."""
     import cupy
 
     from opplugin.ops.gemm.row_prologue import RowPrologue, RowTable
@@ -241,8 +242,10 @@ def test_a_row_prologue_normalises_and_gathers_a_rows_before_the_product(variant
     exact = reference.expected(p.spec, NONE, rows, p.b, p.c)
     # the normalised rows carry FP32's rounding (a few units of 2^-24 each) into the product as well
     scale_of_y = np.abs(rows) @ np.abs(p.b.T.astype(np.float64)) + np.abs(p.c.astype(np.float64))
-    tolerance = 2.1 * 2.0 ** -11 if variant.startswith("wg_fp16") else 2e-5
+    tolerance = {"wg_fp16": 2.1 * 2.0 ** -11, "wg_bf16": 2.1 * 2.0 ** -8}.get(variant, 2e-5)
     assert np.all(np.abs(cupy.asnumpy(y) - exact) <= tolerance * scale_of_y + ATOL)
+    [again] = kernel([cupy.asarray(x)])
+    assert np.array_equal(cupy.asnumpy(again), cupy.asnumpy(y))
 
 
 @pytest.mark.parametrize("variant, unit_roundoff", [("wg_fp16", 2.0 ** -11), ("wg_fp16_b64x64x64_s3_k3", 2.0 ** -11),

@@ -217,7 +217,8 @@ def e2e_sections(payload: Payload) -> tuple[str, list[Section]]:
     marks = ["fail" if (r["model"], r["batch"], r["peer"]) in failing else "" for r in payload["rows"]]
     notes = "; ".join(line.removeprefix("- ") for line in e2e_table.notes(payload, None))
     sections.append(Section("Every candidate", table(header, rows, numeric=e2e_table.DETAILS_NUMBERS, row_classes=marks), notes))
-    return f"{_listed(payload['model'])} end to end beside their peers", sections
+    precision = payload.get("precision", "fp32")  # runs before schema 4 were FP32
+    return f"{_listed(payload['model'])} end to end beside their peers in {precision.upper()}", sections
 
 
 # --- --scaling --------------------------------------------------------------------------------------

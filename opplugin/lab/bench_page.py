@@ -54,8 +54,8 @@ def _settings(benchmark: str, payload: Payload) -> list[tuple[str, str]]:
     elif benchmark == "attention":
         facts.append(("peers", payload["peers"]))
     elif benchmark == "e2e":
-        facts.append(("timing", (f"medians of {payload['repeat']} after {payload['warmup']} warm-up runs; FP32 everywhere (TF32 off), "
-                                 "every output checked against onnxruntime CPU first")))
+        facts.append(("timing", (f"medians of {payload['repeat']} after {payload['warmup']} warm-up runs; "
+                                 f"{e2e_table.precision_words(payload).rstrip('.')}")))
     elif benchmark == "scaling":
         settings = payload["settings"]
         facts.append(("timing", f"{settings['timing']}; median of {settings['repeat']} passes after {settings['warmup']} warm-up"))

@@ -14,8 +14,10 @@ from onnx_builders import save, tiny_cnn
 
 from opplugin.graph.model import load_model
 from opplugin.lab import e2e, e2e_onnxruntime, e2e_table, e2e_torch
+from opplugin.lab.bench_page import bench_page
 from opplugin.lab.peers import PeerUnavailable
 from opplugin.ort import sessions
+from opplugin.report.jsonout import json_safe
 from opplugin.verify import float64
 from repository import ROOT
 
@@ -124,6 +126,8 @@ def test_an_fp16_run_checks_every_output_against_float64_and_its_onnxruntime_row
     assert prose.startswith("End to end in FP16 on NVIDIA H200: ")
     assert "every output checked against the model in float64 first (correct within a relative L2 error of 0.0312)" in prose
     assert "Floor: none in a reduced precision" in prose
+    page = " ".join(bench_page("e2e", json_safe(payload)).split())  # --report says the same
+    assert "end to end beside their peers in FP16" in page and "every output checked against the model in float64" in page
 
 
 def test_a_model_the_float64_evaluator_cannot_run_is_a_one_line_error(monkeypatch, tmp_path):

@@ -22,6 +22,7 @@ from ..graph.model import SHIPPED_MODELS, load_model
 from ..lab import attention_bench, bench as conv_bench, bench_page, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
 from ..lab.cnn_layers import SUITE_BATCHES
 from ..lab.trial import BENCH_REPEAT, BENCH_WARMUP
+from ..plan.precision import checked_precision
 from ..report.jsonout import json_safe
 from .file_guard import CommandFiles
 from .options import KernelOptions, ReportOptions, TimingOptions
@@ -49,6 +50,7 @@ class BenchOptions:
     families: tuple[str, ...] | None = None  # None: every family
     e2e: tuple[str, ...] = ()  # the models of --e2e
     peers: tuple[str, ...] = e2e_bench.PEERS  # with --e2e
+    precision: str = "fp32"  # with --e2e: what opplugin and every peer run in
     scaling: str | None = None  # the model of --scaling
     devices: tuple[str, ...] | None = None  # with --scaling: the device lists; None: 0, then 0,1, ... up to every GPU
     kernels: tuple[str, ...] = ()  # --kernel Conv=FILE: the files the Conv suites bench beside the families
@@ -93,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--e2e", nargs="+", metavar="MODEL", help="time these ONNX models end to end beside their peers (PyTorch eager, in a CUDA graph and torch.compile; onnxruntime CUDA, with and without its CUDA graph) instead")
     parser.add_argument("--peers", nargs="+", choices=e2e_bench.PEERS, metavar="PEER",
                         help=f"with --e2e: time only these peers ({', '.join(e2e_bench.PEERS)}; default all); opplugin's rows always run")
+    parser.add_argument("--precision", metavar="fp32|tf32|fp16|bf16",
+                        help="with --e2e: run opplugin and every peer in this precision (default fp32, TF32 off): tf32 switches "
+                             "TF32 on; fp16 and bf16 convert PyTorch's module (channels_last too) and onnxruntime's model (fp16 "
+                             "only, by onnxconverter-common), and check every output against the model in float64")
     parser.add_argument("--scaling", nargs="?", const=scaling_bench.DEFAULT_MODEL, metavar="MODEL",
                         help=f"instead: images/s of one batch split over 1 to N devices, host to host from pinned memory, and the "
                              f"scaling efficiency (default model {scaling_bench.DEFAULT_MODEL}, --batches {scaling_bench.DEFAULT_BATCHES[0]})")
@@ -119,6 +125,8 @@ def read(args: argparse.Namespace) -> BenchOptions:
         raise InputError("bench --custom MODEL needs --ops FILE.py, and --ops applies to bench --custom")
     if args.custom and (args.e2e or args.scaling is not None):
         raise InputError("--custom, --e2e and --scaling are three benchmarks; give one")
+    if args.precision is not None and not args.e2e:
+        raise InputError("--precision applies to bench --e2e")
     benchmark = "custom" if args.custom else "scaling" if args.scaling is not None else "e2e" if args.e2e else args.suite
     kernels = KernelOptions.from_args(args, one_per_op=False)  # the Conv suites may compare several
     others = [op for op, _ in kernels.files if op != "Conv"]
@@ -127,7 +135,8 @@ def read(args: argparse.Namespace) -> BenchOptions:
     return BenchOptions(benchmark, tuple(batch_sizes(args.batches, DEFAULT_BATCHES[benchmark])), timing,
                         models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
                         cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
-                        e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS), scaling=args.scaling,
+                        e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS),
+                        precision=checked_precision(args.precision or "fp32", "--precision"), scaling=args.scaling,
                         devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot, html=args.html,
                         custom=args.custom, ops=tuple(args.ops or ()))
 
@@ -214,7 +223,8 @@ def _e2e(options: BenchOptions) -> int:
         write_json(options.json, payload)
 
     payload = json_safe(e2e_bench.run_e2e(list(options.e2e), list(options.batches), warmup, repeat,
-                                    checkpoint=write if options.json else None, peers=options.peers))
+                                    checkpoint=write if options.json else None, peers=options.peers,
+                                    precision=options.precision))
     print(e2e_table.format_text(payload), end="")
     if options.json:
         write(payload)

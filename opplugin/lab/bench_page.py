@@ -54,8 +54,8 @@ def _settings(benchmark: str, payload: Payload) -> list[tuple[str, str]]:
     elif benchmark == "attention":
         facts.append(("peers", payload["peers"]))
     elif benchmark == "e2e":
-        facts.append(("timing", (f"medians of {payload['repeat']} after {payload['warmup']} warm-up runs; FP32 everywhere (TF32 off), "
-                                 "every output checked against onnxruntime CPU first")))
+        facts.append(("timing", (f"medians of {payload['repeat']} after {payload['warmup']} warm-up runs; "
+                                 f"{e2e_table.precision_words(payload).rstrip('.')}")))
     elif benchmark == "scaling":
         settings = payload["settings"]
         facts.append(("timing", f"{settings['timing']}; median of {settings['repeat']} passes after {settings['warmup']} warm-up"))
@@ -217,7 +217,8 @@ def e2e_sections(payload: Payload) -> tuple[str, list[Section]]:
     marks = ["fail" if (r["model"], r["batch"], r["peer"]) in failing else "" for r in payload["rows"]]
     notes = "; ".join(line.removeprefix("- ") for line in e2e_table.notes(payload, None))
     sections.append(Section("Every candidate", table(header, rows, numeric=e2e_table.DETAILS_NUMBERS, row_classes=marks), notes))
-    return f"{_listed(payload['model'])} end to end beside their peers", sections
+    precision = payload.get("precision", "fp32")  # runs before schema 4 were FP32
+    return f"{_listed(payload['model'])} end to end beside their peers in {precision.upper()}", sections
 
 
 # --- --scaling --------------------------------------------------------------------------------------

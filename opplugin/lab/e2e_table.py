@@ -4,8 +4,10 @@ fits LINE_WIDTH columns (long names cut in the middle) or as Markdown for the be
 - The summary: a line per model and batch with the model's floor on this device, opplugin's
   two modes host to host, the fastest peer, and each mode's time over the peer's.
 - The details: a line per candidate with both figures, its time over the fastest peer's,
-  and its agreement with onnxruntime CPU; then, once per candidate and reason, why a
-  candidate did not run or failed.
+  and its agreement with the run's reference (onnxruntime CPU in FP32, float64 in a reduced
+  precision); then, once per candidate and reason, why a candidate did not run or failed.
+
+The heading says the run's precision; a payload written before runs had one (schema 3) is FP32.
 """
 from __future__ import annotations
 
@@ -100,22 +102,48 @@ def notes(payload: dict[str, Any], width: int | None) -> list[str]:
     return lines
 
 
+# what each candidate runs in a reduced precision, in words
+HOW = {
+    "tf32": "with TF32 on where it has it (opplugin's TF32 kernels, PyTorch's allow_tf32, onnxruntime's use_tf32)",
+    "fp16": "in FP16 where it has it (opplugin's FP16 kernels, PyTorch's module converted and channels_last, "
+            "onnxruntime's model converted by onnxconverter-common)",
+    "bf16": "in BF16 where it has it (opplugin's BF16 kernels, PyTorch's module converted and channels_last; "
+            "onnxruntime has no BF16)",
+}
+
+
+def precision_words(payload: dict[str, Any]) -> str:
+    """What every candidate ran in and what its output was checked against, in words."""
+    precision = payload.get("precision", "fp32")
+    if precision == "fp32":
+        return "FP32 everywhere (TF32 off), every output checked against onnxruntime CPU first."
+    return (f"every candidate {HOW[precision]}, every output checked against the model in float64 first "
+            f"(correct within a relative L2 error of {payload['tolerance']:.3g}).")
+
+
 def _lasting(payload: dict[str, Any]) -> str:
     """How long each candidate's warm-up lasted at least, where the payload says (runs before it did not)."""
     return f" and {payload['warmup_ms']:g} ms at least" if payload.get("warmup_ms") else ""
 
 
-def _prose(payload: dict[str, Any], width: int | None) -> list[str]:
+def _floor(payload: dict[str, Any]) -> str:
     roof = payload.get("roofline") or {}
+    if payload.get("precision", "fp32") != "fp32":
+        return "Floor: none in a reduced precision (the measured rate is FP32's, and its values are 4 bytes)."
+    if not roof:
+        return "Floor: not measured."
+    return (f"Floor: the model's FLOPs at {roof['fp32_tflop_per_s']:.1f} TFLOP/s (FP32 SGEMM, TF32 off) or its weights, "
+            f"input and activations moved once at {roof['copy_gb_per_s']:.0f} GB/s (device-to-device copy), "
+            "whichever takes longer; both rates measured in this run.")
+
+
+def _prose(payload: dict[str, Any], width: int | None) -> list[str]:
     default = payload.get("opplugin_default")
     lines = [
-        f"End to end on {payload['device']['name']}: ms host to host (pinned host input to host output) and "
-        f"device-resident, medians of {payload['repeat']} after {payload['warmup']} warm-up runs"
-        f"{_lasting(payload)}; random weights "
-        "and inputs, FP32 everywhere (TF32 off), every output checked against onnxruntime CPU first.",
-        (f"Floor: the model's FLOPs at {roof['fp32_tflop_per_s']:.1f} TFLOP/s (FP32 SGEMM, TF32 off) or its weights, "
-         f"input and activations moved once at {roof['copy_gb_per_s']:.0f} GB/s (device-to-device copy), "
-         "whichever takes longer; both rates measured in this run.") if roof else "Floor: not measured.",
+        f"End to end in {payload.get('precision', 'fp32').upper()} on {payload['device']['name']}: ms host to host "
+        f"(pinned host input to host output) and device-resident, medians of {payload['repeat']} after "
+        f"{payload['warmup']} warm-up runs{_lasting(payload)}; random weights and inputs, {precision_words(payload)}",
+        _floor(payload),
         LEGEND + (f" opplugin's default is {label(default)}." if default else ""),
         "opplugin's host-to-host figure is a runner as it runs by default (chunks on several streams); its "
         "device-resident one is a runner taking the batch in one chunk on one stream, less the copies of the "

@@ -4,6 +4,12 @@
 - graph: the same module captured once in a `torch.cuda.CUDAGraph` and replayed;
 - compile_graph: `torch.compile` (inductor, default mode, TF32 off) captured the same way.
 
+Each in the run's precision (TorchPeer): FP32 as above; tf32 the FP32 module with TF32 allowed
+for cuDNN and cuBLAS; fp16 and bf16 a copy of the module converted to that dtype and to
+channels_last (which reorders 4-D weights only), the FP32 input cast to it (channels_last when
+4-D) and the output cast back to FP32 on the device, inside the timed call, as opplugin takes
+and gives FP32 too. One FP32 module is loaded per model; the converted one is derived from it.
+
 A capture works on fixed tensors: the input is copied into a static input tensor, the
 graph replays, and its static output is read. Warm-up calls (cuDNN's algorithm search,
 inductor's compile) run on a side stream first, as PyTorch asks before a capture.
@@ -15,28 +21,84 @@ tested on the CPU, this module on the GPU.
 """
 from __future__ import annotations
 
+import copy
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from ..core.number_formats import FP32
 from ..errors import first_line
 from ..graph.model import Model
 from .peers import PeerUnavailable, torch_or_reason
 from .trial import E2E_WARMUP_MS, host_ms, warm_up
 
+# the precisions in which the module and its input are converted, to these torch dtypes (by name)
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class TorchPeer:
+    """The module the PyTorch peers time, in one precision."""
+
+    torch: Any
+    module: Any  # in eval mode on the GPU; converted to TORCH_DTYPES[precision] where it names one
+    source: str  # where its weights came from
+    precision: str = FP32
+
+    def forward(self, x_device: Any) -> Any:
+        """The module on an FP32 device tensor, its output FP32: under fp16 and bf16 the input cast to the
+        module's dtype (channels_last when 4-D) and the output cast back, both on the device."""
+        if self.precision not in TORCH_DTYPES:
+            return self.module(x_device)
+        return self.module(converted_input(self.torch, x_device, self.precision)).float()
+
+    @property
+    def arithmetic(self) -> str:
+        """How the module computes, in the words of the implementation strings."""
+        if self.precision in TORCH_DTYPES:
+            return f"{self.precision.upper()} channels_last"
+        return "TF32" if self.precision == "tf32" else "FP32"
+
+
+def converted_module(torch: Any, module: Any, precision: str) -> Any:
+    """A copy of `module` in the dtype of `precision` and in channels_last (the FP32 module stays as it is,
+    for the FP32 rows and any other precision)."""
+    dtype = getattr(torch, TORCH_DTYPES[precision])
+    return copy.deepcopy(module).to(dtype).to(memory_format=torch.channels_last)
+
+
+def converted_input(torch: Any, x: Any, precision: str) -> Any:
+    """`x` in the dtype of `precision`; a 4-D (image) input in channels_last too, as the module's weights are.
+    An input of integers (token ids) stays as it is."""
+    if not x.is_floating_point():
+        return x
+    dtype = getattr(torch, TORCH_DTYPES[precision])
+    return x.to(dtype=dtype, memory_format=torch.channels_last) if x.ndim == 4 else x.to(dtype=dtype)
+
 
 class TorchModel:
     """The PyTorch module of one ONNX file, on the GPU, loaded on first use and kept for
-    every batch and peer; raises PeerUnavailable (the same reason each time) when it cannot be."""
+    every batch and peer, and its conversion for each reduced precision asked for; raises
+    PeerUnavailable (the same reason each time) when it cannot be loaded."""
 
     def __init__(self, path: Path, model: Model):
         self.path, self.model = path, model
         self._loaded: tuple[Any, Any, str] | None = None
         self._reason: str | None = None
+        self._converted: dict[str, Any] = {}  # precision -> the FP32 module converted to it
 
-    def get(self) -> tuple[Any, Any, str]:
+    def get(self, precision: str = FP32) -> TorchPeer:
+        """The module in `precision`, with torch's switches set for it (precision_settings)."""
+        torch, module, source = self._fp32()
+        if precision in TORCH_DTYPES and precision not in self._converted:
+            self._converted[precision] = converted_module(torch, module, precision)
+        precision_settings(torch, precision)
+        return TorchPeer(torch, self._converted.get(precision, module), source, precision)
+
+    def _fp32(self) -> tuple[Any, Any, str]:
         """(torch, module in eval mode on the GPU, where its weights came from)."""
         if self._loaded is None and self._reason is None:
             try:
@@ -95,6 +157,15 @@ def fp32_settings(torch: Any) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+def precision_settings(torch: Any, precision: str) -> None:
+    """fp32_settings, with TF32 allowed for cuDNN and cuBLAS under tf32 alone (under fp16 and bf16 what
+    is left in FP32 stays exact, as opplugin's FP32 steps do)."""
+    fp32_settings(torch)
+    if precision == "tf32":
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
 def _event_ms(torch: Any, fn: Callable[[], Any], warmup: int, repeat: int) -> float:
     warm_up(lambda: (fn(), torch.cuda.synchronize()), warmup, E2E_WARMUP_MS)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -108,16 +179,16 @@ def _event_ms(torch: Any, fn: Callable[[], Any], warmup: int, repeat: int) -> fl
     return statistics.median(samples)
 
 
-def time_eager(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat: int) -> dict[str, Any]:
-    torch, module, source = loaded
+def time_eager(peer: TorchPeer, x: np.ndarray, warmup: int, repeat: int) -> dict[str, Any]:
+    torch = peer.torch
     x_host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
     x_device = x_host.cuda()
     with torch.no_grad():
-        host = host_ms(lambda: module(x_host.cuda(non_blocking=True)).cpu(), warmup, repeat, E2E_WARMUP_MS)
-        device = _event_ms(torch, lambda: module(x_device), warmup, repeat)
-        output = module(x_host.cuda(non_blocking=True)).cpu().numpy()
+        host = host_ms(lambda: peer.forward(x_host.cuda(non_blocking=True)).cpu(), warmup, repeat, E2E_WARMUP_MS)
+        device = _event_ms(torch, lambda: peer.forward(x_device), warmup, repeat)
+        output = peer.forward(x_host.cuda(non_blocking=True)).cpu().numpy()
     return {"host_to_host_ms": host, "device_ms": device, "output": output,
-            "implementation": f"PyTorch {torch.__version__} eager, cuDNN {torch.backends.cudnn.version()} FP32, {source}"}
+            "implementation": f"PyTorch {torch.__version__} eager, cuDNN {torch.backends.cudnn.version()} {peer.arithmetic}, {peer.source}"}
 
 
 def capture(torch: Any, forward: Callable[[Any], Any], x_device: Any, warmup: int) -> tuple[Any, Any, Any]:
@@ -135,18 +206,22 @@ def capture(torch: Any, forward: Callable[[Any], Any], x_device: Any, warmup: in
     return graph, static_x, static_y
 
 
-def time_graph(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat: int, compiled: bool) -> dict[str, Any]:
-    """The module (or torch.compile's version of it) replayed from one CUDA graph."""
-    torch, module, source = loaded
+def time_graph(peer: TorchPeer, x: np.ndarray, warmup: int, repeat: int, compiled: bool) -> dict[str, Any]:
+    """The module (or torch.compile's version of it) replayed from one CUDA graph; the casts of a
+    reduced precision are inside the graph (and inside what torch.compile compiles)."""
+    torch = peer.torch
     x_host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
-    what = f"PyTorch {torch.__version__} in one CUDA graph, cuDNN {torch.backends.cudnn.version()} FP32"
-    forward = module
+    what = f"PyTorch {torch.__version__} in one CUDA graph, cuDNN {torch.backends.cudnn.version()} {peer.arithmetic}"
+    forward = peer.forward
     if compiled:
         try:
-            forward = torch.compile(module, backend="inductor", mode="default", dynamic=False)
+            # the casts of fp16 and bf16 compiled with the module; FP32 and TF32 compile the module as it is
+            target = peer.forward if peer.precision in TORCH_DTYPES else peer.module
+            forward = torch.compile(target, backend="inductor", mode="default", dynamic=False)
         except Exception as err:
             raise PeerUnavailable(f"torch.compile failed: {type(err).__name__}: {first_line(err)}") from None
-        what = f"torch.compile {torch.__version__} (inductor, default mode, TF32 off) in one CUDA graph"
+        arithmetic = "TF32 off" if peer.precision == FP32 else peer.arithmetic
+        what = f"torch.compile {torch.__version__} (inductor, default mode, {arithmetic}) in one CUDA graph"
     with torch.no_grad():
         try:
             graph, static_x, static_y = capture(torch, forward, x_host.cuda(), warmup)
@@ -162,4 +237,4 @@ def time_graph(loaded: tuple[Any, Any, str], x: np.ndarray, warmup: int, repeat:
         host = host_ms(host_to_host, warmup, repeat, E2E_WARMUP_MS)
         device = _event_ms(torch, graph.replay, warmup, repeat)
         output = host_to_host().numpy()
-    return {"host_to_host_ms": host, "device_ms": device, "output": output, "implementation": f"{what}, {source}"}
+    return {"host_to_host_ms": host, "device_ms": device, "output": output, "implementation": f"{what}, {peer.source}"}

@@ -1,5 +1,6 @@
 """ONNX nodes evaluated in float64: the exact result that arbitrates when opplugin and
-onnxruntime disagree (check's verdicts, first_bad.py).
+onnxruntime disagree (check's verdicts, first_bad.py), and a whole model's exact outputs,
+which `bench --e2e --precision` measures a reduced precision against.
 
 The nodes are copied into a small model whose float32 tensors, constants and casts
 become float64, and onnx's ReferenceEvaluator runs it: its ops are numpy, so the
@@ -37,6 +38,14 @@ def evaluate(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], con
     with np.errstate(all="ignore"):  # overflow inside a saturating op (Sigmoid of -800) is its right answer
         results = ReferenceEvaluator(model, new_ops=list(new_ops) or None).run(list(outputs), feeds)
     return dict(zip(outputs, (np.asarray(r) for r in results)))
+
+
+def evaluate_model(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of a whole model in float64 (`evaluate` over all its nodes, its initializers as the
+    constants): the exact result a run in a reduced precision is measured against (bench --e2e --precision)."""
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    return evaluate(graph.node, inputs, constants, [output.name for output in graph.output], model.opset_import)
 
 
 # float32's unit roundoff

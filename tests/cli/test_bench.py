@@ -43,6 +43,11 @@ def test_scaling_names_its_model_and_the_e2e_peers_default_to_all():
     assert bench_options("--e2e", "m.onnx", "--peers", "pytorch_eager").peers == ("pytorch_eager",)
 
 
+def test_e2e_runs_in_fp32_unless_precision_says_otherwise():
+    assert bench_options("--e2e", "m.onnx").precision == "fp32" == bench_options().precision
+    assert bench_options("--e2e", "m.onnx", "--precision", "bf16").precision == "bf16"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--batches", "1k"], "--batches must be positive integers, got 1k"),
     (["--repeat", "0", "--warmup", "-1"], "--repeat must be a positive integer, got 0"),
@@ -50,6 +55,10 @@ def test_scaling_names_its_model_and_the_e2e_peers_default_to_all():
     (["--plot", "s.png"], "--plot applies to bench --scaling"),
     (["--scaling", "--e2e", "m.onnx"], "--scaling and --e2e are two benchmarks; give one"),
     (["--kernel", "Conv=a.cu", "--kernel", "nonsense"], "--kernel takes OP=FILE.cu"),
+    (["--precision", "fp16"], "^--precision applies to bench --e2e$"),
+    (["--suite", "gemm", "--precision", "fp32"], "^--precision applies to bench --e2e$"),
+    (["--scaling", "--precision", "tf32"], "^--precision applies to bench --e2e$"),
+    (["--e2e", "m.onnx", "--precision", "fp8"], "^--precision 'fp8': one of fp32, tf32, fp16, bf16 "),
 ])
 def test_bad_bench_flags_are_refused_as_they_are_read(argv, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(")):

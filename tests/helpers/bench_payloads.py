@@ -86,8 +86,8 @@ def gemm_payload() -> dict:
 def e2e_payload() -> dict:
     """resnet18 at batches 1 and 32: every candidate, the ONNX Runtime ones unavailable and torch.compile wrong at 32."""
     payload = header(e2e.SCHEMA, GPU, ["resnet18"], [1, 32])
-    payload.update(warmup=3, warmup_ms=50, repeat=20, tolerance=e2e.FP32_TOLERANCE, opplugin_default="opplugin_graphs",
-                   peers=list(e2e.PEERS), roofline=ROOF.record(), cases=[], rows=[])
+    payload.update(warmup=3, warmup_ms=50, repeat=20, precision="fp32", reference=e2e.FP32_REFERENCE, tolerance=e2e.FP32_TOLERANCE,
+                   opplugin_default="opplugin_graphs", peers=list(e2e.PEERS), roofline=ROOF.record(), cases=[], rows=[])
     for batch in (1, 32):
         rows = []
         for index, candidate in enumerate(e2e.CANDIDATES):

@@ -115,6 +115,7 @@ def test_the_markdown_tables_have_a_line_per_case_and_per_candidate():
 def test_a_row_says_in_one_line_why_a_candidate_did_not_run_or_was_wrong(monkeypatch):
     monkeypatch.setattr(e2e, "release_device_memory", lambda: 7)
     reference = np.array([[1.0, 2.0], [3.0, 1.0]], np.float32)
+    against = e2e.Accuracy(reference, e2e.FP32_REFERENCE, e2e.FP32_TOLERANCE)
     blank = e2e.empty_row("m", 2, "pytorch_eager")
 
     def unavailable():
@@ -123,14 +124,15 @@ def test_a_row_says_in_one_line_why_a_candidate_did_not_run_or_was_wrong(monkeyp
     def breaks():
         raise RuntimeError("out of memory\nTraceback (most recent call last): ...")
 
-    assert e2e.measured_row(blank, unavailable, reference) | {} == blank | {"status": "unavailable", "reason": "PyTorch is not installed"}
-    broken = e2e.measured_row(blank, breaks, reference)
+    assert e2e.measured_row(blank, unavailable, against) | {} == blank | {"status": "unavailable", "reason": "PyTorch is not installed"}
+    broken = e2e.measured_row(blank, breaks, against)
     assert (broken["status"], broken["reason"], broken["device_free_bytes"]) == ("error", "RuntimeError: out of memory", 7)
-    ran = e2e.measured_row(blank, lambda: {"host_to_host_ms": 1.0, "device_ms": 0.5, "output": reference, "implementation": "x"}, reference)
+    ran = e2e.measured_row(blank, lambda: {"host_to_host_ms": 1.0, "device_ms": 0.5, "output": reference, "implementation": "x"}, against)
     assert ran["status"] == "ok" and ran["rel_l2"] == 0.0 and ran["top1_agreement"] == 1.0 and "output" not in ran
     wrong = e2e.measured_row(blank, lambda: {"host_to_host_ms": 1.0, "device_ms": 0.5, "output": reference[::-1], "implementation": "x"},
-                             reference)
+                             against)
     assert wrong["status"] == "incorrect" and wrong["reason"].startswith("relative L2 error")
+    assert wrong["reason"].endswith(" against onnxruntime CPU")  # FP32's reason as it always was
 
 
 def test_the_run_fails_on_a_wrong_answer_or_a_broken_opplugin_not_on_a_broken_peer():
@@ -260,7 +262,8 @@ def test_bench_e2e_refuses_a_batch_below_one(capsys):
 def test_the_committed_e2e_run_has_the_shared_header_a_row_per_candidate_and_its_case_records():
     payload = json.loads((ROOT / "tools" / "benchmark" / "e2e.json").read_text())
     assert list(payload)[:5] == ["schema", "opplugin_version", "device", "model", "batch"]
-    assert payload["schema"] == e2e.SCHEMA and payload["device"]["kind"] == "cuda"
+    # the committed run predates --precision: schema 3 is schema 4 in FP32 without its `precision` and `reference`
+    assert payload["schema"] in (e2e.SCHEMA, "opplugin-bench-e2e/3") and payload["device"]["kind"] == "cuda"
     cases = [(c["model"], c["batch"]) for c in payload["cases"]]
     assert [(r["model"], r["batch"], r["peer"]) for r in payload["rows"]] == [(*c, p) for c in cases for p in e2e.CANDIDATES]
     assert all(r["status"] != "incorrect" for r in payload["rows"])
@@ -285,7 +288,7 @@ def test_peers_left_out_of_peers_get_skipped_rows_and_are_never_timed(monkeypatc
     monkeypatch.setattr(e2e_torch, "time_graph", timer("pytorch_graph"))
     monkeypatch.setattr(e2e_onnxruntime, "time_cuda", timer("onnxruntime_cuda"))
     monkeypatch.setattr(e2e_onnxruntime, "time_cuda_graph", timer("onnxruntime_cuda_graph"))
-    monkeypatch.setattr(e2e_torch.TorchModel, "get", lambda self: None)
+    monkeypatch.setattr(e2e_torch.TorchModel, "get", lambda self, precision="fp32": None)
     path = save(tiny_cnn(), tmp_path / "tiny.onnx")
     rows = e2e.bench_case(Path(path), load_model(path), 2, 0, 1, peers=("onnxruntime_cuda",))
     assert [r["peer"] for r in rows] == list(e2e.CANDIDATES)

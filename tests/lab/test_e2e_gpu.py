@@ -1,7 +1,10 @@
 """On the GPU: a run copies nothing but what depends on its input (constants stay on the
 device; with onnxruntime's CUDA provider, nothing crosses to the host between steps), and
-`bench --e2e` measures a small model beside its peers."""
+`bench --e2e` measures a small model beside its peers, in FP32 and in FP16."""
 from __future__ import annotations
+
+import importlib.util
+import json
 
 import pytest
 from onnx_builders import save
@@ -9,7 +12,8 @@ from resnet_block import resnet_block
 
 from opplugin.ort import sessions
 from opplugin.inputs.feeds import make_inputs
-from opplugin.lab import e2e
+from opplugin.cli import commands as cli
+from opplugin.lab import e2e, e2e_onnxruntime
 from opplugin.graph.model import load_model
 from opplugin.runtime import Runner
 
@@ -66,8 +70,58 @@ def test_the_pytorch_peers_eager_and_in_one_cuda_graph_give_the_modules_answer()
     with torch.no_grad():
         expected = module.double()(torch.from_numpy(x).double()).numpy()
     e2e_torch.fp32_settings(torch)
-    loaded = (torch, module.float().cuda(), "a test module")
+    loaded = e2e_torch.TorchPeer(torch, module.float().cuda(), "a test module")
     for measured in (e2e_torch.time_eager(loaded, x, 1, 3), e2e_torch.time_graph(loaded, x, 1, 3, compiled=False)):
         assert measured["host_to_host_ms"] > 0 and measured["device_ms"] > 0
         assert e2e.agreement(measured["output"], expected)["rel_l2"] <= e2e.FP32_TOLERANCE
         assert "a test module" in measured["implementation"]
+
+
+def test_bench_e2e_in_fp16_holds_every_row_to_the_fp16_bound_against_float64(tmp_path, capsys):
+    path = save(resnet_block(), tmp_path / "block.onnx")
+    out = tmp_path / "e2e.json"
+    status = cli.main(["bench", "--e2e", str(path), "--batches", "4", "--precision", "fp16", "--warmup", "1", "--repeat", "3",
+                       "--json", str(out)])
+    payload = json.loads(out.read_text())
+    bound = e2e.reduced_precision_bound("fp16")
+    assert (payload["precision"], payload["reference"], payload["tolerance"]) == ("fp16", "float64", bound)
+    by_peer = {row["peer"]: row for row in payload["rows"]}
+    for mode in e2e.OPPLUGIN:
+        ours = by_peer[mode]
+        assert ours["status"] == "ok" and 0 < ours["rel_l2"] <= bound, ours
+        assert "plugin steps in fp16" in ours["implementation"]  # the Gemm head at least (plan/precision.py)
+    if not sessions.has_cuda():
+        expected = "unavailable"
+    elif importlib.util.find_spec("onnxconverter_common") is None:
+        expected = "unavailable"
+        assert by_peer["onnxruntime_cuda"]["reason"] == e2e_onnxruntime.FP16_CONVERTER_MISSING
+    else:
+        expected = "ok"
+        assert "FP16 model by onnxconverter-common" in by_peer["onnxruntime_cuda"]["implementation"]
+    assert by_peer["onnxruntime_cuda"]["status"] == by_peer["onnxruntime_cuda_graph"]["status"] == expected
+    torch_rows = [by_peer[p] for p in ("pytorch_eager", "pytorch_graph", "torch_compile_graph")]
+    assert all(row["status"] in ("ok", "unavailable") for row in torch_rows), torch_rows
+    assert all("FP16 channels_last" in row["implementation"] for row in torch_rows if row["status"] == "ok")
+    assert status == 0 and not e2e.failed(payload)
+    assert "End to end in FP16 on" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_pytorch_peers_in_fp16_stay_within_the_fp16_bound_of_float64():
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from opplugin.lab import e2e_torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+    x = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        expected = module.double()(torch.from_numpy(x).double()).numpy()
+    fp32 = module.float().cuda()
+    peer = e2e_torch.TorchPeer(torch, e2e_torch.converted_module(torch, fp32, "fp16"), "a test module", "fp16")
+    assert next(fp32.parameters()).dtype == torch.float32  # the FP32 module is left as it was
+    for measured in (e2e_torch.time_eager(peer, x, 1, 3), e2e_torch.time_graph(peer, x, 1, 3, compiled=False)):
+        assert measured["output"].dtype == np.float32 and measured["output"].shape == expected.shape
+        assert e2e.agreement(measured["output"], expected)["rel_l2"] <= e2e.reduced_precision_bound("fp16")
+        assert "FP16 channels_last" in measured["implementation"]

@@ -96,4 +96,4 @@ def test_an_fp32_plan_reads_as_it_did(tiny_model_path, capsys):
 
 def test_plan_refuses_a_precision_it_does_not_take_in_one_line(capsys):
     assert main(["plan", "lenet86", "--device", "cpu", "--precision", "fp64"]) == 2
-    assert capsys.readouterr().err == "opplugin: error: --precision 'fp64': one of fp32, tf32, fp16, bf16 (a step without a kernel in it stays fp32)\n"
+    assert capsys.readouterr().err == "opplugin: error: --precision 'fp64': one of fp32, tf32, fp16, bf16, mixed (a step without a kernel in it stays fp32)\n"

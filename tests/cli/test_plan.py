@@ -78,7 +78,7 @@ def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(t
     assert "runs: matmul.reference.fp16+relu" in out and "precision: fp16" in out
     assert "precision: fp32: not yet for Conv; --variant Conv=tc_fp16 runs it in fp16" in out
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["schema"] == "opplugin-plan/5" and data["precision"] == "fp16"
+    assert data["schema"] == "opplugin-plan/6" and data["precision"] == "fp16"
     assert [(s["name"], s["precision"], s["precision_reason"]) for s in data["steps"]] == [
         ("conv", "fp32", "not yet for Conv; --variant Conv=tc_fp16 runs it in fp16"), ("fc1", "fp16", None),
         ("fc2", "fp32", "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)")]

@@ -44,7 +44,7 @@ from .inputs.columns import BatchColumns
 from .inputs.user_data import fix_input_shapes, require_runnable_inputs
 
 # What a Predictor hands on to its Runner; see Runner's docstring for each.
-RUNNER_OPTIONS = ("device", "variants", "registry", "chunk", "streams", "kernels", "cuda_graphs", "precision")
+RUNNER_OPTIONS = ("device", "variants", "registry", "chunk", "streams", "kernels", "cuda_graphs", "precision", "keep_fp32")
 
 
 class Predictor:
@@ -57,7 +57,8 @@ class Predictor:
     ({"input": [None, 3, 224, 224]}, None for a free axis); `pass_through` names columns
     copied unchanged into each output batch (an id or a file path, say). Every other
     keyword goes to the Runner: device, variants, registry, chunk, streams, kernels,
-    cuda_graphs, precision ("fp32" by default; "tf32", "fp16", "bf16": see plan/precision.py).
+    cuda_graphs, precision ("fp32" by default; "tf32", "fp16", "bf16"; "mixed" with keep_fp32: see
+    plan/precision.py).
     """
 
     def __init__(self, model: str | os.PathLike | Model, *, batch: int | None = None,

@@ -38,7 +38,7 @@ def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failin
 def test_the_cli_prints_the_compile_error_then_the_log(monkeypatch, capsys):
     from opplugin.cli import workload
 
-    def broken_runner(options, loaded, poison=False):
+    def broken_runner(options, loaded, poison=False, budget=None):
         raise KernelCompileError("conv_const.cu", ("--std=c++17", "-DC=1", "-DMO=4"), NVRTC_LOG)
 
     monkeypatch.setattr(workload, "make_runner", broken_runner)

@@ -19,6 +19,7 @@ from ..verify import mixed_precision, precision_cost
 from ..verify.first_bad import ISOLATION_IMAGES, arbitrate, format_verdicts, isolate_steps, verdicts_as_json
 from ..verify.mixed_precision import Budget
 from ..verify.precision_cost import PRECISIONS
+from .budget import PRECISION_IMAGES, first_images
 from .file_guard import CommandFiles
 from .options import DEFAULT_ATOL, DEFAULT_RTOL, ReportOptions, ToleranceOptions
 from .output import save_outputs, write_json
@@ -132,16 +133,13 @@ def execute(options: CheckOptions) -> int:
     return 0 if result.passed else 1
 
 
-PRECISION_IMAGES = 32  # check --precision's images without --batch
-
-
 def _precision_cost(options: CheckOptions) -> int:
     """check --precision tf32|fp16|bf16: the emulated cost, printed (and as JSON); 0 once measured. --precision
     mixed: the nodes kept in FP32 for the budget; 1 where no assignment meets it."""
     # every tensor is kept in float64 and in the format: without --batch, a few images, not a run's thousands
     loaded, inputs = load_with_inputs(options.workload, default_batch=PRECISION_IMAGES)
     images = loaded.batch if options.workload.model.batch is not None else min(loaded.batch, PRECISION_IMAGES)
-    feeds = {name: np.asarray(value)[:images] for name, value in inputs.feeds.items()}  # the user's own feeds too
+    feeds = first_images(inputs.feeds, images)  # the user's own feeds too
     bar = PassBars(sys.stderr, unit="nodes")
     try:
         if options.budget is not None:

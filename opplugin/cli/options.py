@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from ..errors import InputError, positive_int
 from ..graph.model import BUNDLED_MODELS, DYNAMIC_BATCH_CPU, DYNAMIC_BATCH_GPU, SHIPPED_BATCH
 from ..inputs.user_data import ImageOptions, parse_input_shapes, parse_pair
-from ..plan.precision import HELP as PRECISION_HELP, checked_precision
+from ..plan.precision import HELP as PRECISION_HELP, MIXED, MIXED_LOW, checked_precision
 from ..runtime.runner import DEFAULT_STREAMS
 from ..user_kernels.flags import parse_kernels
 from ..verify.check import DEFAULT_ATOL, DEFAULT_CHECK_BYTES, DEFAULT_RTOL, REDUCED_TOLERANCE_UNITS, default_tolerance
+from ..verify.mixed_precision import Budget
 
 DEFAULT_MODEL = "lenet86"
 # the batch a command runs without --batch (graph.model.choose_batch), for the flag's help
@@ -64,9 +65,9 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """Where plugin steps run and how the runner runs them: --device, --variant, --precision (on run and
-    plan: check's --precision is its own, an emulation), and on run and check (which run the plan) --chunk,
-    --streams, --cuda-graphs and --devices."""
+    """Where plugin steps run and how the runner runs them: --device, --variant, --precision with --budget for
+    mixed (on run and plan: check's --precision and --budget are its own, an emulation), and on run and check
+    (which run the plan) --chunk, --streams, --cuda-graphs and --devices."""
 
     device: str = "auto"  # auto: the GPU when there is one
     variant: str | None = None  # --variant as typed: a Conv variant, or OP=VARIANT pairs joined by spaces
@@ -75,6 +76,7 @@ class RunnerOptions:
     cuda_graphs: bool | None = None  # None: neither flag typed (graphs where there is a GPU); True: --cuda-graphs
     devices: str | None = None  # --devices as typed: made into device slots as the command starts (it asks CUDA)
     precision: str = "fp32"  # --precision: the steps with a kernel in it run in it (plan/precision.py)
+    budget: Budget | None = None  # --budget, with --precision mixed alone: what keeps nodes in FP32 (cli/budget.py)
 
     @staticmethod
     def add(parser: argparse.ArgumentParser, *, devices: bool = False, runs: bool = True, precision: bool = True) -> None:
@@ -87,9 +89,14 @@ class RunnerOptions:
                                  "(example.ops::Swish=cupy picks a custom op's implementation); repeatable; wins over --precision "
                                  "for its op; default: what `opplugin tune` chose on this GPU, else each op's own rule of thumb")
         if precision:
-            parser.add_argument("--precision", dest="run_precision", default="fp32", metavar="fp32|tf32|fp16|bf16", help=PRECISION_HELP)
+            parser.add_argument("--precision", dest="run_precision", default="fp32", metavar="fp32|tf32|fp16|bf16|mixed",
+                                help=PRECISION_HELP)
+            parser.add_argument("--budget", dest="run_budget", metavar="rel_l2=E|top1=A",
+                                help="with --precision mixed: the outputs' relative L2 error against float64 at most E, or their "
+                                     "top-1 agreement with it at least A, on the first images of the inputs (emulated, as "
+                                     "check --precision mixed finds it); the steps computing the nodes it keeps stay FP32")
         else:
-            parser.set_defaults(run_precision="fp32")
+            parser.set_defaults(run_precision="fp32", run_budget=None)
         if not runs:
             parser.set_defaults(chunk=None, streams=None, cuda_graphs=None, devices=None)
             return
@@ -114,13 +121,23 @@ class RunnerOptions:
             raise InputError("--devices splits the batch over CUDA devices; leave out --device cpu")
         given = args.variant or []
         parse_variants(given)
+        precision = checked_precision(args.run_precision, "--precision")
         return cls(args.device, " ".join(given) or None, args.chunk, args.streams, args.cuda_graphs, args.devices,
-                   checked_precision(args.run_precision, "--precision"))
+                   precision, _budget(precision, args.run_budget))
 
     @property
     def variants(self) -> dict[str, str] | None:
         """--variant as the runner takes it: {op key: variant}."""
         return parse_variants(self.variant.split()) if self.variant else None
+
+
+def _budget(precision: str, text: str | None) -> Budget | None:
+    """--budget, read: it comes with --precision mixed, and mixed with it; an InputError in one line otherwise."""
+    if precision == MIXED and text is None:
+        raise InputError("--precision mixed needs --budget rel_l2=E or top1=A: what the outputs must meet against float64")
+    if text is not None and precision != MIXED:
+        raise InputError(f"--budget {text}: applies to --precision mixed, not {precision}")
+    return Budget.parse(text) if text is not None else None
 
 
 def parse_variants(values: list[str]) -> dict[str, str]:
@@ -259,6 +276,7 @@ class ToleranceOptions:
         for value, flag in ((args.atol, "--atol"), (args.rtol, "--rtol")):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise InputError(f"{flag} must be a finite number of at least 0, got {value:g}")
+        precision = MIXED_LOW if precision == MIXED else precision  # a mixed run is held to its FP16 steps' rule
         atol, rtol = default_tolerance(precision)
         widened = precision if precision != "fp32" and (args.atol is None or args.rtol is None) else None
         return cls(atol if args.atol is None else args.atol, rtol if args.rtol is None else args.rtol, args.check_chunk, widened)

@@ -92,7 +92,8 @@ def execute(options: RunOptions) -> int:
     profile, last = (measured.first, measured.last) if devices else (measured, measured.result)
     save_outputs(options.workload.data, last.outputs | last.kept)
 
-    extra = {"data": inputs.source}
+    # under --precision mixed: the budget, and the nodes it keeps in FP32 with why (cli/budget.py)
+    extra = {"data": inputs.source, "budget": prepared.budget.as_json() if prepared.budget else None}
     ours = last.outputs[model.outputs[0]]
     predicted = top1(ours, batch)
     if predicted is not None and inputs.labels is not None:

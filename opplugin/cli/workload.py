@@ -1,7 +1,8 @@
 """What run and check share: their options for the model, the runner, the data and the
 user's kernels (a Workload), and the set-up before their own work: --sanitize and --watch
-(kernel_loops), then the model loaded, its runner or a runner per --devices slot, and the
-inputs (prepare)."""
+(kernel_loops), then the model loaded, the inputs, under --precision mixed the nodes its
+--budget keeps in FP32 (found on those inputs), and its runner or a runner per --devices
+slot (prepare)."""
 from __future__ import annotations
 
 import argparse
@@ -12,10 +13,12 @@ from typing import Sequence
 from ..custom.offline import compile_cuda_sources
 from ..errors import InputError
 from ..plan.keep import checked_keep
+from ..plan.precision import MIXED
 from ..registry import node_key
 from ..inputs.feeds import Inputs, make_inputs
 from ..runtime import Runner
 from ..runtime.multi_device import DeviceRunners, cuda_slots
+from .budget import BudgetSearch, search_budget
 from .file_guard import CommandFiles
 from .kernel_tools.cli_support import compile_without_gpu, declared_files, sanitize_kernels, say_cpu_note, user_registry_for, watch_kernels
 from .loading import Loaded, load
@@ -63,12 +66,14 @@ class Workload:
 @dataclass(frozen=True)
 class Prepared:
     """What run and check work on: the loaded model, its runner (with --devices, the first
-    device's), the runners of --devices (None without it) and the inputs."""
+    device's), the runners of --devices (None without it), the inputs, and under --precision
+    mixed what its budget keeps in FP32."""
 
     loaded: Loaded
     runner: Runner
     devices: DeviceRunners | None
     inputs: Inputs
+    budget: BudgetSearch | None = None
 
 
 def kernel_loops(workload: Workload, tolerance: ToleranceOptions, *, poison: bool) -> int | None:
@@ -89,24 +94,34 @@ def watch(workload: Workload, tolerance: ToleranceOptions, *, poison: bool, cycl
     files = {**declared_files(loaded.model), **workload.kernels.by_op}
     if not files:
         raise InputError(f"--watch: no --kernel file, and no declaration of --ops with a CUDA C file, has a node in {loaded.model.name}")
-    return watch_kernels(tolerance, loaded.model, loaded.device, loaded.batch, lambda: make_runner(workload, loaded, poison=poison),
-                         files, inputs, cycles=cycles, say=say)
+    budget = _search_budget(workload, loaded, inputs)  # once: a saved kernel file changes no node's FP16 error
+    return watch_kernels(tolerance, loaded.model, loaded.device, loaded.batch,
+                         lambda: make_runner(workload, loaded, poison=poison, budget=budget), files, inputs, cycles=cycles, say=say)
 
 
 def prepare(workload: Workload, *, poison: bool) -> Prepared:
-    """The model loaded, a runner (or one per --devices slot, each for its share of the batch) and
-    the inputs; `poison` fills the user kernels' outputs with NaN before each call (check)."""
+    """The model loaded, the inputs, under --precision mixed the nodes its budget keeps in FP32 (on
+    those inputs), and a runner (or one per --devices slot, each for its share of the batch);
+    `poison` fills the user kernels' outputs with NaN before each call (check)."""
     slots = device_slots(workload.runner)
     loaded = _load(workload)
     checked_keep(loaded.model, workload.data.keep, "--keep")  # before any kernel compiles
     for what, names in loaded.model.simplification.kept_from.items():  # plan says it in its header
         print(f"Not done at load, for the kept {', '.join(names)}: {what}", file=sys.stderr)
-    devices = _make_devices(workload, loaded, slots, poison=poison) if slots else None
-    runner = devices.runners[0] if devices else make_runner(workload, loaded, poison=poison)
     # on a GPU the data lands in pinned memory, so the run copies it by DMA without staging
-    inputs = _inputs(workload.data, loaded, pinned=runner.device.is_cuda)
+    inputs = _inputs(workload.data, loaded, pinned=loaded.device.is_cuda)
+    budget = _search_budget(workload, loaded, inputs)  # before any kernel is built: it decides their precision
+    devices = _make_devices(workload, loaded, slots, poison=poison, budget=budget) if slots else None
+    runner = devices.runners[0] if devices else make_runner(workload, loaded, poison=poison, budget=budget)
     runner.check_keep(workload.data.keep, "--keep")  # before the run starts
-    return Prepared(loaded, runner, devices, inputs)
+    return Prepared(loaded, runner, devices, inputs, budget)
+
+
+def _search_budget(workload: Workload, loaded: Loaded, inputs: Inputs) -> BudgetSearch | None:
+    """Under --precision mixed, the nodes its --budget keeps in FP32, found on the run's own inputs; else None."""
+    if workload.runner.precision != MIXED:
+        return None
+    return search_budget(loaded.model, inputs.feeds, workload.runner.budget)
 
 
 def load_with_inputs(workload: Workload, default_batch: int | None = None) -> tuple[Loaded, Inputs]:
@@ -128,9 +143,10 @@ def device_slots(runner: RunnerOptions):
     return None if runner.devices is None else cuda_slots(runner.devices)
 
 
-def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> Runner:
-    """A runner of a loaded model, with the flags' variant, chunk, streams and kernels; without a
-    GPU the --kernel sources are compiled all the same (NVRTC alone), so their errors show here too."""
+def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False, budget: BudgetSearch | None = None) -> Runner:
+    """A runner of a loaded model, with the flags' variant, precision (under mixed, `budget`'s nodes kept
+    in FP32), chunk, streams and kernels; without a GPU the --kernel sources are compiled all the same
+    (NVRTC alone), so their errors show here too."""
     settings = workload.runner
     registry = user_registry_for(workload.kernels.by_op, poison=poison)
     if poison:
@@ -140,7 +156,7 @@ def make_runner(workload: Workload, loaded: Loaded, *, poison: bool = False) -> 
         raise InputError(f"--variant names {unknown[0]}, which no node of {loaded.model.name} is")
     runner = Runner(loaded.model, loaded.batch, loaded.device, settings.variants, registry, chunk=settings.chunk,
                     streams=settings.streams, cuda_graphs=settings.cuda_graphs is not False, keep=workload.data.keep,
-                    precision=settings.precision)
+                    precision=settings.precision, keep_fp32=budget.keep_fp32 if budget is not None else None)
     if registry is not None and not runner.device.is_cuda:
         compile_without_gpu(runner.plan, registry)
         say_cpu_note(registry, runner.device)
@@ -156,10 +172,11 @@ def poison_custom_ops(model) -> None:
     model.declare([op.poisoned() for op in model.declarations.values() if isinstance(op, CustomOp) and not op.poison])
 
 
-def _make_devices(workload: Workload, loaded: Loaded, slots, *, poison: bool) -> DeviceRunners:
+def _make_devices(workload: Workload, loaded: Loaded, slots, *, poison: bool, budget: BudgetSearch | None) -> DeviceRunners:
     """A runner per --devices slot, each of the flags' kind, built on its own device for its share of the batch."""
     return DeviceRunners(loaded.model, slots,
-                         lambda slot, share: make_runner(workload, replace(loaded, device=slot.device(), batch=share), poison=poison),
+                         lambda slot, share: make_runner(workload, replace(loaded, device=slot.device(), batch=share), poison=poison,
+                                                         budget=budget),
                          loaded.batch)
 
 

@@ -6,6 +6,10 @@ choice. Under tf32, fp16 or bf16 the choice is per step, not per op type: each p
 --variant asks its plugin for the variant that runs it in that precision (Plugin.precision_variant), and
 keeps FP32 where the plugin has none (no such kernel for the op, or none for this shape or fusion). A
 --variant for the op type wins over the precision. onnxruntime steps run in FP32 (TF32 off).
+
+mixed is FP16 but for the nodes a budget keeps in FP32 (`keep_fp32`: ONNX node name -> why, by the names in the
+file; verify/mixed_precision.py finds them): a plugin step that computes one of them (kept_nodes.py) stays FP32
+and says why; every other step is as under fp16.
 """
 from __future__ import annotations
 
@@ -15,12 +19,17 @@ from typing import Mapping
 from ..core.number_formats import FP32, REDUCED
 from ..errors import InputError, PluginError
 from ..registry import PrecisionChoice
+from .kept_nodes import steps_holding
 from .partition import Plan, PluginStep
 
-PRECISIONS = (FP32, *REDUCED)  # what a run takes
+MIXED = "mixed"  # FP16, but for the nodes a budget keeps in FP32
+MIXED_LOW = "fp16"  # what a mixed run's other steps compute in
+PRECISIONS = (FP32, *REDUCED, MIXED)  # what a run takes
+KEPT_BY_BUDGET = "kept in FP32 by the budget"
 HELP = ("fp32 (default, exact) | tf32 | fp16 | bf16: run each step that has a kernel in that precision in it (the weights "
         "converted once at build, inputs and outputs in the model's dtype, sums in FP32); every other step stays FP32, "
-        "and `plan --precision` says which and why")
+        "and `plan --precision` says which and why; mixed (with --budget): fp16, but for the steps whose nodes the "
+        "budget keeps in FP32")
 
 
 @dataclass(frozen=True)
@@ -40,15 +49,42 @@ def checked_precision(precision: str, flag: str = "precision") -> str:
     return precision
 
 
-def step_precisions(plan: Plan, precision: str = FP32, variants: Mapping[str, str] | None = None) -> dict[str, StepPrecision]:
-    """Step name -> how it runs, for every step of `plan` under `precision`; `variants`: --variant by op key."""
+def checked_keep_fp32(precision: str, keep_fp32: Mapping[str, str] | None) -> dict[str, str] | None:
+    """`keep_fp32` as a dict where `precision` is mixed, which needs one (empty: nothing kept), None elsewhere; an
+    InputError in one line for a mixed run without it, or keep_fp32 under another precision."""
+    if precision != MIXED:
+        if keep_fp32 is not None:
+            raise InputError(f"keep_fp32 names the nodes a precision 'mixed' run keeps in FP32; this run's precision is {precision!r}")
+        return None
+    if keep_fp32 is None:
+        raise InputError("precision 'mixed' needs keep_fp32: ONNX node name -> why it stays FP32 "
+                         "(verify.mixed_precision.plan_mixed(...).keep_fp32() finds them for a budget)")
+    if not isinstance(keep_fp32, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in keep_fp32.items()):
+        raise InputError(f"keep_fp32 must map ONNX node names to why each stays FP32 (str -> str), got {type(keep_fp32).__name__}")
+    return dict(keep_fp32)
+
+
+def step_precisions(plan: Plan, precision: str = FP32, variants: Mapping[str, str] | None = None,
+                    keep_fp32: Mapping[str, str] | None = None) -> dict[str, StepPrecision]:
+    """Step name -> how it runs, for every step of `plan` under `precision`; `variants`: --variant by op key;
+    `keep_fp32` (precision mixed): the ONNX nodes that stay FP32, each with why."""
     precision, variants = checked_precision(precision), variants or {}
-    return {step.name: _step_precision(plan, step, precision, variants) if isinstance(step, PluginStep)
+    kept = _kept_reasons(plan, checked_keep_fp32(precision, keep_fp32) or {})
+    computes = MIXED_LOW if precision == MIXED else precision
+    return {step.name: _step_precision(plan, step, computes, variants, kept.get(step.name)) if isinstance(step, PluginStep)
             else StepPrecision(None, FP32, None if precision == FP32 else "onnxruntime runs in fp32")
             for step in plan.steps}
 
 
-def _step_precision(plan: Plan, step: PluginStep, precision: str, variants: Mapping[str, str]) -> StepPrecision:
+def _kept_reasons(plan: Plan, keep_fp32: dict[str, str]) -> dict[str, str]:
+    """Step name -> why it stays FP32, for each step that computes a node of `keep_fp32`."""
+    if not keep_fp32:
+        return {}
+    held = steps_holding(plan, keep_fp32)
+    return {step: f"{KEPT_BY_BUDGET}: {'; '.join(keep_fp32[node] or node for node in nodes)}" for step, nodes in held.items()}
+
+
+def _step_precision(plan: Plan, step: PluginStep, precision: str, variants: Mapping[str, str], kept: str | None = None) -> StepPrecision:
     op = step.node.op_key
     if op in variants:  # the user's choice wins: the step runs in whatever its variant computes in
         variant = variants[op]
@@ -56,6 +92,8 @@ def _step_precision(plan: Plan, step: PluginStep, precision: str, variants: Mapp
         return StepPrecision(variant, ran, None if ran == precision or precision == FP32 else f"--variant {op}={variant}")
     if precision == FP32:
         return StepPrecision(None)
+    if kept is not None:  # a node of it would cost the budget more than FP32 does
+        return StepPrecision(None, FP32, kept)
     choice = _asked(step, plan, precision)
     if choice.variant is None:
         return StepPrecision(None, FP32, choice.reason or f"no {precision} kernel for {op}")

@@ -16,7 +16,9 @@ its op type is a plugin step, `step` null), `reason` (why rejected or not compil
 applies them itself; null when nothing is fused). Empty without `--kernel`.
 "precision" is the precision asked for (`--precision`; "fp32" by default), and each step's own
 `precision` ("fp32", "tf32", "fp16", "bf16") what its kernel computes its products in, with
-`precision_reason`: why it stays fp32 under a reduced precision (null otherwise).
+`precision_reason`: why it stays fp32 under a reduced precision (null otherwise). "budget", under precision
+"mixed": the --budget, the images it was measured on, the nodes it keeps in FP32 and why (each step that computes
+one says so in its precision_reason), and the emulated outputs' errors; null otherwise.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from ..runtime.records import PlanRecord, StepRecord
 from ..core.texttable import LINE_WIDTH, elide_middle, summarise_ops
 
 # 5: precision (asked for), and each step's precision and precision_reason (plan/precision.py)
-SCHEMA = "opplugin-plan/5"
+# 6: budget (plan --precision mixed --budget: cli/budget.py), null otherwise
+SCHEMA = "opplugin-plan/6"
 STEP_KEYS = ("name", "kind", "ops", "implementation", "precision", "precision_reason", "inputs", "outputs", "nodes", "views", "flops",
              "bytes_moved", "variants")
 
@@ -67,12 +70,15 @@ def step_entry(plan: PlanRecord, step: StepRecord, variants: dict[str, str | Non
     }
 
 
-def build_plan_report(plan: PlanRecord, user_kernels: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def build_plan_report(plan: PlanRecord, user_kernels: list[dict[str, Any]] | None = None,
+                      budget: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan at `plan.batch`, with each plugin step's variant notes where its plugin has variants,
-    and the user kernels' entries (cli_support.UserKernelUse.as_json)."""
+    the user kernels' entries (cli_support.UserKernelUse.as_json), and under precision mixed its budget
+    (cli/budget.py: BudgetSearch.as_json)."""
     return header(SCHEMA, plan.device, plan.model.name, plan.batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
         "precision": plan.precision,
+        "budget": budget,
         "chunk": plan.chunk,
         "steps": [step_entry(plan, step, plan.variant_notes.get(step.name) or None) for step in plan.steps],
         "fallbacks": dict(plan.fallbacks),
@@ -92,14 +98,22 @@ def _own_op(step) -> str:
     return step.ops[step.nodes.index(step.name)] if step.name in step.nodes else step.ops[0]
 
 
-def format_plan(plan: PlanRecord, wide: bool = False) -> str:
+def budget_note(budget: dict[str, Any]) -> str:
+    """A mixed run's or plan's budget in a few words, for its first line (`budget`: BudgetSearch.as_json)."""
+    return f"budget {budget['flag']}: {len(budget['kept_in_fp32'])} of {budget['nodes']} nodes kept in fp32"
+
+
+def format_plan(plan: PlanRecord, wide: bool = False, budget: dict[str, Any] | None = None) -> str:
     """The plan as text: a line per step with its implementation, a line with its inputs, then
     why claimed nodes stay in onnxruntime, why fusions were given up, and which variants each
-    plugin step is offered. Long names and op chains are shortened unless `wide`."""
+    plugin step is offered. Long names and op chains are shortened unless `wide`. `budget`: a mixed
+    plan's (BudgetSearch.as_json), for the first line."""
     device = plan.device.name if plan.device.is_cuda else "cpu (numpy reference for plugin steps)"
     line_width, name_width = (None, None) if wide else (LINE_WIDTH, PLAN_NAME_WIDTH)
     reduced = plan.precision != "fp32"
     asked = f", precision {plan.precision} (where a step has a kernel in it; the rest fp32)" if reduced else ""
+    if budget is not None:
+        asked = f", precision mixed ({budget_note(budget)}; fp16 where a step has a kernel in it, the rest fp32)"
     lines = [f"Plan for {plan.model.name}, batch {plan.batch}, device {device}{asked}", ""]
     if plan.model.simplification.changed:
         lines[1:1] = [elide_middle(f"Simplified at load: {plan.model.simplification.summary()}", line_width)]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .jsonout import header
+from .plan import budget_note
 from ..runtime.records import Profile
 from ..core.texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle, summarise_ops, text_table
 
@@ -25,7 +26,9 @@ from ..core.texttable import LINE_WIDTH, NAME_WIDTH, OP_SEPARATOR, elide_middle,
 # 6: with --devices, feeding: the devices used and those left idle, and the feed probe's images/s
 #    on 1, 2, ... N of them behind the choice (runtime/feeding.py: Feeding.record)
 # 7: precision, the --precision the run asked for (each step's own: `plan --precision ... --json`)
-SCHEMA = "opplugin-run/7"
+# 8: budget, under --precision mixed: the --budget, the images it was measured on, the nodes kept in FP32 and why,
+#    and the emulated outputs' errors (cli/budget.py: BudgetSearch.as_json); null otherwise
+SCHEMA = "opplugin-run/8"
 
 ROW_KEYS = (
     "step",
@@ -146,6 +149,7 @@ def build_report(profile: Profile, warmup: int, extra: dict[str, Any] | None = N
     report = header(SCHEMA, device, plan.model.name, batch) | {
         "onnxruntime_provider": plan.onnxruntime_provider,
         "precision": plan.precision,  # asked for: steps with a kernel in it run in it, the rest in fp32 (plan/precision.py)
+        "budget": None,  # under precision mixed, what keeps nodes in FP32 (`extra` gives it)
         "warmup": warmup,
         "repeat": len(profile.total_ms),
         "steps": rows,
@@ -287,14 +291,23 @@ def _graph_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _precision_note(report: dict[str, Any]) -> str:
+    """What the first line says of the precision asked for: nothing for FP32."""
+    precision, budget = report.get("precision", "fp32"), report.get("budget")
+    if precision == "fp32":
+        return ""
+    if budget is not None:  # precision mixed
+        return f", precision mixed ({budget_note(budget)}; fp16 where a step has a kernel in it)"
+    return f", precision {precision} where a step has a kernel in it"
+
+
 def format_text(report: dict[str, Any], wide: bool = False) -> str:
     """The whole report as a person reads it: the seeds' lines, then the table.
     Unless `wide`, long names and op chains are shortened to keep lines near LINE_WIDTH."""
     name_width = None if wide else NAME_WIDTH
     device = report["device"]
     where = device["name"] if device["kind"] == "cuda" else "CPU — no CUDA device, plugin steps ran the numpy reference"
-    precision = report.get("precision", "fp32")
-    asked = f", precision {precision} where a step has a kernel in it" if precision != "fp32" else ""
+    asked = _precision_note(report)
     lines = [
         f"opplugin {report['opplugin_version']}: {report['model']}, batch {report['batch']}, on {where}{asked}",
         f"onnxruntime steps on {report['onnxruntime_provider']}; times are {_timed_runs(report['repeat'])} after {report['warmup']} warm-up",

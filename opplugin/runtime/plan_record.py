@@ -67,8 +67,9 @@ def record_plan(
                       dict(plan.fallbacks), dict(plan.fusions_given_up), notes, precision)
 
 
-def record_plan_alone(plan: Plan, variants: Mapping[str, str] | None = None, precision: str = FP32) -> PlanRecord:
-    """The plan at its own batch with nothing built: what `opplugin plan` shows."""
+def record_plan_alone(plan: Plan, variants: Mapping[str, str] | None = None, precision: str = FP32,
+                      keep_fp32: Mapping[str, str] | None = None) -> PlanRecord:
+    """The plan at its own batch with nothing built: what `opplugin plan` shows; `keep_fp32` as Runner's."""
     layout = chunking.probe_layout(plan.model)
     return record_plan(
         plan,
@@ -80,6 +81,7 @@ def record_plan_alone(plan: Plan, variants: Mapping[str, str] | None = None, pre
         variants=variants,
         variant_notes=True,
         precision=precision,
+        precisions=step_precisions(plan, precision, variants, keep_fp32),
     )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -36,7 +36,7 @@ from ..errors import InputError, ModelError, OutOfDeviceMemory, PluginError, fir
 from ..graph.model import Model
 from ..plan.keep import checked_keep
 from ..plan.partition import OrtStep, Plan, PluginStep, make_plan
-from ..plan.precision import checked_precision, step_precisions
+from ..plan.precision import checked_keep_fp32, checked_precision, step_precisions
 from ..registry import KERNEL_MEMBERS, Kernel, Plugin
 from . import chunking
 from .buffers import InPlace, assign_buffers
@@ -97,8 +97,11 @@ class Runner:
     may hand back (`run(feeds, keep=...)`) that a fused step would hide: the plan gives those
     fusions up (plan.fusions_given_up says which). `precision` ("fp32", the default and exact; "tf32", "fp16",
     "bf16") runs each step whose plugin has a kernel in that precision in it, chosen step by step
-    (plan/precision.py), the rest in FP32; a variant in `variants` wins for its op type. Inputs and outputs
-    keep the model's dtype; `plan_record()` says each step's precision, and why a step stays FP32.
+    (plan/precision.py), the rest in FP32; a variant in `variants` wins for its op type. "mixed" is FP16 but
+    for the ONNX nodes of `keep_fp32` (node name in the file -> why it stays FP32, as
+    `verify.mixed_precision.plan_mixed(...).keep_fp32()` gives them for a budget): each step that computes one
+    stays FP32. Inputs and outputs keep the model's dtype; `plan_record()` says each step's precision, and why
+    a step stays FP32.
 
     `run(feeds)` returns a RunResult, `profile(feeds)` a Profile of timed runs,
     and `plan_record(batch)` the plan as a PlanRecord: what report/timing.py and
@@ -120,9 +123,11 @@ class Runner:
         ops: Sequence[Plugin] | None = None,
         keep: Sequence[str] = (),
         precision: str = "fp32",
+        keep_fp32: Mapping[str, str] | None = None,
     ):
         self.batch = positive_int(batch, "batch")
         self.precision = checked_precision(precision)
+        self.keep_fp32 = checked_keep_fp32(self.precision, keep_fp32)  # before anything is planned or built
         _declare(model, ops)
         registry = _with_user_kernels(registry, kernels)
         if chunk is not None:
@@ -136,7 +141,7 @@ class Runner:
         self.peak_image_bytes = chunking.peak_image_bytes(model, self.layout)
         self.plan, self.layout = self._make_plan(model, registry, chunk, tuple(keep))
         # each step's variant: the op type's --variant, else its plugin's for the precision, else its own choice
-        self.step_precisions = step_precisions(self.plan, self.precision, self.variants)
+        self.step_precisions = step_precisions(self.plan, self.precision, self.variants, self.keep_fp32)
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 

@@ -1,5 +1,6 @@
 """Mixed precision by budget: `check --precision mixed --budget rel_l2=1e-3` (or `top1=0.99`) finds which nodes
-must stay in FP32 for a model run in FP16 to keep within the budget against float64, and says why each.
+must stay in FP32 for a model run in FP16 to keep within the budget against float64, and says why each; `run` and
+`plan --precision mixed` keep the steps that compute them in FP32 (MixedPlan.keep_fp32, plan/precision.py).
 
 On the emulation of precision_cost.py (opplugin does not run whole models in FP16 yet). The nodes are ranked by
 their own FP16 error (each alone on the exact inputs); the first k of that ranking run in FP32, the rest in FP16,
@@ -18,10 +19,11 @@ import onnx
 
 from ..core.texttable import elide_middle
 from ..errors import InputError
+from ..plan.precision import MIXED_LOW
 from .precision_cost import UNIT_ROUNDOFF, Emulation, output_error, own_error
 
 SCHEMA = "opplugin-mixed-precision/1"
-LOW = "fp16"  # the precision every node takes unless the budget keeps it in FP32
+LOW = MIXED_LOW  # the precision every node takes unless the budget keeps it in FP32
 KINDS = ("rel_l2", "top1")
 LISTED = 20  # kept nodes the text names one by one
 
@@ -53,12 +55,22 @@ class Budget:
     def __str__(self) -> str:
         return f"relative L2 error <= {self.value:g}" if self.kind == "rel_l2" else f"top-1 agreement >= {self.value:g}"
 
+    def as_flag(self) -> str:
+        """The budget as --budget takes it: "rel_l2=0.001"."""
+        return f"{self.kind}={self.value:g}"
+
 
 @dataclass
 class Kept:
     name: str
     op: str
     own: float  # its own FP16 error: why it stays in FP32
+
+    def why(self) -> str:
+        """Why the node stays FP32, in words: its own FP16 error against FP16's rounding."""
+        if not np.isfinite(self.own):
+            return f"{self.name} ({self.op}) overflows FP16 alone"
+        return f"{self.name} ({self.op}) errs {self.own:.1e} alone in FP16, {self.own / UNIT_ROUNDOFF[LOW]:.1f}x its rounding"
 
 
 @dataclass
@@ -72,6 +84,10 @@ class MixedPlan:
     nodes: int = 0
     passes: int = 0
     met: bool = True
+
+    def keep_fp32(self) -> dict[str, str]:
+        """The kept nodes as Runner's keep_fp32 takes them: node name -> why it stays FP32."""
+        return {k.name: k.why() for k in self.kept}
 
     def as_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "emulated": True, "model": self.model, "batch": self.batch, "low": LOW,
@@ -121,14 +137,14 @@ def format_text(plan: MixedPlan) -> str:
     lines = [f"Mixed precision for {plan.model} on {plan.batch} images: FP16 wherever the outputs keep within the budget",
              f"({plan.budget} against float64), FP32 elsewhere. Emulated, as opplugin does not run whole models in FP16 yet:",
              "an FP16 node rounds every float tensor it reads and writes, and computes in FP32.", "",
-             f"Every node in FP16: {_errors(plan.low_outputs)}."]
+             f"Every node in FP16: {errors_text(plan.low_outputs)}."]
     if not plan.met:
-        lines.append(f"No assignment meets the budget: FP32 throughout gives {_errors(plan.outputs)}.")
+        lines.append(f"No assignment meets the budget: FP32 throughout gives {errors_text(plan.outputs)}.")
     elif not plan.kept:
         lines.append("That meets the budget: no node needs FP32.")
     else:
         lines += [f"Kept in FP32: {len(plan.kept)} of {plan.nodes} nodes, the dearest by their own FP16 error (found in "
-                  f"{plan.passes} passes); then {_errors(plan.outputs)}.",
+                  f"{plan.passes} passes); then {errors_text(plan.outputs)}.",
                   f"{'node':40}  {'op':20}  own FP16 error (FP16's rounding is {UNIT_ROUNDOFF[LOW]:.1e})"]
         lines += [f"{elide_middle(k.name, 40):40}  {k.op:20}  {k.own:.2e} ({k.own / UNIT_ROUNDOFF[LOW]:.1f}x)" for k in plan.kept[:LISTED]]
         rest = plan.kept[LISTED:]
@@ -138,7 +154,8 @@ def format_text(plan: MixedPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _errors(outputs: dict[str, dict[str, Any]]) -> str:
+def errors_text(outputs: dict[str, dict[str, Any]]) -> str:
+    """The outputs' errors against float64 in one line: relative L2, top-1 agreement, values not finite."""
     parts = []
     for name, error in outputs.items():
         top1 = "" if error["top1_agreement"] is None else f", top-1 {error['top1_agreement']:.4f}"

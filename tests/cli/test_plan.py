@@ -78,7 +78,7 @@ def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(t
     assert "runs: matmul.reference.fp16+relu" in out and "precision: fp16" in out
     assert "precision: fp32: not yet for Conv; --variant Conv=tc_fp16 runs it in fp16" in out
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["schema"] == "opplugin-plan/5" and data["precision"] == "fp16"
+    assert data["schema"] == "opplugin-plan/6" and data["precision"] == "fp16"
     assert [(s["name"], s["precision"], s["precision_reason"]) for s in data["steps"]] == [
         ("conv", "fp32", "not yet for Conv; --variant Conv=tc_fp16 runs it in fp16"), ("fc1", "fp16", None),
         ("fc2", "fp32", "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)")]
@@ -96,4 +96,4 @@ def test_an_fp32_plan_reads_as_it_did(tiny_model_path, capsys):
 
 def test_plan_refuses_a_precision_it_does_not_take_in_one_line(capsys):
     assert main(["plan", "lenet86", "--device", "cpu", "--precision", "fp64"]) == 2
-    assert capsys.readouterr().err == "opplugin: error: --precision 'fp64': one of fp32, tf32, fp16, bf16 (a step without a kernel in it stays fp32)\n"
+    assert capsys.readouterr().err == "opplugin: error: --precision 'fp64': one of fp32, tf32, fp16, bf16, mixed (a step without a kernel in it stays fp32)\n"

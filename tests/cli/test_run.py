@@ -111,7 +111,7 @@ def test_run_with_precision_fp16_records_it_and_runs_the_product_in_it(tmp_path,
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith(", precision fp16 where a step has a kernel in it")
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["schema"] == "opplugin-run/7" and data["precision"] == "fp16"
+    assert data["schema"] == "opplugin-run/8" and data["precision"] == "fp16"
     assert [row["implementation"] for row in data["steps"]] == ["conv.reference+relu", "matmul.reference.fp16+relu", "gemm.reference+softmax"]
     # FP32 by default: the header says nothing, the JSON says fp32
     assert main(["run", path, "--batch", "4", "--device", "cpu", "--json", str(tmp_path / "fp32.json")]) == 0
@@ -142,6 +142,6 @@ def test_a_run_in_a_reduced_precision_is_held_to_its_formats_rule_unless_the_fla
 
 
 def test_run_refuses_a_precision_it_does_not_take_in_one_line(capsys):
-    assert main(["run", "lenet86", "--device", "cpu", "--precision", "mixed"]) == 2
+    assert main(["run", "lenet86", "--device", "cpu", "--precision", "fp8"]) == 2
     err = capsys.readouterr().err
-    assert err == "opplugin: error: --precision 'mixed': one of fp32, tf32, fp16, bf16 (a step without a kernel in it stays fp32)\n"
+    assert err == "opplugin: error: --precision 'fp8': one of fp32, tf32, fp16, bf16, mixed (a step without a kernel in it stays fp32)\n"

@@ -1,6 +1,6 @@
 """Models and inputs for the precision tests: check --precision's (a small CNN's feeds, and a model whose values pass
 FP16's range), and a run's --precision's (a model with a step of each kind, a product alone, a batched product, a
-transformer's MLP block)."""
+transformer's MLP block, and for mixed two product steps, the second past FP16's range at will)."""
 from __future__ import annotations
 
 import numpy as np
@@ -91,5 +91,22 @@ def mlp_block_model(tokens: int = 50, width: int = 64, hidden: int = 256, seed: 
              helper.make_node("Add", ["x", "o1"], ["y"], name="residual")]
     graph = helper.make_graph(nodes, "mlp_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", tokens, width])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", tokens, width])],
+                              [numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in weights.items()])
+    return finish(graph)
+
+
+def two_products_model(scale: float = 1.0, seed: int = 0) -> onnx.ModelProto:
+    """Two flat products a mixed run can run in FP16, each its own step: MatMul (32 -> 64) > Relu, then MatMul (64 -> 10)
+    > Add, whose weights and bias are scaled by `scale`: at 1e6 the second step's outputs pass FP16's 65504, so a budget
+    keeps it (and only it) in FP32."""
+    rng = np.random.default_rng(seed)
+    weights = {"w1": rng.standard_normal((32, 64)) / np.sqrt(32), "w2": rng.standard_normal((64, 10)) * scale / 8,
+               "b2": rng.standard_normal(10) * 0.1 * scale}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+             helper.make_node("Relu", ["h0"], ["h"], name="fc1_relu"),
+             helper.make_node("MatMul", ["h", "w2"], ["o"], name="fc2"),
+             helper.make_node("Add", ["o", "b2"], ["y"], name="fc2_bias")]
+    graph = helper.make_graph(nodes, "two_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
                               [numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in weights.items()])
     return finish(graph)

@@ -1,19 +1,20 @@
 """A run's --precision, step by step (plan/precision.py): FP32 changes nothing; under a reduced precision each step
 whose plugin has a kernel in it runs in it, every other step stays FP32 with the reason; --variant wins for its op
-type; a precision no run takes is one line. Real runners and plans on the CPU, and plans for a GPU (nothing built)."""
+type; mixed is FP16 but for the steps that compute a node of keep_fp32 (a budget's, found by
+verify/mixed_precision.py); a precision no run takes is one line. Real runners and plans on the CPU, and plans for a GPU (nothing built)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from onnx_builders import save
-from precision_cases import attention_scores_model, conv_mlp_model, product_model
+from precision_cases import attention_scores_model, conv_mlp_model, product_model, two_products_model
 
 from opplugin.errors import InputError
 from opplugin.gpu.device import CPU, Device
 from opplugin.graph.model import load_model
 from opplugin.ops.gemm import families
 from opplugin.plan.partition import make_plan
-from opplugin.plan.precision import PRECISIONS, step_precisions
+from opplugin.plan.precision import KEPT_BY_BUDGET, PRECISIONS, step_precisions
 from opplugin.runtime import Runner
 from opplugin.runtime.plan_record import record_plan_alone
 
@@ -95,9 +96,60 @@ def test_a_variant_for_the_op_type_wins_over_the_precision(conv_mlp):
     assert steps(record_plan_alone(plan, {"Conv": "tc_bf16"}))["conv"][1:] == ("bf16", None)  # the Conv's opt-in families say theirs
 
 
-@pytest.mark.parametrize("precision", ["fp8", "FP16", "half", "mixed", ""])
+@pytest.mark.parametrize("precision", ["fp8", "FP16", "half", "Mixed", ""])
 def test_a_precision_no_run_takes_is_one_line(conv_mlp, precision):
     with pytest.raises(InputError) as caught:
         Runner(conv_mlp, 2, "cpu", precision=precision)
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+
+
+@pytest.fixture(scope="module")
+def two_products(tmp_path_factory):
+    return load_model(save(two_products_model(scale=1e6), tmp_path_factory.mktemp("mixed") / "two_products.onnx"))
+
+
+def test_mixed_keeps_the_steps_a_budget_keeps_in_fp32_and_runs_the_others_in_fp16(two_products):
+    from opplugin.verify.mixed_precision import Budget, plan_mixed
+
+    x = np.random.default_rng(5).random((8, 32)).astype(np.float32)
+    found = plan_mixed(two_products.original, {"x": x}, Budget.parse("rel_l2=1e-2"))
+    # fc2's outputs pass FP16's range: it and the bias it fuses are kept, fc1 is not
+    assert found.keep_fp32() == {"fc2": "fc2 (MatMul) overflows FP16 alone", "fc2_bias": "fc2_bias (Add) overflows FP16 alone"}
+    mixed = Runner(two_products, 8, "cpu", precision="mixed", keep_fp32=found.keep_fp32())
+    record = mixed.plan_record()
+    assert record.precision == "mixed"
+    assert steps(record) == {"fc1": ("matmul.reference.fp16+relu", "fp16", None),
+                             "fc2": ("matmul.reference", "fp32", f"{KEPT_BY_BUDGET}: fc2 (MatMul) overflows FP16 alone; "
+                                                                 "fc2_bias (Add) overflows FP16 alone")}
+    # FP16 throughout cannot hold fc2's weights and outputs; the mixed run keeps within FP16's error of FP32
+    exact, half = (Runner(two_products, 8, "cpu", precision=p).run({"x": x}).outputs["y"] for p in ("fp32", "fp16"))
+    got = mixed.run({"x": x}).outputs["y"]
+    assert np.abs(exact).max() > 65504 and not np.all(np.isfinite(half))
+    assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 2 ** -9
+
+
+def test_mixed_with_nothing_kept_is_fp16(conv_mlp):
+    x = np.random.default_rng(6).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    mixed, half = Runner(conv_mlp, 4, "cpu", precision="mixed", keep_fp32={}), Runner(conv_mlp, 4, "cpu", precision="fp16")
+    assert steps(mixed.plan_record()) == steps(half.plan_record())
+    assert np.array_equal(mixed.run({"x": x}).outputs["y"], half.run({"x": x}).outputs["y"])
+
+
+def test_a_variant_for_the_op_type_wins_over_what_the_budget_keeps(conv_mlp):
+    kept = steps(Runner(conv_mlp, 2, "cpu", {"MatMul": "reference"}, precision="mixed", keep_fp32={"fc1": "why"}).plan_record())
+    assert kept["fc1"] == ("matmul.reference+relu", "fp32", "--variant MatMul=reference")
+    assert steps(Runner(conv_mlp, 2, "cpu", precision="mixed", keep_fp32={"fc1_relu": ""}).plan_record())["fc1"][1:] == (
+        "fp32", f"{KEPT_BY_BUDGET}: fc1_relu")  # without a why, the node's name
+
+
+@pytest.mark.parametrize("precision, keep_fp32, says", [
+    ("mixed", None, "precision 'mixed' needs keep_fp32: ONNX node name -> why it stays FP32"),
+    ("fp16", {"fc1": "why"}, "keep_fp32 names the nodes a precision 'mixed' run keeps in FP32; this run's precision is 'fp16'"),
+    ("mixed", ["fc1"], "keep_fp32 must map ONNX node names to why each stays FP32 (str -> str), got list"),
+    ("mixed", {"fc9": "why"}, "keep_fp32 names 'fc9', which is no node of conv_mlp"),
+])
+def test_keep_fp32_comes_with_mixed_alone_and_names_nodes_of_the_model(conv_mlp, precision, keep_fp32, says):
+    with pytest.raises(InputError) as caught:
+        Runner(conv_mlp, 2, "cpu", precision=precision, keep_fp32=keep_fp32)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(says)

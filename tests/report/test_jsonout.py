@@ -50,10 +50,11 @@ def test_run_json_has_the_header_and_nulls_for_what_it_did_not_measure(tiny_mode
     assert main(["run", tiny_model_path, "--batch", "3", "--data", "random", "--device", "cpu", "--repeat", "1",
                  "--no-compare", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
-    assert_header(data, "opplugin-run/7", "tiny", 3)
+    assert_header(data, "opplugin-run/8", "tiny", 3)
     # no labels (random data) and no comparison: present, and null
     assert "accuracy" in data and data["accuracy"] is None
     assert "agreement" in data and data["agreement"] is None
+    assert "budget" in data and data["budget"] is None  # --precision mixed's alone
     assert data["data"].startswith("random")
 
 

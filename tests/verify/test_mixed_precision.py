@@ -78,3 +78,13 @@ def test_a_top1_budget_needs_a_classifier_output(tmp_path, capsys):
     path = save(finish(maps), tmp_path / "maps.onnx")
     assert main(["check", path, "--precision", "mixed", "--budget", "top1=0.99", "--batch", "2", "--data", "random"]) == 2
     assert "no (images, classes) output" in capsys.readouterr().err
+
+
+def test_the_kept_nodes_are_what_a_mixed_runner_keeps_in_fp32_each_with_why():
+    model, feeds = tiny_cnn(), feeds_for(tiny_cnn())
+    [all_fp16] = plan_mixed(model, feeds, Budget.parse("rel_l2=1e-2")).low_outputs.values()
+    plan = plan_mixed(model, feeds, Budget("rel_l2", all_fp16["rel_l2"] / 3))
+    first = plan.kept[0]
+    assert list(plan.keep_fp32()) == [k.name for k in plan.kept]
+    assert plan.keep_fp32()[first.name] == f"{first.name} ({first.op}) errs {first.own:.1e} alone in FP16, {first.own / 2 ** -11:.1f}x its rounding"
+    assert Budget.parse("top1=0.990").as_flag() == "top1=0.99" and Budget.parse("rel_l2=1e-3").as_flag() == "rel_l2=0.001"

@@ -42,10 +42,11 @@ class StepPrecision:
     reason: str | None = None
 
 
-def checked_precision(precision: str, flag: str = "precision") -> str:
-    """`precision` when a run takes it; an InputError in one line otherwise."""
-    if precision not in PRECISIONS:
-        raise InputError(f"{flag} {precision!r}: one of {', '.join(PRECISIONS)} (a step without a kernel in it stays fp32)")
+def checked_precision(precision: str, flag: str = "precision", taken: tuple[str, ...] = PRECISIONS) -> str:
+    """`precision` when it is one of `taken` (a run takes PRECISIONS; a benchmark, which has no budget, all but
+    mixed); an InputError in one line otherwise."""
+    if precision not in taken:
+        raise InputError(f"{flag} {precision!r}: one of {', '.join(taken)} (a step without a kernel in it stays fp32)")
     return precision
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 
@@ -39,21 +39,22 @@ class BudgetSearch:
     def as_json(self) -> dict[str, Any]:
         found = self.found
         return {"flag": self.budget.as_flag(), "kind": self.budget.kind, "value": self.budget.value, "images": found.batch,
-                "emulated": True, "nodes": found.nodes, "passes": found.passes,
+                "emulated": True, "nodes": found.nodes, "in_fp32_anyway": found.in_fp32_anyway, "passes": found.passes,
                 "kept_in_fp32": [{"name": k.name, "op": k.op, "own_fp16_error": k.own, "why": k.why()} for k in found.kept],
                 "outputs": found.outputs, "outputs_all_fp16": found.low_outputs}
 
 
-def search_budget(model, feeds: dict[str, Any], budget: Budget) -> BudgetSearch:
+def search_budget(model, feeds: dict[str, Any], budget: Budget, in_fp32_anyway: Collection[str] = ()) -> BudgetSearch:
     """The nodes `model` (a loaded Model) keeps in FP32 to meet `budget` on the first PRECISION_IMAGES rows of
-    `feeds`; an InputError in one line where even FP32 throughout misses the budget."""
+    `feeds`, among those the run can lower (`in_fp32_anyway`: the rest, plan/precision.nodes_in_fp32_anyway); an
+    InputError in one line where even FP32 throughout misses the budget."""
     measured = first_images(feeds, PRECISION_IMAGES)
     images = int(next(iter(measured.values())).shape[0]) if measured else 0
     print(f"Finding which nodes stay FP32 for budget {budget.as_flag()} on {images} images "
           "(FP16 emulated on the CPU against float64, a pass through the model per step of the search)", file=sys.stderr)
     bar = PassBars(sys.stderr, unit="nodes")
     try:
-        found = mixed_precision.plan_mixed(model.original, measured, budget, model.name, bar)
+        found = mixed_precision.plan_mixed(model.original, measured, budget, model.name, bar, in_fp32_anyway)
     finally:
         bar.close()
     if not found.met:

@@ -10,8 +10,8 @@ from ..custom.offline import compile_cuda_sources
 from ..graph.model import choose_batch
 from ..inputs.feeds import make_inputs
 from ..plan.keep import checked_keep
-from ..plan.partition import make_plan
-from ..plan.precision import MIXED
+from ..plan.partition import Plan, make_plan
+from ..plan.precision import MIXED, nodes_in_fp32_anyway
 from ..report.plan import build_plan_report, format_plan
 from ..runtime.plan_record import record_plan_alone
 from .budget import PRECISION_IMAGES, BudgetSearch, search_budget
@@ -55,7 +55,7 @@ def execute(options: PlanOptions) -> int:
     plan = make_plan(loaded.model, loaded.batch, loaded.device, registry, keep=keep)
     uses = compile_user_kernels(plan, registry)  # compiles the --kernel files: their errors come before any output
     custom = [] if loaded.device.is_cuda else compile_cuda_sources(plan)  # and a custom op's CUDA files, without a GPU
-    budget = _search_budget(options, loaded)  # after every quick error: the search takes a while
+    budget = _search_budget(options, loaded, plan)  # after every quick error: the search takes a while
     record = record_plan_alone(plan, options.runner.variants, options.runner.precision, budget.keep_fp32 if budget else None)
     budget_json = budget.as_json() if budget else None
     print(format_plan(record, options.reports.wide, budget_json))
@@ -68,7 +68,7 @@ def execute(options: PlanOptions) -> int:
     return 0
 
 
-def _search_budget(options: PlanOptions, loaded: Loaded) -> BudgetSearch | None:
+def _search_budget(options: PlanOptions, loaded: Loaded, plan: Plan) -> BudgetSearch | None:
     """Under --precision mixed, the nodes its --budget keeps in FP32, found on the images a run of the same flags
     measures: the user's inputs, else the first of the run's default data (bundled or random, seed 0) at the
     run's batch; None otherwise."""
@@ -78,4 +78,4 @@ def _search_budget(options: PlanOptions, loaded: Loaded) -> BudgetSearch | None:
     if feeds is None:
         run_batch = choose_batch(loaded.model, options.model.batch, loaded.device)  # plan's own batch defaults to 1
         feeds = make_inputs(loaded.model, min(run_batch, PRECISION_IMAGES)).feeds
-    return search_budget(loaded.model, feeds, options.runner.budget)
+    return search_budget(loaded.model, feeds, options.runner.budget, nodes_in_fp32_anyway(plan, options.runner.variants))

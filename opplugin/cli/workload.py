@@ -13,7 +13,8 @@ from typing import Sequence
 from ..custom.offline import compile_cuda_sources
 from ..errors import InputError
 from ..plan.keep import checked_keep
-from ..plan.precision import MIXED
+from ..plan.partition import make_plan
+from ..plan.precision import MIXED, nodes_in_fp32_anyway
 from ..registry import node_key
 from ..inputs.feeds import Inputs, make_inputs
 from ..runtime import Runner
@@ -118,10 +119,13 @@ def prepare(workload: Workload, *, poison: bool) -> Prepared:
 
 
 def _search_budget(workload: Workload, loaded: Loaded, inputs: Inputs) -> BudgetSearch | None:
-    """Under --precision mixed, the nodes its --budget keeps in FP32, found on the run's own inputs; else None."""
+    """Under --precision mixed, the nodes its --budget keeps in FP32, found on the run's own inputs among those the
+    run's plan can lower (a plan made for that alone: the runner makes its own); else None."""
     if workload.runner.precision != MIXED:
         return None
-    return search_budget(loaded.model, inputs.feeds, workload.runner.budget)
+    keep = checked_keep(loaded.model, workload.data.keep, "--keep")
+    plan = make_plan(loaded.model, loaded.batch, loaded.device, user_registry_for(workload.kernels.by_op), keep=keep)
+    return search_budget(loaded.model, inputs.feeds, workload.runner.budget, nodes_in_fp32_anyway(plan, workload.runner.variants))
 
 
 def load_with_inputs(workload: Workload, default_batch: int | None = None) -> tuple[Loaded, Inputs]:

@@ -34,6 +34,15 @@ def steps_holding(plan: Plan, nodes: Iterable[str], flag: str = "keep_fp32") -> 
     return held
 
 
+def nodes_computed_only_by(plan: Plan, steps: set[str]) -> set[str]:
+    """The nodes of the graph as loaded (by name) whose values only `steps` compute, or no step at all (folded into
+    constants at load, in FP32)."""
+    by_node, by_tensor = _where_computed(plan)
+    original = {node_name(n): n for n in plan.model.original.graph.node}
+    readers = _readers(plan.model.original.graph)
+    return {name for name, node in original.items() if _steps_computing(node, original, readers, by_node, by_tensor) <= steps}
+
+
 def _steps_computing(start: onnx.NodeProto, original: dict[str, onnx.NodeProto], readers: dict[str, list[str]],
                      by_node: dict[str, str], by_tensor: dict[str, str]) -> set[str]:
     """The steps that compute `start`'s values: its own step where it survives, else those that write the first

@@ -19,7 +19,7 @@ from typing import Mapping
 from ..core.number_formats import FP32, REDUCED
 from ..errors import InputError, PluginError
 from ..registry import PrecisionChoice
-from .kept_nodes import steps_holding
+from .kept_nodes import nodes_computed_only_by, steps_holding
 from .partition import Plan, PluginStep
 
 MIXED = "mixed"  # FP16, but for the nodes a budget keeps in FP32
@@ -75,6 +75,14 @@ def step_precisions(plan: Plan, precision: str = FP32, variants: Mapping[str, st
     return {step.name: _step_precision(plan, step, computes, variants, kept.get(step.name)) if isinstance(step, PluginStep)
             else StepPrecision(None, FP32, None if precision == FP32 else "onnxruntime runs in fp32")
             for step in plan.steps}
+
+
+def nodes_in_fp32_anyway(plan: Plan, variants: Mapping[str, str] | None = None) -> set[str]:
+    """The nodes of the graph as loaded (by name) that a mixed run computes in FP32 whatever its budget keeps: every
+    step computing them has no MIXED_LOW kernel (or is onnxruntime's). A budget's search holds them in FP32 in
+    every pass, so that it chooses only among the nodes a run can lower."""
+    lowered = step_precisions(plan, MIXED_LOW, variants)
+    return nodes_computed_only_by(plan, {name for name, step in lowered.items() if step.precision == FP32})
 
 
 def _kept_reasons(plan: Plan, keep_fp32: dict[str, str]) -> dict[str, str]:

@@ -100,7 +100,9 @@ def _own_op(step) -> str:
 
 def budget_note(budget: dict[str, Any]) -> str:
     """A mixed run's or plan's budget in a few words, for its first line (`budget`: BudgetSearch.as_json)."""
-    return f"budget {budget['flag']}: {len(budget['kept_in_fp32'])} of {budget['nodes']} nodes kept in fp32"
+    anyway = budget.get("in_fp32_anyway")
+    kept = f"budget {budget['flag']}: {len(budget['kept_in_fp32'])} of {budget['nodes']} nodes kept in fp32"
+    return f"{kept}, {anyway} more without an fp16 kernel" if anyway else kept
 
 
 def format_plan(plan: PlanRecord, wide: bool = False, budget: dict[str, Any] | None = None) -> str:

@@ -6,13 +6,15 @@ On the emulation of precision_cost.py (opplugin does not run whole models in FP1
 their own FP16 error (each alone on the exact inputs); the first k of that ranking run in FP32, the rest in FP16,
 and a binary search over k finds the fewest that meet the budget: a greedy choice along the ranking, not a search
 over every assignment, and "fewest nodes" stands in for "fastest" until there are kernels to time. Where FP16
-throughout meets the budget, nothing is kept. The outputs keep the model's dtype.
+throughout meets the budget, nothing is kept. A run's search holds the nodes it has no FP16 kernel for in FP32 in
+every pass (`in_fp32_anyway`), so that it chooses only among the nodes the run lowers. The outputs keep the
+model's dtype.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 import onnx
@@ -81,9 +83,10 @@ class MixedPlan:
     low_outputs: dict[str, dict[str, Any]]  # every node in FP16
     outputs: dict[str, dict[str, Any]]  # with `kept` in FP32
     kept: list[Kept] = field(default_factory=list)
-    nodes: int = 0
+    nodes: int = 0  # the nodes the search chooses among
     passes: int = 0
     met: bool = True
+    in_fp32_anyway: int = 0  # nodes that compute numbers in FP32 in every pass: the run has no FP16 kernel for them
 
     def keep_fp32(self) -> dict[str, str]:
         """The kept nodes as Runner's keep_fp32 takes them: node name -> why it stays FP32."""
@@ -92,25 +95,31 @@ class MixedPlan:
     def as_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "emulated": True, "model": self.model, "batch": self.batch, "low": LOW,
                 "budget": {"kind": self.budget.kind, "value": self.budget.value}, "met": self.met, "nodes": self.nodes,
+                "in_fp32_anyway": self.in_fp32_anyway,
                 "passes": self.passes, "outputs_all_low": self.low_outputs, "outputs": self.outputs, "kept_in_fp32": [vars(k) for k in self.kept]}
 
 
 def plan_mixed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: Budget, name: str = "model",
-               progress: Callable[[str, int, int], None] | None = None) -> MixedPlan:
+               progress: Callable[[str, int, int], None] | None = None, in_fp32_anyway: Collection[str] = ()) -> MixedPlan:
+    """`in_fp32_anyway`: names of nodes that stay FP32 in every pass (a run's steps without an FP16 kernel,
+    plan/precision.nodes_in_fp32_anyway), so that "FP16" means what the run would lower, and a budget that the
+    run's own FP16 meets keeps nothing."""
     emulation = Emulation(model, feeds, progress)
     if budget.kind == "top1" and not any(np.asarray(emulation.exact[o]).ndim == 2 for o in emulation.outputs):
         raise InputError("--budget top1=...: the model has no (images, classes) output to agree on; give rel_l2=... instead")
     alone = emulation.own(LOW)
     own = {index: max((own_error(alone[index][o], emulation.exact[o]) for o in emulation.float_outputs(index)), default=0.0)
            for index in range(len(emulation.body))}
-    # the nodes that compute numbers, dearest first (a node of shapes or indices has no precision to choose)
-    order = sorted((i for i in own if emulation.float_outputs(i)), key=lambda i: (-own[i], i))
+    anyway = set(in_fp32_anyway)
+    fixed = {i for i, node in enumerate(emulation.body) if (node.name or node.output[0]) in anyway and emulation.float_outputs(i)}
+    # the nodes that compute numbers and may run in FP16, dearest first (a node of shapes or indices has no precision to choose)
+    order = sorted((i for i in own if emulation.float_outputs(i) and i not in fixed), key=lambda i: (-own[i], i))
     passes = 0
 
     def errors_keeping(count: int) -> dict[str, dict[str, Any]]:
         nonlocal passes
         passes += 1
-        kept = set(order[:count])
+        kept = set(order[:count]) | fixed
         values = emulation.run(lambda index: "fp32" if index in kept else LOW, f"{count} in FP32")
         return {o: output_error(values[o], emulation.exact[o]) for o in emulation.outputs}
 
@@ -130,14 +139,16 @@ def plan_mixed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: Bud
         chosen = highest if met else len(order)
     batch = int(next(iter(feeds.values())).shape[0]) if feeds else 0
     kept = [Kept(emulation.body[i].name or emulation.body[i].output[0], emulation.body[i].op_type, own[i]) for i in order[:chosen]]
-    return MixedPlan(name, batch, budget, low, errors, kept, len(order), passes, met)
+    return MixedPlan(name, batch, budget, low, errors, kept, len(order), passes, met, len(fixed))
 
 
 def format_text(plan: MixedPlan) -> str:
     lines = [f"Mixed precision for {plan.model} on {plan.batch} images: FP16 wherever the outputs keep within the budget",
              f"({plan.budget} against float64), FP32 elsewhere. Emulated, as opplugin does not run whole models in FP16 yet:",
              "an FP16 node rounds every float tensor it reads and writes, and computes in FP32.", "",
-             f"Every node in FP16: {errors_text(plan.low_outputs)}."]
+             f"Every node in FP16: {errors_text(plan.low_outputs)}." if not plan.in_fp32_anyway else
+             f"Every node the run can lower in FP16, {plan.in_fp32_anyway} more in FP32 (the run has no FP16 kernel for them): "
+             f"{errors_text(plan.low_outputs)}."]
     if not plan.met:
         lines.append(f"No assignment meets the budget: FP32 throughout gives {errors_text(plan.outputs)}.")
     elif not plan.kept:

@@ -343,7 +343,12 @@ def format_text(report: dict[str, Any], wide: bool = False) -> str:
                          "roundoff allows; --atol and --rtol set one)")
     if report.get("exact_reruns"):
         lines.append(f"Exact path: {report['exact_reruns']} of {report.get('chunks', 1)} chunks held NaN or Inf after a fused step "
-                     "and ran again as Conv, then onnxruntime's own activation and MaxPool")
+                     "and ran again with each fused step split: its own node in a kernel that keeps NaN and Inf as onnxruntime "
+                     "does, onnxruntime's nodes for the rest")
+        lowered = report.get("precision", "fp32") != "fp32"
+        if lowered and device["kind"] == "cuda":  # runtime/exact.py: the products' rerun is FP32 FMAs on a GPU
+            lines.append("  (those chunks' products ran again in FP32: an Inf that the reduced precision met, as a value past "
+                         "its range makes, does not show in their outputs)")
     for node, reason in report.get("fallbacks", {}).items():
         note = f"Note: {elide_middle(node, name_width)} ran in onnxruntime: {reason}"
         lines.append(elide_middle(note, None if wide else LINE_WIDTH))

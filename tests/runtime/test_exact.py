@@ -123,8 +123,13 @@ def test_only_the_chunks_with_nan_or_inf_run_again_and_the_report_says_so():
     runner = Runner(model, 4, "cpu", chunk=1)
     profile = runner.profile({"input": x}, warmup=0, repeat=1)
     assert profile.result.exact_reruns == 1 and profile.result.exact_ms > 0
-    text = report.format_text(report.build_report(profile, 0))
-    assert "Exact path: 1 of 4 chunks held NaN or Inf after a fused step" in text
+    built = report.build_report(profile, 0)
+    text = report.format_text(built)
+    assert "Exact path: 1 of 4 chunks held NaN or Inf after a fused step and ran again with each fused step split" in text
+    assert "ran again in FP32" not in text  # FP32 run: nothing to say about the precision
+    # a reduced precision on a GPU: the products' rerun is FP32 there, which hides what the format met; said once
+    on_gpu = built | {"precision": "fp16", "device": built["device"] | {"kind": "cuda", "name": "a GPU"}}
+    assert report.format_text(on_gpu).count("those chunks' products ran again in FP32") == 1
     reference = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     np.testing.assert_allclose(profile.result.outputs["probabilities"], reference, rtol=1e-5, atol=1e-6)
     # the step rows are the fast plan's: the rerun's time is in host to host only

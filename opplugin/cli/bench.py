@@ -22,8 +22,7 @@ from ..graph.model import SHIPPED_MODELS, load_model
 from ..lab import attention_bench, bench as conv_bench, bench_page, bench_text, e2e as e2e_bench, e2e_table, gemm_bench, scaling as scaling_bench, scaling_text
 from ..lab.cnn_layers import SUITE_BATCHES
 from ..lab.trial import BENCH_REPEAT, BENCH_WARMUP
-from ..plan.precision import checked_precision
-from ..core.number_formats import FP32, REDUCED
+from ..plan.precision import UNIFORM_PRECISIONS, checked_precision
 from ..report.jsonout import json_safe
 from .file_guard import CommandFiles
 from .options import KernelOptions, ReportOptions, TimingOptions
@@ -36,9 +35,6 @@ DEFAULT_BATCHES = {"models": conv_bench.DEFAULT_BATCHES, "cnn": SUITE_BATCHES, "
 
 def _listed(values) -> str:
     return " ".join(map(str, values))
-
-
-FIXED_PRECISIONS = (FP32, *REDUCED)  # bench --e2e --precision: one precision throughout (mixed needs a budget)
 
 
 @dataclass(frozen=True)
@@ -140,7 +136,7 @@ def read(args: argparse.Namespace) -> BenchOptions:
                         models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
                         cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
                         e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS),
-                        precision=checked_precision(args.precision or "fp32", "--precision", FIXED_PRECISIONS), scaling=args.scaling,
+                        precision=checked_precision(args.precision or "fp32", "--precision", UNIFORM_PRECISIONS), scaling=args.scaling,
                         devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot, html=args.html,
                         custom=args.custom, ops=tuple(args.ops or ()))
 

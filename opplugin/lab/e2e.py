@@ -51,7 +51,7 @@ from ..gpu.device import select_device
 from ..errors import InputError, first_line
 from ..report.jsonout import header, json_safe
 from ..graph.model import Model, load_model
-from ..plan.precision import checked_precision
+from ..plan.precision import UNIFORM_PRECISIONS, checked_precision
 from ..verify import float64
 from . import e2e_onnxruntime, e2e_torch, roofline
 from .model_floor import model_work
@@ -328,7 +328,7 @@ def run_e2e(models: list[str], batches: list[int], warmup: int, repeat: int,
             precision: str = FP32) -> dict[str, Any]:
     """Every model at every batch, each candidate in `precision`. The floor is FP32's (the measured FP32 rate,
     4-byte values), so a run in a reduced precision gives none rather than one that is no floor."""
-    precision = checked_precision(precision, "--precision")
+    precision = checked_precision(precision, "--precision", UNIFORM_PRECISIONS)
     device = select_device("cuda")
     load_torch_cudnn_first()
     loaded = [(Path(name), load_model(name)) for name in models]

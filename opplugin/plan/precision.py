@@ -24,7 +24,8 @@ from .partition import Plan, PluginStep
 
 MIXED = "mixed"  # FP16, but for the nodes a budget keeps in FP32
 MIXED_LOW = "fp16"  # what a mixed run's other steps compute in
-PRECISIONS = (FP32, *REDUCED, MIXED)  # what a run takes
+UNIFORM_PRECISIONS = (FP32, *REDUCED)  # one precision for every step that has a kernel in it (bench --e2e takes these alone)
+PRECISIONS = (*UNIFORM_PRECISIONS, MIXED)  # what a run takes
 KEPT_BY_BUDGET = "kept in FP32 by the budget"
 HELP = ("fp32 (default, exact) | tf32 | fp16 | bf16: run each step that has a kernel in that precision in it (the weights "
         "converted once at build, inputs and outputs in the model's dtype, sums in FP32); every other step stays FP32, "

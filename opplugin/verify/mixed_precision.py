@@ -22,6 +22,7 @@ import onnx
 from ..core.texttable import elide_middle
 from ..errors import InputError
 from ..plan.precision import MIXED_LOW
+from ..registry import node_name
 from .precision_cost import UNIT_ROUNDOFF, Emulation, output_error, own_error
 
 SCHEMA = "opplugin-mixed-precision/1"
@@ -111,7 +112,7 @@ def plan_mixed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: Bud
     own = {index: max((own_error(alone[index][o], emulation.exact[o]) for o in emulation.float_outputs(index)), default=0.0)
            for index in range(len(emulation.body))}
     anyway = set(in_fp32_anyway)
-    fixed = {i for i, node in enumerate(emulation.body) if (node.name or node.output[0]) in anyway and emulation.float_outputs(i)}
+    fixed = {i for i, node in enumerate(emulation.body) if node_name(node) in anyway and emulation.float_outputs(i)}
     # the nodes that compute numbers and may run in FP16, dearest first (a node of shapes or indices has no precision to choose)
     order = sorted((i for i in own if emulation.float_outputs(i) and i not in fixed), key=lambda i: (-own[i], i))
     passes = 0
@@ -138,7 +139,7 @@ def plan_mixed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: Bud
                 lowest = middle
         chosen = highest if met else len(order)
     batch = int(next(iter(feeds.values())).shape[0]) if feeds else 0
-    kept = [Kept(emulation.body[i].name or emulation.body[i].output[0], emulation.body[i].op_type, own[i]) for i in order[:chosen]]
+    kept = [Kept(node_name(emulation.body[i]), emulation.body[i].op_type, own[i]) for i in order[:chosen]]
     return MixedPlan(name, batch, budget, low, errors, kept, len(order), passes, met, len(fixed))
 
 

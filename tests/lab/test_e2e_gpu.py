@@ -59,16 +59,10 @@ def test_bench_e2e_measures_opplugin_both_ways_and_says_why_a_peer_is_missing(tm
 
 def test_the_pytorch_peers_eager_and_in_one_cuda_graph_give_the_modules_answer():
     torch = pytest.importorskip("torch")
-    import numpy as np
 
     from opplugin.lab import e2e_torch
 
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
-    x = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
-    with torch.no_grad():
-        expected = module.double()(torch.from_numpy(x).double()).numpy()
+    module, x, expected = _small_cnn(torch)
     e2e_torch.fp32_settings(torch)
     loaded = e2e_torch.TorchPeer(torch, module.float().cuda(), "a test module")
     for measured in (e2e_torch.time_eager(loaded, x, 1, 3), e2e_torch.time_graph(loaded, x, 1, 3, compiled=False)):
@@ -112,12 +106,7 @@ def test_the_pytorch_peers_in_fp16_stay_within_the_fp16_bound_of_float64():
 
     from opplugin.lab import e2e_torch
 
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
-    x = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
-    with torch.no_grad():
-        expected = module.double()(torch.from_numpy(x).double()).numpy()
+    module, x, expected = _small_cnn(torch)
     fp32 = module.float().cuda()
     peer = e2e_torch.TorchPeer(torch, e2e_torch.converted_module(torch, fp32, "fp16"), "a test module", "fp16")
     assert next(fp32.parameters()).dtype == torch.float32  # the FP32 module is left as it was
@@ -125,3 +114,16 @@ def test_the_pytorch_peers_in_fp16_stay_within_the_fp16_bound_of_float64():
         assert measured["output"].dtype == np.float32 and measured["output"].shape == expected.shape
         assert e2e.agreement(measured["output"], expected)["rel_l2"] <= e2e.reduced_precision_bound("fp16")
         assert "FP16 channels_last" in measured["implementation"]
+
+
+def _small_cnn(torch):
+    """(a small Conv > BN > ReLU > pool > Linear module in eval mode, a float32 input, its answer in float64)."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+    x = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        expected = module.double()(torch.from_numpy(x).double()).numpy()
+    return module, x, expected

@@ -154,6 +154,8 @@ class GemmKernel(Kernel):
         self.functions = [self.function] + [f for f in (self._small_parts, self._reduce) if f is not None]
         # a prologue writes A's rows in the half-precision families' format itself, sparing gemm_to_half's pass
         self._half_format = HALF_FORMATS[config.family] if self._half else 0
+        # then the calls get A's rows as the prologue writes them: the format's bits, not FP32
+        self._a_in_format = bool(self._half_format) and prologue is not None
         if prologue is not None:
             self.functions.append(prologue.load(self._half_format))
         # FP32 FMAs carry NaN and Inf as onnxruntime's do, but the tensor cores' split operands turn an
@@ -273,8 +275,7 @@ class GemmKernel(Kernel):
         if self.prologue is not None:
             with cuda.on_stream(stream):
                 a, a_small = self._prologue_pass(cupy, a)
-        in_format = self._half_format and self.prologue is not None  # A's rows as the prologue wrote them: the format's bits
-        if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == (np.uint16 if in_format else np.float32) and a.ndim == 2 \
+        if self._ready and out is None and type(a) is cupy.ndarray and a.dtype == (np.uint16 if self._a_in_format else np.float32) and a.ndim == 2 \
                 and a.shape[1] == self.spec.k and a.flags.c_contiguous and a.data.ptr % 16 == 0 and 0 < a.shape[0] <= self.config.max_batch():
             batch = a.shape[0]
             grid = self._grids.get(batch) or self._grids.setdefault(batch, self.config.grid(self.spec, batch))
@@ -283,7 +284,7 @@ class GemmKernel(Kernel):
                 self._launch(grid, a, self._w, self._c_arg, y, batch, nonfinite, self._residual_rows(cupy, residual, batch), a_small)
             return [y]
         with cuda.on_stream(stream):
-            a = a if in_format else self._operand_a(cupy, checked_array(cupy, a, "A", self.name))
+            a = a if self._a_in_format else self._operand_a(cupy, checked_array(cupy, a, "A", self.name))
             batch = int(a.shape[0])
             if self._w is not None:
                 w = self._w

@@ -4,11 +4,12 @@
 //
 // A block takes BQ = 64 queries of one matrix and walks the keys 64 at a time (online softmax, as
 // FlashAttention does): per key tile it computes the 64 x 64 scores on the tensor cores in 3xTF32
-// (tf32_mma.cuh: an error of FP32's order against float64), scales them, adds the bias, and updates
-// each query's running maximum and sum; the probabilities, through shared memory, multiply the V tile
-// into the running output, rescaled by exp(old max - new max). The output is divided by the sum once,
-// at the end. The K^T and V tiles are staged in shared memory by cp.async, one step ahead: the next
-// K^T tile is copied during this tile's softmax and PV, the next V tile during the next scores.
+// (tf32_mma.cuh: an error of FP32's order against float64) or plain TF32 (SPLIT, below), scales them,
+// adds the bias, and updates each query's running maximum and sum; the probabilities, through shared
+// memory, multiply the V tile into the running output, rescaled by exp(old max - new max). The output
+// is divided by the sum once, at the end. The K^T and V tiles are staged in shared memory by cp.async,
+// one step ahead: the next K^T tile is copied during this tile's softmax and PV, the next V tile during
+// the next scores.
 //
 // Operands as the graph has them: Q [.., TQ, D], K^T [.., D, TK] (the first MatMul's B), V [.., TK, DV],
 // BIAS [.., TQ, TK], out [.., TQ, DV], each with strides of its own (in floats), so that a view reads
@@ -22,14 +23,18 @@
 // contiguous is copied a float at a time).
 //
 // Arithmetic: the scores as ONNX has them (the FP32 product, times SCALE, plus the bias), then kept
-// times log2(e) so that the softmax in FP32 runs on exp2f; an infinite operand turns into NaN in the
-// 3xTF32 split, so the runner watches this kernel (nonfinite) and reruns such chunks on the nodes one
-// by one.
+// times log2(e) so that the softmax in FP32 runs on exp2f. Both products are 3xTF32 with SPLIT 1 (the
+// default, `attention.3xtf32`): FP32's error. SPLIT 0 (`attention.tf32`, what a run in a reduced
+// precision asks for) multiplies Q, K^T, the probabilities and V rounded once to TF32, one MMA in
+// place of three: TF32's unit roundoff 2^-11, as FP16's, with FP32's range, so no value past FP16's
+// 65504 overflows. Neither is NaN/Inf-exact: an infinite operand turns into NaN in the 3xTF32 split,
+// and TF32's rounding takes a value within 2^-12 of FP32's largest to infinity; the runner watches
+// this kernel (nonfinite) and reruns such chunks on the nodes one by one.
 //
-// Macros: TQ, TK, D, DV, SCALE (a float literal), HAS_BIAS, BATCH_RANK, OUT_DIM<i>, and for X in Q,
-// KT, V, BIAS and OUT: X_ROW, X_COL, X_STRIDE<i>, and X_ALIGNED (1: X starts on 16 bytes and its
-// X_STRIDE<i> are multiples of four floats). Launch: block 256, grid (ceil(TQ / 64), matrices), dynamic
-// shared memory SHARED_BYTES (below).
+// Macros: TQ, TK, D, DV, SCALE (a float literal), HAS_BIAS, BATCH_RANK, OUT_DIM<i>, SPLIT (1 when not
+// given), and for X in Q, KT, V, BIAS and OUT: X_ROW, X_COL, X_STRIDE<i>, and X_ALIGNED (1: X starts
+// on 16 bytes and its X_STRIDE<i> are multiples of four floats). Launch: block 256, grid (ceil(TQ /
+// 64), matrices), dynamic shared memory SHARED_FLOATS floats (below; attention.py's shared_bytes).
 #include "watch_flag.cuh"
 #include "async_copy.cuh"
 
@@ -39,7 +44,9 @@
 #define BK 32     // the k depth of one tf32_slice
 #define WM 32     // a warp's part of a 64 x 64 product: 2 x 4 warps
 #define WN 16
-#define SPLIT 1
+#ifndef SPLIT
+#define SPLIT 1  // 3xTF32; 0: plain TF32 (above)
+#endif
 #define WARPS_N (64 / WN)
 #define NTHREADS 256
 #define A_STRIDE (64 + 4)  // Q's and P's tiles, [row][k]
@@ -49,8 +56,9 @@
 #include "tf32_mma.cuh"
 
 #define Q_TILE (BQ * A_STRIDE)
+#define Q_PARTS (SPLIT ? 2 : 1)  // Q's tile as its TF32 big parts, and with SPLIT its small ones
 #define B_TILE (64 * B_ROW)
-#define SHARED_FLOATS (3 * Q_TILE + 2 * B_TILE + 3 * BQ)
+#define SHARED_FLOATS ((Q_PARTS + 1) * Q_TILE + 2 * B_TILE + 3 * BQ)
 #define NEG_INF __int_as_float(0xff800000)
 #define LOG2E 1.44269504088896340736f  // the scores are kept in base 2: exp2f is a few instructions shorter than expf
 #define ROW_THREADS (NTHREADS / BQ)  // threads that share a row's softmax update: 4, neighbouring lanes
@@ -114,55 +122,77 @@ __device__ __forceinline__ void copy_tile(float* tile, const float* __restrict__
 
 __device__ __forceinline__ float element(const float4& x, int i) { return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w; }
 
-// acc += the warp's part of the scores over one BK-deep slice of d, from Q's tile split once into its
-// TF32 big and small parts (Qs, Qsmall: [query][d]) and K's tile as it landed ([key][d], split here),
-// all A_STRIDE apart. A product's k order within the slice is free, so lane t of a quad takes
-// d = 8t .. 8t + 7 across the slice's four MMA steps (step s: 8t + 2s as its k = t, 8t + 2s + 1 as
-// t + 4) in place of t and t + 4 of each step: a row's eight values come in two float4 loads, not eight
-// scalar ones. Banks: the eight lanes of a quarter-warp read rows g, g + 1 at 8t, all 32 banks once.
+// acc += the warp's part of the scores over one BK-deep slice of d, from Q's tile in TF32 parts
+// (prepare_q: Qs the big parts, Qsmall the small ones with SPLIT; [query][d]) and K's tile as it landed
+// ([key][d], split or rounded here), all A_STRIDE apart. A product's k order within the slice is free,
+// so lane t of a quad takes d = 8t .. 8t + 7 across the slice's four MMA steps (step s: 8t + 2s as its
+// k = t, 8t + 2s + 1 as t + 4) in place of t and t + 4 of each step: a row's eight values come in two
+// float4 loads, not eight scalar ones. Banks: the eight lanes of a quarter-warp read rows g, g + 1 at
+// 8t, all 32 banks once.
 __device__ __forceinline__ void score_slice(float (&acc)[MT][NT][4], const float* Qs, const float* Qsmall, const float* Ks, int warp_m,
                                             int warp_n)
 {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    float part[MT][NT][4];
-    zero_tiles(part);
+    add_slice(acc, [&](float (&part)[MT][NT][4]) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        float4 a[MT][2], a_rest[MT][2], b[NT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int up = 0; up < 2; ++up) {
-                const int at = (warp_m * WM + mt * 16 + g + 8 * up) * A_STRIDE + 8 * t + 4 * half;
-                a[mt][up] = *reinterpret_cast<const float4*>(Qs + at);
-                a_rest[mt][up] = *reinterpret_cast<const float4*>(Qsmall + at);
-            }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) b[nt] = *reinterpret_cast<const float4*>(Ks + (warp_n * WN + nt * 8 + g) * A_STRIDE + 8 * t + 4 * half);
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-            unsigned int a_big[MT][4], a_small[MT][4], b_big[NT][2], b_small[NT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {  // a0 = [g][t], a1 = [g + 8][t], a2 = [g][t + 4], a3 = [g + 8][t + 4]
-                    const int up = r % 2, at = 2 * step + r / 2;
-                    a_big[mt][r] = __float_as_uint(element(a[mt][up], at));
-                    a_small[mt][r] = __float_as_uint(element(a_rest[mt][up], at));
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                split_tf32(element(b[nt], 2 * step), b_big[nt][0], b_small[nt][0]);  // b0 = [t][g]
-                split_tf32(element(b[nt], 2 * step + 1), b_big[nt][1], b_small[nt][1]);  // b1 = [t + 4][g]
-            }
+        for (int half = 0; half < 2; ++half) {
+            float4 a[MT][2], a_rest[MT][2], b[NT];  // a_rest: Q's small parts, read with SPLIT alone
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma_3xtf32(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
+                for (int up = 0; up < 2; ++up) {
+                    const int at = (warp_m * WM + mt * 16 + g + 8 * up) * A_STRIDE + 8 * t + 4 * half;
+                    a[mt][up] = *reinterpret_cast<const float4*>(Qs + at);
+                    if (SPLIT) a_rest[mt][up] = *reinterpret_cast<const float4*>(Qsmall + at);
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) b[nt] = *reinterpret_cast<const float4*>(Ks + (warp_n * WN + nt * 8 + g) * A_STRIDE + 8 * t + 4 * half);
+#pragma unroll
+            for (int step = 0; step < 2; ++step) {
+                unsigned int a_big[MT][4], a_small[MT][4], b_big[NT][2], b_small[NT][2];  // the small parts unused without SPLIT
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {  // a0 = [g][t], a1 = [g + 8][t], a2 = [g][t + 4], a3 = [g + 8][t + 4]
+                        const int up = r % 2, at = 2 * step + r / 2;
+                        a_big[mt][r] = __float_as_uint(element(a[mt][up], at));
+                        if (SPLIT) a_small[mt][r] = __float_as_uint(element(a_rest[mt][up], at));
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    fragment_value(element(b[nt], 2 * step), b_big[nt][0], b_small[nt][0]);  // b0 = [t][g]
+                    fragment_value(element(b[nt], 2 * step + 1), b_big[nt][1], b_small[nt][1]);  // b1 = [t + 4][g]
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma_parts(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
+            }
         }
+    });
+}
+
+// v as its TF32 big part (rounded to nearest), `small` the exact rest with SPLIT (fragment_value's parts, as floats)
+__device__ __forceinline__ void to_parts(float& v, float& small)
+{
+    unsigned int big, rest = 0;
+    fragment_value(v, big, rest);
+    v = __uint_as_float(big), small = __uint_as_float(rest);
+}
+
+// Q's tile in TF32 parts, once, where every key tile's product would make them again: the big parts in
+// place, and with SPLIT the small ones in Qsmall
+__device__ __forceinline__ void prepare_q(float* Qs, float* Qsmall)
+{
+#pragma unroll
+    for (int i = threadIdx.x; i < BQ * 16; i += NTHREADS) {
+        const int at = i / 16 * A_STRIDE + i % 16 * 4;
+        float4 big = *reinterpret_cast<float4*>(Qs + at), small;
+        to_parts(big.x, small.x), to_parts(big.y, small.y), to_parts(big.z, small.z), to_parts(big.w, small.w);
+        *reinterpret_cast<float4*>(Qs + at) = big;
+        if (SPLIT) *reinterpret_cast<float4*>(Qsmall + at) = small;
     }
-    add_tiles(acc, part);
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
@@ -171,8 +201,8 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
 {
     extern __shared__ float4 shared_tiles[];
     float* Qs = reinterpret_cast<float*>(shared_tiles);  // Q's tile, then its TF32 big parts
-    float* Qsmall = Qs + Q_TILE;                           // ... and small ones
-    float* Ps = Qsmall + Q_TILE;  // the scores, then the probabilities, of the key tile
+    float* Qsmall = Qs + Q_TILE;                           // ... and small ones (SPLIT; never read without)
+    float* Ps = Qs + Q_PARTS * Q_TILE;  // the scores, then the probabilities, of the key tile
     float* KTs = Ps + Q_TILE;     // K's tile [key][d] whichever way K^T lies
     float* Vs = KTs + B_TILE;
     float* row_max = Vs + B_TILE;
@@ -203,21 +233,9 @@ attention_tc(const float* __restrict__ q, const float* __restrict__ kt, const fl
         row_max[threadIdx.x] = NEG_INF;
         row_sum[threadIdx.x] = 0.0f;
     }
-    // Q's tile split once into its TF32 parts, where every key tile's product would split it again
     wait_copies<1>();
     __syncthreads();
-#pragma unroll
-    for (int i = threadIdx.x; i < BQ * 16; i += NTHREADS) {
-        float4* at = reinterpret_cast<float4*>(Qs + i / 16 * A_STRIDE + i % 16 * 4);
-        float4 big = *at, small;
-        unsigned int hi, lo;
-        split_tf32(big.x, hi, lo), big.x = __uint_as_float(hi), small.x = __uint_as_float(lo);
-        split_tf32(big.y, hi, lo), big.y = __uint_as_float(hi), small.y = __uint_as_float(lo);
-        split_tf32(big.z, hi, lo), big.z = __uint_as_float(hi), small.z = __uint_as_float(lo);
-        split_tf32(big.w, hi, lo), big.w = __uint_as_float(hi), small.w = __uint_as_float(lo);
-        *at = big;
-        *reinterpret_cast<float4*>(Qsmall + (at - reinterpret_cast<float4*>(Qs)) * 4) = small;
-    }
+    prepare_q(Qs, Qsmall);
     float o[MT][NT][4];
     zero_tiles(o);
 

@@ -95,10 +95,35 @@ __device__ __forceinline__ void fragment_value(float v, unsigned int& big, unsig
 #endif
 }
 
-// acc += the warp's part of As x Bs for one BK slice. The tensor cores add into their FP32
-// accumulator with truncation, so over a long K a running sum drifts (3xTF32 measured 1e-5
-// relative at K = 1440, past the exact bound); with SPLIT each slice is summed in `part` by the
-// MMAs, then added to acc with a correctly rounded add.
+// part += a x b from the fragments' TF32 parts: with SPLIT three MMAs (3xTF32), else one of the big parts
+__device__ __forceinline__ void mma_parts(float (&part)[4], const unsigned int (&a_big)[4], const unsigned int (&a_small)[4],
+                                          const unsigned int (&b_big)[2], const unsigned int (&b_small)[2])
+{
+#if SPLIT
+    mma_3xtf32(part, a_big, a_small, b_big, b_small);
+#else
+    mma_tf32(part, a_big, b_big[0], b_big[1]);
+#endif
+}
+
+// acc += what add_products(part) adds into `part`, one BK slice's MMAs. The tensor cores add into their FP32
+// accumulator with truncation, so over a long K a running sum drifts (3xTF32 measured 1e-5 relative at K =
+// 1440, past the exact bound); with SPLIT each slice is summed in a `part` of its own by the MMAs, then added
+// to acc with a correctly rounded add. Plain TF32 is inexact anyway: its MMAs add into acc itself.
+template <class Products>
+__device__ __forceinline__ void add_slice(float (&acc)[MT][NT][4], const Products& add_products)
+{
+#if SPLIT
+    float part[MT][NT][4];
+    zero_tiles(part);
+    add_products(part);
+    add_tiles(acc, part);
+#else
+    add_products(acc);
+#endif
+}
+
+// acc += the warp's part of As x Bs for one BK slice (add_slice: in a part of its own with SPLIT).
 // K_STEP and N_STEP: the B tile's layout, B_K_STEP and B_N_STEP unless the includer stages a second
 // B operand in another layout (attention_tc's K^T beside its V)
 template <int K_STEP = B_K_STEP, int N_STEP = B_N_STEP>
@@ -107,45 +132,31 @@ __device__ __forceinline__ void tf32_slice(float (&acc)[MT][NT][4], const float*
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t = lane % 4;
-#if SPLIT
-    float part[MT][NT][4];
-    zero_tiles(part);
-#else
-    float (&part)[MT][NT][4] = acc;  // plain TF32 is inexact anyway: no second sum
-#endif
+    add_slice(acc, [&](float (&part)[MT][NT][4]) {
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 8) {
-        unsigned int a_big[MT][4], b_big[NT][2];
-        unsigned int a_small[MT][4], b_small[NT][2];  // unused (and dropped) without SPLIT
+        for (int kk = 0; kk < BK; kk += 8) {
+            unsigned int a_big[MT][4], b_big[NT][2];
+            unsigned int a_small[MT][4], b_small[NT][2];  // unused (and dropped) without SPLIT
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            const float* row = As + (warp_m * WM + mt * 16 + g) * A_STRIDE + kk + t;
-            const float v[4] = {row[0], row[8 * A_STRIDE], row[4], row[8 * A_STRIDE + 4]};
+            for (int mt = 0; mt < MT; ++mt) {
+                const float* row = As + (warp_m * WM + mt * 16 + g) * A_STRIDE + kk + t;
+                const float v[4] = {row[0], row[8 * A_STRIDE], row[4], row[8 * A_STRIDE + 4]};
 #pragma unroll
-            for (int r = 0; r < 4; ++r) fragment_value(v[r], a_big[mt][r], a_small[mt][r]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float* col = Bs + (kk + t) * K_STEP + (warp_n * WN + nt * 8 + g) * N_STEP;
-            const float v[2] = {col[0], col[4 * K_STEP]};
-#pragma unroll
-            for (int r = 0; r < 2; ++r) fragment_value(v[r], b_big[nt][r], b_small[nt][r]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
+                for (int r = 0; r < 4; ++r) fragment_value(v[r], a_big[mt][r], a_small[mt][r]);
+            }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-#if SPLIT
-                mma_3xtf32(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
-#else
-                mma_tf32(part[mt][nt], a_big[mt], b_big[nt][0], b_big[nt][1]);
-#endif
+                const float* col = Bs + (kk + t) * K_STEP + (warp_n * WN + nt * 8 + g) * N_STEP;
+                const float v[2] = {col[0], col[4 * K_STEP]};
+#pragma unroll
+                for (int r = 0; r < 2; ++r) fragment_value(v[r], b_big[nt][r], b_small[nt][r]);
             }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma_parts(part[mt][nt], a_big[mt], a_small[mt], b_big[nt], b_small[nt]);
         }
-    }
-#if SPLIT
-    add_tiles(acc, part);
-#endif
+    });
 }
 
 // store(m, n, first, second) for each pair of neighbouring outputs of the warp's accumulators (row m,

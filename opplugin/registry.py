@@ -209,10 +209,11 @@ KERNEL_MEMBERS = ("name", "variant", "nonfinite_exact", "device_work", "out_view
 @dataclass(frozen=True)
 class PrecisionChoice:
     """A plugin's answer for one step under a reduced --precision (Plugin.precision_variant): the variant that
-    runs it in that precision, or None and, in a few words, why the step stays FP32."""
+    runs it in that precision, or None and, in a few words, why the step stays FP32; or a variant in another
+    precision (its variant_precision) and why that one (a fused attention's TF32 under fp16)."""
 
     variant: str | None
-    reason: str | None = None  # None where `variant` is given
+    reason: str | None = None  # None where `variant` runs in the precision asked for
 
 
 @runtime_checkable
@@ -303,7 +304,9 @@ class Plugin(Protocol):
         """The variant that runs the node, with `fused` and `prologue` as the plan made them, in `precision`
         ("tf32", "fp16" or "bf16": a run's --precision) on the device, for `build` and the other methods that
         take a variant; or none, with the reason the step stays FP32 (plan/precision.py asks each step whose op
-        has no --variant). On the CPU device a variant that emulates the precision, where a GPU would run it.
+        has no --variant); or, where the plugin has no kernel in `precision` but one in another reduced precision
+        that suits it better than FP32, that variant with the reason (the step's precision is then its
+        variant_precision). On the CPU device a variant that emulates the precision, where a GPU would run it.
         Default: none."""
         return PrecisionChoice(None, f"no {precision} kernel for {self.op_type}")
 

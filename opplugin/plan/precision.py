@@ -4,7 +4,9 @@ kernel computes in, and, where a step stays FP32 under a reduced precision, why.
 FP32 is the default and changes nothing: each step gets the --variant of its op type, else its plugin's own
 choice. Under tf32, fp16 or bf16 the choice is per step, not per op type: each plugin step whose op has no
 --variant asks its plugin for the variant that runs it in that precision (Plugin.precision_variant), and
-keeps FP32 where the plugin has none (no such kernel for the op, or none for this shape or fusion). A
+keeps FP32 where the plugin has none (no such kernel for the op, or none for this shape or fusion). A plugin
+may answer with a variant in another precision (a fused attention runs in TF32 under fp16 and bf16, which it
+has no kernel for): the step records what its variant computes in (Plugin.variant_precision), and why. A
 --variant for the op type wins over the precision. onnxruntime steps run in FP32 (TF32 off).
 
 mixed is FP16 but for the nodes a budget keeps in FP32 (`keep_fp32`: ONNX node name -> why, by the names in the
@@ -39,7 +41,8 @@ class StepPrecision:
 
     variant: str | None  # what its build is given: the op's --variant, else its plugin's variant for the precision, else None
     precision: str = FP32  # what its kernel computes its products in
-    # under a reduced precision, why the step does not run in it (stays FP32, or runs its --variant's); None where it does
+    # under a reduced precision, why the step does not run in it (stays FP32, runs its --variant's, or its plugin's
+    # variant in another precision); None where it does
     reason: str | None = None
 
 
@@ -107,7 +110,8 @@ def _step_precision(plan: Plan, step: PluginStep, precision: str, variants: Mapp
     choice = _asked(step, plan, precision)
     if choice.variant is None:
         return StepPrecision(None, FP32, choice.reason or f"no {precision} kernel for {op}")
-    return StepPrecision(choice.variant, precision)
+    ran = step.plugin.variant_precision(step.node, plan.device, choice.variant)
+    return StepPrecision(choice.variant, ran, None if ran == precision else choice.reason or f"{choice.variant} computes in {ran}")
 
 
 def _asked(step: PluginStep, plan: Plan, precision: str) -> PrecisionChoice:

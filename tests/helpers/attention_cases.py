@@ -5,6 +5,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from opplugin.core.number_formats import UNIT_ROUNDOFF
+from opplugin.ops.gemm import attention
+
 
 def attention_model(heads: int = 3, t: int = 20, d: int = 16, dv: int = 16, scale: float | None = 0.25, bias: str | None = "const",
                     div: bool = False, seed: int = 0, opset: int = 17, softmax_axis: int = -1) -> onnx.ModelProto:
@@ -44,12 +47,40 @@ def random_feeds(model: onnx.ModelProto, batch: int, seed: int) -> dict[str, np.
             for value in model.graph.input}
 
 
+def row_scale(scale: float, q: np.ndarray, kt: np.ndarray) -> np.ndarray:
+    """Per query, the largest |scale| |Q| |K^T| of its row: a relative error in the scores moves them by that much of it."""
+    return np.max(abs(scale) * (np.abs(q) @ np.abs(kt)), axis=-1, keepdims=True)
+
+
 def error_scale(scale: float, q: np.ndarray, kt: np.ndarray, v: np.ndarray, p: np.ndarray) -> np.ndarray:
     """What float32 rounding errors of softmax(s) V scale with, per output element: P |V| from the second
     product, times 1 plus the largest |scale| |Q| |K^T| of the row, since an error in a score of that size
     moves every probability of its row relatively by as much. `p`: the probabilities in float64."""
-    row_scale = np.max(abs(scale) * (np.abs(q) @ np.abs(kt)), axis=-1, keepdims=True)
-    return (p @ np.abs(v)) * (1 + row_scale)
+    return (p @ np.abs(v)) * (1 + row_scale(scale, q, kt))
+
+
+def tf32_bound(scale: float, q: np.ndarray, kt: np.ndarray, v: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """How far plain TF32's roundings may move each output from float64 (`p`: the probabilities in float64).
+    Q and K^T rounded to TF32 (unit roundoff u = 2^-11) move each product q k by at most (2u + u^2) |q| |k|,
+    so a score by (2u + u^2) |scale| |Q| |K^T|, at most M = (2u + u^2) row_scale in its row; the softmax
+    then moves each probability by a factor within e^(+-2M). P and V rounded move each term p v by a factor
+    within (1 +- u)^2 more: |y - exact| <= P |V| (e^(2M) (1 + u)^2 - 1). Sums count as exact here."""
+    u = UNIT_ROUNDOFF["tf32"]
+    return (p @ np.abs(v)) * (np.exp(2 * (2 * u + u * u) * row_scale(scale, q, kt)) * (1 + u) ** 2 - 1)
+
+
+def float64_operands(spec, model, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Q, K^T, V and the bias (None without one) of attention_model's step in float64, from its feeds and
+    initializers (K^T: K's last two axes swapped, as the graph's Transpose does)."""
+    bias = model.initializers["bias"] if "bias" in spec.constants else feeds.get("bias")
+    q, kt, v = (np.asarray(x, np.float64) for x in (feeds["q"], np.swapaxes(feeds["k"], -1, -2), feeds["v"]))
+    return q, kt, v, None if bias is None else np.asarray(bias, np.float64)
+
+
+def float64_result(spec, q: np.ndarray, kt: np.ndarray, v: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(softmax(..) V, the probabilities) in float64: the latter as the attention of V the identity."""
+    identity = np.broadcast_to(np.eye(spec.tk), (*q.shape[:-2], spec.tk, spec.tk))
+    return attention.reference(spec, q, kt, v, bias), attention.reference(spec, q, kt, identity, bias)
 
 
 def scaled_operands_model(heads: int = 3, t: int = 30, d: int = 16, seed: int = 0) -> onnx.ModelProto:

@@ -1,20 +1,23 @@
 """A run's --precision, step by step (plan/precision.py): FP32 changes nothing; under a reduced precision each step
-whose plugin has a kernel in it runs in it, every other step stays FP32 with the reason; --variant wins for its op
-type; mixed is FP16 but for the steps that compute a node of keep_fp32 (a budget's, found by
+whose plugin has a kernel in it runs in it, every other step stays FP32 with the reason, and a fused attention runs in
+plain TF32 (its one reduced precision) and says why; --variant wins for its op type; mixed is FP16 but for the steps that compute a node of keep_fp32 (a budget's, found by
 verify/mixed_precision.py); a precision no run takes is one line. Real runners and plans on the CPU, and plans for a GPU (nothing built)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from attention_cases import projected_attention_model
 from onnx_builders import save
 from precision_cases import attention_scores_model, conv_mlp_model, product_model, two_products_model
 
+from opplugin.core.number_formats import REDUCED
 from opplugin.errors import InputError
 from opplugin.gpu.device import CPU, Device
 from opplugin.graph.model import load_model
 from opplugin.ops.gemm import families
 from opplugin.plan.partition import make_plan
 from opplugin.plan.precision import KEPT_BY_BUDGET, PRECISIONS, step_precisions
+from opplugin.report.plan import format_plan
 from opplugin.runtime import Runner
 from opplugin.runtime.plan_record import record_plan_alone
 
@@ -94,6 +97,33 @@ def test_a_variant_for_the_op_type_wins_over_the_precision(conv_mlp):
     assert steps(record_plan_alone(plan, {"MatMul": "wg_bf16"}, "fp16"))["fc1"][1:] == ("bf16", "--variant MatMul=wg_bf16")
     assert steps(record_plan_alone(plan, {"MatMul": "wg_fp16"}))["fc1"][1:] == ("fp16", None)
     assert steps(record_plan_alone(plan, {"Conv": "tc_bf16"}))["conv"][1:] == ("bf16", None)  # the Conv's opt-in families say theirs
+
+
+@pytest.fixture(scope="module")
+def attention_block(tmp_path_factory):
+    """A transformer's attention: the QKV projection (a flat product), the fused attention reading Q, K and V as views of
+    its output, the heads merged."""
+    return load_model(save(projected_attention_model(heads=2, t=24, d=16), tmp_path_factory.mktemp("block") / "attention.onnx"))
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_a_fused_attention_runs_in_plain_tf32_under_every_reduced_precision_and_says_why(attention_block, precision):
+    """It has no FP16 or BF16 kernel; plain TF32 rounds as finely as FP16 (BF16 more coarsely) with FP32's range. The
+    step's precision is what its kernel computes in, tf32, not the run's."""
+    why = None if precision == "tf32" else f"no {precision} kernel for a fused attention; plain TF32 instead"
+    runner = Runner(attention_block, 2, "cpu", precision=precision)
+    planned = steps(runner.plan_record())
+    assert planned["qkv_projection"] == (f"matmul.reference.{precision}", precision, None)
+    assert planned["qk"] == ("attention.reference.tf32", "tf32", why)
+    assert f"precision: tf32{f': {why}' if why else ''}" in format_plan(runner.plan_record(), wide=True)
+    on_gpu = steps(record_plan_alone(make_plan(attention_block, 32, GPU), None, precision))
+    assert on_gpu["qk"] == ("attention.tf32", "tf32", why)
+    assert step_precisions(make_plan(attention_block, 32, GPU), precision)["qk"].variant == "tf32"  # what the build is given
+
+
+def test_an_fp32_run_keeps_the_fused_attention_in_3xtf32(attention_block):
+    assert steps(Runner(attention_block, 2, "cpu").plan_record())["qk"] == ("attention.reference", "fp32", None)
+    assert steps(record_plan_alone(make_plan(attention_block, 32, GPU)))["qk"] == ("attention.3xtf32", "fp32", None)
 
 
 @pytest.mark.parametrize("precision", ["fp8", "FP16", "half", "Mixed", ""])

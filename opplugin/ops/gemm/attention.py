@@ -3,7 +3,9 @@ bias or mask] > Softmax over the keys > MatMul(P, V), fused by the MatMul plugin
 whose followers end in a second MatMul (plugin.py).
 
 On a GPU, kernels/attention_tc.cu never writes the scores: a block walks the keys 64 at a time with an
-online softmax, in 3xTF32 on the tensor cores. On the CPU device, the float64 reference below.
+online softmax, in 3xTF32 on the tensor cores (`attention.3xtf32`), or in plain TF32 (`attention.tf32`, one
+MMA in place of three) for a run in a reduced precision. On the CPU device, the float64 reference below,
+emulating plain TF32's roundings for the latter (`attention.reference.tf32`).
 Q is (.., TQ, D), K^T (.., D, TK) as the graph has it, V (.., TK, DV), the bias (.., TQ, TK); every
 leading axis broadcasts as numpy does, and the first one of an operand computed at run time is the batch.
 """
@@ -14,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core.number_formats import FP32, round_to
 from ...errors import PluginError
 from ...gpu import cuda
 from ...gpu.kernel_cache import CompileJob
@@ -22,13 +25,50 @@ from ..activation import cuda_float
 from ..layout.strides import contiguous_strides, element_strides
 from ..layout.kernels import output_array
 from ..operands import batched_input
-from .matmul import GRID_Z_LIMIT, MAX_BATCH_RANK, matrix_strides
+from .kernel import REFERENCE, reference_variant
+from .matmul import BATCHED_3XTF32, GRID_Z_LIMIT, MAX_BATCH_RANK, matrix_strides
 
 SOURCE = "attention_tc.cu"
 QUERY_TILE = 64
 MAX_HEAD = 64  # D and DV: a 64 x 64 tile of the kernel's
-SHARED_BYTES = (3 * 64 * 68 + 2 * 64 * 72 + 3 * 64) * 4  # Q's split tile, P, K and V tiles, three per-row values
 OPERANDS = ("q", "kt", "v", "bias")
+TF32 = "tf32"
+# what the kernel computes its two products in: FP32 (3xTF32, FP32's error), or TF32 (plain TF32: Q, K^T, the
+# probabilities and V rounded once to TF32, unit roundoff 2^-11 as FP16's, with FP32's range)
+PRECISIONS = (FP32, TF32)
+# --variant MatMul=<name> for a fused attention -> the precision it runs in; the device picks the kernel for it
+# (kernel_name): the tensor cores' on a GPU, the reference on the CPU
+VARIANT_PRECISIONS = {REFERENCE: FP32, BATCHED_3XTF32: FP32, TF32: TF32, reference_variant(TF32): TF32}
+
+
+def checked_precision(precision: str) -> str:
+    """`precision` when the kernel computes in it (PRECISIONS), else a PluginError that says which it does."""
+    if precision not in PRECISIONS:
+        raise PluginError(f"attention: no kernel in {precision!r}; its precisions are {', '.join(PRECISIONS)}")
+    return precision
+
+
+def variant_for(precision: str, on_gpu: bool) -> str | None:
+    """The variant that runs a fused attention in `precision`: None (the plugin's default) for FP32; for TF32,
+    "tf32" on a GPU and "reference.tf32" on the CPU device (the reference emulating it)."""
+    if checked_precision(precision) == FP32:
+        return None
+    return precision if on_gpu else reference_variant(precision)
+
+
+def kernel_name(precision: str, on_gpu: bool) -> str:
+    """"attention.3xtf32" or "attention.tf32" on a GPU; "attention.reference" or "attention.reference.tf32" on the CPU."""
+    checked_precision(precision)
+    if not on_gpu:
+        return f"attention.{reference_variant(precision)}"
+    return "attention.3xtf32" if precision == FP32 else f"attention.{precision}"
+
+
+def shared_bytes(precision: str = FP32) -> int:
+    """The kernel's dynamic shared memory: Q's tile (and in 3xTF32 its small parts), P, K and V tiles, three
+    per-row values (attention_tc.cu's SHARED_FLOATS)."""
+    q_parts = 2 if checked_precision(precision) == FP32 else 1
+    return ((q_parts + 1) * 64 * 68 + 2 * 64 * 72 + 3 * 64) * 4
 
 
 @dataclass(frozen=True)
@@ -133,21 +173,34 @@ class AttentionSpec:
         return None
 
 
-def reference(spec: AttentionSpec, q: Any, kt: Any, v: Any, bias: Any = None) -> np.ndarray:
-    """The nodes' meaning in the operands' dtype (float64 for the oracle): softmax(Q K^T * scale + bias) V."""
-    scores = np.matmul(q, kt) * spec.scale
+def reference(spec: AttentionSpec, q: Any, kt: Any, v: Any, bias: Any = None, precision: str = FP32) -> np.ndarray:
+    """The nodes' meaning in the operands' dtype (float64 for the oracle): softmax(Q K^T * scale + bias) V. With
+    `precision` TF32, as the plain-TF32 kernel computes it: Q, K^T, the probabilities and V rounded to TF32 before
+    their products, everything else (the sums too) in the operands' dtype."""
+    checked_precision(precision)
+    scores = np.matmul(_rounded(q, precision), _rounded(kt, precision)) * spec.scale
     if bias is not None:
         scores = scores + bias
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    y = np.matmul(e / e.sum(axis=-1, keepdims=True), v)
+    y = np.matmul(_rounded(e / e.sum(axis=-1, keepdims=True), precision), _rounded(v, precision))
     return y if spec.out_perm is None else np.ascontiguousarray(y.transpose(spec.out_perm))
 
 
-class ReferenceAttentionKernel(Kernel):
-    """The float64 reference as the CPU device's kernel; called with the step's inputs [Q, K^T, (bias,) V]."""
+def _rounded(x: Any, precision: str) -> Any:
+    """An operand of a product as the kernel reads it in `precision`: as it is in FP32, else rounded to the format
+    (round_to: the checks' own rounding) and held in its dtype. A float64 operand (the probabilities) passes
+    through float32 first: a second rounding, of 2^-24 at most."""
+    return x if precision == FP32 else round_to(np.asarray(x, np.float32), precision).astype(np.asarray(x).dtype)
 
-    def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray]):
-        self.spec, self.name, self._constants = spec, name, constants
+
+class ReferenceAttentionKernel(Kernel):
+    """The float64 reference as the CPU device's kernel, emulating TF32's roundings for `precision` TF32; called
+    with the step's inputs [Q, K^T, (bias,) V]."""
+
+    def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray], precision: str = FP32):
+        self.spec, self.name, self._constants, self.precision = spec, name, constants, checked_precision(precision)
+        # an emulation names itself, so that the exact path's rerun of a chunk asks for the same precision
+        self.variant = variant_for(precision, on_gpu=False)
 
     def flops(self, batch: int) -> int:
         return self.spec.flops(batch)
@@ -158,7 +211,7 @@ class ReferenceAttentionKernel(Kernel):
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         operands = operands_of(self.spec, inputs, self._constants)
         q, kt, v, bias = (None if x is None else np.asarray(x, np.float64) for x in (operands[o] for o in OPERANDS))
-        y = reference(self.spec, q, kt, v, bias).astype(np.float32)
+        y = reference(self.spec, q, kt, v, bias, self.precision).astype(np.float32)
         return [y.reshape(self.spec.in_graph(y.shape))]
 
 
@@ -220,10 +273,13 @@ def starts_aligned(x: Any) -> bool:
     return x.data.ptr % 16 == 0
 
 
-def defines(spec: AttentionSpec, layout: Layout | None = None) -> dict[str, int | str]:
+def defines(spec: AttentionSpec, layout: Layout | None = None, precision: str = FP32) -> dict[str, int | str]:
+    """attention_tc.cu's macros for `spec`, its operands laid out as `layout` says (None: contiguous_layout), its
+    products in `precision` (SPLIT 1: 3xTF32; 0: plain TF32)."""
     lead = spec.batch_shape
     macros: dict[str, int | str] = {"TQ": spec.tq, "TK": spec.tk, "D": spec.d, "DV": spec.dv, "SCALE": cuda_float(spec.scale),
-                                    "HAS_BIAS": int(spec.bias_shape is not None), "BATCH_RANK": max(1, len(lead))}
+                                    "HAS_BIAS": int(spec.bias_shape is not None), "BATCH_RANK": max(1, len(lead)),
+                                    "SPLIT": int(checked_precision(precision) == FP32)}
     for axis in range(1, len(lead)):
         macros[f"OUT_DIM{axis}"] = lead[axis]
     for operand, (strides, row, col, aligned) in zip((*OPERANDS, "out"), layout or contiguous_layout(spec)):
@@ -234,23 +290,27 @@ def defines(spec: AttentionSpec, layout: Layout | None = None) -> dict[str, int 
     return macros
 
 
-def compile_job(spec: AttentionSpec, arch: str, layout: Layout | None = None) -> CompileJob:
-    return cuda.module_job(SOURCE, defines(spec, layout), arch)
+def compile_job(spec: AttentionSpec, arch: str, layout: Layout | None = None, precision: str = FP32) -> CompileJob:
+    return cuda.module_job(SOURCE, defines(spec, layout, precision), arch)
 
 
 class AttentionKernel(Kernel):
     """kernels/attention_tc.cu for one attention; called with the step's inputs [Q, K^T, (bias,) V], each a
     tensor of its own or a strided view of one (a slice of a QKV projection, a transposed K): the kernel
-    reads them as they lie, compiled once per layout met."""
+    reads them as they lie, compiled once per layout met; its products in `precision` (3xTF32 for FP32, or plain TF32)."""
 
-    nonfinite_exact = False  # the 3xTF32 split turns an infinity into NaN: watched, and rerun node by node
+    # the 3xTF32 split turns an infinity into NaN, and TF32's rounding takes a value near FP32's largest to
+    # infinity: watched, and rerun node by node
+    nonfinite_exact = False
     flags_nonfinite = True
     out_view = "strided"  # it writes through any view of its output's shape
 
-    def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray]):
+    def __init__(self, spec: AttentionSpec, name: str, constants: dict[str, np.ndarray], precision: str = FP32):
         import cupy
 
-        self.spec, self.name = spec, name
+        self.spec, self.name, self.precision = spec, name, checked_precision(precision)
+        self.variant = variant_for(precision, on_gpu=True)
+        self._shared_bytes = shared_bytes(precision)
         self._functions: dict[Layout, Any] = {}
         self._by_arrays: dict[tuple, Any] = {}  # the arrays' shapes, strides and alignment -> the function for their layout
         self._inverse_perm = None if spec.out_perm is None else tuple(int(a) for a in np.argsort(spec.out_perm))
@@ -264,8 +324,8 @@ class AttentionKernel(Kernel):
     def _function(self, layout: Layout) -> Any:
         function = self._functions.get(layout)
         if function is None:
-            function = cuda.load(compile_job(self.spec, cuda.device_arch(), layout)).get_function("attention_tc")
-            function.max_dynamic_shared_size_bytes = SHARED_BYTES
+            function = cuda.load(compile_job(self.spec, cuda.device_arch(), layout, self.precision)).get_function("attention_tc")
+            function.max_dynamic_shared_size_bytes = self._shared_bytes
             self._functions[layout] = function
         return function
 
@@ -299,5 +359,5 @@ class AttentionKernel(Kernel):
             for first in range(0, matrices, GRID_Z_LIMIT):
                 grid = (-(-self.spec.tq // QUERY_TILE), min(GRID_Z_LIMIT, matrices - first), 1)
                 function(grid, (256, 1, 1), (operands["q"], operands["kt"], operands["v"], bias, product, np.int32(first),
-                                             np.uint64(nonfinite)), shared_mem=SHARED_BYTES)
+                                             np.uint64(nonfinite)), shared_mem=self._shared_bytes)
         return [y]

@@ -229,15 +229,23 @@ class MatMulPlugin(GemmPlugin):
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
-        """A flat product's, as Gemm's; a batched product and a fused attention have FP32 kernels alone (3xTF32)."""
+        """A flat product's, as Gemm's. A fused attention runs in plain TF32 under any reduced precision: it has no
+        FP16 or BF16 kernel, and TF32 rounds as finely as FP16 with FP32's range. A batched product has FP32
+        kernels alone (3xTF32)."""
         if spec_of(node, self.make_spec).is_flat:
             return super().precision_variant(node, device, precision, fused, prologue)
         if len(fused) > 1 and attention_of(node, fused) is not None:
-            return PrecisionChoice(None, f"no {precision} kernel for a fused attention")
+            variant = attention.variant_for(attention.TF32, device.is_cuda)
+            return PrecisionChoice(variant, None if precision == attention.TF32 else
+                                   f"no {precision} kernel for a fused attention; plain TF32 instead")
         return PrecisionChoice(None, f"no {precision} kernel for a batched product")
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
-        return super().variant_precision(node, device, variant) if spec_of(node, self.make_spec).is_flat else FP32
+        """A flat product's, as Gemm's; a batched product's FP32 but for a fused attention's plain-TF32 variants
+        (attention.VARIANT_PRECISIONS), which a batched product alone does not run (its build says why)."""
+        if spec_of(node, self.make_spec).is_flat:
+            return super().variant_precision(node, device, variant)
+        return attention.VARIANT_PRECISIONS.get(variant, FP32)
 
     def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
         """A fused attention's kernel reads Q, K^T and V as they lie: slices of one QKV projection, K transposed."""
@@ -272,7 +280,7 @@ class MatMulPlugin(GemmPlugin):
         if spec_of(node, self.make_spec).is_flat:
             return super().kernel_name(node, device, variant, fused, prologue)
         if self._attention(node, device, variant, fused) is not None:
-            return "attention.3xtf32" if device.is_cuda else "attention.reference"
+            return attention.kernel_name(self.variant_precision(node, device, variant), device.is_cuda)
         return kernel_name("matmul", self._batched_variant(node, device, variant), self._batched_epilogue(node, fused))
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
@@ -282,7 +290,8 @@ class MatMulPlugin(GemmPlugin):
             return super().compile_jobs(node, device, variant, fused, prologue)
         fused_attention = self._attention(node, device, variant, fused)
         if fused_attention is not None:
-            return [attention.compile_job(fused_attention, device.arch)] if device.is_cuda else []
+            precision = self.variant_precision(node, device, variant)
+            return [attention.compile_job(fused_attention, device.arch, precision=precision)] if device.is_cuda else []
         epilogue, chosen = self._batched_epilogue(node, fused), self._batched_variant(node, device, variant)
         return [batched_job(spec, epilogue.activation, device.arch, chosen)] if device.is_cuda else []
 
@@ -294,11 +303,11 @@ class MatMulPlugin(GemmPlugin):
                                     prologue=self._prologue(node, prologue))
         fused_attention = self._attention(node, device, variant, fused)
         if fused_attention is not None:
-            name = self.kernel_name(node, device, variant, fused)
+            name, precision = self.kernel_name(node, device, variant, fused), self.variant_precision(node, device, variant)
             constants = attention_constants(node, fused, fused_attention)
             if not device.is_cuda:
-                return attention.ReferenceAttentionKernel(fused_attention, name, constants)
-            return attention.AttentionKernel(fused_attention, name, constants)
+                return attention.ReferenceAttentionKernel(fused_attention, name, constants, precision)
+            return attention.AttentionKernel(fused_attention, name, constants, precision)
         epilogue, chosen = self._batched_epilogue(node, fused), self._batched_variant(node, device, variant)
         name = self.kernel_name(node, device, variant, fused)
         if not device.is_cuda:
@@ -307,11 +316,11 @@ class MatMulPlugin(GemmPlugin):
 
     def _attention(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> "attention.AttentionSpec | None":
         """The attention `fused` completes (None: they are an activation, or nothing); the variant asked for
-        checked: a fused attention has one kernel."""
+        checked: a fused attention runs in 3xTF32 (the default) or plain TF32 (attention.VARIANT_PRECISIONS)."""
         spec = attention_of(node, fused) if len(fused) > 1 else None
-        if spec is not None and variant not in (None, "reference", BATCHED_3XTF32):
-            raise PluginError(f"MatMul {node.name} starts a fused attention, whose kernel is the tensor cores' (3xTF32); "
-                              f"'{variant}' runs the product alone")
+        if spec is not None and variant is not None and variant not in attention.VARIANT_PRECISIONS:
+            raise PluginError(f"MatMul {node.name} starts a fused attention, whose kernels are the tensor cores' in 3xTF32 or plain "
+                              f"TF32 ({', '.join(map(repr, attention.VARIANT_PRECISIONS))}); '{variant}' runs the product alone")
         return spec
 
     @staticmethod

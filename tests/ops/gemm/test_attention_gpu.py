@@ -1,5 +1,6 @@
 """The fused attention kernel (kernels/attention_tc.cu) on the GPU: against float64 with its output
-poisoned, inside a run against onnxruntime, and its NaN/Inf flag with the run's exact rerun.
+poisoned, in 3xTF32 and in plain TF32 (SPLIT 0), inside a run against onnxruntime (a run in FP16 too), and
+its NaN/Inf flag with the run's exact rerun.
 
 GPU tests (marker `gpu`, skipped without a CUDA device)."""
 from __future__ import annotations
@@ -8,16 +9,21 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from attention_cases import attention_model, error_scale, projected_attention_model, random_feeds
+from attention_cases import (attention_model, error_scale, float64_operands, float64_result, projected_attention_model, random_feeds,
+                             tf32_bound)
 from onnx_builders import save
+from opplugin.core.number_formats import UNIT_ROUNDOFF
 from opplugin.gpu.device import current_cuda_device
 from opplugin.graph.model import load_model
 from opplugin.ops.gemm import attention
 from opplugin.plan.partition import make_plan
 from opplugin.runtime import Runner
+from opplugin.verify.check import default_tolerance
+from opplugin.verify.precision_cost import relative_l2
 
 pytestmark = pytest.mark.gpu
 RTOL = 2e-6  # per unit of error_scale, as for the Gemm families
+FP32_SUM = 2.0 ** -23  # a truncating FP32 add (the tensor cores' accumulator) moves a sum by at most this much of it
 
 SHAPES = {  # name -> attention_model's arguments
     "ViT-S/16: 197 tokens, 6 heads of 64": {"t": 197, "d": 64, "dv": 64, "heads": 6, "bias": None, "scale": 0.125},
@@ -37,8 +43,6 @@ def fused_step(model, batch, device):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("batch", [1, 5])
 def test_the_kernel_matches_float64_with_its_output_poisoned(tmp_path, shape, batch):
-    import cupy
-
     proto = attention_model(**SHAPES[shape], seed=batch)
     model = load_model(save(proto, tmp_path / "attention.onnx"))
     device = current_cuda_device()
@@ -47,20 +51,46 @@ def test_the_kernel_matches_float64_with_its_output_poisoned(tmp_path, shape, ba
     assert kernel.name == "attention.3xtf32"
     feeds = random_feeds(proto, batch, 3)
     assert step.inputs[:2] == ["q", "k"]  # K^T read as a transposed view of K
-    inputs = [cupy.asarray(feeds[name]) for name in step.inputs]
-    values = {"q": feeds["q"], "kt": np.swapaxes(feeds["k"], -1, -2), "v": feeds["v"], "bias": feeds.get("bias")}
     spec = step.plugin._attention(step.node, device, None, step.fused)
-    constants = {"bias": model.initializers["bias"]} if "bias" in spec.constants else {}
-    out = cupy.full(spec.output_shape(batch), np.nan, dtype=cupy.float32)
-    [y] = kernel(inputs, None, out=out)
-    assert y is out
-    bias = constants.get("bias", values["bias"])
-    q, kt, v = (np.asarray(values[name], np.float64) for name in ("q", "kt", "v"))
-    bias = None if bias is None else np.asarray(bias, np.float64)
-    exact = attention.reference(spec, q, kt, v, bias)
-    probabilities = attention.reference(spec, q, kt, np.broadcast_to(np.eye(spec.tk), (*q.shape[:-2], spec.tk, spec.tk)), bias)
-    error = np.abs(cupy.asnumpy(y) - exact) / error_scale(spec.scale, q, kt, v, probabilities)
+    y = poisoned_call(kernel, step, spec, feeds, batch)
+    q, kt, v, bias = float64_operands(spec, model, feeds)
+    exact, probabilities = float64_result(spec, q, kt, v, bias)
+    error = np.abs(y - exact) / error_scale(spec.scale, q, kt, v, probabilities)
     assert error.max() <= RTOL, f"worst error {error.max():.2e} of the rounding scale"
+
+
+def poisoned_call(kernel, step, spec, feeds, batch) -> np.ndarray:
+    """The kernel's output for the step's feeds, written into an output of NaN."""
+    import cupy
+
+    out = cupy.full(spec.output_shape(batch), np.nan, dtype=cupy.float32)
+    [y] = kernel([cupy.asarray(feeds[name]) for name in step.inputs], None, out=out)
+    assert y is out
+    return cupy.asnumpy(y)
+
+
+@pytest.mark.parametrize("shape", ["ViT-S/16: 197 tokens, 6 heads of 64", "Swin-T window: 49 tokens, 3 heads of 32, relative position bias"])
+def test_plain_tf32_keeps_within_tf32s_bound_and_differs_from_3xtf32(tmp_path, shape):
+    """SPLIT 0 (attention.tf32, what --precision fp16 runs): within the bound TF32's roundings allow
+    (attention_cases.tf32_bound), plus the kernel's FP32 arithmetic (3xTF32's own RTOL) and its MMAs' truncating
+    sums, which plain TF32 does not gather per slice (D terms a score, TK an output); and off 3xTF32's result by
+    TF32's error, so the split is really off."""
+    batch = 5
+    proto = attention_model(**SHAPES[shape], seed=batch)
+    model = load_model(save(proto, tmp_path / "attention.onnx"))
+    device = current_cuda_device()
+    step = fused_step(model, batch, device)
+    spec = step.plugin._attention(step.node, device, None, step.fused)
+    plain, split = step.build(device, "tf32"), step.build(device)
+    assert (plain.name, split.name) == ("attention.tf32", "attention.3xtf32")
+    feeds = random_feeds(proto, batch, 3)
+    y, y_split = poisoned_call(plain, step, spec, feeds, batch), poisoned_call(split, step, spec, feeds, batch)
+    q, kt, v, bias = float64_operands(spec, model, feeds)
+    exact, probabilities = float64_result(spec, q, kt, v, bias)
+    fp32 = (RTOL + (spec.tk + 2 * spec.d) * FP32_SUM) * error_scale(spec.scale, q, kt, v, probabilities)
+    excess = np.abs(y - exact) - tf32_bound(spec.scale, q, kt, v, probabilities) - fp32
+    assert excess.max() <= 0, f"{np.count_nonzero(excess > 0)} outputs past the TF32 bound"
+    assert relative_l2(y, y_split) > UNIT_ROUNDOFF["tf32"] / 8  # TF32's error, where 3xTF32's is FP32's (~3e-8)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -106,6 +136,19 @@ def test_the_kernel_reads_strided_views_and_writes_through_a_transposed_one(out_
     assert (np.abs(got - exact) / scale).max() <= RTOL
 
 
+def test_a_run_in_fp16_runs_the_attention_in_plain_tf32_and_matches_onnxruntime_within_fp16s_rule(tmp_path):
+    proto = projected_attention_model(heads=6, t=197, d=64)
+    runner = Runner(load_model(save(proto, tmp_path / "attention.onnx")), 5, "cuda", chunk=3, precision="fp16")
+    [attention_step] = [s for s in runner.plan.plugin_steps if "Softmax" in s.ops]
+    assert runner.kernels[attention_step.name].name == "attention.tf32"
+    assert {s.name: s.precision for s in runner.plan_record().steps}[attention_step.name] == "tf32"
+    feeds = random_feeds(proto, 5, 2)
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    atol, rtol = default_tolerance("fp16")
+    for _ in range(2):  # eager, then replayed from a CUDA graph
+        np.testing.assert_allclose(runner.run(feeds).outputs["y"], reference, rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["Slice", "Split"])
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_a_run_through_views_matches_onnxruntime(tmp_path, split, chunk):
@@ -133,10 +176,11 @@ def test_an_infinity_read_through_views_reruns_the_views_then_the_nodes(tmp_path
     np.testing.assert_allclose(result.outputs["y"][finite], reference[finite], rtol=1e-5, atol=2e-5)
 
 
-def test_an_infinity_is_flagged_and_the_chunk_reruns_node_by_node(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])  # attention.3xtf32, attention.tf32
+def test_an_infinity_is_flagged_and_the_chunk_reruns_node_by_node(tmp_path, precision):
     proto = attention_model(t=49, d=32, dv=32)
     model = load_model(save(proto, tmp_path / "attention.onnx"))
-    runner = Runner(model, 4, "cuda", chunk=4, streams=1)
+    runner = Runner(model, 4, "cuda", chunk=4, streams=1, precision=precision)
     feeds = random_feeds(proto, 4, 2)
     feeds["v"][2, 1, 5, 3] = np.inf
     result = runner.run(feeds)

@@ -224,20 +224,29 @@ __device__ __forceinline__ void copy_weights(float* As, const float* __restrict_
 }
 #endif
 
-// The sum v of output map m at column col (a pixel of the batch): into y, finished by the epilogue
-// (bias, the residual at the output's own index, the activation) and flagged if not finite, or with
-// a K split into this block's slice of `partial` ([KSLICES][M][total]) for conv_k_slices_reduce.
+// Where output map m at column col (a pixel of the batch) lies in y ([batch][M][P]), as in the residual.
+__device__ __forceinline__ size_t output_at(int col, int m) { return (size_t)(col / P) * (M * P) + col % P + (size_t)m * P; }
+
+// The sum v of output map m at column col into y, finished by the epilogue (bias, `res`: the residual
+// at the output's own index, the activation) and flagged if not finite.
+__device__ __forceinline__ void store_finished(float* __restrict__ y, const float* __restrict__ b, unsigned char* nonfinite,
+                                               int col, int m, float v, float res)
+{
+#if HAS_BIAS
+    v += b[m];
+#endif
+    const float out = finish_output(v, res);
+    y[output_at(col, m)] = out;
+    flag_nonfinite(nonfinite, out);
+}
+
+// The sum v of output map m at column col: into y (store_finished, the residual read here), or with a
+// K split into this block's slice of `partial` ([KSLICES][M][total]) for conv_k_slices_reduce.
 __device__ __forceinline__ void store_sum(float* __restrict__ y, float* __restrict__ partial, const float* __restrict__ b,
                                           const float* __restrict__ r, unsigned char* nonfinite, int total, int col, int m, float v)
 {
 #if KSLICES == 1
-    const size_t at = (size_t)(col / P) * (M * P) + col % P + (size_t)m * P;
-#if HAS_BIAS
-    v += b[m];
-#endif
-    const float out = finish_output(v, residual_at(r, at));
-    y[at] = out;
-    flag_nonfinite(nonfinite, out);
+    store_finished(y, b, nonfinite, col, m, v, residual_at(r, output_at(col, m)));
 #else
     partial[((size_t)blockIdx.z * M + m) * total + col] = v;
 #endif

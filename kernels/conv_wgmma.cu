@@ -26,10 +26,16 @@
 // (wgmma's N: 64 or 128) inside one group (MapTile). The K split and the epilogue are
 // conv_tc_gemm's (conv_implicit_tiles.cuh).
 //
-// Macros: the shape macros, BM, BN (a multiple of 64), BK (32), STAGES, KSLICES, TAP_MASK (1),
-// KPAD, PROLOGUE. Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
-// 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * 2
-// * (BM + BN) * BK * 4 + STAGES * 16 + 1024) bytes. With KSLICES > 1 the partial sums go to
+// With HALF_OPERANDS (1 FP16, 2 BF16: wg_fp16, wg_bf16; not FP32-exact, picked by --precision) the
+// image is rewritten channel-last in that format instead, with no small parts, and the weights arrive
+// in it from the build: a 128-byte line is BK = 64 channels of one tap, and the wgmmas (one a k16 step)
+// accumulate in FP32 (wgmma_3xtf32.cuh). Half the bytes of the rewrite, a sixth of the tensor-core
+// work of 3xTF32.
+//
+// Macros: the shape macros, BM, BN (a multiple of 64), BK (32; 64 with HALF_OPERANDS), STAGES, KSLICES,
+// TAP_MASK (1), KPAD, PROLOGUE, HALF_OPERANDS. Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
+// 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * PARTS
+// * (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS). With KSLICES > 1 the partial sums go to
 // `partial` and conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
@@ -40,8 +46,11 @@
 #include "wgmma_3xtf32.cuh"
 
 #include "conv_implicit_tiles.cuh"
+#ifdef HALF_OPERANDS
+#include "half_bits.cuh"
+#endif
 
-static_assert(CG % BK == 0, "a slice is 32 channels of one window tap");
+static_assert(CG % BK == 0, "a slice is BK channels of one window tap");
 static_assert(TAP_MASK, "a bit per window tap");
 
 // The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which;
@@ -57,13 +66,13 @@ __device__ __forceinline__ float prologue_value(float v, const float* __restrict
 #endif
 }
 
-// big, small = X after the prologue, channel-last ([batch][H*W][C]), and its small parts; X's images
-// lie x_image floats apart. A block transposes 32 channels x 32 pixels of one image through shared
+// big, small = X after the prologue, channel-last ([batch][H*W][C]), and its small parts (with
+// HALF_OPERANDS: big in that format, small not written); X's images lie x_image floats apart. A block transposes 32 channels x 32 pixels of one image through shared
 // memory, so that both its reads (along pixels) and its writes (along channels) are coalesced.
 // Launch: block (32, 8), grid (batch * ceil(H*W / 32), C / 32).
 extern "C" __global__ void __launch_bounds__(256)
-conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ pro, float* __restrict__ big,
-                        float* __restrict__ small, int x_image)
+conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ pro, operand_t* __restrict__ big,
+                        operand_t* __restrict__ small, int x_image)
 {
     constexpr int PIXEL_TILES = (H * W + 31) / 32;
     __shared__ float tile[32][33];  // [channel][pixel], a column apart in banks
@@ -83,8 +92,12 @@ conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ p
         if (p >= H * W) continue;
         const float v = tile[threadIdx.x][i];
         const size_t at = ((size_t)n * (H * W) + p) * C + c0 + threadIdx.x;
+#ifdef HALF_OPERANDS
+        big[at] = half_bits<HALF_OPERANDS>(v);
+#else
         big[at] = v;
         small[at] = small_part(v);
+#endif
     }
 }
 
@@ -100,17 +113,17 @@ struct WeightCopies {
         static_assert(BM % ROW_STEP == 0, "whole turns of rows");
     }
 
-    __device__ __forceinline__ void copy(float* stage, const float* __restrict__ w_big, const float* __restrict__ w_small,
+    __device__ __forceinline__ void copy(operand_t* stage, const operand_t* __restrict__ w_big, const operand_t* __restrict__ w_small,
                                          const MapTile& maps, int k0) const
     {
 #pragma unroll
         for (int turn = 0; turn < TURNS; ++turn) {
             const int m = first_row + turn * ROW_STEP;
             const bool inside = maps.first + m < maps.end;
-            const size_t from = inside ? (size_t)(maps.first + m) * KDIM + k0 + quad * 4 : 0;
-            const int to = SWIZZLED_AT(m, quad * 4);
-            copy_async16(stage + to, w_big + from, inside);
-            copy_async16(stage + A_STAGE + to, w_small + from, inside);
+            const size_t from = inside ? (size_t)(maps.first + m) * KDIM + k0 + quad * QUAD_VALUES : 0;
+            const int to = SWIZZLED_AT(m, quad * QUAD_VALUES);
+            copy_quad(stage + to, w_big + from, inside);
+            if (PARTS > 1) copy_quad(stage + A_STAGE + to, w_small + from, inside);
         }
     }
 };
@@ -135,7 +148,7 @@ struct PixelCopies {
             const int p = live ? col % P : 0;
             const int ih0 = (p / OW) * SH - PH;
             const int iw0 = (p % OW) * SW - PW;
-            origin[turn] = ((long long)(n * H + ih0) * W + iw0) * C + group * CG + quad * 4;
+            origin[turn] = ((long long)(n * H + ih0) * W + iw0) * C + group * CG + quad * QUAD_VALUES;
             TapBits bits = 0;
 #pragma unroll
             for (int j = 0; j < KH * KW; ++j) {
@@ -146,7 +159,8 @@ struct PixelCopies {
         }
     }
 
-    __device__ __forceinline__ void copy(float* stage, const float* __restrict__ x_big, const float* __restrict__ x_small, int k0) const
+    __device__ __forceinline__ void copy(operand_t* stage, const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small,
+                                         int k0) const
     {
         const int tap = k0 / CG;  // the slice's window tap and first channel
         const int kh = tap / KW;
@@ -155,25 +169,25 @@ struct PixelCopies {
         for (int turn = 0; turn < TURNS; ++turn) {
             const bool valid = (inside[turn] >> tap) & 1;
             const long long from = valid ? origin[turn] + offset : 0;
-            const int to = SWIZZLED_AT(first_pixel + turn * PIXEL_STEP, quad * 4);
-            copy_async16(stage + 2 * A_STAGE + to, x_big + from, valid);
-            copy_async16(stage + 2 * A_STAGE + B_STAGE + to, x_small + from, valid);
+            const int to = SWIZZLED_AT(first_pixel + turn * PIXEL_STEP, quad * QUAD_VALUES);
+            copy_quad(stage + PARTS * A_STAGE + to, x_big + from, valid);
+            if (PARTS > 1) copy_quad(stage + PARTS * A_STAGE + B_STAGE + to, x_small + from, valid);
         }
     }
 };
 
 // A slice's copies, for produce_slices: the weights' and the image's, of this block's run of slices.
 struct SliceCopies {
-    const float* __restrict__ x_big;
-    const float* __restrict__ x_small;
-    const float* __restrict__ w_big;
-    const float* __restrict__ w_small;
+    const operand_t* __restrict__ x_big;
+    const operand_t* __restrict__ x_small;  // null with HALF_OPERANDS, as w_small
+    const operand_t* __restrict__ w_big;
+    const operand_t* __restrict__ w_small;
     const MapTile& maps;
     const SliceRun& run;
     WeightCopies weights;
     PixelCopies image;
 
-    __device__ __forceinline__ void copy(float* stage, int j) const
+    __device__ __forceinline__ void copy(operand_t* stage, int j) const
     {
         const int k0 = (run.first + j) * BK;
         weights.copy(stage, w_big, w_small, maps, k0);
@@ -182,8 +196,8 @@ struct SliceCopies {
 };
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
-conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, const float* __restrict__ w_big,
-           const float* __restrict__ w_small, const float* __restrict__ b, const float* __restrict__ r,
+conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
+           const operand_t* __restrict__ w_small, const float* __restrict__ b, const float* __restrict__ r,
            float* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
@@ -193,7 +207,7 @@ conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, c
     const int m0 = maps.first;
     const SliceRun run;
     unsigned long long *full, *empty;
-    float* stages = stage_memory(shared_tiles, full, empty);
+    operand_t* stages = stage_memory(shared_tiles, full, empty);
 
     if (threadIdx.x < NTHREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
@@ -210,6 +224,25 @@ conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, c
     const int g = lane / 4;
     const int t = lane % 4;
     const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 pixels of the tile
+#if RESIDUAL && KSLICES == 1
+    // every residual value this thread adds, loaded before the first store: one wait on memory for
+    // the tile rather than one a value. On an H200, ResNet-50's 64->256 1x1 + Add + Relu at batch 32
+    // in FP16: 0.349 ms loading each value as it was stored, 0.146 ms so (the same Conv without its
+    // Add: 0.098 ms)
+    float res[ACC];
+#pragma unroll
+    for (int upper = 0; upper < 2; ++upper) {
+        const int col = col0 + row0 + g + 8 * upper;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int m = m0 + 8 * j + 2 * t + q;
+                res[4 * j + 2 * upper + q] = col < total && m < maps.end ? residual_at(r, output_at(col, m)) : 0.0f;
+            }
+        }
+    }
+#endif
 #pragma unroll
     for (int upper = 0; upper < 2; ++upper) {
         const int col = col0 + row0 + g + 8 * upper;
@@ -219,7 +252,12 @@ conv_wgmma(const float* __restrict__ x_big, const float* __restrict__ x_small, c
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
                 const int m = m0 + 8 * j + 2 * t + q;
-                if (m < maps.end) store_sum(y, partial, b, r, nonfinite, total, col, m, acc[4 * j + 2 * upper + q]);
+                if (m >= maps.end) continue;
+#if RESIDUAL && KSLICES == 1
+                store_finished(y, b, nonfinite, col, m, acc[4 * j + 2 * upper + q], res[4 * j + 2 * upper + q]);
+#else
+                store_sum(y, partial, b, r, nonfinite, total, col, m, acc[4 * j + 2 * upper + q]);
+#endif
             }
         }
     }

@@ -85,12 +85,6 @@ struct SliceCopies {
     const operand_t* __restrict__ w_small;
     int m0, n0, batch, first_slice;
 
-    // a 16-byte quad of operand values; copy_async16 moves bytes, typed as floats
-    static __device__ __forceinline__ void quad(operand_t* to, const operand_t* from, bool valid)
-    {
-        copy_async16(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(from), valid);
-    }
-
     __device__ __forceinline__ void copy(operand_t* stage, int j) const
     {
         static_assert(BM % ROW_STEP == 0 && BN % ROW_STEP == 0, "whole turns of rows");
@@ -100,16 +94,16 @@ struct SliceCopies {
         for (int row = first_row; row < BN; row += ROW_STEP) {
             const size_t from = (size_t)(n0 + row) * KP + k;
             const int to = SWIZZLED_AT(row, column);
-            quad(stage + to, w + from, true);
-            if (PARTS > 1) quad(stage + A_STAGE + to, w_small + from, true);
+            copy_quad(stage + to, w + from, true);
+            if (PARTS > 1) copy_quad(stage + A_STAGE + to, w_small + from, true);
         }
 #pragma unroll
         for (int row = first_row; row < BM; row += ROW_STEP) {
             const bool valid = m0 + row < batch && k < K;
             const size_t from = valid ? (size_t)(m0 + row) * K + k : 0;
             const int to = SWIZZLED_AT(row, column);
-            quad(stage + PARTS * A_STAGE + to, a + from, valid);
-            if (PARTS > 1) quad(stage + PARTS * A_STAGE + B_STAGE + to, a_small + from, valid);
+            copy_quad(stage + PARTS * A_STAGE + to, a + from, valid);
+            if (PARTS > 1) copy_quad(stage + PARTS * A_STAGE + B_STAGE + to, a_small + from, valid);
         }
     }
 };

@@ -25,7 +25,7 @@
 // Accumulators (lane = 4*g + t; consumer warp w owns data rows 16w..16w+15): those of n8 block j are
 // d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1].
 //
-// With HALF_OPERANDS (1: FP16, 2: BF16; gemm_wgmma alone) the operands arrive in that format, two bytes a
+// With HALF_OPERANDS (1: FP16, 2: BF16) the operands arrive in that format, two bytes a
 // value: a 128-byte line holds BK = 64 of them, one wgmma m64nNk16 per k16 step multiplies them with FP32
 // accumulation, and there are no small parts (the stage is the weights and the data values alone) and no
 // separate sums: the wgmmas add onto the running sums themselves. The swizzle, the descriptors and the
@@ -98,6 +98,12 @@ __device__ __forceinline__ unsigned long long descriptor(const operand_t* tile)
     const unsigned long long at = (unsigned int)__cvta_generic_to_shared(tile);
     constexpr unsigned long long LEADING = 16, STRIDE = 1024, SWIZZLE_128B = 1;
     return ((at & 0x3FFFF) >> 4) | ((LEADING >> 4) << 16) | ((STRIDE >> 4) << 32) | (SWIZZLE_128B << 62);
+}
+
+// A 16-byte quad of operand values into a stage (zeros where not `valid`); copy_async16 moves bytes, typed as floats
+__device__ __forceinline__ void copy_quad(operand_t* to, const operand_t* from, bool valid)
+{
+    copy_async16(reinterpret_cast<float*>(to), reinterpret_cast<const float*>(from), valid);
 }
 
 // wgmma reads shared memory through the async proxy: make the cp.async copies this thread waited
@@ -251,6 +257,11 @@ __device__ __forceinline__ void consume_slices(float (&acc)[ACC], int count, ope
 #ifdef HALF_OPERANDS
     // FP16 and BF16 products accumulate in FP32 in the tensor cores themselves: no separate sums, and each
     // slice's wgmmas stay queued behind the next one's, a stage released as soon as its wgmmas end
+    if (count <= 0) {  // a K split's last run that K does not reach adds nothing
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+        return;
+    }
     for (int i = 0; i < count; ++i) {
         const int at = before + i;
         barrier_wait(full + at % STAGES, at / STAGES);

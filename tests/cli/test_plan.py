@@ -76,11 +76,12 @@ def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(t
     out = capsys.readouterr().out
     assert "precision fp16 (where a step has a kernel in it; the rest fp32)" in out.splitlines()[0]
     assert "runs: matmul.reference.fp16+relu" in out and "precision: fp16" in out
-    assert "precision: fp32: not yet for Conv; --variant Conv=tc_fp16 runs it in fp16" in out
+    conv_why = "wg_fp16 reads a group's input channels 64 at a time from a channel-last copy; this Conv has 3 a group"
+    assert f"precision: fp32: {conv_why}" in out
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["schema"] == "opplugin-plan/6" and data["precision"] == "fp16"
     assert [(s["name"], s["precision"], s["precision_reason"]) for s in data["steps"]] == [
-        ("conv", "fp32", "not yet for Conv; --variant Conv=tc_fp16 runs it in fp16"), ("fc1", "fp16", None),
+        ("conv", "fp32", conv_why), ("fc1", "fp16", None),
         ("fc2", "fp32", "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)")]
     # --variant wins for its op type
     assert main(["plan", path, "--device", "cpu", "--precision", "fp16", "--variant", "MatMul=reference", "--json", str(tmp_path / "v.json")]) == 0

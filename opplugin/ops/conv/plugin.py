@@ -7,10 +7,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core.number_formats import FP32, round_to
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin, PrecisionChoice
+from ..reference_variants import REFERENCE, REFERENCE_VARIANTS, reference_variant
 from ..specs import spec_of
 from .. import activation
 from . import reference
@@ -20,12 +22,17 @@ from .spec import ConvSpec
 
 
 class ReferenceConvKernel(Kernel):
-    """The numpy reference, run as the Conv kernel of the CPU device (with its epilogue, if fused)."""
+    """The numpy reference, run as the Conv kernel of the CPU device (with its epilogue, if fused). With a
+    `precision` ("fp16", "bf16"), the step a GPU would run in it: X (after the prologue) and W rounded to
+    the format, as wg_fp16 and wg_bf16 read them, then the sums, bias and epilogue in FP32, as theirs are."""
 
-    def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE):
+    def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE, precision: str | None = None):
         self.spec = spec
         self.epilogue = epilogue
-        self.name = kernel_name("reference", epilogue)
+        self.precision = None if precision == FP32 else precision
+        self.name = kernel_name(reference_variant(self.precision), epilogue)
+        # an emulation names itself, so that the exact path's rerun of a chunk emulates the same precision
+        self.variant = None if self.precision is None else reference_variant(self.precision)
         self.nonfinite_exact = epilogue.pool is None  # see ConvKernel.nonfinite_exact
 
     def flops(self, batch: int) -> int:
@@ -36,6 +43,8 @@ class ReferenceConvKernel(Kernel):
 
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> list[Any]:
         x, w = prologue_applied(inputs, self.epilogue), inputs[1]
+        if self.precision is not None:
+            x, w = round_to(x, self.precision), round_to(w, self.precision)
         b = inputs[2] if len(inputs) > 2 else None
         y = reference.conv(x, w, b, self.spec.strides, self.spec.pads, self.spec.dilations, self.spec.group)
         return [self.epilogue.apply(y.astype(np.float32, copy=False), residual_operand(inputs, self.epilogue))]
@@ -93,8 +102,8 @@ class UnfusedEpilogueKernel(Kernel):
             return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
-# the tensor-core family of each reduced precision (tc_gemm.py): opt-in through --variant, not yet picked by --precision
-REDUCED_FAMILIES = {"tf32": "tc_tf32", "fp16": "tc_fp16", "bf16": "tc_bf16"}
+# the family --precision runs a Conv in (wgmma.py); under tf32 a Conv stays FP32-exact (3xTF32 on Hopper)
+PRECISION_FAMILIES = {"fp16": "wg_fp16", "bf16": "wg_bf16"}
 
 
 class ConvPlugin(Plugin):
@@ -141,17 +150,28 @@ class ConvPlugin(Plugin):
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
-        """None yet: a Conv stays FP32 under --precision; its reduced-precision families are --variant's alone."""
-        family = REDUCED_FAMILIES.get(precision)
-        if family is None:
-            return PrecisionChoice(None, f"no {precision} kernel for Conv")
-        return PrecisionChoice(None, f"not yet for Conv; --variant Conv={family} runs it in {precision}")
+        """The precision's family (PRECISION_FAMILIES: wg_fp16, wg_bf16) where it runs the step, with the part of
+        its epilogue that family fuses (else the reason it cannot); on the CPU device, the reference emulating the
+        precision wherever that family could run the step on its GPU (Hopper)."""
+        name = PRECISION_FAMILIES.get(precision)
+        if name is None:
+            return PrecisionChoice(None, f"no {precision} kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
+                                   if precision == "tf32" else f"no {precision} kernel for Conv")
+        from . import families
+
+        spec, weights = conv_spec(node), constant_weights(node)
+        epilogue = self._epilogue(node, fused, prologue)
+        for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
+            reason = families.unsupported_reason(spec, families.FAMILIES[name], weights, kernel_epilogue)
+            if reason is None:
+                return PrecisionChoice(name if device.is_cuda else reference_variant(precision))
+        return PrecisionChoice(None, reason)
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
-        """fp32 but for the opt-in families that round their operands (Family.precision); a name no family
-        reads runs nothing (its build says why): fp32."""
-        if variant in (None, "reference"):
-            return "fp32"
+        """fp32 but for the families that round their operands (Family.precision) and the reference's emulations
+        of them; a name no family reads runs nothing (its build says why): fp32."""
+        if variant is None or variant in REFERENCE_VARIANTS:
+            return REFERENCE_VARIANTS.get(variant) or FP32
         from .families import parse
 
         try:
@@ -198,7 +218,7 @@ class ConvPlugin(Plugin):
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         choice = self._choose(node, device, variant, fused, prologue, graphed)
         if choice.config is None:
-            return kernel_name("reference", choice.epilogue)
+            return kernel_name(choice.reference, choice.epilogue)
         if choice.kernel_epilogue == choice.epilogue:
             return kernel_name(choice.config.name(), choice.kernel_epilogue)
         return unfused_name(kernel_name(choice.config.name(), choice.kernel_epilogue), choice.epilogue, choice.kernel_epilogue)
@@ -216,7 +236,7 @@ class ConvPlugin(Plugin):
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
         choice = self._choose(node, device, variant, fused, prologue, graphed)
         if choice.config is None:
-            return ReferenceConvKernel(choice.spec, choice.epilogue)
+            return ReferenceConvKernel(choice.spec, choice.epilogue, REFERENCE_VARIANTS[choice.reference])
         from . import families
 
         kernel = families.build_checked(choice.spec, choice.config, choice.weights, choice.kernel_epilogue)
@@ -229,21 +249,17 @@ class ConvPlugin(Plugin):
         """What `build` makes for the node, decided without compiling anything (see registry.Plugin
         for the arguments)."""
         spec = conv_spec(node)
-        epilogue = epilogue_of(fused) if fused else NONE
-        if epilogue is None:
-            raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
-        if prologue:
-            taken = from_nodes(prologue, prologue[0].data_input())
-            if taken is None:
-                raise PluginError(f"Conv {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
-            epilogue = replace(epilogue, prologue=taken)
+        epilogue = self._epilogue(node, fused, prologue)
         if not device.is_cuda:
-            if variant not in (None, "reference"):
+            if variant is not None and variant not in REFERENCE_VARIANTS:
                 from .families import parse
 
                 parse(variant)  # an unknown name says so before the missing device does
-                raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
-            return _Choice(spec, epilogue)
+                raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference "
+                                  f"({', '.join(REFERENCE_VARIANTS)})")
+            return _Choice(spec, epilogue, reference=variant or REFERENCE)
+        if variant in REFERENCE_VARIANTS:
+            raise PluginError(f"variant {variant!r} is the CPU device's numpy reference; a GPU runs a CUDA family")
         from . import families
         from .choice import choose_config
 
@@ -262,6 +278,19 @@ class ConvPlugin(Plugin):
         raise PluginError(f"variant '{variant or wanted}' cannot run Conv {node.name}: {reason}")
 
 
+    def _epilogue(self, node: NodeInfo, fused: Sequence[NodeInfo], prologue: Sequence[NodeInfo]) -> Epilogue:
+        """What the step does around the Conv: `fused`'s epilogue, `prologue`'s prologue."""
+        epilogue = epilogue_of(fused) if fused else NONE
+        if epilogue is None:
+            raise PluginError(f"Conv {node.name} cannot fuse {[n.op_type for n in fused]}")
+        if prologue:
+            taken = from_nodes(prologue, prologue[0].data_input())
+            if taken is None:
+                raise PluginError(f"Conv {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
+            epilogue = replace(epilogue, prologue=taken)
+        return epilogue
+
+
 @dataclass(frozen=True)
 class _Choice:
     """A Conv step's kernel, decided: the Config (None: the CPU's numpy reference) and the part of
@@ -272,6 +301,7 @@ class _Choice:
     config: Any = None
     kernel_epilogue: Epilogue = NONE
     weights: Any = None
+    reference: str = REFERENCE  # the CPU device's variant (reference_variants.py), where config is None
 
 
 def conv_spec_from(node: NodeInfo) -> ConvSpec:

@@ -25,7 +25,7 @@ from ..activation import cuda_float
 from ..layout.strides import contiguous_strides, element_strides
 from ..layout.kernels import output_array
 from ..operands import batched_input
-from .kernel import REFERENCE, reference_variant
+from ..reference_variants import REFERENCE, reference_variant
 from .matmul import BATCHED_3XTF32, GRID_Z_LIMIT, MAX_BATCH_RANK, matrix_strides
 
 SOURCE = "attention_tc.cu"

@@ -13,12 +13,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...core.number_formats import FP32, REDUCED, round_to
+from ...core.number_formats import FP32, round_to
 from ...gpu import cuda
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import Kernel
 from ..operands import checked_array
+from ..reference_variants import reference_variant
 from . import reference
 from .epilogue import NONE, GemmEpilogue
 from .families import HALF_FORMATS, GemmConfig, TensorConfig, WgmmaConfig, defines, effective_bias
@@ -30,21 +31,6 @@ def kernel_name(op: str, variant: str, epilogue: GemmEpilogue = NONE, prologue: 
     """A Gemm or MatMul kernel's name in reports: "<op>.<prologue><configured name><epilogue>", e.g.
     "gemm.rowwarp_r2+softmax", "matmul.ln*wg_3xtf32_b64x64x32_s3+gelu", "matmul.reference.fp16+relu"."""
     return f"{op}.{prologue.prefix if prologue else ''}{variant}{epilogue.suffix}"
-
-
-REFERENCE = "reference"  # the CPU device's variant: the numpy reference in FP32 ...
-# ... or emulating a reduced precision: "reference.fp16" rounds A and W to FP16 before its FP32 product
-REFERENCE_VARIANTS = {REFERENCE: None, **{f"{REFERENCE}.{precision}": precision for precision in REDUCED}}
-
-
-def reference_variant(precision: str | None = None) -> str:
-    """The CPU device's variant for a precision: the reference, its operands rounded to `precision` first (None, fp32: not)."""
-    return REFERENCE if precision in (None, FP32) else f"{REFERENCE}.{precision}"
-
-
-def is_reference(variant: str | None) -> bool:
-    """Whether the CPU device runs `variant`: None (the plugin's choice), or a reference variant."""
-    return variant is None or variant in REFERENCE_VARIANTS
 
 
 class ReferenceGemmKernel(Kernel):

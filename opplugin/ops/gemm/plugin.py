@@ -17,7 +17,8 @@ from ..specs import reason_against, spec_of
 from .. import activation
 from . import families
 from .epilogue import NONE, GemmEpilogue
-from .kernel import REFERENCE, REFERENCE_VARIANTS, GemmKernel, ReferenceGemmKernel, compile_job, is_reference, kernel_name, reference_variant
+from ..reference_variants import REFERENCE, REFERENCE_VARIANTS, is_reference, reference_variant
+from .kernel import GemmKernel, ReferenceGemmKernel, compile_job, kernel_name
 from . import attention, row_prologue
 from .row_prologue import RowPrologue
 from .matmul import BATCHED, BATCHED_3XTF32, BatchedMatMulKernel, FlatMatMulKernel, MatMulSpec, ReferenceMatMulKernel, batched_job, extent_per_image

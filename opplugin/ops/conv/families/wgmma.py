@@ -12,6 +12,11 @@ weights constant (initializers).
 `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>[_k<K>]`: BM maps (one wgmma's N: 64 or 128) x BN pixels of the
 batch a block, BK the K depth of a slice (32: one 128-byte line a row), S slices staged; `_k<K>`
 splits the K loop over K blocks (`pipelined`). FP32-exact by measurement, as tc_3xtf32.
+
+`wg_fp16` and `wg_bf16` are the same kernel on operands in that format, what `--precision fp16|bf16`
+runs a Conv in: the weights converted at build, the image rewritten channel-last in the format (half
+the bytes of the split rewrite), one wgmma a k16 step accumulating in FP32; BK is 64 (a 128-byte line
+still), so a group's input channels must be a multiple of 64.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....core.number_formats import half_bits
 from ...config_grammar import tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
@@ -61,10 +67,22 @@ class WgmmaGemmConfig(PipelinedConfig):
         """The shared memory of the stages, and the consumers' registers, leave room for one block an SM."""
         return 1
 
+    # the operands' parts a stage holds (values and small parts) and the bytes of each value
+    parts = 2
+    value_bytes = 4
+
     def shared_bytes(self) -> int:
-        """STAGES slices of weights and image values with their small parts, two mbarriers a stage,
+        """STAGES slices of weights and image values (with their small parts), two mbarriers a stage,
         and 1024 bytes to align the swizzle's atoms with."""
-        return self.stages * 2 * (self.bm + self.bn) * self.bk * 4 + self.stages * 16 + 1024
+        return self.stages * self.parts * (self.bm + self.bn) * self.bk * self.value_bytes + self.stages * 16 + 1024
+
+
+@dataclass(frozen=True)
+class WgmmaHalfConfig(WgmmaGemmConfig):
+    """wg_fp16's and wg_bf16's: values alone, two bytes each."""
+
+    parts = 1
+    value_bytes = 2
 
 
 # maps x pixels; the order the heuristic offers them in, by the maps of a group (as tc_3xtf32's)
@@ -95,17 +113,21 @@ class WgmmaGemm(PipelinedGemm):
     archs = (HOPPER,)
     weights_at_build = True
 
+    slice_depth = SLICE_DEPTH
+    stages = STAGES
+    half_format = 0  # 1 FP16, 2 BF16: the kernel's HALF_OPERANDS; 0 3xTF32
+
     def reason(self, spec, config, epilogue):
         channels = spec.in_channels // spec.group
-        if channels % SLICE_DEPTH:
-            return (f"{self.name} reads a group's input channels {SLICE_DEPTH} at a time from a channel-last copy; "
+        if channels % self.slice_depth:
+            return (f"{self.name} reads a group's input channels {self.slice_depth} at a time from a channel-last copy; "
                     f"this Conv has {channels} a group")
         if not masks_taps(spec):
             return f"{self.name} keeps a bit per window tap; a {spec.kernel[0]}x{spec.kernel[1]} window has too many"
         return super().reason(spec, config, epilogue)
 
     def tile_config(self, tile, splits=1):
-        return WgmmaGemmConfig(self.name, (*tile, SLICE_DEPTH), STAGES, splits)
+        return self.config_type(self.name, (*tile, self.slice_depth), self.stages, splits)
 
     def configs(self, spec, epilogue=NONE):
         """Every tile, by TILE_ORDER, each with its K splits (`split_configs`); where the first
@@ -133,7 +155,7 @@ class WgmmaGemm(PipelinedGemm):
             "BN": config.bn,
             "BK": config.bk,
             "STAGES": config.stages,
-        }
+        } | ({"HALF_OPERANDS": self.half_format} if self.half_format else {})
         units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
         if config.splits > 1:
             units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
@@ -144,7 +166,49 @@ class WgmmaGemm(PipelinedGemm):
 
     def build(self, spec, config, weights, epilogue=NONE):
         functions = self.load(spec, config, weights, epilogue)
-        return WgmmaGemmKernel(spec, config, functions, epilogue, weights)
+        return WgmmaGemmKernel(spec, config, functions, epilogue, weights, self.precision if self.half_format else None)
+
+
+# wg_fp16's and wg_bf16's stages: half the bytes of 3xTF32's a slice, so more of them in flight (as the
+# GEMMs' wg_fp16, WGMMA_HALF_STAGES)
+HALF_SLICE_DEPTH = 64  # BK: 64 two-byte values a 128-byte line, one window tap's 64 channels
+HALF_STAGES = 4
+
+
+class WgmmaHalfGemm(WgmmaGemm):
+    """wg_3xtf32 on operands in a 16-byte format: not exact, picked by --precision (never by the heuristic)."""
+
+    exact = False
+    exact_by = "construction"
+    split = False
+    config_type = WgmmaHalfConfig
+    slice_depth = HALF_SLICE_DEPTH
+    stages = HALF_STAGES
+
+    def alignment(self, spec):
+        return 4
+
+
+class WgmmaFp16Gemm(WgmmaHalfGemm):
+    name = "wg_fp16"
+    precision = "fp16"
+    half_format = 1
+    summary = (
+        "tensor cores (not exact; what --precision fp16 runs, sm_90 alone): wg_3xtf32's pipeline on operands rounded to "
+        "FP16, the image rewritten channel-last in FP16 before each call, one wgmma a k16 step accumulating in FP32; "
+        "values beyond FP16's range (65504) overflow; a group's input channels a multiple of 64"
+    )
+    expected_relative_error = 3e-4
+    max_relative_error = 2e-3
+
+
+class WgmmaBf16Gemm(WgmmaHalfGemm):
+    name = "wg_bf16"
+    precision = "bf16"
+    half_format = 2
+    summary = "wg_fp16 in BF16 (not exact; what --precision bf16 runs, sm_90 alone): FP32's range, an 8-bit mantissa"
+    expected_relative_error = 2e-3
+    max_relative_error = 1e-2
 
 
 def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,18 +220,26 @@ def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 class WgmmaGemmKernel(PipelinedGemmKernel):
     """conv_split_channel_last over X, then the GEMM (and the K split's reduce) on the weights and
-    bias it was built with; W and B among a call's inputs are not read."""
+    bias it was built with; W and B among a call's inputs are not read. `half`: "fp16" or "bf16" for
+    the families whose operands are in that format (None: 3xTF32's big and small parts)."""
 
     reads_weights = False
 
-    def __init__(self, spec, config, functions, epilogue, weights):
+    def __init__(self, spec, config, functions, epilogue, weights, half: str | None = None):
         import cupy
 
+        # split_operands: an infinite input turns into NaN in 3xTF32, and a value past FP16's range into
+        # an infinity: neither keeps FP32's NaN and Inf, so a chunk that meets them runs again exactly
         super().__init__(spec, config, functions[:-1], epilogue, split_operands=True, alignment=4)
         self.functions = list(functions)
         self._split = functions[-1]
         w, b = weights
-        self._w_big, self._w_small = (cupy.asarray(part) for part in split_weights(spec, w))
+        self._half = half
+        if half:
+            rows = np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
+            self._w_big, self._w_small = cupy.asarray(half_bits(rows, half)), np.uint64(0)
+        else:
+            self._w_big, self._w_small = (cupy.asarray(part) for part in split_weights(spec, w))
         self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)
         # a copy from pageable memory may still be on its way when the call returns; a launch on
         # another stream must find the weights whole
@@ -177,8 +249,12 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // TRANSPOSE_TILE), spec.in_channels // TRANSPOSE_TILE)
 
     def workspace_bytes(self, batch: int) -> int:
-        """The channel-last image and its small parts, then the K split's partial sums."""
-        return 8 * batch * self._image_floats + super().workspace_bytes(batch)
+        """The channel-last image (with its small parts), then the K split's partial sums."""
+        return self._image_bytes(batch) + super().workspace_bytes(batch)
+
+    def _image_bytes(self, batch: int) -> int:
+        """The channel-last image's bytes: two per value in a half format, else eight (a value and its small part)."""
+        return (2 if self._half else 8) * batch * self._image_floats
 
     def _launch(self, x, weights, y, batch, nonfinite=0):
         import cupy
@@ -187,8 +263,13 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
         grid, workspace, reduce_blocks = self._geometry(batch)
         values = batch * self._image_floats
-        scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the two images, then the partial sums
-        x_big, x_small, partial = scratch[:values], scratch[values:2 * values], scratch[2 * values:]
+        scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the image(s), then the partial sums
+        image_end = -(-self._image_bytes(batch) // 4)
+        if self._half:
+            x_big, x_small = scratch[:image_end].view(cupy.uint16), np.uint64(0)
+        else:
+            x_big, x_small = scratch[:values], scratch[values:2 * values]
+        partial = scratch[image_end:]
         pixel_tiles, channel_tiles = self._transpose_tiles
         self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
         target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
@@ -198,4 +279,4 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
             self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, self._b, r, y, np.int32(batch), flag))
 
 
-FAMILIES: list[Family] = [WgmmaGemm()]
+FAMILIES: list[Family] = [WgmmaGemm(), WgmmaFp16Gemm(), WgmmaBf16Gemm()]

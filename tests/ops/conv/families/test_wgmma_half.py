@@ -1,0 +1,225 @@
+"""wg_fp16 and wg_bf16: the Hopper implicit GEMM on operands in FP16 or BF16, what `--precision fp16|bf16` runs a Conv in.
+
+CPU: their names, limits and shared memory, the weights' bits, and the plan's choice (the reference emulating the
+precision on the CPU device). GPU (`gpu` marker; Hopper alone): each configuration against float64 on fresh random
+operands with its output poisoned with NaN first, element by element within the bound of one rounding of each
+operand and FP32 sums, and against float64 on the operands rounded as the format rounds them, within FP32 sums
+alone: a kernel that rounded to the other format, or not at all, fails the second.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from family_gpu_checks import draw
+from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import conv_spec as conv
+from onnx_builders import finish, save
+
+from opplugin.core.number_formats import UNIT_ROUNDOFF, half_bits, round_to
+from opplugin.gpu.device import Device
+from opplugin.graph.model import load_model
+from opplugin.ops.conv import families, reference
+from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.ops.conv.families import pipelined, wgmma
+from opplugin.ops.conv.prologue import SCALE, Prologue
+from opplugin.plan.partition import make_plan
+from opplugin.runtime import Runner
+from opplugin.runtime.plan_record import record_plan_alone
+
+HALF = {"wg_fp16": "fp16", "wg_bf16": "bf16"}
+FP32_SUMS = 2.0 ** -24  # a float32 sum of k terms is off by at most about k times this of the terms' magnitudes
+SPECS = {
+    "3x3_c64": conv(2, 64, 64, (20, 20), (3, 3), pads=(1, 1, 1, 1)),
+    "3x3_c128_m70_stride2": conv(3, 128, 70, (15, 17), (3, 3), pads=(1, 1, 1, 1), strides=(2, 2)),  # a short last map tile
+    "1x1_c256": conv(2, 256, 128, (7, 7), (1, 1), bias=False),
+    "grouped_c128_g2": conv(2, 128, 96, (9, 9), (3, 3), pads=(1, 1, 1, 1), group=2),  # 64 channels a group
+    "deep_k_c512": conv(1, 512, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # a K split
+}
+
+
+def ones(spec):
+    return np.ones(spec.weight_shape, np.float32), np.ones(spec.out_channels, np.float32) if spec.has_bias else None
+
+
+# ---- CPU ----
+
+
+def test_the_half_families_are_inexact_and_name_their_precision():
+    for name, precision in HALF.items():
+        family = families.FAMILIES[name]
+        assert (family.exact, family.precision, family.half_format) == (False, precision, 1 if precision == "fp16" else 2)
+        assert families.family_of(f"{name}_b128x128x64_s4").name == name
+    assert families.FAMILIES["wg_fp16"].max_relative_error < families.FAMILIES["wg_bf16"].max_relative_error
+
+
+def test_a_slice_is_64_channels_of_one_tap_in_half_the_bytes_of_3xtf32s():
+    spec = SPECS["3x3_c64"]
+    half, exact = families.configure(spec, "wg_fp16"), families.configure(spec, "wg_3xtf32")
+    assert half.bk == 64 and exact.bk == 32
+    assert half.shared_bytes() - 1024 - 16 * half.stages == half.stages * (half.bm + half.bn) * 128  # values alone, 2 bytes each
+    assert exact.shared_bytes() - 1024 - 16 * exact.stages == exact.stages * (exact.bm + exact.bn) * 256  # values and small parts
+    [unit, *_] = families.compile_units(spec, half)
+    assert unit.defines["HALF_OPERANDS"] == 1 and unit.defines["BK"] == 64
+    assert "HALF_OPERANDS" not in families.compile_units(spec, exact)[0].defines
+
+
+def test_channels_not_a_multiple_of_64_and_the_heuristic_keep_them_out():
+    narrow = conv(2, 96, 64, (8, 8), (3, 3), pads=(1, 1, 1, 1))
+    assert "64 at a time" in families.unsupported_reason(narrow, "wg_fp16", ones(narrow))
+    assert families.unsupported_reason(narrow, "wg_3xtf32", ones(narrow)) is None  # 32 at a time
+    spec = SPECS["3x3_c64"]
+    assert not set(HALF) & set(families.usable_families(spec, ones(spec)))  # exact families alone, unless asked
+    assert set(HALF) <= set(families.usable_families(spec, ones(spec), exact_only=False))
+
+
+def test_weights_go_in_as_the_formats_bits_rounded_to_nearest_even():
+    values = np.array([1.0, -2.5e-3, 3.14159, 70000.0, 1.0 + 2.0 ** -11], np.float32)  # the last a tie: to even
+    fp16 = half_bits(values, "fp16")
+    with np.errstate(over="ignore"):  # 70000 overflows FP16, as it should
+        assert fp16.dtype == np.uint16 and list(fp16.view(np.float16)) == list(values.astype(np.float16))
+    assert np.isinf(fp16.view(np.float16)[3]) and fp16.view(np.float16)[4] == 1.0
+    bf16 = half_bits(values, "bf16")
+    assert np.array_equal((bf16.astype(np.uint32) << 16).view(np.float32), round_to(values, "bf16"))
+
+
+def conv_pair_model(channels: int = 64) -> tuple:
+    """Conv (3 -> channels: stays FP32, 3 channels) > Relu > Conv (channels -> channels, 3x3) > Relu > Conv (1x1) > +
+    the first Relu's output (a residual), with realistic weights."""
+    rng = np.random.default_rng(0)
+    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27), "w1": rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels),
+               "b1": rng.standard_normal(channels) * 0.1, "w2": rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="conv3x3", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
+             helper.make_node("Add", ["c2", "r0"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "conv_pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 12, 12])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return finish(graph)
+
+
+@pytest.fixture(scope="module")
+def conv_pair(tmp_path_factory):
+    return load_model(save(conv_pair_model(), tmp_path_factory.mktemp("half_conv") / "conv_pair.onnx"))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_plan_in_a_half_precision_runs_each_wide_conv_in_it_and_says_why_the_stem_stays(conv_pair, precision):
+    steps = {s.name: s for s in record_plan_alone(make_plan(conv_pair, 8, Device("cuda", "test GPU")), None, precision).steps}
+    assert steps["stem"].precision == "fp32" and "this Conv has 3 a group" in steps["stem"].precision_reason
+    for name in ("conv3x3", "conv1x1"):
+        assert steps[name].precision == precision and steps[name].implementation.startswith(f"conv.wg_{precision}_"), steps[name]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_on_the_cpu_the_reference_emulates_the_precision_and_the_output_moves_by_its_roundoff(conv_pair, precision):
+    x = np.random.default_rng(5).standard_normal((4, 3, 12, 12)).astype(np.float32)
+    fp32, half = Runner(conv_pair, 4, "cpu"), Runner(conv_pair, 4, "cpu", precision=precision)
+    steps = {s.name: s for s in half.plan_record().steps}
+    assert steps["conv3x3"].implementation == f"conv.reference.{precision}+relu" and steps["conv3x3"].precision == precision
+    exact, emulated = fp32.run({"x": x}).outputs["y"], half.run({"x": x}).outputs["y"]
+    error = np.linalg.norm(emulated - exact) / np.linalg.norm(exact)
+    assert 0 < error < 8 * UNIT_ROUNDOFF[precision], error  # rounded, and by about the format's roundoff
+
+
+# ---- GPU ----
+
+
+def bounds(spec, x, w, u: float) -> np.ndarray:
+    """How far an output may be from float64 on these operands: each operand rounded once (2u + u^2 of |x||w|), then
+    FP32 sums over K, with slack; and 1e-6 of each term for the bias and the epilogue's FP32 arithmetic."""
+    k = spec.in_channels // spec.group * spec.kernel[0] * spec.kernel[1]
+    magnitudes = reference.conv(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), None, spec.strides, spec.pads,
+                                spec.dilations, spec.group)
+    return (2.1 * u + 2 * k * FP32_SUMS) * magnitudes + 1e-6
+
+
+def run_poisoned(spec, config, epilogue, x, w, b, r=None, scale=None) -> np.ndarray:
+    import cupy
+
+    kernel = families.build_kernel(spec, config, (w, b), epilogue)
+    assert kernel.variant == config.name() and not kernel.nonfinite_exact  # a chunk that meets NaN or Inf runs again exactly
+    out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
+    inputs = [cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b)]
+    if r is not None or scale is not None:
+        inputs += [None if r is None else cupy.asarray(r), None if scale is None else cupy.asarray(scale)]
+    [y] = kernel(inputs, None, out=out)
+    assert y is out
+    got = cupy.asnumpy(y)
+    assert not np.isnan(got).any(), f"{config}: {int(np.isnan(got).sum())} outputs never written"
+    return got
+
+
+def half_cases():
+    cases = []
+    for layer, spec in SPECS.items():
+        for name in HALF:
+            first = families.configure(spec, name)
+            for config in dict.fromkeys([first, pipelined.with_split(first, 1), wgmma.WgmmaHalfConfig(name, (64, 64, 64), wgmma.HALF_STAGES)]):
+                cases.append((layer, config))
+    return cases
+
+
+CASES = half_cases()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("layer", "config"), CASES, ids=[f"{layer}-{config}" for layer, config in CASES])
+def test_each_configuration_is_within_its_formats_bound_and_rounds_as_the_format_does(layer, config):
+    if not families.FAMILIES["wg_fp16"].runs_here():
+        pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
+    spec, precision = SPECS[layer], HALF[config.family]
+    seed, x, w, b, _ = draw(spec)
+    b = b if spec.has_bias else None
+    assert families.unsupported_reason(spec, config, (w, b)) is None
+    got = run_poisoned(spec, config, NONE, x, w, b)
+    exact = reference.expected(spec, NONE, x, w, b)
+    worst = np.max(np.abs(got - exact) / bounds(spec, x, w, UNIT_ROUNDOFF[precision]))
+    assert worst <= 1.0, f"{config} on {layer} (seed {seed}): {worst:.3g} of the bound"
+    rx, rw = round_to(x, precision), round_to(w, precision)
+    as_rounded = reference.expected(spec, NONE, rx, rw, b)
+    worst = np.max(np.abs(got - as_rounded) / bounds(spec, rx, rw, 0.0))
+    assert worst <= 1.0, f"{config} on {layer} (seed {seed}): {worst:.3g} of FP32 sums' bound from the {precision}-rounded operands"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(HALF))
+def test_it_fuses_a_prologue_scale_a_residual_and_an_activation(name):
+    if not families.FAMILIES[name].runs_here():
+        pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
+    spec = SPECS["3x3_c128_m70_stride2"]
+    seed, x, w, b, r = draw(spec, residual=True)
+    scale = np.random.default_rng(seed).uniform(-2.0, 2.0, (spec.batch, spec.in_channels, 1, 1)).astype(np.float32)
+    epilogue = Epilogue("Relu", residual=True, prologue=Prologue(SCALE))
+    config = families.configure(spec, name, epilogue)
+    assert families.unsupported_reason(spec, config, (w, b), epilogue) is None
+    got = run_poisoned(spec, config, epilogue, x, w, b, r, scale)
+    scaled = (x * scale).astype(np.float32)
+    exact = reference.expected(spec, epilogue, x, w, b, r, scale)
+    worst = np.max(np.abs(got - exact) / (bounds(spec, scaled, w, UNIT_ROUNDOFF[HALF[name]]) + 1e-6 * np.abs(r)))
+    assert worst <= 1.0, f"{config} + scale, add, relu (seed {seed}): {worst:.3g} of the bound"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_runner_in_a_half_precision_runs_the_wide_convs_on_its_wgmma_family_within_the_formats_rule(conv_pair, precision):
+    import onnxruntime
+
+    from opplugin.verify.check import default_tolerance
+
+    if not families.FAMILIES["wg_fp16"].runs_here():
+        pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
+    runner = Runner(conv_pair, 16, "cuda", precision=precision)
+    steps = {s.name: s for s in runner.plan_record().steps}
+    assert steps["conv3x3"].implementation.startswith(f"conv.wg_{precision}_") and steps["conv3x3"].precision == precision
+    x = np.random.default_rng().standard_normal((16, 3, 12, 12)).astype(np.float32)
+    got = runner.run({"x": x}).outputs["y"]
+    session = onnxruntime.InferenceSession(conv_pair.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    [expected] = session.run(None, {"x": x})
+    atol, rtol = default_tolerance(precision)
+    scale = max(1.0, float(np.sqrt(np.mean(expected.astype(np.float64) ** 2))))
+    assert np.all(np.abs(got - expected) <= atol * scale + rtol * np.abs(expected))
+    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+    assert error > 1e-6, "the run moved by no rounding at all: was it in FP32?"

@@ -151,16 +151,18 @@ def test_each_step_keeps_its_row_timed_by_events_inside_the_replay(name):
 def test_graphed_step_times_are_close_to_eager_ones(name):
     """Printed for the record (-rP); a kernel step's graphed time is its kernel's, so near its eager time. A
     step with no device work (a view) is timed by the host clock eagerly and by two adjacent events in a graph.
-    Each side is compared by its quickest reading: whatever else shares the device (other test workers) or
-    holds up the host only ever adds to a reading, and the medians of 9 runs do not always outlast that."""
+    Each side is compared by its quickest reading, over three profiles of 9 runs: whatever else shares the
+    device (other test workers) or holds up the host only ever adds to a reading, and under 16 workers all 9
+    eager readings of one profile were once 3x the graphed one (ece408_high's Conv: 0.208 against 0.064 ms)."""
     model = load_model(name)
     feeds = make_inputs(model, 1024, "random").feeds
     quickest, medians, runners = {}, {}, {}
     for graphs in (False, True):
         runners[graphs] = Runner(model, 1024, "cuda", chunk=1024, streams=1, cuda_graphs=graphs)
-        profile = runners[graphs].profile(feeds, warmup=2, repeat=9)
-        quickest[graphs] = {s.name: min(profile.step_ms[s.name]) for s in profile.plan.plugin_steps}
-        medians[graphs] = {s.name: profile.median(s.name) for s in profile.plan.plugin_steps}
+        profiles = [runners[graphs].profile(feeds, warmup=2, repeat=9) for _ in range(3)]
+        steps = profiles[0].plan.plugin_steps
+        quickest[graphs] = {s.name: min(min(p.step_ms[s.name]) for p in profiles) for s in steps}
+        medians[graphs] = {s.name: profiles[0].median(s.name) for s in steps}
     for step, eager in quickest[False].items():
         graphed = quickest[True][step]
         print(f"{name} {step}: eager {eager:.4f} ms, graphed {graphed:.4f} ms ({graphed / eager - 1:+.1%}); "

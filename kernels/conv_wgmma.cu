@@ -224,11 +224,11 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     const int g = lane / 4;
     const int t = lane % 4;
     const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 pixels of the tile
-#if RESIDUAL && KSLICES == 1
-    // every residual value this thread adds, loaded before the first store: one wait on memory for
-    // the tile rather than one a value. On an H200, ResNet-50's 64->256 1x1 + Add + Relu at batch 32
-    // in FP16: 0.349 ms loading each value as it was stored, 0.146 ms so (the same Conv without its
-    // Add: 0.098 ms)
+#if KSLICES == 1
+    // every residual value this thread adds (none without RESIDUAL: residual_at gives 0), loaded
+    // before the first store: one wait on memory for the tile rather than one a value. On an H200,
+    // ResNet-50's 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it
+    // was stored, 0.146 ms so (the same Conv without its Add: 0.098 ms)
     float res[ACC];
 #pragma unroll
     for (int upper = 0; upper < 2; ++upper) {
@@ -253,7 +253,7 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
             for (int q = 0; q < 2; ++q) {
                 const int m = m0 + 8 * j + 2 * t + q;
                 if (m >= maps.end) continue;
-#if RESIDUAL && KSLICES == 1
+#if KSLICES == 1
                 store_finished(y, b, nonfinite, col, m, acc[4 * j + 2 * upper + q], res[4 * j + 2 * upper + q]);
 #else
                 store_sum(y, partial, b, r, nonfinite, total, col, m, acc[4 * j + 2 * upper + q]);

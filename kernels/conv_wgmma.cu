@@ -195,6 +195,30 @@ struct SliceCopies {
     }
 };
 
+// Calls visit(i, col, m) for each accumulator i of this consumer thread whose output lies inside Y:
+// map m (below map_end) at column col (a pixel of the batch, below total)
+template <class Visit>
+__device__ __forceinline__ void for_each_output(int col0, int m0, int total, int map_end, Visit visit)
+{
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 pixels of the tile
+#pragma unroll
+    for (int upper = 0; upper < 2; ++upper) {
+        const int col = col0 + row0 + g + 8 * upper;
+        if (col >= total) continue;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int m = m0 + 8 * j + 2 * t + q;
+                if (m < map_end) visit(4 * j + 2 * upper + q, col, m);
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
            const operand_t* __restrict__ w_small, const float* __restrict__ b, const float* __restrict__ r,
@@ -220,45 +244,15 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     float acc[ACC];
     consume_slices(acc, run.count, stages, full, empty);
 
-    const int lane = threadIdx.x % 32;
-    const int g = lane / 4;
-    const int t = lane % 4;
-    const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 pixels of the tile
 #if KSLICES == 1
     // every residual value this thread adds (none without RESIDUAL: residual_at gives 0), loaded
     // before the first store: one wait on memory for the tile rather than one a value. On an H200,
     // ResNet-50's 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it
     // was stored, 0.146 ms so (the same Conv without its Add: 0.098 ms)
     float res[ACC];
-#pragma unroll
-    for (int upper = 0; upper < 2; ++upper) {
-        const int col = col0 + row0 + g + 8 * upper;
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int m = m0 + 8 * j + 2 * t + q;
-                res[4 * j + 2 * upper + q] = col < total && m < maps.end ? residual_at(r, output_at(col, m)) : 0.0f;
-            }
-        }
-    }
-#endif
-#pragma unroll
-    for (int upper = 0; upper < 2; ++upper) {
-        const int col = col0 + row0 + g + 8 * upper;
-        if (col >= total) continue;
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int m = m0 + 8 * j + 2 * t + q;
-                if (m >= maps.end) continue;
-#if KSLICES == 1
-                store_finished(y, b, nonfinite, col, m, acc[4 * j + 2 * upper + q], res[4 * j + 2 * upper + q]);
+    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { res[i] = residual_at(r, output_at(col, m)); });
+    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i]); });
 #else
-                store_sum(y, partial, b, r, nonfinite, total, col, m, acc[4 * j + 2 * upper + q]);
+    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
 #endif
-            }
-        }
-    }
 }

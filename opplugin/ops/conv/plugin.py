@@ -160,12 +160,10 @@ class ConvPlugin(Plugin):
         from . import families
 
         spec, weights = conv_spec(node), constant_weights(node)
-        epilogue = self._epilogue(node, fused, prologue)
-        for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
-            reason = families.unsupported_reason(spec, families.FAMILIES[name], weights, kernel_epilogue)
-            if reason is None:
-                return PrecisionChoice(name if device.is_cuda else reference_variant(precision))
-        return PrecisionChoice(None, reason)
+        _, _, reason = fitted(spec, families.FAMILIES[name], weights, self._epilogue(node, fused, prologue))
+        if reason is not None:
+            return PrecisionChoice(None, reason)
+        return PrecisionChoice(name if device.is_cuda else reference_variant(precision))
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """fp32 but for the families that round their operands (Family.precision) and the reference's emulations
@@ -269,13 +267,10 @@ class ConvPlugin(Plugin):
             wanted = family if config is None else config
         else:
             wanted = choose_config(spec, weights, epilogue, device, graphed)
-        # a family that fuses only part of this epilogue (tc_3xtf32: no max pool) runs it after the kernel,
-        # and one that applies no prologue runs that before the kernel
-        for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
-            config, reason = families.checked(spec, wanted, weights, kernel_epilogue)
-            if reason is None:
-                return _Choice(spec, epilogue, config, kernel_epilogue, weights)
-        raise PluginError(f"variant '{variant or wanted}' cannot run Conv {node.name}: {reason}")
+        config, kernel_epilogue, reason = fitted(spec, wanted, weights, epilogue)
+        if reason is not None:
+            raise PluginError(f"variant '{variant or wanted}' cannot run Conv {node.name}: {reason}")
+        return _Choice(spec, epilogue, config, kernel_epilogue, weights)
 
 
     def _epilogue(self, node: NodeInfo, fused: Sequence[NodeInfo], prologue: Sequence[NodeInfo]) -> Epilogue:
@@ -289,6 +284,19 @@ class ConvPlugin(Plugin):
                 raise PluginError(f"Conv {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
             epilogue = replace(epilogue, prologue=taken)
         return epilogue
+
+
+def fitted(spec: ConvSpec, wanted: Any, weights: Any, epilogue: Epilogue) -> tuple[Any, Epilogue, str | None]:
+    """(the Config `wanted` (a family or a Config) stands for, the part of `epilogue` it fuses, None) where it runs
+    the Conv, else the reason it cannot with the smallest part. A family that fuses only part of the epilogue
+    (tc_3xtf32: no max pool) runs the rest after the kernel, and one that applies no prologue runs that before it."""
+    from . import families
+
+    for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
+        config, reason = families.checked(spec, wanted, weights, kernel_epilogue)
+        if reason is None:
+            return config, kernel_epilogue, None
+    return config, kernel_epilogue, reason
 
 
 @dataclass(frozen=True)

@@ -211,10 +211,15 @@ class WgmmaBf16Gemm(WgmmaHalfGemm):
     max_relative_error = 1e-2
 
 
+def weight_rows(spec: ConvSpec, w: np.ndarray) -> np.ndarray:
+    """W as the kernel reads it: a map's row of k = (kh*KW + kw)*C/G + c."""
+    return np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
+
+
 def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """W as the kernel reads it: rows of k = (kh*KW + kw)*C/G + c, and the small TF32 parts of those
-    values (each value less its TF32 bits, exact in FP32); the values themselves are the big parts."""
-    rows = np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
+    """W's rows (weight_rows) and the small TF32 parts of those values (each value less its TF32 bits,
+    exact in FP32), as 3xTF32 reads them; the values themselves are the big parts."""
+    rows = weight_rows(spec, w)
     return rows, rows - (rows.view(np.uint32) & TF32_KEPT).view(np.float32)
 
 
@@ -236,8 +241,7 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         w, b = weights
         self._half = half
         if half:
-            rows = np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
-            self._w_big, self._w_small = cupy.asarray(half_bits(rows, half)), np.uint64(0)
+            self._w_big, self._w_small = cupy.asarray(half_bits(weight_rows(spec, w), half)), np.uint64(0)
         else:
             self._w_big, self._w_small = (cupy.asarray(part) for part in split_weights(spec, w))
         self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)

@@ -12,11 +12,13 @@
 //
 // The operands arrive split and K-major, so that a producer only copies:
 // - the weights, rearranged once at build time (WgmmaGemmKernel) to W[map][k] with
-//   k = (kh*KW + kw)*CG + c, and their small parts beside them;
+//   k = (kh*KW + kw)*CGP + c (CGP: the group's channels, padded as below), and their small parts
+//   beside them;
 // - the image, rewritten channel-last by conv_split_channel_last before each call (after the
-//   prologue), its values and their small parts: a slice of 32 k is one window tap's 32 channels,
-//   128 contiguous bytes a pixel, so a pixel's slice is eight 16-byte copies and one test of
-//   whether the tap lies inside the image. (ncu and timings of the NCHW gather this replaced, on
+//   prologue), its values and their small parts: a 16-byte quad of a pixel's slice is four (FP32)
+//   or eight (FP16, BF16) channels of one window tap, so a pixel's slice is eight 16-byte copies,
+//   each with one test of whether its tap lies inside the image. Where a group has a multiple of
+//   BK channels a slice is one tap's, 128 contiguous bytes; with fewer, a slice spans taps. (ncu and timings of the NCHW gather this replaced, on
 //   ResNet 128->128 at batch 32: the producers, one 4-byte copy and one __constant__ tap lookup a
 //   value, then a split in shared memory, kept the consumers waiting; copying nothing ran the
 //   kernel 1.97x faster.)
@@ -33,14 +35,23 @@
 // work of 3xTF32.
 //
 // Macros: the shape macros, BM, BN (a multiple of 64), BK (32; 64 with HALF_OPERANDS), STAGES, KSLICES,
-// TAP_MASK (1), KPAD, PROLOGUE, HALF_OPERANDS. Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
+// TAP_MASK (1), KPAD, PROLOGUE, HALF_OPERANDS, CP (a one-group Conv's channels padded to a quad; C). Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
 // 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * PARTS
 // * (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS). With KSLICES > 1 the partial sums go to
 // `partial` and conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
 
-#define KTILES (KDIM / BK)
+// A group's channels as the channel-last image holds them: CG, or with CP (a one-group Conv's channels
+// padded with zeros to a whole 16-byte quad: a stem's 3 to 8 in FP16) CP; K runs over CGP channels of
+// each tap, in whole slices (the weights padded with zero rows at build, the image's quads past K not read)
+#ifndef CP
+#define CP C
+#endif
+#define CGP (CP / G)
+#define KDIM_PADDED (CGP * KH * KW)
+#define KTILES ((KDIM_PADDED + BK - 1) / BK)
+#define KROW (KTILES * BK)  // a map's weights, in whole slices
 #define W_ROWS BM  // maps: wgmma's N
 #define X_ROWS BN  // pixels: 64 a consumer warpgroup
 #include "wgmma_3xtf32.cuh"
@@ -50,7 +61,7 @@
 #include "half_bits.cuh"
 #endif
 
-static_assert(CG % BK == 0, "a slice is BK channels of one window tap");
+static_assert(CGP % QUAD_VALUES == 0 && CGP >= CG && (CP == C || G == 1), "a 16-byte quad is channels of one window tap");
 static_assert(TAP_MASK, "a bit per window tap");
 
 // The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which;
@@ -66,10 +77,11 @@ __device__ __forceinline__ float prologue_value(float v, const float* __restrict
 #endif
 }
 
-// big, small = X after the prologue, channel-last ([batch][H*W][C]), and its small parts (with
-// HALF_OPERANDS: big in that format, small not written); X's images lie x_image floats apart. A block transposes 32 channels x 32 pixels of one image through shared
-// memory, so that both its reads (along pixels) and its writes (along channels) are coalesced.
-// Launch: block (32, 8), grid (batch * ceil(H*W / 32), C / 32).
+// big, small = X after the prologue, channel-last ([batch][H*W][CP], channels past C zero), and its
+// small parts (with HALF_OPERANDS: big in that format, small not written); X's images lie x_image
+// floats apart. A block transposes 32 channels x 32 pixels of one image through shared memory, so
+// that both its reads (along pixels) and its writes (along channels) are coalesced.
+// Launch: block (32, 8), grid (batch * ceil(H*W / 32), ceil(CP / 32)).
 extern "C" __global__ void __launch_bounds__(256)
 conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ pro, operand_t* __restrict__ big,
                         operand_t* __restrict__ small, int x_image)
@@ -83,15 +95,16 @@ conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ p
 #pragma unroll
     for (int i = threadIdx.y; i < 32; i += 8) {
         const int p = p0 + threadIdx.x;
-        tile[i][threadIdx.x] = p < H * W ? prologue_value(image[(size_t)(c0 + i) * (H * W) + p], pro, n, c0 + i) : 0.0f;
+        const int c = c0 + i;
+        tile[i][threadIdx.x] = p < H * W && c < C ? prologue_value(image[(size_t)c * (H * W) + p], pro, n, c) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
     for (int i = threadIdx.y; i < 32; i += 8) {
         const int p = p0 + i;
-        if (p >= H * W) continue;
+        if (p >= H * W || c0 + threadIdx.x >= CP) continue;
         const float v = tile[threadIdx.x][i];
-        const size_t at = ((size_t)n * (H * W) + p) * C + c0 + threadIdx.x;
+        const size_t at = ((size_t)n * (H * W) + p) * CP + c0 + threadIdx.x;
 #ifdef HALF_OPERANDS
         big[at] = half_bits<HALF_OPERANDS>(v);
 #else
@@ -120,7 +133,7 @@ struct WeightCopies {
         for (int turn = 0; turn < TURNS; ++turn) {
             const int m = first_row + turn * ROW_STEP;
             const bool inside = maps.first + m < maps.end;
-            const size_t from = inside ? (size_t)(maps.first + m) * KDIM + k0 + quad * QUAD_VALUES : 0;
+            const size_t from = inside ? (size_t)(maps.first + m) * KROW + k0 + quad * QUAD_VALUES : 0;
             const int to = SWIZZLED_AT(m, quad * QUAD_VALUES);
             copy_quad(stage + to, w_big + from, inside);
             if (PARTS > 1) copy_quad(stage + A_STAGE + to, w_small + from, inside);
@@ -128,13 +141,14 @@ struct WeightCopies {
     }
 };
 
-// This thread's image copies: eight consecutive threads on a pixel's eight quads of the slice's 32
-// channels, pixels NTHREADS / 8 apart; where each of its pixels' windows lies in the channel-last
+// This thread's image copies: eight consecutive threads on a pixel's eight quads of the slice (each
+// quad QUAD_VALUES channels of one tap: a slice spans taps where a group has fewer channels than it
+// holds), pixels NTHREADS / 8 apart; where each of its pixels' windows lies in the channel-last
 // image, and which of their taps lie inside it, worked out once.
 struct PixelCopies {
     static constexpr int PIXEL_STEP = NTHREADS / QUADS;
     static constexpr int TURNS = BN / PIXEL_STEP;
-    long long origin[TURNS];  // (image, ih0, iw0, the group's channel 0 + this quad's); ih0, iw0 may be negative (pads)
+    long long origin[TURNS];  // (image, ih0, iw0, the group's channel 0); ih0, iw0 may be negative (pads)
     TapBits inside[TURNS];    // bit kh*KW + kw: that tap of the pixel's window lies inside the image
     int quad, first_pixel;
 
@@ -148,7 +162,7 @@ struct PixelCopies {
             const int p = live ? col % P : 0;
             const int ih0 = (p / OW) * SH - PH;
             const int iw0 = (p % OW) * SW - PW;
-            origin[turn] = ((long long)(n * H + ih0) * W + iw0) * C + group * CG + quad * QUAD_VALUES;
+            origin[turn] = ((long long)(n * H + ih0) * W + iw0) * CP + group * CGP;
             TapBits bits = 0;
 #pragma unroll
             for (int j = 0; j < KH * KW; ++j) {
@@ -162,12 +176,14 @@ struct PixelCopies {
     __device__ __forceinline__ void copy(operand_t* stage, const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small,
                                          int k0) const
     {
-        const int tap = k0 / CG;  // the slice's window tap and first channel
+        const int k = k0 + quad * QUAD_VALUES;  // this thread's quad: its window tap and first channel
+        const bool in_k = k < KDIM_PADDED;      // the last slice's quads past K are zeros
+        const int tap = in_k ? k / CGP : 0;
         const int kh = tap / KW;
-        const long long offset = ((long long)(kh * DH) * W + (tap - kh * KW) * DW) * C + (k0 - tap * CG);
+        const long long offset = ((long long)(kh * DH) * W + (tap - kh * KW) * DW) * CP + (k - tap * CGP);
 #pragma unroll
         for (int turn = 0; turn < TURNS; ++turn) {
-            const bool valid = (inside[turn] >> tap) & 1;
+            const bool valid = in_k && ((inside[turn] >> tap) & 1);
             const long long from = valid ? origin[turn] + offset : 0;
             const int to = SWIZZLED_AT(first_pixel + turn * PIXEL_STEP, quad * QUAD_VALUES);
             copy_quad(stage + PARTS * A_STAGE + to, x_big + from, valid);

@@ -76,7 +76,7 @@ def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(t
     out = capsys.readouterr().out
     assert "precision fp16 (where a step has a kernel in it; the rest fp32)" in out.splitlines()[0]
     assert "runs: matmul.reference.fp16+relu" in out and "precision: fp16" in out
-    conv_why = "wg_fp16 reads a group's input channels 64 at a time from a channel-last copy; this Conv has 3 a group"
+    conv_why = "wg_fp16 multiplies maps 64 at a time; this Conv has 8 a group, mostly padding"
     assert f"precision: fp32: {conv_why}" in out
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["schema"] == "opplugin-plan/6" and data["precision"] == "fp16"

@@ -22,8 +22,8 @@ from opplugin.runtime import Runner
 from opplugin.runtime.plan_record import record_plan_alone
 
 GPU = Device("cuda", "test GPU")  # plans only: kernel_name and the precision choice build nothing
-# the Conv reads 3 channels, and the half-precision Conv families read a group's channels 64 at a time
-CONV_WHY = "wg_fp16 reads a group's input channels 64 at a time from a channel-last copy; this Conv has 3 a group"
+# the Conv makes 8 maps, and the half-precision Conv families multiply 64 at a time
+CONV_WHY = "wg_fp16 multiplies maps 64 at a time; this Conv has 8 a group, mostly padding"
 CONV_TF32_WHY = "no tf32 kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
 SOFTMAX_WHY = "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)"
 

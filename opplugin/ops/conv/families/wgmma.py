@@ -16,7 +16,9 @@ splits the K loop over K blocks (`pipelined`). FP32-exact by measurement, as tc_
 `wg_fp16` and `wg_bf16` are the same kernel on operands in that format, what `--precision fp16|bf16`
 runs a Conv in: the weights converted at build, the image rewritten channel-last in the format (half
 the bytes of the split rewrite), one wgmma a k16 step accumulating in FP32; BK is 64 (a 128-byte line
-still), so a group's input channels must be a multiple of 64.
+still). A 16-byte quad of a slice is eight channels of one tap, so a slice spans taps where a group
+has fewer than 64 channels: they take groups of any multiple of 8 channels, and a one-group Conv of
+any channel count, its channels padded with zeros to a multiple of 8 (a stem's 3 to 8).
 """
 from __future__ import annotations
 
@@ -116,10 +118,15 @@ class WgmmaGemm(PipelinedGemm):
     slice_depth = SLICE_DEPTH
     stages = STAGES
     half_format = 0  # 1 FP16, 2 BF16: the kernel's HALF_OPERANDS; 0 3xTF32
+    pads_channels = False  # takes groups of whole quads of channels, one group of any count (padded)
 
     def reason(self, spec, config, epilogue):
         channels = spec.in_channels // spec.group
-        if channels % self.slice_depth:
+        if self.pads_channels:
+            if channels % HALF_QUAD and spec.group > 1:
+                return (f"{self.name} reads a group's input channels {HALF_QUAD} at a time from a channel-last copy; "
+                        f"this Conv has {spec.group} groups of {channels}")
+        elif channels % self.slice_depth:
             return (f"{self.name} reads a group's input channels {self.slice_depth} at a time from a channel-last copy; "
                     f"this Conv has {channels} a group")
         if not masks_taps(spec):
@@ -155,11 +162,16 @@ class WgmmaGemm(PipelinedGemm):
             "BN": config.bn,
             "BK": config.bk,
             "STAGES": config.stages,
-        } | ({"HALF_OPERANDS": self.half_format} if self.half_format else {})
+        } | ({"HALF_OPERANDS": self.half_format} if self.half_format else {}) | self._padding_defines(spec)
         units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
         if config.splits > 1:
             units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
         return units + [CompileUnit("conv_wgmma.cu", "conv_split_channel_last", defines, arch_specific=True)]
+
+    def _padding_defines(self, spec: ConvSpec) -> dict[str, int]:
+        """CP, where the channel-last image pads the channels (else the kernel takes C)."""
+        padded = image_channels(spec, self.pads_channels)
+        return {"CP": padded} if padded != spec.in_channels else {}
 
     def module_constants(self, spec, config, weights):
         return None  # conv_wgmma.cu declares no tap table: its modules take no constants
@@ -171,8 +183,12 @@ class WgmmaGemm(PipelinedGemm):
 
 # wg_fp16's and wg_bf16's stages: half the bytes of 3xTF32's a slice, so more of them in flight (as the
 # GEMMs' wg_fp16, WGMMA_HALF_STAGES)
-HALF_SLICE_DEPTH = 64  # BK: 64 two-byte values a 128-byte line, one window tap's 64 channels
+HALF_SLICE_DEPTH = 64  # BK: 64 two-byte values a 128-byte line
 HALF_STAGES = 4
+HALF_QUAD = 8  # two-byte values a 16-byte copy: channels of one tap
+# fewer maps a group than half of wgmma's smallest N (64) would leave most of each product padding: lenet86's
+# 4- and 16-map Convs stay on the FP32 kernels made for few maps
+MIN_HALF_MAPS = 32
 
 
 class WgmmaHalfGemm(WgmmaGemm):
@@ -184,6 +200,13 @@ class WgmmaHalfGemm(WgmmaGemm):
     config_type = WgmmaHalfConfig
     slice_depth = HALF_SLICE_DEPTH
     stages = HALF_STAGES
+    pads_channels = True
+
+    def reason(self, spec, config, epilogue):
+        maps = spec.out_channels // spec.group
+        if maps < MIN_HALF_MAPS:
+            return f"{self.name} multiplies maps 64 at a time; this Conv has {maps} a group, mostly padding"
+        return super().reason(spec, config, epilogue)
 
     def alignment(self, spec):
         return 4
@@ -196,7 +219,7 @@ class WgmmaFp16Gemm(WgmmaHalfGemm):
     summary = (
         "tensor cores (not exact; what --precision fp16 runs, sm_90 alone): wg_3xtf32's pipeline on operands rounded to "
         "FP16, the image rewritten channel-last in FP16 before each call, one wgmma a k16 step accumulating in FP32; "
-        "values beyond FP16's range (65504) overflow; a group's input channels a multiple of 64"
+        "values beyond FP16's range (65504) overflow; groups of a multiple of 8 input channels, or one group of any"
     )
     expected_relative_error = 3e-4
     max_relative_error = 2e-3
@@ -211,15 +234,31 @@ class WgmmaBf16Gemm(WgmmaHalfGemm):
     max_relative_error = 1e-2
 
 
-def weight_rows(spec: ConvSpec, w: np.ndarray) -> np.ndarray:
-    """W as the kernel reads it: a map's row of k = (kh*KW + kw)*C/G + c."""
-    return np.ascontiguousarray(np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1).reshape(spec.out_channels, k_dim(spec)))
+def image_channels(spec: ConvSpec, pads: bool) -> int:
+    """The channels of the channel-last image the kernel reads: the Conv's, or where `pads` (the half
+    families) and one group's channels do not fill whole quads, that many padded with zeros to them."""
+    if not pads or spec.group > 1:
+        return spec.in_channels
+    return -(-spec.in_channels // HALF_QUAD) * HALF_QUAD
+
+
+def weight_rows(spec: ConvSpec, w: np.ndarray, channels: int, depth: int) -> np.ndarray:
+    """W as the kernel reads it: a map's row of k = (kh*KW + kw)*channels + c, a group's `channels`
+    (its own, or padded with zero weights), the row padded with zeros to whole slices of `depth`."""
+    w = np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1)  # [M][KH][KW][C/G]
+    taps = np.zeros((*w.shape[:3], channels), np.float32)
+    taps[..., :w.shape[3]] = w
+    k = taps[0].size
+    rows = np.zeros((spec.out_channels, -(-k // depth) * depth), np.float32)
+    rows[:, :k] = taps.reshape(spec.out_channels, k)
+    return rows
 
 
 def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """W's rows (weight_rows) and the small TF32 parts of those values (each value less its TF32 bits,
-    exact in FP32), as 3xTF32 reads them; the values themselves are the big parts."""
-    rows = weight_rows(spec, w)
+    """W as the 3xTF32 kernel reads it (weight_rows: groups of a multiple of 32 channels, so no padding),
+    and the small TF32 parts of those values (each value less its TF32 bits, exact in FP32); the values
+    themselves are the big parts."""
+    rows = weight_rows(spec, w, spec.in_channels // spec.group, SLICE_DEPTH)
     return rows, rows - (rows.view(np.uint32) & TF32_KEPT).view(np.float32)
 
 
@@ -240,8 +279,10 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         self._split = functions[-1]
         w, b = weights
         self._half = half
+        self._channels = image_channels(spec, bool(half))  # of the channel-last image
         if half:
-            self._w_big, self._w_small = cupy.asarray(half_bits(weight_rows(spec, w), half)), np.uint64(0)
+            rows = weight_rows(spec, w, self._channels // spec.group, HALF_SLICE_DEPTH)
+            self._w_big, self._w_small = cupy.asarray(half_bits(rows, half)), np.uint64(0)
         else:
             self._w_big, self._w_small = (cupy.asarray(part) for part in split_weights(spec, w))
         self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)
@@ -250,7 +291,7 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         cupy.cuda.get_current_stream().synchronize()
         self._image_floats = spec.in_channels * spec.in_size[0] * spec.in_size[1]
         # conv_split_channel_last's blocks: 32-pixel tiles of each image, 32-channel tiles
-        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // TRANSPOSE_TILE), spec.in_channels // TRANSPOSE_TILE)
+        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // TRANSPOSE_TILE), -(-self._channels // TRANSPOSE_TILE))
 
     def workspace_bytes(self, batch: int) -> int:
         """The channel-last image (with its small parts), then the K split's partial sums."""
@@ -258,7 +299,7 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
 
     def _image_bytes(self, batch: int) -> int:
         """The channel-last image's bytes: two per value in a half format, else eight (a value and its small part)."""
-        return (2 if self._half else 8) * batch * self._image_floats
+        return (2 if self._half else 8) * batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
 
     def _launch(self, x, weights, y, batch, nonfinite=0):
         import cupy
@@ -266,7 +307,7 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         r, pro = weights
         x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
         grid, workspace, reduce_blocks = self._geometry(batch)
-        values = batch * self._image_floats
+        values = batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
         scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the image(s), then the partial sums
         image_end = -(-self._image_bytes(batch) // 4)
         if self._half:

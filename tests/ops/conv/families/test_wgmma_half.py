@@ -34,6 +34,11 @@ SPECS = {
     "1x1_c256": conv(2, 256, 128, (7, 7), (1, 1), bias=False),
     "grouped_c128_g2": conv(2, 128, 96, (9, 9), (3, 3), pads=(1, 1, 1, 1), group=2),  # 64 channels a group
     "deep_k_c512": conv(1, 512, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # a K split
+    # fewer channels a group than a slice holds: a slice spans taps, the last one partly past K
+    "stem_c3_7x7_stride2": conv(2, 3, 64, (40, 36), (7, 7), pads=(3, 3, 3, 3), strides=(2, 2)),  # padded to 8 channels
+    "3x3_c96": conv(2, 96, 40, (11, 13), (3, 3), pads=(1, 1, 1, 1)),  # a tap and a half a slice
+    "1x1_c24": conv(3, 24, 144, (9, 9), (1, 1)),  # K = 24: one slice, 40 of its k past K
+    "grouped_c32_g2": conv(2, 32, 96, (10, 10), (3, 3), pads=(1, 1, 1, 1), group=2),  # 16 channels, 48 maps a group
 }
 
 
@@ -63,13 +68,30 @@ def test_a_slice_is_64_channels_of_one_tap_in_half_the_bytes_of_3xtf32s():
     assert "HALF_OPERANDS" not in families.compile_units(spec, exact)[0].defines
 
 
-def test_channels_not_a_multiple_of_64_and_the_heuristic_keep_them_out():
-    narrow = conv(2, 96, 64, (8, 8), (3, 3), pads=(1, 1, 1, 1))
-    assert "64 at a time" in families.unsupported_reason(narrow, "wg_fp16", ones(narrow))
-    assert families.unsupported_reason(narrow, "wg_3xtf32", ones(narrow)) is None  # 32 at a time
+def test_groups_of_a_multiple_of_8_channels_or_one_group_of_any_and_the_heuristic_keeps_them_out():
+    for layer in ("stem_c3_7x7_stride2", "3x3_c96", "1x1_c24", "grouped_c32_g2"):
+        assert families.unsupported_reason(SPECS[layer], "wg_fp16", ones(SPECS[layer])) is None, layer
+    assert "32 at a time" in families.unsupported_reason(SPECS["1x1_c24"], "wg_3xtf32", ones(SPECS["1x1_c24"]))
+    grouped = conv(2, 24, 64, (8, 8), (3, 3), group=2)  # 12 channels a group: not whole quads, and no room to pad
+    assert "this Conv has 2 groups of 12" in families.unsupported_reason(grouped, "wg_fp16", ones(grouped))
+    few_maps = conv(2, 4, 16, (40, 40), (7, 7))  # lenet86's second Conv: 16 maps of a 64-map tile
+    assert "this Conv has 16 a group" in families.unsupported_reason(few_maps, "wg_fp16", ones(few_maps))
     spec = SPECS["3x3_c64"]
     assert not set(HALF) & set(families.usable_families(spec, ones(spec)))  # exact families alone, unless asked
     assert set(HALF) <= set(families.usable_families(spec, ones(spec), exact_only=False))
+
+
+def test_a_stems_channels_are_padded_to_a_quad_in_the_image_and_in_the_weights_rows():
+    spec = SPECS["stem_c3_7x7_stride2"]
+    assert wgmma.image_channels(spec, pads=True) == 8 and wgmma.image_channels(spec, pads=False) == 3
+    assert families.compile_units(spec, families.configure(spec, "wg_fp16"))[0].defines["CP"] == 8
+    assert "CP" not in families.compile_units(SPECS["3x3_c96"], families.configure(SPECS["3x3_c96"], "wg_fp16"))[0].defines
+    w = np.random.default_rng(0).standard_normal(spec.weight_shape).astype(np.float32)
+    rows = wgmma.weight_rows(spec, w, 8, 64)
+    assert rows.shape == (64, 448)  # 49 taps x 8 channels = 392, in 7 slices of 64
+    m, c, kh, kw = 5, 2, 3, 6
+    assert rows[m, (kh * 7 + kw) * 8 + c] == w[m, c, kh, kw]
+    assert not rows.reshape(64, -1)[:, 392:].any() and not rows[:, :392].reshape(64, 49, 8)[:, :, 3:].any()  # zeros: pads
 
 
 def test_weights_go_in_as_the_formats_bits_rounded_to_nearest_even():
@@ -106,10 +128,9 @@ def conv_pair(tmp_path_factory):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_a_plan_in_a_half_precision_runs_each_wide_conv_in_it_and_says_why_the_stem_stays(conv_pair, precision):
+def test_a_plan_in_a_half_precision_runs_each_conv_of_enough_maps_in_it_the_stem_too(conv_pair, precision):
     steps = {s.name: s for s in record_plan_alone(make_plan(conv_pair, 8, Device("cuda", "test GPU")), None, precision).steps}
-    assert steps["stem"].precision == "fp32" and "this Conv has 3 a group" in steps["stem"].precision_reason
-    for name in ("conv3x3", "conv1x1"):
+    for name in ("stem", "conv3x3", "conv1x1"):
         assert steps[name].precision == precision and steps[name].implementation.startswith(f"conv.wg_{precision}_"), steps[name]
 
 

@@ -13,6 +13,7 @@ model_floor  a whole model's FLOPs and bytes, and the floor they give on this de
 tune         `opplugin tune`: every configuration of each Conv step, the fastest kept
 user_trial   a --kernel file's Conv kernel through the trial, beside the families
 peers        cuDNN through PyTorch, onnxruntime's CUDA provider
+torch_precision  a PyTorch peer in a run's precision: TF32's switches, FP16/BF16 channels_last conversions
 streams      one Conv host to host, serial and over several streams
 scaling      `bench --scaling`: one batch split over 1 to N devices, images/s and efficiency
 scaling_text its table and its picture

@@ -387,7 +387,7 @@ class Bench:
         else:
             self.torch = torch
             torch.backends.cudnn.benchmark = True
-            self.peers += [peer_module.cudnn_peer(torch, tf32=False), peer_module.cudnn_peer(torch, tf32=True)]
+            self.peers += [peer_module.cudnn_peer(torch, "fp32"), peer_module.cudnn_peer(torch, "tf32")]
         reason = peer_module.onnxruntime_cuda_reason()
         if reason:
             self.peer_notes["onnxruntime_cuda"] = reason

@@ -2,6 +2,7 @@
 
 trial        the one loop bench and tune share: build, screen for spills, run into a
              poisoned output, check against float64, time with CUDA events
+format_bound the element bound a Conv computed in FP16 or BF16 is checked within
 bench        `opplugin bench`: every family and the peers, with the roofline
 cnn_layers   the Conv layers of real CNNs that `bench --suite cnn` times
 gemm_bench   `bench --suite gemm`: each Gemm family against cuBLAS

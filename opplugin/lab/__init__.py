@@ -5,6 +5,7 @@ trial        the one loop bench and tune share: build, screen for spills, run in
 format_bound the element bound a Conv computed in FP16 or BF16 is checked within
 bench        `opplugin bench`: every family and the peers, with the roofline
 cnn_layers   the Conv layers of real CNNs that `bench --suite cnn` times
+bench_precision  the Conv suites in FP16 or BF16: each Conv's candidate, its bound, cuDNN's name
 gemm_bench   `bench --suite gemm`: each Gemm family against cuBLAS
 e2e          `bench --e2e`: whole models end to end beside their peers
 e2e_torch    its PyTorch peers: eager, in one CUDA graph, torch.compile in one CUDA graph

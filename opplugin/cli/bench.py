@@ -50,7 +50,7 @@ class BenchOptions:
     families: tuple[str, ...] | None = None  # None: every family
     e2e: tuple[str, ...] = ()  # the models of --e2e
     peers: tuple[str, ...] = e2e_bench.PEERS  # with --e2e
-    precision: str = "fp32"  # with --e2e: what opplugin and every peer run in
+    precision: str = "fp32"  # with --e2e: what opplugin and every peer run in; the Conv suites take fp32, fp16, bf16
     scaling: str | None = None  # the model of --scaling
     devices: tuple[str, ...] | None = None  # with --scaling: the device lists; None: 0, then 0,1, ... up to every GPU
     kernels: tuple[str, ...] = ()  # --kernel Conv=FILE: the files the Conv suites bench beside the families
@@ -98,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", metavar="fp32|tf32|fp16|bf16",
                         help="with --e2e: run opplugin and every peer in this precision (default fp32, TF32 off): tf32 switches "
                              "TF32 on; fp16 and bf16 convert PyTorch's module (channels_last too) and onnxruntime's model (fp16 "
-                             "only, by onnxconverter-common), and check every output against the model in float64")
+                             "only, by onnxconverter-common), and check every output against the model in float64. With the "
+                             "Conv suites, fp16 or bf16: each Conv by the family --precision runs it in (wg_fp16, wg_bf16) beside "
+                             "cuDNN on FP16 or BF16 tensors in channels_last, each output checked per element against float64")
     parser.add_argument("--scaling", nargs="?", const=scaling_bench.DEFAULT_MODEL, metavar="MODEL",
                         help=f"instead: images/s of one batch split over 1 to N devices, host to host from pinned memory, and the "
                              f"scaling efficiency (default model {scaling_bench.DEFAULT_MODEL}, --batches {scaling_bench.DEFAULT_BATCHES[0]})")
@@ -125,20 +127,23 @@ def read(args: argparse.Namespace) -> BenchOptions:
         raise InputError("bench --custom MODEL needs --ops FILE.py, and --ops applies to bench --custom")
     if args.custom and (args.e2e or args.scaling is not None):
         raise InputError("--custom, --e2e and --scaling are three benchmarks; give one")
-    if args.precision is not None and not args.e2e:
-        raise InputError("--precision applies to bench --e2e")
     benchmark = "custom" if args.custom else "scaling" if args.scaling is not None else "e2e" if args.e2e else args.suite
+    if args.precision is not None and benchmark not in ("e2e", *conv_bench.SUITES):
+        raise InputError("--precision applies to bench --e2e and the Conv suites (--suite models or cnn)")
     kernels = KernelOptions.from_args(args, one_per_op=False)  # the Conv suites may compare several
     others = [op for op, _ in kernels.files if op != "Conv"]
     if benchmark in ("models", "cnn") and others:
         raise InputError(f"bench times Conv steps; --kernel {others[0]}=... has nothing to run here")
-    return BenchOptions(benchmark, tuple(batch_sizes(args.batches, DEFAULT_BATCHES[benchmark])), timing,
-                        models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
-                        cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
-                        e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS),
-                        precision=checked_precision(args.precision or "fp32", "--precision", UNIFORM_PRECISIONS), scaling=args.scaling,
-                        devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot, html=args.html,
-                        custom=args.custom, ops=tuple(args.ops or ()))
+    options = BenchOptions(benchmark, tuple(batch_sizes(args.batches, DEFAULT_BATCHES[benchmark])), timing,
+                           models=tuple(args.models) if args.models else None, all_configs=args.all_configs,
+                           cuda_graphs=args.cuda_graphs, families=tuple(args.families) if args.families else None,
+                           e2e=tuple(args.e2e or ()), peers=tuple(args.peers or e2e_bench.PEERS),
+                           precision=checked_precision(args.precision or "fp32", "--precision", UNIFORM_PRECISIONS), scaling=args.scaling,
+                           devices=tuple(args.devices) if args.devices else None, kernels=kernels.paths, json=args.json, plot=args.plot, html=args.html,
+                           custom=args.custom, ops=tuple(args.ops or ()))
+    if benchmark in conv_bench.SUITES:
+        conv_options(options).validate()  # what the Conv suites refuse (--precision tf32, say) is refused as it is read
+    return options
 
 
 def execute(options: BenchOptions) -> int:
@@ -168,7 +173,7 @@ def conv_options(options: BenchOptions) -> conv_bench.Options:
     return conv_bench.Options(batches=list(options.batches), warmup=warmup, repeat=repeat, all_configs=options.all_configs,
                               models=list(options.models or conv_bench.Options.models), suite=options.benchmark,
                               families=list(options.families) if options.families else None, kernels=list(options.kernels),
-                              cuda_graphs=options.cuda_graphs is not False)
+                              cuda_graphs=options.cuda_graphs is not False, precision=options.precision)
 
 
 def _conv(options: BenchOptions) -> int:

@@ -12,8 +12,14 @@ against the float64 oracle on images from both ends and the middle of the batch
 it is timed; one that fails is marked and never timed. The peers are checked
 and timed the same way.
 
-Ratios: x_floor = ms / floor (1.0 is the roofline), vs_baseline and
-vs_cudnn_fp32 are speed-ups (reference ms / ms).
+Under `precision` fp16 or bf16 (bench_precision.py) each Conv is timed alone (no
+fused step), its candidates the family `run --precision` runs it in (its row says
+why where that family has no kernel for the layer) and cuDNN in the same format,
+each held to the format's element bound (format_bound.py); no floor is given, the
+roofline being FP32's.
+
+Ratios: x_floor = ms / floor (1.0 is the roofline), vs_baseline, vs_cudnn_fp32
+and vs_cudnn (over cuDNN in the run's precision) are speed-ups (reference ms / ms).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..core.number_formats import FP32
 from ..gpu import cuda
 from ..gpu.device import CPU, current_cuda_device
 from ..errors import DeviceError, InputError, PluginError, first_line, positive_int
@@ -38,13 +45,17 @@ from ..ops.conv.spec import ConvSpec
 from . import graphed
 from . import peers as peer_module
 from . import roofline
+from .bench_precision import SUITE_PRECISIONS, candidate_bound, cudnn_name, precision_family, precision_pick
 from .cnn_layers import LAYERS, layer_weights
+from .format_bound import bound_words
 from .streams import host_to_host
-from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Capture, Problem, Trial, median_ms, run_trial, time_call
+from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, Capture, Problem, Trial, judge, median_ms, run_trial, time_call
 
 # 2: the header every report shares (report/jsonout.py): device gains kind and memory_bytes;
 #    model and batch are the lists of models and batch sizes measured
-SCHEMA = "opplugin-bench/2"
+# 3: precision (fp32, fp16, bf16) and precision_summary; a step's cudnn_ms and a row's vs_cudnn (cuDNN in
+#    the run's precision), a row's bound_fraction (its largest error over its element bound, 16-bit runs)
+SCHEMA = "opplugin-bench/3"
 DEFAULT_BATCHES = (100, 1000, 10000)
 SUITES = ("models", "cnn")
 FP32_PEER_TOLERANCE = 1e-4  # cuDNN may pick Winograd or FFT algorithms, which round differently
@@ -75,16 +86,18 @@ ROW_KEYS = (
     "x_floor",
     "vs_baseline",
     "vs_cudnn_fp32",
+    "vs_cudnn",
     "rel_error",
     "tolerance",
+    "bound_fraction",
 )
 PAYLOAD_KEYS = (
-    "schema", "opplugin_version", "device", "model", "batch", "complete", "versions", "settings", "roofline", "peers", "steps", "rows",
-    "fused_totals", "suite_summary", "streams",
+    "schema", "opplugin_version", "device", "model", "batch", "precision", "complete", "versions", "settings", "roofline", "peers", "steps",
+    "rows", "fused_totals", "suite_summary", "precision_summary", "streams",
 )
 STEP_KEYS = (
     "step", "model", "conv", "fused", "epilogue", "batch", "shape", "flops", "bytes", "floor_ms", "bound", "baseline_ms", "cudnn_fp32_ms",
-    "best", "best_ms", "default",
+    "cudnn_ms", "best", "best_ms", "default",
 )
 
 
@@ -102,6 +115,8 @@ class Options:
     # time each candidate replayed from a CUDA graph, as a runner launches its steps by default
     # (the host's launch cost left out); False: eager calls, each paying it
     cuda_graphs: bool = True
+    # fp16 or bf16: each Conv alone, by the family `run --precision` picks and by cuDNN in that format (bench_precision.py)
+    precision: str = FP32
 
     def validate(self) -> None:
         if not self.batches:
@@ -117,6 +132,18 @@ class Options:
             raise InputError(f"--families: unknown family {', '.join(unknown)}; choose from {', '.join(families.FAMILIES)}")
         if self.suite not in SUITES:
             raise InputError(f"--suite must be one of {', '.join(SUITES)}, got {self.suite!r}")
+        self._validate_precision()
+
+    def _validate_precision(self) -> None:
+        if self.precision == "tf32":
+            raise InputError("--precision tf32: the Conv suites time TF32 in every run (cuDNN TF32 and the TF32 families "
+                             "beside FP32); they take fp16 or bf16")
+        if self.precision not in SUITE_PRECISIONS:
+            raise InputError(f"--precision {self.precision!r}: the Conv suites take {', '.join(SUITE_PRECISIONS)}")
+        if self.precision != FP32 and (self.families or self.kernels):
+            flag = "--families" if self.families else "--kernel"
+            raise InputError(f"{flag} does not apply with --precision {self.precision}: the Conv suites then time "
+                             f"{precision_family(self.precision)} alone, beside cuDNN in {self.precision.upper()}")
 
 
 @dataclass(frozen=True)
@@ -202,8 +229,9 @@ def make_row(step: dict[str, Any], name: str, kind: str, **fields: Any) -> dict[
     return row
 
 
-def reference_rows(rows: list[dict[str, Any]], step: dict[str, Any]) -> None:
-    """Fill the step's baseline and cuDNN FP32 times and each row's speed-ups over them."""
+def reference_rows(rows: list[dict[str, Any]], step: dict[str, Any], precision: str = FP32) -> None:
+    """Fill the step's baseline, cuDNN FP32 and cuDNN-in-`precision` times and each row's speed-ups over them;
+    its best: the fastest exact variant, or in a 16-bit run the fastest variant (all of the precision's family)."""
     mine = [r for r in rows if r["step"] == step["step"] and r["batch"] == step["batch"]]
 
     def ms_of(predicate) -> float | None:
@@ -212,12 +240,14 @@ def reference_rows(rows: list[dict[str, Any]], step: dict[str, Any]) -> None:
 
     step["baseline_ms"] = ms_of(lambda r: r["kind"] == "variant" and r["family"] == "baseline" and r["heuristic"])
     step["cudnn_fp32_ms"] = ms_of(lambda r: r["kind"] == "peer" and r["name"] == "cudnn_fp32")
-    exact_ok = [r for r in mine if r["kind"] == "variant" and r["exact"] and r["status"] == "ok" and r["ms"]]
-    step["best"] = min(exact_ok, key=lambda r: r["ms"])["name"] if exact_ok else None
+    step["cudnn_ms"] = ms_of(lambda r: r["kind"] == "peer" and r["name"] == cudnn_name(precision))
+    candidates = [r for r in mine if r["kind"] == "variant" and (r["exact"] or precision != FP32) and r["status"] == "ok" and r["ms"]]
+    step["best"] = min(candidates, key=lambda r: r["ms"])["name"] if candidates else None
     for row in mine:
         if row["status"] == "ok" and row["ms"]:
             row["vs_baseline"] = step["baseline_ms"] / row["ms"] if step["baseline_ms"] else None
             row["vs_cudnn_fp32"] = step["cudnn_fp32_ms"] / row["ms"] if step["cudnn_fp32_ms"] else None
+            row["vs_cudnn"] = step["cudnn_ms"] / row["ms"] if step["cudnn_ms"] else None
 
 
 def geometric_mean(values: Sequence[float]) -> float | None:
@@ -265,6 +295,36 @@ def suite_summary(steps: list[dict[str, Any]], rows: list[dict[str, Any]]) -> di
         "min_best_vs_cudnn_fp32": min((line["best_vs_cudnn_fp32"] for line in lines if line["best_vs_cudnn_fp32"]), default=None),
         "max_default_vs_best": max((line["default_vs_best"] for line in lines if line["default_vs_best"]), default=None),
         "geomean_tf32_vs_cudnn_tf32": geometric_mean([line["tf32_vs_cudnn_tf32"] for line in lines]),
+    }
+
+
+def precision_summary(steps: list[dict[str, Any]], rows: list[dict[str, Any]], precision: str) -> dict[str, Any]:
+    """Per layer and batch: cuDNN's time in the format, the family's fastest correct configuration and its
+    speed-up, or why it has none; then the geometric mean of the speed-ups over the layers it ran."""
+    family, peer = precision_family(precision), cudnn_name(precision)
+    lines = []
+    for step in steps:
+        mine = [r for r in rows if r["step"] == step["step"] and r["batch"] == step["batch"]]
+        timed = [r for r in mine if r["status"] == "ok" and r["ms"]]
+        ours = min((r for r in timed if r["family"] == family), key=lambda r: r["ms"], default=None)
+        cudnn = next((r for r in timed if r["name"] == peer), None)
+        missed = next((r for r in mine if r["family"] == family and r["status"] != "ok"), None)
+        lines.append({
+            "step": step["step"],
+            "batch": step["batch"],
+            "cudnn_ms": cudnn and cudnn["ms"],
+            "variant": ours and ours["name"],
+            "ms": ours and ours["ms"],
+            "vs_cudnn": cudnn["ms"] / ours["ms"] if ours and cudnn else None,
+            "why_not": None if ours or missed is None else f"{missed['status']}: {missed['reason']}",
+        })
+    return {
+        "precision": precision,
+        "family": family,
+        "peer": peer,
+        "layers": lines,
+        "ran": sum(line["ms"] is not None for line in lines),
+        "geomean_vs_cudnn": geometric_mean([line["vs_cudnn"] for line in lines]),
     }
 
 
@@ -325,17 +385,23 @@ class Bench:
         self.progress(f"bench: {device.name}: measuring copy bandwidth and FP32 rate")
         self.roof = roofline.measure()
         self._find_peers()
-        work = [(case, fused, batch) for case in cases for fused in (False, True) if not fused or case.epilogue for batch in self.options.batches]
+        # a 16-bit run times each Conv alone: its element bound covers a Conv and its bias, not a fused chain
+        fusing = (False, True) if self.options.precision == FP32 else (False,)
+        work = [(case, fused, batch) for case in cases for fused in fusing if not fused or case.epilogue for batch in self.options.batches]
         for index, (case, fused, batch) in enumerate(work, 1):
             self.progress(f"bench: [{index}/{len(work)}] {case.label(fused)}, batch {batch}")
             self._bench_step(case, fused, batch)
             if self.checkpoint:
                 self.checkpoint(self.payload(device, None, complete=False))
-        streams = self._bench_streams(cases[0]) if self.options.streams and self.options.suite == "models" else None
+        streams = None
+        if self.options.streams and self.options.suite == "models" and self.options.precision == FP32:
+            streams = self._bench_streams(cases[0])
         return self.payload(device, streams)
 
     def payload(self, device, streams, complete: bool = True) -> dict[str, Any]:
+        precision = self.options.precision
         return header(SCHEMA, device, list(self.options.models), list(self.options.batches)) | {
+            "precision": precision,
             "complete": complete,
             "versions": self._versions(),
             "settings": {
@@ -349,13 +415,15 @@ class Bench:
                 "min_sample_ms": MIN_SAMPLE_MS,
                 "cuda_graphs": self.options.cuda_graphs,
                 "tolerances": {"exact": EXACT_TOLERANCE, "fp32_peer": FP32_PEER_TOLERANCE, "inexact": INEXACT_TOLERANCE},
+                "format_bound": None if precision == FP32 else bound_words(precision),  # what a 16-bit run checks instead
             },
             "roofline": self.roof.record(),
             "peers": {peer.name: "available" for peer in self.peers} | self.peer_notes,
             "steps": self.steps,
             "rows": self.rows,
             "fused_totals": fused_totals(self.steps),
-            "suite_summary": suite_summary(self.steps, self.rows) if self.options.suite == "cnn" else None,
+            "suite_summary": suite_summary(self.steps, self.rows) if self.options.suite == "cnn" and precision == FP32 else None,
+            "precision_summary": None if precision == FP32 else precision_summary(self.steps, self.rows, precision),
             "streams": streams,
         }
 
@@ -381,13 +449,17 @@ class Bench:
         return versions
 
     def _find_peers(self) -> None:
+        # a 16-bit run's one peer is cuDNN in its format: onnxruntime's runs FP32
+        precisions = ("fp32", "tf32") if self.options.precision == FP32 else (self.options.precision,)
         torch, reason = peer_module.torch_or_reason()
         if torch is None:
-            self.peer_notes["cudnn_fp32"] = self.peer_notes["cudnn_tf32"] = reason
+            self.peer_notes.update(dict.fromkeys(map(cudnn_name, precisions), reason))
         else:
             self.torch = torch
             torch.backends.cudnn.benchmark = True
-            self.peers += [peer_module.cudnn_peer(torch, tf32=False), peer_module.cudnn_peer(torch, tf32=True)]
+            self.peers += [peer_module.cudnn_peer(torch, precision) for precision in precisions]
+        if self.options.precision != FP32:
+            return
         reason = peer_module.onnxruntime_cuda_reason()
         if reason:
             self.peer_notes["onnxruntime_cuda"] = reason
@@ -411,11 +483,13 @@ class Bench:
             shape=describe_spec(spec),
             flops=flops,
             bytes=nbytes,
-            floor_ms=self.roof.floor_ms(flops, nbytes),
-            bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s),
         )
-        # the pick for launches as this bench times them: the cost model weighs the host's part only eagerly
-        default = runner_default(spec, (case.w, case.b), epilogue, graphed=self.options.cuda_graphs)
+        if self.options.precision == FP32:  # the roofline measures FP32's rate: no floor for a 16-bit run
+            step.update(floor_ms=self.roof.floor_ms(flops, nbytes), bound=roofline.bound_by(flops, nbytes, self.roof.bytes_per_s, self.roof.flops_per_s))
+            # the pick for launches as this bench times them: the cost model weighs the host's part only eagerly
+            default = runner_default(spec, (case.w, case.b), epilogue, graphed=self.options.cuda_graphs)
+        else:
+            default, _ = precision_pick(spec, (case.w, case.b), self.options.precision)  # None: the row of its family says why
         candidates = self._candidates(spec, epilogue, default)
         step["default"] = default and default.name()
         self.steps.append(step)
@@ -428,7 +502,7 @@ class Bench:
             if fused and peer.name != "cudnn_fp32":
                 continue  # a fused step is compared with the FP32 chain only
             self._add(self._bench_peer(step, problem, peer))
-        reference_rows(self.rows, step)
+        reference_rows(self.rows, step, self.options.precision)
         best = [r for r in self.rows if r["step"] == step["step"] and r["batch"] == batch and r["name"] == step["best"]]
         step["best_ms"] = best[0]["ms"] if best else None
         del problem
@@ -439,12 +513,17 @@ class Bench:
         figure = f"{row['ms']:.4g} ms" if row["ms"] else row["status"] + (f" ({row['reason']})" if row["reason"] else "")
         self.progress(f"bench:     {row['name']:<28} {figure}")
 
+    def _timed_families(self) -> Sequence[str] | None:
+        """The families to time: --families, or in a 16-bit run the precision's alone; None: every family."""
+        return self.options.families if self.options.precision == FP32 else [precision_family(self.options.precision)]
+
     def _candidates(self, spec: ConvSpec, epilogue: Epilogue, default: Config | None) -> list[tuple[Config | Family, bool]]:
         """(configuration, is the heuristic's pick) for every family that applies; a family
         with no configuration for this shape stands for itself, and its row says why."""
         candidates: list[tuple[Config | Family, bool]] = []
+        timed = self._timed_families()
         for family in families.FAMILIES.values():
-            if epilogue != NONE and not family.fuses or self.options.families and family.name not in self.options.families:
+            if epilogue != NONE and not family.fuses or timed and family.name not in timed:
                 continue
             try:
                 heuristic = families.configure(spec, family, epilogue)
@@ -457,14 +536,16 @@ class Bench:
                 except Exception:
                     pass
             candidates += [(config, config == heuristic) for config in dict.fromkeys(configs)]
-        if default and not self.options.families and all(config != default for config, _ in candidates):
+        if default and not timed and all(config != default for config, _ in candidates):
             candidates.append((default, False))  # the runner's pick is always timed
         return candidates
 
     def _bench_variant(self, step, problem: Problem, variant: Config | Family, heuristic: bool) -> dict[str, Any]:
         family = families.family_of(variant)
-        tolerance = EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
-        trial = run_trial(problem, variant, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat, capture=self._capture())
+        bound = candidate_bound(self.options.precision)  # opplugin's kernels give FP32
+        tolerance = None if bound else EXACT_TOLERANCE if family.exact else INEXACT_TOLERANCE
+        trial = run_trial(problem, variant, tolerance=tolerance, warmup=self.options.warmup, repeat=self.options.repeat, capture=self._capture(),
+                          bound=bound)
         if isinstance(variant, Config):
             self.configs[trial.variant] = variant
         return variant_row(step, trial, problem.epilogue, family, heuristic, tolerance)
@@ -487,14 +568,17 @@ class Bench:
         return graphed.cupy_replay if self.options.cuda_graphs else None
 
     def _bench_peer(self, step, problem: Problem, peer) -> dict[str, Any]:
-        tolerance = FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
+        bound = candidate_bound(self.options.precision, peer.output_format)
+        tolerance = None if bound else FP32_PEER_TOLERANCE if peer.exact else INEXACT_TOLERANCE
         common = dict(family=None, exact=peer.exact, implementation=peer.implementation, tolerance=tolerance, timer=peer.timer)
         try:
+            # a 16-bit peer's input and weights are converted here, once, before anything is timed
             run = peer.prepare(problem.spec, problem.epilogue, problem.x, *problem.weights, residual=problem.residual)
-            rel_error, unwritten = problem.error(run())
-            if unwritten or not rel_error <= tolerance:
-                why = f"{unwritten} NaN outputs" if unwritten else f"relative error {rel_error:.3g} > {tolerance:g}"
-                return make_row(step, peer.name, "peer", status="incorrect", reason=why, rel_error=rel_error, **common)
+            verdict = judge(problem, peer.fp32_output(run()), tolerance, bound)
+            rel_error = verdict.rel_error
+            common.update(bound_fraction=verdict.bound_fraction)
+            if verdict.wrong:
+                return make_row(step, peer.name, "peer", status="incorrect", reason=verdict.wrong, rel_error=rel_error, **common)
             if self.options.cuda_graphs and peer.capture is not None:
                 timing = time_call(run, self.options.warmup, self.options.repeat, peer.capture)
                 common.update(timer=timing.timer, reason=timing.note)
@@ -552,10 +636,11 @@ def _user_sources(paths: Sequence[str]) -> list[Any]:
     return [KernelSource(path, "Conv") for path in paths]
 
 
-def variant_row(step: dict[str, Any], trial: Trial, epilogue: Epilogue, family, heuristic: bool, tolerance: float) -> dict[str, Any]:
-    """A trial as a bench row."""
+def variant_row(step: dict[str, Any], trial: Trial, epilogue: Epilogue, family, heuristic: bool, tolerance: float | None) -> dict[str, Any]:
+    """A trial as a bench row (`tolerance` None: a 16-bit run, held to its format's element bound)."""
     exact_by = family.exact_by if family.exact else None
-    common = dict(family=family.name, exact=family.exact, exact_by=exact_by, heuristic=heuristic, tolerance=tolerance, rel_error=trial.rel_error)
+    common = dict(family=family.name, exact=family.exact, exact_by=exact_by, heuristic=heuristic, tolerance=tolerance, rel_error=trial.rel_error,
+                  bound_fraction=trial.bound_fraction)
     if trial.kernel_name:
         common.update(implementation=trial.kernel_name, bytes=trial.bytes)
     label = trial.variant + epilogue.suffix

@@ -3,7 +3,8 @@ every report shares (report/page.py), a table of every row and, where a picture 
 
 - the Conv suites (--suite models | cnn): every timed candidate on one roofline; per layer and batch
   a bar of ms per candidate against the layer's floor, and its rows (bench_text's cells); the fused
-  totals, the streams run and the layer-set summary where the payload has them;
+  totals, the streams run and the layer-set or precision summary where the payload has them (a 16-bit
+  run has no roofline: it is FP32's);
 - --suite gemm: per layer and batch a bar of device ms per implementation against the weight floor;
 - --e2e: the summary per model and batch, then per case a bar of ms host to host per candidate
   against the model's floor, then every candidate's row (e2e_table's tables);
@@ -90,7 +91,8 @@ def _wrong(row: dict[str, Any]) -> bool:
 
 
 def conv_sections(payload: Payload) -> tuple[str, list[Section]]:
-    sections = [_conv_roofline(payload)]
+    precision = payload.get("precision", "fp32")
+    sections = [_conv_roofline(payload)] if precision == "fp32" else []
     for step in payload["steps"]:
         rows = [r for r in payload["rows"] if r["step"] == step["step"] and r["batch"] == step["batch"]]
         cells = [bench_text.row_cells(r, step) for r in rows]
@@ -98,12 +100,14 @@ def conv_sections(payload: Payload) -> tuple[str, list[Section]]:
                 for r, cell in zip(rows, cells)]
         marks = [("fail" if _wrong(r) else "") for r in rows]
         status = {(i, len(cells[i]) - 1): "fail" if _wrong(r) else "pass" if r["status"] == "ok" else "" for i, r in enumerate(rows)}
-        note = (f"best exact: {step['best'] or 'none'}; the runner's default pick: {step['default'] or 'none'}; "
-                f"the dashed line is the floor on this device. Hover over a bar for its figures.")
+        best = "best exact" if precision == "fp32" else f"fastest in {precision}"
+        note = (f"{best}: {step['best'] or 'none'}; the runner's default pick: {step['default'] or 'none'}; "
+                + ("the dashed line is the floor on this device. " if step["floor_ms"] else "") + "Hover over a bar for its figures.")
         body = _chart(bars, "ms", ("floor", step["floor_ms"]) if step["floor_ms"] else None)
         body += table(bench_text.COLUMNS, cells, numeric=range(2, 9), row_classes=marks, cell_classes=status)
         sections.append(Section(bench_text.step_title(step), body, note))
     sections += _totals(payload) + _streams(payload.get("streams")) + _summary(payload.get("suite_summary"))
+    sections += _precision_summary(payload.get("precision_summary"))
     suite = payload["settings"]["suite"]
     return ("Conv layers of real CNNs" if suite == "cnn" else f"Conv steps of {_listed(payload['model'])}"), sections
 
@@ -146,6 +150,13 @@ def _summary(summary: dict[str, Any] | None) -> list[Section]:
     *_, means = bench_text.summary_lines(summary)
     body = table(bench_text.SUMMARY_COLUMNS, bench_text.summary_cells(summary), numeric=bench_text.SUMMARY_NUMBERS)
     return [Section("Layer set summary", body, means)]
+
+
+def _precision_summary(summary: dict[str, Any] | None) -> list[Section]:
+    if not summary:
+        return []
+    body = table(bench_text.precision_columns(summary), bench_text.precision_cells(summary), numeric=bench_text.PRECISION_NUMBERS)
+    return [Section(f"{summary['precision'].upper()} summary", body, bench_text.precision_means(summary))]
 
 
 def _ms(value: float | None, digits: int = 3) -> str:

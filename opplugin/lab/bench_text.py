@@ -1,5 +1,6 @@
-"""The bench payload as plain text: a header with the device and its roofline, one
-table per step and batch, then the fused totals and the streams row."""
+"""The bench payload as plain text: a header with the device and its roofline (and in a
+16-bit run what each candidate converts and how it is checked), one table per step and
+batch, then the fused totals, the streams row and the layer-set or precision summary."""
 from __future__ import annotations
 
 from typing import Any
@@ -26,9 +27,11 @@ def _status(row: dict[str, Any], step: dict[str, Any] | None = None) -> str:
     if row["status"] == "ok":
         marks = [] if row["heuristic"] or row["kind"] == "peer" else ["config"]
         if step and row["name"] == step.get("best"):
-            marks.append("best exact")
+            marks.append("best exact" if row["exact"] else "fastest")  # a 16-bit run's best is its fastest
         if step and row["kind"] == "variant" and row["name"] == step.get("default"):
             marks.append("default pick")
+        if row.get("bound_fraction") is not None:  # a 16-bit run: how close it came to its element bound
+            marks.append(f"{row['bound_fraction']:.2f} of bound")
         if row.get("reason"):  # asked for a CUDA graph, its calls could not be captured
             marks.append("timed eagerly")
         return "ok" + (f" ({', '.join(marks)})" if marks else "")
@@ -52,7 +55,7 @@ def row_cells(row: dict[str, Any], step: dict[str, Any] | None = None) -> list[s
         _num(row["gb_per_s"]),
         _num(row["x_floor"]),
         _ratio(row["vs_baseline"]),
-        _ratio(row["vs_cudnn_fp32"]),
+        _ratio(row["vs_cudnn"]),
         "-" if row["rel_error"] is None else f"{row['rel_error']:.1e}",
         _status(row, step),
     ]
@@ -80,14 +83,33 @@ def header_facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
                      f"device to device), FP32 {roof['fp32_tflop_per_s']:.1f} TFLOP/s ({roof['matmul_n']}^3 matmul, TF32 off; "
                      f"small-product error {roof['matmul_rel_error']:.1e}{', TF32 SUSPECTED' if roof['tf32_suspected'] else ''})"),
         ("timing", f"medians of {settings['repeat']} CUDA-event samples after {settings['warmup']} warm-up calls; {_sample_words(settings)}; "
-                   f"vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor"),
+                   f"{_ratio_words(payload)}"),
         ("exact", "exact: yes = FP32 multiply-adds (exact by construction); measured = other arithmetic (3xTF32) whose measured "
                   "error against float64 meets the same bound; NO = opt-in reduced precision"),
     ]
+    if payload.get("precision", "fp32") != "fp32":
+        lines.append(("precision", precision_words(payload)))
     for peer, note in payload["peers"].items():
         if note != "available":
             lines.append(("peer", f"peer {peer}: not measured: {note}"))
     return lines
+
+
+def _ratio_words(payload: dict[str, Any]) -> str:
+    precision = payload.get("precision", "fp32")
+    if precision == "fp32":
+        return "vs base / vs cuDNN are speed-ups over baseline / cuDNN FP32; x floor = ms / roofline floor"
+    return f"vs cuDNN is a speed-up over cuDNN {precision.upper()}; no floor (the roofline measures FP32's rate)"
+
+
+def precision_words(payload: dict[str, Any]) -> str:
+    """What a 16-bit run compares, what it converts where, and how it checks each output."""
+    precision, summary = payload["precision"], payload["precision_summary"]
+    fmt = precision.upper()
+    return (f"precision {precision}: each Conv alone (no fused step) by {summary['family']}, the family run --precision {precision} "
+            f"runs it in (FP32 in and out, converting inside its timed call; a layer it cannot run is listed with the reason), "
+            f"beside cuDNN on {fmt} tensors in channels_last, its input and weights converted before timing and its output "
+            f"left in {fmt}; every output checked against float64 first: {payload['settings']['format_bound']}")
 
 
 def _sample_words(settings: dict[str, Any]) -> str:
@@ -98,10 +120,8 @@ def _sample_words(settings: dict[str, Any]) -> str:
 
 
 def step_title(step: dict[str, Any]) -> str:
-    return (
-        f"{step['step']} ({step['shape']}), batch {step['batch']:,}: {step['flops'] / 1e9:.3g} GFLOP, "
-        f"{step['bytes'] / 1e6:,.0f} MB, floor {step['floor_ms']:.3g} ms ({step['bound']}-bound)"
-    )
+    floor = f", floor {step['floor_ms']:.3g} ms ({step['bound']}-bound)" if step["floor_ms"] else ""
+    return f"{step['step']} ({step['shape']}), batch {step['batch']:,}: {step['flops'] / 1e9:.3g} GFLOP, {step['bytes'] / 1e6:,.0f} MB{floor}"
 
 
 def totals_lines(payload: dict[str, Any]) -> list[str]:
@@ -162,12 +182,45 @@ def summary_cells(summary: dict[str, Any]) -> list[list[str]]:
     ]
 
 
+PRECISION_NUMBERS = (1, 2, 4, 5)
+
+
+def precision_columns(summary: dict[str, Any]) -> tuple[str, ...]:
+    return ("layer", "batch", f"cuDNN {summary['precision'].upper()}", summary["family"], "ms", "vs cuDNN", "why none")
+
+
+def precision_cells(summary: dict[str, Any]) -> list[list[str]]:
+    """A line of precision_columns per layer and batch."""
+    return [
+        [line["step"], str(line["batch"]), _num(line["cudnn_ms"], 4), line["variant"] or "-", _num(line["ms"], 4),
+         _ratio(line["vs_cudnn"]), (line["why_not"] or "")[:NOTE_WIDTH]]
+        for line in summary["layers"]
+    ]
+
+
+def precision_means(summary: dict[str, Any]) -> str:
+    return (f"{summary['family']} ran {summary['ran']} of {len(summary['layers'])} layers and batches; over them, "
+            f"vs cuDNN {summary['precision'].upper()}: geometric mean {_ratio(summary['geomean_vs_cudnn'])}")
+
+
+def precision_summary_lines(summary: dict[str, Any] | None) -> list[str]:
+    """A 16-bit run at a glance: per layer, cuDNN and the precision's family, or why the family has no kernel."""
+    if not summary:
+        return []
+    return [
+        f"{summary['precision']} summary (ms; vs cuDNN is a speed-up)",
+        *text_table(precision_columns(summary), precision_cells(summary), right=PRECISION_NUMBERS, rule=False),
+        precision_means(summary),
+    ]
+
+
 def format_text(payload: dict[str, Any]) -> str:
     out = header(payload)
     for step in payload["steps"]:
         rows = [r for r in payload["rows"] if r["step"] == step["step"] and r["batch"] == step["batch"]]
         out += ["", step_title(step), table(rows, step)]
     extra = totals_lines(payload) + streams_lines(payload.get("streams")) + summary_lines(payload.get("suite_summary"))
+    extra += precision_summary_lines(payload.get("precision_summary"))
     if extra:
         out += ["", *extra]
     return "\n".join(out) + "\n"

@@ -21,7 +21,6 @@ tested on the CPU, this module on the GPU.
 """
 from __future__ import annotations
 
-import copy
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +32,8 @@ from ..core.number_formats import FP32
 from ..errors import first_line
 from ..graph.model import Model
 from .peers import PeerUnavailable, torch_or_reason
+from .torch_precision import TORCH_DTYPES, converted_input, converted_module, fp32_settings, precision_settings
 from .trial import E2E_WARMUP_MS, host_ms, warm_up
-
-# the precisions in which the module and its input are converted, to these torch dtypes (by name)
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -61,22 +58,6 @@ class TorchPeer:
         if self.precision in TORCH_DTYPES:
             return f"{self.precision.upper()} channels_last"
         return "TF32" if self.precision == "tf32" else "FP32"
-
-
-def converted_module(torch: Any, module: Any, precision: str) -> Any:
-    """A copy of `module` in the dtype of `precision` and in channels_last (the FP32 module stays as it is,
-    for the FP32 rows and any other precision)."""
-    dtype = getattr(torch, TORCH_DTYPES[precision])
-    return copy.deepcopy(module).to(dtype).to(memory_format=torch.channels_last)
-
-
-def converted_input(torch: Any, x: Any, precision: str) -> Any:
-    """`x` in the dtype of `precision`; a 4-D (image) input in channels_last too, as the module's weights are.
-    An input of integers (token ids) stays as it is."""
-    if not x.is_floating_point():
-        return x
-    dtype = getattr(torch, TORCH_DTYPES[precision])
-    return x.to(dtype=dtype, memory_format=torch.channels_last) if x.ndim == 4 else x.to(dtype=dtype)
 
 
 class TorchModel:
@@ -148,22 +129,6 @@ def _architecture(source: str, saved: str) -> Callable[..., Any]:
         return lambda arch, **kwargs: getattr(torchvision.models, arch)(weights=None, **kwargs)
     except ImportError:
         raise PeerUnavailable(f"{saved} names a {source} model and {source} is not installed") from None
-
-
-def fp32_settings(torch: Any) -> None:
-    """cuDNN picks its fastest algorithm once per shape; neither cuDNN nor cuBLAS may use TF32."""
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-
-
-def precision_settings(torch: Any, precision: str) -> None:
-    """fp32_settings, with TF32 allowed for cuDNN and cuBLAS under tf32 alone (under fp16 and bf16 what
-    is left in FP32 stays exact, as opplugin's FP32 steps do)."""
-    fp32_settings(torch)
-    if precision == "tf32":
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cuda.matmul.allow_tf32 = True
 
 
 def _event_ms(torch: Any, fn: Callable[[], Any], warmup: int, repeat: int) -> float:

@@ -1,5 +1,6 @@
 """The peers `opplugin bench` measures opplugin's kernels against, in the same process:
-cuDNN through PyTorch (FP32 and TF32) and onnxruntime's CUDA provider.
+cuDNN through PyTorch (FP32 and TF32; FP16 or BF16 in channels_last under --precision) and
+onnxruntime's CUDA provider.
 
 Each peer is a `Peer`: a name, whether it is FP32-exact, and a `prepare(...)` that
 returns a zero-argument callable producing the step's output on the device (a
@@ -20,6 +21,7 @@ from ..ort import sessions
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.spec import ConvSpec
 from .graphed import torch_replay
+from .torch_precision import TORCH_DTYPES, converted_input, torch_dtype
 
 ONE_CONV_OPSET = 17
 
@@ -30,13 +32,18 @@ class PeerUnavailable(Exception):
 
 @dataclass
 class Peer:
-    name: str  # stable key in the JSON: cudnn_fp32, cudnn_tf32, onnxruntime_cuda
+    name: str  # stable key in the JSON: cudnn_fp32, cudnn_tf32, cudnn_fp16, cudnn_bf16, onnxruntime_cuda
     exact: bool
     implementation: str  # what ran, for the table and the JSON
     timer: str  # "cuda-events" or "host" (a call that synchronises before it returns)
     prepare: Callable[..., Callable[[], Any]]  # (spec, epilogue, x, w, b, residual) -> run
     # (run, calls) -> a replay of `calls` runs from one CUDA graph; None: timed as it runs
     capture: Callable[[Callable[[], Any], int], Callable[[], Any]] | None = None
+    output_format: str | None = None  # fp16 or bf16: the 16-bit format run's output is stored in; None: FP32
+
+    def fp32_output(self, y: Any) -> Any:
+        """What run gave, as the FP32 array the check reads: a 16-bit torch tensor converted (after timing, never in it)."""
+        return y if self.output_format is None else y.float().contiguous()
 
 
 # --- cuDNN through PyTorch ------------------------------------------------------------
@@ -60,14 +67,19 @@ def _symmetric_padding(spec: ConvSpec) -> tuple[int, int]:
     return int(begin[0]), int(begin[1])
 
 
-def cudnn_peer(torch: Any, tf32: bool) -> Peer:
-    """cuDNN FP32 (allow_tf32 False) or TF32 (allow_tf32 True), benchmark mode on;
-    for a fused step, conv2d then relu/tanh then max_pool2d, as PyTorch runs a chain."""
+def cudnn_peer(torch: Any, precision: str) -> Peer:
+    """cuDNN in `precision`, benchmark mode on: FP32 (allow_tf32 False), TF32 (allow_tf32 True), or FP16 and
+    BF16 on tensors of that dtype in channels_last, as PyTorch runs a half-precision CNN: the input, weights
+    and residual converted once, here, before any timed call, and the output left in the format (opplugin's
+    kernels take and give FP32 and convert inside the timed call). For a fused step, conv2d then relu/tanh
+    then max_pool2d, as PyTorch runs a chain."""
     import torch.nn.functional as F
 
-    mode = "TF32" if tf32 else "FP32"
+    half = precision in TORCH_DTYPES
+    mode = f"{precision.upper()} channels_last" if half else precision.upper()
     version = torch.backends.cudnn.version()
     label = f"torch {torch.__version__.split('+')[0]} F.conv2d, cuDNN {version} {mode}"
+    tf32 = precision == "tf32"
 
     def prepare(spec: ConvSpec, epilogue: Epilogue, x, w, b, residual=None):
         padding = _symmetric_padding(spec)
@@ -75,12 +87,15 @@ def cudnn_peer(torch: Any, tf32: bool) -> Peer:
         # copies: initializers are read-only arrays, which torch will not wrap
         w_t = torch.tensor(np.array(w, dtype=np.float32), device=x_t.device)
         b_t = None if b is None else torch.tensor(np.array(b, dtype=np.float32), device=x_t.device)
+        r_t = None if residual is None else torch.from_dlpack(residual)
+        if half:
+            x_t, w_t, r_t = (None if t is None else converted_input(torch, t, precision) for t in (x_t, w_t, r_t))
+            b_t = None if b_t is None else b_t.to(dtype=torch_dtype(torch, precision))
         activation = _torch_activation(torch, epilogue)
         pool = epilogue.pool
-        r_t = None if residual is None else torch.from_dlpack(residual)
 
         def run():
-            # set on every call: the other cuDNN peer flips the same global switch
+            # set on every call: the other cuDNN peers flip the same global switch
             torch.backends.cudnn.allow_tf32 = tf32
             y = F.conv2d(x_t, w_t, b_t, spec.strides, padding, spec.dilations, spec.group)
             if r_t is not None:
@@ -96,7 +111,8 @@ def cudnn_peer(torch: Any, tf32: bool) -> Peer:
     def capture(run, calls):
         return torch_replay(torch, run, calls)
 
-    return Peer(f"cudnn_{mode.lower()}", exact=not tf32, implementation=label, timer="cuda-events", prepare=prepare, capture=capture)
+    return Peer(f"cudnn_{precision}", exact=precision == "fp32", implementation=label, timer="cuda-events", prepare=prepare,
+                capture=capture, output_format=precision if half else None)
 
 
 def _torch_activation(torch: Any, epilogue: Epilogue) -> Callable[[Any], Any] | None:

@@ -26,11 +26,12 @@ import numpy as np
 from ..gpu import cuda
 from ..errors import first_line
 from ..ops.conv import families, reference
-from ..ops.conv.epilogue import Epilogue
+from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.families import Config
 from ..ops.conv.families.base import Family, Weights
 from ..ops.conv.prologue import PROLOGUE_INPUT
 from ..ops.conv.spec import ConvSpec
+from .format_bound import FormatBound, bound_fraction, conv_magnitudes
 
 # relative L2 error against float64 a result may have and still count as correct
 EXACT_TOLERANCE = 1e-5  # the bound every FP32-exact kernel is held to
@@ -78,6 +79,7 @@ class Problem:
         r = None if self.residual is None else cupy.asnumpy(self.residual[self.indices])
         s = None if self.scale is None else cupy.asnumpy(self.scale[self.indices])
         self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b, r, s)
+        self._magnitudes: np.ndarray | None = None  # conv(|x|, |w|) on the checked images, for a format bound
 
     @classmethod
     def random(cls, spec: ConvSpec, epilogue: Epilogue, weights: Weights | None = None) -> "Problem":
@@ -96,23 +98,66 @@ class Problem:
             b = None if weights[1] is None else np.asarray(weights[1], np.float32)
         return cls(spec, epilogue, x, w, b)
 
-    def error(self, out: Any) -> tuple[float, int]:
-        """(relative L2 error on the checked images, elements that are NaN anywhere).
+    def checked(self, out: Any) -> tuple[np.ndarray, int]:
+        """(the checked images of `out` in float64, elements that are NaN anywhere).
         `out` is a CuPy array, a host array, or a torch tensor (taken through DLPack)."""
         if isinstance(out, np.ndarray):
-            unwritten = int(np.isnan(out).sum())
-            got = out[self.indices].astype(np.float64)
-        else:
+            return out[self.indices].astype(np.float64), int(np.isnan(out).sum())
+        import cupy
+
+        if not isinstance(out, cupy.ndarray):
+            out = cupy.from_dlpack(out)  # a torch tensor, without a copy
+        return cupy.asnumpy(out[self.indices]).astype(np.float64), int(cupy.isnan(out).sum())
+
+    def error(self, out: Any) -> tuple[float, int]:
+        """(relative L2 error on the checked images, elements that are NaN anywhere)."""
+        got, unwritten = self.checked(out)
+        return self.rel_error(got), unwritten
+
+    def rel_error(self, got: np.ndarray) -> float:
+        """The relative L2 error of the checked images `got` (NaN counted as 0)."""
+        if got.shape != self.expected.shape:
+            return math.inf
+        scale = np.linalg.norm(self.expected) or 1.0
+        return float(np.linalg.norm(np.nan_to_num(got, nan=0.0) - self.expected) / scale)
+
+    def bound_fraction(self, got: np.ndarray, bound: FormatBound) -> float:
+        """The largest error of the checked images `got` over its element's `bound` (at most 1: within it)."""
+        if self.epilogue != NONE:
+            raise ValueError(f"a format bound covers a Conv and its bias alone, not {self.epilogue.suffix}")
+        if got.shape != self.expected.shape:
+            return math.inf
+        if self._magnitudes is None:  # the same for every candidate of the step: computed once
             import cupy
 
-            if not isinstance(out, cupy.ndarray):
-                out = cupy.from_dlpack(out)  # a torch tensor, without a copy
-            unwritten = int(cupy.isnan(out).sum())
-            got = cupy.asnumpy(out[self.indices]).astype(np.float64)
-        if got.shape != self.expected.shape:
-            return math.inf, unwritten
-        scale = np.linalg.norm(self.expected) or 1.0
-        return float(np.linalg.norm(np.nan_to_num(got, nan=0.0) - self.expected) / scale), unwritten
+            self._magnitudes = conv_magnitudes(self.spec, cupy.asnumpy(self.x[self.indices]), self.weights[0])
+        return bound_fraction(got, self.expected, bound.per_element(self.spec, self._magnitudes, self.weights[1], self.expected))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate's output against float64: its relative L2 error, its largest error over its element's
+    bound where a format bound judged it, and why it is wrong (None: correct)."""
+
+    rel_error: float
+    bound_fraction: float | None
+    wrong: str | None
+
+
+def judge(problem: Problem, out: Any, tolerance: float | None = None, bound: FormatBound | None = None) -> Verdict:
+    """`out` within `bound` element by element where one is given (a 16-bit run), else within `tolerance`
+    in relative L2; an output with NaN in it is wrong either way."""
+    got, unwritten = problem.checked(out)
+    rel_error = problem.rel_error(got)
+    fraction = None if bound is None else problem.bound_fraction(got, bound)
+    wrong = None
+    if unwritten:
+        wrong = f"{unwritten} output elements NaN (never written?)"
+    elif fraction is not None and not fraction <= 1.0:
+        wrong = f"an element {fraction:.3g}x its {bound.precision} bound away from float64 (relative error {rel_error:.3g})"
+    elif bound is None and not rel_error <= tolerance:
+        wrong = f"relative error {rel_error:.3g} > {tolerance:g}"
+    return Verdict(rel_error, fraction, wrong)
 
 
 def _host_clock_ms(fn: Callable[[], Any], warmup: int, repeat: int, calls: int) -> list[float]:
@@ -217,6 +262,7 @@ class Trial:
     kernel_name: str | None = None
     bytes: int | None = None  # the kernel's own count of bytes it moves
     rel_error: float | None = None
+    bound_fraction: float | None = None  # the largest error over its element's format bound (a 16-bit run)
     local_bytes: int | None = None  # local memory per thread, when screened
     ms: float | None = None
     calls: int | None = None
@@ -231,11 +277,12 @@ def local_memory_bytes(kernel: Any) -> int | None:
     return max(int(f.attributes["local_size_bytes"]) for f in kernel.functions)
 
 
-def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, warmup: int, repeat: int,
-              screen_spills: bool = False, capture: Capture | None = None) -> Trial:
+def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float | None, warmup: int, repeat: int,
+              screen_spills: bool = False, capture: Capture | None = None, bound: FormatBound | None = None) -> Trial:
     """Build, (screen,) check and time a configuration (a family's: its heuristic's pick) on
-    `problem`; never raises for a failure of the configuration itself. With `capture`, the
-    calls are timed replayed from a CUDA graph (see time_call)."""
+    `problem`; never raises for a failure of the configuration itself. Its output is held to `bound`
+    where one is given, else to `tolerance` (see judge). With `capture`, the calls are timed replayed
+    from a CUDA graph (see time_call)."""
     spec, epilogue = problem.spec, problem.epilogue
     config, reason = families.checked(spec, variant, problem.weights, epilogue)
     if reason:
@@ -258,10 +305,10 @@ def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, w
 
         out = cupy.full(kernel.output_shape(spec.batch), cupy.nan, dtype=cupy.float32)
         kernel(problem.inputs, None, out=out)
-        trial.rel_error, unwritten = problem.error(out)
-        if unwritten or not trial.rel_error <= tolerance:
-            why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
-            return dataclasses.replace(trial, status="incorrect", reason=why)
+        verdict = judge(problem, out, tolerance, bound)
+        trial.rel_error, trial.bound_fraction = verdict.rel_error, verdict.bound_fraction
+        if verdict.wrong:
+            return dataclasses.replace(trial, status="incorrect", reason=verdict.wrong)
         timing = time_call(lambda: kernel(problem.inputs, None, out=out), warmup, repeat, capture)
         trial.ms, trial.calls, trial.timer, trial.reason = timing.ms, timing.calls, timing.timer, timing.note
     except Exception as err:  # a launch failure: resources, or an error the kernel raised

@@ -11,7 +11,7 @@ from ..user_kernels.compiler import Rejected, compile_node
 from ..user_kernels.contract import conv_user_defines, user_fusable
 from ..user_kernels.plugin import UserKernel, upload_weights, weights_digest
 from ..user_kernels.source import KernelSource
-from .trial import Capture, Trial, failed_trial, time_call
+from .trial import Capture, Trial, failed_trial, judge, time_call
 
 
 def build_for_problem(source: KernelSource, spec, weights, epilogue, *, poison: bool):
@@ -41,10 +41,10 @@ def user_trial(problem, source: KernelSource, tolerance: float, warmup: int, rep
     trial = Trial(label, "ok", kernel_name=kernel.name, bytes=kernel.bytes_moved(problem.spec.batch))
     try:
         [out] = kernel(problem.inputs, None)
-        trial.rel_error, unwritten = problem.error(out)
-        if unwritten or not trial.rel_error <= tolerance:
-            why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
-            return dataclasses.replace(trial, status="incorrect", reason=why)
+        verdict = judge(problem, out, tolerance)
+        trial.rel_error = verdict.rel_error
+        if verdict.wrong:
+            return dataclasses.replace(trial, status="incorrect", reason=verdict.wrong)
         timed = build_for_problem(source, problem.spec, problem.weights, problem.epilogue, poison=False)  # as `run` runs it
         timing = time_call(lambda: timed(problem.inputs, None), warmup, repeat, capture)
         trial.ms, trial.calls, trial.timer, trial.reason = timing.ms, timing.calls, timing.timer, timing.note

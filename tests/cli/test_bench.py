@@ -48,6 +48,18 @@ def test_e2e_runs_in_fp32_unless_precision_says_otherwise():
     assert bench_options("--e2e", "m.onnx", "--precision", "bf16").precision == "bf16"
 
 
+@pytest.mark.parametrize("argv, precision", [
+    (["--suite", "cnn", "--precision", "fp16"], "fp16"),
+    (["--suite", "cnn", "--precision", "bf16", "--all-configs"], "bf16"),
+    (["--precision", "fp16", "--models", "lenet86"], "fp16"),  # --suite models shares the path
+    (["--suite", "cnn", "--precision", "fp32"], "fp32"),
+    (["--suite", "cnn"], "fp32"),
+])
+def test_the_conv_suites_take_fp16_and_bf16(argv, precision):
+    options = bench_options(*argv)
+    assert options.precision == precision and conv_options(options).precision == precision
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--batches", "1k"], "--batches must be positive integers, got 1k"),
     (["--repeat", "0", "--warmup", "-1"], "--repeat must be a positive integer, got 0"),
@@ -55,14 +67,28 @@ def test_e2e_runs_in_fp32_unless_precision_says_otherwise():
     (["--plot", "s.png"], "--plot applies to bench --scaling"),
     (["--scaling", "--e2e", "m.onnx"], "--scaling and --e2e are two benchmarks; give one"),
     (["--kernel", "Conv=a.cu", "--kernel", "nonsense"], "--kernel takes OP=FILE.cu"),
-    (["--precision", "fp16"], "^--precision applies to bench --e2e$"),
-    (["--suite", "gemm", "--precision", "fp32"], "^--precision applies to bench --e2e$"),
-    (["--scaling", "--precision", "tf32"], "^--precision applies to bench --e2e$"),
+    (["--suite", "gemm", "--precision", "fp32"], "^--precision applies to bench --e2e and the Conv suites "),
+    (["--suite", "attention", "--precision", "fp16"], "^--precision applies to bench --e2e and the Conv suites "),
+    (["--scaling", "--precision", "tf32"], "^--precision applies to bench --e2e and the Conv suites "),
+    (["--suite", "cnn", "--precision", "tf32"], "^--precision tf32: the Conv suites time TF32 in every run "),
+    (["--suite", "cnn", "--precision", "fp16", "--families", "tc_3xtf32"],
+     "^--families does not apply with --precision fp16: the Conv suites then time wg_fp16 alone, beside cuDNN in FP16$"),
+    (["--precision", "bf16", "--kernel", "Conv=a.cu"], "^--kernel does not apply with --precision bf16: the Conv suites then time wg_bf16 "),
     (["--e2e", "m.onnx", "--precision", "fp8"], "^--precision 'fp8': one of fp32, tf32, fp16, bf16 "),
 ])
 def test_bad_bench_flags_are_refused_as_they_are_read(argv, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
         bench_options(*argv)
+
+
+@pytest.mark.parametrize("argv", [["--suite", "cnn", "--precision", "tf32"], ["--suite", "gemm", "--precision", "fp16"],
+                                  ["--suite", "cnn", "--precision", "bf16", "--families", "const"]])
+def test_a_precision_the_benchmark_cannot_take_is_one_line_and_exit_status_2(argv, capsys):
+    from opplugin.cli import main
+
+    assert main(["bench", *argv]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("opplugin: error: --")
 
 
 def test_the_conv_suites_compare_several_kernel_files():

@@ -4,11 +4,13 @@ so that what reads them (the --report page) is tested without a GPU."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 from onnx_builders import conv_spec
 
 from opplugin.gpu.device import Device
 from opplugin.lab import bench, e2e, gemm_bench, roofline, scaling
+from opplugin.lab.cnn_layers import LAYERS
 from opplugin.lab.custom_tune import ImplementationTrial
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.report.jsonout import header, json_safe
@@ -66,6 +68,38 @@ def conv_payload(suite: str = "models") -> dict:
                "serial_ms": 6.0, "best_streams": 3, "best_ms": 4.5, "speedup": 6 / 4.5,
                "chunked": [{"streams": n, "chunks": 4 * n, "ms": ms, "speedup": 6 / ms, "correct": True} for n, ms in [(2, 5.0), (3, 4.5)]]}
     return json_safe(run.payload(GPU, streams if suite == "models" else None))
+
+
+HALF_LAYERS = ("vgg 512->512 3x3 14", "mobilenetv2 dw 3x3 s2 144ch 56")  # wg_fp16 runs the first, not the second
+DEPTHWISE_REASON = "wg_fp16 reads a group's input channels 64 at a time from a channel-last copy; this Conv has 1 a group"
+
+
+def half_payload() -> dict:
+    """bench --suite cnn --precision fp16 at batch 32 on two layers: wg_fp16 (correct, and the configuration it picks)
+    beside cuDNN FP16 on the first; on the depthwise second wg_fp16 has no kernel (its row says why), cuDNN alone."""
+    run = bench.Bench(bench.Options(batches=[32], suite="cnn", precision="fp16"))
+    run.roof = ROOF
+    run.peer_notes = {}
+    run._versions = lambda: VERSIONS
+    layers = {layer.name: layer for layer in LAYERS}
+    for name, ours_ms, cudnn_ms in [(HALF_LAYERS[0], 0.05, 0.06), (HALF_LAYERS[1], None, 0.02)]:
+        spec = layers[name].spec(32)
+        flops, nbytes = bench.step_cost(spec, NONE, 32)
+        step = dict.fromkeys(bench.STEP_KEYS)
+        step.update(step=f"cnn {name}", model="cnn", conv=name, fused=False, epilogue="", batch=32, shape=bench.describe_spec(spec),
+                    flops=flops, bytes=nbytes, default="wg_fp16_b128x128x64_s4" if ours_ms else None)
+        ours = {"kind": "variant", "family": "wg_fp16", "exact": False, "heuristic": True, "tolerance": None}
+        if ours_ms:
+            ours_row = bench.make_row(step, "wg_fp16_b128x128x64_s4", ms=ours_ms, rel_error=3e-4, bound_fraction=0.12, **ours)
+        else:
+            ours_row = bench.make_row(step, "wg_fp16_b64x128x64_s4", status="unsupported", reason=DEPTHWISE_REASON, **ours)
+        run.steps.append(step)
+        run.rows += [ours_row, bench.make_row(step, "cudnn_fp16", "peer", exact=False, ms=cudnn_ms, rel_error=4e-4, bound_fraction=0.3,
+                                              timer="cuda-graph")]
+        bench.reference_rows(run.rows, step, "fp16")
+        step["best_ms"] = ours_ms
+    run.peers = [SimpleNamespace(name="cudnn_fp16")]
+    return json_safe(run.payload(GPU, None))
 
 
 def gemm_payload() -> dict:

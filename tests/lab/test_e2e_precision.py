@@ -267,7 +267,7 @@ def test_fp16_casts_the_input_in_and_the_output_back_to_fp32():
 
 
 @pytest.mark.parametrize("argv, error", [
-    (["--suite", "gemm", "--precision", "fp16"], "--precision applies to bench --e2e"),
+    (["--suite", "gemm", "--precision", "fp16"], "--precision applies to bench --e2e and the Conv suites (--suite models or cnn)"),
     (["--e2e", "m.onnx", "--precision", "FP16"],
      "--precision 'FP16': one of fp32, tf32, fp16, bf16 (a step without a kernel in it stays fp32)"),
 ])

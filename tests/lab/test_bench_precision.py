@@ -1,0 +1,168 @@
+"""`opplugin bench --suite cnn|models --precision fp16|bf16` (lab/bench_precision.py and the Conv suites).
+
+CPU: per layer the candidate is the family `run --precision` runs it in, or the reason it has none (offline, as a
+Hopper plan sees it), and the bench lists that reason rather than dropping the layer; the payload, its text and its
+page (made-up figures). GPU (`gpu` marker): a real fp16 run on two layers, every candidate checked, then timed.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from bench_payloads import DEPTHWISE_REASON, HALF_LAYERS, conv_payload, half_payload
+from onnx_builders import save
+
+from opplugin.gpu.device import Device
+from opplugin.graph.model import load_model
+from opplugin.lab import bench
+from opplugin.lab.bench_page import bench_page
+from opplugin.lab.bench_precision import candidate_bound, precision_pick
+from opplugin.lab.bench_text import format_text
+from opplugin.lab.format_bound import FormatBound
+from opplugin.lab.peers import one_conv_model
+from opplugin.ops.conv import families
+from opplugin.ops.conv.epilogue import NONE
+from opplugin.plan.partition import make_plan
+from opplugin.report.jsonout import json_safe
+from opplugin.runtime.plan_record import record_plan_alone
+
+# the layers of the cnn suite whose group has a multiple of 64 input channels: all wg_fp16 and wg_bf16 can run
+RUN_IN_HALF = {
+    "vgg 64->64 3x3 224", "vgg 512->512 3x3 14", "resnet 64->64 3x3 56", "resnet 128->128 3x3 28", "resnet 256->256 3x3 14",
+    "resnet 512->512 3x3 7", "resnet 1x1 256->64 56", "resnet 1x1 64->256 56", "resnet 1x1 s2 256->512 56",
+}
+
+
+def cases_at(batch: int):
+    import dataclasses
+
+    return [(case, dataclasses.replace(case.spec, batch=batch)) for case in bench.suite_cases()]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_each_cnn_layer_names_the_precisions_family_or_the_reason_it_has_none(precision):
+    picked = {}
+    for case, spec in cases_at(32):
+        config, reason = precision_pick(spec, (case.w, case.b), precision)
+        assert (config is None) != (reason is None), case.conv
+        picked[case.conv] = config
+        if config is None:
+            channels = spec.in_channels // spec.group
+            assert reason == (f"wg_{precision} reads a group's input channels 64 at a time from a channel-last copy; "
+                              f"this Conv has {channels} a group"), case.conv
+        else:
+            assert config.family == f"wg_{precision}" and config.name().startswith(f"wg_{precision}_b"), config
+    assert {name for name, config in picked.items() if config} == RUN_IN_HALF
+
+
+def test_the_bench_picks_what_a_plan_in_fp16_runs_each_layer_in(tmp_path):
+    """The candidate of each layer is the configuration a Hopper plan of that one Conv runs in FP16, or it stays
+    FP32 there for the reason the bench gives."""
+    for index, (case, spec) in enumerate(cases_at(32)):
+        model = load_model(save(one_conv_model(spec, case.w, case.b), tmp_path / f"conv{index}.onnx"))
+        [step] = record_plan_alone(make_plan(model, 32, Device("cuda", "test GPU")), None, "fp16").steps
+        config, reason = precision_pick(spec, (case.w, case.b), "fp16")
+        if config is None:
+            assert step.precision == "fp32" and step.precision_reason == reason, case.conv
+        else:
+            assert step.precision == "fp16" and step.implementation == f"conv.{config.name()}", (case.conv, step.implementation)
+
+
+def test_in_fp16_the_candidates_are_the_precisions_family_alone():
+    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == HALF_LAYERS[0]]
+    half = bench.Bench(bench.Options(suite="cnn", precision="fp16"))
+    [(config, heuristic)] = half._candidates(spec, NONE, None)
+    assert heuristic and config == families.configure(spec, "wg_fp16")
+    every = bench.Bench(bench.Options(suite="cnn", precision="fp16", all_configs=True))._candidates(spec, NONE, None)
+    assert len(every) > 1 and {families.family_of(c).name for c, _ in every} == {"wg_fp16"}
+    fp32 = {families.family_of(c).name for c, _ in bench.Bench(bench.Options(suite="cnn"))._candidates(spec, NONE, None)}
+    assert {"tc_3xtf32", "wg_3xtf32", "wg_fp16", "baseline"} <= fp32  # as before: every family
+
+
+def test_a_layer_the_family_cannot_run_is_a_row_with_the_reason_not_timed_and_not_dropped():
+    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == HALF_LAYERS[1]]
+    run = bench.Bench(bench.Options(suite="cnn", precision="fp16"))
+    problem = SimpleNamespace(spec=spec, epilogue=NONE, weights=(case.w, case.b))  # the trial stops before any GPU work
+    [(variant, heuristic)] = run._candidates(spec, NONE, None)
+    step = {"step": case.label(False), "batch": 32, "bytes": 1, "floor_ms": None}
+    row = run._bench_variant(step, problem, variant, heuristic)
+    assert (row["name"], row["status"], row["reason"], row["ms"]) == ("wg_fp16_b64x128x64_s4", "unsupported", DEPTHWISE_REASON, None)
+    assert row["family"] == "wg_fp16" and row["tolerance"] is None  # a 16-bit run is held to the element bound instead
+
+
+def test_every_candidate_of_a_16_bit_run_meets_the_formats_bound_and_cudnns_allows_its_stored_rounding():
+    assert candidate_bound("fp16") == FormatBound("fp16") and candidate_bound("bf16", "bf16") == FormatBound("bf16", rounded_output=True)
+    assert candidate_bound("fp32") is None  # FP32 keeps its relative L2 tolerances
+
+
+def test_the_fp16_payload_records_the_precision_the_bound_and_the_summary():
+    payload = half_payload()
+    json.loads(json.dumps(payload, allow_nan=False))
+    assert tuple(payload) == bench.PAYLOAD_KEYS and payload["schema"] == "opplugin-bench/3" and payload["precision"] == "fp16"
+    assert payload["settings"]["format_bound"].startswith("|error| <= (2.1u + 2k 2^-24) M")
+    assert payload["suite_summary"] is None and payload["peers"] == {"cudnn_fp16": "available"}
+    assert all(tuple(row) == bench.ROW_KEYS for row in payload["rows"])
+    vgg, depthwise = payload["steps"]
+    assert (vgg["cudnn_ms"], vgg["cudnn_fp32_ms"], vgg["best"], vgg["floor_ms"]) == (0.06, None, "wg_fp16_b128x128x64_s4", None)
+    ours = payload["rows"][0]
+    assert ours["vs_cudnn"] == pytest.approx(0.06 / 0.05) and ours["vs_cudnn_fp32"] is None and ours["bound_fraction"] == 0.12
+    assert depthwise["best"] is None and depthwise["cudnn_ms"] == 0.02
+    summary = payload["precision_summary"]
+    assert (summary["family"], summary["peer"], summary["ran"]) == ("wg_fp16", "cudnn_fp16", 1)
+    assert summary["geomean_vs_cudnn"] == pytest.approx(1.2)
+    assert summary["layers"][1] == {"step": f"cnn {HALF_LAYERS[1]}", "batch": 32, "cudnn_ms": 0.02, "variant": None, "ms": None,
+                                    "vs_cudnn": None, "why_not": f"unsupported: {DEPTHWISE_REASON}"}
+    fp32 = conv_payload("cnn")
+    assert (fp32["precision"], fp32["settings"]["format_bound"], fp32["precision_summary"]) == ("fp32", None, None)
+
+
+def test_the_fp16_text_says_what_is_converted_where_and_how_each_output_is_checked():
+    text = format_text(half_payload())
+    lines = text.splitlines()
+    [precision] = [line for line in lines if line.startswith("precision fp16:")]
+    assert "by wg_fp16, the family run --precision fp16 runs it in (FP32 in and out, converting inside its timed call" in precision
+    assert "cuDNN on FP16 tensors in channels_last, its input and weights converted before timing" in precision
+    assert "checked against float64 first: |error| <= (2.1u + 2k 2^-24) M" in precision and "u = 0.000488" in precision
+    assert "vs cuDNN is a speed-up over cuDNN FP16; no floor" in text
+    [title] = [line for line in lines if line.startswith("cnn vgg 512->512 3x3 14 (512->512 maps, 3x3, 14x14 in, pads [1, 1, 1, 1]), batch 32: ")]
+    assert "floor" not in title
+    assert any(line.startswith("wg_fp16_b128x128x64_s4") and "1.20x" in line and "ok (fastest, default pick, 0.12 of bound)" in line
+               for line in lines)
+    assert any(line.startswith("wg_fp16_b64x128x64_s4 ") and "n/a: wg_fp16 reads a group's input channels 64 at a time" in line for line in lines)
+    assert any(line.startswith("[cudnn_fp16]") and "ok (0.30 of bound)" in line for line in lines)
+    assert "fp16 summary (ms; vs cuDNN is a speed-up)" in text
+    assert "wg_fp16 ran 1 of 2 layers and batches; over them, vs cuDNN FP16: geometric mean 1.20x" in text
+    assert not any(line.startswith("precision") for line in format_text(conv_payload("cnn")).splitlines())  # FP32 as before
+
+
+def test_the_fp16_page_has_the_summary_and_no_fp32_roofline():
+    text = bench_page("cnn", half_payload())
+    assert "FP16 summary" in text and "Layer set summary" not in text and "Roofline" not in text
+    assert "fastest in fp16: wg_fp16_b128x128x64_s4" in text and "cuDNN on FP16 tensors in channels_last" in text
+
+
+# ---- GPU ----
+
+
+@pytest.mark.gpu
+def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_and_cudnn_fp16(monkeypatch):
+    pytest.importorskip("torch")
+    if not families.FAMILIES["wg_fp16"].runs_here():
+        pytest.skip("wg_fp16 needs an sm_90 GPU (wgmma)")
+    monkeypatch.setattr(bench, "LAYERS", tuple(layer for layer in bench.LAYERS if layer.name in HALF_LAYERS))
+    lines = []
+    payload = json_safe(bench.run_bench(bench.Options(batches=[8], warmup=1, repeat=3, suite="cnn", precision="fp16"), progress=lines.append))
+    json.loads(json.dumps(payload, allow_nan=False))
+    rows = {(r["step"].removeprefix("cnn "), r["family"] or r["name"]): r for r in payload["rows"]}
+    assert len(rows) == len(payload["rows"]) == 4, sorted(rows)
+    for layer in HALF_LAYERS:
+        cudnn = rows[(layer, "cudnn_fp16")]
+        assert cudnn["status"] == "ok" and cudnn["ms"] > 0 and 0 < cudnn["bound_fraction"] <= 1, cudnn
+        assert cudnn["implementation"].endswith("FP16 channels_last")
+    ours = rows[(HALF_LAYERS[0], "wg_fp16")]
+    assert ours["status"] == "ok" and ours["ms"] > 0 and 0 < ours["bound_fraction"] <= 1 and ours["vs_cudnn"] > 0, ours
+    assert ours["name"].startswith("wg_fp16_b") and ours["implementation"].startswith("conv.wg_fp16_")
+    skipped = rows[(HALF_LAYERS[1], "wg_fp16")]
+    assert (skipped["status"], skipped["reason"]) == ("unsupported", DEPTHWISE_REASON)
+    assert payload["precision_summary"]["ran"] == 1 and "precision fp16:" in format_text(payload)

@@ -185,6 +185,37 @@ def test_an_entry_of_another_version_is_ignored(monkeypatch):
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
+def test_a_precisions_entry_sits_beside_fp32s_for_the_same_step():
+    fp32 = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")
+    fp16 = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A", precision="fp16")
+    assert fp32.precision == "fp32" and fp16.precision == "fp16"
+    assert fp16.text == f"{fp32.text} | fp16" and "fp32" not in fp32.text  # FP32's name as before keys held a precision
+    tuning_cache.store({fp32: a_choice("const_rb_t2x1_m4")})
+    tuning_cache.store({fp16: a_choice("wg_fp16_b128x128x64_s4")})
+    assert tuning_cache.lookup(fp32).variant == "const_rb_t2x1_m4"
+    assert tuning_cache.lookup(fp16).variant == "wg_fp16_b128x128x64_s4"
+    assert tuning_cache.lookup(tuning_key(LENET_CONV1, RELU_POOL2, "GPU A", precision="bf16")) is None
+    entries = json.loads(tuning_cache.cache_path().read_text())["entries"]
+    assert sorted(e["precision"] for e in entries.values()) == ["fp16", "fp32"]
+
+
+def test_an_older_file_whose_entries_have_no_precision_loads_as_fp32(cache_dir):
+    """Written before keys held a precision: the same format version, no "precision" field in the entries."""
+    key = tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)
+    entry = {"gpu": key.gpu, "signature": key.signature, "bucket": key.bucket, "version": key.version,
+             "variant": "const_rb_t2x1_m4", "median_ms": 0.5, "batch": 10000, "runners_up": [], "date": "2025-01-01T00:00:00+00:00"}
+    cache_dir.mkdir()
+    payload = {"format": tuning_cache.FORMAT, "format_version": 2, "entries": {key.text: entry}}
+    tuning_cache.cache_path().write_text(json.dumps(payload))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: the file is ours
+        assert tuning_cache.lookup(key).variant == "const_rb_t2x1_m4"
+        assert tuning_cache.lookup(dataclasses.replace(key, precision="fp16")) is None
+    assert choose_config(LENET_CONV1, ones_weights(LENET_CONV1), RELU_POOL2, FAKE_GPU).name() == "const_rb_t2x1_m4"
+    tuning_cache.store({dataclasses.replace(key, precision="bf16"): a_choice("wg_bf16_b128x128x64_s4")})  # kept on a write
+    assert tuning_cache.lookup(key).variant == "const_rb_t2x1_m4"
+
+
 def test_lookup_takes_the_nearest_tuned_bucket_within_a_factor_of_16():
     tuned = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")  # batch 10000: bucket 16384
     tuning_cache.store({tuned: a_choice("const_rb_t2x1_m4")})

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 
+from ...core.number_formats import FP32
 from ...gpu.device import Device
 from ...errors import PluginError
 from .tuning_cache import CacheKey, key_for, lookup
@@ -208,9 +209,10 @@ def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:
     return config
 
 
-def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config | None:
-    """The tuned choice for this node on this GPU, if the cache has one that still runs it."""
-    choice = lookup(tuning_key(spec, epilogue, device.name))
+def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device, precision: str = FP32) -> families.Config | None:
+    """The tuned choice for this node on this GPU in `precision` (`tune --precision`), if the cache
+    has one that still runs it."""
+    choice = lookup(tuning_key(spec, epilogue, device.name, precision=precision))
     if choice is None:
         return None
     config, reason = families.checked(spec, choice.variant, weights, epilogue)  # a name that no longer parses: no choice
@@ -244,6 +246,6 @@ def shape_signature(spec: ConvSpec, epilogue: Epilogue) -> str:
     return " ".join(parts) + (f" {epilogue.signature}" if epilogue.signature else "")
 
 
-def tuning_key(spec: ConvSpec, epilogue: Epilogue, gpu: str, version: str | None = None) -> CacheKey:
-    """The tuning cache's key of this Conv step (its batch bucket from spec.batch) on `gpu`."""
-    return key_for(shape_signature(spec, epilogue), spec.batch, gpu, version)
+def tuning_key(spec: ConvSpec, epilogue: Epilogue, gpu: str, version: str | None = None, precision: str = FP32) -> CacheKey:
+    """The tuning cache's key of this Conv step (its batch bucket from spec.batch) on `gpu`, run in `precision`."""
+    return key_for(shape_signature(spec, epilogue), spec.batch, gpu, version, precision)

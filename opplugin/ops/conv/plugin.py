@@ -106,6 +106,18 @@ class UnfusedEpilogueKernel(Kernel):
 PRECISION_FAMILIES = {"fp16": "wg_fp16", "bf16": "wg_bf16"}
 
 
+def precision_epilogue(spec: ConvSpec, weights: Any, epilogue: Epilogue, family: str) -> tuple[Epilogue | None, str | None]:
+    """(the part of the step's `epilogue` that `family` fuses when it runs the step, None), or (None, why it
+    cannot run the step): what a --precision run builds, what `tune --precision` times and keys the cache by."""
+    from . import families
+
+    for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
+        reason = families.unsupported_reason(spec, families.FAMILIES[family], weights, kernel_epilogue)
+        if reason is None:
+            return kernel_epilogue, None
+    return None, reason
+
+
 class ConvPlugin(Plugin):
     """Runs ONNX Conv nodes: the numpy reference on the CPU device, a CUDA variant on a GPU.
 
@@ -151,21 +163,23 @@ class ConvPlugin(Plugin):
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
         """The precision's family (PRECISION_FAMILIES: wg_fp16, wg_bf16) where it runs the step, with the part of
-        its epilogue that family fuses (else the reason it cannot); on the CPU device, the reference emulating the
-        precision wherever that family could run the step on its GPU (Hopper)."""
+        its epilogue that family fuses (else the reason it cannot): on a GPU, the configuration `tune --precision`
+        cached for it, else the family's own pick; on the CPU device, the reference emulating the precision
+        wherever that family could run the step on its GPU (Hopper)."""
         name = PRECISION_FAMILIES.get(precision)
         if name is None:
             return PrecisionChoice(None, f"no {precision} kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
                                    if precision == "tf32" else f"no {precision} kernel for Conv")
-        from . import families
-
         spec, weights = conv_spec(node), constant_weights(node)
-        epilogue = self._epilogue(node, fused, prologue)
-        for kernel_epilogue in dict.fromkeys((epilogue, epilogue.prologue_only(), NONE)):
-            reason = families.unsupported_reason(spec, families.FAMILIES[name], weights, kernel_epilogue)
-            if reason is None:
-                return PrecisionChoice(name if device.is_cuda else reference_variant(precision))
-        return PrecisionChoice(None, reason)
+        kernel_epilogue, reason = precision_epilogue(spec, weights, self._epilogue(node, fused, prologue), name)
+        if kernel_epilogue is None:
+            return PrecisionChoice(None, reason)
+        if not device.is_cuda:
+            return PrecisionChoice(reference_variant(precision))
+        from .choice import cached_config
+
+        tuned = cached_config(spec, weights, kernel_epilogue, device, precision)
+        return PrecisionChoice(tuned.name() if tuned is not None and tuned.family == name else name)
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """fp32 but for the families that round their operands (Family.precision) and the reference's emulations

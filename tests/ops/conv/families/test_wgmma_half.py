@@ -15,14 +15,19 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import conv_spec as conv
 from onnx_builders import finish, save
 
+from opplugin.core import paths
 from opplugin.core.number_formats import UNIT_ROUNDOFF, half_bits, round_to
 from opplugin.gpu.device import Device
 from opplugin.graph.model import load_model
-from opplugin.ops.conv import families, reference
+from opplugin.ops.conv import families, reference, tuning_cache
+from opplugin.ops.conv.choice import tuning_key
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import pipelined, wgmma
+from opplugin.ops.conv.plugin import conv_spec as conv_spec_of
+from opplugin.ops.conv.plugin import constant_weights, epilogue_of, precision_epilogue
 from opplugin.ops.conv.prologue import SCALE, Prologue
 from opplugin.plan.partition import make_plan
+from opplugin.plan.precision import step_precisions
 from opplugin.runtime import Runner
 from opplugin.runtime.plan_record import record_plan_alone
 
@@ -111,6 +116,36 @@ def test_a_plan_in_a_half_precision_runs_each_wide_conv_in_it_and_says_why_the_s
     assert steps["stem"].precision == "fp32" and "this Conv has 3 a group" in steps["stem"].precision_reason
     for name in ("conv3x3", "conv1x1"):
         assert steps[name].precision == precision and steps[name].implementation.startswith(f"conv.wg_{precision}_"), steps[name]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_plan_in_a_half_precision_runs_the_configuration_tune_cached_for_it(conv_pair, precision, tmp_path, monkeypatch):
+    """`tune --precision` keys its choice by the precision and the part of the epilogue the family fuses; a
+    plan in that precision on the same GPU runs it, one in FP32 or another precision does not."""
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    gpu, family = Device("cuda", "test GPU"), f"wg_{precision}"
+    plan = make_plan(conv_pair, 8, gpu)
+    step = next(s for s in plan.plugin_steps if s.name == "conv3x3")
+    spec, weights = conv_spec_of(step.node), constant_weights(step.node)
+    fused, reason = precision_epilogue(spec, weights, epilogue_of(step.fused), family)
+    assert reason is None and fused.suffix == "+relu"
+    default = families.configure(spec, family, fused)
+    other = next(c for c in families.family_configs(spec, family, weights, fused) if c != default)
+
+    def implementations(precision):
+        return {s.name: s.implementation for s in record_plan_alone(plan, None, precision).steps}
+
+    untuned, exact = implementations(precision), implementations("fp32")
+    assert untuned["conv3x3"] == f"conv.{default.name()}+relu"
+    wrong_family = families.configure(spec, "wg_bf16" if precision == "fp16" else "wg_fp16", fused)
+    tuning_cache.store({tuning_key(spec, fused, gpu.name, precision=precision): tuning_cache.Choice(wrong_family.name(), 1.0, 8)})
+    assert implementations(precision) == untuned  # a configuration of another family is no choice for this precision
+    tuning_cache.store({tuning_key(spec, fused, gpu.name, precision=precision): tuning_cache.Choice(other.name(), 1.0, 8)})
+    tuned = implementations(precision)
+    assert tuned["conv3x3"] == f"conv.{other.name()}+relu" and tuned["conv1x1"] == untuned["conv1x1"]
+    assert step_precisions(plan, precision)["conv3x3"].variant == other.name()  # what the runner's build is given
+    assert step.plugin.precision_variant(step.node, gpu, precision, step.fused).variant == other.name()
+    assert implementations("fp32") == exact  # FP32's choice reads FP32's entries alone
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from family_gpu_checks import draw
-from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import conv_spec as conv
-from onnx_builders import finish, save
+from onnx_builders import save
+from precision_cases import conv_pair_model
 
 from opplugin.core import paths
 from opplugin.core.number_formats import UNIT_ROUNDOFF, half_bits, round_to
@@ -85,24 +85,6 @@ def test_weights_go_in_as_the_formats_bits_rounded_to_nearest_even():
     assert np.isinf(fp16.view(np.float16)[3]) and fp16.view(np.float16)[4] == 1.0
     bf16 = half_bits(values, "bf16")
     assert np.array_equal((bf16.astype(np.uint32) << 16).view(np.float32), round_to(values, "bf16"))
-
-
-def conv_pair_model(channels: int = 64) -> tuple:
-    """Conv (3 -> channels: stays FP32, 3 channels) > Relu > Conv (channels -> channels, 3x3) > Relu > Conv (1x1) > +
-    the first Relu's output (a residual), with realistic weights."""
-    rng = np.random.default_rng(0)
-    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27), "w1": rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels),
-               "b1": rng.standard_normal(channels) * 0.1, "w2": rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels)}
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
-             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="conv3x3", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
-             helper.make_node("Add", ["c2", "r0"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "conv_pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 12, 12])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return finish(graph)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.number_formats import FP32
 from ..gpu import cuda
 from ..errors import first_line
 from ..ops.conv import families, reference
@@ -31,6 +32,7 @@ from ..ops.conv.families import Config
 from ..ops.conv.families.base import Family, Weights
 from ..ops.conv.prologue import PROLOGUE_INPUT
 from ..ops.conv.spec import ConvSpec
+from .rounding_bound import element_bound, worst_ratio
 
 # relative L2 error against float64 a result may have and still count as correct
 EXACT_TOLERANCE = 1e-5  # the bound every FP32-exact kernel is held to
@@ -77,7 +79,9 @@ class Problem:
         self.indices = check_indices(int(x.shape[0]))
         r = None if self.residual is None else cupy.asnumpy(self.residual[self.indices])
         s = None if self.scale is None else cupy.asnumpy(self.scale[self.indices])
-        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b, r, s)
+        self.checked_operands = (cupy.asnumpy(x[self.indices]), w, b, r, s)  # the checked images' operands, on the host
+        self.expected = reference.expected(spec, epilogue, *self.checked_operands)
+        self._bounds: dict[str, np.ndarray] = {}
 
     @classmethod
     def random(cls, spec: ConvSpec, epilogue: Epilogue, weights: Weights | None = None) -> "Problem":
@@ -99,20 +103,31 @@ class Problem:
     def error(self, out: Any) -> tuple[float, int]:
         """(relative L2 error on the checked images, elements that are NaN anywhere).
         `out` is a CuPy array, a host array, or a torch tensor (taken through DLPack)."""
-        if isinstance(out, np.ndarray):
-            unwritten = int(np.isnan(out).sum())
-            got = out[self.indices].astype(np.float64)
-        else:
-            import cupy
-
-            if not isinstance(out, cupy.ndarray):
-                out = cupy.from_dlpack(out)  # a torch tensor, without a copy
-            unwritten = int(cupy.isnan(out).sum())
-            got = cupy.asnumpy(out[self.indices]).astype(np.float64)
+        got, unwritten = self._checked(out)
         if got.shape != self.expected.shape:
             return math.inf, unwritten
         scale = np.linalg.norm(self.expected) or 1.0
         return float(np.linalg.norm(np.nan_to_num(got, nan=0.0) - self.expected) / scale), unwritten
+
+    def bound_ratio(self, out: Any, precision: str) -> float:
+        """The checked images' worst element: its distance from float64 as a fraction of what a kernel that rounds
+        X and W to `precision` may be off by (rounding_bound.py); above 1 (or NaN) fails."""
+        got, _ = self._checked(out)
+        if got.shape != self.expected.shape:
+            return math.inf
+        if precision not in self._bounds:
+            self._bounds[precision] = element_bound(self.spec, self.epilogue, precision, *self.checked_operands)
+        return worst_ratio(got, self.expected, self._bounds[precision])
+
+    def _checked(self, out: Any) -> tuple[np.ndarray, int]:
+        """(the checked images of `out` in float64 on the host, elements of `out` that are NaN)."""
+        if isinstance(out, np.ndarray):
+            return out[self.indices].astype(np.float64), int(np.isnan(out).sum())
+        import cupy
+
+        if not isinstance(out, cupy.ndarray):
+            out = cupy.from_dlpack(out)  # a torch tensor, without a copy
+        return cupy.asnumpy(out[self.indices]).astype(np.float64), int(cupy.isnan(out).sum())
 
 
 def _host_clock_ms(fn: Callable[[], Any], warmup: int, repeat: int, calls: int) -> list[float]:
@@ -232,10 +247,11 @@ def local_memory_bytes(kernel: Any) -> int | None:
 
 
 def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, warmup: int, repeat: int,
-              screen_spills: bool = False, capture: Capture | None = None) -> Trial:
+              screen_spills: bool = False, capture: Capture | None = None, precision: str = FP32) -> Trial:
     """Build, (screen,) check and time a configuration (a family's: its heuristic's pick) on
     `problem`; never raises for a failure of the configuration itself. With `capture`, the
-    calls are timed replayed from a CUDA graph (see time_call)."""
+    calls are timed replayed from a CUDA graph (see time_call). The check: a relative L2 error
+    within `tolerance`, or for a kernel in a 16-bit `precision`, each element within its bound."""
     spec, epilogue = problem.spec, problem.epilogue
     config, reason = families.checked(spec, variant, problem.weights, epilogue)
     if reason:
@@ -259,14 +275,24 @@ def run_trial(problem: Problem, variant: Config | Family, *, tolerance: float, w
         out = cupy.full(kernel.output_shape(spec.batch), cupy.nan, dtype=cupy.float32)
         kernel(problem.inputs, None, out=out)
         trial.rel_error, unwritten = problem.error(out)
-        if unwritten or not trial.rel_error <= tolerance:
-            why = f"{unwritten} output elements never written" if unwritten else f"relative error {trial.rel_error:.3g} > {tolerance:g}"
+        why = _why_incorrect(problem, out, trial.rel_error, unwritten, tolerance, precision)
+        if why:
             return dataclasses.replace(trial, status="incorrect", reason=why)
         timing = time_call(lambda: kernel(problem.inputs, None, out=out), warmup, repeat, capture)
         trial.ms, trial.calls, trial.timer, trial.reason = timing.ms, timing.calls, timing.timer, timing.note
     except Exception as err:  # a launch failure: resources, or an error the kernel raised
         return failed_trial(trial, "run failed", err)
     return trial
+
+
+def _why_incorrect(problem: Problem, out: Any, rel_error: float, unwritten: int, tolerance: float, precision: str) -> str | None:
+    """Why the output fails its check (run_trial), None when it passes."""
+    if unwritten:
+        return f"{unwritten} output elements never written"
+    if precision == FP32:
+        return None if rel_error <= tolerance else f"relative error {rel_error:.3g} > {tolerance:g}"
+    worst = problem.bound_ratio(out, precision)
+    return None if worst <= 1.0 else f"an element {worst:.3g}x its {precision} bound from float64"
 
 
 def failed_trial(trial: Trial, what: str, err: BaseException) -> Trial:

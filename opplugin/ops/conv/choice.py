@@ -5,7 +5,9 @@
    `opplugin.ops.conv.tuning_cache`: one JSON file keyed by GPU name, node shape and fused
    epilogue, batch bucket and opplugin version). When the cache has an entry for
    this node (its own batch bucket, else the nearest tuned one within a factor
-   of 16) and that variant can still run the node, it is the choice.
+   of 16) and that variant can still run the node, it is the choice. (A run in fp16 or
+   bf16 reads its own precision's entries, which `tune --precision` writes, through
+   `cached_config` from ConvPlugin.precision_variant.)
 
 2. Otherwise a heuristic, which times nothing. A Conv that is a dense layer (its filter
    covers its whole input map: the squeeze and excite Convs of SE blocks) runs on the

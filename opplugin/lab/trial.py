@@ -26,12 +26,12 @@ import numpy as np
 from ..gpu import cuda
 from ..errors import first_line
 from ..ops.conv import families, reference
-from ..ops.conv.epilogue import NONE, Epilogue
+from ..ops.conv.epilogue import Epilogue
 from ..ops.conv.families import Config
 from ..ops.conv.families.base import Family, Weights
 from ..ops.conv.prologue import PROLOGUE_INPUT
 from ..ops.conv.spec import ConvSpec
-from .format_bound import FormatBound, bound_fraction, conv_magnitudes
+from .format_bound import FormatBound, bound_fraction
 
 # relative L2 error against float64 a result may have and still count as correct
 EXACT_TOLERANCE = 1e-5  # the bound every FP32-exact kernel is held to
@@ -78,8 +78,9 @@ class Problem:
         self.indices = check_indices(int(x.shape[0]))
         r = None if self.residual is None else cupy.asnumpy(self.residual[self.indices])
         s = None if self.scale is None else cupy.asnumpy(self.scale[self.indices])
-        self.expected = reference.expected(spec, epilogue, cupy.asnumpy(x[self.indices]), w, b, r, s)
-        self._magnitudes: np.ndarray | None = None  # conv(|x|, |w|) on the checked images, for a format bound
+        self.checked_operands = (cupy.asnumpy(x[self.indices]), w, b, r, s)  # the checked images' operands, on the host
+        self.expected = reference.expected(spec, epilogue, *self.checked_operands)
+        self._bounds: dict[FormatBound, np.ndarray] = {}  # each bound's elements, the same for every candidate
 
     @classmethod
     def random(cls, spec: ConvSpec, epilogue: Epilogue, weights: Weights | None = None) -> "Problem":
@@ -123,15 +124,11 @@ class Problem:
 
     def bound_fraction(self, got: np.ndarray, bound: FormatBound) -> float:
         """The largest error of the checked images `got` over its element's `bound` (at most 1: within it)."""
-        if self.epilogue != NONE:
-            raise ValueError(f"a format bound covers a Conv and its bias alone, not {self.epilogue.suffix}")
         if got.shape != self.expected.shape:
             return math.inf
-        if self._magnitudes is None:  # the same for every candidate of the step: computed once
-            import cupy
-
-            self._magnitudes = conv_magnitudes(self.spec, cupy.asnumpy(self.x[self.indices]), self.weights[0])
-        return bound_fraction(got, self.expected, bound.per_element(self.spec, self._magnitudes, self.weights[1], self.expected))
+        if bound not in self._bounds:
+            self._bounds[bound] = bound.per_element(self.spec, self.epilogue, *self.checked_operands)
+        return bound_fraction(got, self.expected, self._bounds[bound])
 
 
 @dataclass(frozen=True)

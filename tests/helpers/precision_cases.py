@@ -1,6 +1,7 @@
 """Models and inputs for the precision tests: check --precision's (a small CNN's feeds, and a model whose values pass
 FP16's range), and a run's --precision's (a model with a step of each kind, a product alone, a batched product, a
-transformer's MLP block, and for mixed two product steps, the second past FP16's range at will)."""
+transformer's MLP block, for mixed two product steps, the second past FP16's range at will, and Convs wide enough for
+wg_fp16 and wg_bf16)."""
 from __future__ import annotations
 
 import numpy as np
@@ -109,4 +110,22 @@ def two_products_model(scale: float = 1.0, seed: int = 0) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "two_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
                               [numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in weights.items()])
+    return finish(graph)
+
+
+def conv_pair_model(channels: int = 64) -> onnx.ModelProto:
+    """Conv (3 -> channels, a stem) > Relu > Conv (channels -> channels, 3x3) > Relu > Conv (1x1) > +
+    the first Relu's output (a residual), with realistic weights."""
+    rng = np.random.default_rng(0)
+    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27), "w1": rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels),
+               "b1": rng.standard_normal(channels) * 0.1, "w2": rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="conv3x3", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
+             helper.make_node("Add", ["c2", "r0"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "conv_pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 12, 12])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
     return finish(graph)

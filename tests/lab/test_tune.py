@@ -185,6 +185,37 @@ def test_an_entry_of_another_version_is_ignored(monkeypatch):
     assert choose_config(LENET_CONV1, weights, RELU_POOL2, FAKE_GPU) == heuristic_config(LENET_CONV1, weights, RELU_POOL2)
 
 
+def test_a_precisions_entry_sits_beside_fp32s_for_the_same_step():
+    fp32 = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")
+    fp16 = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A", precision="fp16")
+    assert fp32.precision == "fp32" and fp16.precision == "fp16"
+    assert fp16.text == f"{fp32.text} | fp16" and "fp32" not in fp32.text  # FP32's name as before keys held a precision
+    tuning_cache.store({fp32: a_choice("const_rb_t2x1_m4")})
+    tuning_cache.store({fp16: a_choice("wg_fp16_b128x128x64_s4")})
+    assert tuning_cache.lookup(fp32).variant == "const_rb_t2x1_m4"
+    assert tuning_cache.lookup(fp16).variant == "wg_fp16_b128x128x64_s4"
+    assert tuning_cache.lookup(tuning_key(LENET_CONV1, RELU_POOL2, "GPU A", precision="bf16")) is None
+    entries = json.loads(tuning_cache.cache_path().read_text())["entries"]
+    assert sorted(e["precision"] for e in entries.values()) == ["fp16", "fp32"]
+
+
+def test_an_older_file_whose_entries_have_no_precision_loads_as_fp32(cache_dir):
+    """Written before keys held a precision: the same format version, no "precision" field in the entries."""
+    key = tuning_key(LENET_CONV1, RELU_POOL2, FAKE_GPU.name)
+    entry = {"gpu": key.gpu, "signature": key.signature, "bucket": key.bucket, "version": key.version,
+             "variant": "const_rb_t2x1_m4", "median_ms": 0.5, "batch": 10000, "runners_up": [], "date": "2025-01-01T00:00:00+00:00"}
+    cache_dir.mkdir()
+    payload = {"format": tuning_cache.FORMAT, "format_version": 2, "entries": {key.text: entry}}
+    tuning_cache.cache_path().write_text(json.dumps(payload))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: the file is ours
+        assert tuning_cache.lookup(key).variant == "const_rb_t2x1_m4"
+        assert tuning_cache.lookup(dataclasses.replace(key, precision="fp16")) is None
+    assert choose_config(LENET_CONV1, ones_weights(LENET_CONV1), RELU_POOL2, FAKE_GPU).name() == "const_rb_t2x1_m4"
+    tuning_cache.store({dataclasses.replace(key, precision="bf16"): a_choice("wg_bf16_b128x128x64_s4")})  # kept on a write
+    assert tuning_cache.lookup(key).variant == "const_rb_t2x1_m4"
+
+
 def test_lookup_takes_the_nearest_tuned_bucket_within_a_factor_of_16():
     tuned = tuning_key(LENET_CONV1, RELU_POOL2, "GPU A")  # batch 10000: bucket 16384
     tuning_cache.store({tuned: a_choice("const_rb_t2x1_m4")})
@@ -261,7 +292,7 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
     def fake_problem(spec, weights, epilogue):
         return dataclasses.make_dataclass("FakeProblem", ["spec", "weights", "epilogue"])(spec, weights, epilogue)
 
-    def fake_evaluate(problem, config, warmup, repeat):
+    def fake_evaluate(problem, config, warmup, repeat, precision="fp32"):
         configs = families.tuning_configs(problem.spec, problem.weights, problem.epilogue)
         position, variant = configs.index(config), config.name()
         if position == 0:
@@ -298,7 +329,7 @@ def test_tune_picks_the_fastest_passing_configuration_and_writes_the_cache(monke
 def test_tune_json_has_the_header_and_every_configuration(monkeypatch, cache_dir, tmp_path, capsys):
     outcomes = {}
 
-    def fake_evaluate(problem, config, warmup, repeat):
+    def fake_evaluate(problem, config, warmup, repeat, precision="fp32"):
         # the first configuration fails the check, the others pass, slower the later they come
         variant = config.name()
         position = outcomes.setdefault(problem.spec, []).__len__()
@@ -314,7 +345,8 @@ def test_tune_json_has_the_header_and_every_configuration(monkeypatch, cache_dir
     assert cli.main(["tune", "lenet86", "--batch", "16", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
     assert list(data)[:5] == ["schema", "opplugin_version", "device", "model", "batch"]
-    assert data["schema"] == tuning.SCHEMA == "opplugin-tune/1" and data["model"] == "lenet86" and data["batch"] == 16
+    assert data["schema"] == tuning.SCHEMA == "opplugin-tune/2" and data["model"] == "lenet86" and data["batch"] == 16
+    assert data["precision"] == "fp32" and data["element_bound"] is None
     assert data["device"] == {"kind": "cuda", "name": FAKE_GPU.name, "compute_capability": "9.0", "memory_bytes": None}
     assert data["repeat"] == tuning.DEFAULT_REPEAT and data["tolerance"] == EXACT_TOLERANCE
     assert data["cache_path"] == str(cache_dir / "tuning.json") and data["cache_error"] is None
@@ -400,3 +432,114 @@ def test_tuning_drives_the_runner(which, tiny_model_path, cache_dir):
     names = runner_kernel_names(model, 256)
     for tuned in report.steps:
         assert names[tuned.step] == slowest[tuned.step].kernel_name
+
+
+# --- tune --precision fp16|bf16, its GPU work replaced by a stand-in -------------------------
+
+
+@pytest.fixture(scope="module")
+def conv_pair(tmp_path_factory):
+    from onnx_builders import save
+    from precision_cases import conv_pair_model
+
+    return load_model(save(conv_pair_model(), tmp_path_factory.mktemp("tune_half") / "conv_pair.onnx"))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_under_a_16_bit_precision_the_candidates_are_its_familys_configurations(conv_pair, precision):
+    family = f"wg_{precision}"
+    tuned = {step.name: (step, spec, epilogue) for step, spec, epilogue in tuning.conv_steps(conv_pair, 8, FAKE_GPU)}
+    step, spec, epilogue = tuned["conv3x3"]
+    weights = constant_weights(step.node)
+    configs, fused, why = tuning.tuning_candidates(spec, weights, epilogue, precision)
+    assert why is None and fused == epilogue and configs == families.family_configs(spec, family, weights, epilogue)
+    assert len(configs) > 1 and {c.family for c in configs} == {family}
+    assert set(configs).isdisjoint(families.tuning_configs(spec, weights, epilogue))  # none of FP32's candidates
+    step, spec, epilogue = tuned["stem"]  # 3 input channels, padded to 8 in the family's channel-last copy
+    configs, _, why = tuning.tuning_candidates(spec, constant_weights(step.node), epilogue, precision)
+    assert why is None and configs and {c.family for c in configs} == {family}
+    few_maps = dataclasses.replace(spec, out_channels=16)  # 16 maps of the family's 64-map tile: it declines
+    weights = (np.ones(few_maps.weight_shape, np.float32), None)
+    configs, _, why = tuning.tuning_candidates(few_maps, weights, epilogue, precision)
+    assert configs == [] and why == f"stays fp32: wg_{precision} multiplies maps 64 at a time; this Conv has 16 a group, mostly padding"
+
+
+def test_tune_in_fp16_caches_its_choices_beside_fp32s_and_a_plan_in_fp16_runs_them(monkeypatch, cache_dir, conv_pair):
+    from opplugin.plan.partition import make_plan
+    from opplugin.runtime.plan_record import record_plan_alone
+
+    checked_in = set()
+
+    def fake_evaluate(problem, config, warmup, repeat, precision="fp32"):
+        checked_in.add(precision)
+        configs = families.family_configs(problem.spec, config.family, problem.weights, problem.epilogue)
+        return Trial(config.name(), "ok", ms=float(len(configs) - configs.index(config)), rel_error=1e-4)  # the last fastest
+
+    monkeypatch.setattr(tuning, "cuda_device", lambda device: FAKE_GPU)
+    monkeypatch.setattr(tuning, "make_problem", lambda spec, weights, epilogue: dataclasses.make_dataclass(
+        "P", ["spec", "weights", "epilogue"])(spec, weights, epilogue))
+    monkeypatch.setattr(tuning, "evaluate_config", fake_evaluate)
+    exact_plan = record_plan_alone(make_plan(conv_pair, 8, FAKE_GPU))
+    lines = []
+    report = tuning.tune(conv_pair, 8, "cuda", progress=lines.append, precision="fp16")
+    assert checked_in == {"fp16"} and report.precision == "fp16"
+    wide = report.steps
+    assert [t.step for t in wide] == ["stem", "conv3x3", "conv1x1"] and all(t.chosen and t.not_tuned is None for t in wide)
+    for t in wide:
+        assert t.chosen.variant == t.results[-1].variant and t.chosen.variant.startswith("wg_fp16_")
+        assert tuning_cache.lookup(tuning_key(t.spec, t.epilogue, FAKE_GPU.name, precision="fp16")).variant == t.chosen.variant
+        assert tuning_cache.lookup(tuning_key(t.spec, t.epilogue, FAKE_GPU.name)) is None  # nothing written for FP32
+    text = tuning.format_report(report)
+    assert "Tuned conv_pair at batch 8 on Test GPU 80GB in fp16" in text
+
+    plan = make_plan(conv_pair, 8, FAKE_GPU)
+    half = {s.name: s.implementation for s in record_plan_alone(plan, None, "fp16").steps}
+    for t in wide:
+        assert half[t.step] == f"conv.{t.chosen.variant}{t.epilogue.suffix}"
+    assert record_plan_alone(plan).steps == exact_plan.steps  # an FP32 plan reads FP32's entries alone
+
+    tuning.tune(conv_pair, 8, "cuda", precision="bf16")  # a second precision's entries join the first's
+    assert tuning_cache.lookup(tuning_key(wide[0].spec, wide[0].epilogue, FAKE_GPU.name, precision="fp16")).variant == wide[0].chosen.variant
+    assert tuning_cache.lookup(tuning_key(wide[0].spec, wide[0].epilogue, FAKE_GPU.name, precision="bf16")).variant.startswith("wg_bf16_")
+    data = tuning.build_tune_report(report)
+    assert data["schema"] == "opplugin-tune/2" and data["precision"] == "fp16" and data["tolerance"] is None
+    assert "2.1u" in data["element_bound"]
+    assert [s["not_tuned"] is None for s in data["steps"]] == [True, True, True]
+
+
+@pytest.mark.gpu
+def test_tuning_in_fp16_drives_a_runner_in_fp16_within_fp16s_rule(conv_pair, cache_dir):
+    import onnxruntime
+
+    from opplugin.runtime import Runner
+    from opplugin.verify.check import default_tolerance
+
+    if not families.FAMILIES["wg_fp16"].runs_here():
+        pytest.skip("wg_fp16 needs an sm_90 GPU (wgmma)")
+    report = tuning.tune(conv_pair, 64, "cuda", warmup=1, repeat=3, precision="fp16")
+    wide = [t for t in report.steps if t.step != "stem"]
+    assert report.cache_path == cache_dir / "tuning.json" and [t.step for t in wide] == ["conv3x3", "conv1x1"]
+    for t in wide:
+        assert t.chosen is not None, [(r.variant, r.status, r.reason) for r in t.results]
+        assert all(r.variant.startswith("wg_fp16_") for r in t.results) and t.chosen.ms > 0
+        assert tuning_cache.lookup(tuning_key(t.spec, t.epilogue, report.device.name, precision="fp16")).variant == t.chosen.variant
+
+    def kernel_names():
+        return {name: kernel.name for name, kernel in Runner(conv_pair, 64, "cuda", precision="fp16").kernels.items()}
+
+    assert all(kernel_names()[t.step] == t.chosen.kernel_name for t in wide)
+    # a cached pick the family's default would not make is obeyed too: the slowest that passed
+    slowest = {t.step: t.passed[-1] for t in wide}
+    tuning_cache.store({tuning_key(t.spec, t.epilogue, report.device.name, precision="fp16"):
+                        tuning_cache.Choice(slowest[t.step].variant, 1.0, 64) for t in wide})
+    assert all(kernel_names()[t.step] == slowest[t.step].kernel_name for t in wide)
+
+    runner = Runner(conv_pair, 64, "cuda", precision="fp16")
+    x = np.random.default_rng(7).standard_normal((64, 3, 12, 12)).astype(np.float32)
+    got = runner.run({"x": x}).outputs["y"]
+    session = onnxruntime.InferenceSession(conv_pair.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    [expected] = session.run(None, {"x": x})
+    atol, rtol = default_tolerance("fp16")
+    scale = max(1.0, float(np.sqrt(np.mean(expected.astype(np.float64) ** 2))))
+    assert np.all(np.abs(got - expected) <= atol * scale + rtol * np.abs(expected))
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) > 1e-6, "no rounding at all: was it in FP32?"

@@ -5,7 +5,9 @@
    `opplugin.ops.conv.tuning_cache`: one JSON file keyed by GPU name, node shape and fused
    epilogue, batch bucket and opplugin version). When the cache has an entry for
    this node (its own batch bucket, else the nearest tuned one within a factor
-   of 16) and that variant can still run the node, it is the choice.
+   of 16) and that variant can still run the node, it is the choice. (A run in fp16 or
+   bf16 reads its own precision's entries, which `tune --precision` writes, through
+   `cached_config` from ConvPlugin.precision_variant.)
 
 2. Otherwise a heuristic, which times nothing. A Conv that is a dense layer (its filter
    covers its whole input map: the squeeze and excite Convs of SE blocks) runs on the
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import math
 
+from ...core.number_formats import FP32
 from ...gpu.device import Device
 from ...errors import PluginError
 from .tuning_cache import CacheKey, key_for, lookup
@@ -208,9 +211,10 @@ def nonfinite_exact_config(spec: ConvSpec, weights) -> families.Config:
     return config
 
 
-def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device) -> families.Config | None:
-    """The tuned choice for this node on this GPU, if the cache has one that still runs it."""
-    choice = lookup(tuning_key(spec, epilogue, device.name))
+def cached_config(spec: ConvSpec, weights, epilogue: Epilogue, device: Device, precision: str = FP32) -> families.Config | None:
+    """The tuned choice for this node on this GPU in `precision` (`tune --precision`), if the cache
+    has one that still runs it."""
+    choice = lookup(tuning_key(spec, epilogue, device.name, precision=precision))
     if choice is None:
         return None
     config, reason = families.checked(spec, choice.variant, weights, epilogue)  # a name that no longer parses: no choice
@@ -244,6 +248,6 @@ def shape_signature(spec: ConvSpec, epilogue: Epilogue) -> str:
     return " ".join(parts) + (f" {epilogue.signature}" if epilogue.signature else "")
 
 
-def tuning_key(spec: ConvSpec, epilogue: Epilogue, gpu: str, version: str | None = None) -> CacheKey:
-    """The tuning cache's key of this Conv step (its batch bucket from spec.batch) on `gpu`."""
-    return key_for(shape_signature(spec, epilogue), spec.batch, gpu, version)
+def tuning_key(spec: ConvSpec, epilogue: Epilogue, gpu: str, version: str | None = None, precision: str = FP32) -> CacheKey:
+    """The tuning cache's key of this Conv step (its batch bucket from spec.batch) on `gpu`, run in `precision`."""
+    return key_for(shape_signature(spec, epilogue), spec.batch, gpu, version, precision)

@@ -151,19 +151,25 @@ class ConvPlugin(Plugin):
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
         """The precision's family (PRECISION_FAMILIES: wg_fp16, wg_bf16) where it runs the step, with the part of
-        its epilogue that family fuses (else the reason it cannot); on the CPU device, the reference emulating the
-        precision wherever that family could run the step on its GPU (Hopper)."""
+        its epilogue that family fuses (else the reason it cannot): on a GPU, the configuration `tune --precision`
+        cached for it, else the family's own pick; on the CPU device, the reference emulating the precision
+        wherever that family could run the step on its GPU (Hopper)."""
         name = PRECISION_FAMILIES.get(precision)
         if name is None:
             return PrecisionChoice(None, f"no {precision} kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
                                    if precision == "tf32" else f"no {precision} kernel for Conv")
+        spec, weights = conv_spec(node), constant_weights(node)
         from . import families
 
-        spec, weights = conv_spec(node), constant_weights(node)
-        _, _, reason = fitted(spec, families.FAMILIES[name], weights, self._epilogue(node, fused, prologue))
+        _, kernel_epilogue, reason = fitted(spec, families.FAMILIES[name], weights, self._epilogue(node, fused, prologue))
         if reason is not None:
             return PrecisionChoice(None, reason)
-        return PrecisionChoice(name if device.is_cuda else reference_variant(precision))
+        if not device.is_cuda:
+            return PrecisionChoice(reference_variant(precision))
+        from .choice import cached_config
+
+        tuned = cached_config(spec, weights, kernel_epilogue, device, precision)
+        return PrecisionChoice(tuned.name() if tuned is not None and tuned.family == name else name)
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """fp32 but for the families that round their operands (Family.precision) and the reference's emulations

@@ -8,6 +8,8 @@ One JSON file, `tuning.json`, in the user's cache directory (core/paths.cache_di
 - the batch bucket: the power of two at or above the batch (occupancy, and so
   the best tile, changes with the number of images, but slowly),
 - the opplugin version (a new release may change the kernels behind a name),
+- the precision (`tune --precision`: an FP16 choice is of wg_fp16's configurations, and sits beside
+  the FP32 one for the same step; an entry without the field, as older files hold, is FP32's),
 
 and holds the chosen configuration's name (ops/config_grammar.py: the name is
 read back where the choice is made), its median ms, the runners-up and the date.
@@ -27,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ...core.number_formats import FP32
 from ...errors import positive_int
 from ...core.files import write_atomic
 from ...core.paths import cache_dir
@@ -58,28 +61,30 @@ def batch_bucket(batch: int) -> int:
 
 @dataclass(frozen=True)
 class CacheKey:
-    """What a tuned choice holds for: the GPU, the step's shape and epilogue, the batch bucket
-    and the opplugin version (a new release tunes afresh)."""
+    """What a tuned choice holds for: the GPU, the step's shape and epilogue, the batch bucket,
+    the opplugin version (a new release tunes afresh) and the precision it runs in."""
 
     gpu: str
     signature: str
     bucket: int
     version: str
+    precision: str = FP32
 
     @property
     def text(self) -> str:
-        """The entry's name in the JSON file."""
-        return f"{self.gpu} | {self.signature} | batch<={self.bucket} | opplugin {self.version}"
+        """The entry's name in the JSON file; FP32's keeps the name it had before keys held a precision."""
+        text = f"{self.gpu} | {self.signature} | batch<={self.bucket} | opplugin {self.version}"
+        return text if self.precision == FP32 else f"{text} | {self.precision}"
 
 
-def key_for(signature: str, batch: int, gpu: str, version: str | None = None) -> CacheKey:
+def key_for(signature: str, batch: int, gpu: str, version: str | None = None, precision: str = FP32) -> CacheKey:
     """The key of a step whose shape and epilogue read `signature` (the op's own, e.g.
-    ops/conv/choice.shape_signature), at `batch`, on `gpu`."""
+    ops/conv/choice.shape_signature), at `batch`, on `gpu`, run in `precision`."""
     if version is None:
         import opplugin
 
         version = opplugin.__version__  # read at call time: tests (and upgrades) change it
-    return CacheKey(gpu, signature, batch_bucket(batch), version)
+    return CacheKey(gpu, signature, batch_bucket(batch), version, precision)
 
 
 @dataclass
@@ -144,6 +149,7 @@ def _valid_entry(entry: Any) -> bool:
         and isinstance(entry.get("bucket"), int)
         and entry["bucket"] >= 1
         and isinstance(entry.get("median_ms"), (int, float))
+        and isinstance(entry.get("precision", FP32), str)
     )
 
 
@@ -183,6 +189,7 @@ def _matches(entry: dict[str, Any], key: CacheKey, bucket: int | None) -> bool:
         entry["gpu"] == key.gpu
         and entry["signature"] == key.signature
         and entry["version"] == key.version
+        and entry.get("precision", FP32) == key.precision  # written before keys held one: FP32's
         and (bucket is None or entry["bucket"] == bucket)
     )
 

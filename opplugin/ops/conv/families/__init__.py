@@ -45,6 +45,7 @@ __all__ = [
     "configure",
     "constant_bytes",
     "default_maps_per_thread",
+    "family_configs",
     "family_of",
     "parse",
     "tuning_configs",
@@ -167,8 +168,13 @@ def tuning_configs(spec: ConvSpec, weights: Weights | None, epilogue: Epilogue =
     """Every configuration that can run this node: what `opplugin tune` times."""
     configs: list[Config] = []
     for family in usable_families(spec, weights, epilogue, exact_only):
-        configs += [c for c in FAMILIES[family].configs(spec, epilogue) if unsupported_reason(spec, c, weights, epilogue) is None]
+        configs += family_configs(spec, family, weights, epilogue)
     return list(dict.fromkeys(configs))
+
+
+def family_configs(spec: ConvSpec, family: str, weights: Weights | None, epilogue: Epilogue = NONE) -> list[Config]:
+    """The configurations of one family that can run this node: what `tune --precision fp16` times of wg_fp16."""
+    return [c for c in FAMILIES[family].configs(spec, epilogue) if unsupported_reason(spec, c, weights, epilogue) is None]
 
 
 def compile_units(spec: ConvSpec, variant: Variant, epilogue: Epilogue = NONE) -> list[CompileUnit]:

@@ -11,18 +11,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from family_gpu_checks import draw
-from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import conv_spec as conv
-from onnx_builders import finish, save
+from onnx_builders import save
+from precision_cases import conv_pair_model
 
+from opplugin.core import paths
 from opplugin.core.number_formats import UNIT_ROUNDOFF, half_bits, round_to
 from opplugin.gpu.device import Device
 from opplugin.graph.model import load_model
-from opplugin.ops.conv import families, reference
+from opplugin.ops.conv import families, reference, tuning_cache
+from opplugin.ops.conv.choice import tuning_key
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import pipelined, wgmma
+from opplugin.ops.conv.plugin import conv_spec as conv_spec_of
+from opplugin.ops.conv.plugin import constant_weights, epilogue_of, fitted
 from opplugin.ops.conv.prologue import SCALE, Prologue
 from opplugin.plan.partition import make_plan
+from opplugin.plan.precision import step_precisions
 from opplugin.runtime import Runner
 from opplugin.runtime.plan_record import record_plan_alone
 
@@ -104,24 +109,6 @@ def test_weights_go_in_as_the_formats_bits_rounded_to_nearest_even():
     assert np.array_equal((bf16.astype(np.uint32) << 16).view(np.float32), round_to(values, "bf16"))
 
 
-def conv_pair_model(channels: int = 64) -> tuple:
-    """Conv (3 -> channels: stays FP32, 3 channels) > Relu > Conv (channels -> channels, 3x3) > Relu > Conv (1x1) > +
-    the first Relu's output (a residual), with realistic weights."""
-    rng = np.random.default_rng(0)
-    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27), "w1": rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels),
-               "b1": rng.standard_normal(channels) * 0.1, "w2": rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels)}
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
-             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="conv3x3", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
-             helper.make_node("Add", ["c2", "r0"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "conv_pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 12, 12])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return finish(graph)
-
-
 @pytest.fixture(scope="module")
 def conv_pair(tmp_path_factory):
     return load_model(save(conv_pair_model(), tmp_path_factory.mktemp("half_conv") / "conv_pair.onnx"))
@@ -132,6 +119,36 @@ def test_a_plan_in_a_half_precision_runs_each_conv_of_enough_maps_in_it_the_stem
     steps = {s.name: s for s in record_plan_alone(make_plan(conv_pair, 8, Device("cuda", "test GPU")), None, precision).steps}
     for name in ("stem", "conv3x3", "conv1x1"):
         assert steps[name].precision == precision and steps[name].implementation.startswith(f"conv.wg_{precision}_"), steps[name]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_plan_in_a_half_precision_runs_the_configuration_tune_cached_for_it(conv_pair, precision, tmp_path, monkeypatch):
+    """`tune --precision` keys its choice by the precision and the part of the epilogue the family fuses; a
+    plan in that precision on the same GPU runs it, one in FP32 or another precision does not."""
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    gpu, family = Device("cuda", "test GPU"), f"wg_{precision}"
+    plan = make_plan(conv_pair, 8, gpu)
+    step = next(s for s in plan.plugin_steps if s.name == "conv3x3")
+    spec, weights = conv_spec_of(step.node), constant_weights(step.node)
+    _, fused, reason = fitted(spec, families.FAMILIES[family], weights, epilogue_of(step.fused))
+    assert reason is None and fused.suffix == "+relu"
+    default = families.configure(spec, family, fused)
+    other = next(c for c in families.family_configs(spec, family, weights, fused) if c != default)
+
+    def implementations(precision):
+        return {s.name: s.implementation for s in record_plan_alone(plan, None, precision).steps}
+
+    untuned, exact = implementations(precision), implementations("fp32")
+    assert untuned["conv3x3"] == f"conv.{default.name()}+relu"
+    wrong_family = families.configure(spec, "wg_bf16" if precision == "fp16" else "wg_fp16", fused)
+    tuning_cache.store({tuning_key(spec, fused, gpu.name, precision=precision): tuning_cache.Choice(wrong_family.name(), 1.0, 8)})
+    assert implementations(precision) == untuned  # a configuration of another family is no choice for this precision
+    tuning_cache.store({tuning_key(spec, fused, gpu.name, precision=precision): tuning_cache.Choice(other.name(), 1.0, 8)})
+    tuned = implementations(precision)
+    assert tuned["conv3x3"] == f"conv.{other.name()}+relu" and tuned["conv1x1"] == untuned["conv1x1"]
+    assert step_precisions(plan, precision)["conv3x3"].variant == other.name()  # what the runner's build is given
+    assert step.plugin.precision_variant(step.node, gpu, precision, step.fused).variant == other.name()
+    assert implementations("fp32") == exact  # FP32's choice reads FP32's entries alone
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -224,29 +224,64 @@ __device__ __forceinline__ void copy_weights(float* As, const float* __restrict_
 }
 #endif
 
-// Where output map m at column col (a pixel of the batch) lies in y ([batch][M][P]), as in the residual.
-__device__ __forceinline__ size_t output_at(int col, int m) { return (size_t)(col / P) * (M * P) + col % P + (size_t)m * P; }
+// Where output map m at column col (a pixel of the batch) lies in an NCHW tensor ([batch][M][P]), and in a
+// channel-last one ([batch][P][M]).
+__device__ __forceinline__ size_t nchw_at(int col, int m) { return (size_t)(col / P) * (M * P) + col % P + (size_t)m * P; }
+__device__ __forceinline__ size_t channel_last_at(int col, int m) { return (size_t)col * M + m; }
+
+// Y_CHANNEL_LAST and R_CHANNEL_LAST (1 FP16, 2 BF16; conv_wgmma in that format alone): y, or the residual
+// operand, is channel-last in the format's bits, as the next half-precision Conv reads its image, rather
+// than FP32 NCHW (a link the plan made between two such steps: opplugin/plan/channel_last.py)
+#if defined(Y_CHANNEL_LAST) || defined(R_CHANNEL_LAST)
+#include "half_bits.cuh"
+#endif
+#ifdef Y_CHANNEL_LAST
+typedef unsigned short output_t;
+__device__ __forceinline__ size_t output_at(int col, int m) { return channel_last_at(col, m); }
+__device__ __forceinline__ output_t stored(float v) { return half_bits<Y_CHANNEL_LAST>(v); }
+#else
+typedef float output_t;
+__device__ __forceinline__ size_t output_at(int col, int m) { return nchw_at(col, m); }
+__device__ __forceinline__ output_t stored(float v) { return v; }
+#endif
+#ifdef R_CHANNEL_LAST
+typedef unsigned short residual_t;
+#else
+typedef float residual_t;
+#endif
+
+// The residual operand of output map m at column col (0 without RESIDUAL).
+__device__ __forceinline__ float residual_of(const residual_t* __restrict__ r, int col, int m)
+{
+#if RESIDUAL && defined(R_CHANNEL_LAST)
+    return half_value<R_CHANNEL_LAST>(__ldg(r + channel_last_at(col, m)));
+#elif RESIDUAL
+    return __ldg(r + nchw_at(col, m));
+#else
+    return 0.0f;
+#endif
+}
 
 // The sum v of output map m at column col into y, finished by the epilogue (bias, `res`: the residual
 // at the output's own index, the activation) and flagged if not finite.
-__device__ __forceinline__ void store_finished(float* __restrict__ y, const float* __restrict__ b, unsigned char* nonfinite,
+__device__ __forceinline__ void store_finished(output_t* __restrict__ y, const float* __restrict__ b, unsigned char* nonfinite,
                                                int col, int m, float v, float res)
 {
 #if HAS_BIAS
     v += b[m];
 #endif
     const float out = finish_output(v, res);
-    y[output_at(col, m)] = out;
+    y[output_at(col, m)] = stored(out);
     flag_nonfinite(nonfinite, out);
 }
 
 // The sum v of output map m at column col: into y (store_finished, the residual read here), or with a
 // K split into this block's slice of `partial` ([KSLICES][M][total]) for conv_k_slices_reduce.
-__device__ __forceinline__ void store_sum(float* __restrict__ y, float* __restrict__ partial, const float* __restrict__ b,
-                                          const float* __restrict__ r, unsigned char* nonfinite, int total, int col, int m, float v)
+__device__ __forceinline__ void store_sum(output_t* __restrict__ y, float* __restrict__ partial, const float* __restrict__ b,
+                                          const residual_t* __restrict__ r, unsigned char* nonfinite, int total, int col, int m, float v)
 {
 #if KSLICES == 1
-    store_finished(y, b, nonfinite, col, m, v, residual_at(r, output_at(col, m)));
+    store_finished(y, b, nonfinite, col, m, v, residual_of(r, col, m));
 #else
     partial[((size_t)blockIdx.z * M + m) * total + col] = v;
 #endif
@@ -255,8 +290,8 @@ __device__ __forceinline__ void store_sum(float* __restrict__ y, float* __restri
 // y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order;
 // nonfinite (null: not watched) raised where an output is NaN or Inf
 extern "C" __global__ void __launch_bounds__(256)
-conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const float* __restrict__ r,
-                     float* __restrict__ y, int batch, unsigned char* nonfinite)
+conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const residual_t* __restrict__ r,
+                     output_t* __restrict__ y, int batch, unsigned char* nonfinite)
 {
     const int total = batch * P;
     const size_t outputs = (size_t)batch * M * P;
@@ -271,8 +306,9 @@ conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict_
 #if HAS_BIAS
         v += b[m];
 #endif
-        const float out = finish_output(v, residual_at(r, i));
-        y[i] = out;
+        const int col = n * P + p;
+        const float out = finish_output(v, residual_of(r, col, m));
+        y[output_at(col, m)] = stored(out);
         flag_nonfinite(nonfinite, out);
     }
 }

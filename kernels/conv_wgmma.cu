@@ -35,7 +35,10 @@
 // work of 3xTF32.
 //
 // Macros: the shape macros, BM, BN (a multiple of 64), BK (32; 64 with HALF_OPERANDS), STAGES, KSLICES,
-// TAP_MASK (1), KPAD, PROLOGUE, HALF_OPERANDS, CP (a one-group Conv's channels padded to a quad; C). Launch conv_split_channel_last first (see there), then conv_wgmma: block (BN *
+// TAP_MASK (1), KPAD, PROLOGUE, HALF_OPERANDS, CP (a one-group Conv's channels padded to a quad; C), and with
+// HALF_OPERANDS Y_CHANNEL_LAST and R_CHANNEL_LAST (conv_implicit_tiles.cuh: y or the residual kept channel-last
+// in the format). Launch conv_split_channel_last first (see there; not where X already is the channel-last image
+// in the format, as a linked half Conv step wrote it: then x_big is X itself), then conv_wgmma: block (BN *
 // 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * PARTS
 // * (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS). With KSLICES > 1 the partial sums go to
 // `partial` and conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
@@ -237,8 +240,8 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
-           const operand_t* __restrict__ w_small, const float* __restrict__ b, const float* __restrict__ r,
-           float* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
+           const operand_t* __restrict__ w_small, const float* __restrict__ b, const residual_t* __restrict__ r,
+           output_t* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
     const int total = batch * P;
@@ -261,12 +264,12 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     consume_slices(acc, run.count, stages, full, empty);
 
 #if KSLICES == 1
-    // every residual value this thread adds (none without RESIDUAL: residual_at gives 0), loaded
+    // every residual value this thread adds (none without RESIDUAL: residual_of gives 0), loaded
     // before the first store: one wait on memory for the tile rather than one a value. On an H200,
     // ResNet-50's 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it
     // was stored, 0.146 ms so (the same Conv without its Add: 0.098 ms)
     float res[ACC];
-    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { res[i] = residual_at(r, output_at(col, m)); });
+    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { res[i] = residual_of(r, col, m); });
     for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i]); });
 #else
     for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });

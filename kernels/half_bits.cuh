@@ -1,4 +1,4 @@
-// The bits of a float rounded to nearest (ties to even) in a two-byte format: FORMAT 1 FP16, 2 BF16 (the
+// The bits of a float rounded to nearest (ties to even) in a two-byte format, and back: FORMAT 1 FP16, 2 BF16 (the
 // numbering of gemm_wgmma's HALF_OPERANDS). What the half-precision GEMMs read A in, written by gemm_to_half
 // or by the row prologue that makes A's rows.
 #ifndef OPPLUGIN_HALF_BITS_CUH
@@ -14,6 +14,18 @@ __device__ __forceinline__ unsigned short half_bits(float v)
     else
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(v));
     return bits;
+}
+
+// The float a two-byte value of the format holds (exact: both formats are floats' subsets)
+template <int FORMAT>
+__device__ __forceinline__ float half_value(unsigned short bits)
+{
+    static_assert(FORMAT == 1 || FORMAT == 2, "1: FP16, 2: BF16");
+    if (FORMAT == 2)
+        return __uint_as_float((unsigned int)bits << 16);
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(bits));
+    return v;
 }
 
 #endif

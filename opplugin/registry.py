@@ -216,6 +216,16 @@ class PrecisionChoice:
     reason: str | None = None  # None where `variant` runs in the precision asked for
 
 
+@dataclass(frozen=True)
+class ChannelLast:
+    """Where a step's kernel can keep tensors in a 16-bit format, channel-last ([N][H][W][C], the format's bits
+    in uint16), rather than in FP32 in the model's layout (Plugin.channel_last; plan/channel_last.py links them)."""
+
+    format: str  # "fp16" or "bf16"
+    inputs: frozenset[int]  # the step's input positions it can take so
+    output: bool  # whether it can write its one output so
+
+
 @runtime_checkable
 class Plugin(Protocol):
     """Runs the nodes of one ONNX op type.
@@ -310,6 +320,18 @@ class Plugin(Protocol):
         Default: none."""
         return PrecisionChoice(None, f"no {precision} kernel for {self.op_type}")
 
+    def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
+        """Which tensors the kernel `build` makes with `variant` (a reduced precision's, as the plan chose it)
+        can keep channel-last in its 16-bit format; None: none (the default)."""
+        return None
+
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
+                       fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+        """`variant` taking the inputs at `inputs` and (where `output`) writing its output channel-last in the
+        format `channel_last` named: only asked within what that allowed."""
+        raise PluginError(f"{self.op_type} keeps no tensor channel-last")
+
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """The precision the kernel `build` makes with `variant` (None: the plugin's own choice) computes its
         products in: "fp32", or "tf32", "fp16", "bf16" for a variant that rounds its operands. Default: "fp32"."""
@@ -319,7 +341,7 @@ class Plugin(Protocol):
 # What a plugin needs when it does not subclass Plugin (register's error message names them)
 PLUGIN_MEMBERS = ("op_type", "group_kind", "prologue_input", "empty_tensors", "supports", "build", "make_spec", "kernel_name", "compile_jobs",
                   "fuse", "fuse_prologue", "variant_notes", "nonfinite_exact_variant", "precision_variant", "variant_precision", "view_of",
-                  "reads_views")
+                  "reads_views", "channel_last", "linked_variant")
 
 
 class GroupPlugin(Plugin, Protocol):

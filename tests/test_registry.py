@@ -145,6 +145,12 @@ class Identity:
     def variant_precision(self, node, device, variant):
         return "fp32"
 
+    def channel_last(self, node, device, variant, fused=(), prologue=()):
+        return None
+
+    def linked_variant(self, node, device, variant, inputs, output, fused=(), prologue=()):
+        raise AssertionError("never asked: channel_last offers nothing")
+
     def view_of(self, node, output):
         return None
 

@@ -39,6 +39,7 @@ TAGS = {
     "r": "rows a warp computes",
     "p": "planes: output maps a thread block computes side by side",
     "l": "loads: 1 stages a block's inputs in shared memory, 0 reads them from global memory where they are used",
+    "h": "half links: the tensors a 16-bit kernel keeps channel-last in its format, 1 X + 2 Y + 4 the residual",
 }
 
 _FIELD = re.compile(r"([a-z]+)(\d+(?:x\d+)*)")

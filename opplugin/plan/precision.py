@@ -9,6 +9,9 @@ may answer with a variant in another precision (a fused attention runs in TF32 u
 has no kernel for): the step records what its variant computes in (Plugin.variant_precision), and why. A
 --variant for the op type wins over the precision. onnxruntime steps run in FP32 (TF32 off).
 
+Under fp16 and bf16, tensors between steps that can keep them in the format channel-last stay so
+(channel_last.py): those steps' variants say which.
+
 mixed is FP16 but for the nodes a budget keeps in FP32 (`keep_fp32`: ONNX node name -> why, by the names in the
 file; verify/mixed_precision.py finds them): a plugin step that computes one of them (kept_nodes.py) stays FP32
 and says why; every other step is as under fp16.
@@ -21,6 +24,7 @@ from typing import Mapping
 from ..core.number_formats import FP32, REDUCED
 from ..errors import InputError, PluginError
 from ..registry import PrecisionChoice
+from .channel_last import with_links
 from .kept_nodes import nodes_computed_only_by, steps_holding
 from .partition import Plan, PluginStep
 
@@ -76,9 +80,10 @@ def step_precisions(plan: Plan, precision: str = FP32, variants: Mapping[str, st
     precision, variants = checked_precision(precision), variants or {}
     kept = _kept_reasons(plan, checked_keep_fp32(precision, keep_fp32) or {})
     computes = MIXED_LOW if precision == MIXED else precision
-    return {step.name: _step_precision(plan, step, computes, variants, kept.get(step.name)) if isinstance(step, PluginStep)
-            else StepPrecision(None, FP32, None if precision == FP32 else "onnxruntime runs in fp32")
-            for step in plan.steps}
+    chosen = {step.name: _step_precision(plan, step, computes, variants, kept.get(step.name)) if isinstance(step, PluginStep)
+              else StepPrecision(None, FP32, None if precision == FP32 else "onnxruntime runs in fp32")
+              for step in plan.steps}
+    return chosen if precision == FP32 else with_links(plan, chosen)
 
 
 def nodes_in_fp32_anyway(plan: Plan, variants: Mapping[str, str] | None = None) -> set[str]:

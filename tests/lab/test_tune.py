@@ -494,8 +494,9 @@ def test_tune_in_fp16_caches_its_choices_beside_fp32s_and_a_plan_in_fp16_runs_th
 
     plan = make_plan(conv_pair, 8, FAKE_GPU)
     half = {s.name: s.implementation for s in record_plan_alone(plan, None, "fp16").steps}
-    for t in wide:
-        assert half[t.step] == f"conv.{t.chosen.variant}{t.epilogue.suffix}"
+    for t in wide:  # the tuned configuration, with the tensors the plan keeps channel-last between the steps (`_h`)
+        linked = families.parse(half[t.step].removeprefix("conv.").removesuffix(t.epilogue.suffix))[1]
+        assert linked.links and dataclasses.replace(linked, links=0).name() == t.chosen.variant
     assert record_plan_alone(plan).steps == exact_plan.steps  # an FP32 plan reads FP32's entries alone
 
     tuning.tune(conv_pair, 8, "cuda", precision="bf16")  # a second precision's entries join the first's

@@ -11,7 +11,7 @@ from ...core.number_formats import FP32, round_to
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeInfo, Plugin, PrecisionChoice
+from ...registry import ChannelLast, Kernel, NodeInfo, Plugin, PrecisionChoice
 from ..reference_variants import REFERENCE, REFERENCE_VARIANTS, reference_variant
 from ..specs import spec_of
 from .. import activation
@@ -170,6 +170,51 @@ class ConvPlugin(Plugin):
 
         tuned = cached_config(spec, weights, kernel_epilogue, device, precision)
         return PrecisionChoice(tuned.name() if tuned is not None and tuned.family == name else name)
+
+    def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
+        """A wg_fp16 or wg_bf16 step that fuses its whole epilogue can write its output channel-last in its format,
+        and take so its residual operand, and X where it applies no prologue and pads no channels
+        (families/channel_last.py)."""
+        half = self._linkable(node, device, variant, fused, prologue)
+        if half is None:
+            return None
+        from .families.wgmma import image_channels
+
+        family, spec, epilogue = half
+        inputs = {RESIDUAL_INPUT} if epilogue.residual else set()
+        if not epilogue.prologue and image_channels(spec, pads=True) == spec.in_channels:
+            inputs.add(0)
+        return ChannelLast(family.precision, frozenset(inputs), True)
+
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
+                       fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+        from .families.channel_last import INPUT, OUTPUT, RESIDUAL
+
+        half = self._linkable(node, device, variant, fused, prologue)
+        if half is None or not inputs <= self.channel_last(node, device, variant, fused, prologue).inputs:
+            raise PluginError(f"Conv {node.name}: {variant} cannot keep inputs {sorted(inputs)} channel-last")
+        family, spec, epilogue = half
+        config, _, _ = fitted(spec, variant, constant_weights(node), epilogue)
+        links = (INPUT if 0 in inputs else 0) | (RESIDUAL if RESIDUAL_INPUT in inputs else 0) | (OUTPUT if output else 0)
+        return replace(config, links=links).name()
+
+    def _linkable(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
+                  prologue: Sequence[NodeInfo]) -> tuple[Any, ConvSpec, Epilogue] | None:
+        """(family, spec, epilogue) where `variant` is a half-precision family's and its kernel runs the whole step."""
+        if not device.is_cuda or variant is None or variant in REFERENCE_VARIANTS:
+            return None
+        from . import families
+
+        try:
+            family, _ = families.parse(variant)
+        except PluginError:
+            return None
+        if family.name not in PRECISION_FAMILIES.values():
+            return None
+        spec, epilogue = conv_spec(node), self._epilogue(node, fused, prologue)
+        _, kernel_epilogue, reason = fitted(spec, variant, constant_weights(node), epilogue)
+        return (family, spec, epilogue) if reason is None and kernel_epilogue == epilogue else None
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """fp32 but for the families that round their operands (Family.precision) and the reference's emulations

@@ -22,15 +22,16 @@ any channel count, its channels padded with zeros to a multiple of 8 (a stem's 3
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ....core.number_formats import half_bits
 from ...config_grammar import tagged
-from ..epilogue import NONE
+from ..epilogue import NONE, RESIDUAL_INPUT
 from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
+from .channel_last import INPUT, OUTPUT, RESIDUAL, channel_last_shape, checked_linked, link_defines, links_reason
 from .gemm import k_dim
 from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
@@ -81,7 +82,10 @@ class WgmmaGemmConfig(PipelinedConfig):
 
 @dataclass(frozen=True)
 class WgmmaHalfConfig(WgmmaGemmConfig):
-    """wg_fp16's and wg_bf16's: values alone, two bytes each."""
+    """wg_fp16's and wg_bf16's: values alone, two bytes each; `links`, the tensors it keeps channel-last in
+    the format (channel_last.py: INPUT, OUTPUT, RESIDUAL), which only a plan sets."""
+
+    links: int = tagged("h", default=0)
 
     parts = 1
     value_bytes = 2
@@ -163,9 +167,13 @@ class WgmmaGemm(PipelinedGemm):
             "BK": config.bk,
             "STAGES": config.stages,
         } | ({"HALF_OPERANDS": self.half_format} if self.half_format else {}) | self._padding_defines(spec)
+        links = getattr(config, "links", 0)
+        defines |= link_defines(links, self.half_format)
         units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
         if config.splits > 1:
             units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
+        if links & INPUT:  # X comes channel-last in the format: nothing to rewrite
+            return units
         return units + [CompileUnit("conv_wgmma.cu", "conv_split_channel_last", defines, arch_specific=True)]
 
     def _padding_defines(self, spec: ConvSpec) -> dict[str, int]:
@@ -206,6 +214,11 @@ class WgmmaHalfGemm(WgmmaGemm):
         maps = spec.out_channels // spec.group
         if maps < MIN_HALF_MAPS:
             return f"{self.name} multiplies maps 64 at a time; this Conv has {maps} a group, mostly padding"
+        if config is not None and config.links:
+            why = links_reason(spec, config.links, epilogue, image_channels(spec, pads=True))
+            if why:
+                return f"{self.name}: {why}"
+            config = replace(config, links=0)  # the tile and its K split, as the family offers them
         return super().reason(spec, config, epilogue)
 
     def alignment(self, spec):
@@ -265,7 +278,8 @@ def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
 class WgmmaGemmKernel(PipelinedGemmKernel):
     """conv_split_channel_last over X, then the GEMM (and the K split's reduce) on the weights and
     bias it was built with; W and B among a call's inputs are not read. `half`: "fp16" or "bf16" for
-    the families whose operands are in that format (None: 3xTF32's big and small parts)."""
+    the families whose operands are in that format (None: 3xTF32's big and small parts). The tensors
+    its configuration links (channel_last.py) come and go as uint16 [N][H][W][C] in that format."""
 
     reads_weights = False
 
@@ -274,11 +288,13 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
 
         # split_operands: an infinite input turns into NaN in 3xTF32, and a value past FP16's range into
         # an infinity: neither keeps FP32's NaN and Inf, so a chunk that meets them runs again exactly
-        super().__init__(spec, config, functions[:-1], epilogue, split_operands=True, alignment=4)
+        rewrites = not getattr(config, "links", 0) & INPUT  # conv_split_channel_last, the last function
+        super().__init__(spec, config, functions[:-1] if rewrites else functions, epilogue, split_operands=True, alignment=4)
         self.functions = list(functions)
-        self._split = functions[-1]
+        self._split = functions[-1] if rewrites else None
         w, b = weights
         self._half = half
+        self._links = getattr(config, "links", 0)
         self._channels = image_channels(spec, bool(half))  # of the channel-last image
         if half:
             rows = weight_rows(spec, w, self._channels // spec.group, HALF_SLICE_DEPTH)
@@ -298,25 +314,62 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         return self._image_bytes(batch) + super().workspace_bytes(batch)
 
     def _image_bytes(self, batch: int) -> int:
-        """The channel-last image's bytes: two per value in a half format, else eight (a value and its small part)."""
+        """The channel-last image's bytes: two per value in a half format, else eight (a value and its small
+        part); none where X comes channel-last already."""
+        if self._links & INPUT:
+            return 0
         return (2 if self._half else 8) * batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
+
+    def bytes_moved(self, batch: int) -> int:
+        """As ConvKernel's, with two bytes a value of each linked tensor rather than four."""
+        saved = 0
+        if self._links & INPUT:
+            saved += 2 * batch * self.spec.in_channels * self.spec.in_size[0] * self.spec.in_size[1]
+        outputs = int(np.prod(self.spec.output_shape(batch)))
+        saved += 2 * outputs * bin(self._links & (OUTPUT | RESIDUAL)).count("1")
+        return super().bytes_moved(batch) - saved
+
+    def _checked_input(self, cupy, x):
+        if not self._links & INPUT:
+            return super()._checked_input(cupy, x)
+        return checked_linked(cupy, x, (x.shape[0] if getattr(x, "ndim", 0) == 4 else -1, *self._input_image), "input X", self.name)
+
+    def _input_array(self, cupy, x):
+        return cupy.ascontiguousarray(x) if self._links & INPUT else super()._input_array(cupy, x)
+
+    def _residual_arg(self, cupy, inputs, batch):
+        if not self._links & RESIDUAL:
+            return super()._residual_arg(cupy, inputs, batch)
+        r = inputs[RESIDUAL_INPUT] if len(inputs) > RESIDUAL_INPUT else None
+        return checked_linked(cupy, r, self.spec.output_shape(batch), "the residual operand", self.name)
+
+    def _output(self, cupy, out, batch):
+        if not self._links & OUTPUT:
+            return super()._output(cupy, out, batch)
+        shape = channel_last_shape(self.output_shape(batch))
+        if out is None:
+            return cupy.empty(shape, dtype=cupy.uint16)
+        return checked_linked(cupy, out, self.output_shape(batch), "output", self.name)
 
     def _launch(self, x, weights, y, batch, nonfinite=0):
         import cupy
 
         r, pro = weights
-        x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
         grid, workspace, reduce_blocks = self._geometry(batch)
         values = batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
         scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the image(s), then the partial sums
         image_end = -(-self._image_bytes(batch) // 4)
-        if self._half:
-            x_big, x_small = scratch[:image_end].view(cupy.uint16), np.uint64(0)
-        else:
-            x_big, x_small = scratch[:values], scratch[values:2 * values]
         partial = scratch[image_end:]
-        pixel_tiles, channel_tiles = self._transpose_tiles
-        self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
+        if self._links & INPUT:  # X is the channel-last image already
+            x_big, x_small = x, np.uint64(0)
+        else:
+            if self._half:
+                x_big, x_small = scratch[:image_end].view(cupy.uint16), np.uint64(0)
+            else:
+                x_big, x_small = scratch[:values], scratch[values:2 * values]
+            pixel_tiles, channel_tiles = self._transpose_tiles
+            x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
+            self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
         target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
         self._gemm(grid, (self.config.threads, 1, 1),
                    (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag), shared_mem=self._shared)

@@ -8,6 +8,8 @@ alone: a kernel that rounded to the other format, or not at all, fails the secon
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from family_gpu_checks import draw
@@ -22,7 +24,7 @@ from opplugin.graph.model import load_model
 from opplugin.ops.conv import families, reference, tuning_cache
 from opplugin.ops.conv.choice import tuning_key
 from opplugin.ops.conv.epilogue import NONE, Epilogue
-from opplugin.ops.conv.families import pipelined, wgmma
+from opplugin.ops.conv.families import channel_last, pipelined, wgmma
 from opplugin.ops.conv.plugin import conv_spec as conv_spec_of
 from opplugin.ops.conv.plugin import constant_weights, epilogue_of, fitted
 from opplugin.ops.conv.prologue import SCALE, Prologue
@@ -138,15 +140,18 @@ def test_a_plan_in_a_half_precision_runs_the_configuration_tune_cached_for_it(co
     def implementations(precision):
         return {s.name: s.implementation for s in record_plan_alone(plan, None, precision).steps}
 
+    def linked(config):  # conv3x3 reads the stem's output and writes conv1x1's input channel-last in the format
+        return dataclasses.replace(config, links=channel_last.INPUT | channel_last.OUTPUT).name()
+
     untuned, exact = implementations(precision), implementations("fp32")
-    assert untuned["conv3x3"] == f"conv.{default.name()}+relu"
+    assert untuned["conv3x3"] == f"conv.{linked(default)}+relu"
     wrong_family = families.configure(spec, "wg_bf16" if precision == "fp16" else "wg_fp16", fused)
     tuning_cache.store({tuning_key(spec, fused, gpu.name, precision=precision): tuning_cache.Choice(wrong_family.name(), 1.0, 8)})
     assert implementations(precision) == untuned  # a configuration of another family is no choice for this precision
     tuning_cache.store({tuning_key(spec, fused, gpu.name, precision=precision): tuning_cache.Choice(other.name(), 1.0, 8)})
     tuned = implementations(precision)
-    assert tuned["conv3x3"] == f"conv.{other.name()}+relu" and tuned["conv1x1"] == untuned["conv1x1"]
-    assert step_precisions(plan, precision)["conv3x3"].variant == other.name()  # what the runner's build is given
+    assert tuned["conv3x3"] == f"conv.{linked(other)}+relu" and tuned["conv1x1"] == untuned["conv1x1"]
+    assert step_precisions(plan, precision)["conv3x3"].variant == linked(other)  # what the runner's build is given
     assert step.plugin.precision_variant(step.node, gpu, precision, step.fused).variant == other.name()
     assert implementations("fp32") == exact  # FP32's choice reads FP32's entries alone
 

@@ -1,0 +1,63 @@
+"""Links between half-precision Conv steps (wg_fp16, wg_bf16): a tensor one such step writes and only such
+steps read stays in the format, channel-last ([N][H][W][C], as a 16-bit value's bits), instead of going out
+to FP32 NCHW and back. Each of those steps otherwise reads FP32 NCHW and rewrites it channel-last in the
+format before its GEMM, then writes FP32 NCHW: on ResNet-50 in FP16 at batch 32 that is a read, a write and
+a read again of every activation at twice the bytes, between every pair of Convs.
+
+A configuration's `links` (its name's `_h` field) says which of its tensors are so: INPUT (X: the step
+skips its rewrite and multiplies X as it is), OUTPUT (Y) and RESIDUAL (a fused Add's operand). The plan
+makes the links (plan/channel_last.py); a kernel checks that what it is given is what its links say.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..epilogue import Epilogue
+from ..spec import ConvSpec
+
+INPUT, OUTPUT, RESIDUAL = 1, 2, 4
+TENSOR_NAMES = {INPUT: "X", OUTPUT: "Y", RESIDUAL: "the residual"}
+ALL_LINKS = INPUT | OUTPUT | RESIDUAL
+
+
+def linked_names(links: int) -> list[str]:
+    """The tensors `links` keeps channel-last in the format, by name."""
+    return [name for bit, name in TENSOR_NAMES.items() if links & bit]
+
+
+def links_reason(spec: ConvSpec, links: int, epilogue: Epilogue, image_channels: int) -> str | None:
+    """Why a half-precision kernel of `spec` cannot keep these tensors channel-last in the format; None: it can.
+    `image_channels`: the channels of the channel-last image it multiplies (a stem's padded to a quad)."""
+    if links & ~ALL_LINKS:
+        return f"links {links}: a sum of {', '.join(f'{bit} ({name})' for bit, name in TENSOR_NAMES.items())}"
+    if links & INPUT and image_channels != spec.in_channels:
+        return f"X cannot come in channel-last: the kernel pads its {spec.in_channels} channels to {image_channels}"
+    if links & INPUT and epilogue.prologue:
+        return "X cannot come in channel-last: the kernel applies its prologue as it rewrites X"
+    if links & RESIDUAL and not epilogue.residual:
+        return "no residual operand to take channel-last: the kernel fuses no Add"
+    return None
+
+
+def link_defines(links: int, half_format: int) -> dict[str, int]:
+    """The kernel's macros for its links (conv_implicit_tiles.cuh): the format of y and of the residual kept
+    channel-last; a linked X needs none (the rewrite is not launched)."""
+    return ({"Y_CHANNEL_LAST": half_format} if links & OUTPUT else {}) | ({"R_CHANNEL_LAST": half_format} if links & RESIDUAL else {})
+
+
+def channel_last_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """(N, H, W, C) of an NCHW shape."""
+    n, c, *spatial = shape
+    return (n, *spatial, c)
+
+
+def checked_linked(cupy: Any, array: Any, nchw: tuple[int, ...], what: str, kernel: str) -> Any:
+    """`array` as a contiguous channel-last tensor of the format's bits (uint16) whose NCHW shape is `nchw`;
+    a PluginError naming what came instead (an FP32 tensor where the plan linked this one: a plan out of step)."""
+    from ....errors import PluginError
+
+    expected = channel_last_shape(nchw)
+    if not isinstance(array, cupy.ndarray) or array.dtype != cupy.uint16 or tuple(array.shape) != expected:
+        got = f"{type(array).__name__} {getattr(array, 'dtype', '')} {tuple(getattr(array, 'shape', ()))}"
+        raise PluginError(f"{kernel}: {what} is linked channel-last in 16 bits: expected a uint16 array of shape {expected}, got {got}")
+    return cupy.ascontiguousarray(array)

@@ -1,0 +1,65 @@
+"""Which tensors a run in fp16 or bf16 keeps channel-last in the format (plan/channel_last.py), as a Hopper plan
+sees it: between half-precision Conv steps alone, never one a run hands back or an FP32 step reads."""
+from __future__ import annotations
+
+import pytest
+from onnx_builders import save
+from precision_cases import conv_pair_model
+
+from opplugin.gpu.device import Device
+from opplugin.graph.model import load_model
+from opplugin.ops.conv import families
+from opplugin.ops.conv.families.channel_last import INPUT, OUTPUT, RESIDUAL
+from opplugin.plan.channel_last import linked_tensors
+from opplugin.plan.partition import make_plan
+from opplugin.plan.precision import step_precisions
+
+GPU = Device("cuda", "test GPU")
+
+
+@pytest.fixture(scope="module")
+def conv_pair(tmp_path_factory):
+    """stem > Relu (r0) > conv3x3 > Relu (r1) > conv1x1 > + r0 (y, the output)."""
+    return load_model(save(conv_pair_model(), tmp_path_factory.mktemp("links") / "conv_pair.onnx"))
+
+
+def links_of(plan, precision="fp16", **kwargs) -> dict[str, int]:
+    """Step name -> the links of the configuration it is built from (0: none)."""
+    found = {}
+    for name, step in step_precisions(plan, precision, **kwargs).items():
+        config = families.parse(step.variant)[1] if step.variant and step.variant.startswith("wg_") else None
+        found[name] = getattr(config, "links", 0)
+    return found
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_tensors_between_half_convs_stay_channel_last_and_the_output_does_not(conv_pair, precision):
+    plan = make_plan(conv_pair, 8, GPU)
+    variants = {name: p.variant for name, p in step_precisions(plan, precision).items()}
+    assert linked_tensors(plan, variants) == {"r0", "r1"}  # y is the graph's output
+    assert links_of(plan, precision) == {"stem": OUTPUT, "conv3x3": INPUT | OUTPUT, "conv1x1": INPUT | RESIDUAL}
+    assert all(families.parse(v)[0].name == f"wg_{precision}" for v in variants.values())
+
+
+def test_a_kept_tensor_stays_fp32_and_its_readers_rewrite_it_themselves(conv_pair):
+    plan = make_plan(conv_pair, 8, GPU, keep=["r1"])
+    assert links_of(plan) == {"stem": OUTPUT, "conv3x3": INPUT, "conv1x1": RESIDUAL}
+
+
+def test_a_reader_in_fp32_keeps_the_tensor_fp32(conv_pair):
+    plan = make_plan(conv_pair, 8, GPU)
+    kept = links_of(plan, "mixed", keep_fp32={"conv3x3": "kept for the test"})  # conv3x3 reads r0 in FP32
+    assert kept == {"stem": 0, "conv3x3": 0, "conv1x1": 0}  # r0 goes to FP32 conv3x3; r1 comes from it
+
+
+def test_nothing_is_linked_in_fp32_nor_on_the_cpu(conv_pair):
+    assert set(links_of(make_plan(conv_pair, 8, GPU), "fp32").values()) == {0}
+    cpu = make_plan(conv_pair, 8, Device("cpu"))
+    assert all(not p.variant or "_h" not in p.variant for p in step_precisions(cpu, "fp16").values())
+
+
+def test_the_plan_names_each_linked_steps_configuration(conv_pair):
+    from opplugin.runtime.plan_record import record_plan_alone
+
+    steps = {s.name: s.implementation for s in record_plan_alone(make_plan(conv_pair, 8, GPU), None, "fp16").steps}
+    assert steps["conv3x3"].endswith("_h3+relu") and steps["conv1x1"].endswith("_h5+add")

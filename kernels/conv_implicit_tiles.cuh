@@ -239,10 +239,12 @@ __device__ __forceinline__ size_t channel_last_at(int col, int m) { return (size
 typedef unsigned short output_t;
 __device__ __forceinline__ size_t output_at(int col, int m) { return channel_last_at(col, m); }
 __device__ __forceinline__ output_t stored(float v) { return half_bits<Y_CHANNEL_LAST>(v); }
+__device__ __forceinline__ float stored_value(output_t v) { return half_value<Y_CHANNEL_LAST>(v); }
 #else
 typedef float output_t;
 __device__ __forceinline__ size_t output_at(int col, int m) { return nchw_at(col, m); }
 __device__ __forceinline__ output_t stored(float v) { return v; }
+__device__ __forceinline__ float stored_value(output_t v) { return v; }
 #endif
 #ifdef R_CHANNEL_LAST
 typedef unsigned short residual_t;
@@ -263,16 +265,17 @@ __device__ __forceinline__ float residual_of(const residual_t* __restrict__ r, i
 }
 
 // The sum v of output map m at column col into y, finished by the epilogue (bias, `res`: the residual
-// at the output's own index, the activation) and flagged if not finite.
+// at the output's own index, the activation) and flagged if not finite as stored (a value past FP16's
+// range is an infinity in a linked y).
 __device__ __forceinline__ void store_finished(output_t* __restrict__ y, const float* __restrict__ b, unsigned char* nonfinite,
                                                int col, int m, float v, float res)
 {
 #if HAS_BIAS
     v += b[m];
 #endif
-    const float out = finish_output(v, res);
-    y[output_at(col, m)] = stored(out);
-    flag_nonfinite(nonfinite, out);
+    const output_t out = stored(finish_output(v, res));
+    y[output_at(col, m)] = out;
+    flag_nonfinite(nonfinite, stored_value(out));
 }
 
 // The sum v of output map m at column col: into y (store_finished, the residual read here), or with a
@@ -307,9 +310,9 @@ conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict_
         v += b[m];
 #endif
         const int col = n * P + p;
-        const float out = finish_output(v, residual_of(r, col, m));
-        y[output_at(col, m)] = stored(out);
-        flag_nonfinite(nonfinite, out);
+        const output_t out = stored(finish_output(v, residual_of(r, col, m)));
+        y[output_at(col, m)] = out;
+        flag_nonfinite(nonfinite, stored_value(out));
     }
 }
 

@@ -77,6 +77,10 @@ class NonFiniteFlags:
             self._runtime.memcpyAsync(self._home_at + offset, self._device_at + offset, self.slots,
                                       self._runtime.memcpyDeviceToHost, cupy.cuda.get_current_stream().ptr)
 
+    def address(self, chunk: int, slot: int) -> int:
+        """The device byte of this flag, for a kernel that raises it as it stores (Kernel.flags_nonfinite); 0 on the host."""
+        return self._flags.data.ptr + chunk * self.slots + slot if self.on_device else 0
+
     def record(self, chunk: int, slot: int, value: Any) -> None:
         """Flag this output; on a device, enqueued on the current stream."""
         if isinstance(value, np.ndarray) or not self.on_device:

@@ -43,6 +43,10 @@ class FlagSink(Protocol):
 
     def record(self, chunk: int, slot: int, value: Any) -> None: ...
 
+    def address(self, chunk: int, slot: int) -> int:
+        """The device address of a flag a kernel may raise itself; 0: none."""
+        ...
+
     def copy_in(self, chunk: int, runs: Sequence[tuple[int, int, int]], source: Any) -> None: ...
 
     def send_home(self, chunk: int) -> None:
@@ -273,11 +277,17 @@ class PlanExecutor:
             kernel = self.kernels[step.name]
             args = [values.on_device(n) if n else None for n in step.inputs]
             run = lane.run_kernel if kernel.device_work else lane.run_host
-            outs = self._checked(step, run(step.name, "plugin",
-                                           lambda i=index, k=kernel, a=args: self._call(i, k, a, lane, pending, batch)))
+            watched = flags is not None and index in self.watched
+            # a kernel that flags as it stores needs no pass over its output (which may be in 16 bits, channel-last)
+            flag = flags.address(chunk, self.watched[index][0]) if watched and self._flags_itself(index, kernel) else 0
+            if flag:
+                call = lambda k=kernel, a=args, f=flag: k(a, lane.stream, nonfinite=f)  # noqa: E731
+            else:
+                call = lambda i=index, k=kernel, a=args: self._call(i, k, a, lane, pending, batch)  # noqa: E731
+            outs = self._checked(step, run(step.name, "plugin", call))
             for name, value in zip(step.outputs, outs):
                 values.put(name, value)
-            if flags is not None and index in self.watched:
+            if watched and not flag:
                 for slot, value in zip(self.watched[index], outs):
                     lane.untimed(lambda s=slot, v=value: flags.record(chunk, s, v))
             self._drop_dead(values, index, held)

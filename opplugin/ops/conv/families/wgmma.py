@@ -335,7 +335,10 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         return checked_linked(cupy, x, (x.shape[0] if getattr(x, "ndim", 0) == 4 else -1, *self._input_image), "input X", self.name)
 
     def _input_array(self, cupy, x):
-        return cupy.ascontiguousarray(x) if self._links & INPUT else super()._input_array(cupy, x)
+        if not self._links & INPUT:
+            return super()._input_array(cupy, x)
+        # the common check passes an FP32 NCHW X of the Conv's shape: the format's bits are what this one takes
+        return checked_linked(cupy, x, (x.shape[0], *self._input_image), "input X", self.name)
 
     def _residual_arg(self, cupy, inputs, batch):
         if not self._links & RESIDUAL:

@@ -101,7 +101,7 @@ def test_a_linked_kernel_writes_the_bits_its_unlinked_self_rounds_to(spec_name, 
     expected = cupy.asnumpy(y)
     kernel = families.build_kernel(spec, linked(spec, name, links), (w, b), ADD_RELU)
     x_in = as_channel_last_bits(x, precision) if links & INPUT else cupy.asarray(x)
-    r_in = as_channel_last_bits(r, precision)
+    r_in = as_channel_last_bits(r, precision) if links & RESIDUAL else cupy.asarray(r)
     poisoned = cupy.full(channel_last_shape(spec.output_shape()), 0xFFFF, cupy.uint16)  # NaN in both formats
     [got] = kernel([x_in, None, None, r_in], None, out=poisoned)
     assert got is poisoned and got.dtype == cupy.uint16

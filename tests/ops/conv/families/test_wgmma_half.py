@@ -266,3 +266,12 @@ def test_a_runner_in_a_half_precision_runs_the_wide_convs_on_its_wgmma_family_wi
     assert np.all(np.abs(got - expected) <= atol * scale + rtol * np.abs(expected))
     error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error > 1e-6, "the run moved by no rounding at all: was it in FP32?"
+    # the tensors between the Convs stay channel-last in the format (plan/channel_last.py), launched eagerly too
+    assert steps["conv3x3"].implementation.endswith("_h3+relu") and steps["conv1x1"].implementation.endswith("_h5+add")
+    eager = Runner(conv_pair, 16, "cuda", precision=precision, cuda_graphs=False)
+    assert np.array_equal(eager.run({"x": x}).outputs["y"], got)
+    x[3, 1, 4, 5] = np.nan  # a chunk that meets NaN runs again on the exact path, where nothing is linked
+    [with_nan] = session.run(None, {"x": x})
+    for run in (runner, eager):
+        again = run.run({"x": x}).outputs["y"]
+        assert np.array_equal(np.isnan(again), np.isnan(with_nan)) and np.isnan(again).any()

@@ -290,13 +290,46 @@ __device__ __forceinline__ void store_sum(output_t* __restrict__ y, float* __res
 #endif
 }
 
-// y[n][m][p] = the epilogue of (sum of the KSLICES partial sums + bias), slices added in order;
-// nonfinite (null: not watched) raised where an output is NaN or Inf
+// y[n][m][p] (with Y_CHANNEL_LAST y[n][p][m] in the format) = the epilogue of (sum of the KSLICES partial
+// sums + bias), slices added in order; nonfinite (null: not watched) raised where an output is NaN or Inf
 extern "C" __global__ void __launch_bounds__(256)
 conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const residual_t* __restrict__ r,
                      output_t* __restrict__ y, int batch, unsigned char* nonfinite)
 {
     const int total = batch * P;
+#ifdef Y_CHANNEL_LAST
+    // a linked y: tiles of 32 columns x 32 maps, summed reading along the columns (as `partial` lies) and
+    // stored along the maps (as y lies) through shared memory; blockDim.x is 256
+    __shared__ float tile[32][33];
+    const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
+    const int col_tiles = (total + 31) / 32;
+    for (int at = blockIdx.x; at < col_tiles * ((M + 31) / 32); at += gridDim.x) {
+        const int c0 = at % col_tiles * 32, mt = at / col_tiles * 32;
+        for (int k = row; k < 32; k += 8) {
+            const int col = c0 + lane, m = mt + k;
+            float v = 0.0f;
+            if (col < total && m < M) {
+                const float* sums = partial + (size_t)m * total + col;
+#pragma unroll 4
+                for (int s = 0; s < KSLICES; ++s) v += sums[(size_t)s * M * total];
+#if HAS_BIAS
+                v += b[m];
+#endif
+            }
+            tile[k][lane] = v;
+        }
+        __syncthreads();
+        for (int k = row; k < 32; k += 8) {
+            const int col = c0 + k, m = mt + lane;
+            if (col < total && m < M) {
+                const output_t out = stored(finish_output(tile[lane][k], residual_of(r, col, m)));
+                y[channel_last_at(col, m)] = out;
+                flag_nonfinite(nonfinite, stored_value(out));
+            }
+        }
+        __syncthreads();
+    }
+#else
     const size_t outputs = (size_t)batch * M * P;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < outputs; i += (size_t)gridDim.x * blockDim.x) {
         const int n = (int)(i / (M * P));
@@ -309,11 +342,11 @@ conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict_
 #if HAS_BIAS
         v += b[m];
 #endif
-        const int col = n * P + p;
-        const output_t out = stored(finish_output(v, residual_of(r, col, m)));
-        y[output_at(col, m)] = out;
+        const output_t out = stored(finish_output(v, residual_of(r, n * P + p, m)));
+        y[i] = out;
         flag_nonfinite(nonfinite, stored_value(out));
     }
+#endif
 }
 
 // The run of BK slices that block z of KSLICES multiplies: [first, first + count); count is 0

@@ -238,6 +238,75 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
     }
 }
 
+#if defined(Y_CHANNEL_LAST) && KSLICES == 1
+// The tile's outputs into a channel-last y in the format (a linked Y), through shared memory: a pixel's maps
+// are contiguous there, but a lane holds two neighbouring maps of each of eight maps' runs, eight pixels
+// apart, so storing from registers would write 4 bytes to each of eight 32-byte sectors an instruction.
+// Each consumer warp instead stages 8 pixels x BM maps at a time in its own rows of the (drained) stage
+// memory, then stores whole 16-byte pieces of each pixel's run of maps; a residual operand in the same
+// layout comes in the same way. Needs a group's maps a multiple of 8 (the plan links no other Y).
+constexpr int STAGED_ROW = BM + 8;  // halves a staged row: 16 bytes over BM puts a warp's pairs in 32 banks
+constexpr int ROW_PIECES = BM / 8;  // 16-byte pieces of a pixel's maps in the tile
+
+__device__ __forceinline__ void store_channel_last(const float* acc, operand_t* stages, const float* __restrict__ b,
+                                                   const residual_t* __restrict__ r, output_t* __restrict__ y,
+                                                   unsigned char* nonfinite, int col0, int m0, int total, int map_end)
+{
+    // every consumer warpgroup's wgmmas have read their last stage before any warp writes over it
+    asm volatile("bar.sync 1, %0;" ::"n"(BLOCK_THREADS - NTHREADS));
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int warp = (threadIdx.x - NTHREADS) / 32;
+    unsigned short* rows = reinterpret_cast<unsigned short*>(stages) + warp * 8 * STAGED_ROW;
+#pragma unroll
+    for (int upper = 0; upper < 2; ++upper) {
+        const int first = col0 + warp * 16 + 8 * upper;  // the pixel of staged row 0
+#if RESIDUAL && defined(R_CHANNEL_LAST)
+        for (int piece = lane; piece < 8 * ROW_PIECES; piece += 32) {
+            const int row = piece / ROW_PIECES, m = m0 + piece % ROW_PIECES * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (first + row < total && m < map_end)
+                v = __ldg(reinterpret_cast<const uint4*>(r + channel_last_at(first + row, m)));
+            *reinterpret_cast<uint4*>(rows + row * STAGED_ROW + piece % ROW_PIECES * 8) = v;
+        }
+        __syncwarp();
+#endif
+        const int col = first + g;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int m = m0 + 8 * j + 2 * t + q;
+                unsigned short* at = rows + g * STAGED_ROW + 8 * j + 2 * t + q;
+                if (col >= total || m >= map_end)
+                    continue;
+                float v = acc[4 * j + 2 * upper + q];
+#if HAS_BIAS
+                v += b[m];
+#endif
+#if RESIDUAL && defined(R_CHANNEL_LAST)
+                const float res = half_value<R_CHANNEL_LAST>(*at);
+#else
+                const float res = residual_of(r, col, m);
+#endif
+                const output_t out = stored(finish_output(v, res));
+                *at = out;
+                flag_nonfinite(nonfinite, stored_value(out));
+            }
+        }
+        __syncwarp();
+        for (int piece = lane; piece < 8 * ROW_PIECES; piece += 32) {
+            const int row = piece / ROW_PIECES, m = m0 + piece % ROW_PIECES * 8;
+            if (first + row < total && m < map_end)
+                *reinterpret_cast<uint4*>(y + channel_last_at(first + row, m)) =
+                    *reinterpret_cast<const uint4*>(rows + row * STAGED_ROW + piece % ROW_PIECES * 8);
+        }
+        __syncwarp();
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
            const operand_t* __restrict__ w_small, const float* __restrict__ b, const residual_t* __restrict__ r,
@@ -263,7 +332,9 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     float acc[ACC];
     consume_slices(acc, run.count, stages, full, empty);
 
-#if KSLICES == 1
+#if defined(Y_CHANNEL_LAST) && KSLICES == 1
+    store_channel_last(acc, stages, b, r, y, nonfinite, col0, m0, total, maps.end);
+#elif KSLICES == 1
     // every residual value this thread adds (none without RESIDUAL: residual_of gives 0), loaded
     // before the first store: one wait on memory for the tile rather than one a value. On an H200,
     // ResNet-50's 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it

@@ -173,19 +173,19 @@ class ConvPlugin(Plugin):
 
     def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
-        """A wg_fp16 or wg_bf16 step that fuses its whole epilogue can write its output channel-last in its format,
-        and take so its residual operand, and X where it applies no prologue and pads no channels
-        (families/channel_last.py)."""
+        """A wg_fp16 or wg_bf16 step that fuses its whole epilogue can write its output channel-last in its format
+        and take so its residual operand (a multiple of 8 maps a group), and X where it applies no prologue and
+        pads no channels (families/channel_last.py's links_reason)."""
         half = self._linkable(node, device, variant, fused, prologue)
         if half is None:
             return None
+        from .families.channel_last import INPUT, OUTPUT, RESIDUAL, links_reason
         from .families.wgmma import image_channels
 
         family, spec, epilogue = half
-        inputs = {RESIDUAL_INPUT} if epilogue.residual else set()
-        if not epilogue.prologue and image_channels(spec, pads=True) == spec.in_channels:
-            inputs.add(0)
-        return ChannelLast(family.precision, frozenset(inputs), True)
+        can = {bit for bit in (INPUT, OUTPUT, RESIDUAL) if links_reason(spec, bit, epilogue, image_channels(spec, pads=True)) is None}
+        inputs = frozenset(position for bit, position in ((INPUT, 0), (RESIDUAL, RESIDUAL_INPUT)) if bit in can)
+        return ChannelLast(family.precision, inputs, OUTPUT in can) if inputs or OUTPUT in can else None
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
                        fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:

@@ -36,6 +36,9 @@ def links_reason(spec: ConvSpec, links: int, epilogue: Epilogue, image_channels:
         return "X cannot come in channel-last: the kernel applies its prologue as it rewrites X"
     if links & RESIDUAL and not epilogue.residual:
         return "no residual operand to take channel-last: the kernel fuses no Add"
+    maps = spec.out_channels // spec.group
+    if links & (OUTPUT | RESIDUAL) and maps % 8:
+        return f"a pixel's maps go channel-last 8 at a time (16 bytes); this Conv has {maps} a group"
     return None
 
 

@@ -51,6 +51,9 @@ def test_links_a_kernel_cannot_honour_are_refused_with_the_reason():
     assert "applies its prologue as it rewrites X" in families.unsupported_reason(SPEC, linked(SPEC, "wg_bf16", INPUT, scaled), w, scaled)
     assert "pads its 3 channels to 8" in families.unsupported_reason(STEM, linked(STEM, "wg_fp16", INPUT, NONE), ones(STEM), NONE)
     assert families.unsupported_reason(STEM, linked(STEM, "wg_fp16", OUTPUT, NONE), ones(STEM), NONE) is None
+    odd = conv(2, 64, 36, (8, 8), (1, 1))  # 36 maps: a pixel's run of maps is no whole number of 16-byte pieces
+    assert "this Conv has 36 a group" in families.unsupported_reason(odd, linked(odd, "wg_fp16", OUTPUT, NONE), ones(odd), NONE)
+    assert families.unsupported_reason(odd, linked(odd, "wg_fp16", INPUT, NONE), ones(odd), NONE) is None
     with pytest.raises(PluginError, match="links 8"):
         families.compile_units(SPEC, dataclasses.replace(linked(SPEC, "wg_fp16", 0), links=8), ADD_RELU)
 

@@ -69,7 +69,11 @@ def _takes(reader: object, position: int, fmt: str, support: dict[str, ChannelLa
 
 
 def with_links(plan: Plan, precisions: dict) -> dict:
-    """`precisions` (plan/precision.py's StepPrecision by step name) with each linked step's variant rewritten."""
+    """`precisions` (plan/precision.py's StepPrecision by step name) with each linked step's variant rewritten,
+    and its linked tensors named."""
     variants = {name: p.variant for name, p in precisions.items()}
-    rewritten = linked_variants(plan, variants, linked_tensors(plan, variants))
-    return {name: replace(p, variant=rewritten[name]) if name in rewritten else p for name, p in precisions.items()}
+    linked = linked_tensors(plan, variants)
+    rewritten = linked_variants(plan, variants, linked)
+    steps = {step.name: step for step in plan.steps}
+    return {name: replace(p, variant=rewritten[name], channel_last=tuple(t for t in [*steps[name].inputs, *steps[name].outputs] if t in linked))
+            if name in rewritten else p for name, p in precisions.items()}

@@ -48,6 +48,8 @@ class StepPrecision:
     # under a reduced precision, why the step does not run in it (stays FP32, runs its --variant's, or its plugin's
     # variant in another precision); None where it does
     reason: str | None = None
+    # under fp16 and bf16, the step's tensors (inputs and output) kept channel-last in the format (channel_last.py)
+    channel_last: tuple[str, ...] = ()
 
 
 def checked_precision(precision: str, flag: str = "precision", taken: tuple[str, ...] = PRECISIONS) -> str:

@@ -16,7 +16,8 @@ its op type is a plugin step, `step` null), `reason` (why rejected or not compil
 applies them itself; null when nothing is fused). Empty without `--kernel`.
 "precision" is the precision asked for (`--precision`; "fp32" by default), and each step's own
 `precision` ("fp32", "tf32", "fp16", "bf16") what its kernel computes its products in, with
-`precision_reason`: why it stays fp32 under a reduced precision (null otherwise). "budget", under precision
+`precision_reason`: why it stays fp32 under a reduced precision (null otherwise), and `channel_last`: the tensors
+it reads or writes channel-last in that 16-bit format, between steps that can (plan/channel_last.py). "budget", under precision
 "mixed": the --budget, the images it was measured on, the nodes it keeps in FP32 and why (each step that computes
 one says so in its precision_reason), and the emulated outputs' errors; null otherwise.
 """
@@ -30,9 +31,10 @@ from ..core.texttable import LINE_WIDTH, elide_middle, summarise_ops
 
 # 5: precision (asked for), and each step's precision and precision_reason (plan/precision.py)
 # 6: budget (plan --precision mixed --budget: cli/budget.py), null otherwise
-SCHEMA = "opplugin-plan/6"
-STEP_KEYS = ("name", "kind", "ops", "implementation", "precision", "precision_reason", "inputs", "outputs", "nodes", "views", "flops",
-             "bytes_moved", "variants")
+# 7: each step's channel_last (the tensors it reads or writes channel-last in its 16-bit format)
+SCHEMA = "opplugin-plan/7"
+STEP_KEYS = ("name", "kind", "ops", "implementation", "precision", "precision_reason", "channel_last", "inputs", "outputs", "nodes",
+             "views", "flops", "bytes_moved", "variants")
 
 # variant -> None when a plugin offers it for a step, else why not (Plugin.variant_notes)
 VariantNotes = dict[str, dict[str, str | None]]
@@ -60,6 +62,7 @@ def step_entry(plan: PlanRecord, step: StepRecord, variants: dict[str, str | Non
         "implementation": step.implementation,
         "precision": step.precision,
         "precision_reason": step.precision_reason,
+        "channel_last": list(step.channel_last),
         "inputs": _tensors(plan, step.inputs),
         "outputs": _tensors(plan, step.outputs),
         "nodes": _nodes(plan, step),
@@ -133,6 +136,8 @@ def format_plan(plan: PlanRecord, wide: bool = False, budget: dict[str, Any] | N
         if reduced or step.precision != "fp32":  # an FP32 plan reads as it always has
             lines.append(elide_middle(f"{indent}precision: {step.precision}{f': {step.precision_reason}' if step.precision_reason else ''}",
                                       line_width))
+        if step.channel_last:
+            lines.append(elide_middle(f"{indent}channel-last in {step.precision}: {', '.join(step.channel_last)}", line_width))
         lines += [elide_middle(f"{indent}reads as a view: {view}", line_width) for view in step.views]
         shapes = _listed([f"{elide_middle(n, name_width)} {list(plan.shapes[n])}" for n in dict.fromkeys(step.inputs) if n in plan.shapes],
                          None if wide else LINE_WIDTH - len(indent) - 4)

@@ -58,6 +58,7 @@ def record_plan(
             views=tuple(view.describe() for view in step.views.values()) if step.kind == "plugin" else (),
             precision=precisions[step.name].precision,
             precision_reason=precisions[step.name].reason,
+            channel_last=precisions[step.name].channel_last,
         ))
     notes = {}
     if variant_notes:

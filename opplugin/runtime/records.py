@@ -34,6 +34,7 @@ class StepRecord:
     views: tuple[str, ...] = ()  # the operands it reads through layout nodes as views, each in words (plan/input_views.py)
     precision: str = "fp32"  # what its kernel computes its products in ("fp32", "tf32", "fp16", "bf16"; plan/precision.py)
     precision_reason: str | None = None  # under a reduced --precision, why the step does not run in it (None where it does)
+    channel_last: tuple[str, ...] = ()  # its tensors kept channel-last in its 16-bit format (plan/channel_last.py)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ class Runner:
         self.plan, self.layout = self._make_plan(model, registry, chunk, tuple(keep))
         # each step's variant: the op type's --variant, else its plugin's for the precision, else its own choice
         self.step_precisions = step_precisions(self.plan, self.precision, self.variants, self.keep_fp32)
+        self._channel_last = {name for step in self.step_precisions.values() for name in step.channel_last}
         self.chunk = self.plan.batch
         self.chunk_retries = 0  # times an out-of-memory halved the chunk
 
@@ -360,6 +361,10 @@ class Runner:
         checked_keep(self.plan.model, keep, what)  # why a name is no tensor of the graph at all
         crossing = {value.name for value in self.plan.model.inputs} | {name for step in self.plan.steps for name in step.outputs}
         hidden = [name for name in keep if name not in crossing]
+        linked = next((name for name in keep if name in self._channel_last), None)
+        if linked is not None:
+            raise InputError(f"{what} {linked}: it goes between steps channel-last in {self.precision}, as no tensor the model "
+                             f"has; a Runner made with keep=({linked!r},) keeps it as the model has it")
         if hidden:
             inside = next((f"inside step {step.name}" for step in self.plan.steps if hidden[0] in _written_by(step)),
                           "in no step: nothing the model outputs reads it")

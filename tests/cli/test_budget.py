@@ -33,7 +33,7 @@ def test_plan_with_a_tight_budget_keeps_the_step_it_needs_in_fp32_and_runs_the_o
                           "in it, the rest fp32)")
     assert "precision: fp32: kept in FP32 by the budget: fc2 (MatMul) overflows FP16 alone" in captured.out.replace("\n", " ")
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["schema"] == "opplugin-plan/6" and data["precision"] == "mixed"
+    assert data["schema"] == "opplugin-plan/7" and data["precision"] == "mixed"
     assert [(s["name"], s["precision"], s["precision_reason"]) for s in data["steps"]] == [("fc1", "fp16", None), ("fc2", "fp32", OVERFLOWS)]
     assert [k["name"] for k in data["budget"]["kept_in_fp32"]] == ["fc2", "fc2_bias"] and data["budget"]["images"] == 8
 

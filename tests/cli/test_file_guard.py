@@ -352,7 +352,7 @@ def test_a_closed_pipe_exits_quietly(argv, tmp_path):
 def test_json_to_standard_output_sends_the_text_to_stderr(tmp_path):
     done = cli("plan", "lenet86", "--device", "cpu", "--json", "-", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["schema"] == "opplugin-plan/6"
+    assert json.loads(done.stdout)["schema"] == "opplugin-plan/7"
     assert "Plan for lenet86" in done.stderr
     assert list(tmp_path.iterdir()) == []  # no file named -
     done = cli("run", "lenet86", "--device", "cpu", "--batch", "4", "--csv", "-", cwd=tmp_path)

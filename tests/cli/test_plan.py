@@ -79,7 +79,7 @@ def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(t
     conv_why = "wg_fp16 multiplies maps 64 at a time; this Conv has 8 a group, mostly padding"
     assert f"precision: fp32: {conv_why}" in out
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["schema"] == "opplugin-plan/6" and data["precision"] == "fp16"
+    assert data["schema"] == "opplugin-plan/7" and data["precision"] == "fp16"
     assert [(s["name"], s["precision"], s["precision_reason"]) for s in data["steps"]] == [
         ("conv", "fp32", conv_why), ("fc1", "fp16", None),
         ("fc2", "fp32", "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)")]

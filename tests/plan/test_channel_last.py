@@ -39,6 +39,8 @@ def test_the_tensors_between_half_convs_stay_channel_last_and_the_output_does_no
     assert linked_tensors(plan, variants) == {"r0", "r1"}  # y is the graph's output
     assert links_of(plan, precision) == {"stem": OUTPUT, "conv3x3": INPUT | OUTPUT, "conv1x1": INPUT | RESIDUAL}
     assert all(families.parse(v)[0].name == f"wg_{precision}" for v in variants.values())
+    named = {name: p.channel_last for name, p in step_precisions(plan, precision).items()}
+    assert named == {"stem": ("r0",), "conv3x3": ("r0", "r1"), "conv1x1": ("r1", "r0")}
 
 
 def test_a_kept_tensor_stays_fp32_and_its_readers_rewrite_it_themselves(conv_pair):
@@ -58,8 +60,12 @@ def test_nothing_is_linked_in_fp32_nor_on_the_cpu(conv_pair):
     assert all(not p.variant or "_h" not in p.variant for p in step_precisions(cpu, "fp16").values())
 
 
-def test_the_plan_names_each_linked_steps_configuration(conv_pair):
+def test_the_plan_names_each_linked_steps_configuration_and_tensors(conv_pair):
+    from opplugin.report.plan import build_plan_report, format_plan
     from opplugin.runtime.plan_record import record_plan_alone
 
-    steps = {s.name: s.implementation for s in record_plan_alone(make_plan(conv_pair, 8, GPU), None, "fp16").steps}
+    record = record_plan_alone(make_plan(conv_pair, 8, GPU), None, "fp16")
+    steps = {s.name: s.implementation for s in record.steps}
     assert steps["conv3x3"].endswith("_h3+relu") and steps["conv1x1"].endswith("_h5+add")
+    assert "channel-last in fp16: r1, r0" in format_plan(record)
+    assert [s["channel_last"] for s in build_plan_report(record)["steps"]] == [["r0"], ["r0", "r1"], ["r1", "r0"]]

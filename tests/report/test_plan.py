@@ -20,7 +20,7 @@ def plan_json(tmp_path, *argv):
 
 def test_plan_json_of_a_shipped_model(tmp_path, capsys):
     data = plan_json(tmp_path, "lenet86", "--batch", "5")
-    assert data["schema"] == "opplugin-plan/6" and data["model"] == "lenet86" and data["batch"] == 5
+    assert data["schema"] == "opplugin-plan/7" and data["model"] == "lenet86" and data["batch"] == 5
     assert data["device"]["kind"] == "cpu" and data["onnxruntime_provider"] == "CPUExecutionProvider"
     steps = data["steps"]
     assert all(tuple(step) == plan.STEP_KEYS for step in steps)

@@ -85,7 +85,7 @@ def test_plan_shows_the_fold_and_fuses_conv_relu_maxpool(tmp_path):
     path = tmp_path / "plan.json"
     assert main(["plan", str(tmp_path / "conv_bn.onnx"), "--device", "cpu", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
-    assert data["schema"] == "opplugin-plan/6"
+    assert data["schema"] == "opplugin-plan/7"
     assert data["simplified"] == {"constants_folded": {}, "batchnorms_folded": 1, "dropped": {}}
 
 

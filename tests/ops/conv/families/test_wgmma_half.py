@@ -18,6 +18,7 @@ from onnx_builders import save
 from precision_cases import conv_pair_model
 
 from opplugin.core import paths
+from opplugin.errors import InputError
 from opplugin.core.number_formats import UNIT_ROUNDOFF, half_bits, round_to
 from opplugin.gpu.device import Device
 from opplugin.graph.model import load_model
@@ -270,6 +271,10 @@ def test_a_runner_in_a_half_precision_runs_the_wide_convs_on_its_wgmma_family_wi
     assert steps["conv3x3"].implementation.endswith("_h3+relu") and steps["conv1x1"].implementation.endswith("_h5+add")
     eager = Runner(conv_pair, 16, "cuda", precision=precision, cuda_graphs=False)
     assert np.array_equal(eager.run({"x": x}).outputs["y"], got)
+    with pytest.raises(InputError, match=f"cannot keep r1: it goes between steps channel-last in {precision}"):
+        runner.run({"x": x}, keep=("r1",))
+    kept = Runner(conv_pair, 16, "cuda", precision=precision, keep=("r1",)).run({"x": x}, keep=("r1",))
+    assert kept.kept["r1"].shape == (16, 64, 12, 12) and kept.kept["r1"].dtype == np.float32
     x[3, 1, 4, 5] = np.nan  # a chunk that meets NaN runs again on the exact path, where nothing is linked
     [with_nan] = session.run(None, {"x": x})
     for run in (runner, eager):

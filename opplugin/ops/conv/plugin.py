@@ -194,7 +194,7 @@ class ConvPlugin(Plugin):
         half = self._linkable(node, device, variant, fused, prologue)
         if half is None or not inputs <= self.channel_last(node, device, variant, fused, prologue).inputs:
             raise PluginError(f"Conv {node.name}: {variant} cannot keep inputs {sorted(inputs)} channel-last")
-        family, spec, epilogue = half
+        _, spec, epilogue = half
         config, _, _ = fitted(spec, variant, constant_weights(node), epilogue)
         links = (INPUT if 0 in inputs else 0) | (RESIDUAL if RESIDUAL_INPUT in inputs else 0) | (OUTPUT if output else 0)
         return replace(config, links=links).name()

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
         runner = prepared.runner
         steps = [runner.plan.steps[i] for i in indices]
         wanted = tuple(dict.fromkeys(n for s in steps for n in s.inputs if n and n not in runner.constants))
-        kept = runner.run(prepared.inputs.feeds, keep=wanted).kept
+        kept = runner.run(prepared.inputs.feeds, keep=wanted, as_stored=True).kept  # as each kernel takes them
         for index, step in zip(indices, steps):
             kernel = runner.kernels[step.name]
             args = [None if not n else runner.constants[n] if n in runner.constants else cupy.asarray(_rows(kept[n], runner))

@@ -352,16 +352,17 @@ class Runner:
             raise InputError(f"the batched inputs have different batch sizes {sorted(batches)}")
         return batches.pop() if batches else self.batch
 
-    def check_keep(self, keep: Sequence[str], what: str = "cannot keep") -> None:
+    def check_keep(self, keep: Sequence[str], what: str = "cannot keep", linked_too: bool = False) -> None:
         """InputError, starting with `what`, unless every name of `keep` is a tensor a run can hand
         back: a graph input, or a tensor that leaves a step (the others live inside one kernel: a
-        Runner made with `keep` naming them plans no step that hides them)."""
+        Runner made with `keep` naming them plans no step that hides them), and not one the steps
+        exchange channel-last in 16 bits unless `linked_too` (run's `as_stored`)."""
         if not keep:  # every run asks: the common case costs nothing
             return
         checked_keep(self.plan.model, keep, what)  # why a name is no tensor of the graph at all
         crossing = {value.name for value in self.plan.model.inputs} | {name for step in self.plan.steps for name in step.outputs}
         hidden = [name for name in keep if name not in crossing]
-        linked = next((name for name in keep if name in self._channel_last), None)
+        linked = None if linked_too else next((name for name in keep if name in self._channel_last), None)
         if linked is not None:
             raise InputError(f"{what} {linked}: it goes between steps channel-last in {self.precision}, as no tensor the model "
                              f"has; a Runner made with keep=({linked!r},) keeps it as the model has it")
@@ -374,16 +375,18 @@ class Runner:
     # --- running ------------------------------------------------------------------------
 
     def run(self, feeds: dict[str, np.ndarray], keep: tuple[str, ...] = (), progress: Progress | None = None,
-            *, step_times: bool = False, into: SharedRows | None = None) -> RunResult:
+            *, step_times: bool = False, into: SharedRows | None = None, as_stored: bool = False) -> RunResult:
         """One pass over the batch (any size). Returns host copies of the graph outputs and of `keep`.
         `progress(label, images_done, images)` is called as chunks finish. Untimed by default, as
         quick as it gets: CUDA graphs replay without the events that time each step (graphs.py),
         so their steps get no rows and each replay is one span of kind GRAPH, and the copies are
         not timed. `step_times` asks for every step's and copy's time (what `profile` reads). `into` puts the outputs in rows of arrays that other runs fill too
-        (DeviceRunners); the result's outputs are then views of those rows."""
+        (DeviceRunners); the result's outputs are then views of those rows. `as_stored` hands a kept tensor back as the
+        steps exchange it, one linked channel-last in 16 bits too (uint16 [N, H, W, C]: what `profile` feeds a kernel
+        again); without it such a tensor is refused."""
         started = time.perf_counter()
         batch = self.check_feeds(feeds)
-        self.check_keep(keep)
+        self.check_keep(keep, linked_too=as_stored)
         feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
         while True:
             chunks = self._chunks_of(batch)

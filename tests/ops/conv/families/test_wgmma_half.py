@@ -275,6 +275,8 @@ def test_a_runner_in_a_half_precision_runs_the_wide_convs_on_its_wgmma_family_wi
         runner.run({"x": x}, keep=("r1",))
     kept = Runner(conv_pair, 16, "cuda", precision=precision, keep=("r1",)).run({"x": x}, keep=("r1",))
     assert kept.kept["r1"].shape == (16, 64, 12, 12) and kept.kept["r1"].dtype == np.float32
+    stored = runner.run({"x": x}, keep=("r1",), as_stored=True).kept["r1"]  # as `profile` feeds the kernel again
+    assert np.array_equal(stored, half_bits(kept.kept["r1"], precision).transpose(0, 2, 3, 1))
     x[3, 1, 4, 5] = np.nan  # a chunk that meets NaN runs again on the exact path, where nothing is linked
     [with_nan] = session.run(None, {"x": x})
     for run in (runner, eager):

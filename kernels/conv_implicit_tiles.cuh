@@ -252,15 +252,13 @@ typedef unsigned short residual_t;
 typedef float residual_t;
 #endif
 
-// The residual operand of output map m at column col (0 without RESIDUAL).
+// The residual operand of output map m at column col (0 without RESIDUAL: conv_epilogue.cuh's residual_at).
 __device__ __forceinline__ float residual_of(const residual_t* __restrict__ r, int col, int m)
 {
-#if RESIDUAL && defined(R_CHANNEL_LAST)
-    return half_value<R_CHANNEL_LAST>(__ldg(r + channel_last_at(col, m)));
-#elif RESIDUAL
-    return __ldg(r + nchw_at(col, m));
+#ifdef R_CHANNEL_LAST
+    return RESIDUAL ? half_value<R_CHANNEL_LAST>(__ldg(r + channel_last_at(col, m))) : 0.0f;
 #else
-    return 0.0f;
+    return residual_at(r, nchw_at(col, m));
 #endif
 }
 

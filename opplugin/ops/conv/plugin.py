@@ -176,35 +176,33 @@ class ConvPlugin(Plugin):
         """A wg_fp16 or wg_bf16 step that fuses its whole epilogue can write its output channel-last in its format
         and take so its residual operand (a multiple of 8 maps a group), and X where it applies no prologue and
         pads no channels (families/channel_last.py's links_reason)."""
-        half = self._linkable(node, device, variant, fused, prologue)
-        if half is None:
-            return None
-        from .families.channel_last import INPUT, OUTPUT, RESIDUAL, links_reason
-        from .families.wgmma import image_channels
+        from .families.channel_last import OUTPUT
 
-        family, spec, epilogue = half
-        can = {bit for bit in (INPUT, OUTPUT, RESIDUAL) if links_reason(spec, bit, epilogue, image_channels(spec, pads=True)) is None}
-        inputs = frozenset(position for bit, position in ((INPUT, 0), (RESIDUAL, RESIDUAL_INPUT)) if bit in can)
-        return ChannelLast(family.precision, inputs, OUTPUT in can) if inputs or OUTPUT in can else None
+        linkable = self._linkable(node, device, variant, fused, prologue)
+        if linkable is None or not linkable[2]:
+            return None
+        family, _, links = linkable
+        return ChannelLast(family.precision, _linked_inputs(links), bool(links & OUTPUT))
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
                        fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
         from .families.channel_last import INPUT, OUTPUT, RESIDUAL
 
-        half = self._linkable(node, device, variant, fused, prologue)
-        if half is None or not inputs <= self.channel_last(node, device, variant, fused, prologue).inputs:
+        linkable = self._linkable(node, device, variant, fused, prologue)
+        if linkable is None or not inputs <= _linked_inputs(linkable[2]):
             raise PluginError(f"Conv {node.name}: {variant} cannot keep inputs {sorted(inputs)} channel-last")
-        _, spec, epilogue = half
-        config, _, _ = fitted(spec, variant, constant_weights(node), epilogue)
         links = (INPUT if 0 in inputs else 0) | (RESIDUAL if RESIDUAL_INPUT in inputs else 0) | (OUTPUT if output else 0)
-        return replace(config, links=links).name()
+        return replace(linkable[1], links=links).name()
 
     def _linkable(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
-                  prologue: Sequence[NodeInfo]) -> tuple[Any, ConvSpec, Epilogue] | None:
-        """(family, spec, epilogue) where `variant` is a half-precision family's and its kernel runs the whole step."""
+                  prologue: Sequence[NodeInfo]) -> tuple[Any, Any, int] | None:
+        """(family, the Config `variant` stands for, the links it can make: INPUT | OUTPUT | RESIDUAL bits) where
+        `variant` is a half-precision family's and its kernel runs the whole step; None elsewhere."""
         if not device.is_cuda or variant is None or variant in REFERENCE_VARIANTS:
             return None
         from . import families
+        from .families.channel_last import INPUT, OUTPUT, RESIDUAL, links_reason
+        from .families.wgmma import image_channels
 
         try:
             family, _ = families.parse(variant)
@@ -213,8 +211,11 @@ class ConvPlugin(Plugin):
         if family.name not in PRECISION_FAMILIES.values():
             return None
         spec, epilogue = conv_spec(node), self._epilogue(node, fused, prologue)
-        _, kernel_epilogue, reason = fitted(spec, variant, constant_weights(node), epilogue)
-        return (family, spec, epilogue) if reason is None and kernel_epilogue == epilogue else None
+        config, kernel_epilogue, reason = fitted(spec, variant, constant_weights(node), epilogue)
+        if reason is not None or kernel_epilogue != epilogue:
+            return None
+        channels = image_channels(spec, pads=True)
+        return family, config, sum(bit for bit in (INPUT, OUTPUT, RESIDUAL) if links_reason(spec, bit, epilogue, channels) is None)
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """fp32 but for the families that round their operands (Family.precision) and the reference's emulations
@@ -335,6 +336,13 @@ class ConvPlugin(Plugin):
                 raise PluginError(f"Conv {node.name} cannot apply {[n.op_type for n in prologue]} to its input")
             epilogue = replace(epilogue, prologue=taken)
         return epilogue
+
+
+def _linked_inputs(links: int) -> frozenset[int]:
+    """The step's input positions that `links` (families/channel_last.py's bits) take channel-last: X, the residual."""
+    from .families.channel_last import INPUT, RESIDUAL
+
+    return frozenset(position for bit, position in ((INPUT, 0), (RESIDUAL, RESIDUAL_INPUT)) if links & bit)
 
 
 def fitted(spec: ConvSpec, wanted: Any, weights: Any, epilogue: Epilogue) -> tuple[Any, Epilogue, str | None]:

@@ -9,11 +9,11 @@ from ..core.number_formats import FP32
 from ..ops.conv import families
 from ..ops.conv.families import Config
 from ..ops.conv.families.base import Weights
-from ..ops.conv.plugin import PRECISION_FAMILIES
+from ..ops.conv.plugin import CONV_PRECISIONS, PRECISION_FAMILIES
 from ..ops.conv.spec import ConvSpec
 from .format_bound import FormatBound
 
-SUITE_PRECISIONS = (FP32, *PRECISION_FAMILIES)  # what the Conv suites take: fp32 (every family), fp16, bf16
+SUITE_PRECISIONS = CONV_PRECISIONS  # what the Conv suites take: fp32 (every family), fp16, bf16
 
 
 def precision_family(precision: str) -> str:

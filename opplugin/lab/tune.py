@@ -33,18 +33,19 @@ from ..graph.model import Model, load_model
 from ..ops.conv import families
 from ..ops.conv.choice import tuning_key
 from ..ops.conv.epilogue import NONE, Epilogue
-from ..ops.conv.plugin import PRECISION_FAMILIES, constant_weights, conv_spec, epilogue_of, fitted
+from ..ops.conv.plugin import CONV_PRECISIONS, PRECISION_FAMILIES, constant_weights, conv_spec, epilogue_of, fitted
 from ..ops.conv.prologue import from_nodes
 from ..ops.conv.spec import ConvSpec
 from ..plan.partition import Plan, PluginStep, make_plan
 from .custom_tune import CustomStepTuning, custom_steps, custom_table_lines, store_choices, tune_custom_step
 from ..core.texttable import text_table
-from .format_bound import FormatBound, bound_words
+from .bench_precision import candidate_bound
+from .format_bound import bound_words
 from .trial import EXACT_TOLERANCE, Problem, Trial, run_trial
 
 # 2: "precision", "element_bound", and each step's "not_tuned"
 SCHEMA = "opplugin-tune/2"
-TUNED_PRECISIONS = (FP32, *PRECISION_FAMILIES)
+TUNED_PRECISIONS = CONV_PRECISIONS
 STAYS_FP32 = "stays fp32"  # how a step the precision's family cannot run is reported
 # the precisions a run takes that tune does not, and why
 NOT_TUNED = {
@@ -239,7 +240,7 @@ def make_problem(spec: ConvSpec, weights, epilogue: Epilogue) -> Problem:
 
 def evaluate_config(problem: Problem, config: families.Config, warmup: int, repeat: int, precision: str = FP32) -> Trial:
     """One configuration's trial, spills screened out, checked as a kernel in `precision` is (run_trial)."""
-    bound = None if precision == FP32 else FormatBound(precision)
+    bound = candidate_bound(precision)
     return run_trial(problem, config, tolerance=EXACT_TOLERANCE, warmup=warmup, repeat=repeat, screen_spills=True, bound=bound)
 
 

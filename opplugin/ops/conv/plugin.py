@@ -104,6 +104,8 @@ class UnfusedEpilogueKernel(Kernel):
 
 # the family --precision runs a Conv in (wgmma.py); under tf32 a Conv stays FP32-exact (3xTF32 on Hopper)
 PRECISION_FAMILIES = {"fp16": "wg_fp16", "bf16": "wg_bf16"}
+# what a Conv's configurations can be benched and tuned in: fp32 (every exact family), and each precision above
+CONV_PRECISIONS = (FP32, *PRECISION_FAMILIES)
 
 
 class ConvPlugin(Plugin):

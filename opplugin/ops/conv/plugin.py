@@ -187,14 +187,16 @@ class ConvPlugin(Plugin):
         inputs = frozenset(position for bit, position in ((INPUT, 0), (RESIDUAL, RESIDUAL_INPUT)) if bit in can)
         return ChannelLast(family.precision, inputs, OUTPUT in can) if inputs or OUTPUT in can else None
 
-    def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
-                       fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
+                       format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
         from .families.channel_last import INPUT, OUTPUT, RESIDUAL
 
         half = self._linkable(node, device, variant, fused, prologue)
         if half is None or not inputs <= self.channel_last(node, device, variant, fused, prologue).inputs:
             raise PluginError(f"Conv {node.name}: {variant} cannot keep inputs {sorted(inputs)} channel-last")
         family, spec, epilogue = half
+        if format != family.precision:
+            raise PluginError(f"Conv {node.name}: {variant} keeps its tensors in {family.precision}, not {format}")
         config, _, _ = fitted(spec, variant, constant_weights(node), epilogue)
         links = (INPUT if 0 in inputs else 0) | (RESIDUAL if RESIDUAL_INPUT in inputs else 0) | (OUTPUT if output else 0)
         return replace(config, links=links).name()

@@ -3,6 +3,7 @@ maps (ReduceMean over H and W runs this kernel from ops/reduction). The CPU devi
 or, between half-precision steps that keep their tensors channel-last in 16 bits, kernels/pool_channel_last.cu (channel_last.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -46,18 +47,22 @@ class ChannelLastPools:
 
     def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
-        """The plain kernel's step can take X channel-last, and a window pool's write Y so, in any 16-bit format
-        (channel_last.py)."""
+        """A pool's step can take X channel-last, and a window pool's write Y so (channel_last.py): in any 16-bit
+        format with the plain kernel, in its own with a linked variant (whose links the plan makes again)."""
         spec = spec_of(node, self.make_spec)
-        if not isinstance(spec, PoolSpec) or fused or prologue or variant not in (None, PLAIN):
+        if not isinstance(spec, PoolSpec) or fused or prologue:
             return None
-        return offered(spec, device)
+        config = None if variant in (None, PLAIN) else linked_config(spec, device, variant)
+        offer = offered(spec, device)
+        if offer is None or (variant not in (None, PLAIN) and config is None):
+            return None
+        return offer if config is None else replace(offer, format=config.format)
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
                        format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
         offer = self.channel_last(node, device, variant, fused, prologue)
-        if offer is None or (output and not offer.output):
-            raise PluginError(f"{node.op_type} {node.name}: {variant or PLAIN} keeps no such tensor channel-last")
+        if offer is None or (output and not offer.output) or offer.format not in (None, format):
+            raise PluginError(f"{node.op_type} {node.name}: {variant or PLAIN} keeps no such tensor channel-last in {format}")
         return linked(spec_of(node, self.make_spec), format, inputs, output).name()
 
     def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:

@@ -303,7 +303,8 @@ conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict_
     __shared__ float tile[32][33];
     const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
     const int col_tiles = (total + 31) / 32;
-    for (int at = blockIdx.x; at < col_tiles * ((M + 31) / 32); at += gridDim.x) {
+    const int tiles = col_tiles * ((M + 31) / 32);
+    for (int at = blockIdx.x; at < tiles; at += gridDim.x) {
         const int c0 = at % col_tiles * 32, mt = at / col_tiles * 32;
         for (int k = row; k < 32; k += 8) {
             const int col = c0 + lane, m = mt + k;

@@ -238,7 +238,7 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
     }
 }
 
-#if defined(Y_CHANNEL_LAST) && KSLICES == 1
+#ifdef Y_CHANNEL_LAST
 // The tile's outputs into a channel-last y in the format (a linked Y), through shared memory: a pixel's maps
 // are contiguous there, but a lane holds two neighbouring maps of each of eight maps' runs, eight pixels
 // apart, so storing from registers would write 4 bytes to each of eight 32-byte sectors an instruction.
@@ -332,9 +332,10 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     float acc[ACC];
     consume_slices(acc, run.count, stages, full, empty);
 
-#if defined(Y_CHANNEL_LAST) && KSLICES == 1
+#if KSLICES == 1
+#ifdef Y_CHANNEL_LAST
     store_channel_last(acc, stages, b, r, y, nonfinite, col0, m0, total, maps.end);
-#elif KSLICES == 1
+#else
     // every residual value this thread adds (none without RESIDUAL: residual_of gives 0), loaded
     // before the first store: one wait on memory for the tile rather than one a value. On an H200,
     // ResNet-50's 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it
@@ -342,6 +343,7 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     float res[ACC];
     for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { res[i] = residual_of(r, col, m); });
     for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i]); });
+#endif
 #else
     for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
 #endif

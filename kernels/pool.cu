@@ -46,23 +46,7 @@ extern "C" __global__ void pool_window(const float* __restrict__ x, float* __res
 #else
     float acc = 0.0f;
 #endif
-#pragma unroll
-    for (int i = 0; i < KH; ++i) {
-        const int r = row0 + i * DH;
-        if (r < 0 || r >= H)
-            continue;
-#pragma unroll
-        for (int j = 0; j < KW; ++j) {
-            const int c = col0 + j * DW;
-            if (c < 0 || c >= W)
-                continue;
-#if IS_MAX
-            acc = nan_max(acc, __ldg(in + r * W + c));
-#else
-            acc += __ldg(in + r * W + c);
-#endif
-        }
-    }
+    for_each_in_window(row0, col0, [&](int r, int c) { acc = combine(acc, __ldg(in + r * W + c)); });
 #if !IS_MAX
     acc = acc / (float)window_count(row0, col0);
 #endif
@@ -76,15 +60,6 @@ extern "C" __global__ void pool_window(const float* __restrict__ x, float* __res
 #define PLANE (H * W)
 #define BLOCK_THREADS 256
 #define PLANES_PER_BLOCK (BLOCK_THREADS / PLANE_THREADS)
-
-__device__ __forceinline__ float combine(float a, float b)
-{
-#if IS_MAX
-    return nan_max(a, b);
-#else
-    return a + b;
-#endif
-}
 
 // a fixed butterfly over the 32 lanes: every lane ends with the same value
 __device__ __forceinline__ float warp_combine(float v)

@@ -56,15 +56,6 @@ __device__ __forceinline__ void read_lanes(float (&v)[LANES], const input_t* __r
 }
 #endif
 
-__device__ __forceinline__ float combine(float a, float b)
-{
-#if IS_MAX
-    return nan_max(a, b);
-#else
-    return a + b;
-#endif
-}
-
 #ifdef KH
 
 #if Y_CHANNEL_LAST
@@ -124,27 +115,17 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int k = 0; k < LANES; ++k)
         acc[k] = IS_MAX ? NEG_INF : 0.0f;
-#pragma unroll
-    for (int i = 0; i < KH; ++i) {
-        const int r = row0 + i * DH;
-        if (r < 0 || r >= H)
-            continue;
-#pragma unroll
-        for (int j = 0; j < KW; ++j) {
-            const int c = col0 + j * DW;
-            if (c < 0 || c >= W)
-                continue;
-            float v[LANES];
+    for_each_in_window(row0, col0, [&](int r, int c) {
+        float v[LANES];
 #if X_CHANNEL_LAST
-            read_lanes(v, x, ((n * H + r) * W + c) * C + first);
+        read_lanes(v, x, ((n * H + r) * W + c) * C + first);
 #else
-            read_lanes(v, x, ((n * C + first) * H + r) * W + c);
+        read_lanes(v, x, ((n * C + first) * H + r) * W + c);
 #endif
 #pragma unroll
-            for (int k = 0; k < LANES; ++k)
-                acc[k] = combine(acc[k], v[k]);
-        }
-    }
+        for (int k = 0; k < LANES; ++k)
+            acc[k] = combine(acc[k], v[k]);
+    });
 #if !IS_MAX
     const float count = (float)window_count(row0, col0);
 #pragma unroll

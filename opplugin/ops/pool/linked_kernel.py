@@ -87,9 +87,11 @@ class LinkedPoolKernel(Kernel):
             x = batched_input(cupy, x, sample, "X", self.name)
         batch = int(x.shape[0])
         shape = self.spec.output_shape(batch)
-        if out is not None and self._y_linked and (checked_linked(cupy, out, shape, "output", self.name) is not out or out.data.ptr % 16):
-            raise PluginError(f"{self.name}: out must be C-contiguous and 16-byte aligned (its 16-byte stores)")
-        if not self._y_linked:
+        if out is not None and self._y_linked:
+            checked_linked(cupy, out, shape, "output", self.name)
+            if not out.flags.c_contiguous or out.data.ptr % 16:
+                raise PluginError(f"{self.name}: out must be C-contiguous and 16-byte aligned (its 16-byte stores)")
+        elif not self._y_linked:
             contiguous_out(cupy, out, shape, self.name)
         with cuda.on_stream(stream):
             x = cupy.ascontiguousarray(x)

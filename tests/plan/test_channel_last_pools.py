@@ -4,6 +4,9 @@ block > GlobalAveragePool (or ReduceMean over H and W) > Flatten > Gemm keep the
 Gemm, which reads FP32; never a tensor a run hands back, nor one an FP32 step reads."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import onnx
 import pytest
 from onnx import TensorProto, helper
 from onnx_builders import save
@@ -145,3 +148,19 @@ def test_a_pool_refuses_links_it_cannot_keep(pooled, heads):
     variant = conv.plugin.precision_variant(conv.node, GPU, "fp16", conv.fused, conv.prologue).variant
     with pytest.raises(PluginError, match="keeps its tensors in fp16, not bf16"):  # a Conv's format is its family's
         conv.plugin.linked_variant(conv.node, GPU, variant, frozenset({0}), True, "bf16", conv.fused, conv.prologue)
+
+
+LIGHT_RESNET50 = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
+
+
+@pytest.mark.skipif(not LIGHT_RESNET50.exists(), reason="the onnx package has no light_resnet50.onnx")
+def test_resnet50_keeps_every_tensor_from_the_stem_to_the_head_channel_last_in_fp16():
+    """ResNet-50 (onnx's light copy: its head a 7x7 AveragePool into a Gemm): the stem writes its output for the MaxPool,
+    which writes the first block's input, and the last block's output goes to the AveragePool, which writes FP32."""
+    plan = make_plan(load_model(str(LIGHT_RESNET50)), 1, GPU)
+    links = links_of(plan)
+    steps = {step.name: step.node.op_type for step in plan.plugin_steps}
+    pools = {steps[name]: found for name, found in links.items() if steps[name] in ("MaxPool", "AveragePool")}
+    assert pools == {"MaxPool": INPUT | OUTPUT, "AveragePool": INPUT}
+    convs = [found for name, found in links.items() if steps[name] == "Conv"]
+    assert convs[0] == OUTPUT and all(found & INPUT and found & OUTPUT for found in convs[1:]) and len(convs) == 53

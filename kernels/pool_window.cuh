@@ -1,6 +1,6 @@
 // What pool.cu and pool_channel_last.cu do alike: a max that keeps NaN, how values combine, the window's
-// elements in order, and the count an average divides a window's sum by. The window's macros (KH, KW, DH, DW, PT, PL, H, W, PH_END, PW_END,
-// COUNT_INCLUDE_PAD) come from opplugin/ops/pool/kernel.py.
+// elements in order, and the count an average divides a window's sum by. The window's macros (KH, KW, DH,
+// DW, PT, PL, H, W, PH_END, PW_END, COUNT_INCLUDE_PAD) come from opplugin/ops/pool/kernel.py.
 #ifndef OPPLUGIN_POOL_WINDOW_CUH
 #define OPPLUGIN_POOL_WINDOW_CUH
 

@@ -26,13 +26,7 @@
 // that holds NaN or Inf on onnxruntime (runtime/exact.py). Averages follow IEEE: NaN,
 // or +inf and -inf in one window, give NaN, as in onnxruntime.
 
-#define NEG_INF __int_as_float(0xff800000)
-
-// m, with a NaN in v or m kept
-__device__ __forceinline__ float nan_max(float m, float v)
-{
-    return (v > m || v != v) ? v : m;
-}
+#include "pool_window.cuh"
 
 #ifdef KH
 
@@ -52,42 +46,9 @@ extern "C" __global__ void pool_window(const float* __restrict__ x, float* __res
 #else
     float acc = 0.0f;
 #endif
-#pragma unroll
-    for (int i = 0; i < KH; ++i) {
-        const int r = row0 + i * DH;
-        if (r < 0 || r >= H)
-            continue;
-#pragma unroll
-        for (int j = 0; j < KW; ++j) {
-            const int c = col0 + j * DW;
-            if (c < 0 || c >= W)
-                continue;
-#if IS_MAX
-            acc = nan_max(acc, __ldg(in + r * W + c));
-#else
-            acc += __ldg(in + r * W + c);
-#endif
-        }
-    }
+    for_each_in_window(row0, col0, [&](int r, int c) { acc = combine(acc, __ldg(in + r * W + c)); });
 #if !IS_MAX
-    // the elements that count: the window clipped to the input, or with
-    // count_include_pad to the input and its pads (never ceil_mode's overhang)
-#if COUNT_INCLUDE_PAD
-    const int lo_r = max(row0, -PT), lo_c = max(col0, -PL);
-    const int hi_r = PH_END, hi_c = PW_END;
-#else
-    const int lo_r = max(row0, 0), lo_c = max(col0, 0);
-    const int hi_r = H, hi_c = W;
-#endif
-    // rows row0 + i*DH (and columns likewise) that lie in [lo, hi)
-    int rows = 0, cols = 0;
-#pragma unroll
-    for (int i = 0; i < KH; ++i)
-        rows += (row0 + i * DH >= lo_r && row0 + i * DH < hi_r);
-#pragma unroll
-    for (int j = 0; j < KW; ++j)
-        cols += (col0 + j * DW >= lo_c && col0 + j * DW < hi_c);
-    acc = acc / (float)(rows * cols);
+    acc = acc / (float)window_count(row0, col0);
 #endif
     y[index] = acc;
 }
@@ -99,15 +60,6 @@ extern "C" __global__ void pool_window(const float* __restrict__ x, float* __res
 #define PLANE (H * W)
 #define BLOCK_THREADS 256
 #define PLANES_PER_BLOCK (BLOCK_THREADS / PLANE_THREADS)
-
-__device__ __forceinline__ float combine(float a, float b)
-{
-#if IS_MAX
-    return nan_max(a, b);
-#else
-    return a + b;
-#endif
-}
 
 // a fixed butterfly over the 32 lanes: every lane ends with the same value
 __device__ __forceinline__ float warp_combine(float v)

@@ -221,7 +221,10 @@ class ChannelLast:
     """Where a step's kernel can keep tensors in a 16-bit format, channel-last ([N][H][W][C], the format's bits
     in uint16), rather than in FP32 in the model's layout (Plugin.channel_last; plan/channel_last.py links them)."""
 
-    format: str  # "fp16" or "bf16"
+    # "fp16" or "bf16"; None: any, that of the tensors it is linked with (an op exact in every 16-bit format,
+    # as a max pool is: the max of rounded values is the rounded max), which the plan takes from the producer
+    # of its input
+    format: str | None
     inputs: frozenset[int]  # the step's input positions it can take so
     output: bool  # whether it can write its one output so
 
@@ -322,14 +325,16 @@ class Plugin(Protocol):
 
     def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
-        """Which tensors the kernel `build` makes with `variant` (a reduced precision's, as the plan chose it)
-        can keep channel-last in its 16-bit format; None: none (the default)."""
+        """Which tensors the kernel `build` makes with `variant` (as the plan chose it under a reduced precision;
+        None: the plugin's own choice) can keep channel-last in a 16-bit format, and in which (None: any);
+        None: none (the default)."""
         return None
 
-    def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
-                       fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
-        """`variant` taking the inputs at `inputs` and (where `output`) writing its output channel-last in the
-        format `channel_last` named: only asked within what that allowed."""
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
+                       format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+        """`variant` taking the inputs at `inputs` and (where `output`) writing its output channel-last in `format`:
+        only asked within what `channel_last` allowed, in the format it named (where it named none, the format
+        of the tensors the plan links the step with)."""
         raise PluginError(f"{self.op_type} keeps no tensor channel-last")
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:

@@ -148,7 +148,7 @@ class Identity:
     def channel_last(self, node, device, variant, fused=(), prologue=()):
         return None
 
-    def linked_variant(self, node, device, variant, inputs, output, fused=(), prologue=()):
+    def linked_variant(self, node, device, variant, inputs, output, format, fused=(), prologue=()):
         raise AssertionError("never asked: channel_last offers nothing")
 
     def view_of(self, node, output):

@@ -86,8 +86,11 @@ def variant_units(spec, variant: str, epilogue=None) -> list:
     return families.compile_units(spec, variant, epilogue or NONE)
 
 
-def check_pool(spec, arch: str = "sm_90") -> ResourceUsage:
-    """Compile kernels/pool.cu for a PoolSpec (ops/pool): the usage of its one kernel."""
-    from ..ops.pool import kernel
+def check_pool(spec, arch: str = "sm_90", linked=None) -> ResourceUsage:
+    """Compile kernels/pool.cu for a PoolSpec (ops/pool), or with `linked` (a LinkedPool, ops/pool/channel_last.py)
+    kernels/pool_channel_last.cu: the usage of its one kernel."""
+    from ..ops.pool import kernel, linked_kernel
 
+    if linked is not None:
+        return check_source(linked_kernel.SOURCE, linked_kernel.defines(spec, linked), linked_kernel.function_name(spec), arch)
     return check_source(kernel.SOURCE, kernel.defines(spec), kernel.function_name(spec), arch)

@@ -197,10 +197,13 @@ class ExactPath:
         constants: dict[str, Any],
         requested_variants: dict[str, str],
         cpu_session: Callable[[OrtStep], ort.InferenceSession],
+        linked_steps: frozenset[str] = frozenset(),
     ):
+        """`linked_steps`: the steps whose kernels read or write a tensor channel-last in 16 bits (plan/channel_last.py)."""
         self.plan, self.layout, self.device = plan, layout, device
         self.kernels, self.constants = kernels, constants
         self.requested_variants, self.cpu_session = requested_variants, cpu_session
+        self.linked_steps = linked_steps
         self.watched = watched_outputs(plan, kernels)
         self._columns = sum(len(slots) for slots in self.watched.values())
         self._executor: PlanExecutor | None = None
@@ -247,13 +250,17 @@ class ExactPath:
         """The fast plan's kernel when its step fused nothing and would run the same on the
         exact path (see reruns_differently); else the same variant built without the followers
         (the plugin's own choice if it cannot be), and where that kernel does not keep NaN and
-        Inf either (3xTF32), the variant its plugin names for them (`nonfinite_exact_variant`)."""
+        Inf either (3xTF32), the variant its plugin names for them (`nonfinite_exact_variant`).
+        A linked step's kernel reads or writes tensors channel-last in 16 bits, and every tensor of
+        the exact path is FP32 as the model has it: neither that kernel nor its variant is used;
+        the step is built from the op's --variant, else its plugin's own choice."""
         kernel = self.kernels[step.name]
+        linked = step.name in self.linked_steps
         was_fused = any(s.name == step.name and (s.fused or s.prologue) and s.group is None for s in self.plan.plugin_steps)
-        if not was_fused and not reruns_differently(step, kernel, self.device):
+        if not linked and not was_fused and not reruns_differently(step, kernel, self.device):
             return kernel
         requested = self.requested_variants.get(step.node.op_key)
-        variant = kernel.variant or requested
+        variant = requested if linked else kernel.variant or requested
         try:
             built = step.build(self.device, variant)
         except PluginError:

@@ -157,7 +157,8 @@ class Runner:
             self.chunk = min(self.chunk, self._chunk_for_workspaces())
 
         self.exact = ExactPath(self.plan, self.layout, self.device, self.kernels, self.constants, self.variants,
-                               lambda step: self._session(step, [sessions.CPU_PROVIDER]))
+                               lambda step: self._session(step, [sessions.CPU_PROVIDER]),
+                               frozenset(name for name, step in self.step_precisions.items() if step.channel_last))
         # producers write into their slices of Concat outputs (buffers.py)
         self.buffers = assign_buffers(self.plan, self.kernels)
         self.kernels = self.buffers.kernels(self.plan, self.kernels)  # the exact path keeps the plain Concats

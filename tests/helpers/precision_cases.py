@@ -129,3 +129,55 @@ def conv_pair_model(channels: int = 64) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 12, 12])],
                               [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
     return finish(graph)
+
+
+def _convs(channels: int, rng) -> tuple[dict[str, np.ndarray], list[onnx.NodeProto]]:
+    """The weights and nodes of stem (3 -> channels, 3x3) > Relu (r0), the start of the pooled models."""
+    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27)}
+    return weights, [helper.make_node("Conv", ["x", "w0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
+                     helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu")]
+
+
+def _graph(name: str, nodes, weights, size: int, output: list) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, output)],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return finish(graph)
+
+
+def conv_pool_model(pool: str = "MaxPool", channels: int = 64) -> onnx.ModelProto:
+    """ResNet's stem and first block in small: stem > Relu (r0) > `pool` 3x3 stride 2 pads 1 (p, a window no Conv
+    fuses) > Conv 3x3 > Relu (r1) > Conv 1x1 > + p (y)."""
+    rng = np.random.default_rng(1)
+    weights, nodes = _convs(channels, rng)
+    weights |= {"w1": rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels), "b1": rng.standard_normal(channels) * 0.1,
+                "w2": rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels)}
+    nodes += [helper.make_node(pool, ["r0"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+              helper.make_node("Conv", ["p", "w1", "b1"], ["c1"], name="conv3x3", pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+              helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
+              helper.make_node("Add", ["c2", "p"], ["y"], name="residual")]
+    return _graph("conv_pool", nodes, weights, 16, ["N", channels, 8, 8])
+
+
+HEADS = ("GlobalAveragePool", "ReduceMean", "ReduceMean_flat")  # the last with keepdims 0: (N, C), no Flatten
+
+
+def conv_head_model(head: str = "GlobalAveragePool", channels: int = 64, classes: int = 10) -> onnx.ModelProto:
+    """A network's end in small: stem > Relu (r0) > Conv 3x3 > Relu (r1) > `head` over H and W (g) > Flatten (f) >
+    Gemm (y, the classes)."""
+    rng = np.random.default_rng(2)
+    weights, nodes = _convs(channels, rng)
+    weights |= {"w1": rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels),
+                "fc_w": rng.standard_normal((classes, channels)) / np.sqrt(channels), "fc_b": rng.standard_normal(classes) * 0.1}
+    nodes += [helper.make_node("Conv", ["r0", "w1"], ["c1"], name="conv3x3", pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c1"], ["r1"], name="relu")]
+    if head == "GlobalAveragePool":
+        nodes.append(helper.make_node(head, ["r1"], ["g"], name="head"))
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["r1"], ["g"], name="head", axes=[2, 3], keepdims=int(head == "ReduceMean")))
+    flat = head != "ReduceMean_flat"
+    if flat:
+        nodes.append(helper.make_node("Flatten", ["g"], ["f"], name="flatten"))
+    nodes.append(helper.make_node("Gemm", ["f" if flat else "g", "fc_w", "fc_b"], ["y"], name="fc", transB=1))
+    return _graph("conv_head", nodes, weights, 12, ["N", classes])

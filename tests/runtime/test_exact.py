@@ -15,7 +15,8 @@ from opplugin.ops.conv.plugin import ConvPlugin
 from opplugin.plan.partition import make_plan
 from opplugin.registry import Kernel
 from opplugin.runtime import Runner
-from opplugin.runtime.exact import reruns_differently, split_fused
+from opplugin.ops.pool.plugin import AveragePoolPlugin
+from opplugin.runtime.exact import ExactPath, reruns_differently, split_fused
 from nonfinite_cases import UnfusedConv, nan_through_fused_steps_without_pool, poisoned, poisoned_batch, pool_net, same_as_onnxruntime
 
 
@@ -276,3 +277,41 @@ def test_the_nonfinite_flag_kernel_ships_in_kernels_and_compiles_without_a_gpu()
         pytest.skip("cuda-bindings' NVRTC is not importable")
     usage = nvrtc_check.check_source(nonfinite.FLAG_SOURCE, {}, "opplugin_flag_nonfinite", "sm_90")
     assert usage.cubin_bytes > 0 and (usage.spill_stores, usage.stack_frame) == (0, 0), usage.log
+
+
+class _RecordingAveragePool(AveragePoolPlugin):
+    """The pool plugin, noting each variant a build is asked for."""
+
+    def __init__(self):
+        self.asked = []
+
+    def build(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        self.asked.append(variant)
+        return super().build(node, device, variant, fused, prologue, graphed)
+
+
+class _LinkedKernel(_SaysNothingKernel):
+    """What the fast plan of a run in fp16 holds for a linked average pool: NaN/Inf-exact, on 16-bit tensors."""
+
+    name, variant, nonfinite_exact = "averagepool.cuda_fp16_h3.3x3s2p1", "cuda_fp16_h3", True
+
+
+def test_the_exact_path_never_runs_a_linked_kernel_nor_builds_its_variant(tmp_path):
+    """Every tensor of the exact path is FP32 as the model has it: a step the plan linked channel-last in 16 bits
+    (plan/channel_last.py) is built again from the op's --variant, else its plugin's own choice."""
+    from onnx_builders import save
+    from precision_cases import conv_pool_model
+
+    plugin = _RecordingAveragePool()
+    runner = Runner(load_model(save(conv_pool_model("AveragePool"), tmp_path / "m.onnx")), 4, "cpu", registry={"AveragePool": plugin})
+    assert runner.exact.linked_steps == frozenset()  # nothing is linked on the CPU device
+    pool = next(step for step in runner.plan.plugin_steps if step.name == "pool")
+    kernels = dict(runner.kernels, pool=_LinkedKernel())
+
+    def exact_path(linked):
+        return ExactPath(runner.plan, runner.layout, runner.device, kernels, runner.constants, {}, None, linked)
+
+    assert exact_path(frozenset())._exact_kernel(pool) is kernels["pool"]  # NaN-exact, fused nothing: reused when not linked
+    plugin.asked.clear()
+    rebuilt = exact_path(frozenset({"pool"}))._exact_kernel(pool)
+    assert rebuilt is not kernels["pool"] and rebuilt.name == "averagepool.reference.3x3s2p1" and plugin.asked == [None]

@@ -186,13 +186,16 @@ class ConvPlugin(Plugin):
         family, _, links = linkable
         return ChannelLast(family.precision, _linked_inputs(links), bool(links & OUTPUT))
 
-    def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
-                       fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
+                       format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
         from .families.channel_last import INPUT, OUTPUT, RESIDUAL
 
         linkable = self._linkable(node, device, variant, fused, prologue)
         if linkable is None or not inputs <= _linked_inputs(linkable[2]):
             raise PluginError(f"Conv {node.name}: {variant} cannot keep inputs {sorted(inputs)} channel-last")
+        family = linkable[0]
+        if format != family.precision:
+            raise PluginError(f"Conv {node.name}: {variant} keeps its tensors in {family.precision}, not {format}")
         links = (INPUT if 0 in inputs else 0) | (RESIDUAL if RESIDUAL_INPUT in inputs else 0) | (OUTPUT if output else 0)
         return replace(linkable[1], links=links).name()
 

@@ -18,10 +18,11 @@ BLOCK = 256  # threads per block of pool_window; pool_global's BLOCK_THREADS in 
 WARP_PLANE_LIMIT = 1024
 
 
-def kernel_name(spec: PoolSpec, on_device: bool) -> str:
-    """"maxpool.cuda.<suffix>" on a CUDA device, "...reference..." on the CPU's numpy reference."""
+def kernel_name(spec: PoolSpec, on_device: bool, variant: str | None = None) -> str:
+    """"maxpool.cuda.<suffix>" on a CUDA device, "...reference..." on the CPU's numpy reference, and the
+    variant in the middle for a kernel on channel-last tensors ("maxpool.cuda_fp16_h3.3x3s2p1", channel_last.py)."""
     op = ("global" if spec.is_global else "") + ("maxpool" if spec.mode == MAX else "averagepool")
-    return f"{op}.{'cuda' if on_device else 'reference'}.{spec.suffix}"
+    return f"{op}.{variant or ('cuda' if on_device else 'reference')}.{spec.suffix}"
 
 
 class ReferencePoolKernel(Kernel):
@@ -49,10 +50,15 @@ def plane_threads(spec: PoolSpec) -> int:
 
 def defines(spec: PoolSpec) -> dict[str, int]:
     """The -D macros of kernels/pool.cu for this pool (all but the batch)."""
+    return shape_defines(spec) | ({"PLANE_THREADS": plane_threads(spec)} if spec.is_global else {})
+
+
+def shape_defines(spec: PoolSpec) -> dict[str, int]:
+    """The macros of the pool's shape and window, which kernels/pool.cu and pool_channel_last.cu share."""
     (h, w), (oh, ow) = spec.size, spec.output_size
     shape = {"C": spec.channels, "H": h, "W": w, "IS_MAX": int(spec.mode == MAX)}
     if spec.is_global:
-        return shape | {"PLANE_THREADS": plane_threads(spec)}
+        return shape
     top, left, bottom, right = spec.pads
     return shape | {
         "OH": oh, "OW": ow, "KH": spec.kernel[0], "KW": spec.kernel[1], "SH": spec.strides[0], "SW": spec.strides[1],

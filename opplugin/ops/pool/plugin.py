@@ -1,7 +1,9 @@
 """The pool plugins: MaxPool, AveragePool, GlobalMaxPool and GlobalAveragePool on 2-D float32
-maps (ReduceMean over H and W runs this kernel from ops/reduction). The CPU device runs the numpy reference, a CUDA device kernels/pool.cu."""
+maps (ReduceMean over H and W runs this kernel from ops/reduction). The CPU device runs the numpy reference, a CUDA device kernels/pool.cu,
+or, between half-precision steps that keep their tensors channel-last in 16 bits, kernels/pool_channel_last.cu (channel_last.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -9,13 +11,67 @@ import numpy as np
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeInfo, Plugin
+from ...registry import ChannelLast, Kernel, NodeInfo, Plugin
 from ..specs import check_one_kernel, spec_of
+from . import linked_kernel
+from .channel_last import PLAIN, LinkedPool, linked, linked_config, offered
 from .kernel import PoolKernel, ReferencePoolKernel, compile_job, kernel_name
 from .spec import PoolSpec
 
 
-class PoolPlugin(Plugin):
+def build_pool(spec: PoolSpec, device: Device, config: LinkedPool | None) -> Kernel:
+    """The pool's kernel: on channel-last tensors where `config` links some, else the plain one of the device."""
+    if config is not None:
+        return linked_kernel.LinkedPoolKernel(spec, config)
+    return PoolKernel(spec) if device.is_cuda else ReferencePoolKernel(spec)
+
+
+def pool_compile_jobs(spec: PoolSpec, device: Device, config: LinkedPool | None) -> list[CompileJob]:
+    """What build_pool compiles."""
+    if not device.is_cuda:
+        return []
+    return [linked_kernel.compile_job(spec, config, device.arch) if config else compile_job(spec, device.arch)]
+
+
+def checked_pool(node: NodeInfo, device: Device, spec: PoolSpec, variant: str | None, fused: Sequence[NodeInfo]) -> LinkedPool | None:
+    """The linked configuration `variant` names (None: the plain kernel), once the followers and the variant are
+    found to be ones a pool's kernel can run."""
+    config = linked_config(spec, device, variant)
+    check_one_kernel(node, device, None if config else variant, fused)
+    return config
+
+
+class ChannelLastPools:
+    """Plugin.channel_last, linked_variant and nonfinite_exact_variant for a plugin whose node may be a pool
+    (its spec a PoolSpec): the pools' own, and ReduceMean's over H and W."""
+
+    def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
+        """A pool's step can take X channel-last, and a window pool's write Y so (channel_last.py): in any 16-bit
+        format with the plain kernel, in its own with a linked variant (whose links the plan makes again)."""
+        spec = spec_of(node, self.make_spec)
+        if not isinstance(spec, PoolSpec) or fused or prologue:
+            return None
+        config = None if variant in (None, PLAIN) else linked_config(spec, device, variant)
+        offer = offered(spec, device)
+        if offer is None or (variant not in (None, PLAIN) and config is None):
+            return None
+        return offer if config is None else replace(offer, format=config.format)
+
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
+                       format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+        offer = self.channel_last(node, device, variant, fused, prologue)
+        if offer is None or (output and not offer.output) or offer.format not in (None, format):
+            raise PluginError(f"{node.op_type} {node.name}: {variant or PLAIN} keeps no such tensor channel-last in {format}")
+        return linked(spec_of(node, self.make_spec), format, inputs, output).name()
+
+    def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:
+        """The plain kernel, on a GPU: an average rounded into FP16 as a linked kernel stores it may pass its range,
+        and the plain one keeps NaN and Inf as onnxruntime's average does (a max pool reruns on onnxruntime)."""
+        return PLAIN if device.is_cuda and isinstance(spec_of(node, self.make_spec), PoolSpec) else None
+
+
+class PoolPlugin(ChannelLastPools, Plugin):
     """Runs one pooling op type (the subclasses name it)."""
 
     op_type = ""
@@ -43,22 +99,19 @@ class PoolPlugin(Plugin):
 
     def kernel_name(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
-        return kernel_name(spec_of(node, self.make_spec), device.is_cuda)
+        spec = spec_of(node, self.make_spec)
+        config = linked_config(spec, device, variant)
+        return kernel_name(spec, device.is_cuda, config.name() if config else None)
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
-        spec = self._checked_spec(node, device, variant, fused)
-        return [compile_job(spec, device.arch)] if device.is_cuda else []
+        spec = spec_of(node, self.make_spec)
+        return pool_compile_jobs(spec, device, checked_pool(node, device, spec, variant, fused))
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
-        spec = self._checked_spec(node, device, variant, fused)
-        return PoolKernel(spec) if device.is_cuda else ReferencePoolKernel(spec)
-
-    def _checked_spec(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> PoolSpec:
-        """The node's PoolSpec, once the followers and the variant asked for are found to be ones `build` can make."""
-        check_one_kernel(node, device, variant, fused)
-        return spec_of(node, self.make_spec)
+        spec = spec_of(node, self.make_spec)
+        return build_pool(spec, device, checked_pool(node, device, spec, variant, fused))
 
 
 class MaxPoolPlugin(PoolPlugin):
@@ -75,4 +128,3 @@ class GlobalMaxPoolPlugin(PoolPlugin):
 
 class GlobalAveragePoolPlugin(PoolPlugin):
     op_type = "GlobalAveragePool"
-

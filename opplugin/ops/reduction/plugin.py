@@ -11,6 +11,8 @@ from ...errors import PluginError
 from ...registry import Kernel, NodeInfo, Plugin
 from ..specs import check_one_kernel, spec_of
 from ..pool import kernel as pool_kernel
+from ..pool.channel_last import linked_config
+from ..pool.plugin import ChannelLastPools, build_pool, checked_pool, pool_compile_jobs
 from ..pool.spec import PoolSpec
 from .kernel import ReferenceRowKernel, RowKernel, compile_jobs, kernel_name
 from .spec import NormSpec, ReduceSpec, SoftmaxSpec, affine
@@ -43,21 +45,24 @@ class RowPlugin(Plugin):
                     prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> str:
         spec = spec_of(node, self.make_spec)
         if isinstance(spec, PoolSpec):
-            return pool_kernel.kernel_name(spec, device.is_cuda)
+            config = linked_config(spec, device, variant)
+            return pool_kernel.kernel_name(spec, device.is_cuda, config.name() if config else None)
         return kernel_name(spec, device.is_cuda)
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
+        spec = spec_of(node, self.make_spec)
+        if isinstance(spec, PoolSpec):
+            return pool_compile_jobs(spec, device, checked_pool(node, device, spec, variant, fused))
         spec = self._checked_spec(node, device, variant, fused)
-        if not device.is_cuda:
-            return []
-        return [pool_kernel.compile_job(spec, device.arch)] if isinstance(spec, PoolSpec) else compile_jobs(spec, device.arch)
+        return compile_jobs(spec, device.arch) if device.is_cuda else []
 
     def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
               prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
-        spec = self._checked_spec(node, device, variant, fused)
+        spec = spec_of(node, self.make_spec)
         if isinstance(spec, PoolSpec):
-            return pool_kernel.PoolKernel(spec) if device.is_cuda else pool_kernel.ReferencePoolKernel(spec)
+            return build_pool(spec, device, checked_pool(node, device, spec, variant, fused))
+        spec = self._checked_spec(node, device, variant, fused)
         scale, bias = affine(spec, node) if isinstance(spec, NormSpec) else (None, None)
         return RowKernel(spec, scale, bias) if device.is_cuda else ReferenceRowKernel(spec, scale, bias)
 
@@ -81,8 +86,9 @@ def _reduce_plugin(op_type: str) -> type:
                                                       "ReduceSumSquare", "ReduceLogSum"))
 
 
-class ReduceMeanPlugin(ReducePlugin):
-    """Any axes but the batch; over H and W of a 4-D tensor, the global average pool kernel."""
+class ReduceMeanPlugin(ChannelLastPools, ReducePlugin):
+    """Any axes but the batch; over H and W of a 4-D tensor, the global average pool kernel (which reads X
+    channel-last in 16 bits between half-precision steps, as GlobalAveragePool's step does)."""
 
     op_type = "ReduceMean"
 

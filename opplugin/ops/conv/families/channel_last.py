@@ -6,16 +6,16 @@ a read again of every activation at twice the bytes, between every pair of Convs
 
 A configuration's `links` (its name's `_h` field) says which of its tensors are so: INPUT (X: the step
 skips its rewrite and multiplies X as it is), OUTPUT (Y) and RESIDUAL (a fused Add's operand). The plan
-makes the links (plan/channel_last.py); a kernel checks that what it is given is what its links say.
+makes the links (plan/channel_last.py); a kernel checks that what it is given is what its links say
+(ops/channel_last.py, shared with the other ops' linked kernels).
 """
 from __future__ import annotations
 
-from typing import Any
-
+from ...channel_last import INPUT, OUTPUT
 from ..epilogue import Epilogue
 from ..spec import ConvSpec
 
-INPUT, OUTPUT, RESIDUAL = 1, 2, 4
+RESIDUAL = 4  # beside X and Y (ops/channel_last.py), a fused Add's operand
 TENSOR_NAMES = {INPUT: "X", OUTPUT: "Y", RESIDUAL: "the residual"}
 ALL_LINKS = INPUT | OUTPUT | RESIDUAL
 
@@ -46,21 +46,3 @@ def link_defines(links: int, half_format: int) -> dict[str, int]:
     """The kernel's macros for its links (conv_implicit_tiles.cuh): the format of y and of the residual kept
     channel-last; a linked X needs none (the rewrite is not launched)."""
     return ({"Y_CHANNEL_LAST": half_format} if links & OUTPUT else {}) | ({"R_CHANNEL_LAST": half_format} if links & RESIDUAL else {})
-
-
-def channel_last_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """(N, H, W, C) of an NCHW shape."""
-    n, c, *spatial = shape
-    return (n, *spatial, c)
-
-
-def checked_linked(cupy: Any, array: Any, nchw: tuple[int, ...], what: str, kernel: str) -> Any:
-    """`array` as a contiguous channel-last tensor of the format's bits (uint16) whose NCHW shape is `nchw`;
-    a PluginError naming what came instead (an FP32 tensor where the plan linked this one: a plan out of step)."""
-    from ....errors import PluginError
-
-    expected = channel_last_shape(nchw)
-    if not isinstance(array, cupy.ndarray) or array.dtype != cupy.uint16 or tuple(array.shape) != expected:
-        got = f"{type(array).__name__} {getattr(array, 'dtype', '')} {tuple(getattr(array, 'shape', ()))}"
-        raise PluginError(f"{kernel}: {what} is linked channel-last in 16 bits: expected a uint16 array of shape {expected}, got {got}")
-    return cupy.ascontiguousarray(array)

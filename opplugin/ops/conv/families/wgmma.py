@@ -27,11 +27,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ....core.number_formats import half_bits
+from ...channel_last import channel_last_shape, checked_linked
 from ...config_grammar import tagged
 from ..epilogue import NONE, RESIDUAL_INPUT
 from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
-from .channel_last import INPUT, OUTPUT, RESIDUAL, channel_last_shape, checked_linked, link_defines, links_reason
+from .channel_last import INPUT, OUTPUT, RESIDUAL, link_defines, links_reason
 from .gemm import k_dim
 from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm

@@ -16,7 +16,8 @@ from opplugin.lab import nvrtc_check
 from opplugin.ops.conv import families, reference
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import pipelined
-from opplugin.ops.conv.families.channel_last import ALL_LINKS, INPUT, OUTPUT, RESIDUAL, channel_last_shape, linked_names
+from opplugin.ops.channel_last import channel_last_shape
+from opplugin.ops.conv.families.channel_last import ALL_LINKS, INPUT, OUTPUT, RESIDUAL, linked_names
 from opplugin.ops.conv.prologue import SCALE, Prologue
 
 HALF = {"wg_fp16": "fp16", "wg_bf16": "bf16"}

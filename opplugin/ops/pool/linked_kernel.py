@@ -1,0 +1,115 @@
+"""A pool's kernel on tensors kept channel-last in a 16-bit format (kernels/pool_channel_last.cu): which ones
+its configuration says (channel_last.py); the other is FP32 NCHW, as the plain kernel (kernel.py) has both."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...errors import PluginError
+from ...gpu import cuda
+from ...gpu.kernel_cache import CompileJob
+from ...registry import Kernel
+from ..channel_last import FORMAT_CODES, INPUT, OUTPUT, channel_last_shape, checked_linked
+from ..operands import batched_input, contiguous_out
+from .channel_last import LANES, LinkedPool
+from .kernel import BLOCK, kernel_name, shape_defines
+from .spec import AVERAGE, PoolSpec
+
+SOURCE = "pool_channel_last.cu"
+GROUP_TILE = 32  # channel groups a global pool's block takes at most: a warp's loads of a pixel, 512 bytes
+
+
+def defines(spec: PoolSpec, config: LinkedPool) -> dict[str, int]:
+    """The -D macros of kernels/pool_channel_last.cu for this pool and links (all but the batch)."""
+    found = shape_defines(spec) | {"HALF_FORMAT": FORMAT_CODES[config.format], "X_CHANNEL_LAST": int(bool(config.links & INPUT)),
+                                   "Y_CHANNEL_LAST": int(bool(config.links & OUTPUT))}
+    if spec.is_global:
+        tile = min(GROUP_TILE, spec.channels // LANES)
+        found |= {"GROUP_TILE": tile, "TILES": global_tiles(spec)}
+    return found
+
+
+def global_tiles(spec: PoolSpec) -> int:
+    """A global pool's blocks an image: its channel groups, GROUP_TILE at a time."""
+    groups = spec.channels // LANES
+    return -(-groups // min(GROUP_TILE, groups))
+
+
+def function_name(spec: PoolSpec) -> str:
+    return "pool_global_channel_last" if spec.is_global else "pool_window_channel_last"
+
+
+def compile_job(spec: PoolSpec, config: LinkedPool, arch: str) -> CompileJob:
+    """What LinkedPoolKernel compiles for this node on a GPU of `arch`."""
+    return cuda.module_job(SOURCE, defines(spec, config), arch)
+
+
+class LinkedPoolKernel(Kernel):
+    """kernels/pool_channel_last.cu for one node and links; call it with [X]: uint16 [N][H][W][C] in the format
+    where X is linked, float32 NCHW where not. Y likewise. It raises a watched step's NaN/Inf flag itself,
+    reading each value as it stored it."""
+
+    out_view = "contiguous"  # __call__ takes out= (registry.Kernel)
+    replayable = True
+    flags_nonfinite = True
+
+    def __init__(self, spec: PoolSpec, config: LinkedPool):
+        self.spec, self.config = spec, config
+        self.variant = config.name()
+        self.name = kernel_name(spec, True, self.variant)
+        self._x_linked, self._y_linked = bool(config.links & INPUT), bool(config.links & OUTPUT)
+        # a max keeps every NaN, as the plain kernel's (its step is watched, runtime/exact.py); an average follows
+        # IEEE, but one of FP32 values rounded into FP16 as it is stored may pass its range: watched then too
+        self.nonfinite_exact = spec.mode == AVERAGE and (self._x_linked or not self._y_linked)
+        self.function = cuda.load(compile_job(spec, config, cuda.device_arch())).get_function(function_name(spec))
+        self.functions = [self.function]
+
+    def flops(self, batch: int) -> int:
+        return self.spec.flops(batch)
+
+    def bytes_moved(self, batch: int) -> int:
+        """As the plain kernel's, with two bytes a value of a linked tensor rather than four."""
+        (h, w), (oh, ow) = self.spec.size, self.spec.output_size
+        values = batch * self.spec.channels
+        return self.spec.bytes_moved(batch) - 2 * values * (h * w * self._x_linked + oh * ow * self._y_linked)
+
+    def __call__(self, inputs: Sequence[Any], stream: Any = None, *, out: Any = None, nonfinite: int = 0) -> list[Any]:
+        """[Y] for [X]; Y is `out` when given (C-contiguous, written in full). `nonfinite`: the device address
+        of a zeroed byte the kernel sets where a value of Y as stored is NaN or Inf (0: none)."""
+        import cupy
+
+        x = inputs[0] if inputs else None
+        sample = (self.spec.channels, *self.spec.size)
+        if self._x_linked:
+            x = checked_linked(cupy, x, (x.shape[0] if getattr(x, "ndim", 0) == 4 else -1, *sample), "input X", self.name)
+        else:
+            x = batched_input(cupy, x, sample, "X", self.name)
+        batch = int(x.shape[0])
+        shape = self.spec.output_shape(batch)
+        if out is not None and self._y_linked:
+            checked_linked(cupy, out, shape, "output", self.name)
+            if not out.flags.c_contiguous or out.data.ptr % 16:
+                raise PluginError(f"{self.name}: out must be C-contiguous and 16-byte aligned (its 16-byte stores)")
+        elif not self._y_linked:
+            contiguous_out(cupy, out, shape, self.name)
+        with cuda.on_stream(stream):
+            x = cupy.ascontiguousarray(x)
+            if self._x_linked and x.data.ptr % 16:  # its 16-byte loads; a fresh allocation is aligned
+                x = x.copy()
+            if out is not None:
+                y = out
+            elif self._y_linked:
+                y = cupy.empty(channel_last_shape(shape), dtype=cupy.uint16)
+            else:
+                y = cupy.empty(shape, dtype=cupy.float32)
+            if batch:
+                self._launch(x, y, batch, np.uint64(nonfinite))
+        return [y]
+
+    def _launch(self, x: Any, y: Any, batch: int, flag: np.uint64) -> None:
+        if self.spec.is_global:
+            self.function((batch * global_tiles(self.spec),), (BLOCK,), (x, y, flag))
+        else:
+            threads = batch * self.spec.output_size[0] * self.spec.output_size[1] * (self.spec.channels // LANES)
+            self.function((-(-threads // BLOCK),), (BLOCK,), (x, y, np.int64(threads), flag))

@@ -173,19 +173,18 @@ class ConvPlugin(Plugin):
 
     def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
-        """A wg_fp16 or wg_bf16 step that fuses its whole epilogue can write its output channel-last in its format
-        and take so its residual operand (a multiple of 8 maps a group), and X where it applies no prologue and
-        pads no channels (families/channel_last.py's links_reason)."""
+        """Where `variant`'s kernel runs the whole step, the tensors its family can keep channel-last in its format
+        (Family.channel_last_links: wg_fp16 and wg_bf16 where no prologue applies and a group's maps are whole
+        16-byte runs)."""
         half = self._linkable(node, device, variant, fused, prologue)
         if half is None:
             return None
-        from .families.channel_last import INPUT, OUTPUT, RESIDUAL, links_reason
-        from .families.wgmma import image_channels
+        from .families.channel_last import INPUT, OUTPUT, RESIDUAL
 
         family, spec, epilogue = half
-        can = {bit for bit in (INPUT, OUTPUT, RESIDUAL) if links_reason(spec, bit, epilogue, image_channels(spec, pads=True)) is None}
-        inputs = frozenset(position for bit, position in ((INPUT, 0), (RESIDUAL, RESIDUAL_INPUT)) if bit in can)
-        return ChannelLast(family.precision, inputs, OUTPUT in can) if inputs or OUTPUT in can else None
+        can = family.channel_last_links(spec, epilogue)
+        inputs = frozenset(position for bit, position in ((INPUT, 0), (RESIDUAL, RESIDUAL_INPUT)) if can & bit)
+        return ChannelLast(family.precision, inputs, bool(can & OUTPUT))
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str, inputs: frozenset[int], output: bool,
                        fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
@@ -201,7 +200,8 @@ class ConvPlugin(Plugin):
 
     def _linkable(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
                   prologue: Sequence[NodeInfo]) -> tuple[Any, ConvSpec, Epilogue] | None:
-        """(family, spec, epilogue) where `variant` is a half-precision family's and its kernel runs the whole step."""
+        """(family, spec, epilogue) where `variant`'s family can keep a tensor of this step channel-last in its format
+        and its kernel runs the whole step."""
         if not device.is_cuda or variant is None or variant in REFERENCE_VARIANTS:
             return None
         from . import families
@@ -210,9 +210,9 @@ class ConvPlugin(Plugin):
             family, _ = families.parse(variant)
         except PluginError:
             return None
-        if family.name not in PRECISION_FAMILIES.values():
-            return None
         spec, epilogue = conv_spec(node), self._epilogue(node, fused, prologue)
+        if not family.channel_last_links(spec, epilogue):
+            return None
         _, kernel_epilogue, reason = fitted(spec, variant, constant_weights(node), epilogue)
         return (family, spec, epilogue) if reason is None and kernel_epilogue == epilogue else None
 

@@ -175,7 +175,7 @@ class ConvPlugin(Plugin):
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
         """Where `variant`'s kernel runs the whole step, the tensors its family can keep channel-last in its format
         (Family.channel_last_links: wg_fp16 and wg_bf16 where no prologue applies and a group's maps are whole
-        16-byte runs)."""
+        16-byte runs, dw_fp16 and dw_bf16 always)."""
         half = self._linkable(node, device, variant, fused, prologue)
         if half is None:
             return None

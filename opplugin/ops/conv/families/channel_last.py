@@ -1,8 +1,9 @@
-"""Links between half-precision Conv steps (wg_fp16, wg_bf16): a tensor one such step writes and only such steps
-read stays in the format, channel-last ([N][H][W][C], as a 16-bit value's bits), instead of going out to FP32
-NCHW and back. Each of those steps otherwise reads FP32 NCHW and rewrites it channel-last in the format before
-its GEMM, then writes FP32 NCHW: on ResNet-50 in FP16 at batch 32 that is a read, a write and a read again of
-every activation at twice the bytes, between every pair of Convs.
+"""Links between half-precision Conv steps (wg_fp16, wg_bf16, dw_fp16, dw_bf16): a tensor one such step writes and
+only such steps read stays in the format, channel-last ([N][H][W][C], as a 16-bit value's bits), instead of going
+out to FP32 NCHW and back. Each of those steps otherwise reads FP32 NCHW and rewrites it channel-last in the
+format before its GEMM (or rounds each value as it loads it: the depthwise kernel), then writes FP32 NCHW: on
+ResNet-50 in FP16 at batch 32 that is a read, a write and a read again of every activation at twice the bytes,
+between every pair of Convs.
 
 A configuration's `links` (its name's `_h` field) says which of its tensors are so: INPUT (X: the step
 skips its rewrite and multiplies X as it is), OUTPUT (Y) and RESIDUAL (a fused Add's operand). A family says
@@ -45,8 +46,9 @@ def possible_links(reason: Callable[[int], str | None]) -> int:
 
 
 def link_defines(links: int, half_format: int) -> dict[str, int]:
-    """The kernel's macros for its links (conv_implicit_tiles.cuh): the format of y and of the residual kept
-    channel-last; a linked X needs none (the rewrite is not launched)."""
+    """The kernel's macros for its links (conv_implicit_tiles.cuh, conv_depthwise_half.cu): the format of y and of the
+    residual kept channel-last; a linked X needs none in the GEMM (its rewrite is not launched), and the depthwise
+    kernel, which loads X itself, adds X_CHANNEL_LAST."""
     return ({"Y_CHANNEL_LAST": half_format} if links & OUTPUT else {}) | ({"R_CHANNEL_LAST": half_format} if links & RESIDUAL else {})
 
 

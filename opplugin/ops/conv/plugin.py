@@ -102,8 +102,10 @@ class UnfusedEpilogueKernel(Kernel):
             return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
-# the family --precision runs a Conv in (wgmma.py); under tf32 a Conv stays FP32-exact (3xTF32 on Hopper)
-PRECISION_FAMILIES = {"fp16": "wg_fp16", "bf16": "wg_bf16"}
+# the families --precision runs a Conv in, tried in this order: the implicit GEMM (wgmma.py), then for a depthwise
+# Conv, which the GEMM declines (one map a group), the depthwise kernel (depthwise_half.py); under tf32 a Conv
+# stays FP32-exact (3xTF32 on Hopper)
+PRECISION_FAMILIES = {"fp16": ("wg_fp16", "dw_fp16"), "bf16": ("wg_bf16", "dw_bf16")}
 
 
 class ConvPlugin(Plugin):
@@ -150,18 +152,15 @@ class ConvPlugin(Plugin):
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
-        """The precision's family (PRECISION_FAMILIES: wg_fp16, wg_bf16) where it runs the step, with the part of
-        its epilogue that family fuses (else the reason it cannot): on a GPU, the configuration `tune --precision`
-        cached for it, else the family's own pick; on the CPU device, the reference emulating the precision
-        wherever that family could run the step on its GPU (Hopper)."""
-        name = PRECISION_FAMILIES.get(precision)
-        if name is None:
+        """The precision's family that runs the step (precision_fit: wg_fp16, else dw_fp16 for a depthwise Conv), with
+        the part of its epilogue that family fuses (else the reason none can): on a GPU, the configuration `tune
+        --precision` cached for it, else the family's own pick; on the CPU device, the reference emulating the
+        precision wherever one of those families could run the step on its GPU (Hopper)."""
+        if precision not in PRECISION_FAMILIES:
             return PrecisionChoice(None, f"no {precision} kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
                                    if precision == "tf32" else f"no {precision} kernel for Conv")
         spec, weights = conv_spec(node), constant_weights(node)
-        from . import families
-
-        _, kernel_epilogue, reason = fitted(spec, families.FAMILIES[name], weights, self._epilogue(node, fused, prologue))
+        name, _, kernel_epilogue, reason = precision_fit(spec, weights, self._epilogue(node, fused, prologue), precision)
         if reason is not None:
             return PrecisionChoice(None, reason)
         if not device.is_cuda:
@@ -348,6 +347,23 @@ def fitted(spec: ConvSpec, wanted: Any, weights: Any, epilogue: Epilogue) -> tup
         if reason is None:
             return config, kernel_epilogue, None
     return config, kernel_epilogue, reason
+
+
+def precision_fit(spec: ConvSpec, weights: Any, epilogue: Epilogue, precision: str) -> tuple[str, Any, Epilogue, str | None]:
+    """(the family of PRECISION_FAMILIES[precision] that runs this Conv, its Config, the part of `epilogue` it fuses,
+    None): the first that can. Where none can, the reason is that of the family made for this kind of Conv: the
+    depthwise kernel's for a depthwise one (a Conv of one channel a group, groups > 1), else the GEMM's."""
+    from . import families
+
+    names = PRECISION_FAMILIES[precision]
+    found = []
+    for name in names:
+        config, kernel_epilogue, reason = fitted(spec, families.FAMILIES[name], weights, epilogue)
+        if reason is None:
+            return name, config, kernel_epilogue, None
+        found.append((name, config, kernel_epilogue, reason))
+    depthwise = spec.group > 1 and spec.in_channels == spec.group
+    return found[-1] if depthwise else found[0]
 
 
 @dataclass(frozen=True)

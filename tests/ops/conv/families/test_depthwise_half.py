@@ -1,11 +1,13 @@
 """dw_fp16 and dw_bf16: a depthwise Conv on operands in FP16 or BF16, what `--precision fp16|bf16` runs the depthwise
 Convs in that wg_fp16 and wg_bf16 decline.
 
-CPU: their names, limits and macros, the weights' layout and bits, and the CPU device's emulation of the step. GPU
-(`gpu` marker): each configuration against float64 on fresh random operands with its output poisoned first, element
-by element within the bound of one rounding of each operand and FP32 sums (lab/format_bound.py), and against float64
-on the operands rounded as the format rounds them within FP32 sums alone; a linked kernel writes, bit for bit, what
-the unlinked one's output rounds to; the NaN/Inf flag it raises as it stores.
+CPU: their names, limits and macros, the weights' layout and bits, which family a run in a half precision picks for
+a Conv (and why none, where none can), and the CPU device's emulation of the step. GPU (`gpu` marker): each
+configuration against float64 on fresh random operands with its output poisoned first, element by element within
+the bound of one rounding of each operand and FP32 sums (lab/format_bound.py), and against float64 on the operands
+rounded as the format rounds them within FP32 sums alone; a linked kernel writes, bit for bit, what the unlinked
+one's output rounds to; the NaN/Inf flag it raises as it stores; a Runner in fp16 on MobileNet-V2's block within
+FP16's rule of onnxruntime, eager and graphed, its NaN rerun in FP32.
 """
 from __future__ import annotations
 
@@ -13,18 +15,22 @@ import dataclasses
 
 import numpy as np
 import pytest
-from family_gpu_checks import draw
+from family_gpu_checks import assert_within_the_formats_rule, draw
 from onnx_builders import conv_spec as conv
+from onnx_builders import save
+from precision_cases import mobilenet_block_model
 
 from opplugin.core.number_formats import UNIT_ROUNDOFF, half_bits, round_to
 from opplugin.errors import PluginError
+from opplugin.graph.model import load_model
 from opplugin.lab.format_bound import FormatBound, bound_fraction
 from opplugin.ops.activation import Activation
 from opplugin.ops.conv import families, reference
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import depthwise_half
 from opplugin.ops.conv.families.channel_last import ALL_LINKS, INPUT, OUTPUT, RESIDUAL, channel_last_shape
-from opplugin.ops.conv.plugin import ReferenceConvKernel
+from opplugin.ops.conv.plugin import ReferenceConvKernel, precision_fit
+from opplugin.runtime import Runner
 
 HALF = {"dw_fp16": "fp16", "dw_bf16": "bf16"}
 ADD_CLIP = Epilogue(Activation("Clip", 0.0, 6.0), residual=True)  # MobileNetV2's project adds, its depthwise clips
@@ -78,6 +84,25 @@ def test_they_take_depthwise_convs_of_whole_runs_of_8_channels_and_say_why_not_o
     assert "whole runs of 8" in why(spec, dataclasses.replace(linked(spec, "dw_fp16", 0), planes=12))
     with pytest.raises(PluginError, match="links 8"):
         families.compile_units(spec, dataclasses.replace(linked(spec, "dw_fp16", 0), links=8), ADD_CLIP)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_half_run_takes_the_gemm_else_the_depthwise_kernel_and_keeps_the_gemms_reasons_for_other_convs(precision):
+    def fit(spec, epilogue=NONE):
+        family, config, fused, reason = precision_fit(spec, ones(spec), epilogue, precision)
+        return family, config and config.family, fused, reason
+
+    dense = conv(2, 64, 64, (8, 8), (3, 3), pads=(1, 1, 1, 1))
+    assert fit(dense) == (f"wg_{precision}", f"wg_{precision}", NONE, None)
+    assert fit(SPECS["3x3_c32"], ADD_CLIP) == (f"dw_{precision}", f"dw_{precision}", ADD_CLIP, None)
+    pooled = Epilogue("Relu", (2, 2))  # no max pool in the kernel: it runs the Conv, the pool follows
+    assert fit(SPECS["3x3_c32"], pooled)[::2] == (f"dw_{precision}", NONE)
+    grouped = conv(2, 128, 128, (8, 8), (3, 3), group=32)  # 4 channels a group: the GEMM's reason, as before
+    assert fit(grouped)[3] == f"wg_{precision} multiplies maps 64 at a time; this Conv has 4 a group, mostly padding"
+    stem = conv(2, 1, 4, (8, 8), (3, 3))  # one channel, one group: no depthwise Conv, the GEMM's reason
+    assert fit(stem)[3].startswith(f"wg_{precision} multiplies maps 64 at a time")
+    multiplied = conv(2, 32, 64, (8, 8), (3, 3), group=32)  # depthwise, 2 maps a channel: the depthwise kernel's reason
+    assert fit(multiplied)[::3] == (f"dw_{precision}", f"dw_{precision} takes a depth multiplier of 1 (one map a channel); this Conv has 2 a channel")
 
 
 def test_a_block_is_about_256_threads_over_channels_that_divide_the_convs_and_its_first_tile_fits_the_budget():
@@ -228,3 +253,35 @@ def test_the_kernel_flags_nan_and_inf_as_it_stores_them_past_fp16s_range_too(lin
     nan = x.copy()
     nan[0, 3, 2, 2] = np.nan
     assert flagged(nan)
+
+
+@pytest.fixture(scope="module")
+def mobilenet_block(tmp_path_factory):
+    return load_model(save(mobilenet_block_model(), tmp_path_factory.mktemp("dw_half") / "mobilenet_block.onnx"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_runner_in_a_half_precision_links_a_mobilenet_block_and_stays_within_the_formats_rule(mobilenet_block, precision):
+    import onnxruntime
+
+    if not families.FAMILIES[f"wg_{precision}"].runs_here():
+        pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
+    runner = Runner(mobilenet_block, 16, "cuda", precision=precision)
+    steps = {s.name: s for s in runner.plan_record().steps}
+    assert steps["depthwise"].implementation.startswith(f"conv.dw_{precision}_") and steps["depthwise"].implementation.endswith("_h3+clip0_6")
+    assert steps["project"].implementation.endswith("_h5+add")
+    x = np.random.default_rng().standard_normal((16, 3, 12, 12)).astype(np.float32)
+    got = runner.run({"x": x}).outputs["y"]
+    session = onnxruntime.InferenceSession(mobilenet_block.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    [expected] = session.run(None, {"x": x})
+    assert_within_the_formats_rule(got, expected, precision)
+    eager = Runner(mobilenet_block, 16, "cuda", precision=precision, cuda_graphs=False)
+    assert np.array_equal(eager.run({"x": x}).outputs["y"], got)
+    x[3, 1, 4, 5] = np.nan  # a chunk that meets NaN runs again on the exact path, where nothing is linked
+    [with_nan] = session.run(None, {"x": x})
+    for run in (runner, eager):
+        again = run.run({"x": x}).outputs["y"]
+        assert np.array_equal(np.isnan(again), np.isnan(with_nan)) and np.isnan(again).any()
+        exact = run.exact.split_executor()
+        assert not any("_h" in (kernel.variant or "") for kernel in exact.kernels.values())  # FP32 tensors, unlinked kernels

@@ -144,7 +144,8 @@ class Options:
         if self.precision != FP32 and (self.families or self.kernels):
             flag = "--families" if self.families else "--kernel"
             raise InputError(f"{flag} does not apply with --precision {self.precision}: the Conv suites then time "
-                             f"{' or '.join(precision_families(self.precision))} alone, beside cuDNN in {self.precision.upper()}")
+                             f"only the family --precision runs each Conv in, {' or '.join(precision_families(self.precision))}, "
+                             f"beside cuDNN in {self.precision.upper()}")
 
 
 @dataclass(frozen=True)

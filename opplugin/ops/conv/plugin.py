@@ -24,7 +24,8 @@ from .spec import ConvSpec
 class ReferenceConvKernel(Kernel):
     """The numpy reference, run as the Conv kernel of the CPU device (with its epilogue, if fused). With a
     `precision` ("fp16", "bf16"), the step a GPU would run in it: X (after the prologue) and W rounded to
-    the format, as wg_fp16 and wg_bf16 read them, then the sums, bias and epilogue in FP32, as theirs are."""
+    the format, as wg_fp16, wg_bf16, dw_fp16 and dw_bf16 read them, then the sums, bias and epilogue in FP32, as
+    theirs are."""
 
     def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE, precision: str | None = None):
         self.spec = spec

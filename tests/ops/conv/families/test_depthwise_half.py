@@ -2,12 +2,12 @@
 Convs in that wg_fp16 and wg_bf16 decline.
 
 CPU: their names, limits and macros, the weights' layout and bits, which family a run in a half precision picks for
-a Conv (and why none, where none can), and the CPU device's emulation of the step. GPU (`gpu` marker): each
-configuration against float64 on fresh random operands with its output poisoned first, element by element within
-the bound of one rounding of each operand and FP32 sums (lab/format_bound.py), and against float64 on the operands
-rounded as the format rounds them within FP32 sums alone; a linked kernel writes, bit for bit, what the unlinked
-one's output rounds to; the NaN/Inf flag it raises as it stores; a Runner in fp16 on MobileNet-V2's block within
-FP16's rule of onnxruntime, eager and graphed, its NaN rerun in FP32.
+a Conv (and why none, where none can), and the CPU device's emulation of the step and of a MobileNet-V2 block. GPU
+(`gpu` marker): each configuration against float64 on fresh random operands with its output poisoned first, element
+by element within the bound of one rounding of each operand and FP32 sums (lab/format_bound.py), and against float64
+on the operands rounded as the format rounds them within FP32 sums alone; a linked kernel writes, bit for bit, what
+the unlinked one's output rounds to; the NaN/Inf flag it raises as it stores; a Runner in fp16 and bf16 on
+MobileNet-V2's block within the format's rule of onnxruntime, eager and graphed, its NaN rerun on unlinked kernels.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_a_half_run_takes_the_gemm_else_the_depthwise_kernel_and_keeps_the_gemms
     assert fit(multiplied)[::3] == (f"dw_{precision}", f"dw_{precision} takes a depth multiplier of 1 (one map a channel); this Conv has 2 a channel")
 
 
-def test_a_block_is_about_256_threads_over_channels_that_divide_the_convs_and_its_first_tile_fits_the_budget():
+def test_a_blocks_channels_divide_the_convs_and_the_first_tile_keeps_within_the_register_budget():
     spec = SPECS["3x3_s2_c144"]
     assert depthwise_half.planes_for(spec) == 48 and depthwise_half.planes_for(SPECS["5x5_s2_c40_asymmetric"]) == 40
     for spec in SPECS.values():
@@ -155,6 +155,23 @@ def test_on_the_cpu_the_reference_emulates_the_kernel_rounding_x_and_w_alone(pre
     unrounded = reference.expected(spec, ADD_CLIP, x, w, b, r)
     error = np.linalg.norm(got - unrounded) / np.linalg.norm(unrounded)
     assert UNIT_ROUNDOFF[precision] / 20 < error < 4 * UNIT_ROUNDOFF[precision], error  # it rounded, to this format
+
+
+@pytest.fixture(scope="module")
+def mobilenet_block(tmp_path_factory):
+    return load_model(save(mobilenet_block_model(), tmp_path_factory.mktemp("dw_half") / "mobilenet_block.onnx"))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_on_the_cpu_a_half_run_emulates_every_conv_of_a_mobilenet_block_the_depthwise_one_too(mobilenet_block, precision):
+    steps = {s.name: s for s in Runner(mobilenet_block, 4, "cpu", precision=precision).plan_record().steps}
+    assert steps["depthwise"].implementation == f"conv.reference.{precision}+clip0_6"  # FP32, "wg_fp16 multiplies maps 64 ..." before
+    assert all(step.precision == precision for step in steps.values())
+    x = np.random.default_rng(7).standard_normal((4, 3, 12, 12)).astype(np.float32)
+    exact = Runner(mobilenet_block, 4, "cpu").run({"x": x}).outputs["y"]
+    emulated = Runner(mobilenet_block, 4, "cpu", precision=precision).run({"x": x}).outputs["y"]
+    error = np.linalg.norm(emulated - exact) / np.linalg.norm(exact)
+    assert 0 < error < 8 * UNIT_ROUNDOFF[precision], error
 
 
 # ---- GPU ----
@@ -253,11 +270,6 @@ def test_the_kernel_flags_nan_and_inf_as_it_stores_them_past_fp16s_range_too(lin
     nan = x.copy()
     nan[0, 3, 2, 2] = np.nan
     assert flagged(nan)
-
-
-@pytest.fixture(scope="module")
-def mobilenet_block(tmp_path_factory):
-    return load_model(save(mobilenet_block_model(), tmp_path_factory.mktemp("dw_half") / "mobilenet_block.onnx"))
 
 
 @pytest.mark.gpu

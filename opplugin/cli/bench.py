@@ -99,8 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --e2e: run opplugin and every peer in this precision (default fp32, TF32 off): tf32 switches "
                              "TF32 on; fp16 and bf16 convert PyTorch's module (channels_last too) and onnxruntime's model (fp16 "
                              "only, by onnxconverter-common), and check every output against the model in float64. With the "
-                             "Conv suites, fp16 or bf16: each Conv by the family --precision runs it in (wg_fp16, wg_bf16) beside "
-                             "cuDNN on FP16 or BF16 tensors in channels_last, each output checked per element against float64")
+                             "Conv suites, fp16 or bf16: each Conv by the family --precision runs it in (wg_fp16, wg_bf16; dw_fp16, "
+                             "dw_bf16 for a depthwise one) beside cuDNN on FP16 or BF16 tensors in channels_last, each output "
+                             "checked per element against float64")
     parser.add_argument("--scaling", nargs="?", const=scaling_bench.DEFAULT_MODEL, metavar="MODEL",
                         help=f"instead: images/s of one batch split over 1 to N devices, host to host from pinned memory, and the "
                              f"scaling efficiency (default model {scaling_bench.DEFAULT_MODEL}, --batches {scaling_bench.DEFAULT_BATCHES[0]})")

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cuda"), default="auto", help="tuning needs a CUDA device either way")
     parser.add_argument("--precision", default=FP32, metavar="|".join(TUNED_PRECISIONS),
                         help="fp32 (default): every FP32-exact configuration of each Conv; fp16, bf16: every configuration of "
-                             "the family a run in that precision gives each Conv (wg_fp16, wg_bf16), each element checked "
-                             "within the format's bound; the choices are cached for runs in that precision")
+                             "the family a run in that precision gives each Conv (wg_fp16, wg_bf16; dw_fp16, dw_bf16 for a depthwise "
+                             "one), each element checked within the format's bound; the choices are cached for runs in that precision")
     KernelOptions.add(parser)
     ReportOptions.add(parser, "also write every configuration's result as JSON")
 

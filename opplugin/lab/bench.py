@@ -39,13 +39,13 @@ from ..report.jsonout import header
 from ..ops.conv import families
 from ..ops.conv.epilogue import NONE, Epilogue
 from ..ops.conv.families import Config
-from ..ops.conv.families.base import ConvKernel, Family
+from ..ops.conv.families.base import ConvKernel, Family, Weights
 from ..ops.conv.plugin import constant_weights, conv_spec, epilogue_of
 from ..ops.conv.spec import ConvSpec
 from . import graphed
 from . import peers as peer_module
 from . import roofline
-from .bench_precision import SUITE_PRECISIONS, candidate_bound, cudnn_name, precision_family, precision_pick
+from .bench_precision import SUITE_PRECISIONS, candidate_bound, cudnn_name, precision_families, precision_family, precision_pick
 from .cnn_layers import LAYERS, layer_weights
 from .format_bound import bound_words
 from .streams import host_to_host
@@ -55,7 +55,8 @@ from .trial import BENCH_REPEAT, BENCH_WARMUP, EXACT_TOLERANCE, MIN_SAMPLE_MS, C
 #    model and batch are the lists of models and batch sizes measured
 # 3: precision (fp32, fp16, bf16) and precision_summary; a step's cudnn_ms and a row's vs_cudnn (cuDNN in
 #    the run's precision), a row's bound_fraction (its largest error over its element bound, 16-bit runs)
-SCHEMA = "opplugin-bench/3"
+# 4: precision_summary's family is its families (wg_fp16 and dw_fp16: one a Conv)
+SCHEMA = "opplugin-bench/4"
 DEFAULT_BATCHES = (100, 1000, 10000)
 SUITES = ("models", "cnn")
 FP32_PEER_TOLERANCE = 1e-4  # cuDNN may pick Winograd or FFT algorithms, which round differently
@@ -143,7 +144,8 @@ class Options:
         if self.precision != FP32 and (self.families or self.kernels):
             flag = "--families" if self.families else "--kernel"
             raise InputError(f"{flag} does not apply with --precision {self.precision}: the Conv suites then time "
-                             f"{precision_family(self.precision)} alone, beside cuDNN in {self.precision.upper()}")
+                             f"only the family --precision runs each Conv in, {' or '.join(precision_families(self.precision))}, "
+                             f"beside cuDNN in {self.precision.upper()}")
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,7 @@ def make_row(step: dict[str, Any], name: str, kind: str, **fields: Any) -> dict[
 
 def reference_rows(rows: list[dict[str, Any]], step: dict[str, Any], precision: str = FP32) -> None:
     """Fill the step's baseline, cuDNN FP32 and cuDNN-in-`precision` times and each row's speed-ups over them;
-    its best: the fastest exact variant, or in a 16-bit run the fastest variant (all of the precision's family)."""
+    its best: the fastest exact variant, or in a 16-bit run the fastest variant (all of the family the precision runs the Conv in)."""
     mine = [r for r in rows if r["step"] == step["step"] and r["batch"] == step["batch"]]
 
     def ms_of(predicate) -> float | None:
@@ -301,14 +303,14 @@ def suite_summary(steps: list[dict[str, Any]], rows: list[dict[str, Any]]) -> di
 def precision_summary(steps: list[dict[str, Any]], rows: list[dict[str, Any]], precision: str) -> dict[str, Any]:
     """Per layer and batch: cuDNN's time in the format, the family's fastest correct configuration and its
     speed-up, or why it has none; then the geometric mean of the speed-ups over the layers it ran."""
-    family, peer = precision_family(precision), cudnn_name(precision)
+    ours_families, peer = precision_families(precision), cudnn_name(precision)
     lines = []
     for step in steps:
         mine = [r for r in rows if r["step"] == step["step"] and r["batch"] == step["batch"]]
         timed = [r for r in mine if r["status"] == "ok" and r["ms"]]
-        ours = min((r for r in timed if r["family"] == family), key=lambda r: r["ms"], default=None)
+        ours = min((r for r in timed if r["family"] in ours_families), key=lambda r: r["ms"], default=None)
         cudnn = next((r for r in timed if r["name"] == peer), None)
-        missed = next((r for r in mine if r["family"] == family and r["status"] != "ok"), None)
+        missed = next((r for r in mine if r["family"] in ours_families and r["status"] != "ok"), None)
         lines.append({
             "step": step["step"],
             "batch": step["batch"],
@@ -320,7 +322,7 @@ def precision_summary(steps: list[dict[str, Any]], rows: list[dict[str, Any]], p
         })
     return {
         "precision": precision,
-        "family": family,
+        "families": list(ours_families),
         "peer": peer,
         "layers": lines,
         "ran": sum(line["ms"] is not None for line in lines),
@@ -490,7 +492,7 @@ class Bench:
             default = runner_default(spec, (case.w, case.b), epilogue, graphed=self.options.cuda_graphs)
         else:
             default, _ = precision_pick(spec, (case.w, case.b), self.options.precision)  # None: the row of its family says why
-        candidates = self._candidates(spec, epilogue, default)
+        candidates = self._candidates(spec, epilogue, default, (case.w, case.b))
         step["default"] = default and default.name()
         self.steps.append(step)
         problem = Problem.random(spec, epilogue, (case.w, case.b))
@@ -513,15 +515,19 @@ class Bench:
         figure = f"{row['ms']:.4g} ms" if row["ms"] else row["status"] + (f" ({row['reason']})" if row["reason"] else "")
         self.progress(f"bench:     {row['name']:<28} {figure}")
 
-    def _timed_families(self) -> Sequence[str] | None:
-        """The families to time: --families, or in a 16-bit run the precision's alone; None: every family."""
-        return self.options.families if self.options.precision == FP32 else [precision_family(self.options.precision)]
+    def _timed_families(self, spec: ConvSpec, weights: Weights | None) -> Sequence[str] | None:
+        """The families to time: --families, or in a 16-bit run the one the precision runs this Conv in alone
+        (precision_family); None: every family."""
+        if self.options.precision == FP32:
+            return self.options.families
+        return [precision_family(spec, weights, self.options.precision)]
 
-    def _candidates(self, spec: ConvSpec, epilogue: Epilogue, default: Config | None) -> list[tuple[Config | Family, bool]]:
+    def _candidates(self, spec: ConvSpec, epilogue: Epilogue, default: Config | None,
+                    weights: Weights | None = None) -> list[tuple[Config | Family, bool]]:
         """(configuration, is the heuristic's pick) for every family that applies; a family
         with no configuration for this shape stands for itself, and its row says why."""
         candidates: list[tuple[Config | Family, bool]] = []
-        timed = self._timed_families()
+        timed = self._timed_families(spec, weights)
         for family in families.FAMILIES.values():
             if epilogue != NONE and not family.fuses or timed and family.name not in timed:
                 continue

@@ -106,8 +106,8 @@ def precision_words(payload: dict[str, Any]) -> str:
     """What a 16-bit run compares, what it converts where, and how it checks each output."""
     precision, summary = payload["precision"], payload["precision_summary"]
     fmt = precision.upper()
-    return (f"precision {precision}: each Conv alone (no fused step) by {summary['family']}, the family run --precision {precision} "
-            f"runs it in (FP32 in and out, converting inside its timed call; a layer it cannot run is listed with the reason), "
+    return (f"precision {precision}: each Conv alone (no fused step) by the family run --precision {precision} runs it in "
+            f"({' or '.join(summary['families'])}; FP32 in and out, converting inside its timed call; a layer it cannot run is listed with the reason), "
             f"beside cuDNN on {fmt} tensors in channels_last, its input and weights converted before timing and its output "
             f"left in {fmt}; every output checked against float64 first: {payload['settings']['format_bound']}")
 
@@ -186,7 +186,7 @@ PRECISION_NUMBERS = (1, 2, 4, 5)
 
 
 def precision_columns(summary: dict[str, Any]) -> tuple[str, ...]:
-    return ("layer", "batch", f"cuDNN {summary['precision'].upper()}", summary["family"], "ms", "vs cuDNN", "why none")
+    return ("layer", "batch", f"cuDNN {summary['precision'].upper()}", "/".join(summary["families"]), "ms", "vs cuDNN", "why none")
 
 
 def precision_cells(summary: dict[str, Any]) -> list[list[str]]:
@@ -199,7 +199,7 @@ def precision_cells(summary: dict[str, Any]) -> list[list[str]]:
 
 
 def precision_means(summary: dict[str, Any]) -> str:
-    return (f"{summary['family']} ran {summary['ran']} of {len(summary['layers'])} layers and batches; over them, "
+    return (f"{' and '.join(summary['families'])} ran {summary['ran']} of {len(summary['layers'])} layers and batches; over them, "
             f"vs cuDNN {summary['precision'].upper()}: geometric mean {_ratio(summary['geomean_vs_cudnn'])}")
 
 

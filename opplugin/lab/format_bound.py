@@ -15,7 +15,8 @@ roundoff, k the products an output sums and M = conv(|x|, |w|) + |b| (the magnit
 - an activation stretches an error by at most its slope, and a max pool's window moves by at most the
   largest bound in it.
 
-tests/ops/conv/families/test_wgmma_half.py holds the kernels to the same bound on the GPU.
+tests/ops/conv/families/test_wgmma_half.py holds the kernels to the same bound on the GPU, and
+test_depthwise_half.py the depthwise ones (through this class).
 """
 from __future__ import annotations
 
@@ -49,10 +50,13 @@ def activation_slope(epilogue: Epilogue) -> float:
 
 @dataclass(frozen=True)
 class FormatBound:
-    """The bound of a candidate in `precision`; `rounded_output`: it stores its result in the format too."""
+    """The bound of a candidate in `precision`; `rounded_output`: it stores its result in the format too;
+    `operands_in_format`: its operands are values of the format already, so that rounding them moves nothing
+    (what is left is the FP32 sums: a check that a kernel rounds to this format and no other)."""
 
     precision: str
     rounded_output: bool = False
+    operands_in_format: bool = False
 
     def __post_init__(self):
         if self.precision not in HALF_FORMATS:
@@ -69,7 +73,8 @@ class FormatBound:
         bias = None if b is None else np.abs(np.asarray(b, np.float64))
         magnitudes = reference.conv(np.abs(x), np.abs(np.asarray(w, np.float64)), bias, spec.strides, spec.pads,
                                     spec.dilations, spec.group)
-        bound = (2.1 * u + 2 * k * FP32_ROUNDOFF + (2.2 * u if self.rounded_output else 0.0)) * magnitudes + SLACK
+        rounding = 0.0 if self.operands_in_format else 2.1 * u
+        bound = (rounding + 2 * k * FP32_ROUNDOFF + (2.2 * u if self.rounded_output else 0.0)) * magnitudes + SLACK
         if epilogue.residual:
             bound = bound + SLACK * np.abs(np.asarray(residual, np.float64))
         bound = bound * activation_slope(epilogue)

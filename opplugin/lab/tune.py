@@ -1,7 +1,7 @@
 """`opplugin tune`: time every FP32-exact configuration of each Conv step on this GPU, and
 every implementation of each custom node (custom_tune.py). With a 16-bit `precision` (fp16,
 bf16), every configuration of the family a run in it gives each Conv step (ops/conv/plugin.py,
-PRECISION_FAMILIES) instead, each held element by element to the format's bound
+precision_fit: wg_fp16, or dw_fp16 for a depthwise Conv) instead, each held element by element to the format's bound
 (format_bound.py) rather than to FP32's error.
 
 For each plugin step of the plan whose op is Conv (with its fused epilogue),
@@ -33,7 +33,7 @@ from ..graph.model import Model, load_model
 from ..ops.conv import families
 from ..ops.conv.choice import tuning_key
 from ..ops.conv.epilogue import NONE, Epilogue
-from ..ops.conv.plugin import CONV_PRECISIONS, PRECISION_FAMILIES, constant_weights, conv_spec, epilogue_of, fitted
+from ..ops.conv.plugin import CONV_PRECISIONS, PRECISION_FAMILIES, constant_weights, conv_spec, epilogue_of, precision_fit
 from ..ops.conv.prologue import from_nodes
 from ..ops.conv.spec import ConvSpec
 from ..plan.partition import Plan, PluginStep, make_plan
@@ -198,13 +198,12 @@ def _user_sources(kernels: dict[str, str] | None) -> list[Any]:
 
 def tuning_candidates(spec: ConvSpec, weights, epilogue: Epilogue, precision: str = FP32) -> tuple[list[families.Config], Epilogue, str | None]:
     """(the configurations tune times for a Conv step, the epilogue they fuse, why there are none): in FP32 every
-    FP32-exact one; in fp16 or bf16 those of the precision's family with the part of the epilogue it fuses, as
+    FP32-exact one; in fp16 or bf16 those of the precision's family for this Conv (precision_fit) with the part of the epilogue it fuses, as
     a run in that precision builds the step, or the reason the plan gives for keeping the step in FP32."""
     if precision == FP32:
         configs = families.tuning_configs(spec, weights, epilogue)
         return configs, epilogue, None if configs else f"no FP32-exact configuration runs this Conv{epilogue.suffix}"
-    family = PRECISION_FAMILIES[precision]
-    _, fused, reason = fitted(spec, families.FAMILIES[family], weights, epilogue)
+    family, _, fused, reason = precision_fit(spec, weights, epilogue, precision)
     if reason is not None:
         return [], epilogue, f"{STAYS_FP32}: {reason}"
     configs = families.family_configs(spec, family, weights, fused)
@@ -248,7 +247,7 @@ def _untuned_runs(precision: str, why: str | None = None) -> str:
     """What runs a step tune chose nothing for, after "; " (nothing where `why` says the step stays FP32)."""
     if precision == FP32:
         return "; the heuristic's variant stays"
-    return "" if why and why.startswith(STAYS_FP32) else f"; {PRECISION_FAMILIES[precision]}'s own pick runs it"
+    return "" if why and why.startswith(STAYS_FP32) else f"; the family's own pick ({' or '.join(PRECISION_FAMILIES[precision])}) runs it"
 
 
 def detail(result: Trial) -> str:

@@ -5,7 +5,7 @@ Every report starts with these five keys, in this order:
 
 - `schema`: the file's kind and version, bumped whenever its keys change:
   "opplugin-run/7" (`run --json`), "opplugin-check/1" (`check --json`),
-  "opplugin-plan/7" (`plan --json`), "opplugin-bench/3" (`bench --json`),
+  "opplugin-plan/7" (`plan --json`), "opplugin-bench/4" (`bench --json`),
   "opplugin-tune/1" (`tune --json`), "opplugin-bench-e2e/4" (`bench --e2e --json`),
   "opplugin-bench-scaling/2" (`bench --scaling --json`). The trace that `run --trace` writes is in
   the Chrome trace-event format; it carries the same header, schema

@@ -1,5 +1,6 @@
-"""What the GPU tests of one Conv family at a time share: fresh random operands, and a
-configuration's output, poisoned with NaN first, against the float64 reference."""
+"""What the GPU tests of one Conv family at a time share: fresh random operands, a
+configuration's output, poisoned with NaN first, against the float64 reference, and a run in a
+16-bit format against onnxruntime."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,3 +39,15 @@ def run_and_compare(spec, config, epilogue, x, w, b, r, context, scale=None, x_o
     expected = reference.expected(spec, epilogue, x, w, b, r, scale)
     error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} > {MAX_RELATIVE_L2}"
+
+
+def assert_within_the_formats_rule(got, expected, precision: str) -> None:
+    """A run in a 16-bit format against onnxruntime's FP32 output: within the rule a run in that precision is held
+    to (verify/check.py), and moved by some rounding, as a run that stayed FP32 would not be."""
+    from opplugin.verify.check import default_tolerance
+
+    atol, rtol = default_tolerance(precision)
+    scale = max(1.0, float(np.sqrt(np.mean(expected.astype(np.float64) ** 2))))
+    assert np.all(np.abs(got - expected) <= atol * scale + rtol * np.abs(expected))
+    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+    assert error > 1e-6, "the run moved by no rounding at all: was it in FP32?"

@@ -1,7 +1,7 @@
 """Models and inputs for the precision tests: check --precision's (a small CNN's feeds, and a model whose values pass
 FP16's range), and a run's --precision's (a model with a step of each kind, a product alone, a batched product, a
-transformer's MLP block, for mixed two product steps, the second past FP16's range at will, and Convs wide enough for
-wg_fp16 and wg_bf16)."""
+transformer's MLP block, for mixed two product steps, the second past FP16's range at will, Convs wide enough for
+wg_fp16 and wg_bf16, and MobileNet-V2's block, whose depthwise Conv runs on dw_fp16 and dw_bf16)."""
 from __future__ import annotations
 
 import numpy as np
@@ -110,6 +110,31 @@ def two_products_model(scale: float = 1.0, seed: int = 0) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "two_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
                               [numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in weights.items()])
+    return finish(graph)
+
+
+def mobilenet_block_model(channels: int = 32, expand: int = 3, size: int = 12) -> onnx.ModelProto:
+    """A stem (3 -> channels, 3x3) > Relu (t0), then MobileNet-V2's inverted residual block on it: a 1x1 expand
+    (channels -> expand x channels) > Clip(0, 6) (t1), a depthwise 3x3 > Clip(0, 6) (t2), a 1x1 project back to
+    `channels` > + t0 (y, the output), with realistic weights and biases."""
+    rng = np.random.default_rng(1)
+    wide = channels * expand
+    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27), "b0": rng.standard_normal(channels) * 0.1,
+               "we": rng.standard_normal((wide, channels, 1, 1)) / np.sqrt(channels), "be": rng.standard_normal(wide) * 0.1,
+               "wd": rng.standard_normal((wide, 1, 3, 3)) / 3, "bd": rng.standard_normal(wide) * 0.1,
+               "wp": rng.standard_normal((channels, wide, 1, 1)) / np.sqrt(wide), "bp": rng.standard_normal(channels) * 0.1,
+               "lo": 0.0, "hi": 6.0}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["t0"], name="stem_relu"),
+             helper.make_node("Conv", ["t0", "we", "be"], ["ce"], name="expand"),
+             helper.make_node("Clip", ["ce", "lo", "hi"], ["t1"], name="expand_clip"),
+             helper.make_node("Conv", ["t1", "wd", "bd"], ["cd"], name="depthwise", pads=[1, 1, 1, 1], group=wide),
+             helper.make_node("Clip", ["cd", "lo", "hi"], ["t2"], name="depthwise_clip"),
+             helper.make_node("Conv", ["t2", "wp", "bp"], ["cp"], name="project"),
+             helper.make_node("Add", ["cp", "t0"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "mobilenet_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, size, size])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
     return finish(graph)
 
 

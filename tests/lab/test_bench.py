@@ -178,7 +178,7 @@ def synthetic_payload(monkeypatch=None):
 def test_payload_has_stable_keys_and_is_strict_json():
     payload = synthetic_payload()
     assert tuple(payload) == bench.PAYLOAD_KEYS
-    assert payload["schema"] == bench.SCHEMA == "opplugin-bench/3" and payload["precision"] == "fp32"
+    assert payload["schema"] == bench.SCHEMA == "opplugin-bench/4" and payload["precision"] == "fp32"
     # the header every report shares; bench covers several models and batches: their lists
     assert payload["model"] == ["lenet86"] and payload["batch"] == [10000]
     assert payload["device"] == {"kind": "cuda", "name": "NVIDIA H200", "compute_capability": "9.0", "memory_bytes": None}

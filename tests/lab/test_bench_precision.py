@@ -1,6 +1,6 @@
 """`opplugin bench --suite cnn|models --precision fp16|bf16` (lab/bench_precision.py and the Conv suites).
 
-CPU: per layer the candidate is the family `run --precision` runs it in, or the reason it has none (offline, as a
+CPU: per layer the candidate is the family `run --precision` runs it in (wg_fp16, dw_fp16 for a depthwise layer), or the reason it has none (offline, as a
 Hopper plan sees it), and the bench lists that reason rather than dropping the layer; the payload, its text and its
 page (made-up figures). GPU (`gpu` marker): a real fp16 run on two layers, every candidate checked, then timed.
 """
@@ -10,7 +10,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from bench_payloads import DEPTHWISE_REASON, HALF_LAYERS, conv_payload, half_payload
+from bench_payloads import GROUPED_REASON, HALF_LAYERS, conv_payload, half_payload
 from onnx_builders import save
 
 from opplugin.gpu.device import Device
@@ -28,9 +28,14 @@ from opplugin.report.jsonout import json_safe
 from opplugin.runtime.plan_record import record_plan_alone
 
 # the layers of the cnn suite wg_fp16 and wg_bf16 run: one group of any channels (padded to 8), 32 maps or more
-RUN_IN_HALF = {
+RUN_IN_WG = {
     "vgg 64->64 3x3 224", "resnet stem 3->64 7x7 s2 224", "mnist 32->64 3x3 14", "vgg 512->512 3x3 14", "resnet 64->64 3x3 56", "resnet 128->128 3x3 28", "resnet 256->256 3x3 14",
     "resnet 512->512 3x3 7", "resnet 1x1 256->64 56", "resnet 1x1 64->256 56", "resnet 1x1 s2 256->512 56",
+}
+# ... and those dw_fp16 and dw_bf16 run: every depthwise layer (one map a channel, a multiple of 8 channels)
+RUN_IN_DW = {
+    "mobilenetv2 dw 3x3 32ch 112", "mobilenetv2 dw 3x3 s2 144ch 56", "efficientnetb0 dw 5x5 672ch 14", "efficientnetb0 dw 5x5 1152ch 7",
+    "convnext-t dw 7x7 96ch 56", "convnext-t dw 7x7 768ch 7", "efficientnetb0 dw 5x5 s2 144ch 56", "efficientnetb0 dw 5x5 s2 672ch 14",
 }
 
 
@@ -47,12 +52,14 @@ def test_each_cnn_layer_names_the_precisions_family_or_the_reason_it_has_none(pr
         config, reason = precision_pick(spec, (case.w, case.b), precision)
         assert (config is None) != (reason is None), case.conv
         picked[case.conv] = config
-        if config is None:
+        if config is None:  # the grouped layers, and MobileNetV2's 24-map 1x1
             maps = spec.out_channels // spec.group
             assert reason == f"wg_{precision} multiplies maps 64 at a time; this Conv has {maps} a group, mostly padding", case.conv
+        elif case.conv in RUN_IN_DW:
+            assert config.name().startswith(f"dw_{precision}_t"), config
         else:
-            assert config.family == f"wg_{precision}" and config.name().startswith(f"wg_{precision}_b"), config
-    assert {name for name, config in picked.items() if config} == RUN_IN_HALF
+            assert config.name().startswith(f"wg_{precision}_b"), config
+    assert {name for name, config in picked.items() if config} == RUN_IN_WG | RUN_IN_DW
 
 
 def test_the_bench_picks_what_a_plan_in_fp16_runs_each_layer_in(tmp_path):
@@ -68,25 +75,27 @@ def test_the_bench_picks_what_a_plan_in_fp16_runs_each_layer_in(tmp_path):
             assert step.precision == "fp16" and step.implementation == f"conv.{config.name()}", (case.conv, step.implementation)
 
 
-def test_in_fp16_the_candidates_are_the_precisions_family_alone():
-    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == HALF_LAYERS[0]]
+@pytest.mark.parametrize(("layer", "family"), [(HALF_LAYERS[0], "wg_fp16"), (HALF_LAYERS[1], "dw_fp16")])
+def test_in_fp16_the_candidates_are_the_family_the_precision_runs_the_layer_in_alone(layer, family):
+    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == layer]
+    weights = (case.w, case.b)
     half = bench.Bench(bench.Options(suite="cnn", precision="fp16"))
-    [(config, heuristic)] = half._candidates(spec, NONE, None)
-    assert heuristic and config == families.configure(spec, "wg_fp16")
-    every = bench.Bench(bench.Options(suite="cnn", precision="fp16", all_configs=True))._candidates(spec, NONE, None)
-    assert len(every) > 1 and {families.family_of(c).name for c, _ in every} == {"wg_fp16"}
+    [(config, heuristic)] = half._candidates(spec, NONE, None, weights)
+    assert heuristic and config == families.configure(spec, family)
+    every = bench.Bench(bench.Options(suite="cnn", precision="fp16", all_configs=True))._candidates(spec, NONE, None, weights)
+    assert len(every) > 1 and {families.family_of(c).name for c, _ in every} == {family}
     fp32 = {families.family_of(c).name for c, _ in bench.Bench(bench.Options(suite="cnn"))._candidates(spec, NONE, None)}
-    assert {"tc_3xtf32", "wg_3xtf32", "wg_fp16", "baseline"} <= fp32  # as before: every family
+    assert {"tc_3xtf32", "wg_fp16", "dw_fp16", "baseline"} <= fp32  # as before: every family
 
 
 def test_a_layer_the_family_cannot_run_is_a_row_with_the_reason_not_timed_and_not_dropped():
-    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == HALF_LAYERS[1]]
+    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == HALF_LAYERS[2]]
     run = bench.Bench(bench.Options(suite="cnn", precision="fp16"))
     problem = SimpleNamespace(spec=spec, epilogue=NONE, weights=(case.w, case.b))  # the trial stops before any GPU work
-    [(variant, heuristic)] = run._candidates(spec, NONE, None)
+    [(variant, heuristic)] = run._candidates(spec, NONE, None, (case.w, case.b))
     step = {"step": case.label(False), "batch": 32, "bytes": 1, "floor_ms": None}
     row = run._bench_variant(step, problem, variant, heuristic)
-    assert (row["name"], row["status"], row["reason"], row["ms"]) == ("wg_fp16_b64x128x64_s4", "unsupported", DEPTHWISE_REASON, None)
+    assert (row["name"], row["status"], row["reason"], row["ms"]) == ("wg_fp16_b64x128x64_s4", "unsupported", GROUPED_REASON, None)
     assert row["family"] == "wg_fp16" and row["tolerance"] is None  # a 16-bit run is held to the element bound instead
 
 
@@ -98,20 +107,21 @@ def test_every_candidate_of_a_16_bit_run_meets_the_formats_bound_and_cudnns_allo
 def test_the_fp16_payload_records_the_precision_the_bound_and_the_summary():
     payload = half_payload()
     json.loads(json.dumps(payload, allow_nan=False))
-    assert tuple(payload) == bench.PAYLOAD_KEYS and payload["schema"] == "opplugin-bench/3" and payload["precision"] == "fp16"
+    assert tuple(payload) == bench.PAYLOAD_KEYS and payload["schema"] == "opplugin-bench/4" and payload["precision"] == "fp16"
     assert payload["settings"]["format_bound"].startswith("|error| <= (2.1u + 2k 2^-24) M")
     assert payload["suite_summary"] is None and payload["peers"] == {"cudnn_fp16": "available"}
     assert all(tuple(row) == bench.ROW_KEYS for row in payload["rows"])
-    vgg, depthwise = payload["steps"]
+    vgg, depthwise, grouped = payload["steps"]
     assert (vgg["cudnn_ms"], vgg["cudnn_fp32_ms"], vgg["best"], vgg["floor_ms"]) == (0.06, None, "wg_fp16_b128x128x64_s4", None)
     ours = payload["rows"][0]
     assert ours["vs_cudnn"] == pytest.approx(0.06 / 0.05) and ours["vs_cudnn_fp32"] is None and ours["bound_fraction"] == 0.12
-    assert depthwise["best"] is None and depthwise["cudnn_ms"] == 0.02
+    assert depthwise["best"] == "dw_fp16_t1x2_b6x14_p48" and grouped["best"] is None and grouped["cudnn_ms"] == 0.03
     summary = payload["precision_summary"]
-    assert (summary["family"], summary["peer"], summary["ran"]) == ("wg_fp16", "cudnn_fp16", 1)
-    assert summary["geomean_vs_cudnn"] == pytest.approx(1.2)
-    assert summary["layers"][1] == {"step": f"cnn {HALF_LAYERS[1]}", "batch": 32, "cudnn_ms": 0.02, "variant": None, "ms": None,
-                                    "vs_cudnn": None, "why_not": f"unsupported: {DEPTHWISE_REASON}"}
+    assert (summary["families"], summary["peer"], summary["ran"]) == (["wg_fp16", "dw_fp16"], "cudnn_fp16", 2)
+    assert summary["geomean_vs_cudnn"] == pytest.approx((1.2 * 0.8) ** 0.5)
+    assert summary["layers"][1]["variant"] == "dw_fp16_t1x2_b6x14_p48" and summary["layers"][1]["vs_cudnn"] == pytest.approx(0.8)
+    assert summary["layers"][2] == {"step": f"cnn {HALF_LAYERS[2]}", "batch": 32, "cudnn_ms": 0.03, "variant": None, "ms": None,
+                                    "vs_cudnn": None, "why_not": f"unsupported: {GROUPED_REASON}"}
     fp32 = conv_payload("cnn")
     assert (fp32["precision"], fp32["settings"]["format_bound"], fp32["precision_summary"]) == ("fp32", None, None)
 
@@ -120,7 +130,7 @@ def test_the_fp16_text_says_what_is_converted_where_and_how_each_output_is_check
     text = format_text(half_payload())
     lines = text.splitlines()
     [precision] = [line for line in lines if line.startswith("precision fp16:")]
-    assert "by wg_fp16, the family run --precision fp16 runs it in (FP32 in and out, converting inside its timed call" in precision
+    assert "by the family run --precision fp16 runs it in (wg_fp16 or dw_fp16; FP32 in and out, converting inside its timed call" in precision
     assert "cuDNN on FP16 tensors in channels_last, its input and weights converted before timing" in precision
     assert "checked against float64 first: |error| <= (2.1u + 2k 2^-24) M" in precision and "u = 0.000488" in precision
     assert "vs cuDNN is a speed-up over cuDNN FP16; no floor" in text
@@ -131,7 +141,8 @@ def test_the_fp16_text_says_what_is_converted_where_and_how_each_output_is_check
     assert any(line.startswith("wg_fp16_b64x128x64_s4 ") and "n/a: wg_fp16 multiplies maps 64 at a time" in line for line in lines)
     assert any(line.startswith("[cudnn_fp16]") and "ok (0.30 of bound)" in line for line in lines)
     assert "fp16 summary (ms; vs cuDNN is a speed-up)" in text
-    assert "wg_fp16 ran 1 of 2 layers and batches; over them, vs cuDNN FP16: geometric mean 1.20x" in text
+    assert any(line.startswith("dw_fp16_t1x2_b6x14_p48") and "0.80x" in line for line in lines)
+    assert "wg_fp16 and dw_fp16 ran 2 of 3 layers and batches; over them, vs cuDNN FP16: geometric mean 0.98x" in text
     assert not any(line.startswith("precision") for line in format_text(conv_payload("cnn")).splitlines())  # FP32 as before
 
 
@@ -145,7 +156,7 @@ def test_the_fp16_page_has_the_summary_and_no_fp32_roofline():
 
 
 @pytest.mark.gpu
-def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_and_cudnn_fp16(monkeypatch):
+def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_dw_fp16_and_cudnn_fp16(monkeypatch):
     pytest.importorskip("torch")
     if not families.FAMILIES["wg_fp16"].runs_here():
         pytest.skip("wg_fp16 needs an sm_90 GPU (wgmma)")
@@ -154,14 +165,15 @@ def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_and_cudnn_fp16(monkeypat
     payload = json_safe(bench.run_bench(bench.Options(batches=[8], warmup=1, repeat=3, suite="cnn", precision="fp16"), progress=lines.append))
     json.loads(json.dumps(payload, allow_nan=False))
     rows = {(r["step"].removeprefix("cnn "), r["family"] or r["name"]): r for r in payload["rows"]}
-    assert len(rows) == len(payload["rows"]) == 4, sorted(rows)
+    assert len(rows) == len(payload["rows"]) == 6, sorted(rows)
     for layer in HALF_LAYERS:
         cudnn = rows[(layer, "cudnn_fp16")]
         assert cudnn["status"] == "ok" and cudnn["ms"] > 0 and 0 < cudnn["bound_fraction"] <= 1, cudnn
         assert cudnn["implementation"].endswith("FP16 channels_last")
-    ours = rows[(HALF_LAYERS[0], "wg_fp16")]
-    assert ours["status"] == "ok" and ours["ms"] > 0 and 0 < ours["bound_fraction"] <= 1 and ours["vs_cudnn"] > 0, ours
-    assert ours["name"].startswith("wg_fp16_b") and ours["implementation"].startswith("conv.wg_fp16_")
-    skipped = rows[(HALF_LAYERS[1], "wg_fp16")]
-    assert (skipped["status"], skipped["reason"]) == ("unsupported", DEPTHWISE_REASON)
-    assert payload["precision_summary"]["ran"] == 1 and "precision fp16:" in format_text(payload)
+    for layer, family in zip(HALF_LAYERS, ("wg_fp16", "dw_fp16")):
+        ours = rows[(layer, family)]
+        assert ours["status"] == "ok" and ours["ms"] > 0 and 0 < ours["bound_fraction"] <= 1 and ours["vs_cudnn"] > 0, ours
+        assert ours["name"].startswith(f"{family}_") and ours["implementation"].startswith(f"conv.{family}_")
+    skipped = rows[(HALF_LAYERS[2], "wg_fp16")]
+    assert (skipped["status"], skipped["reason"]) == ("unsupported", GROUPED_REASON)
+    assert payload["precision_summary"]["ran"] == 2 and "precision fp16:" in format_text(payload)

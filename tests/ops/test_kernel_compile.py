@@ -11,14 +11,14 @@ Two kinds of compile:
 - the build CuPy makes (full optimisation) for sm_90, Hopper, the target, wherever a
   test reads resources: no spills, no stack frame. That is every constant-memory family
   on every shape class, the heuristic's pick for each shipped step, the tensor-core and
-  SIMT GEMMs on real CNN layers, the residual and activation epilogues, the explicit map
-  groups, every Gemm configuration and every pool.
+  SIMT GEMMs and the half-precision depthwise kernels on real CNN layers, the residual and
+  activation epilogues, the explicit map groups, every Gemm configuration and every pool.
 - NVRTC's fast-compile mode (compile_cache.FAST_OPTIONS: the same source and macros
   through the front end and ptxas, less optimisation), where a test checks only that
   a configuration compiles: every sm_80 case (compile_cache.FULL_BUILD_ARCHS; ptxas
   still reports the constant bank there, whose size the constant-memory families'
   test holds; the resource assertions read full builds alone), but the long-K 7x7 case
-  kept for sm_80's registers; the other families on every shape class for sm_80 (their
+  kept for sm_80's registers and the half-precision depthwise families' picks; the other families on every shape class for sm_80 (their
   sources have no code for sm_80 or sm_90 alone, `variant_archs`); and every
   configuration tuning may time on the shipped steps for sm_90 (tuning screens out a
   spilling kernel itself).
@@ -54,6 +54,7 @@ from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_config
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.ops.conv.families.channel_last import ALL_LINKS
 from opplugin.ops.activation import KINDS as ACTIVATION_KINDS, Activation
 from opplugin.ops.gemm import families as gemm_families
 from opplugin.ops.gemm.epilogue import NONE as GEMM_NONE, GemmEpilogue
@@ -149,6 +150,20 @@ CNN_DEPTHWISE_CASES = [
     if families.unsupported_reason(layer.spec(32), family, None) is None
     for batch in (32, 1)
     for config in dict.fromkeys(families.FAMILIES[family].configs(layer.spec(batch))[:3])
+    for arch in ARCHS
+]
+
+# The half-precision depthwise families' every configuration on each layer of the suite they run (batch 32: their
+# configurations do not change with the batch), with MobileNetV2's fused Add and ReLU6, unlinked and with every
+# tensor linked channel-last (dw_bf16 linked alone: its conversions are the same code in the other format), for
+# Hopper and Ampere (no code for either alone): Hopper's builds in full, and Ampere's of the family's pick.
+HALF_DEPTHWISE_EPILOGUE = Epilogue(Activation("Clip", 0.0, 6.0), residual=True)
+CNN_HALF_DEPTHWISE_CASES = [
+    (layer.name, dataclasses.replace(config, links=links), arch, arch == "sm_90" or index == 0)
+    for family, link_sets in (("dw_fp16", (0, ALL_LINKS)), ("dw_bf16", (ALL_LINKS,)))
+    for layer in cnn_layers.LAYERS
+    for index, config in enumerate(families.FAMILIES[family].configs(layer.spec(32), HALF_DEPTHWISE_EPILOGUE))
+    for links in link_sets
     for arch in ARCHS
 ]
 
@@ -368,6 +383,8 @@ def compile_jobs():
         yield from _units_jobs(_case_spec(layer, batch), config, arch)
     for name, batch, config, arch in CNN_DEPTHWISE_CASES:
         yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
+    for name, config, arch, full in CNN_HALF_DEPTHWISE_CASES:
+        yield from _units_jobs(CNN_SPECS[name], config, arch, HALF_DEPTHWISE_EPILOGUE, full=full)
     for step in SHIPPED_STEPS:
         spec, epilogue = SHIPPED_STEPS[step]
         yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
@@ -481,6 +498,20 @@ def test_depthwise_configurations_for_real_cnn_layers_compile_without_spills(lay
     for usage in compile_cache.check_variant(dataclasses.replace(CNN_SPECS[layer], batch=batch), config, arch):
         assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
         compile_cache.assert_no_local_memory(usage)
+
+
+@pytest.mark.parametrize(("layer", "config", "arch", "full"), CNN_HALF_DEPTHWISE_CASES)
+def test_half_depthwise_configurations_for_real_cnn_layers_compile_without_spills(layer, config, arch, full):
+    for usage in compile_cache.check_variant(CNN_SPECS[layer], config, arch, HALF_DEPTHWISE_EPILOGUE, full=full):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        compile_cache.assert_no_local_memory(usage)
+
+
+def test_half_depthwise_cases_cover_every_depthwise_layer_of_the_suite_linked_and_not():
+    depthwise = {layer.name for layer in cnn_layers.LAYERS if layer.group == layer.in_channels}
+    assert {name for name, *_ in CNN_HALF_DEPTHWISE_CASES} == depthwise and len(depthwise) == 8
+    assert {(config.family, config.links) for _, config, _, _ in CNN_HALF_DEPTHWISE_CASES} == {
+        ("dw_fp16", 0), ("dw_fp16", ALL_LINKS), ("dw_bf16", ALL_LINKS)}
 
 
 # K past the 8192-row tap table (TAPS_BY_CHANNEL): selecsls42b's head, 3x3 over 960 channels at 7x7, on both

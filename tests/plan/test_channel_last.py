@@ -1,10 +1,11 @@
 """Which tensors a run in fp16 or bf16 keeps channel-last in the format (plan/channel_last.py), as a Hopper plan
-sees it: between half-precision Conv steps alone, never one a run hands back or an FP32 step reads."""
+sees it: between half-precision Conv steps alone (the GEMM's and the depthwise kernel's), never one a run hands back
+or an FP32 step reads."""
 from __future__ import annotations
 
 import pytest
 from onnx_builders import save
-from precision_cases import conv_pair_model
+from precision_cases import conv_pair_model, mobilenet_block_model
 
 from opplugin.gpu.device import Device
 from opplugin.graph.model import load_model
@@ -27,7 +28,7 @@ def links_of(plan, precision="fp16", **kwargs) -> dict[str, int]:
     """Step name -> the links of the configuration it is built from (0: none)."""
     found = {}
     for name, step in step_precisions(plan, precision, **kwargs).items():
-        config = families.parse(step.variant)[1] if step.variant and step.variant.startswith("wg_") else None
+        config = families.parse(step.variant)[1] if step.variant and step.variant.startswith(("wg_", "dw_")) else None
         found[name] = getattr(config, "links", 0)
     return found
 
@@ -41,6 +42,31 @@ def test_the_tensors_between_half_convs_stay_channel_last_and_the_output_does_no
     assert all(families.parse(v)[0].name == f"wg_{precision}" for v in variants.values())
     named = {name: p.channel_last for name, p in step_precisions(plan, precision).items()}
     assert named == {"stem": ("r0",), "conv3x3": ("r0", "r1"), "conv1x1": ("r1", "r0")}
+
+
+@pytest.fixture(scope="module")
+def mobilenet_block(tmp_path_factory):
+    """stem > Relu (t0) > 1x1 expand > Clip (t1) > depthwise 3x3 > Clip (t2) > 1x1 project > + t0 (y, the output)."""
+    return load_model(save(mobilenet_block_model(), tmp_path_factory.mktemp("links") / "mobilenet_block.onnx"))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_mobilenet_block_runs_its_depthwise_conv_in_the_format_and_links_every_inner_tensor(mobilenet_block, precision):
+    plan = make_plan(mobilenet_block, 8, GPU)
+    chosen = step_precisions(plan, precision)
+    families_of = {name: families.parse(p.variant)[0].name for name, p in chosen.items()}
+    assert families_of == {"stem": f"wg_{precision}", "expand": f"wg_{precision}", "depthwise": f"dw_{precision}", "project": f"wg_{precision}"}
+    assert all(p.precision == precision and p.reason is None for p in chosen.values())
+    assert linked_tensors(plan, {name: p.variant for name, p in chosen.items()}) == {"t0", "t1", "t2"}
+    assert links_of(plan, precision) == {"stem": OUTPUT, "expand": INPUT | OUTPUT, "depthwise": INPUT | OUTPUT, "project": INPUT | RESIDUAL}
+    assert {name: p.channel_last for name, p in chosen.items()} == {"stem": ("t0",), "expand": ("t0", "t1"), "depthwise": ("t1", "t2"),
+                                                                     "project": ("t2", "t0")}
+
+
+def test_a_kept_input_of_the_depthwise_step_stays_fp32_and_its_output_is_still_linked(mobilenet_block):
+    """The depthwise step's X kept (--keep t1): the expand step writes FP32 NCHW, the depthwise kernel rounds it as it loads it."""
+    plan = make_plan(mobilenet_block, 8, GPU, keep=["t1"])
+    assert links_of(plan) == {"stem": OUTPUT, "expand": INPUT, "depthwise": OUTPUT, "project": INPUT | RESIDUAL}
 
 
 def test_a_kept_tensor_stays_fp32_and_its_readers_rewrite_it_themselves(conv_pair):

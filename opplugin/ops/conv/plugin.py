@@ -24,7 +24,8 @@ from .spec import ConvSpec
 class ReferenceConvKernel(Kernel):
     """The numpy reference, run as the Conv kernel of the CPU device (with its epilogue, if fused). With a
     `precision` ("fp16", "bf16"), the step a GPU would run in it: X (after the prologue) and W rounded to
-    the format, as wg_fp16 and wg_bf16 read them, then the sums, bias and epilogue in FP32, as theirs are."""
+    the format, as wg_fp16, wg_bf16, dw_fp16 and dw_bf16 read them, then the sums, bias and epilogue in FP32, as
+    theirs are."""
 
     def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE, precision: str | None = None):
         self.spec = spec
@@ -102,8 +103,10 @@ class UnfusedEpilogueKernel(Kernel):
             return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
-# the family --precision runs a Conv in (wgmma.py); under tf32 a Conv stays FP32-exact (3xTF32 on Hopper)
-PRECISION_FAMILIES = {"fp16": "wg_fp16", "bf16": "wg_bf16"}
+# the families --precision runs a Conv in, tried in this order: the implicit GEMM (wgmma.py), then for a depthwise
+# Conv, which the GEMM declines (one map a group), the depthwise kernel (depthwise_half.py); under tf32 a Conv
+# stays FP32-exact (3xTF32 on Hopper)
+PRECISION_FAMILIES = {"fp16": ("wg_fp16", "dw_fp16"), "bf16": ("wg_bf16", "dw_bf16")}
 # what a Conv's configurations can be benched and tuned in: fp32 (every exact family), and each precision above
 CONV_PRECISIONS = (FP32, *PRECISION_FAMILIES)
 
@@ -152,18 +155,15 @@ class ConvPlugin(Plugin):
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
-        """The precision's family (PRECISION_FAMILIES: wg_fp16, wg_bf16) where it runs the step, with the part of
-        its epilogue that family fuses (else the reason it cannot): on a GPU, the configuration `tune --precision`
-        cached for it, else the family's own pick; on the CPU device, the reference emulating the precision
-        wherever that family could run the step on its GPU (Hopper)."""
-        name = PRECISION_FAMILIES.get(precision)
-        if name is None:
+        """The precision's family that runs the step (precision_fit: wg_fp16, else dw_fp16 for a depthwise Conv), with
+        the part of its epilogue that family fuses (else the reason none can): on a GPU, the configuration `tune
+        --precision` cached for it, else the family's own pick; on the CPU device, the reference emulating the
+        precision wherever one of those families could run the step on its GPU (Hopper)."""
+        if precision not in PRECISION_FAMILIES:
             return PrecisionChoice(None, f"no {precision} kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
                                    if precision == "tf32" else f"no {precision} kernel for Conv")
         spec, weights = conv_spec(node), constant_weights(node)
-        from . import families
-
-        _, kernel_epilogue, reason = fitted(spec, families.FAMILIES[name], weights, self._epilogue(node, fused, prologue))
+        name, _, kernel_epilogue, reason = precision_fit(spec, weights, self._epilogue(node, fused, prologue), precision)
         if reason is not None:
             return PrecisionChoice(None, reason)
         if not device.is_cuda:
@@ -175,13 +175,13 @@ class ConvPlugin(Plugin):
 
     def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
-        """A wg_fp16 or wg_bf16 step that fuses its whole epilogue can write its output channel-last in its format
-        and take so its residual operand (a multiple of 8 maps a group), and X where it applies no prologue and
-        pads no channels (families/channel_last.py's links_reason)."""
+        """Where `variant`'s kernel runs the whole step, the tensors its family can keep channel-last in its format
+        (Family.channel_last_links: wg_fp16 and wg_bf16 where no prologue applies and a group's maps are whole
+        16-byte runs, dw_fp16 and dw_bf16 always)."""
         from .families.channel_last import OUTPUT
 
         linkable = self._linkable(node, device, variant, fused, prologue)
-        if linkable is None or not linkable[2]:
+        if linkable is None:
             return None
         family, _, links = linkable
         return ChannelLast(family.precision, _linked_inputs(links), bool(links & OUTPUT))
@@ -202,25 +202,22 @@ class ConvPlugin(Plugin):
     def _linkable(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo],
                   prologue: Sequence[NodeInfo]) -> tuple[Any, Any, int] | None:
         """(family, the Config `variant` stands for, the links it can make: INPUT | OUTPUT | RESIDUAL bits) where
-        `variant` is a half-precision family's and its kernel runs the whole step; None elsewhere."""
+        `variant`'s family can keep a tensor of this step channel-last in its format and its kernel runs the whole
+        step; None elsewhere."""
         if not device.is_cuda or variant is None or variant in REFERENCE_VARIANTS:
             return None
         from . import families
-        from .families.channel_last import INPUT, OUTPUT, RESIDUAL, links_reason
-        from .families.wgmma import image_channels
 
         try:
             family, _ = families.parse(variant)
         except PluginError:
             return None
-        if family.name not in PRECISION_FAMILIES.values():
-            return None
         spec, epilogue = conv_spec(node), self._epilogue(node, fused, prologue)
-        config, kernel_epilogue, reason = fitted(spec, variant, constant_weights(node), epilogue)
-        if reason is not None or kernel_epilogue != epilogue:
+        links = family.channel_last_links(spec, epilogue)
+        if not links:
             return None
-        channels = image_channels(spec, pads=True)
-        return family, config, sum(bit for bit in (INPUT, OUTPUT, RESIDUAL) if links_reason(spec, bit, epilogue, channels) is None)
+        config, kernel_epilogue, reason = fitted(spec, variant, constant_weights(node), epilogue)
+        return (family, config, links) if reason is None and kernel_epilogue == epilogue else None
 
     def variant_precision(self, node: NodeInfo, device: Device, variant: str | None) -> str:
         """fp32 but for the families that round their operands (Family.precision) and the reference's emulations
@@ -361,6 +358,23 @@ def fitted(spec: ConvSpec, wanted: Any, weights: Any, epilogue: Epilogue) -> tup
         if reason is None:
             return config, kernel_epilogue, None
     return config, kernel_epilogue, reason
+
+
+def precision_fit(spec: ConvSpec, weights: Any, epilogue: Epilogue, precision: str) -> tuple[str, Any, Epilogue, str | None]:
+    """(the family of PRECISION_FAMILIES[precision] that runs this Conv, its Config, the part of `epilogue` it fuses,
+    None): the first that can. Where none can, the reason is that of the family made for this kind of Conv: the
+    depthwise kernel's for a depthwise one (a Conv of one channel a group, groups > 1), else the GEMM's."""
+    from . import families
+
+    names = PRECISION_FAMILIES[precision]
+    found = []
+    for name in names:
+        config, kernel_epilogue, reason = fitted(spec, families.FAMILIES[name], weights, epilogue)
+        if reason is None:
+            return name, config, kernel_epilogue, None
+        found.append((name, config, kernel_epilogue, reason))
+    depthwise = spec.group > 1 and spec.in_channels == spec.group
+    return found[-1] if depthwise else found[0]
 
 
 @dataclass(frozen=True)

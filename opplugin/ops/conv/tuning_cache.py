@@ -8,7 +8,7 @@ One JSON file, `tuning.json`, in the user's cache directory (core/paths.cache_di
 - the batch bucket: the power of two at or above the batch (occupancy, and so
   the best tile, changes with the number of images, but slowly),
 - the opplugin version (a new release may change the kernels behind a name),
-- the precision (`tune --precision`: an FP16 choice is of wg_fp16's configurations, and sits beside
+- the precision (`tune --precision`: an FP16 choice is of wg_fp16's or dw_fp16's configurations, and sits beside
   the FP32 one for the same step; an entry without the field, as older files hold, is FP32's),
 
 and holds the chosen configuration's name (ops/config_grammar.py: the name is

@@ -254,6 +254,12 @@ class Family:
         """Why this configuration cannot run this shape (beyond the shared limits); None if it can."""
         return None
 
+    def channel_last_links(self, spec: ConvSpec, epilogue: Epilogue) -> int:
+        """The tensors its kernels can keep channel-last in its 16-bit format on this Conv with this epilogue
+        (channel_last.py's bits, INPUT, OUTPUT, RESIDUAL, each on its own; a configuration's `links` sets them);
+        0: none, as in every FP32 family."""
+        return 0
+
     def compile_units(self, spec: ConvSpec, config: Config, epilogue: Epilogue = NONE) -> list[CompileUnit]:
         raise NotImplementedError
 

@@ -199,6 +199,24 @@ def planes_for(spec: ConvSpec, plane_threads: int, tiles: int) -> int:
     return planes
 
 
+def kernel_reason(name: str, spec: ConvSpec, epilogue) -> str | None:
+    """What the depthwise kernels (conv_depthwise.cu, conv_depthwise_half.cu) decline on any shape: a fused max pool,
+    an image past 32-bit offsets."""
+    if epilogue.pool:
+        return f"{name} fuses the bias, a residual Add and an activation, not a max pool"
+    if spec.in_channels * int(np.prod(spec.in_size)) >= 2**31:
+        return f"{name} indexes one image's input with 32-bit offsets: at most 2**31 - 1 values an image"
+    return None
+
+
+def tile_reason(config) -> str | None:
+    """Why a thread tile (`thread`) and block tile (`block`) of `planes` maps do not make a block; None: they do."""
+    (th, tw), (bh, bw) = config.thread, config.block
+    if min(th, tw, bh, bw, config.planes) < 1 or bh % th or bw % tw:
+        return f"{config}: the block tile must be whole thread tiles"
+    return None
+
+
 class NarrowGroups(Family):
     """The depthwise family (`depthwise` True: one input channel a group) or the grouped one."""
 
@@ -242,19 +260,13 @@ class NarrowGroups(Family):
             return f"depthwise only: each output map must read one input channel (this Conv has {channels} per group)"
         if not self.depthwise and not 1 < channels <= self.MOST_CHANNELS:
             return f"groups of 2 to {self.MOST_CHANNELS} input channels only (this Conv has {channels}); depthwise takes 1"
-        if epilogue.pool:
-            return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
-        if spec.in_channels * int(np.prod(spec.in_size)) >= 2**31:
-            return f"{self.name} indexes one image's input with 32-bit offsets: at most 2**31 - 1 values an image"
-        return None
+        return kernel_reason(self.name, spec, epilogue)
 
     def reason(self, spec, config, epilogue):
-        reason = self._shape_reason(spec, epilogue)
+        reason = self._shape_reason(spec, epilogue) or tile_reason(config)
         if reason:
             return reason
-        (th, tw), (bh, bw), planes = config.thread, config.block, config.planes
-        if min(th, tw, bh, bw, planes) < 1 or bh % th or bw % tw:
-            return f"{config}: the block tile must be whole thread tiles"
+        planes = config.planes
         if not self.depthwise and (spec.out_channels // spec.group) % planes:
             return f"{config}: a block's {planes} maps must lie in one group of {spec.out_channels // spec.group}"
         if config.maps < 1 or planes % config.maps:
@@ -263,6 +275,7 @@ class NarrowGroups(Family):
             return f"{config}: one map a thread (m1) in depthwise layers; a thread's maps share a group's patches"
         if config.staged not in (0, 1):
             return f"{config}: loads l1 (staged in shared memory) or l0 (from global memory), not l{config.staged}"
+        th, tw = config.thread
         if th * tw * config.maps > 32:
             return f"{config}: a thread tile of {th} x {tw} outputs of {config.maps} maps does not fit in registers (at most 32)"
         if config.threads > MAX_THREADS:

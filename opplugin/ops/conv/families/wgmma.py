@@ -27,12 +27,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ....core.number_formats import half_bits
-from ...channel_last import channel_last_shape, checked_linked
 from ...config_grammar import tagged
-from ..epilogue import NONE, RESIDUAL_INPUT
+from ..epilogue import NONE
 from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
-from .channel_last import INPUT, OUTPUT, RESIDUAL, link_defines, links_reason
+from .channel_last import INPUT, OUTPUT, RESIDUAL, LinkedTensors, link_defines, links_reason, possible_links
 from .gemm import k_dim
 from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
@@ -216,11 +215,28 @@ class WgmmaHalfGemm(WgmmaGemm):
         if maps < MIN_HALF_MAPS:
             return f"{self.name} multiplies maps 64 at a time; this Conv has {maps} a group, mostly padding"
         if config is not None and config.links:
-            why = links_reason(spec, config.links, epilogue, image_channels(spec, pads=True))
+            why = self._links_reason(spec, config.links, epilogue)
             if why:
                 return f"{self.name}: {why}"
             config = replace(config, links=0)  # the tile and its K split, as the family offers them
         return super().reason(spec, config, epilogue)
+
+    def channel_last_links(self, spec, epilogue):
+        """X where no prologue applies and no channel is padded; Y and a fused residual where a group's maps are
+        whole 16-byte runs."""
+        return possible_links(lambda links: self._links_reason(spec, links, epilogue))
+
+    def _links_reason(self, spec: ConvSpec, links: int, epilogue) -> str | None:
+        """links_reason, and this kernel's own limits: a padded image, a group's maps in part of a 16-byte run."""
+        why = links_reason(links, epilogue)
+        if why:
+            return why
+        channels, maps = image_channels(spec, pads=True), spec.out_channels // spec.group
+        if links & INPUT and channels != spec.in_channels:
+            return f"X cannot come in channel-last: the kernel pads its {spec.in_channels} channels to {channels}"
+        if links & (OUTPUT | RESIDUAL) and maps % HALF_QUAD:
+            return f"a pixel's maps go channel-last {HALF_QUAD} at a time (16 bytes); this Conv has {maps} a group"
+        return None
 
     def alignment(self, spec):
         return 4
@@ -276,7 +292,7 @@ def split_weights(spec: ConvSpec, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return rows, rows - (rows.view(np.uint32) & TF32_KEPT).view(np.float32)
 
 
-class WgmmaGemmKernel(PipelinedGemmKernel):
+class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
     """conv_split_channel_last over X, then the GEMM (and the K split's reduce) on the weights and
     bias it was built with; W and B among a call's inputs are not read. `half`: "fp16" or "bf16" for
     the families whose operands are in that format (None: 3xTF32's big and small parts). The tensors
@@ -320,42 +336,6 @@ class WgmmaGemmKernel(PipelinedGemmKernel):
         if self._links & INPUT:
             return 0
         return (2 if self._half else 8) * batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
-
-    def bytes_moved(self, batch: int) -> int:
-        """As ConvKernel's, with two bytes a value of each linked tensor rather than four."""
-        saved = 0
-        if self._links & INPUT:
-            saved += 2 * batch * self.spec.in_channels * self.spec.in_size[0] * self.spec.in_size[1]
-        outputs = int(np.prod(self.spec.output_shape(batch)))
-        saved += 2 * outputs * bin(self._links & (OUTPUT | RESIDUAL)).count("1")
-        return super().bytes_moved(batch) - saved
-
-    def _checked_input(self, cupy, x):
-        if not self._links & INPUT:
-            return super()._checked_input(cupy, x)
-        return checked_linked(cupy, x, (x.shape[0] if getattr(x, "ndim", 0) == 4 else -1, *self._input_image), "input X", self.name)
-
-    def _input_array(self, cupy, x):
-        if not self._links & INPUT:
-            return super()._input_array(cupy, x)
-        if x.dtype == cupy.uint16:  # only _checked_input passes one (the common check takes FP32 alone): checked
-            return x
-        # the common check passes an FP32 NCHW X of the Conv's shape: the format's bits are what this one takes
-        return checked_linked(cupy, x, (x.shape[0], *self._input_image), "input X", self.name)
-
-    def _residual_arg(self, cupy, inputs, batch):
-        if not self._links & RESIDUAL:
-            return super()._residual_arg(cupy, inputs, batch)
-        r = inputs[RESIDUAL_INPUT] if len(inputs) > RESIDUAL_INPUT else None
-        return checked_linked(cupy, r, self.spec.output_shape(batch), "the residual operand", self.name)
-
-    def _output(self, cupy, out, batch):
-        if not self._links & OUTPUT:
-            return super()._output(cupy, out, batch)
-        shape = channel_last_shape(self.output_shape(batch))
-        if out is None:
-            return cupy.empty(shape, dtype=cupy.uint16)
-        return checked_linked(cupy, out, self.output_shape(batch), "output", self.name)
 
     def _launch(self, x, weights, y, batch, nonfinite=0):
         import cupy

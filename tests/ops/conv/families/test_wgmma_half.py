@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from family_gpu_checks import draw
+from family_gpu_checks import assert_within_the_formats_rule, draw
 from onnx_builders import conv_spec as conv
 from onnx_builders import save
 from precision_cases import conv_pair_model
@@ -251,8 +251,6 @@ def test_it_fuses_a_prologue_scale_a_residual_and_an_activation(name):
 def test_a_runner_in_a_half_precision_runs_the_wide_convs_on_its_wgmma_family_within_the_formats_rule(conv_pair, precision):
     import onnxruntime
 
-    from opplugin.verify.check import default_tolerance
-
     if not families.FAMILIES["wg_fp16"].runs_here():
         pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
     runner = Runner(conv_pair, 16, "cuda", precision=precision)
@@ -262,11 +260,7 @@ def test_a_runner_in_a_half_precision_runs_the_wide_convs_on_its_wgmma_family_wi
     got = runner.run({"x": x}).outputs["y"]
     session = onnxruntime.InferenceSession(conv_pair.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     [expected] = session.run(None, {"x": x})
-    atol, rtol = default_tolerance(precision)
-    scale = max(1.0, float(np.sqrt(np.mean(expected.astype(np.float64) ** 2))))
-    assert np.all(np.abs(got - expected) <= atol * scale + rtol * np.abs(expected))
-    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
-    assert error > 1e-6, "the run moved by no rounding at all: was it in FP32?"
+    assert_within_the_formats_rule(got, expected, precision)
     # the tensors between the Convs stay channel-last in the format (plan/channel_last.py), launched eagerly too
     assert steps["conv3x3"].implementation.endswith("_h3+relu") and steps["conv1x1"].implementation.endswith("_h5+add")
     eager = Runner(conv_pair, 16, "cuda", precision=precision, cuda_graphs=False)

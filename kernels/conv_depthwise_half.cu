@@ -1,0 +1,206 @@
+// conv_depthwise_half: a depthwise Conv (one input channel a map, depth multiplier 1: C == G == M) on
+// operands in a 16-bit format (HALF_OPERANDS 1 FP16, 2 BF16): what --precision fp16|bf16 runs a depthwise
+// Conv in (dw_fp16, dw_bf16; not FP32-exact). X and W are rounded to the format, each product of two such
+// values is exact in FP32 and the sums, the bias and the epilogue (conv_epilogue.cuh) run in FP32.
+//
+// Channel-last is a depthwise Conv's natural layout: a pixel's channels are its independent problems side by
+// side, so a thread computes VEC = 8 channels at once and reads them as one 16-byte run of the format. A
+// block computes a BH x BW tile of output pixels of PLANES channels of one image; each thread a TH x TW tile
+// of those pixels of its 8 channels. It walks the SEG_H input rows its TH output rows need, loads each row's
+// SEG_W pixels (8 channels each) into registers once, and each serves every output row whose window covers
+// it, for its TW columns and the KW taps. The weights come from the build as [KH][KW][C] in the format, so a
+// tap's 8 channels are one 16-byte load too (a few KiB that every block reads: they stay in L1). Nothing is
+// staged in shared memory: the windows of a block's neighbouring threads meet in L1.
+//
+// X arrives one of two ways:
+// - X_CHANNEL_LAST (a link the plan made with the step before, opplugin/plan/channel_last.py): the format's
+//   bits [N][H][W][C]. A warp's lanes run along the channels first, so that its loads are whole 16-byte runs
+//   side by side.
+// - else FP32 NCHW, each value rounded to the format as it is loaded (what the wg families' rewrite does before
+//   their GEMM). The lanes run along a row's pixels first, so that a warp's loads of one channel lie close.
+// Y and the residual operand are FP32 NCHW, or with Y_CHANNEL_LAST / R_CHANNEL_LAST (the format, as
+// conv_implicit_tiles.cuh names it) the format's bits channel-last, 8 channels a 16-byte store or load.
+//
+// NaN and Inf: a value past FP16's range becomes an infinity when rounded, so the kernel flags (nonfinite,
+// watch_flag.cuh) each output that is not finite as it is stored, and the runtime reruns that chunk in FP32.
+//
+// Macros: the shape macros (C, M, G, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, HAS_BIAS, RESIDUAL,
+// ACTIVATION), HALF_OPERANDS, TH, TW (output rows x columns a thread), BH, BW (the block's output tile), PLANES
+// (channels a block: a multiple of 8), X_CHANNEL_LAST, Y_CHANNEL_LAST, R_CHANNEL_LAST (each the format, where
+// that tensor is linked). Launch: block (NTHREADS = PLANES / 8 * BH/TH * BW/TW), grid (batch * TILES_H *
+// TILES_W, ceil(C / PLANES)); no shared memory. w: [KH][KW][C] in the format; b: FP32 (null without a bias);
+// r: the residual operand (null without RESIDUAL); nonfinite: the step's NaN/Inf flag (null: not watched).
+
+#include "conv_epilogue.cuh"
+#include "half_bits.cuh"
+
+#define VEC 8  // channels a thread: 16 bytes of a pixel's channels in the format
+#define GROUPS (PLANES / VEC)  // 8-channel groups a block
+#define THREADS_W (BW / TW)
+#define THREADS_H (BH / TH)
+#define PLANE_THREADS (THREADS_W * THREADS_H)
+#define NTHREADS (GROUPS * PLANE_THREADS)
+#define TILES_W ((OW + BW - 1) / BW)
+#define TILES_H ((OH + BH - 1) / BH)
+#define SEG_H ((TH - 1) * SH + (KH - 1) * DH + 1)  // input rows one thread reads
+#define SEG_W ((TW - 1) * SW + (KW - 1) * DW + 1)  // input pixels one thread reads a row
+
+static_assert(HALF_OPERANDS == 1 || HALF_OPERANDS == 2, "1: FP16, 2: BF16");
+static_assert(G == C && M == C, "depthwise with a depth multiplier of 1");
+static_assert(C % VEC == 0 && PLANES % VEC == 0, "whole 16-byte runs of channels");
+static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
+
+// Each tensor's elements: the format's bits where the plan linked it channel-last, FP32 (NCHW) where not
+#if defined(X_CHANNEL_LAST)
+static_assert(X_CHANNEL_LAST == HALF_OPERANDS, "a linked X is in the kernel's format");
+typedef unsigned short input_t;
+#else
+typedef float input_t;
+#endif
+#if defined(Y_CHANNEL_LAST)
+typedef unsigned short output_t;
+#else
+typedef float output_t;
+#endif
+#if defined(R_CHANNEL_LAST)
+typedef unsigned short residual_t;
+#else
+typedef float residual_t;
+#endif
+
+// The 8 values of a 16-byte run of the format, as floats (exact)
+__device__ __forceinline__ void unpack(uint4 bits, float (&v)[VEC])
+{
+    const unsigned int words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = half_value<HALF_OPERANDS>((unsigned short)(words[k] & 0xFFFF));
+        v[2 * k + 1] = half_value<HALF_OPERANDS>((unsigned short)(words[k] >> 16));
+    }
+}
+
+// 8 floats rounded to the format (to nearest, ties to even), as one 16-byte run
+__device__ __forceinline__ uint4 pack(const float (&v)[VEC])
+{
+    unsigned int words[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        words[k] = (unsigned int)half_bits<HALF_OPERANDS>(v[2 * k]) | ((unsigned int)half_bits<HALF_OPERANDS>(v[2 * k + 1]) << 16);
+    return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// X's channels c0 .. c0 + 7 at input pixel (ih, iw) of one image, as the format holds them; zeros in the pads
+__device__ __forceinline__ void load_pixel(const input_t* __restrict__ image, int c0, int ih, int iw, float (&v)[VEC])
+{
+    if ((unsigned)ih >= (unsigned)H || (unsigned)iw >= (unsigned)W) {
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) v[q] = 0.0f;
+        return;
+    }
+#ifdef X_CHANNEL_LAST
+    unpack(__ldg(reinterpret_cast<const uint4*>(image + (ih * W + iw) * C + c0)), v);
+#else
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) v[q] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(image + ((c0 + q) * H + ih) * W + iw)));
+#endif
+}
+
+// The residual operand of channels c0 .. c0 + 7 at output pixel `pixel` (n * OH*OW + oh * OW + ow); zeros without RESIDUAL
+__device__ __forceinline__ void load_residual(const residual_t* __restrict__ r, size_t pixel, int c0, float (&res)[VEC])
+{
+#if RESIDUAL && defined(R_CHANNEL_LAST)
+    static_assert(R_CHANNEL_LAST == HALF_OPERANDS, "a linked residual is in the kernel's format");
+    unpack(__ldg(reinterpret_cast<const uint4*>(r + pixel * C + c0)), res);
+#elif RESIDUAL
+    const size_t n = pixel / (OH * OW), p = pixel % (OH * OW);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) res[q] = __ldg(r + (n * C + c0 + q) * (OH * OW) + p);
+#else
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) res[q] = 0.0f;
+#endif
+}
+
+// The finished outputs of channels c0 .. c0 + 7 at output pixel `pixel` into y, each flagged if not finite as stored
+__device__ __forceinline__ void store_outputs(output_t* __restrict__ y, size_t pixel, int c0, const float (&out)[VEC], unsigned char* nonfinite)
+{
+#ifdef Y_CHANNEL_LAST
+    static_assert(Y_CHANNEL_LAST == HALF_OPERANDS, "a linked Y is in the kernel's format");
+    const uint4 bits = pack(out);
+    *reinterpret_cast<uint4*>(y + pixel * C + c0) = bits;
+    float stored[VEC];
+    unpack(bits, stored);  // a value past FP16's range is an infinity now
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) flag_nonfinite(nonfinite, stored[q]);
+#else
+    const size_t n = pixel / (OH * OW), p = pixel % (OH * OW);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) {
+        y[(n * C + c0 + q) * (OH * OW) + p] = out[q];
+        flag_nonfinite(nonfinite, out[q]);
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restrict__ w, const float* __restrict__ b,
+                    const residual_t* __restrict__ r, output_t* __restrict__ y, int batch, unsigned char* nonfinite)
+{
+    const int tile = blockIdx.x % (TILES_H * TILES_W);
+    const int n = blockIdx.x / (TILES_H * TILES_W);
+#ifdef X_CHANNEL_LAST
+    const int group = threadIdx.x % GROUPS, pixel_thread = threadIdx.x / GROUPS;
+#else
+    const int pixel_thread = threadIdx.x % PLANE_THREADS, group = threadIdx.x / PLANE_THREADS;
+#endif
+    const int c0 = blockIdx.y * PLANES + group * VEC;
+    if (c0 >= C) return;  // the last block's groups past C (the kernel has no barrier)
+    const int oh0 = tile / TILES_W * BH + pixel_thread / THREADS_W * TH;
+    const int ow0 = tile % TILES_W * BW + pixel_thread % THREADS_W * TW;
+    const int ih0 = oh0 * SH - PH;  // the corner of this thread's window rows and columns in the image
+    const int iw0 = ow0 * SW - PW;
+    const input_t* image = x + (size_t)n * C * H * W;  // offsets inside one image fit an int (the family checks)
+
+    float acc[TH][TW][VEC] = {};  // FP32 sums of each output pixel's 8 channels
+#pragma unroll
+    for (int row = 0; row < SEG_H; ++row) {
+        float v[SEG_W][VEC];
+#pragma unroll
+        for (int k = 0; k < SEG_W; ++k) load_pixel(image, c0, ih0 + row, iw0 + k, v[k]);
+#pragma unroll
+        for (int i = 0; i < TH; ++i) {
+            const int down = row - i * SH;  // kh * DH for output row i, if this input row is in its window
+            if (down < 0 || down % DH != 0 || down / DH >= KH) continue;  // decided at compile time
+            const int kh = down / DH;
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw) {
+                float taps[VEC];
+                unpack(__ldg(reinterpret_cast<const uint4*>(w + (kh * KW + kw) * C + c0)), taps);
+#pragma unroll
+                for (int j = 0; j < TW; ++j)
+#pragma unroll
+                    for (int q = 0; q < VEC; ++q) acc[i][j][q] = fmaf(v[j * SW + kw * DW][q], taps[q], acc[i][j][q]);
+            }
+        }
+    }
+
+    float bias[VEC];
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) bias[q] = HAS_BIAS ? __ldg(b + c0 + q) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < TH; ++i) {
+        const int oh = oh0 + i;
+        if (oh >= OH) break;
+#pragma unroll
+        for (int j = 0; j < TW; ++j) {
+            const int ow = ow0 + j;
+            if (ow >= OW) break;
+            const size_t pixel = ((size_t)n * OH + oh) * OW + ow;
+            float res[VEC], out[VEC];
+            load_residual(r, pixel, c0, res);
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) out[q] = finish_output(acc[i][j][q] + bias[q], res[q]);
+            store_outputs(y, pixel, c0, out, nonfinite);
+        }
+    }
+}

@@ -70,12 +70,13 @@ __device__ __forceinline__ int2 tap_at(int k) { return taps[k]; }
 
 #include "async_copy.cuh"
 
-// The maps of this block's tile, [first, end), inside group `group`; grid y = G * MAP_TILES.
+// The maps of map tile `tile` (of G * MAP_TILES: grid y, where a block has one tile), [first, end), inside group
+// `group`.
 struct MapTile {
     int group, first, end;
-    __device__ __forceinline__ MapTile()
-        : group((int)blockIdx.y / MAP_TILES),
-          first(group * MG + (int)blockIdx.y % MAP_TILES * BM),
+    __device__ __forceinline__ explicit MapTile(int tile = (int)blockIdx.y)
+        : group(tile / MAP_TILES),
+          first(group * MG + tile % MAP_TILES * BM),
           end(group * MG + MG) {}
 };
 

@@ -39,9 +39,12 @@
 // HALF_OPERANDS Y_CHANNEL_LAST and R_CHANNEL_LAST (conv_implicit_tiles.cuh: y or the residual kept channel-last
 // in the format). Launch conv_split_channel_last first (see there; not where X already is the channel-last image
 // in the format, as a linked half Conv step wrote it: then x_big is X itself), then conv_wgmma: block (BN *
-// 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES), dynamic shared memory (STAGES * PARTS
-// * (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS). With KSLICES > 1 the partial sums go to
-// `partial` and conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
+// 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES) with KSLICES > 1, else any grid (x, y, 1):
+// a block takes every (x*y)-th output tile, so that a block an SM runs them all (persistent), its producers
+// copying the next tile's first slices during this one's epilogue; dynamic shared memory (STAGES * PARTS *
+// (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS), and with Y_CHANNEL_LAST
+// BN * (BM + 8) more for the staged stores (8 rows of BM + 8 halves a consumer warp). With KSLICES > 1 the partial sums go to `partial` and
+// conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
 
@@ -82,32 +85,42 @@ __device__ __forceinline__ float prologue_value(float v, const float* __restrict
 
 // big, small = X after the prologue, channel-last ([batch][H*W][CP], channels past C zero), and its
 // small parts (with HALF_OPERANDS: big in that format, small not written); X's images lie x_image
-// floats apart. A block transposes 32 channels x 32 pixels of one image through shared memory, so
-// that both its reads (along pixels) and its writes (along channels) are coalesced.
-// Launch: block (32, 8), grid (batch * ceil(H*W / 32), ceil(CP / 32)).
+// floats apart. A block transposes SPLIT_CHANNELS channels x SPLIT_PIXELS pixels of one image through
+// shared memory, so that both its reads (along pixels) and its writes (along channels) are coalesced.
+// SPLIT_CHANNELS is 32, or 8 or 16 where the image has no more channels than that (a stem's 3 padded to 8):
+// a 32-channel tile would leave most of its threads idle and its blocks many and short.
+// Launch: block (32, 8), grid (batch * ceil(H*W / SPLIT_PIXELS), ceil(CP / SPLIT_CHANNELS)).
+#ifndef SPLIT_CHANNELS
+#define SPLIT_CHANNELS 32
+#endif
+constexpr int SPLIT_PIXELS = 1024 / SPLIT_CHANNELS;
+
 extern "C" __global__ void __launch_bounds__(256)
 conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ pro, operand_t* __restrict__ big,
                         operand_t* __restrict__ small, int x_image)
 {
-    constexpr int PIXEL_TILES = (H * W + 31) / 32;
-    __shared__ float tile[32][33];  // [channel][pixel], a column apart in banks
+    constexpr int PIXEL_TILES = (H * W + SPLIT_PIXELS - 1) / SPLIT_PIXELS;
+    __shared__ float tile[SPLIT_CHANNELS][SPLIT_PIXELS + 1];  // [channel][pixel], a column apart in banks
+    const int thread = threadIdx.y * 32 + threadIdx.x;
     const int n = blockIdx.x / PIXEL_TILES;
-    const int p0 = blockIdx.x % PIXEL_TILES * 32;
-    const int c0 = blockIdx.y * 32;
+    const int p0 = blockIdx.x % PIXEL_TILES * SPLIT_PIXELS;
+    const int c0 = blockIdx.y * SPLIT_CHANNELS;
     const float* image = x + (size_t)n * x_image;
 #pragma unroll
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int p = p0 + threadIdx.x;
+    for (int e = thread; e < SPLIT_CHANNELS * SPLIT_PIXELS; e += 256) {  // a warp along one channel's pixels
+        const int i = e / SPLIT_PIXELS, j = e % SPLIT_PIXELS;
+        const int p = p0 + j;
         const int c = c0 + i;
-        tile[i][threadIdx.x] = p < H * W && c < C ? prologue_value(image[(size_t)c * (H * W) + p], pro, n, c) : 0.0f;
+        tile[i][j] = p < H * W && c < C ? prologue_value(image[(size_t)c * (H * W) + p], pro, n, c) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int p = p0 + i;
-        if (p >= H * W || c0 + threadIdx.x >= CP) continue;
-        const float v = tile[threadIdx.x][i];
-        const size_t at = ((size_t)n * (H * W) + p) * CP + c0 + threadIdx.x;
+    for (int e = thread; e < SPLIT_CHANNELS * SPLIT_PIXELS; e += 256) {  // a warp along pixels' channels
+        const int i = e % SPLIT_CHANNELS, j = e / SPLIT_CHANNELS;
+        const int p = p0 + j;
+        if (p >= H * W || c0 + i >= CP) continue;
+        const float v = tile[i][j];
+        const size_t at = ((size_t)n * (H * W) + p) * CP + c0 + i;
 #ifdef HALF_OPERANDS
         big[at] = half_bits<HALF_OPERANDS>(v);
 #else
@@ -214,51 +227,56 @@ struct SliceCopies {
     }
 };
 
-// Calls visit(i, col, m) for each accumulator i of this consumer thread whose output lies inside Y:
-// map m (below map_end) at column col (a pixel of the batch, below total)
+// Calls visit(i, col, m) for each accumulator i of this consumer thread in pixel row `upper` (0: the lane's
+// first pixel, 1: the one 8 further) whose output lies inside Y: map m (below map_end) at column col (a
+// pixel of the batch, below total)
 template <class Visit>
-__device__ __forceinline__ void for_each_output(int col0, int m0, int total, int map_end, Visit visit)
+__device__ __forceinline__ void for_each_output_of(int upper, int col0, int m0, int total, int map_end, Visit visit)
 {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t = lane % 4;
     const int row0 = (threadIdx.x - NTHREADS) / 32 * 16;  // this warp's 16 pixels of the tile
+    const int col = col0 + row0 + g + 8 * upper;
+    if (col >= total) return;
 #pragma unroll
-    for (int upper = 0; upper < 2; ++upper) {
-        const int col = col0 + row0 + g + 8 * upper;
-        if (col >= total) continue;
+    for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int m = m0 + 8 * j + 2 * t + q;
-                if (m < map_end) visit(4 * j + 2 * upper + q, col, m);
-            }
+        for (int q = 0; q < 2; ++q) {
+            const int m = m0 + 8 * j + 2 * t + q;
+            if (m < map_end) visit(4 * j + 2 * upper + q, col, m);
         }
     }
+}
+
+// for_each_output_of both pixel rows: every accumulator of this consumer thread inside Y
+template <class Visit>
+__device__ __forceinline__ void for_each_output(int col0, int m0, int total, int map_end, Visit visit)
+{
+#pragma unroll
+    for (int upper = 0; upper < 2; ++upper) for_each_output_of(upper, col0, m0, total, map_end, visit);
 }
 
 #ifdef Y_CHANNEL_LAST
 // The tile's outputs into a channel-last y in the format (a linked Y), through shared memory: a pixel's maps
 // are contiguous there, but a lane holds two neighbouring maps of each of eight maps' runs, eight pixels
 // apart, so storing from registers would write 4 bytes to each of eight 32-byte sectors an instruction.
-// Each consumer warp instead stages 8 pixels x BM maps at a time in its own rows of the (drained) stage
-// memory, then stores whole 16-byte pieces of each pixel's run of maps; a residual operand in the same
-// layout comes in the same way. Needs a group's maps a multiple of 8 (the plan links no other Y).
+// Each consumer warp instead stages 8 pixels x BM maps at a time in its own rows of `staging` (past the
+// stages: the producers are filling those with the next tile's slices meanwhile), then stores whole 16-byte
+// pieces of each pixel's run of maps; a residual operand in the same layout comes in the same way. Needs a
+// group's maps a multiple of 8 (the plan links no other Y).
 constexpr int STAGED_ROW = BM + 8;  // halves a staged row: 16 bytes over BM puts a warp's pairs in 32 banks
 constexpr int ROW_PIECES = BM / 8;  // 16-byte pieces of a pixel's maps in the tile
 
-__device__ __forceinline__ void store_channel_last(const float* acc, operand_t* stages, const float* __restrict__ b,
+__device__ __forceinline__ void store_channel_last(const float* acc, unsigned short* staging, const float* __restrict__ b,
                                                    const residual_t* __restrict__ r, output_t* __restrict__ y,
                                                    unsigned char* nonfinite, int col0, int m0, int total, int map_end)
 {
-    // every consumer warpgroup's wgmmas have read their last stage before any warp writes over it
-    asm volatile("bar.sync 1, %0;" ::"n"(BLOCK_THREADS - NTHREADS));
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t = lane % 4;
     const int warp = (threadIdx.x - NTHREADS) / 32;
-    unsigned short* rows = reinterpret_cast<unsigned short*>(stages) + warp * 8 * STAGED_ROW;
+    unsigned short* rows = staging + warp * 8 * STAGED_ROW;
 #pragma unroll
     for (int upper = 0; upper < 2; ++upper) {
         const int first = col0 + warp * 16 + 8 * upper;  // the pixel of staged row 0
@@ -314,37 +332,57 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
 {
     extern __shared__ float4 shared_tiles[];
     const int total = batch * P;
-    const int col0 = blockIdx.x * BN;
-    const MapTile maps;
-    const int m0 = maps.first;
+    // the output tiles, pixel tile by pixel tile (a tile's map tiles one after another, so that blocks working
+    // at once read the same pixels); a block takes every (gridDim.x * gridDim.y)-th from its own: one with the
+    // K split's grid, several where the grid is a block an SM (persistent)
+    constexpr int MAP_COLUMN = G * MAP_TILES;
+    const int tiles = (total + BN - 1) / BN * MAP_COLUMN, tile_step = gridDim.x * gridDim.y;
+    const int first_tile = blockIdx.y * gridDim.x + blockIdx.x;
     const SliceRun run;
     unsigned long long *full, *empty;
     operand_t* stages = stage_memory(shared_tiles, full, empty);
 
     if (threadIdx.x < NTHREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-        const SliceCopies copies{x_big, x_small, w_big, w_small, maps, run, WeightCopies(), PixelCopies(col0, total, maps.group)};
-        produce_slices(copies, run.count, stages, full, empty);
+        // the producers run ahead into the next tile while the consumers finish this one's epilogue
+        for (int tile = first_tile, before = 0; tile < tiles; tile += tile_step, before += run.count) {
+            const MapTile maps(tile % MAP_COLUMN);
+            const SliceCopies copies{x_big, x_small, w_big, w_small, maps, run, WeightCopies(), PixelCopies(tile / MAP_COLUMN * BN, total, maps.group)};
+            produce_slices(copies, run.count, stages, full, empty, before);
+        }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
-    float acc[ACC];
-    consume_slices(acc, run.count, stages, full, empty);
+#ifdef Y_CHANNEL_LAST
+    unsigned short* staging = reinterpret_cast<unsigned short*>(empty + STAGES);  // past the mbarriers
+#endif
+#pragma unroll 1
+    for (int tile = first_tile, before = 0; tile < tiles; tile += tile_step, before += run.count) {
+        const MapTile maps(tile % MAP_COLUMN);
+        const int col0 = tile / MAP_COLUMN * BN, m0 = maps.first;
+        float acc[ACC];
+        consume_slices(acc, run.count, stages, full, empty, before);
 
 #if KSLICES == 1
 #ifdef Y_CHANNEL_LAST
-    store_channel_last(acc, stages, b, r, y, nonfinite, col0, m0, total, maps.end);
+        store_channel_last(acc, staging, b, r, y, nonfinite, col0, m0, total, maps.end);
 #else
-    // every residual value this thread adds (none without RESIDUAL: residual_of gives 0), loaded
-    // before the first store: one wait on memory for the tile rather than one a value. On an H200,
-    // ResNet-50's 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it
-    // was stored, 0.146 ms so (the same Conv without its Add: 0.098 ms)
-    float res[ACC];
-    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { res[i] = residual_of(r, col, m); });
-    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i]); });
+        // the residual values of a pixel row (none without RESIDUAL: residual_of gives 0), loaded before its
+        // first store: one wait on memory for half the tile rather than one a value. On an H200, ResNet-50's
+        // 64->256 1x1 + Add + Relu at batch 32 in FP16: 0.349 ms loading each value as it was stored, 0.146 ms
+        // loading the whole tile's first (the same Conv without its Add: 0.098 ms). Half a tile at a time keeps
+        // 3xTF32's 512-thread tile within its registers (the whole spilled once a block looped over tiles).
+#pragma unroll
+        for (int upper = 0; upper < 2; ++upper) {
+            float res[ACC / 2];  // accumulator 4j + 2 upper + q's at 2j + q
+            for_each_output_of(upper, col0, m0, total, maps.end, [&](int i, int col, int m) { res[i / 4 * 2 + i % 2] = residual_of(r, col, m); });
+            for_each_output_of(upper, col0, m0, total, maps.end,
+                               [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i / 4 * 2 + i % 2]); });
+        }
 #endif
 #else
-    for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
+        for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
 #endif
+    }
 }

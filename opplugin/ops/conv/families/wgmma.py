@@ -39,7 +39,7 @@ from .tc_gemm import Split3xTf32Gemm
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
 STAGES = 3  # two slices in flight, one multiplied
 TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value a TF32 operand keeps
-TRANSPOSE_TILE = 32  # conv_split_channel_last's block: 32 channels x 32 pixels
+TRANSPOSE_CHANNELS = (8, 16, 32)  # conv_split_channel_last's tile: this many channels x 1024 / that many pixels
 # A first tile whose waves leave SMs idle gives way: with a K from LONG_K on, to its K split that
 # balances the waves (the reduce is repaid), with a shorter one to the tile of half its pixels
 # (twice the blocks). On an H200 at batch 32: VGG 512->512 at 14x14 (K 4608) 0.331 ms split 2
@@ -89,6 +89,12 @@ class WgmmaHalfConfig(WgmmaGemmConfig):
 
     parts = 1
     value_bytes = 2
+
+    def shared_bytes(self) -> int:
+        """The stages, and where Y is linked each consumer warp's 8 staged rows of BM + 8 halves (conv_wgmma.cu's
+        store_channel_last): BN / 16 warps."""
+        staging = self.bn * (self.bm + 8) if self.links & OUTPUT else 0
+        return super().shared_bytes() + staging
 
 
 # maps x pixels; the order the heuristic offers them in, by the maps of a group (as tc_3xtf32's)
@@ -167,6 +173,7 @@ class WgmmaGemm(PipelinedGemm):
             "BK": config.bk,
             "STAGES": config.stages,
         } | ({"HALF_OPERANDS": self.half_format} if self.half_format else {}) | self._padding_defines(spec)
+        defines["SPLIT_CHANNELS"] = split_channels(image_channels(spec, self.pads_channels))
         links = getattr(config, "links", 0)
         defines |= link_defines(links, self.half_format)
         units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
@@ -264,6 +271,12 @@ class WgmmaBf16Gemm(WgmmaHalfGemm):
     max_relative_error = 1e-2
 
 
+def split_channels(channels: int) -> int:
+    """conv_split_channel_last's channels a tile: the fewest of TRANSPOSE_CHANNELS that hold the image's
+    `channels`, else the most."""
+    return next((tile for tile in TRANSPOSE_CHANNELS if channels <= tile), TRANSPOSE_CHANNELS[-1])
+
+
 def image_channels(spec: ConvSpec, pads: bool) -> int:
     """The channels of the channel-last image the kernel reads: the Conv's, or where `pads` (the half
     families) and one group's channels do not fill whole quads, that many padded with zeros to them."""
@@ -323,8 +336,9 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         # another stream must find the weights whole
         cupy.cuda.get_current_stream().synchronize()
         self._image_floats = spec.in_channels * spec.in_size[0] * spec.in_size[1]
-        # conv_split_channel_last's blocks: 32-pixel tiles of each image, 32-channel tiles
-        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // TRANSPOSE_TILE), -(-self._channels // TRANSPOSE_TILE))
+        # conv_split_channel_last's blocks: pixel tiles of each image, channel tiles
+        tile = split_channels(self._channels)
+        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] * tile // 1024), -(-self._channels // tile))
 
     def workspace_bytes(self, batch: int) -> int:
         """The channel-last image (with its small parts), then the K split's partial sums."""
@@ -336,6 +350,18 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         if self._links & INPUT:
             return 0
         return (2 if self._half else 8) * batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
+
+    def _geometry(self, batch: int) -> tuple[tuple[int, int, int], int, int]:
+        """Unsplit, persistent: at most a block an SM (the stages' shared memory and the consumers' registers
+        leave room for one), each taking every grid-th output tile, so that its producers copy the next tile's
+        first slices while its consumers store this one's; a K split keeps a block per tile and run of slices."""
+        if batch in self._geometries:
+            return self._geometries[batch]
+        grid, workspace, reduce_blocks = super()._geometry(batch)
+        if self.splits == 1:
+            grid = (min(grid[0] * grid[1], multiprocessors()), 1, 1)
+            self._geometries[batch] = grid, workspace, reduce_blocks
+        return grid, workspace, reduce_blocks
 
     def _launch(self, x, weights, y, batch, nonfinite=0):
         import cupy
@@ -355,7 +381,7 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
                 x_big, x_small = scratch[:values], scratch[values:2 * values]
             pixel_tiles, channel_tiles = self._transpose_tiles
             x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
-            self._split((batch * pixel_tiles, channel_tiles, 1), (TRANSPOSE_TILE, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
+            self._split((batch * pixel_tiles, channel_tiles, 1), (32, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
         target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
         self._gemm(grid, (self.config.threads, 1, 1),
                    (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag), shared_mem=self._shared)

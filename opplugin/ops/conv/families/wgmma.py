@@ -39,7 +39,9 @@ from .tc_gemm import Split3xTf32Gemm
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
 STAGES = 3  # two slices in flight, one multiplied
 TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value a TF32 operand keeps
-TRANSPOSE_CHANNELS = (8, 16, 32)  # conv_split_channel_last's tile: this many channels x 1024 / that many pixels
+# conv_split_channel_last's tile: SPLIT_CHANNELS (one of these) channels x TRANSPOSE_VALUES / SPLIT_CHANNELS pixels
+TRANSPOSE_CHANNELS = (8, 16, 32)
+TRANSPOSE_VALUES = 1024  # a tile's values: four for each of the block's 256 threads (the kernel's SPLIT_PIXELS)
 # A first tile whose waves leave SMs idle gives way: with a K from LONG_K on, to its K split that
 # balances the waves (the reduce is repaid), with a shorter one to the tile of half its pixels
 # (twice the blocks). On an H200 at batch 32: VGG 512->512 at 14x14 (K 4608) 0.331 ms split 2
@@ -338,7 +340,8 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         self._image_floats = spec.in_channels * spec.in_size[0] * spec.in_size[1]
         # conv_split_channel_last's blocks: pixel tiles of each image, channel tiles
         tile = split_channels(self._channels)
-        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] * tile // 1024), -(-self._channels // tile))
+        pixels = TRANSPOSE_VALUES // tile
+        self._transpose_tiles = (-(-spec.in_size[0] * spec.in_size[1] // pixels), -(-self._channels // tile))
 
     def workspace_bytes(self, batch: int) -> int:
         """The channel-last image (with its small parts), then the K split's partial sums."""

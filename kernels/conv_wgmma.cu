@@ -249,6 +249,30 @@ __device__ __forceinline__ void for_each_output_of(int upper, int col0, int m0, 
     }
 }
 
+// The bias of this consumer thread's maps in a tile (zeros without HAS_BIAS), loaded into registers before the
+// tile's slices are multiplied. Read from memory as each output was finished, every load waited behind the
+// stores before it (to shared staging, to the NaN flag: pointers the compiler cannot tell apart from b); ncu on
+// ResNet-50's 1x1 64->256 in FP16, in the model: half the consumers' stalls were those waits.
+struct MapBias {
+    float of_pair[BM / 4];  // maps m0 + 8j + 2t + q at 2j + q
+
+    __device__ __forceinline__ MapBias(const float* __restrict__ b, int m0, int map_end)
+    {
+        const int t = threadIdx.x % 4;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int m = m0 + 8 * j + 2 * t + q;
+                of_pair[2 * j + q] = HAS_BIAS && m < map_end ? __ldg(b + m) : 0.0f;
+            }
+        }
+    }
+
+    // the bias of accumulator i (4j + 2 upper + q: map m0 + 8j + 2t + q)
+    __device__ __forceinline__ float of(int i) const { return of_pair[i / 4 * 2 + i % 2]; }
+};
+
 // for_each_output_of both pixel rows: every accumulator of this consumer thread inside Y
 template <class Visit>
 __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int map_end, Visit visit)
@@ -263,33 +287,64 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
 // apart, so storing from registers would write 4 bytes to each of eight 32-byte sectors an instruction.
 // Each consumer warp instead stages 8 pixels x BM maps at a time in its own rows of `staging` (past the
 // stages: the producers are filling those with the next tile's slices meanwhile), then stores whole 16-byte
-// pieces of each pixel's run of maps; a residual operand in the same layout comes in the same way. Needs a
-// group's maps a multiple of 8 (the plan links no other Y).
+// pieces of each pixel's run of maps. Needs a group's maps a multiple of 8 (the plan links no other Y).
+//
+// A residual operand in the same layout comes in the same rows, all 16 of the warp's pixels at once and
+// before the tile's slices are multiplied (prefetch_residual): loaded 8 rows at a time after them, each warp
+// had 2 KB in flight and waited for it (ncu on ResNet-50's 1x1 64->256 + Add at 56x56 in FP16, in the model:
+// 1 TB/s of DRAM, half the consumers' stalls on those loads).
 constexpr int STAGED_ROW = BM + 8;  // halves a staged row: 16 bytes over BM puts a warp's pairs in 32 banks
 constexpr int ROW_PIECES = BM / 8;  // 16-byte pieces of a pixel's maps in the tile
+#if RESIDUAL && defined(R_CHANNEL_LAST)
+#define PREFETCHED_RESIDUAL 1
+constexpr int STAGED_PIXELS = 16;  // a warp's rows: all its pixels, the residual's
+#else
+#define PREFETCHED_RESIDUAL 0
+constexpr int STAGED_PIXELS = 8;  // a warp's rows: half its pixels at a time
+#endif
 
-__device__ __forceinline__ void store_channel_last(const float* acc, unsigned short* staging, const float* __restrict__ b,
-                                                   const residual_t* __restrict__ r, output_t* __restrict__ y,
-                                                   unsigned char* nonfinite, int col0, int m0, int total, int map_end)
+// This consumer warp's staged rows
+__device__ __forceinline__ unsigned short* warp_rows(unsigned short* staging)
+{
+    return staging + (threadIdx.x - NTHREADS) / 32 * STAGED_PIXELS * STAGED_ROW;
+}
+
+#if PREFETCHED_RESIDUAL
+// Start copying this warp's 16 pixels x BM maps of the residual into its staged rows (zeros past Y's edge);
+// store_channel_last waits for them. The rows' last reads, the previous tile's stores, are this warp's own
+// and behind it (__syncwarp).
+__device__ __forceinline__ void prefetch_residual(const residual_t* __restrict__ r, unsigned short* staging, int col0, int m0,
+                                                  int total, int map_end)
+{
+    const int lane = threadIdx.x % 32;
+    const int first = col0 + (threadIdx.x - NTHREADS) / 32 * 16;
+    unsigned short* rows = warp_rows(staging);
+#pragma unroll
+    for (int piece = lane; piece < 16 * ROW_PIECES; piece += 32) {
+        const int row = piece / ROW_PIECES, m = m0 + piece % ROW_PIECES * 8;
+        const bool inside = first + row < total && m < map_end;
+        copy_async16(reinterpret_cast<float*>(rows + row * STAGED_ROW + piece % ROW_PIECES * 8),
+                     reinterpret_cast<const float*>(r + (inside ? channel_last_at(first + row, m) : 0)), inside);
+    }
+    commit_copies();
+}
+#endif
+
+__device__ __forceinline__ void store_channel_last(const float* acc, const MapBias& bias, unsigned short* staging,
+                                                   const residual_t* __restrict__ r, output_t* __restrict__ y, unsigned char* nonfinite, int col0, int m0,
+                                                   int total, int map_end)
 {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t = lane % 4;
-    const int warp = (threadIdx.x - NTHREADS) / 32;
-    unsigned short* rows = staging + warp * 8 * STAGED_ROW;
+#if PREFETCHED_RESIDUAL
+    wait_copies<0>();
+    __syncwarp();
+#endif
 #pragma unroll
     for (int upper = 0; upper < 2; ++upper) {
-        const int first = col0 + warp * 16 + 8 * upper;  // the pixel of staged row 0
-#if RESIDUAL && defined(R_CHANNEL_LAST)
-        for (int piece = lane; piece < 8 * ROW_PIECES; piece += 32) {
-            const int row = piece / ROW_PIECES, m = m0 + piece % ROW_PIECES * 8;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (first + row < total && m < map_end)
-                v = __ldg(reinterpret_cast<const uint4*>(r + channel_last_at(first + row, m)));
-            *reinterpret_cast<uint4*>(rows + row * STAGED_ROW + piece % ROW_PIECES * 8) = v;
-        }
-        __syncwarp();
-#endif
+        const int first = col0 + (threadIdx.x - NTHREADS) / 32 * 16 + 8 * upper;  // the pixel of staged row 0
+        unsigned short* rows = warp_rows(staging) + (PREFETCHED_RESIDUAL ? 8 * upper * STAGED_ROW : 0);
         const int col = first + g;
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j) {
@@ -299,16 +354,13 @@ __device__ __forceinline__ void store_channel_last(const float* acc, unsigned sh
                 unsigned short* at = rows + g * STAGED_ROW + 8 * j + 2 * t + q;
                 if (col >= total || m >= map_end)
                     continue;
-                float v = acc[4 * j + 2 * upper + q];
-#if HAS_BIAS
-                v += b[m];
-#endif
-#if RESIDUAL && defined(R_CHANNEL_LAST)
+                const int i = 4 * j + 2 * upper + q;
+#if PREFETCHED_RESIDUAL
                 const float res = half_value<R_CHANNEL_LAST>(*at);
 #else
-                const float res = residual_of(r, col, m);
+                const float res = residual_of(r, col, m);  // 0 without RESIDUAL
 #endif
-                const output_t out = stored(finish_output(v, res));
+                const output_t out = stored(finish_output(acc[i] + bias.of(i), res));
                 *at = out;
                 flag_nonfinite(nonfinite, stored_value(out));
             }
@@ -361,12 +413,20 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
     for (int tile = first_tile, before = 0; tile < tiles; tile += tile_step, before += run.count) {
         const MapTile maps(tile % MAP_COLUMN);
         const int col0 = tile / MAP_COLUMN * BN, m0 = maps.first;
+#if KSLICES == 1
+#ifdef Y_CHANNEL_LAST
+        const MapBias bias(b, m0, maps.end);
+#if PREFETCHED_RESIDUAL
+        prefetch_residual(r, staging, col0, m0, total, maps.end);
+#endif
+#endif
+#endif
         float acc[ACC];
         consume_slices(acc, run.count, stages, full, empty, before);
 
 #if KSLICES == 1
 #ifdef Y_CHANNEL_LAST
-        store_channel_last(acc, staging, b, r, y, nonfinite, col0, m0, total, maps.end);
+        store_channel_last(acc, bias, staging, r, y, nonfinite, col0, m0, total, maps.end);
 #else
         // the residual values of a pixel row (none without RESIDUAL: residual_of gives 0), loaded before its
         // first store: one wait on memory for half the tile rather than one a value. On an H200, ResNet-50's

@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from family_gpu_checks import assert_within_the_formats_rule, draw
+from family_gpu_checks import assert_within_the_formats_rule, draw, run_poisoned
 from onnx_builders import conv_spec as conv
 from onnx_builders import save
 from precision_cases import conv_pair_model
@@ -178,22 +178,6 @@ def bounds(spec, x, w, u: float) -> np.ndarray:
     magnitudes = reference.conv(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), None, spec.strides, spec.pads,
                                 spec.dilations, spec.group)
     return (2.1 * u + 2 * k * FP32_SUMS) * magnitudes + 1e-6
-
-
-def run_poisoned(spec, config, epilogue, x, w, b, r=None, scale=None) -> np.ndarray:
-    import cupy
-
-    kernel = families.build_kernel(spec, config, (w, b), epilogue)
-    assert kernel.variant == config.name() and not kernel.nonfinite_exact  # a chunk that meets NaN or Inf runs again exactly
-    out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
-    inputs = [cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b)]
-    if r is not None or scale is not None:
-        inputs += [None if r is None else cupy.asarray(r), None if scale is None else cupy.asarray(scale)]
-    [y] = kernel(inputs, None, out=out)
-    assert y is out
-    got = cupy.asnumpy(y)
-    assert not np.isnan(got).any(), f"{config}: {int(np.isnan(got).sum())} outputs never written"
-    return got
 
 
 def half_cases():

@@ -81,7 +81,7 @@ def test_fewer_than_32_maps_a_group_run_in_whole_8_map_blocks_alone_and_link_cha
     for maps in (8, 16, 24, 32, 33):
         spec = conv(2, 64, maps, (12, 12), (3, 3), pads=(1, 1, 1, 1))
         assert families.unsupported_reason(spec, "wg_fp16", ones(spec), ADD_RELU) is None, maps
-    for maps in (4, 12, 20, 31):  # lenet86's 4-map Conv, a 20-map squeeze: most of an 8-map block padding, or part of one
+    for maps in (4, 12, 20, 31):  # lenet86's 4-map Conv, a 20-map squeeze: no whole 8-map blocks
         spec = conv(2, 64, maps, (12, 12), (3, 3), pads=(1, 1, 1, 1))
         assert families.unsupported_reason(spec, "wg_bf16", ones(spec)) == (
             f"wg_bf16 takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); this Conv has {maps} a group")
@@ -94,7 +94,7 @@ def test_fewer_than_32_maps_a_group_run_in_whole_8_map_blocks_alone_and_link_cha
 
 
 def test_a_staged_row_puts_a_warps_8_rows_in_distinct_banks_and_shared_memory_holds_them():
-    def banks(row_halves: int) -> set[int]:  # the words lane (g, t) stores a map pair in, mod 32 (conv_wgmma.cu's STAGED_ROW)
+    def banks(row_halves: int) -> set[int]:  # lane (g, t)'s banks, n8 block 0 (conv_wgmma.cu's STAGED_ROW)
         return {(g * row_halves // 2 + t) % 32 for g in range(8) for t in range(4)}
 
     for bm in (*wgmma.NARROW_MAPS, 64, 128):

@@ -25,7 +25,7 @@
 //
 // The product, per group: Y[pixel][map] = sum_k X[pixel][k] * W[map][k] over KDIM = CG*KH*KW; a
 // block has BN pixels (n, oh, ow) of the batch, 64 a consumer warpgroup (wgmma's M), and BM maps
-// (wgmma's N: 64 or 128) inside one group (MapTile). The K split and the epilogue are
+// (wgmma's N: 64 or 128; with HALF_OPERANDS also 8 to 32) inside one group (MapTile). The K split and the epilogue are
 // conv_tc_gemm's (conv_implicit_tiles.cuh).
 //
 // With HALF_OPERANDS (1 FP16, 2 BF16: wg_fp16, wg_bf16; not FP32-exact, picked by --precision) the
@@ -43,7 +43,8 @@
 // a block takes every (x*y)-th output tile, so that a block an SM runs them all (persistent), its producers
 // copying the next tile's first slices during this one's epilogue; dynamic shared memory (STAGES * PARTS *
 // (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS), and with Y_CHANNEL_LAST
-// BN * (BM + 8) more for the staged stores (8 rows of BM + 8 halves a consumer warp). With KSLICES > 1 the partial sums go to `partial` and
+// BN * STAGED_ROW more for the staged stores (8 rows of STAGED_ROW halves a consumer warp; 16 with a residual
+// R_CHANNEL_LAST). With KSLICES > 1 the partial sums go to `partial` and
 // conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
@@ -131,16 +132,14 @@ conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ p
 }
 
 // This thread's weight copies: eight consecutive threads on a row's eight quads (one 128-byte line
-// read, all 32 banks written), rows NTHREADS / 8 apart.
+// read, all 32 banks written), rows NTHREADS / 8 apart. A narrow map tile (8 to 32 rows, a turn being 16 or 32)
+// ends in a partial turn, which the threads past its last row sit out.
 struct WeightCopies {
     static constexpr int ROW_STEP = NTHREADS / QUADS;
-    static constexpr int TURNS = BM / ROW_STEP;
+    static constexpr int TURNS = (BM + ROW_STEP - 1) / ROW_STEP;
     int quad, first_row;
 
-    __device__ __forceinline__ WeightCopies() : quad(threadIdx.x % QUADS), first_row(threadIdx.x / QUADS)
-    {
-        static_assert(BM % ROW_STEP == 0, "whole turns of rows");
-    }
+    __device__ __forceinline__ WeightCopies() : quad(threadIdx.x % QUADS), first_row(threadIdx.x / QUADS) {}
 
     __device__ __forceinline__ void copy(operand_t* stage, const operand_t* __restrict__ w_big, const operand_t* __restrict__ w_small,
                                          const MapTile& maps, int k0) const
@@ -148,6 +147,7 @@ struct WeightCopies {
 #pragma unroll
         for (int turn = 0; turn < TURNS; ++turn) {
             const int m = first_row + turn * ROW_STEP;
+            if (BM % ROW_STEP && m >= BM) break;  // past the tile: the stage's data rows lie there
             const bool inside = maps.first + m < maps.end;
             const size_t from = inside ? (size_t)(maps.first + m) * KROW + k0 + quad * QUAD_VALUES : 0;
             const int to = SWIZZLED_AT(m, quad * QUAD_VALUES);
@@ -293,7 +293,15 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
 // before the tile's slices are multiplied (prefetch_residual): loaded 8 rows at a time after them, each warp
 // had 2 KB in flight and waited for it (ncu on ResNet-50's 1x1 64->256 + Add at 56x56 in FP16, in the model:
 // 1 TB/s of DRAM, half the consumers' stalls on those loads).
-constexpr int STAGED_ROW = BM + 8;  // halves a staged row: 16 bytes over BM puts a warp's pairs in 32 banks
+//
+// Halves a staged row. A store of the accumulators puts lane (g, t)'s value in word g * STAGED_ROW / 2 + t (+ 4j
+// for n8 block j, the same for every lane), so the warp's 32 stores fall in 32 banks where STAGED_ROW / 2 is 4
+// times an odd number: g * STAGED_ROW / 2 mod 32 is then a distinct multiple of 4 for each of the 8 rows g, and t
+// adds 0 to 3. BM + 8 is such a row where BM is a multiple of 16 (64: 36 words, 4 x 9; 16: 12, 4 x 3); a tile of
+// 8 or 24 maps takes 8 halves more (8: 12 words, 4 x 3; 24: 20, 4 x 5), where BM + 8 alone would put 2 or 4 of the
+// lanes in each bank. A row stays whole 16-byte pieces; their copies (BM / 32 instructions a warp, rounded up, to the
+// stores' BM / 4) may still meet 2-way conflicts on 16 to 32 maps.
+constexpr int STAGED_ROW = BM + 8 + BM % 16;
 constexpr int ROW_PIECES = BM / 8;  // 16-byte pieces of a pixel's maps in the tile
 #if RESIDUAL && defined(R_CHANNEL_LAST)
 #define PREFETCHED_RESIDUAL 1

@@ -2,7 +2,7 @@
 // fed by producer warpgroups through an mbarrier per stage (sm_90a alone).
 //
 // A block multiplies X_ROWS data rows (64 a consumer warpgroup: wgmma's M) by W_ROWS weight rows
-// (wgmma's N: 64 or 128) over K, in BK = 32 deep slices:
+// (wgmma's N: 64 or 128; also 8, 16, 24 or 32, a narrow map tile) over K, in BK = 32 deep slices:
 // - producers (the first NTHREADS threads) copy each slice's operands with 16-byte cp.async and
 //   hand the stage over through its `full` mbarrier (produce_slices, with the includer's copies);
 // - consumers (the other NTHREADS) issue the slice's 12 wgmmas, wait, release the stage through
@@ -23,7 +23,8 @@
 // stage. Copies run LAG = STAGES - 1 slices ahead of the one being multiplied.
 //
 // Accumulators (lane = 4*g + t; consumer warp w owns data rows 16w..16w+15): those of n8 block j are
-// d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1].
+// d[4j..4j+3] = [g][8j+2t], [g][8j+2t+1], [g+8][8j+2t], [g+8][8j+2t+1], for every N (W_ROWS / 8 blocks: PTX ISA,
+// "Matrix Fragments for wgmma.mma_async.m64nNk16", accumulator D: N/2 registers a thread, d0..dN/2-1).
 //
 // With HALF_OPERANDS (1: FP16, 2: BF16) the operands arrive in that format, two bytes a
 // value: a 128-byte line holds BK = 64 of them, one wgmma m64nNk16 per k16 step multiplies them with FP32
@@ -85,14 +86,17 @@ typedef float operand_t;
 // line, its 16-byte quad q stored at quad q ^ (row % 8)
 #define SWIZZLED_AT(row, k) ((row) * BK + ((((k) / QUAD_VALUES) ^ ((row) % 8)) * QUAD_VALUES) + (k) % QUAD_VALUES)
 
-static_assert(W_ROWS == 64 || W_ROWS == 128, "a wgmma's N: 64 or 128 weight rows");
+static_assert(W_ROWS == 64 || W_ROWS == 128 || (W_ROWS % 8 == 0 && W_ROWS <= 32), "a wgmma's N: 8 to 32, 64 or 128 weight rows");
 static_assert(X_ROWS % 64 == 0 && BK * sizeof(operand_t) == 128, "64 data rows a warpgroup, a row's slice one 128-byte line");
 static_assert(STAGES >= 2, "a slice in flight while one is multiplied");
 
 
 // The descriptor of a K-major operand in the 128-byte swizzle whose k8 step starts at `tile`: the
 // operand's rows in whole 1024-byte atoms of 8, the step 32 bytes into its lines; 8-row groups 1024
-// bytes apart (stride); the leading offset unused (a row's k fit one line).
+// bytes apart (stride); the leading offset unused (a row's k fit one line). This is the PTX ISA's canonical
+// K-major 128-byte swizzled layout, ((8,m),(T,2k)):((8T,SBO),(1,T)), m = rows / 8, for any N: a narrow weight
+// tile of 8 to 32 rows is 1 to 4 atoms. Base offset 0: each operand starts on a 1024-byte boundary (the stages
+// are aligned, and W_ROWS * 128 bytes of weights, a multiple of 1024, come before the data rows).
 __device__ __forceinline__ unsigned long long descriptor(const operand_t* tile)
 {
     const unsigned long long at = (unsigned int)__cvta_generic_to_shared(tile);
@@ -180,14 +184,40 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], unsigned long long a,
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// The narrow tiles' wgmma_n8 .. wgmma_n32, made by one macro: the N/2 accumulators are the asm's operands %0 ..
+// %(N/2 - 1), listed an n8 block (four) at a time; the descriptors and the accumulate flag follow them as
+// operands A, B and P (their numbers, spelled out: the asm string takes them as text).
+#define WGMMA_REGISTERS_8 "%0, %1, %2, %3"
+#define WGMMA_REGISTERS_16 WGMMA_REGISTERS_8 ", %4, %5, %6, %7"
+#define WGMMA_REGISTERS_24 WGMMA_REGISTERS_16 ", %8, %9, %10, %11"
+#define WGMMA_REGISTERS_32 WGMMA_REGISTERS_24 ", %12, %13, %14, %15"
+#define WGMMA_BLOCK(j) "+f"(d[4 * (j)]), "+f"(d[4 * (j) + 1]), "+f"(d[4 * (j) + 2]), "+f"(d[4 * (j) + 3])
+#define WGMMA_OPERANDS_8 WGMMA_BLOCK(0)
+#define WGMMA_OPERANDS_16 WGMMA_OPERANDS_8, WGMMA_BLOCK(1)
+#define WGMMA_OPERANDS_24 WGMMA_OPERANDS_16, WGMMA_BLOCK(2)
+#define WGMMA_OPERANDS_32 WGMMA_OPERANDS_24, WGMMA_BLOCK(3)
+#define WGMMA_NARROW(N, A, B, P)                                                                                          \
+    __device__ __forceinline__ void wgmma_n##N(float (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate) \
+    {                                                                                                                     \
+        static_assert(A == N / 2 && B == A + 1 && P == B + 1, "the operands after the accumulators");                    \
+        asm volatile("{\n.reg .pred p;\n"                                                                                 \
+                     "setp.ne.b32 p, %" #P ", 0;\n"                                                                       \
+                     "wgmma.mma_async.sync.aligned.m64n" #N WGMMA_SHAPE " {" WGMMA_REGISTERS_##N "}, %" #A ", %" #B        \
+                     ", p, 1, 1" WGMMA_TRANSPOSES ";\n}\n"                                                                 \
+                     : WGMMA_OPERANDS_##N                                                                                 \
+                     : "l"(a), "l"(b), "r"(accumulate));                                                                  \
+    }
+WGMMA_NARROW(8, 4, 5, 6)
+WGMMA_NARROW(16, 8, 9, 10)
+WGMMA_NARROW(24, 12, 13, 14)
+WGMMA_NARROW(32, 16, 17, 18)
+
+#define WGMMA_OF_(n) wgmma_n##n
+#define WGMMA_OF(n) WGMMA_OF_(n)  // wgmma_n<n> of n's value (W_ROWS: the includer's BM or BN)
 
 __device__ __forceinline__ void wgmma_tile(float (&d)[ACC], unsigned long long a, unsigned long long b, int accumulate)
 {
-#if W_ROWS == 128
-    wgmma_n128(d, a, b, accumulate);
-#else
-    wgmma_n64(d, a, b, accumulate);
-#endif
+    WGMMA_OF(W_ROWS)(d, a, b, accumulate);
 }
 
 // Issues part (+)= this consumer warpgroup's 64 data rows x W_ROWS weight rows of the slice at

@@ -76,7 +76,7 @@ def test_plan_with_precision_shows_each_steps_precision_and_why_one_stays_fp32(t
     out = capsys.readouterr().out
     assert "precision fp16 (where a step has a kernel in it; the rest fp32)" in out.splitlines()[0]
     assert "runs: matmul.reference.fp16+relu" in out and "precision: fp16" in out
-    conv_why = "wg_fp16 multiplies maps 64 at a time; this Conv has 8 a group, mostly padding"
+    conv_why = "wg_fp16 takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); this Conv has 4 a group"
     assert f"precision: fp32: {conv_why}" in out
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["schema"] == "opplugin-plan/7" and data["precision"] == "fp16"

@@ -1,6 +1,6 @@
 """What the GPU tests of one Conv family at a time share: fresh random operands, a
-configuration's output, poisoned with NaN first, against the float64 reference, and a run in a
-16-bit format against onnxruntime."""
+configuration's output, poisoned with NaN first, against the float64 reference (or, for a 16-bit
+configuration, returned for the test's own bound), and a run in a 16-bit format against onnxruntime."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,6 +39,25 @@ def run_and_compare(spec, config, epilogue, x, w, b, r, context, scale=None, x_o
     expected = reference.expected(spec, epilogue, x, w, b, r, scale)
     error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error <= MAX_RELATIVE_L2, f"{context}: relative L2 error {error:.3g} > {MAX_RELATIVE_L2}"
+
+
+def run_poisoned(spec, config, epilogue, x, w, b, r=None, scale=None) -> np.ndarray:
+    """A 16-bit configuration's FP32 output on these operands (host arrays; `scale`: a prologue's operand), written into
+    an output poisoned with NaN first: every element must be written. Its NaN and Inf are no proof of the inputs' (a
+    chunk that meets them runs again exactly), so the kernel says it is not nonfinite_exact."""
+    import cupy
+
+    kernel = families.build_kernel(spec, config, (w, b), epilogue)
+    assert kernel.variant == config.name() and not kernel.nonfinite_exact
+    out = cupy.full(spec.output_shape(), cupy.nan, dtype=cupy.float32)
+    inputs = [cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b)]
+    if r is not None or scale is not None:
+        inputs += [None if r is None else cupy.asarray(r), None if scale is None else cupy.asarray(scale)]
+    [y] = kernel(inputs, None, out=out)
+    assert y is out
+    got = cupy.asnumpy(y)
+    assert not np.isnan(got).any(), f"{config}: {int(np.isnan(got).sum())} outputs never written"
+    return got
 
 
 def assert_within_the_formats_rule(got, expected, precision: str) -> None:

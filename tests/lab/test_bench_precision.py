@@ -27,11 +27,14 @@ from opplugin.plan.partition import make_plan
 from opplugin.report.jsonout import json_safe
 from opplugin.runtime.plan_record import record_plan_alone
 
-# the layers of the cnn suite wg_fp16 and wg_bf16 run: one group of any channels (padded to 8), 32 maps or more
+# the layers of the cnn suite wg_fp16 and wg_bf16 run: one group of any channels (padded to 8), 32 maps or more, or
+# groups of 8, 16 or 24 maps on a narrow tile of their own
 RUN_IN_WG = {
     "vgg 64->64 3x3 224", "resnet stem 3->64 7x7 s2 224", "mnist 32->64 3x3 14", "vgg 512->512 3x3 14", "resnet 64->64 3x3 56", "resnet 128->128 3x3 28", "resnet 256->256 3x3 14",
     "resnet 512->512 3x3 7", "resnet 1x1 256->64 56", "resnet 1x1 64->256 56", "resnet 1x1 s2 256->512 56",
 }
+RUN_NARROW = {"mobilenetv2 1x1 96->24 56": 24, "resnext50 g32 3x3 512ch 14": 16, "regnety800mf gw16 3x3 144ch 28": 16,
+              "regnety800mf gw16 3x3 320ch 14": 16}
 # ... and those dw_fp16 and dw_bf16 run: every depthwise layer (one map a channel, a multiple of 8 channels)
 RUN_IN_DW = {
     "mobilenetv2 dw 3x3 32ch 112", "mobilenetv2 dw 3x3 s2 144ch 56", "efficientnetb0 dw 5x5 672ch 14", "efficientnetb0 dw 5x5 1152ch 7",
@@ -52,14 +55,17 @@ def test_each_cnn_layer_names_the_precisions_family_or_the_reason_it_has_none(pr
         config, reason = precision_pick(spec, (case.w, case.b), precision)
         assert (config is None) != (reason is None), case.conv
         picked[case.conv] = config
-        if config is None:  # the grouped layers, and MobileNetV2's 24-map 1x1
+        if config is None:  # ResNeXt's 4-channel groups
             maps = spec.out_channels // spec.group
-            assert reason == f"wg_{precision} multiplies maps 64 at a time; this Conv has {maps} a group, mostly padding", case.conv
+            assert reason == (f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); "
+                              f"this Conv has {maps} a group"), case.conv
         elif case.conv in RUN_IN_DW:
             assert config.name().startswith(f"dw_{precision}_t"), config
+        elif case.conv in RUN_NARROW:
+            assert config.name().startswith(f"wg_{precision}_b{RUN_NARROW[case.conv]}x"), config
         else:
             assert config.name().startswith(f"wg_{precision}_b"), config
-    assert {name for name, config in picked.items() if config} == RUN_IN_WG | RUN_IN_DW
+    assert {name for name, config in picked.items() if config} == RUN_IN_WG | RUN_IN_DW | set(RUN_NARROW)
 
 
 def test_the_bench_picks_what_a_plan_in_fp16_runs_each_layer_in(tmp_path):
@@ -95,7 +101,7 @@ def test_a_layer_the_family_cannot_run_is_a_row_with_the_reason_not_timed_and_no
     [(variant, heuristic)] = run._candidates(spec, NONE, None, (case.w, case.b))
     step = {"step": case.label(False), "batch": 32, "bytes": 1, "floor_ms": None}
     row = run._bench_variant(step, problem, variant, heuristic)
-    assert (row["name"], row["status"], row["reason"], row["ms"]) == ("wg_fp16_b64x128x64_s4", "unsupported", GROUPED_REASON, None)
+    assert (row["name"], row["status"], row["reason"], row["ms"]) == ("wg_fp16_b8x128x64_s4", "unsupported", GROUPED_REASON, None)
     assert row["family"] == "wg_fp16" and row["tolerance"] is None  # a 16-bit run is held to the element bound instead
 
 
@@ -138,7 +144,7 @@ def test_the_fp16_text_says_what_is_converted_where_and_how_each_output_is_check
     assert "floor" not in title
     assert any(line.startswith("wg_fp16_b128x128x64_s4") and "1.20x" in line and "ok (fastest, default pick, 0.12 of bound)" in line
                for line in lines)
-    assert any(line.startswith("wg_fp16_b64x128x64_s4 ") and "n/a: wg_fp16 multiplies maps 64 at a time" in line for line in lines)
+    assert any(line.startswith("wg_fp16_b8x128x64_s4 ") and "n/a: wg_fp16 takes fewer than 32 maps a group" in line for line in lines)
     assert any(line.startswith("[cudnn_fp16]") and "ok (0.30 of bound)" in line for line in lines)
     assert "fp16 summary (ms; vs cuDNN is a speed-up)" in text
     assert any(line.startswith("dw_fp16_t1x2_b6x14_p48") and "0.80x" in line for line in lines)

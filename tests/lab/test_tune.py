@@ -459,10 +459,14 @@ def test_under_a_16_bit_precision_the_candidates_are_its_familys_configurations(
     step, spec, epilogue = tuned["stem"]  # 3 input channels, padded to 8 in the family's channel-last copy
     configs, _, why = tuning.tuning_candidates(spec, constant_weights(step.node), epilogue, precision)
     assert why is None and configs and {c.family for c in configs} == {family}
-    few_maps = dataclasses.replace(spec, out_channels=16)  # 16 maps of the family's 64-map tile: it declines
+    narrow = dataclasses.replace(spec, out_channels=16)  # 16 maps: the family's 16-map tiles alone
+    configs, _, why = tuning.tuning_candidates(narrow, (np.ones(narrow.weight_shape, np.float32), None), epilogue, precision)
+    assert why is None and {c.bm for c in configs} == {16} and {c.family for c in configs} == {family}
+    few_maps = dataclasses.replace(spec, out_channels=12)  # 12 maps: no whole 8-map blocks, it declines
     weights = (np.ones(few_maps.weight_shape, np.float32), None)
     configs, _, why = tuning.tuning_candidates(few_maps, weights, epilogue, precision)
-    assert configs == [] and why == f"stays fp32: wg_{precision} multiplies maps 64 at a time; this Conv has 16 a group, mostly padding"
+    assert configs == [] and why == (f"stays fp32: wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks "
+                                     "(a tile of exactly its maps); this Conv has 12 a group")
 
 
 def test_tune_in_fp16_caches_its_choices_beside_fp32s_and_a_plan_in_fp16_runs_them(monkeypatch, cache_dir, conv_pair):

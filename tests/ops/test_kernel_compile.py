@@ -54,6 +54,7 @@ from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_config
 from onnx_builders import conv_spec as conv
 from opplugin.ops.conv.epilogue import NONE, Epilogue
+from opplugin.ops.conv.families import pipelined, wgmma
 from opplugin.ops.conv.families.channel_last import ALL_LINKS
 from opplugin.ops.activation import KINDS as ACTIVATION_KINDS, Activation
 from opplugin.ops.gemm import families as gemm_families
@@ -165,6 +166,28 @@ CNN_HALF_DEPTHWISE_CASES = [
     for index, config in enumerate(families.FAMILIES[family].configs(layer.spec(32), HALF_DEPTHWISE_EPILOGUE))
     for links in link_sets
     for arch in ARCHS
+]
+
+# wg_fp16's and wg_bf16's narrow map tiles (8 to 32 maps a block: wgmma.NARROW_MAPS), for Hopper alone, with a fused Add and
+# ReLU: every configuration the family offers on each layer of the suite with groups of 32 maps or fewer, and on 3x3 Convs
+# of 8 and 32 maps (counts no layer of the suite has), unlinked and with every tensor linked (wg_bf16 linked alone: its
+# conversions are the same code in the other format); and each narrow map tile on a deep Conv, K split 4 ways, unlinked
+# and linked (the split's reduce stores the linked Y). Every one built in full: no spills.
+NARROW_EPILOGUE = Epilogue("Relu", residual=True)
+NARROW_SPECS = {
+    **{name: spec for name, spec in CNN_SPECS.items() if spec.out_channels // spec.group <= wgmma.NARROW_MAPS[-1]
+       and families.unsupported_reason(spec, "wg_fp16", _ones(spec), NARROW_EPILOGUE) is None},
+    "3x3 64->8 56": conv(32, 64, 8, (56, 56), (3, 3), pads=(1, 1, 1, 1)),
+    "3x3 64->32 56": conv(32, 64, 32, (56, 56), (3, 3), pads=(1, 1, 1, 1)),
+    **{f"deep 512->{maps} 7": conv(1, 512, maps, (7, 7), (3, 3), pads=(1, 1, 1, 1)) for maps in wgmma.NARROW_MAPS},
+}
+CNN_NARROW_WGMMA_CASES = [
+    (name, dataclasses.replace(config, links=links))
+    for family, link_sets in (("wg_fp16", (0, ALL_LINKS)), ("wg_bf16", (ALL_LINKS,)))
+    for name, spec in NARROW_SPECS.items()
+    for config in (families.FAMILIES[family].configs(spec, NARROW_EPILOGUE) if not name.startswith("deep") else
+                   [pipelined.with_split(families.FAMILIES[family].tile_config((spec.out_channels, 64)), 4)])
+    for links in link_sets
 ]
 
 # The wgmma GEMM's first four configurations on each layer of the suite it runs, at batch 32 and 1
@@ -385,6 +408,8 @@ def compile_jobs():
         yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
     for name, config, arch, full in CNN_HALF_DEPTHWISE_CASES:
         yield from _units_jobs(CNN_SPECS[name], config, arch, HALF_DEPTHWISE_EPILOGUE, full=full)
+    for name, config in CNN_NARROW_WGMMA_CASES:
+        yield from _units_jobs(NARROW_SPECS[name], config, "sm_90", NARROW_EPILOGUE)
     for step in SHIPPED_STEPS:
         spec, epilogue = SHIPPED_STEPS[step]
         yield from _units_jobs(spec, heuristic_config(spec, _ones(spec), epilogue), "sm_90", epilogue)
@@ -537,6 +562,25 @@ def test_wgmma_configurations_for_real_cnn_layers_compile_for_hopper_without_spi
     for usage in compile_cache.check_variant(spec, config, "sm_90"):
         assert usage.arch == "sm_90a"
         compile_cache.assert_no_local_memory(usage)
+
+
+@pytest.mark.parametrize(("layer", "config"), CNN_NARROW_WGMMA_CASES, ids=[f"{layer} {config}" for layer, config in CNN_NARROW_WGMMA_CASES])
+def test_narrow_wgmma_configurations_compile_for_hopper_without_spills(layer, config):
+    assert families.unsupported_reason(NARROW_SPECS[layer], config, _ones(NARROW_SPECS[layer]), NARROW_EPILOGUE) is None
+    for usage in compile_cache.check_variant(NARROW_SPECS[layer], config, "sm_90", NARROW_EPILOGUE):
+        assert usage.arch == "sm_90a"
+        compile_cache.assert_no_local_memory(usage)
+
+
+def test_the_narrow_cases_cover_every_narrow_tile_in_both_formats_linked_and_not_split_and_not():
+    narrow_tiles = {(maps, pixels) for maps in wgmma.NARROW_MAPS for pixels in wgmma.NARROW_PIXELS}
+    covered = {(config.family, config.block[:2], config.links, config.splits > 1) for _, config in CNN_NARROW_WGMMA_CASES}
+    for family, link_sets in (("wg_fp16", (0, ALL_LINKS)), ("wg_bf16", (ALL_LINKS,))):
+        for links in link_sets:
+            assert {tile for f, tile, linked, split in covered if (f, linked, split) == (family, links, False)} == narrow_tiles
+            assert {tile[0] for f, tile, linked, split in covered if (f, linked, split) == (family, links, True)} == set(wgmma.NARROW_MAPS)
+    real = {name for name in NARROW_SPECS if name in CNN_SPECS}
+    assert real == {"mobilenetv2 1x1 96->24 56", "resnext50 g32 3x3 512ch 14", "regnety800mf gw16 3x3 144ch 28", "regnety800mf gw16 3x3 320ch 14"}
 
 
 def test_wgmma_gemm_compiles_for_hopper_alone():

@@ -63,6 +63,17 @@ def test_a_mobilenet_block_runs_its_depthwise_conv_in_the_format_and_links_every
                                                                      "project": ("t2", "t0")}
 
 
+@pytest.mark.parametrize("channels", [16, 24])
+def test_a_mobilenet_block_of_16_or_24_channels_runs_its_stem_and_projection_on_narrow_tiles_linked_too(tmp_path, channels):
+    block = load_model(save(mobilenet_block_model(channels=channels), tmp_path / "block.onnx"))
+    plan = make_plan(block, 8, GPU)
+    chosen = step_precisions(plan, "fp16")
+    assert {name: families.parse(p.variant)[1].bm for name, p in chosen.items() if name in ("stem", "project")} == {
+        "stem": channels, "project": channels}  # wgmma.NARROW_MAPS: a tile of the group's own maps
+    assert all(p.precision == "fp16" and p.reason is None for p in chosen.values())
+    assert links_of(plan) == {"stem": OUTPUT, "expand": INPUT | OUTPUT, "depthwise": INPUT | OUTPUT, "project": INPUT | RESIDUAL}
+
+
 def test_a_kept_input_of_the_depthwise_step_stays_fp32_and_its_output_is_still_linked(mobilenet_block):
     """The depthwise step's X kept (--keep t1): the expand step writes FP32 NCHW, the depthwise kernel rounds it as it loads it."""
     plan = make_plan(mobilenet_block, 8, GPU, keep=["t1"])

@@ -22,8 +22,8 @@ from opplugin.runtime import Runner
 from opplugin.runtime.plan_record import record_plan_alone
 
 GPU = Device("cuda", "test GPU")  # plans only: kernel_name and the precision choice build nothing
-# the Conv makes 8 maps, and the half-precision Conv families multiply 64 at a time
-CONV_WHY = "wg_fp16 multiplies maps 64 at a time; this Conv has 8 a group, mostly padding"
+# the Conv makes 4 maps, fewer than the half-precision Conv families take (whole 8-map blocks under 32)
+CONV_WHY = "wg_fp16 takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); this Conv has 4 a group"
 CONV_TF32_WHY = "no tf32 kernel picked for Conv; --variant Conv=tc_tf32 runs TF32 on mma.sync"
 SOFTMAX_WHY = "wg_fp16 does not fuse a row Softmax (rowwarp does, for N <= 32)"
 

@@ -18,7 +18,11 @@ runs a Conv in: the weights converted at build, the image rewritten channel-last
 the bytes of the split rewrite), one wgmma a k16 step accumulating in FP32; BK is 64 (a 128-byte line
 still). A 16-byte quad of a slice is eight channels of one tap, so a slice spans taps where a group
 has fewer than 64 channels: they take groups of any multiple of 8 channels, and a one-group Conv of
-any channel count, its channels padded with zeros to a multiple of 8 (a stem's 3 to 8).
+any channel count, its channels padded with zeros to a multiple of 8 (a stem's 3 to 8). Their BM may
+also be 8, 16, 24 or 32 (NARROW_MAPS: wgmma's N of one to four n8 blocks), so that a group of that many
+maps (MobileNetV2's 16- and 24-map projections, RegNet's and ResNeXt's groups of 16) runs in the format on
+a tile of its own maps, where a 64-map tile would be mostly padding, and links channel-last as wider
+groups do; fewer than 32 maps a group in another count stay FP32.
 """
 from __future__ import annotations
 
@@ -93,11 +97,17 @@ class WgmmaHalfConfig(WgmmaGemmConfig):
     value_bytes = 2
 
     def shared_bytes(self) -> int:
-        """The stages, and where Y is linked each consumer warp's staged rows of BM + 8 halves (conv_wgmma.cu's
+        """The stages, and where Y is linked each consumer warp's staged rows of `staged_row` halves (conv_wgmma.cu's
         store_channel_last), BN / 16 warps: 8 rows, or with a linked residual 16 (the warp's pixels, prefetched)."""
         staged_halves = 2 if self.links & RESIDUAL else 1  # of the warp's 16 pixels
-        staging = self.bn * staged_halves * (self.bm + 8) if self.links & OUTPUT else 0
+        staging = self.bn * staged_halves * staged_row(self.bm) if self.links & OUTPUT else 0
         return super().shared_bytes() + staging
+
+
+def staged_row(bm: int) -> int:
+    """Halves of a staged output row (conv_wgmma.cu's STAGED_ROW): 8 past the tile's BM maps, and 8 more where BM
+    is no multiple of 16, so that a warp's stores of 8 rows fall in distinct banks."""
+    return bm + 8 + bm % 16
 
 
 # maps x pixels; the order the heuristic offers them in, by the maps of a group (as tc_3xtf32's)
@@ -150,10 +160,14 @@ class WgmmaGemm(PipelinedGemm):
         return self.config_type(self.name, (*tile, self.slice_depth), self.stages, splits)
 
     def configs(self, spec, epilogue=NONE):
-        """Every tile, by TILE_ORDER, each with its K splits (`split_configs`); where the first
+        """Every tile of `offered_tiles`, in order, each with its K splits (`split_configs`); where the first
         leaves SMs idle in its last wave, what fills them better first (LONG_K)."""
-        offered = split_configs(spec, [self.tile_config(t) for t in tile_order(TILE_ORDER, spec)])
+        offered = split_configs(spec, [self.tile_config(t) for t in self.offered_tiles(spec)])
         return list(dict.fromkeys([self._balanced(spec, offered[0]), *offered]))
+
+    def offered_tiles(self, spec: ConvSpec) -> tuple[tuple[int, int], ...]:
+        """The tiles `configs` offers, the heuristic's first: TILE_ORDER's for the layer's maps a group."""
+        return tile_order(TILE_ORDER, spec)
 
     def _balanced(self, spec: ConvSpec, first: WgmmaGemmConfig) -> WgmmaGemmConfig:
         sms = multiprocessors()
@@ -204,8 +218,13 @@ class WgmmaGemm(PipelinedGemm):
 HALF_SLICE_DEPTH = 64  # BK: 64 two-byte values a 128-byte line
 HALF_STAGES = 4
 HALF_QUAD = 8  # two-byte values a 16-byte copy: channels of one tap
-# fewer maps a group than half of wgmma's smallest N (64) would leave most of each product padding: lenet86's
-# 4- and 16-map Convs stay on the FP32 kernels made for few maps
+# wg_fp16's and wg_bf16's narrow map tiles, narrowest first: BM (wgmma's N) of one to four n8 blocks, for a group of
+# fewer maps than a 64-map tile would hold without most of it padding. A group of such a count takes the narrowest
+# that holds its maps (all of it: no padding), on 128 pixels a block, then 64.
+NARROW_MAPS = (8, 16, 24, 32)
+NARROW_PIXELS = (128, 64)
+# from this many maps a group, any count runs (32 on a tile of its own, more on TILES', the last tile padded); fewer
+# only in a count of NARROW_MAPS: lenet86's 4-map Conv and a 20-map squeeze stay on the FP32 kernels made for few maps
 MIN_HALF_MAPS = 32
 
 
@@ -216,20 +235,31 @@ class WgmmaHalfGemm(WgmmaGemm):
     exact_by = "construction"
     split = False
     config_type = WgmmaHalfConfig
+    tiles = dict.fromkeys(TILES + tuple((maps, pixels) for maps in NARROW_MAPS for pixels in NARROW_PIXELS))
     slice_depth = HALF_SLICE_DEPTH
     stages = HALF_STAGES
     pads_channels = True
 
     def reason(self, spec, config, epilogue):
         maps = spec.out_channels // spec.group
-        if maps < MIN_HALF_MAPS:
-            return f"{self.name} multiplies maps 64 at a time; this Conv has {maps} a group, mostly padding"
+        if maps < MIN_HALF_MAPS and maps not in NARROW_MAPS:
+            return (f"{self.name} takes fewer than {MIN_HALF_MAPS} maps a group only in whole {NARROW_MAPS[0]}-map blocks "
+                    f"(a tile of exactly its maps); this Conv has {maps} a group")
         if config is not None and config.links:
             why = self._links_reason(spec, config.links, epilogue)
             if why:
                 return f"{self.name}: {why}"
             config = replace(config, links=0)  # the tile and its K split, as the family offers them
         return super().reason(spec, config, epilogue)
+
+    def offered_tiles(self, spec):
+        """The narrowest tile of NARROW_MAPS that holds a group's maps, where one does (a 16-map group: BM 16, not
+        64), on each of NARROW_PIXELS; else wg_3xtf32's."""
+        maps = spec.out_channels // spec.group
+        narrowest = next((bm for bm in NARROW_MAPS if bm >= maps), None)
+        if narrowest is None:
+            return super().offered_tiles(spec)
+        return tuple((narrowest, pixels) for pixels in NARROW_PIXELS)
 
     def channel_last_links(self, spec, epilogue):
         """X where no prologue applies and no channel is padded; Y and a fused residual where a group's maps are

@@ -25,6 +25,12 @@ ADD_RELU = Epilogue("Relu", residual=True)
 SPEC = conv(3, 64, 96, (13, 11), (3, 3), pads=(1, 1, 1, 1))  # a short last map tile, pixels past a whole tile
 DEEP = conv(2, 512, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1))  # its first configuration splits K
 STEM = conv(2, 3, 64, (20, 20), (7, 7), pads=(3, 3, 3, 3), strides=(2, 2))  # 3 channels padded to 8
+# narrow map tiles (wgmma.NARROW_MAPS): 24 maps (staged rows of 40 halves), groups of 8 (of 24), a deep 16-map one split
+NARROW = conv(3, 64, 24, (13, 11), (3, 3), pads=(1, 1, 1, 1))
+NARROW_G8 = conv(3, 64, 64, (13, 11), (3, 3), pads=(1, 1, 1, 1), group=8)
+NARROW_DEEP = conv(2, 512, 16, (7, 7), (3, 3), pads=(1, 1, 1, 1))
+LINKED_SPECS = {"SPEC": SPEC, "DEEP": DEEP, "NARROW": NARROW, "NARROW_G8": NARROW_G8, "NARROW_DEEP": NARROW_DEEP}
+SPLIT = (DEEP, NARROW_DEEP)  # their first configurations split K
 
 
 def ones(spec):
@@ -32,9 +38,9 @@ def ones(spec):
 
 
 def linked(spec, name, links, epilogue=ADD_RELU):
-    """The family's pick with these links; on DEEP, which it splits, split K, else unsplit."""
+    """The family's pick with these links; on SPLIT's, split K, else unsplit."""
     config = families.configure(spec, name, epilogue)
-    return dataclasses.replace(config if spec is DEEP else pipelined.with_split(config, 1), links=links)
+    return dataclasses.replace(config if spec in SPLIT else pipelined.with_split(config, 1), links=links)
 
 
 def test_a_configurations_links_are_its_names_h_field_left_out_when_none():
@@ -67,14 +73,15 @@ def test_the_macros_say_the_format_of_each_linked_tensor_and_a_linked_x_is_not_r
     assert [u.function for u in units] == ["conv_wgmma"] and "Y_CHANNEL_LAST" not in units[0].defines
 
 
-LINK_CASES = [(spec_name, name, links) for spec_name in ("SPEC", "DEEP") for name in HALF for links in (OUTPUT, ALL_LINKS)]
+LINK_CASES = [(spec_name, name, links) for spec_name in LINKED_SPECS for name in HALF for links in (OUTPUT, ALL_LINKS)]
 
 
 @pytest.mark.parametrize(("spec_name", "name", "links"), LINK_CASES)
 def test_every_link_compiles_for_hopper_without_spills(spec_name, name, links):
-    spec = {"SPEC": SPEC, "DEEP": DEEP}[spec_name]
+    spec = LINKED_SPECS[spec_name]
     config = linked(spec, name, links)
-    assert (config.splits > 1) == (spec is DEEP)  # the split K's reduce writes the linked output too
+    assert (config.splits > 1) == (spec in SPLIT)  # the split K's reduce writes the linked output too
+    assert config.bm == (spec.out_channels // spec.group if spec_name.startswith("NARROW") else 64)
     for usage in nvrtc_check.check_variant(spec, config.name(), "sm_90", ADD_RELU):
         assert usage.arch == "sm_90a" and usage.spill_stores == usage.spill_loads == usage.stack_frame == 0, usage
 
@@ -97,7 +104,7 @@ def test_a_linked_kernel_writes_the_bits_its_unlinked_self_rounds_to(spec_name, 
 
     if not families.FAMILIES[name].runs_here():
         pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
-    spec, precision = {"SPEC": SPEC, "DEEP": DEEP}[spec_name], HALF[name]
+    spec, precision = LINKED_SPECS[spec_name], HALF[name]
     seed, x, w, b, r = draw(spec, residual=True)
     x, r = round_to(x, precision), round_to(r, precision)  # values the format holds, so both kernels read the same
     plain = families.build_kernel(spec, linked(spec, name, 0), (w, b), ADD_RELU)

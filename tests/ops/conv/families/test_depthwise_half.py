@@ -98,9 +98,9 @@ def test_a_half_run_takes_the_gemm_else_the_depthwise_kernel_and_keeps_the_gemms
     pooled = Epilogue("Relu", (2, 2))  # no max pool in the kernel: it runs the Conv, the pool follows
     assert fit(SPECS["3x3_c32"], pooled)[::2] == (f"dw_{precision}", NONE)
     grouped = conv(2, 128, 128, (8, 8), (3, 3), group=32)  # 4 channels a group: the GEMM's reason, as before
-    assert fit(grouped)[3] == f"wg_{precision} multiplies maps 64 at a time; this Conv has 4 a group, mostly padding"
+    assert fit(grouped)[3] == f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); this Conv has 4 a group"
     stem = conv(2, 1, 4, (8, 8), (3, 3))  # one channel, one group: no depthwise Conv, the GEMM's reason
-    assert fit(stem)[3].startswith(f"wg_{precision} multiplies maps 64 at a time")
+    assert fit(stem)[3].startswith(f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks")
     multiplied = conv(2, 32, 64, (8, 8), (3, 3), group=32)  # depthwise, 2 maps a channel: the depthwise kernel's reason
     assert fit(multiplied)[::3] == (f"dw_{precision}", f"dw_{precision} takes a depth multiplier of 1 (one map a channel); this Conv has 2 a channel")
 
@@ -165,7 +165,7 @@ def mobilenet_block(tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_on_the_cpu_a_half_run_emulates_every_conv_of_a_mobilenet_block_the_depthwise_one_too(mobilenet_block, precision):
     steps = {s.name: s for s in Runner(mobilenet_block, 4, "cpu", precision=precision).plan_record().steps}
-    assert steps["depthwise"].implementation == f"conv.reference.{precision}+clip0_6"  # FP32, "wg_fp16 multiplies maps 64 ..." before
+    assert steps["depthwise"].implementation == f"conv.reference.{precision}+clip0_6"  # FP32, "wg_fp16 takes fewer than 32 maps ..." before
     assert all(step.precision == precision for step in steps.values())
     x = np.random.default_rng(7).standard_normal((4, 3, 12, 12)).astype(np.float32)
     exact = Runner(mobilenet_block, 4, "cpu").run({"x": x}).outputs["y"]

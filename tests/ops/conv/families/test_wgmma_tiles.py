@@ -1,7 +1,7 @@
 """conv_wgmma's blocks take the output tiles in turn (unsplit, a block an SM: persistent), and its channel-last
 rewrite tiles narrow images (a stem's 3 channels, padded to 8) with fewer channels a block. CPU: the rewrite's
 tile. GPU: a grid of three blocks, each taking many tiles, writes bit for bit what a grid of a block a tile
-writes, for every wg family, a linked Y (the staged stores) and a stem; and that output is the Conv."""
+writes, for every wg family, a linked Y (the staged stores), a stem and a narrow map tile; and that output is the Conv."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +19,10 @@ from opplugin.ops.conv.families.channel_last import OUTPUT
 ADD_RELU = Epilogue("Relu", residual=True)
 WIDE = conv(4, 64, 128, (20, 20), (1, 1))  # 1,600 pixels: 13 to 25 pixel tiles, one or two map tiles
 STEM = conv(3, 3, 64, (60, 60), (7, 7), pads=(3, 3, 3, 3), strides=(2, 2))  # 2,700 pixels: 22 tiles
-CASES = [("wg_3xtf32", "WIDE", 0), ("wg_fp16", "WIDE", 0), ("wg_bf16", "WIDE", OUTPUT), ("wg_fp16", "STEM", OUTPUT)]
+NARROW = conv(4, 64, 64, (20, 20), (3, 3), pads=(1, 1, 1, 1), group=4)  # 16 maps a group: a 16-map tile, 52 or 100 tiles
+SHAPES = {"WIDE": WIDE, "STEM": STEM, "NARROW": NARROW}
+CASES = [("wg_3xtf32", "WIDE", 0), ("wg_fp16", "WIDE", 0), ("wg_bf16", "WIDE", OUTPUT), ("wg_fp16", "STEM", OUTPUT),
+         ("wg_fp16", "NARROW", OUTPUT), ("wg_bf16", "NARROW", 0)]
 # the relative L2 error against float64 each family stays within on these layers (a half format's roundoff)
 BOUND = {"wg_3xtf32": 1e-5, "wg_fp16": 1e-2, "wg_bf16": 5e-2}
 
@@ -37,7 +40,7 @@ def test_a_few_blocks_taking_the_tiles_in_turn_write_what_a_block_a_tile_writes(
 
     if not families.FAMILIES[name].runs_here():
         pytest.skip("wgmma needs an sm_90 GPU")
-    spec = {"WIDE": WIDE, "STEM": STEM}[spec_name]
+    spec = SHAPES[spec_name]
     config = pipelined.with_split(families.configure(spec, name, ADD_RELU), 1)
     config = dataclasses.replace(config, links=links) if links else config
     seed, x, w, b, r = draw(spec, residual=True)

@@ -43,8 +43,7 @@
 // a block takes every (x*y)-th output tile, so that a block an SM runs them all (persistent), its producers
 // copying the next tile's first slices during this one's epilogue; dynamic shared memory (STAGES * PARTS *
 // (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS), and with Y_CHANNEL_LAST
-// BN * STAGED_ROW more for the staged stores (8 rows of STAGED_ROW halves a consumer warp; 16 with a residual
-// R_CHANNEL_LAST). With KSLICES > 1 the partial sums go to `partial` and
+// 2 * BN * STAGED_ROW more for the staged stores (16 rows of STAGED_ROW halves a consumer warp). With KSLICES > 1 the partial sums go to `partial` and
 // conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
@@ -285,14 +284,14 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
 // The tile's outputs into a channel-last y in the format (a linked Y), through shared memory: a pixel's maps
 // are contiguous there, but a lane holds two neighbouring maps of each of eight maps' runs, eight pixels
 // apart, so storing from registers would write 4 bytes to each of eight 32-byte sectors an instruction.
-// Each consumer warp instead stages 8 pixels x BM maps at a time in its own rows of `staging` (past the
-// stages: the producers are filling those with the next tile's slices meanwhile), then stores whole 16-byte
-// pieces of each pixel's run of maps. Needs a group's maps a multiple of 8 (the plan links no other Y).
+// Each consumer warp instead stages its 16 pixels x BM maps in its own rows of `staging` (past the stages:
+// the producers are filling those with the next tile's slices meanwhile), then stores whole 16-byte pieces of
+// each pixel's run of maps. Needs a group's maps a multiple of 8 (the plan links no other Y).
 //
-// A residual operand in the same layout comes in the same rows, all 16 of the warp's pixels at once and
-// before the tile's slices are multiplied (prefetch_residual): loaded 8 rows at a time after them, each warp
-// had 2 KB in flight and waited for it (ncu on ResNet-50's 1x1 64->256 + Add at 56x56 in FP16, in the model:
-// 1 TB/s of DRAM, half the consumers' stalls on those loads).
+// A residual operand in the same layout comes in the same rows, before the tile's slices are multiplied
+// (prefetch_residual): loaded 8 rows at a time after them, each warp had 2 KB in flight and waited for it
+// (ncu on ResNet-50's 1x1 64->256 + Add at 56x56 in FP16, in the model: 1 TB/s of DRAM, half the stall
+// cycles waits on global loads).
 //
 // Halves a staged row. A store of the accumulators puts lane (g, t)'s value in word g * STAGED_ROW / 2 + t (+ 4j
 // for n8 block j, the same for every lane), so the warp's 32 stores fall in 32 banks where STAGED_ROW / 2 is 4
@@ -305,16 +304,14 @@ constexpr int STAGED_ROW = BM + 8 + BM % 16;
 constexpr int ROW_PIECES = BM / 8;  // 16-byte pieces of a pixel's maps in the tile
 #if RESIDUAL && defined(R_CHANNEL_LAST)
 #define PREFETCHED_RESIDUAL 1
-constexpr int STAGED_PIXELS = 16;  // a warp's rows: all its pixels, the residual's
 #else
 #define PREFETCHED_RESIDUAL 0
-constexpr int STAGED_PIXELS = 8;  // a warp's rows: half its pixels at a time
 #endif
 
 // This consumer warp's staged rows
 __device__ __forceinline__ unsigned short* warp_rows(unsigned short* staging)
 {
-    return staging + (threadIdx.x - NTHREADS) / 32 * STAGED_PIXELS * STAGED_ROW;
+    return staging + (threadIdx.x - NTHREADS) / 32 * 16 * STAGED_ROW;
 }
 
 #if PREFETCHED_RESIDUAL
@@ -338,50 +335,74 @@ __device__ __forceinline__ void prefetch_residual(const residual_t* __restrict__
 }
 #endif
 
+// stmatrix (x2): lanes 0-15 give the addresses of 16 staged rows; each lane's two registers are its pair of two
+// 8 x 8 matrices, rows 0-7 and 8-15, as the accumulators lie (row lane / 4, columns 2 (lane % 4) and one more)
+__device__ __forceinline__ void store_matrix_pair(unsigned short* row, unsigned int upper0, unsigned int upper1)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};\n" ::"r"((unsigned int)__cvta_generic_to_shared(row)),
+                 "r"(upper0), "r"(upper1) : "memory");
+}
+
+// ldmatrix (x2), the other way
+__device__ __forceinline__ uint2 load_matrix_pair(const unsigned short* row)
+{
+    uint2 pair;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(pair.x), "=r"(pair.y)
+                 : "r"((unsigned int)__cvta_generic_to_shared(row)) : "memory");
+    return pair;
+}
+
+// The warp's 16 pixels x BM maps go through its staged rows an 8-map block at a time: the residual's pairs out
+// (ldmatrix), the outputs' pairs in (stmatrix), packed in the format two at a time; then whole 16-byte pieces
+// of each pixel's maps go to y. Value by value (a two-byte shared load and store each, the NaN check on the value
+// converted back), the epilogue of ResNet-50's 1x1 64->256 + Add in FP16 had 20 instructions a pair of outputs.
 __device__ __forceinline__ void store_channel_last(const float* acc, const MapBias& bias, unsigned short* staging,
                                                    const residual_t* __restrict__ r, output_t* __restrict__ y, unsigned char* nonfinite, int col0, int m0,
                                                    int total, int map_end)
 {
     const int lane = threadIdx.x % 32;
-    const int g = lane / 4;
-    const int t = lane % 4;
+    const int first = col0 + (threadIdx.x - NTHREADS) / 32 * 16;  // the pixel of staged row 0
+    unsigned short* rows = warp_rows(staging);
+    unsigned short* lane_row = rows + lane % 16 * STAGED_ROW;  // the row whose address this lane gives
+    const bool pixel_inside[2] = {first + lane / 4 < total, first + lane / 4 + 8 < total};  // this lane's pixels
+    bool flagged = false;
 #if PREFETCHED_RESIDUAL
     wait_copies<0>();
     __syncwarp();
 #endif
 #pragma unroll
-    for (int upper = 0; upper < 2; ++upper) {
-        const int first = col0 + (threadIdx.x - NTHREADS) / 32 * 16 + 8 * upper;  // the pixel of staged row 0
-        unsigned short* rows = warp_rows(staging) + (PREFETCHED_RESIDUAL ? 8 * upper * STAGED_ROW : 0);
-        const int col = first + g;
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int m = m0 + 8 * j + 2 * t + q;
-                unsigned short* at = rows + g * STAGED_ROW + 8 * j + 2 * t + q;
-                if (col >= total || m >= map_end)
-                    continue;
-                const int i = 4 * j + 2 * upper + q;
+    for (int j = 0; j < BM / 8; ++j) {
+        const bool maps_inside = m0 + 8 * j < map_end;  // a group's maps come 8 at a time
+        unsigned int pair[2];
 #if PREFETCHED_RESIDUAL
-                const float res = half_value<R_CHANNEL_LAST>(*at);
-#else
-                const float res = residual_of(r, col, m);  // 0 without RESIDUAL
+        const uint2 residual = load_matrix_pair(lane_row + 8 * j);
 #endif
-                const output_t out = stored(finish_output(acc[i] + bias.of(i), res));
-                *at = out;
-                flag_nonfinite(nonfinite, stored_value(out));
-            }
+#pragma unroll
+        for (int upper = 0; upper < 2; ++upper) {
+            const int i = 4 * j + 2 * upper;  // the accumulators of maps 8j + 2 (lane % 4) and one more
+#if PREFETCHED_RESIDUAL
+            const unsigned int bits = upper ? residual.y : residual.x;
+            const float r0 = half_value<R_CHANNEL_LAST>((unsigned short)bits), r1 = half_value<R_CHANNEL_LAST>((unsigned short)(bits >> 16));
+#else
+            const int col = first + lane / 4 + 8 * upper, m = m0 + 8 * j + 2 * (lane % 4);
+            const bool read = pixel_inside[upper] && maps_inside;
+            const float r0 = read ? residual_of(r, col, m) : 0.0f, r1 = read ? residual_of(r, col, m + 1) : 0.0f;  // 0 without RESIDUAL
+#endif
+            pair[upper] = half_pair_bits<Y_CHANNEL_LAST>(finish_output(acc[i] + bias.of(i), r0), finish_output(acc[i + 1] + bias.of(i + 1), r1));
+            flagged |= pixel_inside[upper] && maps_inside && half_pair_nonfinite<Y_CHANNEL_LAST>(pair[upper]);
         }
-        __syncwarp();
-        for (int piece = lane; piece < 8 * ROW_PIECES; piece += 32) {
-            const int row = piece / ROW_PIECES, m = m0 + piece % ROW_PIECES * 8;
-            if (first + row < total && m < map_end)
-                *reinterpret_cast<uint4*>(y + channel_last_at(first + row, m)) =
-                    *reinterpret_cast<const uint4*>(rows + row * STAGED_ROW + piece % ROW_PIECES * 8);
-        }
-        __syncwarp();
+        store_matrix_pair(lane_row + 8 * j, pair[0], pair[1]);
     }
+    if (flagged && nonfinite != nullptr)
+        *nonfinite = 1;
+    __syncwarp();
+    for (int piece = lane; piece < 16 * ROW_PIECES; piece += 32) {
+        const int row = piece / ROW_PIECES, m = m0 + piece % ROW_PIECES * 8;
+        if (first + row < total && m < map_end)
+            *reinterpret_cast<uint4*>(y + channel_last_at(first + row, m)) =
+                *reinterpret_cast<const uint4*>(rows + row * STAGED_ROW + piece % ROW_PIECES * 8);
+    }
+    __syncwarp();
 }
 #endif
 

@@ -97,10 +97,9 @@ class WgmmaHalfConfig(WgmmaGemmConfig):
     value_bytes = 2
 
     def shared_bytes(self) -> int:
-        """The stages, and where Y is linked each consumer warp's staged rows of `staged_row` halves (conv_wgmma.cu's
-        store_channel_last), BN / 16 warps: 8 rows, or with a linked residual 16 (the warp's pixels, prefetched)."""
-        staged_halves = 2 if self.links & RESIDUAL else 1  # of the warp's 16 pixels
-        staging = self.bn * staged_halves * staged_row(self.bm) if self.links & OUTPUT else 0
+        """The stages, and where Y is linked each consumer warp's 16 staged rows (its pixels) of `staged_row` halves
+        (conv_wgmma.cu's store_channel_last), BN / 16 warps."""
+        staging = 2 * self.bn * staged_row(self.bm) if self.links & OUTPUT else 0
         return super().shared_bytes() + staging
 
 

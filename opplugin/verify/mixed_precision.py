@@ -2,7 +2,7 @@
 must stay in FP32 for a model run in FP16 to keep within the budget against float64, and says why each; `run` and
 `plan --precision mixed` keep the steps that compute them in FP32 (MixedPlan.keep_fp32, plan/precision.py).
 
-On the emulation of precision_cost.py (opplugin does not run whole models in FP16 yet). The nodes are ranked by
+On the emulation of precision_cost.py, where each node's own FP16 error can be told apart. The nodes are ranked by
 their own FP16 error (each alone on the exact inputs); the first k of that ranking run in FP32, the rest in FP16,
 and a binary search over k finds the fewest that meet the budget: a greedy choice along the ranking, not a search
 over every assignment, and "fewest nodes" stands in for "fastest" until there are kernels to time. Where FP16
@@ -145,7 +145,7 @@ def plan_mixed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: Bud
 
 def format_text(plan: MixedPlan) -> str:
     lines = [f"Mixed precision for {plan.model} on {plan.batch} images: FP16 wherever the outputs keep within the budget",
-             f"({plan.budget} against float64), FP32 elsewhere. Emulated, as opplugin does not run whole models in FP16 yet:",
+             f"({plan.budget} against float64), FP32 elsewhere. Emulated, so that each node's own share shows:",
              "an FP16 node rounds every float tensor it reads and writes, and computes in FP32.", "",
              f"Every node in FP16: {errors_text(plan.low_outputs)}." if not plan.in_fp32_anyway else
              f"Every node the run can lower in FP16, {plan.in_fp32_anyway} more in FP32 (the run has no FP16 kernel for them): "

@@ -1,8 +1,8 @@
 """What reduced precision costs a model in accuracy, node by node, against float64: `check --precision
 tf32|fp16|bf16`.
 
-opplugin does not run whole models in these precisions yet (its FP16, BF16 and TF32 Conv families are
-opt-in, for single layers), so the cost is measured on an emulation. FP16 and BF16: every float tensor a
+The cost is measured on an emulation, so that each node's own share can be told apart from what reaches
+it (`run --precision` runs the model on the format's kernels and checks its outputs). FP16 and BF16: every float tensor a
 node reads or writes (inputs, weights, results) is rounded to the format, and the arithmetic inside the
 node stays FP32, as a tensor-core kernel that stores half precision and accumulates in FP32 computes, up
 to the order of its sums. TF32: tensors stay FP32,
@@ -192,8 +192,8 @@ def output_error(got: np.ndarray, exact: np.ndarray) -> dict[str, float | None]:
 
 def format_text(cost: PrecisionCost) -> str:
     fmt = cost.precision.upper()
-    lines = [f"{fmt} cost of {cost.model} on {cost.batch} images, against float64. Emulated, as opplugin does not run whole",
-             f"models in {fmt} yet: {HOW[cost.precision]}. Rounding to {fmt}",
+    lines = [f"{fmt} cost of {cost.model} on {cost.batch} images, against float64. Emulated, so that each node's own",
+             f"share shows (run --precision {cost.precision} runs the kernels): {HOW[cost.precision]}. Rounding to {fmt}",
              f"moves a value by at most {UNIT_ROUNDOFF[cost.precision]:.1e} of itself: a node's own error near that is the format's, "
              "above it the node's.", ""]
     for name, error in cost.outputs.items():

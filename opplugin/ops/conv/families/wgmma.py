@@ -54,6 +54,10 @@ TRANSPOSE_VALUES = 1024  # a tile's values: four for each of the block's 256 thr
 # blocks of 128 x 128: 1.5 waves) 0.120 on 128 x 64 tiles against 0.132, and 0.132 split 2.
 LONG_K = 2048
 HOPPER = "sm_90"  # the one architecture wgmma's code (sm_90a) runs on
+# Up to this many window taps (3x3, 1x1) a producer works out once which taps of each of its pixels' windows lie
+# inside the image, a bit each (TAP_MASK); for a wider window each copy tests its own tap instead: a 7x7 stem's
+# 49-bit masks, held a pixel, spilled the producers of a 512-thread block (40 bytes on wg_fp16_b64x128x64_s4).
+MASKED_TAPS = 9
 WARPGROUP = 128
 PIXELS_PER_WARPGROUP = 64  # a wgmma's M
 
@@ -185,6 +189,7 @@ class WgmmaGemm(PipelinedGemm):
 
     def compile_units(self, spec, config, epilogue=NONE):
         defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, config.splits) | {
+            "TAP_MASK": int(masks_window(spec)),
             "BM": config.bm,
             "BN": config.bn,
             "BK": config.bk,
@@ -302,6 +307,11 @@ class WgmmaBf16Gemm(WgmmaHalfGemm):
     summary = "wg_fp16 in BF16 (not exact; what --precision bf16 runs, sm_90 alone): FP32's range, an 8-bit mantissa"
     expected_relative_error = 2e-3
     max_relative_error = 1e-2
+
+
+def masks_window(spec: ConvSpec) -> bool:
+    """Whether the producers keep a bit per window tap (MASKED_TAPS), rather than test each copy's tap."""
+    return spec.kernel[0] * spec.kernel[1] <= MASKED_TAPS
 
 
 def split_channels(channels: int) -> int:

@@ -7,7 +7,8 @@ A block's producer warpgroups copy each slice into shared memory, its consumer w
 and small TF32 parts and K-major: the weights rearranged once, at build time, so that a slice is
 one window tap's 32 channels (`split_weights`), and the image rewritten channel-last before each
 call (conv_split_channel_last). So a group's input channels must be a multiple of 32, and the
-weights constant (initializers).
+weights constant (initializers). Any window: a copy is zeros where its tap lies outside the image, which the
+producers read from a bit per tap of each pixel's window up to 3x3 (MASKED_TAPS) and test tap by tap past it.
 
 `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>[_k<K>]`: BM maps (one wgmma's N: 64 or 128) x BN pixels of the
 batch a block, BK the K depth of a slice (32: one 128-byte line a row), S slices staged; `_k<K>`
@@ -37,7 +38,7 @@ from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
 from .channel_last import INPUT, OUTPUT, RESIDUAL, LinkedTensors, link_defines, links_reason, possible_links
 from .gemm import k_dim
-from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
+from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
 
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
@@ -146,6 +147,7 @@ class WgmmaGemm(PipelinedGemm):
     stages = STAGES
     half_format = 0  # 1 FP16, 2 BF16: the kernel's HALF_OPERANDS; 0 3xTF32
     pads_channels = False  # takes groups of whole quads of channels, one group of any count (padded)
+    tap_table = False  # the producers work out each copy's tap from its place in K: any window
 
     def reason(self, spec, config, epilogue):
         channels = spec.in_channels // spec.group
@@ -156,8 +158,6 @@ class WgmmaGemm(PipelinedGemm):
         elif channels % self.slice_depth:
             return (f"{self.name} reads a group's input channels {self.slice_depth} at a time from a channel-last copy; "
                     f"this Conv has {channels} a group")
-        if not masks_taps(spec):
-            return f"{self.name} keeps a bit per window tap; a {spec.kernel[0]}x{spec.kernel[1]} window has too many"
         return super().reason(spec, config, epilogue)
 
     def tile_config(self, tile, splits=1):

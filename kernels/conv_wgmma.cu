@@ -35,7 +35,7 @@
 // work of 3xTF32.
 //
 // Macros: the shape macros, BM, BN (a multiple of 64), BK (32; 64 with HALF_OPERANDS), STAGES, KSLICES,
-// TAP_MASK (1), KPAD, PROLOGUE, HALF_OPERANDS, CP (a one-group Conv's channels padded to a quad; C), and with
+// TAP_MASK (PixelCopies), KPAD, PROLOGUE, HALF_OPERANDS, CP (a one-group Conv's channels padded to a quad; C), and with
 // HALF_OPERANDS Y_CHANNEL_LAST and R_CHANNEL_LAST (conv_implicit_tiles.cuh: y or the residual kept channel-last
 // in the format). Launch conv_split_channel_last first (see there; not where X already is the channel-last image
 // in the format, as a linked half Conv step wrote it: then x_big is X itself), then conv_wgmma: block (BN *
@@ -68,7 +68,6 @@
 #endif
 
 static_assert(CGP % QUAD_VALUES == 0 && CGP >= CG && (CP == C || G == 1), "a 16-byte quad is channels of one window tap");
-static_assert(TAP_MASK, "a bit per window tap");
 
 // The prologue on an image value of channel c of image n (conv_implicit_tiles.cuh says which;
 // prologue_b_slice there applies the same arithmetic to the NCHW gather).
@@ -159,12 +158,18 @@ struct WeightCopies {
 // This thread's image copies: eight consecutive threads on a pixel's eight quads of the slice (each
 // quad QUAD_VALUES channels of one tap: a slice spans taps where a group has fewer channels than it
 // holds), pixels NTHREADS / 8 apart; where each of its pixels' windows lies in the channel-last
-// image, and which of their taps lie inside it, worked out once.
+// image worked out once, and with TAP_MASK which of their taps lie inside it. Without (a window
+// wider than 3x3), each copy tests its own tap against the image instead: a 7x7 stem's 49-bit
+// masks, held a pixel, spilled the 56 registers a 512-thread block's producers get.
 struct PixelCopies {
     static constexpr int PIXEL_STEP = NTHREADS / QUADS;
     static constexpr int TURNS = BN / PIXEL_STEP;
     long long origin[TURNS];  // (image, ih0, iw0, the group's channel 0); ih0, iw0 may be negative (pads)
+#if TAP_MASK
     TapBits inside[TURNS];    // bit kh*KW + kw: that tap of the pixel's window lies inside the image
+#else
+    int ih0s[TURNS], iw0s[TURNS];  // the window's first row and column; ih0 H past the batch: no tap inside
+#endif
     int quad, first_pixel;
 
     __device__ __forceinline__ PixelCopies(int col0, int total, int group) : quad(threadIdx.x % QUADS), first_pixel(threadIdx.x / QUADS)
@@ -178,6 +183,7 @@ struct PixelCopies {
             const int ih0 = (p / OW) * SH - PH;
             const int iw0 = (p % OW) * SW - PW;
             origin[turn] = ((long long)(n * H + ih0) * W + iw0) * CP + group * CGP;
+#if TAP_MASK
             TapBits bits = 0;
 #pragma unroll
             for (int j = 0; j < KH * KW; ++j) {
@@ -185,6 +191,10 @@ struct PixelCopies {
                 bits |= (TapBits)(in && live) << j;
             }
             inside[turn] = bits;
+#else
+            ih0s[turn] = live ? ih0 : H;
+            iw0s[turn] = iw0;
+#endif
         }
     }
 
@@ -198,7 +208,12 @@ struct PixelCopies {
         const long long offset = ((long long)(kh * DH) * W + (tap - kh * KW) * DW) * CP + (k - tap * CGP);
 #pragma unroll
         for (int turn = 0; turn < TURNS; ++turn) {
+#if TAP_MASK
             const bool valid = in_k && ((inside[turn] >> tap) & 1);
+#else
+            const bool valid = in_k && (unsigned)(ih0s[turn] + kh * DH) < (unsigned)H &&
+                               (unsigned)(iw0s[turn] + (tap - kh * KW) * DW) < (unsigned)W;
+#endif
             const long long from = valid ? origin[turn] + offset : 0;
             const int to = SWIZZLED_AT(first_pixel + turn * PIXEL_STEP, quad * QUAD_VALUES);
             copy_quad(stage + PARTS * A_STAGE + to, x_big + from, valid);

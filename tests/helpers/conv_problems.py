@@ -36,6 +36,8 @@ CASES = {
     "c32_stride2_odd_pads_m70": conv(3, 32, 70, (17, 23), (3, 3), strides=(2, 2), pads=(1, 0, 2, 1)),
     "c64_group2_dilation2": conv(2, 64, 40, (13, 11), (3, 3), pads=(2, 2, 2, 2), dilations=(2, 2), group=2),
     "c64_pointwise_odd_pixels": conv(3, 64, 48, (7, 9), (1, 1)),
+    # a window past 3x3, whose taps wg_3xtf32's copies test one by one (and past tc_3xtf32's bit a tap), odd pads
+    "c32_11x11_stride2_odd_pads_m70": conv(2, 32, 70, (17, 19), (11, 11), strides=(2, 1), pads=(5, 4, 3, 5)),
 }
 
 

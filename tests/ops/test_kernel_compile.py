@@ -11,7 +11,8 @@ Two kinds of compile:
 - the build CuPy makes (full optimisation) for sm_90, Hopper, the target, wherever a
   test reads resources: no spills, no stack frame. That is every constant-memory family
   on every shape class, the heuristic's pick for each shipped step, the tensor-core and
-  SIMT GEMMs and the half-precision depthwise kernels on real CNN layers, the residual and
+  SIMT GEMMs and the half-precision depthwise kernels on real CNN layers, the wgmma GEMMs on
+  windows wider than 3x3 (the ResNet stem's among them), the residual and
   activation epilogues, the explicit map groups, every Gemm configuration and every pool.
 - NVRTC's fast-compile mode (compile_cache.FAST_OPTIONS: the same source and macros
   through the front end and ptxas, less optimisation), where a test checks only that
@@ -404,6 +405,8 @@ def compile_jobs():
                     yield from _units_jobs(spec, variant, arch, fast=variant not in compile_cache.CONSTANT_FAMILIES)
     for layer, batch, config, arch in CNN_REPRESENTATIVES:
         yield from _units_jobs(_case_spec(layer, batch), config, arch)
+    for layer, config in WIDE_WINDOW_CASES:
+        yield from _units_jobs(WIDE_WINDOW_SPECS[layer], config, "sm_90")
     for name, batch, config, arch in CNN_DEPTHWISE_CASES:
         yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
     for name, config, arch, full in CNN_HALF_DEPTHWISE_CASES:
@@ -553,6 +556,37 @@ LONG_K_CASES = [
     for family in ("tc_3xtf32", "simt_gemm")  # conv_wgmma.cu has no tap table
     for arch in archs
 ]
+
+
+# The wg families on windows wider than 3x3, where each producer copy tests its own tap against the image (TAP_MASK 0):
+# the ResNet stem on every tile in FP16 and on the 128-pixel one with Y linked in BF16 (ptxas spilled 4 to 40 bytes of
+# the 49-bit tap masks the producers held, 56 registers each at 512 threads a block), wg_3xtf32's 512-thread tiles on
+# a 7x7 window over 64 channels, and an 11x11 window (past a bit a tap) over 64 channels: each family's pick and an
+# 8-way K split.
+WIDE_WINDOW_SPECS = {
+    "stem 7x7": CNN_SPECS["resnet stem 3->64 7x7 s2 224"],
+    "7x7x64": conv(32, 64, 64, (56, 56), (7, 7), pads=(3, 3, 3, 3)),
+    "11x11x64": conv(32, 64, 64, (56, 56), (11, 11), pads=(5, 5, 5, 5)),
+}
+WIDE_WINDOW_CASES = [
+    *(("stem 7x7", f"wg_fp16_b{bm}x{bn}x64_s4") for bm, bn in wgmma.TILES),
+    ("stem 7x7", "wg_bf16_b64x128x64_s4_h2"),
+    ("7x7x64", "wg_3xtf32_b64x128x32_s3"),
+    ("7x7x64", "wg_3xtf32_b128x128x32_s3"),
+    *(("11x11x64", families.configure(WIDE_WINDOW_SPECS["11x11x64"], family).name()) for family in ("wg_fp16", "wg_3xtf32")),
+    ("11x11x64", "wg_fp16_b128x128x64_s4_k8"),
+    ("11x11x64", "wg_3xtf32_b64x128x32_s3_k8"),
+]
+
+
+@pytest.mark.parametrize(("layer", "config"), WIDE_WINDOW_CASES)
+def test_wgmma_producers_test_each_copys_tap_on_wide_windows_without_spills(layer, config):
+    spec = WIDE_WINDOW_SPECS[layer]
+    assert families.unsupported_reason(spec, config, _ones(spec)) is None
+    assert {unit.defines["TAP_MASK"] for unit in nvrtc_check.variant_units(spec, config)} == {0}
+    for usage in compile_cache.check_variant(spec, config, "sm_90"):
+        assert usage.arch == "sm_90a"
+        compile_cache.assert_no_local_memory(usage)
 
 
 @pytest.mark.parametrize(("layer", "batch", "config"), WGMMA_REPRESENTATIVES)

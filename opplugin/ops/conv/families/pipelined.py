@@ -199,6 +199,7 @@ class PipelinedGemm(Family):
     fuses = True  # bias, a residual Add and an activation; not the max pool
     takes_prologue = True  # a scale or affine + activation on each B value it loads (prologue_b_slice)
     split = False  # 3xTF32: each operand split into two TF32 parts (an infinite input turns into NaN)
+    tap_table = True  # B's taps from the __constant__ table (`tap_table`); conv_wgmma.cu works them out itself
     tiles: dict[tuple[int, int], Any] = {}
 
     def tile_config(self, tile: tuple[int, int], splits: int = 1) -> PipelinedConfig:
@@ -210,7 +211,7 @@ class PipelinedGemm(Family):
             return f"{self.name}: a depthwise Conv is a GEMM of K = {k_dim(spec)} per map; the depthwise family runs it"
         if epilogue.pool:
             return f"{self.name} fuses the bias, a residual Add and an activation, not a max pool"
-        if taps_by_channel(spec) and not masks_taps(spec):
+        if self.tap_table and taps_by_channel(spec) and not masks_taps(spec):
             return (f"K = {k_dim(spec)} exceeds the {TAP_TABLE_ROWS}-row tap table, and a window of {np.prod(spec.kernel)} "
                     f"taps is too wide to read them by channel (the kernel spills)")
         if spec.in_channels // spec.group * spec.in_size[0] * spec.in_size[1] >= 2**31:

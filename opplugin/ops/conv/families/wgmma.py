@@ -7,7 +7,8 @@ A block's producer warpgroups copy each slice into shared memory, its consumer w
 and small TF32 parts and K-major: the weights rearranged once, at build time, so that a slice is
 one window tap's 32 channels (`split_weights`), and the image rewritten channel-last before each
 call (conv_split_channel_last). So a group's input channels must be a multiple of 32, and the
-weights constant (initializers).
+weights constant (initializers). Any window: a copy is zeros where its tap lies outside the image, which the
+producers read from a bit per tap of each pixel's window up to 3x3 (MASKED_TAPS) and test tap by tap past it.
 
 `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>[_k<K>]`: BM maps (one wgmma's N: 64 or 128) x BN pixels of the
 batch a block, BK the K depth of a slice (32: one 128-byte line a row), S slices staged; `_k<K>`
@@ -37,7 +38,7 @@ from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
 from .channel_last import INPUT, OUTPUT, RESIDUAL, LinkedTensors, link_defines, links_reason, possible_links
 from .gemm import k_dim
-from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, masks_taps, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
+from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
 
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
@@ -54,6 +55,10 @@ TRANSPOSE_VALUES = 1024  # a tile's values: four for each of the block's 256 thr
 # blocks of 128 x 128: 1.5 waves) 0.120 on 128 x 64 tiles against 0.132, and 0.132 split 2.
 LONG_K = 2048
 HOPPER = "sm_90"  # the one architecture wgmma's code (sm_90a) runs on
+# Up to this many window taps (3x3, 1x1) a producer works out once which taps of each of its pixels' windows lie
+# inside the image, a bit each (TAP_MASK); for a wider window each copy tests its own tap instead: a 7x7 stem's
+# 49-bit masks, held a pixel, spilled the producers of a 512-thread block (40 bytes on wg_fp16_b64x128x64_s4).
+MASKED_TAPS = 9
 WARPGROUP = 128
 PIXELS_PER_WARPGROUP = 64  # a wgmma's M
 
@@ -141,6 +146,7 @@ class WgmmaGemm(PipelinedGemm):
     stages = STAGES
     half_format = 0  # 1 FP16, 2 BF16: the kernel's HALF_OPERANDS; 0 3xTF32
     pads_channels = False  # takes groups of whole quads of channels, one group of any count (padded)
+    tap_table = False  # the producers work out each copy's tap from its place in K: any window
 
     def reason(self, spec, config, epilogue):
         channels = spec.in_channels // spec.group
@@ -151,8 +157,6 @@ class WgmmaGemm(PipelinedGemm):
         elif channels % self.slice_depth:
             return (f"{self.name} reads a group's input channels {self.slice_depth} at a time from a channel-last copy; "
                     f"this Conv has {channels} a group")
-        if not masks_taps(spec):
-            return f"{self.name} keeps a bit per window tap; a {spec.kernel[0]}x{spec.kernel[1]} window has too many"
         return super().reason(spec, config, epilogue)
 
     def tile_config(self, tile, splits=1):
@@ -184,6 +188,7 @@ class WgmmaGemm(PipelinedGemm):
 
     def compile_units(self, spec, config, epilogue=NONE):
         defines = shape_defines(spec, epilogue) | tiles_header_defines(spec, config.splits) | {
+            "TAP_MASK": int(masks_window(spec)),
             "BM": config.bm,
             "BN": config.bn,
             "BK": config.bk,
@@ -301,6 +306,11 @@ class WgmmaBf16Gemm(WgmmaHalfGemm):
     summary = "wg_fp16 in BF16 (not exact; what --precision bf16 runs, sm_90 alone): FP32's range, an 8-bit mantissa"
     expected_relative_error = 2e-3
     max_relative_error = 1e-2
+
+
+def masks_window(spec: ConvSpec) -> bool:
+    """Whether the producers keep a bit per window tap (MASKED_TAPS), rather than test each copy's tap."""
+    return spec.kernel[0] * spec.kernel[1] <= MASKED_TAPS
 
 
 def split_channels(channels: int) -> int:

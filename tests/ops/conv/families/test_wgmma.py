@@ -52,8 +52,21 @@ def test_it_takes_groups_of_32_channels_and_constant_weights():
     grouped = conv(2, 128, 64, (14, 14), (3, 3), group=2)
     assert families.unsupported_reason(grouped, "wg_3xtf32", ones(grouped)) is None
     assert "not constant" in families.unsupported_reason(VGG_512, "wg_3xtf32", None)
-    wide = conv(2, 32, 32, (14, 14), (8, 8))  # 64 taps: past a bit each
-    assert "too many" in families.unsupported_reason(wide, "wg_3xtf32", ones(wide))
+
+
+def test_windows_of_up_to_nine_taps_keep_a_bit_a_tap_and_wider_ones_test_each_copys_tap():
+    """A producer keeps a bit per tap of each pixel's window up to 3x3 (TAP_MASK, the code it always had); past
+    that, each copy tests its own tap against the image (a 7x7 stem's 49-bit masks spilled), so any window runs."""
+    for kernel, masks in (((1, 1), 1), ((3, 3), 1), ((1, 7), 1), ((3, 5), 0), ((7, 7), 0), ((8, 8), 0), ((11, 11), 0)):
+        spec = conv(2, 32, 64, (23, 21), kernel)
+        for name in ("wg_3xtf32", "wg_fp16"):
+            assert families.unsupported_reason(spec, name, ones(spec)) is None, (kernel, name)
+            assert {unit.defines["TAP_MASK"] for unit in families.compile_units(spec, name)} == {masks}, (kernel, name)
+    # K past tc_3xtf32's 8192-row __constant__ tap table with a window too wide to read it by channel: conv_wgmma.cu
+    # has no table
+    wide = conv(2, 128, 64, (28, 28), (11, 11), pads=(5, 5, 5, 5))
+    assert "tap table" in families.unsupported_reason(wide, "tc_3xtf32", ones(wide))
+    assert families.unsupported_reason(wide, "wg_3xtf32", ones(wide)) is None
 
 
 def test_weights_are_rearranged_tap_major_and_split_exactly():

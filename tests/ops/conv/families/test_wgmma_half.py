@@ -44,6 +44,9 @@ SPECS = {
     "deep_k_c512": conv(1, 512, 64, (7, 7), (3, 3), pads=(1, 1, 1, 1)),  # a K split
     # fewer channels a group than a slice holds: a slice spans taps, the last one partly past K
     "stem_c3_7x7_stride2": conv(2, 3, 64, (40, 36), (7, 7), pads=(3, 3, 3, 3), strides=(2, 2)),  # padded to 8 channels
+    "stem_c3_11x11_stride4": conv(2, 3, 64, (47, 51), (11, 11), pads=(2, 2, 2, 2), strides=(4, 4)),  # 8 taps a slice
+    # windows past 3x3: each producer copy tests its own tap against the image (the stems too); odd pads, a K split
+    "11x11_c64_odd_pads": conv(1, 64, 64, (15, 13), (11, 11), pads=(5, 4, 6, 5)),
     "3x3_c96": conv(2, 96, 40, (11, 13), (3, 3), pads=(1, 1, 1, 1)),  # a tap and a half a slice
     "1x1_c24": conv(3, 24, 144, (9, 9), (1, 1)),  # K = 24: one slice, 40 of its k past K
     "grouped_c32_g2": conv(2, 32, 96, (10, 10), (3, 3), pads=(1, 1, 1, 1), group=2),  # 16 channels, 48 maps a group

@@ -94,7 +94,7 @@ def test_fewer_than_32_maps_a_group_run_in_whole_8_map_blocks_alone_and_link_cha
 
 
 def test_a_staged_row_puts_a_warps_8_rows_in_distinct_banks_and_shared_memory_holds_them():
-    def banks(row_halves: int) -> set[int]:  # lane (g, t)'s banks, n8 block 0 (conv_wgmma.cu's STAGED_ROW)
+    def banks(row_halves: int) -> set[int]:  # the banks of an 8x8 matrix's rows g, words t (stmatrix, ldmatrix; STAGED_ROW)
         return {(g * row_halves // 2 + t) % 32 for g in range(8) for t in range(4)}
 
     for bm in (*wgmma.NARROW_MAPS, 64, 128):
@@ -104,7 +104,7 @@ def test_a_staged_row_puts_a_warps_8_rows_in_distinct_banks_and_shared_memory_ho
     assert len(banks(8 + 8)) == 16 and len(banks(24 + 8)) == 8  # BM + 8 alone: 2 and 4 lanes a bank
     config = wgmma.WgmmaHalfConfig("wg_fp16", (24, 128, 64), wgmma.HALF_STAGES)
     assert config.shared_bytes() == 4 * (24 + 128) * 128 + 4 * 16 + 1024  # 4 stages of 24 weight and 128 pixel 128-byte rows
-    assert dataclasses.replace(config, links=OUTPUT).shared_bytes() - config.shared_bytes() == 8 * 8 * 40 * 2  # 8 warps' 8 rows
+    assert dataclasses.replace(config, links=OUTPUT).shared_bytes() - config.shared_bytes() == 8 * 16 * 40 * 2  # 8 warps' 16 rows
 
 
 # ---- GPU ----

@@ -60,6 +60,22 @@ def run_poisoned(spec, config, epilogue, x, w, b, r=None, scale=None) -> np.ndar
     return got
 
 
+def assert_within_the_formats_bounds(got, spec, epilogue, x, w, b, r, precision: str, context: str) -> None:
+    """A 16-bit configuration's output `got` within the format's per-element bound against float64, and within FP32
+    sums' bound against the same Conv on operands rounded to the format (so the kernel rounds as the format does)."""
+    from opplugin.core.number_formats import round_to
+    from opplugin.lab.format_bound import FormatBound, bound_fraction
+
+    exact = reference.expected(spec, epilogue, x, w, b, r)
+    fraction = bound_fraction(got, exact, FormatBound(precision).per_element(spec, epilogue, x, w, b, r))
+    assert fraction <= 1.0, f"{context}: {fraction:.3g} of the bound"
+    rx, rw = round_to(x, precision), round_to(w, precision)
+    as_rounded = reference.expected(spec, epilogue, rx, rw, b, r)
+    sums_alone = FormatBound(precision, operands_in_format=True).per_element(spec, epilogue, rx, rw, b, r)
+    fraction = bound_fraction(got, as_rounded, sums_alone)
+    assert fraction <= 1.0, f"{context}: {fraction:.3g} of FP32 sums' bound from {precision} operands"
+
+
 def assert_within_the_formats_rule(got, expected, precision: str) -> None:
     """A run in a 16-bit format against onnxruntime's FP32 output: within the rule a run in that precision is held
     to (verify/check.py), and moved by some rounding, as a run that stayed FP32 would not be."""

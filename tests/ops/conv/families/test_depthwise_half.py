@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from family_gpu_checks import assert_within_the_formats_rule, draw
+from family_gpu_checks import assert_within_the_formats_bounds, assert_within_the_formats_rule, draw
 from onnx_builders import conv_spec as conv
 from onnx_builders import save
 from precision_cases import mobilenet_block_model
@@ -202,14 +202,7 @@ def test_each_configuration_is_within_its_formats_bound_and_rounds_as_the_format
     seed, x, w, b, r = draw(spec, residual=epilogue.residual)
     b = b if spec.has_bias else None
     got = run_poisoned(spec, config, epilogue, x, w, b, r)
-    exact = reference.expected(spec, epilogue, x, w, b, r)
-    fraction = bound_fraction(got, exact, FormatBound(precision).per_element(spec, epilogue, x, w, b, r))
-    assert fraction <= 1.0, f"{config}{epilogue.suffix} on {layer} (seed {seed}): {fraction:.3g} of the bound"
-    rx, rw = round_to(x, precision), round_to(w, precision)
-    as_rounded = reference.expected(spec, epilogue, rx, rw, b, r)
-    sums_alone = FormatBound(precision, operands_in_format=True).per_element(spec, epilogue, rx, rw, b, r)
-    fraction = bound_fraction(got, as_rounded, sums_alone)
-    assert fraction <= 1.0, f"{config}{epilogue.suffix} on {layer} (seed {seed}): {fraction:.3g} of FP32 sums' bound from {precision} operands"
+    assert_within_the_formats_bounds(got, spec, epilogue, x, w, b, r, precision, f"{config}{epilogue.suffix} on {layer} (seed {seed})")
 
 
 def as_channel_last_bits(values: np.ndarray, precision: str):

@@ -14,15 +14,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from family_gpu_checks import assert_within_the_formats_rule, draw, run_poisoned
+from family_gpu_checks import assert_within_the_formats_bounds, assert_within_the_formats_rule, draw, run_poisoned
 from onnx_builders import conv_spec as conv
 from onnx_builders import save
 from precision_cases import mobilenet_block_model
 
-from opplugin.core.number_formats import round_to
 from opplugin.graph.model import load_model
-from opplugin.lab.format_bound import FormatBound, bound_fraction
-from opplugin.ops.conv import families, reference
+from opplugin.ops.conv import families
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import pipelined, wgmma
 from opplugin.ops.conv.families.channel_last import ALL_LINKS, INPUT, OUTPUT, RESIDUAL
@@ -133,14 +131,7 @@ def test_each_narrow_configuration_is_within_its_formats_bound_and_rounds_as_the
     seed, x, w, b, r = draw(spec, residual=epilogue.residual)
     assert families.unsupported_reason(spec, config, (w, b), epilogue) is None
     got = run_poisoned(spec, config, epilogue, x, w, b, r)
-    exact = reference.expected(spec, epilogue, x, w, b, r)
-    fraction = bound_fraction(got, exact, FormatBound(precision).per_element(spec, epilogue, x, w, b, r))
-    assert fraction <= 1.0, f"{config}{epilogue.suffix} on {layer} (seed {seed}): {fraction:.3g} of the bound"
-    rx, rw = round_to(x, precision), round_to(w, precision)
-    as_rounded = reference.expected(spec, epilogue, rx, rw, b, r)
-    sums_alone = FormatBound(precision, operands_in_format=True).per_element(spec, epilogue, rx, rw, b, r)
-    fraction = bound_fraction(got, as_rounded, sums_alone)
-    assert fraction <= 1.0, f"{config}{epilogue.suffix} on {layer} (seed {seed}): {fraction:.3g} of FP32 sums' bound from {precision} operands"
+    assert_within_the_formats_bounds(got, spec, epilogue, x, w, b, r, precision, f"{config}{epilogue.suffix} on {layer} (seed {seed})")
 
 
 @pytest.fixture(scope="module")

@@ -309,13 +309,13 @@ __device__ __forceinline__ void for_each_output(int col0, int m0, int total, int
 // (ncu on ResNet-50's 1x1 64->256 + Add at 56x56 in FP16, in the model: 1 TB/s of DRAM, half the stall
 // cycles waits on global loads).
 //
-// Halves a staged row. A store of the accumulators puts lane (g, t)'s value in word g * STAGED_ROW / 2 + t (+ 4j
-// for n8 block j, the same for every lane), so the warp's 32 stores fall in 32 banks where STAGED_ROW / 2 is 4
+// Halves a staged row. An 8x8 matrix of stmatrix or ldmatrix is 16 bytes (words t = 0 to 3) of each of 8 rows g,
+// at word g * STAGED_ROW / 2 + t (+ 4j for n8 block j), so its 32 words fall in 32 banks where STAGED_ROW / 2 is 4
 // times an odd number: g * STAGED_ROW / 2 mod 32 is then a distinct multiple of 4 for each of the 8 rows g, and t
 // adds 0 to 3. BM + 8 is such a row where BM is a multiple of 16 (64: 36 words, 4 x 9; 16: 12, 4 x 3); a tile of
 // 8 or 24 maps takes 8 halves more (8: 12 words, 4 x 3; 24: 20, 4 x 5), where BM + 8 alone would put 2 or 4 of the
-// lanes in each bank. A row stays whole 16-byte pieces; their copies (BM / 32 instructions a warp, rounded up, to the
-// stores' BM / 4) may still meet 2-way conflicts on 16 to 32 maps.
+// words in each bank. A row stays whole 16-byte pieces; their copies to y may still meet 2-way conflicts on 16 to
+// 32 maps.
 constexpr int STAGED_ROW = BM + 8 + BM % 16;
 constexpr int ROW_PIECES = BM / 8;  // 16-byte pieces of a pixel's maps in the tile
 #if RESIDUAL && defined(R_CHANNEL_LAST)

@@ -4,38 +4,42 @@
 // values is exact in FP32 and the sums, the bias and the epilogue (conv_epilogue.cuh) run in FP32.
 //
 // Channel-last is a depthwise Conv's natural layout: a pixel's channels are its independent problems side by
-// side, so a thread computes VEC = 8 channels at once and reads them as one 16-byte run of the format. A
-// block computes a BH x BW tile of output pixels of PLANES channels of one image; each thread a TH x TW tile
-// of those pixels of its 8 channels. It walks the SEG_H input rows its TH output rows need, loads each row's
-// SEG_W pixels (8 channels each) into registers once, and each serves every output row whose window covers
-// it, for its TW columns and the KW taps. The weights come from the build as [KH][KW][C] in the format, so a
-// tap's 8 channels are one 16-byte load too (a few KiB that every block reads: they stay in L1). Nothing is
-// staged in shared memory: the windows of a block's neighbouring threads meet in L1.
+// side, so a thread computes VEC (2, 4 or 8) channels at once and reads them as one run of the format (4, 8 or
+// 16 bytes). A block computes a BH x BW tile of output pixels of PLANES channels of one image; each thread a
+// TH x TW tile of those pixels of its VEC channels. It walks the SEG_H input rows its TH output rows need, loads
+// each row's SEG_W pixels into registers once, and each serves every output row whose window covers it, for
+// its TW columns and the KW taps. The weights come from the build as [KH][KW][C] in the format, so a tap's
+// channels are one load too (a few KiB that every block reads: they stay in L1). Nothing is staged in shared
+// memory: the windows of a block's neighbouring threads meet in L1.
+//
+// VEC trades reuse for registers: a thread holds VEC floats per pixel of its row and per sum, so 2 channels
+// leave room for rows of 8 outputs, whose taps and pixels are each loaded and widened to FP32 once for 8
+// outputs rather than once or twice (a 7x7 window at 8 channels fits only 1 x 1 tiles).
 //
 // X arrives one of two ways:
 // - X_CHANNEL_LAST (a link the plan made with the step before, opplugin/plan/channel_last.py): the format's
-//   bits [N][H][W][C]. A warp's lanes run along the channels first, so that its loads are whole 16-byte runs
-//   side by side.
+//   bits [N][H][W][C]. A warp's lanes run along the channels first, so that its loads are whole runs side by
+//   side.
 // - else FP32 NCHW, each value rounded to the format as it is loaded (what the wg families' rewrite does before
 //   their GEMM). The lanes run along a row's pixels first, so that a warp's loads of one channel lie close.
 // Y and the residual operand are FP32 NCHW, or with Y_CHANNEL_LAST / R_CHANNEL_LAST (the format, as
-// conv_implicit_tiles.cuh names it) the format's bits channel-last, 8 channels a 16-byte store or load.
+// conv_implicit_tiles.cuh names it) the format's bits channel-last, VEC channels a store or load.
 //
 // NaN and Inf: a value past FP16's range becomes an infinity when rounded, so the kernel flags (nonfinite,
 // watch_flag.cuh) each output that is not finite as it is stored, and the runtime reruns that chunk in FP32.
 //
 // Macros: the shape macros (C, M, G, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, HAS_BIAS, RESIDUAL,
-// ACTIVATION), HALF_OPERANDS, TH, TW (output rows x columns a thread), BH, BW (the block's output tile), PLANES
-// (channels a block: a multiple of 8), X_CHANNEL_LAST, Y_CHANNEL_LAST, R_CHANNEL_LAST (each the format, where
-// that tensor is linked). Launch: block (NTHREADS = PLANES / 8 * BH/TH * BW/TW), grid (batch * TILES_H *
+// ACTIVATION), HALF_OPERANDS, VEC (channels a thread), TH, TW (output rows x columns a thread), BH, BW (the
+// block's output tile), PLANES (channels a block: a multiple of VEC), X_CHANNEL_LAST, Y_CHANNEL_LAST,
+// R_CHANNEL_LAST (each the format, where that tensor is linked). Launch: block (NTHREADS = PLANES / VEC *
+// BH/TH * BW/TW), grid (batch * TILES_H *
 // TILES_W, ceil(C / PLANES)); no shared memory. w: [KH][KW][C] in the format; b: FP32 (null without a bias);
 // r: the residual operand (null without RESIDUAL); nonfinite: the step's NaN/Inf flag (null: not watched).
 
 #include "conv_epilogue.cuh"
 #include "half_bits.cuh"
 
-#define VEC 8  // channels a thread: 16 bytes of a pixel's channels in the format
-#define GROUPS (PLANES / VEC)  // 8-channel groups a block
+#define GROUPS (PLANES / VEC)  // VEC-channel groups a block
 #define THREADS_W (BW / TW)
 #define THREADS_H (BH / TH)
 #define PLANE_THREADS (THREADS_W * THREADS_H)
@@ -47,8 +51,10 @@
 
 static_assert(HALF_OPERANDS == 1 || HALF_OPERANDS == 2, "1: FP16, 2: BF16");
 static_assert(G == C && M == C, "depthwise with a depth multiplier of 1");
-static_assert(C % VEC == 0 && PLANES % VEC == 0, "whole 16-byte runs of channels");
+static_assert(VEC == 2 || VEC == 4 || VEC == 8, "a run of 4, 8 or 16 bytes");
+static_assert(C % VEC == 0 && PLANES % VEC == 0, "whole runs of channels");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
+static_assert(SEG_W <= 32, "a window's columns are bits of one word");
 
 // Each tensor's elements: the format's bits where the plan linked it channel-last, FP32 (NCHW) where not
 #if defined(X_CHANNEL_LAST)
@@ -68,49 +74,86 @@ typedef unsigned short residual_t;
 typedef float residual_t;
 #endif
 
-// The 8 values of a 16-byte run of the format, as floats (exact)
-__device__ __forceinline__ void unpack(uint4 bits, float (&v)[VEC])
+// A run of VEC channels of the format: 2, 4 or 8 two-byte values, one aligned load or store
+#if VEC == 8
+typedef uint4 run_t;
+#elif VEC == 4
+typedef uint2 run_t;
+#else
+typedef unsigned int run_t;
+#endif
+
+// The run at p as floats (exact)
+__device__ __forceinline__ void load_run(const unsigned short* __restrict__ p, float (&v)[VEC])
 {
-    const unsigned int words[4] = {bits.x, bits.y, bits.z, bits.w};
+    const run_t bits = __ldg(reinterpret_cast<const run_t*>(p));
+#if VEC == 8
+    const unsigned int words[VEC / 2] = {bits.x, bits.y, bits.z, bits.w};
+#elif VEC == 4
+    const unsigned int words[VEC / 2] = {bits.x, bits.y};
+#else
+    const unsigned int words[VEC / 2] = {bits};
+#endif
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < VEC / 2; ++k) {
         v[2 * k] = half_value<HALF_OPERANDS>((unsigned short)(words[k] & 0xFFFF));
         v[2 * k + 1] = half_value<HALF_OPERANDS>((unsigned short)(words[k] >> 16));
     }
 }
 
-// 8 floats rounded to the format (to nearest, ties to even), as one 16-byte run
-__device__ __forceinline__ uint4 pack(const float (&v)[VEC])
+// VEC floats rounded to the format (to nearest, ties to even, two at a time) and stored as one run at p; false
+// where one of them is an infinity or a NaN once rounded (a value past FP16's range is one now)
+__device__ __forceinline__ bool store_run(unsigned short* p, const float (&v)[VEC])
 {
-    unsigned int words[4];
+    unsigned int words[VEC / 2];
+    bool finite = true;
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-        words[k] = (unsigned int)half_bits<HALF_OPERANDS>(v[2 * k]) | ((unsigned int)half_bits<HALF_OPERANDS>(v[2 * k + 1]) << 16);
-    return make_uint4(words[0], words[1], words[2], words[3]);
+    for (int k = 0; k < VEC / 2; ++k) {
+        words[k] = half_pair_bits<HALF_OPERANDS>(v[2 * k], v[2 * k + 1]);
+        finite = finite && !half_pair_nonfinite<HALF_OPERANDS>(words[k]);
+    }
+#if VEC == 8
+    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+#elif VEC == 4
+    *reinterpret_cast<uint2*>(p) = make_uint2(words[0], words[1]);
+#else
+    *reinterpret_cast<unsigned int*>(p) = words[0];
+#endif
+    return finite;
 }
 
-// X's channels c0 .. c0 + 7 at input pixel (ih, iw) of one image, as the format holds them; zeros in the pads
-__device__ __forceinline__ void load_pixel(const input_t* __restrict__ image, int c0, int ih, int iw, float (&v)[VEC])
+// Elements between an input pixel and the next one along its row, and the one below it: the steps of the
+// offsets that every load of a thread's window adds to one corner offset (constants: immediate offsets)
+#ifdef X_CHANNEL_LAST
+#define X_PIXEL C
+#else
+#define X_PIXEL 1
+#endif
+#define X_ROW (W * X_PIXEL)
+
+// X's channels c0 .. c0 + VEC - 1 at the input pixel `offset` elements past a thread's window corner (its channel
+// c0, where X is NCHW), as the format holds them; zeros outside the image (`inside` false: a pad)
+__device__ __forceinline__ void load_pixel(const input_t* __restrict__ window, int offset, bool inside, float (&v)[VEC])
 {
-    if ((unsigned)ih >= (unsigned)H || (unsigned)iw >= (unsigned)W) {
+    if (!inside) {
 #pragma unroll
         for (int q = 0; q < VEC; ++q) v[q] = 0.0f;
         return;
     }
 #ifdef X_CHANNEL_LAST
-    unpack(__ldg(reinterpret_cast<const uint4*>(image + (ih * W + iw) * C + c0)), v);
+    load_run(window + offset, v);
 #else
 #pragma unroll
-    for (int q = 0; q < VEC; ++q) v[q] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(image + ((c0 + q) * H + ih) * W + iw)));
+    for (int q = 0; q < VEC; ++q) v[q] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(window + offset + q * H * W)));
 #endif
 }
 
-// The residual operand of channels c0 .. c0 + 7 at output pixel `pixel` (n * OH*OW + oh * OW + ow); zeros without RESIDUAL
+// The residual operand of channels c0 .. c0 + VEC - 1 at output pixel `pixel` (n * OH*OW + oh * OW + ow); zeros without RESIDUAL
 __device__ __forceinline__ void load_residual(const residual_t* __restrict__ r, size_t pixel, int c0, float (&res)[VEC])
 {
 #if RESIDUAL && defined(R_CHANNEL_LAST)
     static_assert(R_CHANNEL_LAST == HALF_OPERANDS, "a linked residual is in the kernel's format");
-    unpack(__ldg(reinterpret_cast<const uint4*>(r + pixel * C + c0)), res);
+    load_run(r + pixel * C + c0, res);
 #elif RESIDUAL
     const size_t n = pixel / (OH * OW), p = pixel % (OH * OW);
 #pragma unroll
@@ -121,17 +164,12 @@ __device__ __forceinline__ void load_residual(const residual_t* __restrict__ r, 
 #endif
 }
 
-// The finished outputs of channels c0 .. c0 + 7 at output pixel `pixel` into y, each flagged if not finite as stored
+// The finished outputs of channels c0 .. c0 + VEC - 1 at output pixel `pixel` into y, flagged if not finite as stored
 __device__ __forceinline__ void store_outputs(output_t* __restrict__ y, size_t pixel, int c0, const float (&out)[VEC], unsigned char* nonfinite)
 {
 #ifdef Y_CHANNEL_LAST
     static_assert(Y_CHANNEL_LAST == HALF_OPERANDS, "a linked Y is in the kernel's format");
-    const uint4 bits = pack(out);
-    *reinterpret_cast<uint4*>(y + pixel * C + c0) = bits;
-    float stored[VEC];
-    unpack(bits, stored);  // a value past FP16's range is an infinity now
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) flag_nonfinite(nonfinite, stored[q]);
+    if (!store_run(y + pixel * C + c0, out) && nonfinite != nullptr) *nonfinite = 1;
 #else
     const size_t n = pixel / (OH * OW), p = pixel % (OH * OW);
 #pragma unroll
@@ -161,12 +199,25 @@ conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restr
     const int iw0 = ow0 * SW - PW;
     const input_t* image = x + (size_t)n * C * H * W;  // offsets inside one image fit an int (the family checks)
 
-    float acc[TH][TW][VEC] = {};  // FP32 sums of each output pixel's 8 channels
+    // the window's first pixel, maybe in the pads (never read there); each load adds a constant to it
+#ifdef X_CHANNEL_LAST
+    const input_t* window = image + ((ih0 * W + iw0) * C + c0);
+#else
+    const input_t* window = image + ((c0 * H + ih0) * W + iw0);
+#endif
+    // held in registers: left to itself, the compiler remade the address from the kernel's parameter at each load
+    asm("" : "+l"(window));
+    unsigned int columns = 0;  // bit k: the window's column k lies inside the image (the same for each of its rows)
+#pragma unroll
+    for (int k = 0; k < SEG_W; ++k) columns |= (unsigned int)((unsigned)(iw0 + k) < (unsigned)W) << k;
+
+    float acc[TH][TW][VEC] = {};  // FP32 sums of each output pixel's VEC channels
 #pragma unroll
     for (int row = 0; row < SEG_H; ++row) {
+        const bool row_inside = (unsigned)(ih0 + row) < (unsigned)H;
         float v[SEG_W][VEC];
 #pragma unroll
-        for (int k = 0; k < SEG_W; ++k) load_pixel(image, c0, ih0 + row, iw0 + k, v[k]);
+        for (int k = 0; k < SEG_W; ++k) load_pixel(window, row * X_ROW + k * X_PIXEL, row_inside && (columns >> k & 1u), v[k]);
 #pragma unroll
         for (int i = 0; i < TH; ++i) {
             const int down = row - i * SH;  // kh * DH for output row i, if this input row is in its window
@@ -175,7 +226,7 @@ conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restr
 #pragma unroll
             for (int kw = 0; kw < KW; ++kw) {
                 float taps[VEC];
-                unpack(__ldg(reinterpret_cast<const uint4*>(w + (kh * KW + kw) * C + c0)), taps);
+                load_run(w + (kh * KW + kw) * C + c0, taps);
 #pragma unroll
                 for (int j = 0; j < TW; ++j)
 #pragma unroll

@@ -40,6 +40,7 @@ TAGS = {
     "p": "planes: output maps a thread block computes side by side",
     "l": "loads: 1 stages a block's inputs in shared memory, 0 reads them from global memory where they are used",
     "h": "half links: the tensors a 16-bit kernel keeps channel-last in its format, 1 X + 2 Y + 4 the residual",
+    "v": "vector: channels a thread computes side by side, read as one run of the format's bits",
 }
 
 _FIELD = re.compile(r"([a-z]+)(\d+(?:x\d+)*)")

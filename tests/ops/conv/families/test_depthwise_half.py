@@ -28,6 +28,7 @@ from opplugin.ops.activation import Activation
 from opplugin.ops.conv import families, reference
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import depthwise_half
+from opplugin.ops.conv.families.depthwise_half import DepthwiseHalfConfig
 from opplugin.ops.conv.families.channel_last import ALL_LINKS, INPUT, OUTPUT, RESIDUAL, channel_last_shape
 from opplugin.ops.conv.plugin import ReferenceConvKernel, precision_fit
 from opplugin.runtime import Runner
@@ -67,7 +68,7 @@ def test_the_families_are_inexact_name_their_precision_and_their_names_round_tri
     assert set(HALF) <= set(families.usable_families(spec, ones(spec), exact_only=False))
 
 
-def test_they_take_depthwise_convs_of_whole_runs_of_8_channels_and_say_why_not_others():
+def test_they_take_depthwise_convs_of_an_even_count_of_channels_and_say_why_not_others():
     def why(spec, variant="dw_fp16", weights=None, epilogue=NONE):
         return families.unsupported_reason(spec, variant, ones(spec) if weights is None else weights, epilogue)
 
@@ -75,13 +76,18 @@ def test_they_take_depthwise_convs_of_whole_runs_of_8_channels_and_say_why_not_o
         assert why(spec) is None and why(spec, "dw_bf16", epilogue=ADD_CLIP) is None
     assert "each map reads one input channel (this Conv has 4 a group)" in why(conv(2, 128, 128, (8, 8), (3, 3), group=32))
     assert "a depth multiplier of 1 (one map a channel); this Conv has 2 a channel" in why(conv(2, 32, 64, (8, 8), (3, 3), group=32))
-    assert "channels 8 at a time (16 bytes); this Conv has 12" in why(conv(2, 12, 12, (8, 8), (3, 3), group=12))
+    assert why(conv(2, 12, 12, (8, 8), (3, 3), group=12)) is None  # 4 or 2 channels a thread
+    assert "channels at least 2 at a time (4 bytes); this Conv has 13" in why(conv(2, 13, 13, (8, 8), (3, 3), group=13))
     assert "not a max pool" in why(SPECS["3x3_c32"], epilogue=Epilogue("Relu", (2, 2)))
     assert "the weights are not constant" in families.unsupported_reason(SPECS["3x3_c32"], "dw_fp16", None)  # converted at build
     spec = SPECS["3x3_c32"]
     assert "the kernel fuses no Add" in why(spec, linked(spec, "dw_fp16", RESIDUAL, NONE))
     assert "does not fit in registers" in why(spec, dataclasses.replace(linked(spec, "dw_fp16", 0), thread=(2, 4), block=(8, 16)))
     assert "whole runs of 8" in why(spec, dataclasses.replace(linked(spec, "dw_fp16", 0), planes=12))
+    assert "8 channels a thread do not divide this Conv's 12" in why(conv(2, 12, 12, (8, 8), (3, 3), group=12),
+                                                                     DepthwiseHalfConfig("dw_fp16", (1, 1), (8, 8), 24, 8))
+    wide = conv(32, 144, 144, (56, 56), (5, 5), pads=(2, 2, 2, 2), strides=(2, 2), group=144)
+    assert "window rows of 35 pixels are more than 32" in why(wide, DepthwiseHalfConfig("dw_fp16", (1, 16), (2, 32), 48, 2))
     with pytest.raises(PluginError, match="links 8"):
         families.compile_units(spec, dataclasses.replace(linked(spec, "dw_fp16", 0), links=8), ADD_CLIP)
 
@@ -105,18 +111,34 @@ def test_a_half_run_takes_the_gemm_else_the_depthwise_kernel_and_keeps_the_gemms
     assert fit(multiplied)[::3] == (f"dw_{precision}", f"dw_{precision} takes a depth multiplier of 1 (one map a channel); this Conv has 2 a channel")
 
 
-def test_a_blocks_channels_divide_the_convs_and_the_first_tile_keeps_within_the_register_budget():
+def test_a_blocks_channels_divide_the_convs_and_in_a_small_launch_the_first_tile_keeps_within_the_register_budget():
     spec = SPECS["3x3_s2_c144"]
     assert depthwise_half.planes_for(spec) == 48 and depthwise_half.planes_for(SPECS["5x5_s2_c40_asymmetric"]) == 40
+    assert depthwise_half.planes_for(spec, 2) == 48 and depthwise_half.planes_for(SPECS["5x5_s2_c40_asymmetric"], 2) == 40
     for spec in SPECS.values():
         configs = families.FAMILIES["dw_fp16"].configs(spec)
         first, *rest = configs
-        assert depthwise_half.live_floats(spec, first.thread) <= depthwise_half.LIVE_FLOATS or first.thread == (1, 1)
-        assert {c.thread for c in configs} == set(depthwise_half.THREAD_TILES)
+        assert first.vec == 8 and (depthwise_half.live_floats(spec, first.thread) <= depthwise_half.LIVE_FLOATS or first.thread == (1, 1))
+        offered = {(vec, t) for vec, tiles in depthwise_half.THREAD_TILES.items() for t in tiles if spec.in_channels % vec == 0
+                   and depthwise_half.row_values(spec, t) <= depthwise_half.MOST_ROW_VALUES}
+        assert {(c.vec, c.thread) for c in configs} == offered
         for config in configs:
-            assert spec.in_channels % config.planes == 0 and config.threads <= depthwise_half.MAX_THREADS
+            assert spec.in_channels % config.planes == 0 and config.planes % config.vec == 0 and config.threads <= depthwise_half.MAX_THREADS
     assert families.configure(SPECS["3x3_c32"], "dw_fp16").thread == (1, 2)  # 3x3: 2 outputs, a row of 4 pixels
     assert families.configure(SPECS["7x7_c96"], "dw_fp16").thread == (1, 1)  # 7x7: a row of 7
+
+
+def test_a_large_launch_takes_longer_rows_of_fewer_channels_a_thread_as_timed():
+    def first(c, size, window, stride=1, batch=32):
+        spec = conv(batch, c, c, (size, size), (window, window), pads=(window // 2,) * 4, strides=(stride, stride), group=c)
+        config = families.configure(spec, "dw_fp16")
+        return config.vec, config.thread
+
+    assert first(384, 14, 7) == first(192, 28, 7) == first(672, 14, 5) == (2, (1, 16))  # short rows: 16 outputs of 2 channels
+    assert first(120, 28, 5) == (4, (1, 4))  # a row of 28, channels in no whole 64-channel blocks
+    assert first(96, 56, 7) == first(144, 56, 3) == (4, (1, 4))  # long rows
+    assert first(144, 56, 5, stride=2) == (2, (1, 8))
+    assert first(96, 112, 3, stride=2)[0] == 8 and first(384, 14, 7, batch=1)[0] == 8  # the small launch's rule
 
 
 def test_the_macros_say_the_format_of_each_linked_tensor():
@@ -211,13 +233,19 @@ def as_channel_last_bits(values: np.ndarray, precision: str):
     return cupy.asarray(np.ascontiguousarray(half_bits(values, precision).transpose(0, 2, 3, 1)))
 
 
-LINK_CASES = [(layer, name, links) for layer in ("3x3_s2_c144", "7x7_c96") for name in HALF
-              for links in (INPUT, OUTPUT, INPUT | OUTPUT, ALL_LINKS)]
+LINK_CASES = [(layer, name, links, vec) for layer in ("3x3_s2_c144", "7x7_c96") for name in HALF
+              for links in (INPUT, OUTPUT, INPUT | OUTPUT, ALL_LINKS) for vec in (8, 2)]
+
+
+def tile_of(spec, name, links, vec):
+    """The first configuration of `vec` channels a thread the family offers, with these links."""
+    config = next(c for c in families.FAMILIES[name].configs(spec, ADD_CLIP) if c.vec == vec)
+    return dataclasses.replace(config, links=links)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("layer", "name", "links"), LINK_CASES)
-def test_a_linked_kernel_writes_the_bits_its_unlinked_self_rounds_to(layer, name, links):
+@pytest.mark.parametrize(("layer", "name", "links", "vec"), LINK_CASES)
+def test_a_linked_kernel_writes_the_bits_its_unlinked_self_rounds_to(layer, name, links, vec):
     """X and the residual as the format's bits channel-last where linked, as FP32 values of the same numbers where
     not: the same products in the same order, so a linked output is the unlinked one rounded, and an FP32 one equal."""
     import cupy
@@ -225,8 +253,8 @@ def test_a_linked_kernel_writes_the_bits_its_unlinked_self_rounds_to(layer, name
     spec, precision = SPECS[layer], HALF[name]
     seed, x, w, b, r = draw(spec, residual=True)
     x, r = round_to(x, precision), round_to(r, precision)  # values the format holds, so both kernels read the same
-    expected = run_poisoned(spec, linked(spec, name, 0), ADD_CLIP, x, w, b, r)
-    kernel = families.build_kernel(spec, linked(spec, name, links), (w, b), ADD_CLIP)
+    expected = run_poisoned(spec, tile_of(spec, name, 0, vec), ADD_CLIP, x, w, b, r)
+    kernel = families.build_kernel(spec, tile_of(spec, name, links, vec), (w, b), ADD_CLIP)
     x_in = as_channel_last_bits(x, precision) if links & INPUT else cupy.asarray(x)
     r_in = as_channel_last_bits(r, precision) if links & RESIDUAL else cupy.asarray(r)
     if links & OUTPUT:

@@ -64,7 +64,7 @@ def supported(plan: Plan, variants: dict[str, str | None], frozen: frozenset[str
         if answer is not None and answer.format is None:
             taken = [step.inputs[p] for p in sorted(answer.inputs) if p < len(step.inputs)]
             if answer.all_or_none:
-                fmt, why = _one_format(taken, written_in)
+                fmt, why = _one_format(plan, taken, written_in)
                 if why:
                     declined[step.name] = why
             else:
@@ -78,12 +78,14 @@ def supported(plan: Plan, variants: dict[str, str | None], frozen: frozenset[str
     return Support(found, frozenset(any_format), declined)
 
 
-def _one_format(inputs: list[str], written_in: dict[str, str]) -> tuple[str | None, str | None]:
+def _one_format(plan: Plan, inputs: list[str], written_in: dict[str, str]) -> tuple[str | None, str | None]:
     """(the format, None) where every one of `inputs` comes from a step that keeps tensors in one format; else
     (None, why not)."""
     fp32 = next((name for name in inputs if name not in written_in), None)
     if fp32 is not None:
-        return None, f"its input {fp32} comes in FP32 (from a graph input, onnxruntime or a step with no 16-bit kernel)"
+        producer = next((step.name for step in plan.steps if fp32 in step.outputs), None)
+        source = f"step {producer}, which keeps FP32 tensors" if producer else "the graph's inputs"
+        return None, f"its input {fp32} comes in FP32 NCHW from {source}"
     formats = sorted({written_in[name] for name in inputs})
     if len(formats) > 1:
         return None, f"its inputs come in {' and '.join(formats)}"

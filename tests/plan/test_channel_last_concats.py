@@ -5,6 +5,7 @@ DenseNet's pattern); and the buffer assignment (runtime/buffers.py) places no li
 nor any tensor in a linked Concat's output."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from concat_cases import dense_block, inception_block
 from onnx_builders import save
@@ -71,8 +72,7 @@ def test_a_concat_handed_back_stays_fp32_with_the_reason_and_its_producers_write
 def test_a_concat_with_an_input_from_no_16_bit_step_stays_fp32_and_so_do_its_readers(tmp_path):
     plan = plan_of(inception_block(fp32_branch=True), tmp_path)
     chosen = step_precisions(plan, "fp16")
-    assert chosen["cat"].reason == ("not linked channel-last: its input z comes in FP32 (from a graph input, onnxruntime "
-                                    "or a step with no 16-bit kernel)")
+    assert chosen["cat"].reason == "not linked channel-last: its input z comes in FP32 NCHW from the graph's inputs"
     assert not {*BRANCHES, "cat"} & linked_of(plan)
     # the pool that reads the FP32 Concat has no format to take: FP32 too, and its neighbours read and write FP32
     assert (chosen["p2"].variant, chosen["p2"].precision) == (None, "fp32") and chosen["b32"].channel_last == ("b32",)
@@ -103,7 +103,8 @@ def test_channels_no_multiple_of_8_are_declined_by_the_convs_and_so_the_concat_s
     Concat's inputs come in FP32, and the Concat keeps FP32 tensors too, however it could copy them."""
     plan = plan_of(inception_block(branch=12), tmp_path)
     chosen = step_precisions(plan, "fp16")
-    assert chosen["cat"].precision == "fp32" and chosen["cat"].reason.startswith("not linked channel-last: its input b1 comes in FP32")
+    assert chosen["cat"].precision == "fp32"
+    assert chosen["cat"].reason == "not linked channel-last: its input b1 comes in FP32 NCHW from step b1, which keeps FP32 tensors"
     assert not {*BRANCHES, "cat", "cat2"} & linked_of(plan)
 
 
@@ -180,3 +181,24 @@ def test_densenets_fp32_concats_keep_their_prefix_views_under_fp16(tmp_path):
     assert {name: slot.buffer for name, slot in assignment.slots.items()} == {
         "cat2": "cat3", "cat3": "cat4", "cat4": "cat", **{f"f{i}": "cat2" if i == 1 else f"cat{i + 1}" if i < 4 else "cat" for i in range(1, 5)}}
     assert assignment.removed(plan) == ["cat3", "cat4", "cat"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_checks_emulation_runs_a_concat_as_the_linked_kernel_does_a_copy_of_rounded_values(precision, tmp_path):
+    """check --precision emulates every tensor rounded to the format (verify/precision_cost.py): a Concat of rounded
+    inputs is then its exact output rounded to the format, what the linked kernel writes; and the plan says the
+    linked Concat runs in the format, in agreement."""
+    from precision_cases import feeds_for
+
+    from opplugin.core.number_formats import round_to
+    from opplugin.verify.precision_cost import Emulation
+
+    model = inception_block()
+    emulation = Emulation(model, feeds_for(model, batch=2))
+    alone = emulation.own(precision)
+    concats = [(index, node.output[0]) for index, node in enumerate(emulation.body) if node.op_type == "Concat"]
+    assert [name for _, name in concats] == ["cat", "cat2"]
+    for index, name in concats:
+        assert np.array_equal(alone[index][name], round_to(np.asarray(emulation.exact[name], np.float32), precision))
+    chosen = step_precisions(plan_of(model, tmp_path), precision)
+    assert [chosen[name].precision for _, name in concats] == [precision, precision]

@@ -227,6 +227,10 @@ class ChannelLast:
     format: str | None
     inputs: frozenset[int]  # the step's input positions it can take so
     output: bool  # whether it can write its one output so
+    # True: the step links every input at `inputs` and its output in one format, or none of them (a Concat, whose
+    # output holds its inputs as they come); such a step copies what it takes, so the plan links none whose input
+    # another such step reads too (DenseNet's pattern: each would copy it again)
+    all_or_none: bool = False
 
 
 @runtime_checkable

@@ -15,6 +15,13 @@ A Concat's output may itself be a slice of a later Concat: one of its inputs (ne
 blocks), or a Concat whose inputs are a run of the later one's, where every reader of it reads
 strided views (`in_views`: DenseNet's Concat of every earlier layer is a prefix of the next one's,
 so each layer's output is copied once, not once per later layer). The views chain.
+
+All of this is along axis 1 of FP32 NCHW buffers. A tensor linked channel-last in 16 bits (plan/channel_last.py)
+is never placed: a linked Concat's slices are [..., start:stop] of the last axis of uint16 [N][H][W][C], which
+no producer's kernel writes, so the linked Concat copies each input itself (ops/layout/linked_concat.py); nor is a
+linked Concat's output a view of a later Concat's buffer, nor a buffer any tensor is placed in. A linked Concat
+links all of its tensors or none, so an FP32 Concat has FP32 inputs and output alone: both rules hold for each
+Concat as a whole (`linked`: the plan's linked tensors).
 """
 from __future__ import annotations
 
@@ -100,8 +107,9 @@ def _reads_views(kernel: Kernel | None) -> bool:
     return _is_concat(kernel) or (kernel is not None and kernel.in_views)
 
 
-def assign_buffers(plan: Plan, kernels: dict[str, Kernel]) -> BufferAssignment:
-    return _Assigner(plan, kernels).assign()
+def assign_buffers(plan: Plan, kernels: dict[str, Kernel], linked: frozenset[str] = frozenset()) -> BufferAssignment:
+    """`linked`: the tensors kept channel-last in 16 bits between steps, which no slot holds nor is."""
+    return _Assigner(plan, kernels, linked).assign()
 
 
 class _Assigner:
@@ -110,7 +118,7 @@ class _Assigner:
     that a tensor already copied into the shared buffer is not copied again; then, producers that
     can write their output into its slice of a Concat's buffer."""
 
-    def __init__(self, plan: Plan, kernels: dict[str, Kernel]):
+    def __init__(self, plan: Plan, kernels: dict[str, Kernel], linked: frozenset[str]):
         self.plan, self.kernels, self.steps = plan, kernels, plan.steps
         self.made_by = {name: index for index, step in enumerate(self.steps) for name in step.outputs if name}
         self.readers: dict[str, list[int]] = {}
@@ -119,8 +127,10 @@ class _Assigner:
                 self.readers.setdefault(name, []).append(index)
         self.ort_at = [index for index, step in enumerate(self.steps) if isinstance(step, OrtStep)]
         self.graph_outputs = set(plan.model.outputs)
+        # the FP32 Concats: one with a linked tensor copies channel-last itself, and takes part in nothing here
         self.concat_at = {index: kernel for index in range(len(self.steps))
-                          if _is_concat(kernel := self._kernel(index)) and len(self.steps[index].outputs) == 1}
+                          if _is_concat(kernel := self._kernel(index)) and len(self.steps[index].outputs) == 1
+                          and not linked.intersection([*self.steps[index].inputs, *self.steps[index].outputs])}
         self.assignment = BufferAssignment()
         self.first_writer: dict[str, int] = {}  # a Concat's output -> the earliest step writing into it
         self.placed: set[tuple[str, int, str]] = set()  # (root buffer, offset along the axis, tensor) written there

@@ -160,7 +160,7 @@ class Runner:
                                lambda step: self._session(step, [sessions.CPU_PROVIDER]),
                                frozenset(name for name, step in self.step_precisions.items() if step.channel_last))
         # producers write into their slices of Concat outputs (buffers.py)
-        self.buffers = assign_buffers(self.plan, self.kernels)
+        self.buffers = assign_buffers(self.plan, self.kernels, frozenset(self._channel_last))
         self.kernels = self.buffers.kernels(self.plan, self.kernels)  # the exact path keeps the plain Concats
         self.executor = PlanExecutor(self.plan, self.layout, self.kernels, self.sessions, self.constants, self.ort_on_gpu,
                                      self.exact.watched, self.cuda_graphs,

@@ -25,7 +25,7 @@ def _macro_list(values: Sequence[int]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _generated(source: str, options: tuple[str, ...], function: str):
+def compiled_concat(source: str, options: tuple[str, ...], function: str):
     """A function of a generated CUDA source (Concat's), compiled once per text."""
     return cuda.compile_source(source, cuda.BASE_OPTIONS + options, "generated concat source").get_function(function)
 
@@ -347,22 +347,24 @@ def resize_defines(spec: Any, in_shape: tuple[int, ...], out_shape: tuple[int, .
 
 
 def concat_source(segments: Sequence[tuple[int, int, int]], axis_total: int, inner: int, in_outer: Sequence[int], out_outer: int,
-                  wide: bool = True) -> str:
+                  wide: bool = True, element: str = "float") -> str:
     """The one-pass Concat kernel for `segments`, (input, output start, width) of each input it
     copies (those written in place are left out): thread i takes element i of the copied columns
     seen as (row, column, inner); each input is read and the output written in contiguous runs
     of `inner`. `in_outer`/`out_outer`: row strides in elements (a view's rows may be apart). Unless
-    `wide`, the element index is split with 32-bit arithmetic (division by a constant is far cheaper)."""
+    `wide`, the element index is split with 32-bit arithmetic (division by a constant is far cheaper).
+    `element`: the CUDA type of an element (a linked Concat copies 16-bit values several at a time,
+    linked_concat.py), which every count above is in."""
     copied = sum(width for _k, _start, width in segments)
-    params = "".join(f"const float* __restrict__ in{k}, " for k, _s, _w in segments)
+    params = "".join(f"const {element}* __restrict__ in{k}, " for k, _s, _w in segments)
     lines = [
-        f'extern "C" __global__ void __launch_bounds__({BLOCK}) layout_concat({params}float* __restrict__ out, long long total)',
+        f'extern "C" __global__ void __launch_bounds__({BLOCK}) layout_concat({params}{element}* __restrict__ out, long long total)',
         "{",
         f"    const long long i = blockIdx.x * {BLOCK}LL + threadIdx.x;",
         "    if (i >= total) return;",
         f"    typedef {'unsigned long long' if wide else 'unsigned int'} index;",
         f"    const index e = (index)i, inner = e % {inner}u, column = (e / {inner}u) % {copied}u, row = e / {inner * copied}u;",
-        "    float v;",
+        f"    {element} v;",
         "    long long at;",
     ]
     first = 0
@@ -446,8 +448,8 @@ class ConcatKernel(LayoutKernel):
         total = rows * inner * sum(w for _k, _s, w in segments)
         if not total:
             return _ConcatCall(shape, None, (0,), 0, reads, writes_out)
-        launch = _generated(concat_source(segments, sum(spec.widths), inner, in_outer, out_outer, wide=total > INT32_LIMIT),
-                            (), "layout_concat")
+        launch = compiled_concat(concat_source(segments, sum(spec.widths), inner, in_outer, out_outer, wide=total > INT32_LIMIT),
+                                 (), "layout_concat")
         return _ConcatCall(shape, launch, (-(-total // BLOCK),), total, reads, writes_out)
 
 

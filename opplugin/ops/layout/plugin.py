@@ -3,9 +3,11 @@ where they step evenly, else a copy of the blocks a table names), Pad and Resize
 on the CPU device (reference.py) and a CUDA kernel specialised to the node's shapes on a
 GPU (kernels.py). Every kernel can write into a strided view of a larger buffer (`out=`),
 so the runtime may hand a producer its slice of a Concat's output instead of copying it
-there (runtime/buffers.py)."""
+there (runtime/buffers.py). A Concat between half-precision steps copies channel-last
+16-bit tensors instead (channel_last.py, linked_concat.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -13,11 +15,13 @@ import numpy as np
 from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
-from ...registry import Kernel, NodeInfo, Plugin
+from ...registry import ChannelLast, Kernel, NodeInfo, Plugin, PrecisionChoice
 from ..specs import reason_against, spec_of
 from ..view import ViewKernel
 from . import reference, views
+from .channel_last import PLAIN, linked, linked_config, links_reason, offered
 from .kernels import ConcatKernel, GatherKernel, LayoutKernel, PadKernel, ResizeKernel, TableGatherKernel, TransposeTileKernel
+from .linked_concat import LinkedConcatKernel
 from .spec import ConcatSpec, GatherSpec, PadSpec, ResizeSpec, SliceSpec, SplitSpec, TransposeSpec
 from .strides import contiguous_strides
 
@@ -30,6 +34,10 @@ def _bytes_per_image(node: NodeInfo) -> int:
     total = sum(4 * int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
     rows = node.inputs[0].shape[0] if node.inputs[0].shape else 1
     return total // max(1, rows)
+
+
+def _rank(node: NodeInfo) -> int:
+    return len(node.inputs[0].shape)
 
 
 class ReferenceLayoutKernel(LayoutKernel):
@@ -142,7 +150,54 @@ class LayoutPlugin(Plugin):
 
 
 class ConcatPlugin(LayoutPlugin):
+    """Concat: a copy into slices of its output (kernels.ConcatKernel), which the runtime may let producers write in
+    place (runtime/buffers.py); between half-precision steps, a copy of channel-last tensors (channel_last.py)."""
+
     op_type = "Concat"
+
+    def channel_last(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo] = (),
+                     prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
+        """Every input and the output, all or none, in any 16-bit format with the plain kernel, in its own with a
+        linked variant (whose links the plan makes again); along the channels of NCHW tensors only."""
+        spec = spec_of(node, self.make_spec)
+        config = None if variant in (None, PLAIN) else linked_config(spec, _rank(node), device, variant)
+        offer = offered(spec, _rank(node), device)
+        if offer is None or fused or prologue or (variant not in (None, PLAIN) and config is None):
+            return None
+        return offer if config is None else replace(offer, format=config.format)
+
+    def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
+                       format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
+        offer = self.channel_last(node, device, variant, fused, prologue)
+        if offer is None or offer.format not in (None, format):
+            raise PluginError(f"Concat {node.name}: {variant or PLAIN} keeps no tensor channel-last in {format}")
+        return linked(spec_of(node, self.make_spec), format, inputs, output).name()
+
+    def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
+                          prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
+        """None: a Concat has no kernel of its own in a precision. It copies exactly in any 16-bit format, and the plan
+        runs it in one where it links it with its producers and readers (plan/channel_last.py), FP32 elsewhere."""
+        why = links_reason(spec_of(node, self.make_spec), _rank(node))
+        return PrecisionChoice(None, why or f"a Concat runs in {precision} only linked channel-last with its producers and readers")
+
+    def kernel_name(self, node, device, variant=None, fused=(), prologue=(), graphed=True):
+        """concat.cuda.axis1x4, or linked: concat.cuda_fp16_h3.axis1x4."""
+        spec = spec_of(node, self.make_spec)
+        config = linked_config(spec, _rank(node), device, variant)
+        if config is None:
+            return super().kernel_name(node, device, variant, fused, prologue, graphed)
+        return f"concat.{config.name()}.{self.suffix_of(spec)}"
+
+    def build(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
+              prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> Kernel:
+        spec = spec_of(node, self.make_spec)
+        config = linked_config(spec, _rank(node), device, variant)
+        if config is None:
+            return super().build(node, device, variant, fused, prologue, graphed)
+        if fused:
+            raise PluginError("Concat fuses nothing")
+        return LinkedConcatKernel(self.kernel_name(node, device, variant), _bytes_per_image(node), spec,
+                                  tuple(node.inputs[0].shape[2:]), config.name())
 
     def reads_views(self, node: NodeInfo, fused: Sequence[NodeInfo]) -> bool:
         """The Concat kernels read strided inputs (in place where each is rows of contiguous runs, else

@@ -108,7 +108,7 @@ def test_nothing_about_a_layernorm_is_linked_in_fp32_nor_on_the_cpu(stages):
     assert not any(p.channel_last for p in chosen.values()) and chosen[BLOCK_LN].variant is None
     cpu = make_plan(stages[None], 8, Device("cpu"))
     assert supported(cpu, {}).steps == {} and not any(p.channel_last for p in step_precisions(cpu, "fp16").values())
-    assert step_precisions(cpu, "fp16")[BLOCK_LN].reason == "no fp16 kernel for LayerNormalization: no GPU"
+    assert step_precisions(cpu, "fp16")[BLOCK_LN].reason == "no fp16 kernel for LayerNormalization"
 
 
 def test_a_layernorm_answers_for_links_in_any_format_and_refuses_what_it_cannot_keep(stages):

@@ -32,10 +32,15 @@ class LinkedNorm(LinkedPlain):
     `links`, which (ops/channel_last.py's INPUT, OUTPUT)."""
 
 
+def normalises_channels(spec: Any) -> bool:
+    """Whether the node is a LayerNormalization over the channel axis alone of an N x C x H x W tensor."""
+    return isinstance(spec, NormSpec) and spec.kind == LAYER and len(spec.input_shape) == 4 and spec.first == 1 \
+        and spec.rows.extent == spec.input_shape[1]
+
+
 def channel_reason(spec: Any) -> str | None:
     """Why the linked kernel cannot normalise this node; None: it can (any links)."""
-    if not isinstance(spec, NormSpec) or spec.kind != LAYER or len(spec.input_shape) != 4 or spec.first != 1 \
-            or spec.rows.extent != spec.input_shape[1]:
+    if not normalises_channels(spec):
         return "channel-last in 16 bits, it normalises over the channel axis of an N x C x H x W tensor alone"
     if spec.channels % LANES:
         return f"a pixel's channels go {LANES} at a time (16 bytes); this LayerNormalization has {spec.channels}"
@@ -104,11 +109,13 @@ class ChannelLastNorms:
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
-        """None: the plain kernel computes in FP32. Under fp16 or bf16 the reason says whether the step can run in
-        the format of 16-bit neighbours it is linked with (plan/channel_last.py), and if not, why."""
-        if precision not in FORMAT_CODES:
+        """None: the plain kernel computes in FP32. Under fp16 or bf16, for a normalisation over the channels on a
+        GPU, the reason says whether the step can run in the format of 16-bit neighbours it is linked with
+        (plan/channel_last.py), and if not, why."""
+        spec = spec_of(node, self.make_spec)
+        if precision not in FORMAT_CODES or not device.is_cuda or not normalises_channels(spec):
             return PrecisionChoice(None)
-        why = "no GPU" if not device.is_cuda else channel_reason(spec_of(node, self.make_spec))
+        why = channel_reason(spec)
         if why:
             return PrecisionChoice(None, f"no {precision} kernel for {node.op_type}: {why}")
         return PrecisionChoice(None, f"no {precision} kernel for {node.op_type} alone: it runs in {precision} linked channel-last "

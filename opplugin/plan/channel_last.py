@@ -9,11 +9,12 @@ through a view are never linked. A linked residual operand reaches its Add round
 would in a model run in FP16 throughout.
 
 A step exact in any 16-bit format (a max pool; an average pool or a LayerNorm over the channels, which compute in
-FP32 and round once as they store) says so with no format of its own (ChannelLast.format None): it takes the
-format of the producer of its input, in graph order, so that a chain Conv > MaxPool > Conv links in the Convs'
-format; one whose input comes from no step with a format (an FP32 step, a graph input) is not linked at all. Every plugin step is asked, also one the precision gave no variant (its plugin's own choice),
-but for the steps `frozen` keeps in FP32 (a mixed run's budget) and group steps. A linked step of any format
-runs in the format of its tensors, and its precision says so.
+FP32 and round once as they store) says so with no format of its own (ChannelLast.format None): it takes the format
+of the producer of its input, in graph order, so that a chain Conv > MaxPool > Conv links in the Convs' format; one
+whose input comes from no step with a format (an FP32 step, a graph input) is not linked at all. Every plugin step
+is asked, also one the precision gave no variant (its plugin's own choice), but for the steps `frozen` keeps in
+FP32 (a mixed run's budget) and group steps. A linked step of any format runs in the format of its tensors, and its
+precision says so.
 """
 from __future__ import annotations
 

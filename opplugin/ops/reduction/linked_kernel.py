@@ -78,6 +78,9 @@ class LinkedNormKernel(Kernel):
         self.functions = [self.function]
         self._scale = cupy.asarray(scale, dtype=cupy.float32)  # 16-byte aligned: a fresh allocation
         self._bias = cupy.asarray(bias, dtype=cupy.float32)
+        # a copy from pageable memory may still be on its way when the call returns; a launch on another stream
+        # must find the scale and bias whole
+        cupy.cuda.get_current_stream().synchronize()
         self._lanes = pixel_lanes(spec.input_shape[1])
 
     def flops(self, batch: int) -> int:

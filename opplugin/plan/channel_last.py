@@ -8,12 +8,13 @@ rewrite. A tensor a run hands back (a graph output, a --keep'd one), one onnxrun
 through a view are never linked. A linked residual operand reaches its Add rounded to the format, as it
 would in a model run in FP16 throughout.
 
-A step exact in any 16-bit format (a max pool) says so with no format of its own (ChannelLast.format None): it
-takes the format of the producer of its input, in graph order, so that a chain Conv > MaxPool > Conv links
-in the Convs' format; one whose input comes from no step with a format (an FP32 step, a graph input) is not
-linked at all. Every plugin step is asked, also one the precision gave no variant (its plugin's own choice),
-but for the steps `frozen` keeps in FP32 (a mixed run's budget) and group steps. A linked step of any format
-runs in the format of its tensors, and its precision says so.
+A step exact in any 16-bit format (a max pool; an average pool or a LayerNorm over the channels, which compute in
+FP32 and round once as they store) says so with no format of its own (ChannelLast.format None): it takes the format
+of the producer of its input, in graph order, so that a chain Conv > MaxPool > Conv links in the Convs' format; one
+whose input comes from no step with a format (an FP32 step, a graph input) is not linked at all. Every plugin step
+is asked, also one the precision gave no variant (its plugin's own choice), but for the steps `frozen` keeps in
+FP32 (a mixed run's budget) and group steps. A linked step of any format runs in the format of its tensors, and its
+precision says so.
 
 A step of several inputs that links all of them and its output or none (ChannelLast.all_or_none: a Concat, whose
 output holds its inputs as they come) needs every one of them from a step with a format, all in one format; then

@@ -10,8 +10,8 @@ has no kernel for): the step records what its variant computes in (Plugin.varian
 --variant for the op type wins over the precision. onnxruntime steps run in FP32 (TF32 off).
 
 Under fp16 and bf16, tensors between steps that can keep them in the format channel-last stay so
-(channel_last.py): those steps' variants say which. A step exact in any format (a pool) that is linked so runs
-in the format of its tensors, and its precision says so.
+(channel_last.py): those steps' variants say which. A step exact in any format (a pool, a LayerNorm over the
+channels) that is linked so runs in the format of its tensors, and its precision says so.
 
 mixed is FP16 but for the nodes a budget keeps in FP32 (`keep_fp32`: ONNX node name -> why, by the names in the
 file; verify/mixed_precision.py finds them): a plugin step that computes one of them (kept_nodes.py) stays FP32

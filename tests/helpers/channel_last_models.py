@@ -77,6 +77,31 @@ def convnext_block(channels: int = 8, size: int = 7, gelu_form: str = "torch", o
     return b.model({"y": ["N", channels, size, size]}, channels, size, opset)
 
 
+def convnext_stage(channels: int = 32, size: int = 32, side: str | None = None, seed: int = 4) -> onnx.ModelProto:
+    """ConvNeXt's start in small: the stem (Conv 4x4 stride 4) > Transpose > LayerNorm > Transpose (stem_out) > one
+    block (depthwise 7x7 Conv > Transpose > LayerNorm > MatMul + bias > GELU > MatMul + bias > Transpose > Mul by the
+    layer scale > Add stem_out) > y. `side`: "output" (stem_out is a graph output too) or "onnxruntime" (a Hardmax,
+    which no plugin runs, reads stem_out too)."""
+    b = Builder(seed)
+    c, hidden, out = channels, 4 * channels, size // 4
+    stem = b.node("Conv", ["x", b.random("stem_w", (c, 3, 4, 4), 0.3), b.random("stem_b", c, 0.1)], "stem", strides=[4, 4])
+    normed = b.layernorm(b.node("Transpose", [stem], "stem_last", perm=TO_LAST), c, "stem_ln")
+    stem_out = b.node("Transpose", [normed], "stem_out", perm=TO_FIRST)
+    dw = b.node("Conv", [stem_out, b.random("dw_w", (c, 1, 7, 7), 0.3), b.random("dw_b", c, 0.1)], "dw", group=c, pads=[3] * 4)
+    last = b.layernorm(b.node("Transpose", [dw], "to_last", perm=TO_LAST), c, "ln")
+    up = b.node("Add", [b.node("MatMul", [last, b.random("w1", (c, hidden), 0.5)], "mm1"), b.random("b1", hidden, 0.2)], "fc1")
+    down = b.node("Add", [b.node("MatMul", [b.gelu(up, "torch"), b.random("w2", (hidden, c), 0.3)], "mm2"), b.random("b2", c, 0.2)],
+                  "fc2")
+    scaled = b.node("Mul", [b.random("gamma", (c, 1, 1), 0.5, 1.0), b.node("Transpose", [down], "to_first", perm=TO_FIRST)], "scaled")
+    b.node("Add", [scaled, stem_out], "y")
+    outputs = {"y": ["N", c, out, out]}
+    if side == "output":
+        outputs[stem_out] = ["N", c, out, out]
+    elif side == "onnxruntime":
+        outputs[b.node("Hardmax", [stem_out], "side", axis=1)] = ["N", c, out, out]
+    return b.model(outputs, 3, size)
+
+
 def downsampling(channels: int = 8, size: int = 8, seed: int = 1) -> onnx.ModelProto:
     """Transpose > LayerNorm > Transpose > Conv 2x2 stride 2: ConvNeXt's downsampling layer."""
     b = Builder(seed)

@@ -1,4 +1,4 @@
-"""Every CUDA Conv, Gemm and pool kernel compiles with NVRTC, without a GPU, for sm_80 and sm_90; its resources read on sm_90.
+"""Every CUDA Conv, Gemm, pool and reduction kernel compiles with NVRTC, without a GPU, for sm_80 and sm_90; its resources read on sm_90.
 
 Runs in CI: cuda-bindings' NVRTC turns each specialised source into a cubin and
 ptxas -v reports its resources. Every distinct compile the tests below ask for is
@@ -63,7 +63,10 @@ from opplugin.ops.gemm.epilogue import NONE as GEMM_NONE, GemmEpilogue
 from opplugin.ops.gemm.spec import GemmSpec
 from opplugin.ops.pool import kernel as pool_kernel
 from opplugin.ops.gemm import matmul as matmul_kernel
+from opplugin.ops.channel_last import INPUT, OUTPUT
 from opplugin.ops.reduction import kernel as reduction_kernel
+from opplugin.ops.reduction import linked_kernel as linked_norm_kernel
+from opplugin.ops.reduction.channel_last import MAX_CHANNELS, LinkedNorm
 from opplugin.ops.reduction.rows import Rows
 from opplugin.ops.reduction.spec import GROUP, INSTANCE, LAYER, NormSpec, ReduceSpec, SoftmaxSpec
 from opplugin.ops.pool.spec import AVERAGE, MAX, PoolSpec
@@ -659,22 +662,27 @@ def _code_picked_by(constants, family):
     sources = {unit.source for layer, batch, config, _ in CNN_GEMM_CASES
                if families.family_of(config).name == family for unit in nvrtc_check.variant_units(_case_spec(layer, batch), config)}
     assert sources
+    return [found for source in sorted(sources) for found in _code_picked_in(constants, source)]
+
+
+def _code_picked_in(constants, source: str):
+    """(source, line number, kind, line) wherever one of `constants`, or a macro made from them, picks code, bounds a
+    for loop, or is all a run-time `if` reads in kernels/`source` (see _code_picked_by)."""
     found = []
-    for source in sorted(sources):
-        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
-        tainted = _macros_from(constants, code)
-        for number, line in enumerate(code.splitlines(), 1):
-            words = set(re.findall(r"\w+", line))
-            if re.match(r"\s*#\s*(if|elif)\b", line) or "constexpr" in words and re.search(r"\bif\s+constexpr\b", line):
-                if words & tainted:
-                    found.append((source, number, "picks code", line.strip()))
-            if loop := re.search(r"\bfor\s*\([^;]*;([^;]*);", line):
-                if set(re.findall(r"\w+", loop.group(1))) & tainted:
-                    found.append((source, number, "bounds a loop", line.strip()))
-            if re.search(r"\bif\s*\(", line) and words & tainted:
-                condition = re.search(r"\bif\s*\((.*)\)", line).group(1)
-                if all(word.isupper() for word in re.findall(r"[A-Za-z_]\w*", condition)):
-                    found.append((source, number, "is all a run-time test reads", line.strip()))
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
+    tainted = _macros_from(constants, code)
+    for number, line in enumerate(code.splitlines(), 1):
+        words = set(re.findall(r"\w+", line))
+        if re.match(r"\s*#\s*(if|elif)\b", line) or "constexpr" in words and re.search(r"\bif\s+constexpr\b", line):
+            if words & tainted:
+                found.append((source, number, "picks code", line.strip()))
+        if loop := re.search(r"\bfor\s*\([^;]*;([^;]*);", line):
+            if set(re.findall(r"\w+", loop.group(1))) & tainted:
+                found.append((source, number, "bounds a loop", line.strip()))
+        if re.search(r"\bif\s*\(", line) and words & tainted:
+            condition = re.search(r"\bif\s*\((.*)\)", line).group(1)
+            if all(word.isupper() for word in re.findall(r"[A-Za-z_]\w*", condition)):
+                found.append((source, number, "is all a run-time test reads", line.strip()))
     return found
 
 
@@ -813,6 +821,13 @@ def test_every_activation_with_a_residual_compiles_without_spills(activation, va
 
 # --- reductions, normalisations and batched MatMul: inner and strided rows, cached and re-read, staged axes ---
 
+# a LayerNormalization over NCHW's channels, linked channel-last (ops/reduction/linked_kernel.py): ConvNeXt's four
+# stages in both formats and every link, and in FP16 with both linked: 40 channels (2 lanes a pixel, one of 2 pieces and
+# one of 3), 8 (one lane, one piece) and MAX_CHANNELS (32 lanes of 8 pieces: the most registers)
+CONVNEXT_CHANNELS = (96, 192, 384, 768)
+LINKED_NORM_SHAPES = ((96, 56), (192, 28), (384, 14), (768, 7), (40, 9), (8, 5), (MAX_CHANNELS, 7))
+
+
 def _reduce_units(spec: ReduceSpec) -> dict:
     return {f"{spec.op} stage {i}": (reduction_kernel.SOURCE, reduction_kernel.reduce_defines(spec, i), "reduce_rows")
             for i in range(len(spec.stages))}
@@ -842,6 +857,13 @@ def _row_units() -> dict:
                                                                                  3136, 2048),
                        "instancenorm 17 x 19": NormSpec(INSTANCE, (1, 8, 17, 19), Rows(8, 323, 1), 1e-5, 8, 323, 8)}.items():
         units[name] = (reduction_kernel.SOURCE, reduction_kernel.norm_defines(spec), "normalize_rows")
+    for channels, size in LINKED_NORM_SHAPES:
+        spec = NormSpec(LAYER, (1, channels, size, size), Rows(1, channels, size * size), 1e-6, 1, 1, channels, 1)
+        for fmt in ("fp16", "bf16") if channels in CONVNEXT_CHANNELS else ("fp16",):
+            for links in (INPUT, OUTPUT, INPUT | OUTPUT) if channels in CONVNEXT_CHANNELS else (INPUT | OUTPUT,):
+                config = LinkedNorm(f"cuda_{fmt}", links)
+                units[f"layernorm over NCHW's {channels} channels, {config.name()}"] = (
+                    linked_norm_kernel.SOURCE, linked_norm_kernel.defines(spec, config), linked_norm_kernel.FUNCTION)
     for name, spec in {"matmul batched both at run time": matmul_kernel.MatMulSpec((2, 3, 17, 33), (2, 3, 33, 9), False, False),
                        "matmul batched, rank-6 A, B broadcast": matmul_kernel.MatMulSpec((2, 2, 3, 4, 8, 5), (1, 1, 1, 1, 5, 6), False, True),
                        "matmul batched, constant A": matmul_kernel.MatMulSpec((3, 12), (2, 3, 12, 7), True, False),
@@ -853,6 +875,12 @@ def _row_units() -> dict:
 
 
 ROW_UNITS = _row_units()
+
+
+def test_a_linked_normalisations_shape_constants_only_do_arithmetic():
+    # each node compiles its own, but what code a channel count runs is its geometry's alone (PIXEL_LANES, PER):
+    # C and PLANE address the pieces and test which exist
+    assert _code_picked_in({"C", "PLANE"}, linked_norm_kernel.SOURCE) == []
 
 
 @pytest.mark.parametrize("arch", ARCHS)

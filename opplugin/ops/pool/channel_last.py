@@ -17,25 +17,17 @@ from dataclasses import dataclass
 from ...errors import PluginError
 from ...gpu.device import Device
 from ...registry import ChannelLast
-from ..channel_last import FORMAT_CODES, INPUT, OUTPUT
-from ..config_grammar import Config, parse, tagged
+from ..channel_last import INPUT, OUTPUT, LinkedPlain, linked_plain, named_linked_plain
+from ..channel_last import PLAIN as PLAIN  # the plain kernel, on FP32 NCHW tensors (kernel.py): the only one the plan links
 from .spec import PoolSpec
 
-PLAIN = "cuda"  # the kernel on FP32 NCHW tensors (kernel.py), the only one the plan links
-FAMILIES = {f"{PLAIN}_{fmt}": fmt for fmt in FORMAT_CODES}  # a linked pool's family -> the format of its tensors
 LANES = 8  # channels a thread takes at once: 16 bytes of the format
 
 
 @dataclass(frozen=True)
-class LinkedPool(Config):
+class LinkedPool(LinkedPlain):
     """A pool's kernel on tensors kept channel-last in a 16-bit format (kernels/pool_channel_last.cu): `links`,
     which (ops/channel_last.py's INPUT, OUTPUT)."""
-
-    links: int = tagged("h")
-
-    @property
-    def format(self) -> str:
-        return FAMILIES[self.family]
 
 
 def offered(spec: PoolSpec, device: Device) -> ChannelLast | None:
@@ -49,10 +41,7 @@ def offered(spec: PoolSpec, device: Device) -> ChannelLast | None:
 def linked(spec: PoolSpec, fmt: str, inputs: frozenset[int], output: bool) -> LinkedPool:
     """The configuration that keeps X (where `inputs` holds 0) and Y (where `output`) channel-last in `fmt`;
     a PluginError where the pool cannot."""
-    family = f"{PLAIN}_{fmt}"
-    if family not in FAMILIES or not inputs <= {0}:
-        raise PluginError(f"a pool keeps its X alone channel-last in {' or '.join(FORMAT_CODES)}, not inputs {sorted(inputs)} in {fmt}")
-    config = LinkedPool(family, (INPUT if inputs else 0) | (OUTPUT if output else 0))
+    config = linked_plain(LinkedPool, fmt, inputs, output, "pool")
     why = links_reason(spec, config.links)
     if why:
         raise PluginError(f"{config.name()}: {why}")
@@ -62,14 +51,8 @@ def linked(spec: PoolSpec, fmt: str, inputs: frozenset[int], output: bool) -> Li
 def linked_config(spec: PoolSpec, device: Device, variant: str | None) -> LinkedPool | None:
     """The configuration a linked pool's `variant` names; None for any name of no linked family (the plain
     kernel's are check_one_kernel's to judge); a PluginError for links the pool cannot keep or no GPU."""
-    if variant is None or not variant.startswith(tuple(FAMILIES)):
-        return None
-    _, config = parse(variant, dict.fromkeys(FAMILIES, LinkedPool), "pool")
-    if config is None:
-        raise PluginError(f"{variant!r} names no links: {LinkedPool.form(variant)} ({LinkedPool.meanings()})")
-    if not device.is_cuda:
-        raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
-    why = links_reason(spec, config.links)
+    config = named_linked_plain(LinkedPool, variant, device.is_cuda, "pool")
+    why = config and links_reason(spec, config.links)
     if why:
         raise PluginError(f"variant {variant!r}: {why}")
     return config

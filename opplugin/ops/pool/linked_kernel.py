@@ -6,12 +6,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import PluginError
 from ...gpu import cuda
 from ...gpu.kernel_cache import CompileJob
 from ...registry import Kernel
-from ..channel_last import FORMAT_CODES, INPUT, OUTPUT, channel_last_shape, checked_linked
-from ..operands import batched_input, contiguous_out
+from ..channel_last import FORMAT_CODES, INPUT, OUTPUT, linked_call_arrays
 from .channel_last import LANES, LinkedPool
 from .kernel import BLOCK, kernel_name, shape_defines
 from .spec import AVERAGE, PoolSpec
@@ -79,30 +77,10 @@ class LinkedPoolKernel(Kernel):
         of a zeroed byte the kernel sets where a value of Y as stored is NaN or Inf (0: none)."""
         import cupy
 
-        x = inputs[0] if inputs else None
         sample = (self.spec.channels, *self.spec.size)
-        if self._x_linked:
-            x = checked_linked(cupy, x, (x.shape[0] if getattr(x, "ndim", 0) == 4 else -1, *sample), "input X", self.name)
-        else:
-            x = batched_input(cupy, x, sample, "X", self.name)
-        batch = int(x.shape[0])
-        shape = self.spec.output_shape(batch)
-        if out is not None and self._y_linked:
-            checked_linked(cupy, out, shape, "output", self.name)
-            if not out.flags.c_contiguous or out.data.ptr % 16:
-                raise PluginError(f"{self.name}: out must be C-contiguous and 16-byte aligned (its 16-byte stores)")
-        elif not self._y_linked:
-            contiguous_out(cupy, out, shape, self.name)
         with cuda.on_stream(stream):
-            x = cupy.ascontiguousarray(x)
-            if self._x_linked and x.data.ptr % 16:  # its 16-byte loads; a fresh allocation is aligned
-                x = x.copy()
-            if out is not None:
-                y = out
-            elif self._y_linked:
-                y = cupy.empty(channel_last_shape(shape), dtype=cupy.uint16)
-            else:
-                y = cupy.empty(shape, dtype=cupy.float32)
+            x, y, batch = linked_call_arrays(cupy, inputs[0] if inputs else None, out, self.config.links, sample,
+                                             self.spec.output_shape, self.name)
             if batch:
                 self._launch(x, y, batch, np.uint64(nonfinite))
         return [y]

@@ -182,6 +182,9 @@ class RowKernel(Kernel):
 
         self.spec = spec
         self.name = kernel_name(spec, on_device=True)
+        # FP32 two-pass sums: a NaN or Inf in a normalised row makes the row NaN, as onnxruntime's (a linked
+        # normalisation's step reruns on this kernel, channel_last.py)
+        self.nonfinite_exact = isinstance(spec, NormSpec)
         function, arch = FUNCTIONS[type(spec)], cuda.device_arch()
         self.stages = [(rows, Geometry.of(rows), cuda.load(stage_job(macros, arch)).get_function(function))
                        for rows, macros in stage_macros(spec)]

@@ -1,6 +1,7 @@
 """The plugins of the reductions and normalisations. The CPU device runs the numpy reference,
 a CUDA device kernels/reduce.cu; a ReduceMean over H and W of an N x C x H x W tensor is a
-global average pool and runs the pool plugin's kernel, made for that case."""
+global average pool and runs the pool plugin's kernel, made for that case. A LayerNormalization over
+the channel axis between half-precision steps runs kernels/norm_channel_last.cu (channel_last.py)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -14,6 +15,9 @@ from ..pool import kernel as pool_kernel
 from ..pool.channel_last import linked_config
 from ..pool.plugin import ChannelLastPools, build_pool, checked_pool, pool_compile_jobs
 from ..pool.spec import PoolSpec
+from . import linked_kernel
+from .channel_last import ChannelLastNorms, LinkedNorm
+from .channel_last import linked_config as linked_norm_config
 from .kernel import ReferenceRowKernel, RowKernel, compile_jobs, kernel_name
 from .spec import NormSpec, ReduceSpec, SoftmaxSpec, affine
 
@@ -47,13 +51,17 @@ class RowPlugin(Plugin):
         if isinstance(spec, PoolSpec):
             config = linked_config(spec, device, variant)
             return pool_kernel.kernel_name(spec, device.is_cuda, config.name() if config else None)
-        return kernel_name(spec, device.is_cuda)
+        linked = linked_norm_config(spec, device, variant) if isinstance(spec, NormSpec) else None
+        return linked_kernel.kernel_name(spec, linked) if linked else kernel_name(spec, device.is_cuda)
 
     def compile_jobs(self, node: NodeInfo, device: Device, variant: str | None = None, fused: Sequence[NodeInfo] = (),
                      prologue: Sequence[NodeInfo] = (), graphed: bool = True) -> list[CompileJob]:
         spec = spec_of(node, self.make_spec)
         if isinstance(spec, PoolSpec):
             return pool_compile_jobs(spec, device, checked_pool(node, device, spec, variant, fused))
+        linked = self._checked_linked_norm(node, device, spec, variant, fused)
+        if linked:
+            return [linked_kernel.compile_job(spec, linked, device.arch)]
         spec = self._checked_spec(node, device, variant, fused)
         return compile_jobs(spec, device.arch) if device.is_cuda else []
 
@@ -62,9 +70,20 @@ class RowPlugin(Plugin):
         spec = spec_of(node, self.make_spec)
         if isinstance(spec, PoolSpec):
             return build_pool(spec, device, checked_pool(node, device, spec, variant, fused))
+        linked = self._checked_linked_norm(node, device, spec, variant, fused)
+        if linked:
+            return linked_kernel.LinkedNormKernel(spec, linked, *affine(spec, node))
         spec = self._checked_spec(node, device, variant, fused)
         scale, bias = affine(spec, node) if isinstance(spec, NormSpec) else (None, None)
         return RowKernel(spec, scale, bias) if device.is_cuda else ReferenceRowKernel(spec, scale, bias)
+
+    def _checked_linked_norm(self, node: NodeInfo, device: Device, spec: Any, variant: str | None,
+                             fused: Sequence[NodeInfo]) -> LinkedNorm | None:
+        """The linked configuration a normalisation's `variant` names (None: none), once it is found to fuse nothing."""
+        linked = linked_norm_config(spec, device, variant) if isinstance(spec, NormSpec) else None
+        if linked:
+            check_one_kernel(node, device, None, fused)
+        return linked
 
     def _checked_spec(self, node: NodeInfo, device: Device, variant: str | None, fused: Sequence[NodeInfo]) -> Any:
         """The node's spec, once the followers and the variant asked for are found to be ones `build` can make."""
@@ -106,7 +125,10 @@ class LogSoftmaxPlugin(SoftmaxPlugin):
     op_type = "LogSoftmax"
 
 
-class LayerNormalizationPlugin(RowPlugin):
+class LayerNormalizationPlugin(ChannelLastNorms, RowPlugin):
+    """Over the channel axis of an N x C x H x W tensor, its X and Y may be kept channel-last in 16 bits between
+    half-precision steps (channel_last.py); GroupNormalization's and InstanceNormalization's never are."""
+
     op_type = "LayerNormalization"
     spec_type = NormSpec
 

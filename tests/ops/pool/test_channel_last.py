@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from linked_runs import assert_within_the_formats_rule, runner_and_session
 from onnx_builders import save
 from precision_cases import conv_head_model, conv_pool_model
 
@@ -219,27 +220,6 @@ def test_a_linked_pool_refuses_an_fp32_tensor_where_it_expects_the_formats_bits(
         kernel([cupy.asarray(_fresh(shape, 1, "fp16"))], None)
 
 
-def _runner_case(model, precision, batch=16):
-    """A Runner of `model` in `precision` and onnxruntime's session of it."""
-    import onnxruntime
-
-    from opplugin.runtime import Runner
-
-    return Runner(model, batch, "cuda", precision=precision), onnxruntime.InferenceSession(model.proto.SerializeToString(),
-                                                                                           providers=["CPUExecutionProvider"])
-
-
-def _within_the_formats_rule(got, expected, precision, rounded=True):
-    """`got` within a run in `precision`'s rule of onnxruntime's `expected`; `rounded`: and not FP32's result."""
-    from opplugin.verify.check import default_tolerance
-
-    atol, rtol = default_tolerance(precision)
-    scale = max(1.0, float(np.sqrt(np.mean(expected.astype(np.float64) ** 2))))
-    assert np.all(np.abs(got - expected) <= atol * scale + rtol * np.abs(expected))
-    if rounded:
-        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) > 1e-6, "the run moved by no rounding at all: was it in FP32?"
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", FORMATS)
 def test_a_runner_keeps_a_max_pool_between_half_convs_channel_last_within_the_formats_rule(precision, tmp_path):
@@ -250,14 +230,14 @@ def test_a_runner_keeps_a_max_pool_between_half_convs_channel_last_within_the_fo
     if not families.FAMILIES["wg_fp16"].runs_here():
         pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
     model = load_model(save(conv_pool_model(), tmp_path / "conv_pool.onnx"))
-    runner, session = _runner_case(model, precision)
+    runner, session = runner_and_session(model, precision)
     steps = {s.name: s for s in runner.plan_record().steps}
     assert steps["pool"].implementation == f"maxpool.cuda_{precision}_h3.3x3s2p1" and steps["pool"].channel_last == ("r0", "p")
     assert steps["stem"].implementation.endswith("_h2+relu") and steps["conv1x1"].implementation.endswith("_h5+add")
     x = np.random.default_rng().standard_normal((16, 3, 16, 16)).astype(np.float32)
     got = runner.run({"x": x}).outputs["y"]
     [expected] = session.run(None, {"x": x})
-    _within_the_formats_rule(got, expected, precision)
+    assert_within_the_formats_rule(got, expected, precision)
     eager = Runner(model, 16, "cuda", precision=precision, cuda_graphs=False)
     assert np.array_equal(eager.run({"x": x}).outputs["y"], got)
     with pytest.raises(InputError, match=f"cannot keep p: it goes between steps channel-last in {precision}"):
@@ -272,7 +252,7 @@ def test_a_runner_keeps_a_max_pool_between_half_convs_channel_last_within_the_fo
         assert result.exact_reruns == 1
         assert np.array_equal(np.isnan(again), np.isnan(with_nan)) and np.isnan(again).any()
         clean = ~np.isnan(with_nan).reshape(16, -1).any(axis=1)  # the rerun chunk's other images come out in FP32
-        _within_the_formats_rule(again[clean], with_nan[clean], precision, rounded=False)
+        assert_within_the_formats_rule(again[clean], with_nan[clean], precision, rounded=False)
 
 
 @pytest.mark.gpu
@@ -285,9 +265,9 @@ def test_a_runner_reads_the_last_block_channel_last_into_the_head_within_the_for
     if not families.FAMILIES["wg_fp16"].runs_here():
         pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
     model = load_model(save(conv_head_model(head), tmp_path / "conv_head.onnx"))
-    runner, session = _runner_case(model, precision)
+    runner, session = runner_and_session(model, precision)
     steps = {s.name: s for s in runner.plan_record().steps}
     assert steps["head"].implementation.startswith(f"globalaveragepool.cuda_{precision}_h1.") and steps["head"].channel_last == ("r1",)
     x = np.random.default_rng().standard_normal((16, 3, 12, 12)).astype(np.float32)
     [expected] = session.run(None, {"x": x})
-    _within_the_formats_rule(runner.run({"x": x}).outputs["y"], expected, precision)
+    assert_within_the_formats_rule(runner.run({"x": x}).outputs["y"], expected, precision)

@@ -38,7 +38,8 @@
 // TAP_MASK (PixelCopies), KPAD, PROLOGUE, HALF_OPERANDS, CP (a one-group Conv's channels padded to a quad; C), and with
 // HALF_OPERANDS Y_CHANNEL_LAST and R_CHANNEL_LAST (conv_implicit_tiles.cuh: y or the residual kept channel-last
 // in the format). Launch conv_split_channel_last first (see there; not where X already is the channel-last image
-// in the format, as a linked half Conv step wrote it: then x_big is X itself), then conv_wgmma: block (BN *
+// in the format, as a linked half Conv step wrote it: then x_big is X itself, or with a PROLOGUE what
+// conv_prologue_channel_last makes of it), then conv_wgmma: block (BN *
 // 4), grid (ceil(batch*OH*OW / BN), G * ceil(M/G / BM), KSLICES) with KSLICES > 1, else any grid (x, y, 1):
 // a block takes every (x*y)-th output tile, so that a block an SM runs them all (persistent), its producers
 // copying the next tile's first slices during this one's epilogue; dynamic shared memory (STAGES * PARTS *
@@ -128,6 +129,32 @@ conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ p
 #endif
     }
 }
+
+#ifdef HALF_OPERANDS
+// big = the prologue on X where X comes channel-last in the format already (a link): each value widened to FP32,
+// transformed, and rounded once to the format, as conv_split_channel_last rounds an FP32 X's. Both are
+// [batch][H*W][C] (a linked X has whole 16-byte runs of channels: no padding). A thread takes one run of 8
+// channels of a pixel, loaded and stored whole. Launch: block 256, grid ceil(batch * H*W * C / 8 / 256).
+extern "C" __global__ void __launch_bounds__(256)
+conv_prologue_channel_last(const operand_t* __restrict__ x, const float* __restrict__ pro, operand_t* __restrict__ big, int batch)
+{
+    constexpr int RUNS = CP / 8;  // 16-byte runs a pixel (a linked X is never padded: CP is C)
+    const size_t run = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (run >= (size_t)batch * (H * W) * RUNS) return;
+    const int n = (int)(run / ((size_t)(H * W) * RUNS));
+    const int c0 = (int)(run % RUNS) * 8;
+    const uint4 bits = __ldg(reinterpret_cast<const uint4*>(x) + run);
+    const unsigned int words[4] = {bits.x, bits.y, bits.z, bits.w};
+    unsigned int out[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float lower = prologue_value(half_value<HALF_OPERANDS>((unsigned short)(words[k] & 0xFFFF)), pro, n, c0 + 2 * k);
+        const float upper = prologue_value(half_value<HALF_OPERANDS>((unsigned short)(words[k] >> 16)), pro, n, c0 + 2 * k + 1);
+        out[k] = half_pair_bits<HALF_OPERANDS>(lower, upper);
+    }
+    reinterpret_cast<uint4*>(big)[run] = make_uint4(out[0], out[1], out[2], out[3]);
+}
+#endif
 
 // This thread's weight copies: eight consecutive threads on a row's eight quads (one 128-byte line
 // read, all 32 banks written), rows NTHREADS / 8 apart. A narrow map tile (8 to 32 rows, a turn being 16 or 32)

@@ -139,6 +139,35 @@ def mobilenet_block_model(channels: int = 32, expand: int = 3, size: int = 12) -
     return finish(graph)
 
 
+def se_block_model(channels: int = 64, squeezed: int = 16, size: int = 12) -> onnx.ModelProto:
+    """EfficientNet's squeeze-and-excitation in small: a stem (3 -> channels) > Relu (t0), a depthwise 3x3 > SiLU (d,
+    as Sigmoid and Mul), its global average pool > 1x1 (-> squeezed) > Relu > 1x1 (-> channels) > Sigmoid (s),
+    d * s (m, the prologue of the projection) > a 1x1 projection > + t0 (y)."""
+    rng = np.random.default_rng(3)
+    weights = {"w0": rng.standard_normal((channels, 3, 3, 3)) / np.sqrt(27), "b0": rng.standard_normal(channels) * 0.1,
+               "wd": rng.standard_normal((channels, 1, 3, 3)) / 3, "bd": rng.standard_normal(channels) * 0.1,
+               "wr": rng.standard_normal((squeezed, channels, 1, 1)) / np.sqrt(channels), "br": rng.standard_normal(squeezed) * 0.1,
+               "we": rng.standard_normal((channels, squeezed, 1, 1)) / np.sqrt(squeezed), "be": rng.standard_normal(channels) * 0.1,
+               "wp": rng.standard_normal((channels, channels, 1, 1)) / np.sqrt(channels), "bp": rng.standard_normal(channels) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["t0"], name="stem_relu"),
+             helper.make_node("Conv", ["t0", "wd", "bd"], ["cd"], name="depthwise", pads=[1, 1, 1, 1], group=channels),
+             helper.make_node("Sigmoid", ["cd"], ["gate"], name="depthwise_sigmoid"),
+             helper.make_node("Mul", ["cd", "gate"], ["d"], name="depthwise_silu"),
+             helper.make_node("GlobalAveragePool", ["d"], ["g"], name="squeeze"),
+             helper.make_node("Conv", ["g", "wr", "br"], ["cr"], name="reduce"),
+             helper.make_node("Relu", ["cr"], ["tr"], name="reduce_relu"),
+             helper.make_node("Conv", ["tr", "we", "be"], ["ce"], name="expand"),
+             helper.make_node("Sigmoid", ["ce"], ["s"], name="excite"),
+             helper.make_node("Mul", ["d", "s"], ["m"], name="scale"),
+             helper.make_node("Conv", ["m", "wp", "bp"], ["cp"], name="project"),
+             helper.make_node("Add", ["cp", "t0"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "se_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, size, size])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return finish(graph)
+
+
 def conv_pair_model(channels: int = 64) -> onnx.ModelProto:
     """Conv (3 -> channels, a stem) > Relu > Conv (channels -> channels, 3x3) > Relu > Conv (1x1) > +
     the first Relu's output (a residual), with realistic weights."""

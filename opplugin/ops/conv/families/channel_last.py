@@ -35,8 +35,6 @@ def links_reason(links: int, epilogue: Epilogue) -> str | None:
     stores whole 16-byte runs of a pixel's maps can (each family adds its own limits)."""
     if links & ~ALL_LINKS:
         return f"links {links}: a sum of {', '.join(f'{bit} ({name})' for bit, name in TENSOR_NAMES.items())}"
-    if links & INPUT and epilogue.prologue:
-        return "X cannot come in channel-last: the kernel applies its prologue as it rewrites X"
     if links & RESIDUAL and not epilogue.residual:
         return "no residual operand to take channel-last: the kernel fuses no Add"
     return None

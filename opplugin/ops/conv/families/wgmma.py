@@ -44,6 +44,7 @@ from .tc_gemm import Split3xTf32Gemm
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
 STAGES = 3  # two slices in flight, one multiplied
 TF32_KEPT = np.uint32(0xFFFFE000)  # the bits of an FP32 value a TF32 operand keeps
+PROLOGUE_BLOCK = 256  # conv_prologue_channel_last's threads a block, a 16-byte run of channels each
 # conv_split_channel_last's tile: SPLIT_CHANNELS (one of these) channels x TRANSPOSE_VALUES / SPLIT_CHANNELS pixels
 TRANSPOSE_CHANNELS = (8, 16, 32)
 TRANSPOSE_VALUES = 1024  # a tile's values: four for each of the block's 256 threads (the kernel's SPLIT_PIXELS)
@@ -200,8 +201,9 @@ class WgmmaGemm(PipelinedGemm):
         units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
         if config.splits > 1:
             units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
-        if links & INPUT:  # X comes channel-last in the format: nothing to rewrite
-            return units
+        if links & INPUT:  # X comes channel-last in the format: nothing to rewrite, only a prologue to apply
+            prologue = [CompileUnit("conv_wgmma.cu", "conv_prologue_channel_last", defines, arch_specific=True)]
+            return units + (prologue if epilogue.prologue else [])
         return units + [CompileUnit("conv_wgmma.cu", "conv_split_channel_last", defines, arch_specific=True)]
 
     def _padding_defines(self, spec: ConvSpec) -> dict[str, int]:
@@ -360,10 +362,14 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
 
         # split_operands: an infinite input turns into NaN in 3xTF32, and a value past FP16's range into
         # an infinity: neither keeps FP32's NaN and Inf, so a chunk that meets them runs again exactly
-        rewrites = not getattr(config, "links", 0) & INPUT  # conv_split_channel_last, the last function
+        linked_x = bool(getattr(config, "links", 0) & INPUT)
+        # the last function makes the GEMM's image: conv_split_channel_last from an FP32 X, or
+        # conv_prologue_channel_last from a linked one with a prologue; a linked X without one is the image
+        rewrites = not linked_x or epilogue.prologue is not None
         super().__init__(spec, config, functions[:-1] if rewrites else functions, epilogue, split_operands=True, alignment=4)
         self.functions = list(functions)
-        self._split = functions[-1] if rewrites else None
+        self._split = functions[-1] if rewrites and not linked_x else None
+        self._prologue = functions[-1] if rewrites and linked_x else None
         w, b = weights
         self._half = half
         self._links = getattr(config, "links", 0)
@@ -389,8 +395,8 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
 
     def _image_bytes(self, batch: int) -> int:
         """The channel-last image's bytes: two per value in a half format, else eight (a value and its small
-        part); none where X comes channel-last already."""
-        if self._links & INPUT:
+        part); none where X comes channel-last already, but for the prologue's output."""
+        if self._links & INPUT and self._prologue is None:
             return 0
         return (2 if self._half else 8) * batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
 
@@ -415,8 +421,12 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the image(s), then the partial sums
         image_end = -(-self._image_bytes(batch) // 4)
         partial = scratch[image_end:]
-        if self._links & INPUT:  # X is the channel-last image already
+        if self._links & INPUT and self._prologue is None:  # X is the channel-last image already
             x_big, x_small = x, np.uint64(0)
+        elif self._links & INPUT:  # the prologue on X, channel-last in the format both
+            x_big, x_small = scratch[:image_end].view(cupy.uint16), np.uint64(0)
+            runs = values // 8
+            self._prologue((-(-runs // PROLOGUE_BLOCK), 1, 1), (PROLOGUE_BLOCK, 1, 1), (x, pro, x_big, np.int32(batch)))
         else:
             if self._half:
                 x_big, x_small = scratch[:image_end].view(cupy.uint16), np.uint64(0)

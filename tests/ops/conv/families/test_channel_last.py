@@ -18,7 +18,8 @@ from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families import pipelined
 from opplugin.ops.channel_last import channel_last_shape
 from opplugin.ops.conv.families.channel_last import ALL_LINKS, INPUT, OUTPUT, RESIDUAL, linked_names
-from opplugin.ops.conv.prologue import SCALE, Prologue
+from opplugin.ops.activation import Activation
+from opplugin.ops.conv.prologue import AFFINE, SCALE, Prologue
 
 HALF = {"wg_fp16": "fp16", "wg_bf16": "bf16"}
 ADD_RELU = Epilogue("Relu", residual=True)
@@ -54,8 +55,8 @@ def test_links_a_kernel_cannot_honour_are_refused_with_the_reason():
     w = ones(SPEC)
     assert families.unsupported_reason(SPEC, linked(SPEC, "wg_fp16", ALL_LINKS), w, ADD_RELU) is None
     assert "the kernel fuses no Add" in families.unsupported_reason(SPEC, linked(SPEC, "wg_fp16", RESIDUAL, NONE), w, NONE)
-    scaled = Epilogue(prologue=Prologue(SCALE))
-    assert "applies its prologue as it rewrites X" in families.unsupported_reason(SPEC, linked(SPEC, "wg_bf16", INPUT, scaled), w, scaled)
+    scaled = Epilogue(prologue=Prologue(SCALE))  # a linked X takes its prologue in a pass of its own
+    assert families.unsupported_reason(SPEC, linked(SPEC, "wg_bf16", INPUT, scaled), w, scaled) is None
     assert "pads its 3 channels to 8" in families.unsupported_reason(STEM, linked(STEM, "wg_fp16", INPUT, NONE), ones(STEM), NONE)
     assert families.unsupported_reason(STEM, linked(STEM, "wg_fp16", OUTPUT, NONE), ones(STEM), NONE) is None
     odd = conv(2, 64, 36, (8, 8), (1, 1))  # 36 maps: a pixel's run of maps is no whole number of 16-byte pieces
@@ -71,9 +72,17 @@ def test_the_macros_say_the_format_of_each_linked_tensor_and_a_linked_x_is_not_r
     assert gemm.defines["Y_CHANNEL_LAST"] == gemm.defines["R_CHANNEL_LAST"] == gemm.defines["HALF_OPERANDS"] == 2
     units = families.compile_units(SPEC, linked(SPEC, "wg_fp16", INPUT), ADD_RELU)
     assert [u.function for u in units] == ["conv_wgmma"] and "Y_CHANNEL_LAST" not in units[0].defines
+    for prologue in PROLOGUES.values():  # a linked X's prologue: its own pass, channel-last to channel-last
+        epilogue = dataclasses.replace(ADD_RELU, prologue=prologue)
+        units = families.compile_units(SPEC, linked(SPEC, "wg_fp16", INPUT, epilogue), epilogue)
+        assert [u.function for u in units] == ["conv_wgmma", "conv_prologue_channel_last"]
+        assert units[1].defines["PROLOGUE"] == units[0].defines["PROLOGUE"]
 
 
 LINK_CASES = [(spec_name, name, links) for spec_name in LINKED_SPECS for name in HALF for links in (OUTPUT, ALL_LINKS)]
+# a squeeze-and-excitation block's scale, DenseNet's BatchNormalization > Relu
+PROLOGUES = {"scale": Prologue(SCALE), "bn_relu": Prologue(AFFINE, tuple(np.linspace(0.5, 1.5, 64)), tuple(np.linspace(-0.3, 0.3, 64)),
+                                                       Activation("Relu"))}
 
 
 @pytest.mark.parametrize(("spec_name", "name", "links"), LINK_CASES)
@@ -132,3 +141,36 @@ def test_a_linked_kernel_refuses_an_fp32_tensor_where_it_expects_the_formats_bit
     kernel = families.build_kernel(SPEC, linked(SPEC, "wg_fp16", INPUT), (w, b), ADD_RELU)
     with pytest.raises(PluginError, match=r"input X is linked channel-last in 16 bits: expected a uint16 array of shape \(3, 13, 11, 64\)"):
         kernel([cupy.asarray(x), None, None, cupy.asarray(r)], None)
+
+
+PROLOGUE_CASES = [(name, prologue, links) for name in HALF for prologue in PROLOGUES for links in (INPUT, ALL_LINKS)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "prologue", "links"), PROLOGUE_CASES)
+def test_a_linked_x_takes_its_prologue_as_the_unlinked_kernel_does(name, prologue, links):
+    """The prologue on the format's values widened to FP32, rounded once for the GEMM: the operands, sums and
+    output of the unlinked kernel fed the same values as FP32, bit for bit."""
+    import cupy
+
+    if not families.FAMILIES[name].runs_here():
+        pytest.skip("wg_fp16 and wg_bf16 need an sm_90 GPU (wgmma)")
+    precision = HALF[name]
+    epilogue = dataclasses.replace(ADD_RELU, prologue=PROLOGUES[prologue])
+    seed, x, w, b, r = draw(SPEC, residual=True)
+    x, r = round_to(x, precision), round_to(r, precision)
+    scale = np.random.default_rng(seed).uniform(0.1, 2.0, (SPEC.batch, SPEC.in_channels, 1, 1)).astype(np.float32)
+    operand = [cupy.asarray(scale)] if epilogue.prologue.takes_operand else []
+    plain = families.build_kernel(SPEC, linked(SPEC, name, 0, epilogue), (w, b), epilogue)
+    [y] = plain([cupy.asarray(x), None, None, cupy.asarray(r), *operand], None, out=cupy.full(SPEC.output_shape(), cupy.nan, cupy.float32))
+    expected = cupy.asnumpy(y)
+    kernel = families.build_kernel(SPEC, linked(SPEC, name, links, epilogue), (w, b), epilogue)
+    r_in = as_channel_last_bits(r, precision) if links & RESIDUAL else cupy.asarray(r)
+    out = cupy.full(channel_last_shape(SPEC.output_shape()), 0xFFFF, cupy.uint16) if links & OUTPUT else \
+        cupy.full(SPEC.output_shape(), cupy.nan, cupy.float32)
+    [got] = kernel([as_channel_last_bits(x, precision), None, None, r_in, *operand], None, out=out)
+    want = half_bits(expected, precision).transpose(0, 2, 3, 1) if links & OUTPUT else expected
+    assert got is out and np.array_equal(cupy.asnumpy(got), want), \
+        f"{kernel.name} (seed {seed}): {int((cupy.asnumpy(got) != want).sum())} outputs differ from the unlinked kernel's"
+    exact = reference.expected(SPEC, epilogue, x, w, b, r, scale=scale if operand else None)
+    assert np.linalg.norm(expected - exact) / np.linalg.norm(exact) < 1e-2  # and the unlinked one is the Conv

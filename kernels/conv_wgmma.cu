@@ -45,8 +45,7 @@
 // copying the next tile's first slices during this one's epilogue; dynamic shared memory (STAGES * PARTS *
 // (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS), and with Y_CHANNEL_LAST
 // 2 * BN * STAGED_ROW more for the staged stores (16 rows of STAGED_ROW halves a consumer warp). With KSLICES > 1 the partial sums go to `partial` and
-// the last block of each tile to finish adds them up (last_of_tile; tile_counts: a zeroed count a tile, null
-// unsplit). nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
+// conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
 
@@ -450,41 +449,10 @@ __device__ __forceinline__ void store_channel_last(const float* acc, const MapBi
 }
 #endif
 
-// Whether this block is the last of its output tile's KSLICES to have stored its partial sums, told to every consumer
-// thread (the producers have left): each consumer fences its stores before one of them counts the block in at
-// `count`, and the last one to count resets it for the next launch on this stream (the kernel's Python side keeps
-// a zeroed count per tile for each stream). Only consumers take part: named barrier 1, NTHREADS threads.
-__device__ __forceinline__ bool last_of_tile(unsigned int* count)
-{
-    __threadfence();
-    asm volatile("bar.sync 1, %0;" ::"n"(NTHREADS));
-    unsigned int last = 0;
-    if (threadIdx.x == NTHREADS) {
-        last = atomicAdd(count, 1u) == KSLICES - 1;
-        if (last) *count = 0;  // every slice of the tile has counted in
-    }
-    asm volatile("{\n .reg .pred mine, any;\n setp.ne.u32 mine, %1, 0;\n bar.red.or.pred any, 1, %2, mine;\n selp.u32 %0, 1, 0, any;\n}"
-                 : "=r"(last) : "r"(last), "n"(NTHREADS));
-    if (last) __threadfence();  // the other blocks' partial sums, seen after their count
-    return last;
-}
-
-// The KSLICES partial sums of map m at column col added in slice order, as conv_k_slices_reduce adds them; read
-// through volatile loads, past L1 (other blocks wrote them, during this launch)
-__device__ __forceinline__ float slices_sum(const float* partial, int total, int col, int m)
-{
-    const volatile float* sums = partial + (size_t)m * total + col;
-    float v = 0.0f;
-#pragma unroll 4
-    for (int s = 0; s < KSLICES; ++s) v += sums[(size_t)s * M * total];
-    return v;
-}
-
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
            const operand_t* __restrict__ w_small, const float* __restrict__ b, const residual_t* __restrict__ r,
-           output_t* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite,
-           unsigned int* __restrict__ tile_counts)
+           output_t* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
 {
     extern __shared__ float4 shared_tiles[];
     const int total = batch * P;
@@ -529,20 +497,6 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
         consume_slices(acc, run.count, stages, full, empty, before);
 
 #if KSLICES == 1
-#else
-        // this block's slice of the sums into `partial`; the last of the tile's KSLICES blocks to store its own
-        // adds them all up, in slice order, and finishes the tile as an unsplit block does: no reduce kernel
-        for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
-        if (!last_of_tile(tile_counts + tile))
-            continue;
-        for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { acc[i] = slices_sum(partial, total, col, m); });
-#ifdef Y_CHANNEL_LAST
-        const MapBias bias(b, m0, maps.end);
-#if PREFETCHED_RESIDUAL
-        prefetch_residual(r, staging, col0, m0, total, maps.end);
-#endif
-#endif
-#endif
 #ifdef Y_CHANNEL_LAST
         store_channel_last(acc, bias, staging, r, y, nonfinite, col0, m0, total, maps.end);
 #else
@@ -558,6 +512,9 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
             for_each_output_of(upper, col0, m0, total, maps.end,
                                [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i / 4 * 2 + i % 2]); });
         }
+#endif
+#else
+        for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
 #endif
     }
 }

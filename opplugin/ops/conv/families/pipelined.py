@@ -250,7 +250,6 @@ class PipelinedGemmKernel(ConvKernel):
     # the distance between images as an argument (registry.Kernel)
     in_views = True
     flags_nonfinite = True  # store_sum and conv_k_slices_reduce raise it
-    adds_slices_itself = False  # True: a K split's partial sums are added in the GEMM kernel (no reduce kernel)
 
     @property
     def nonfinite_exact(self) -> bool:
@@ -262,7 +261,7 @@ class PipelinedGemmKernel(ConvKernel):
         self.splits = config.splits
         self._shared = config.shared_bytes()
         self._gemm = functions[0]
-        self._reduce = functions[1] if config.splits > 1 and not self.adds_slices_itself else None
+        self._reduce = functions[1] if config.splits > 1 else None
         if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
             self._gemm.max_dynamic_shared_size_bytes = self._shared
         # the 16-byte weight copies need W's rows 16-byte aligned

@@ -28,7 +28,6 @@ groups do; fewer than 32 maps a group in another count stay FP32.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -39,7 +38,7 @@ from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
 from .channel_last import INPUT, OUTPUT, RESIDUAL, LinkedTensors, link_defines, links_reason, possible_links
 from .gemm import k_dim
-from .pipelined import WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
+from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
 
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
@@ -199,7 +198,9 @@ class WgmmaGemm(PipelinedGemm):
         defines["SPLIT_CHANNELS"] = split_channels(image_channels(spec, self.pads_channels))
         links = getattr(config, "links", 0)
         defines |= link_defines(links, self.half_format)
-        units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]  # a K split's sums added in it
+        units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
+        if config.splits > 1:
+            units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
         if links & INPUT:  # X comes channel-last in the format: nothing to rewrite, only a prologue to apply
             prologue = [CompileUnit("conv_wgmma.cu", "conv_prologue_channel_last", defines, arch_specific=True)]
             return units + (prologue if epilogue.prologue else [])
@@ -355,7 +356,6 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
     its configuration links (channel_last.py) come and go as uint16 [N][H][W][C] in that format."""
 
     reads_weights = False
-    adds_slices_itself = True  # conv_wgmma's last block of a tile adds the K split's slices
 
     def __init__(self, spec, config, functions, epilogue, weights, half: str | None = None):
         import cupy
@@ -370,7 +370,6 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         self.functions = list(functions)
         self._split = functions[-1] if rewrites and not linked_x else None
         self._prologue = functions[-1] if rewrites and linked_x else None
-        self._tile_counts: dict[tuple[int, int], Any] = {}  # (stream, batch) -> a zeroed count a tile (last_of_tile)
         w, b = weights
         self._half = half
         self._links = getattr(config, "links", 0)
@@ -417,7 +416,7 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         import cupy
 
         r, pro = weights
-        grid, workspace, _ = self._geometry(batch)
+        grid, workspace, reduce_blocks = self._geometry(batch)
         values = batch * self._channels * self.spec.in_size[0] * self.spec.in_size[1]
         scratch = cupy.empty(workspace, dtype=cupy.float32)  # workspace_bytes: the image(s), then the partial sums
         image_end = -(-self._image_bytes(batch) // 4)
@@ -436,20 +435,11 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
             pixel_tiles, channel_tiles = self._transpose_tiles
             x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
             self._split((batch * pixel_tiles, channel_tiles, 1), (32, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
-        split = self.splits > 1
-        target, flag = (partial if split else np.uint64(0)), np.uint64(nonfinite)
-        counts = self._counts(cupy, grid, batch) if split else np.uint64(0)
+        target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
         self._gemm(grid, (self.config.threads, 1, 1),
-                   (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag, counts), shared_mem=self._shared)
-
-    def _counts(self, cupy: Any, grid: tuple[int, int, int], batch: int) -> Any:
-        """The K split's count of finished slices for each output tile, zero between launches (the tile's last block
-        resets it), one array for each stream the kernel runs on: launches on one stream follow each other, those on
-        two may overlap."""
-        key = (cupy.cuda.get_current_stream().ptr, batch)
-        if key not in self._tile_counts:
-            self._tile_counts[key] = cupy.zeros(grid[0] * grid[1], dtype=cupy.uint32)
-        return self._tile_counts[key]
+                   (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag), shared_mem=self._shared)
+        if self.splits > 1:
+            self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, self._b, r, y, np.int32(batch), flag))
 
 
 FAMILIES: list[Family] = [WgmmaGemm(), WgmmaFp16Gemm(), WgmmaBf16Gemm()]

@@ -94,7 +94,7 @@ def test_it_compiles_for_sm_90a_alone():
     family = families.FAMILIES["wg_3xtf32"]
     assert family.archs == ("sm_90",)
     units = families.compile_units(VGG_512, "wg_3xtf32_b128x128x32_s3_k2")
-    assert [u.function for u in units] == ["conv_wgmma", "conv_split_channel_last"]  # the K split's slices added in conv_wgmma
+    assert [u.function for u in units] == ["conv_wgmma", "conv_k_slices_reduce", "conv_split_channel_last"]
     assert {unit_arch(u, "sm_90") for u in units} == {"sm_90a"}
 
 

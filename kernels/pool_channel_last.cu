@@ -166,7 +166,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)
     for (int k = 0; k < LANES; ++k)
         acc[k] = IS_MAX ? NEG_INF : 0.0f;
     if (along < PIXEL_THREADS && group < GROUPS) {
-        for (int p = along; p < PLANE; p += PIXEL_THREADS) {
+#pragma unroll 4
+        for (int p = along; p < PLANE; p += PIXEL_THREADS) {  // loads of 4 pixels in flight
             float v[LANES];
             read_lanes(v, x, (n * PLANE + p) * C + group * LANES);
 #pragma unroll

@@ -16,6 +16,8 @@ from .spec import AVERAGE, PoolSpec
 
 SOURCE = "pool_channel_last.cu"
 GROUP_TILE = 32  # channel groups a global pool's block takes at most: a warp's loads of a pixel, 512 bytes
+FEWEST_GROUPS = 4  # ... and at least, where the image has that many: runs of 64 bytes of a pixel
+BLOCKS_AN_IMAGE = 8  # blocks an image's channels are split over where the tiles allow: a batch of 1 still fills SMs
 
 
 def defines(spec: PoolSpec, config: LinkedPool) -> dict[str, int]:
@@ -23,15 +25,26 @@ def defines(spec: PoolSpec, config: LinkedPool) -> dict[str, int]:
     found = shape_defines(spec) | {"HALF_FORMAT": FORMAT_CODES[config.format], "X_CHANNEL_LAST": int(bool(config.links & INPUT)),
                                    "Y_CHANNEL_LAST": int(bool(config.links & OUTPUT))}
     if spec.is_global:
-        tile = min(GROUP_TILE, spec.channels // LANES)
-        found |= {"GROUP_TILE": tile, "TILES": global_tiles(spec)}
+        found |= {"GROUP_TILE": group_tile(spec), "TILES": global_tiles(spec)}
     return found
 
 
-def global_tiles(spec: PoolSpec) -> int:
-    """A global pool's blocks an image: its channel groups, GROUP_TILE at a time."""
+def group_tile(spec: PoolSpec) -> int:
+    """A global pool block's channel groups (of LANES channels): the most, up to GROUP_TILE, that still split an image
+    over BLOCKS_AN_IMAGE blocks, else FEWEST_GROUPS; the block's other threads share the plane's pixels. EfficientNet's
+    squeezes (672 channels at 14x14, 96 at 112x112) took 10 to 20 us each at 32 groups a block: 1 to 3 blocks an
+    image, each thread walking hundreds of pixels one load at a time."""
     groups = spec.channels // LANES
-    return -(-groups // min(GROUP_TILE, groups))
+    tile = GROUP_TILE
+    while tile > FEWEST_GROUPS and -(-groups // tile) < BLOCKS_AN_IMAGE:
+        tile //= 2
+    return min(tile, groups)
+
+
+def global_tiles(spec: PoolSpec) -> int:
+    """A global pool's blocks an image: its channel groups, group_tile's at a time."""
+    groups = spec.channels // LANES
+    return -(-groups // group_tile(spec))
 
 
 def function_name(spec: PoolSpec) -> str:

@@ -103,7 +103,7 @@ class UnfusedEpilogueKernel(Kernel):
             return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
-# the families --precision runs a Conv in, tried in this order: for narrow groups (2 to 16 channels and maps a group),
+# the families --precision runs a Conv in, tried in this order: for narrow groups (2 to 16 channels, 2 to 8 maps a group),
 # which the GEMM declines or runs on tiles of a few maps, the grouped kernel (grouped_half.py); the implicit GEMM
 # (wgmma.py); then for a depthwise Conv, which the GEMM declines (one map a group), the depthwise kernel
 # (depthwise_half.py); under tf32 a Conv stays FP32-exact (3xTF32 on Hopper)

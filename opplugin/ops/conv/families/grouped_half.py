@@ -1,9 +1,10 @@
 """`gw_fp16` and `gw_bf16`: a grouped Conv of narrow groups on operands in FP16 or BF16
-(kernels/conv_grouped_half.cu), what `--precision fp16|bf16` runs the grouped 3x3s of ResNeXt and RegNet in: groups of
-CG = 2, 4, 8 or 16 input channels and MG = 2 to 16 maps (an even count), more than one group. wg_fp16 and wg_bf16
-decline a group of 4 maps and run one of 8 or 16 on a GEMM tile of that many maps, which spends its time staging a
-group's few channels for a few multiply-adds each; depthwise_half.py's kernel, given a group's CG channels where it
-has one, reads each pixel's CG channels once and multiplies them with its VEC maps' taps in registers.
+(kernels/conv_grouped_half.cu), what `--precision fp16|bf16` runs the narrow grouped 3x3s of ResNeXt in: groups of
+CG = 2, 4, 8 or 16 input channels and MG = 2, 4, 6 or 8 maps, more than one group. wg_fp16 and wg_bf16 decline a
+group of 4 maps and run one of 8 on a GEMM tile of 8 maps, which spends its time staging a group's few channels for a
+few multiply-adds each (ResNeXt-50's stage 2: 90 us at batch 32 on an H200); depthwise_half.py's kernel, given a
+group's CG channels where it has one, reads each pixel's CG channels once and multiplies them with its VEC maps' taps
+in registers. Groups of 16 maps (RegNet's, ResNeXt's stage 3) stay on wg's 16-map tile.
 
 X and W are rounded to the format (W once, at build; X as the kernel loads it, or as the step before wrote it,
 channel-last in the format: a link, channel_last.py), each product of two such values is exact in FP32, and the
@@ -28,7 +29,9 @@ from .depthwise import kernel_reason, tile_reason
 from .depthwise_half import DepthwiseHalfConfig, DepthwiseHalfKernel, block_tile, planes_for, row_values
 
 GROUP_CHANNELS = (2, 4, 8, 16)  # a pixel's channels of a group: one aligned load of 4, 8 or 16 bytes, or two of 16
-MOST_MAPS = 16  # maps a group at most: from 24 on, wg_fp16's tiles of a group's maps fill up
+# maps a group at most: groups of 16 stay on wg_fp16's tile of 16 maps (ResNeXt-50's 512 channels at 14x14, batch 32: 30
+# us on an H200), tensor cores where this family's FFMAs would do 16 taps x channels a map; groups of 8 took 90 us there
+MOST_MAPS = 8
 BLOCK_MAPS = 32  # maps a block at most: a linked warp's lanes span 64 bytes of a pixel's maps and 8 or more pixels
 MAX_THREADS = 512
 MOST_SUMS = 32  # FP32 sums a thread
@@ -181,7 +184,7 @@ class GroupedFp16(GroupedHalf):
     name, precision, half_format = "gw_fp16", "fp16", 1
     expected_relative_error, max_relative_error = 3e-4, 2e-3  # as dw_fp16's: one rounding of each operand dominates
     summary = (
-        "grouped in FP16 (not exact; what --precision fp16 runs a Conv of 2 to 16 channels and maps a group in): X and "
+        "grouped in FP16 (not exact; what --precision fp16 runs a Conv of 2 to 16 channels and 2 to 8 maps a group in): X and "
         "W rounded to FP16, FP32 sums; a thread computes a few pixels of 2 to 8 maps of one group from each pixel's "
         "channels of the group loaded once, X read as FP32 NCHW or channel-last in FP16 (a link); fuses bias, a "
         "residual Add and an activation"

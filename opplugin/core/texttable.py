@@ -2,7 +2,8 @@
 and, given a line width, text columns narrowed so that the table fits it.
 
 Also the two ways long text is shortened for the terminal: a chain of op types
-summarised (`summarise_ops`) and a long name cut in its middle (`elide_middle`).
+summarised (`summarise_ops`) and a long name cut in its middle (`elide_middle`); and
+names listed in a sentence (`spoken`).
 """
 from __future__ import annotations
 
@@ -115,3 +116,9 @@ def text_table(
     if rule:
         lines.append(indent + "  ".join("-" * w for w in widths))
     return lines + [line(values) for values in cells[1:]]
+
+
+def spoken(names: Sequence[str], conjunction: str = "or") -> str:
+    """Names as a sentence lists them: "a", "a or b", "a, b or c"."""
+    names = list(names)
+    return names[0] if len(names) < 2 else f"{', '.join(names[:-1])} {conjunction} {names[-1]}"

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..core.number_formats import FP32
+from ..core.texttable import spoken
 from ..gpu import cuda
 from ..gpu.device import CPU, current_cuda_device
 from ..errors import DeviceError, InputError, PluginError, first_line, positive_int
@@ -144,7 +145,7 @@ class Options:
         if self.precision != FP32 and (self.families or self.kernels):
             flag = "--families" if self.families else "--kernel"
             raise InputError(f"{flag} does not apply with --precision {self.precision}: the Conv suites then time "
-                             f"only the family --precision runs each Conv in, {' or '.join(precision_families(self.precision))}, "
+                             f"only the family --precision runs each Conv in, {spoken(precision_families(self.precision))}, "
                              f"beside cuDNN in {self.precision.upper()}")
 
 

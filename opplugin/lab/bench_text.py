@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.texttable import text_table
+from ..core.texttable import spoken, text_table
 
 COLUMNS = ("variant", "exact", "ms", "GFLOP/s", "GB/s", "x floor", "vs base", "vs cuDNN", "rel err", "status")
 NOTE_WIDTH = 70
@@ -107,7 +107,7 @@ def precision_words(payload: dict[str, Any]) -> str:
     precision, summary = payload["precision"], payload["precision_summary"]
     fmt = precision.upper()
     return (f"precision {precision}: each Conv alone (no fused step) by the family run --precision {precision} runs it in "
-            f"({' or '.join(summary['families'])}; FP32 in and out, converting inside its timed call; a layer it cannot run is listed with the reason), "
+            f"({spoken(summary['families'])}; FP32 in and out, converting inside its timed call; a layer it cannot run is listed with the reason), "
             f"beside cuDNN on {fmt} tensors in channels_last, its input and weights converted before timing and its output "
             f"left in {fmt}; every output checked against float64 first: {payload['settings']['format_bound']}")
 
@@ -199,7 +199,7 @@ def precision_cells(summary: dict[str, Any]) -> list[list[str]]:
 
 
 def precision_means(summary: dict[str, Any]) -> str:
-    return (f"{' and '.join(summary['families'])} ran {summary['ran']} of {len(summary['layers'])} layers and batches; over them, "
+    return (f"{spoken(summary['families'], 'and')} ran {summary['ran']} of {len(summary['layers'])} layers and batches; over them, "
             f"vs cuDNN {summary['precision'].upper()}: geometric mean {_ratio(summary['geomean_vs_cudnn'])}")
 
 

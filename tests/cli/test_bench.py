@@ -73,9 +73,9 @@ def test_the_conv_suites_take_fp16_and_bf16(argv, precision):
     (["--suite", "cnn", "--precision", "tf32"], "^--precision tf32: the Conv suites time TF32 in every run "),
     (["--suite", "cnn", "--precision", "fp16", "--families", "tc_3xtf32"],
      "^--families does not apply with --precision fp16: the Conv suites then time only the family --precision runs each Conv in, "
-     "wg_fp16 or dw_fp16, beside cuDNN in FP16$"),
+     "gw_fp16, wg_fp16 or dw_fp16, beside cuDNN in FP16$"),
     (["--precision", "bf16", "--kernel", "Conv=a.cu"],
-     "^--kernel does not apply with --precision bf16: the Conv suites then time only the family --precision runs each Conv in, wg_bf16 or dw_bf16, "),
+     "^--kernel does not apply with --precision bf16: the Conv suites then time only the family --precision runs each Conv in, gw_bf16, wg_bf16 or dw_bf16, "),
     (["--e2e", "m.onnx", "--precision", "fp8"], "^--precision 'fp8': one of fp32, tf32, fp16, bf16 "),
 ])
 def test_bad_bench_flags_are_refused_as_they_are_read(argv, message):

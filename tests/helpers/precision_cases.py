@@ -139,6 +139,33 @@ def mobilenet_block_model(channels: int = 32, expand: int = 3, size: int = 12) -
     return finish(graph)
 
 
+def resnext_block_model(channels: int = 32, size: int = 10) -> onnx.ModelProto:
+    """A stem (3 -> channels, 3x3) > Relu (t0), then a ResNeXt-like bottleneck on it: a 1x1 reduce > Relu (t1), a
+    grouped 3x3 of 4 channels a group > Relu (t2), a grouped 3x3 of 8 channels a group + t1 (t3: a residual inside),
+    a 1x1 project + t0 (y, the output), with realistic weights and biases."""
+    rng = np.random.default_rng(2)
+    c = channels
+    weights = {"w0": rng.standard_normal((c, 3, 3, 3)) / np.sqrt(27), "b0": rng.standard_normal(c) * 0.1,
+               "wr": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "br": rng.standard_normal(c) * 0.1,
+               "wg4": rng.standard_normal((c, 4, 3, 3)) / 6, "bg4": rng.standard_normal(c) * 0.1,
+               "wg8": rng.standard_normal((c, 8, 3, 3)) / np.sqrt(72), "bg8": rng.standard_normal(c) * 0.1,
+               "wp": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "bp": rng.standard_normal(c) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="stem", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["t0"], name="stem_relu"),
+             helper.make_node("Conv", ["t0", "wr", "br"], ["cr"], name="reduce"),
+             helper.make_node("Relu", ["cr"], ["t1"], name="reduce_relu"),
+             helper.make_node("Conv", ["t1", "wg4", "bg4"], ["cg4"], name="grouped4", pads=[1, 1, 1, 1], group=c // 4),
+             helper.make_node("Relu", ["cg4"], ["t2"], name="grouped4_relu"),
+             helper.make_node("Conv", ["t2", "wg8", "bg8"], ["cg8"], name="grouped8", pads=[1, 1, 1, 1], group=c // 8),
+             helper.make_node("Add", ["cg8", "t1"], ["t3"], name="inner_residual"),
+             helper.make_node("Conv", ["t3", "wp", "bp"], ["cp"], name="project"),
+             helper.make_node("Add", ["cp", "t0"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "resnext_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, size, size])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return finish(graph)
+
+
 def se_block_model(channels: int = 64, squeezed: int = 16, size: int = 12) -> onnx.ModelProto:
     """EfficientNet's squeeze-and-excitation in small: a stem (3 -> channels) > Relu (t0), a depthwise 3x3 > SiLU (d,
     as Sigmoid and Mul), its global average pool > 1x1 (-> squeezed) > Relu > 1x1 (-> channels) > Sigmoid (s),

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
-from bench_payloads import GROUPED_REASON, HALF_LAYERS, conv_payload, half_payload
+from bench_payloads import HALF_LAYERS, conv_payload, half_payload
+from onnx_builders import conv_spec as conv
 from onnx_builders import save
 
 from opplugin.gpu.device import Device
@@ -35,6 +37,8 @@ RUN_IN_WG = {
 }
 RUN_NARROW = {"mobilenetv2 1x1 96->24 56": 24, "resnext50 g32 3x3 512ch 14": 16, "regnety800mf gw16 3x3 144ch 28": 16,
               "regnety800mf gw16 3x3 320ch 14": 16}
+# ... gw_fp16 and gw_bf16 the narrow groups (ResNeXt's 4 channels and maps a group)
+RUN_IN_GW = {"resnext50 g32 3x3 128ch 56"}
 # ... and those dw_fp16 and dw_bf16 run: every depthwise layer (one map a channel, a multiple of 8 channels)
 RUN_IN_DW = {
     "mobilenetv2 dw 3x3 32ch 112", "mobilenetv2 dw 3x3 s2 144ch 56", "efficientnetb0 dw 5x5 672ch 14", "efficientnetb0 dw 5x5 1152ch 7",
@@ -53,19 +57,17 @@ def test_each_cnn_layer_names_the_precisions_family_or_the_reason_it_has_none(pr
     picked = {}
     for case, spec in cases_at(32):
         config, reason = precision_pick(spec, (case.w, case.b), precision)
-        assert (config is None) != (reason is None), case.conv
+        assert config is not None and reason is None, (case.conv, reason)  # every layer of the suite has a family
         picked[case.conv] = config
-        if config is None:  # ResNeXt's 4-channel groups
-            maps = spec.out_channels // spec.group
-            assert reason == (f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); "
-                              f"this Conv has {maps} a group"), case.conv
+        if case.conv in RUN_IN_GW:
+            assert config.name().startswith(f"gw_{precision}_t"), config
         elif case.conv in RUN_IN_DW:
             assert config.name().startswith(f"dw_{precision}_t"), config
         elif case.conv in RUN_NARROW:
             assert config.name().startswith(f"wg_{precision}_b{RUN_NARROW[case.conv]}x"), config
         else:
             assert config.name().startswith(f"wg_{precision}_b"), config
-    assert {name for name, config in picked.items() if config} == RUN_IN_WG | RUN_IN_DW | set(RUN_NARROW)
+    assert set(picked) == RUN_IN_WG | RUN_IN_DW | set(RUN_NARROW) | RUN_IN_GW
 
 
 def test_the_bench_picks_what_a_plan_in_fp16_runs_each_layer_in(tmp_path):
@@ -81,7 +83,7 @@ def test_the_bench_picks_what_a_plan_in_fp16_runs_each_layer_in(tmp_path):
             assert step.precision == "fp16" and step.implementation == f"conv.{config.name()}", (case.conv, step.implementation)
 
 
-@pytest.mark.parametrize(("layer", "family"), [(HALF_LAYERS[0], "wg_fp16"), (HALF_LAYERS[1], "dw_fp16")])
+@pytest.mark.parametrize(("layer", "family"), [(HALF_LAYERS[0], "wg_fp16"), (HALF_LAYERS[1], "dw_fp16"), (HALF_LAYERS[2], "gw_fp16")])
 def test_in_fp16_the_candidates_are_the_family_the_precision_runs_the_layer_in_alone(layer, family):
     [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == layer]
     weights = (case.w, case.b)
@@ -95,14 +97,17 @@ def test_in_fp16_the_candidates_are_the_family_the_precision_runs_the_layer_in_a
 
 
 def test_a_layer_the_family_cannot_run_is_a_row_with_the_reason_not_timed_and_not_dropped():
-    [(case, spec)] = [(case, spec) for case, spec in cases_at(32) if case.conv == HALF_LAYERS[2]]
+    spec = conv(32, 48, 48, (28, 28), (3, 3), pads=(1, 1, 1, 1), group=16)  # groups of 3 channels: no half family's
+    rng = np.random.default_rng(0)
+    weights = (rng.standard_normal(spec.weight_shape).astype(np.float32), rng.standard_normal(48).astype(np.float32))
     run = bench.Bench(bench.Options(suite="cnn", precision="fp16"))
-    problem = SimpleNamespace(spec=spec, epilogue=NONE, weights=(case.w, case.b))  # the trial stops before any GPU work
-    [(variant, heuristic)] = run._candidates(spec, NONE, None, (case.w, case.b))
-    step = {"step": case.label(False), "batch": 32, "bytes": 1, "floor_ms": None}
+    problem = SimpleNamespace(spec=spec, epilogue=NONE, weights=weights)  # the trial stops before any GPU work
+    [(variant, heuristic)] = run._candidates(spec, NONE, None, weights)
+    step = {"step": "cnn groups of 3", "batch": 32, "bytes": 1, "floor_ms": None}
     row = run._bench_variant(step, problem, variant, heuristic)
-    assert (row["name"], row["status"], row["reason"], row["ms"]) == ("wg_fp16_b8x128x64_s4", "unsupported", GROUPED_REASON, None)
-    assert row["family"] == "wg_fp16" and row["tolerance"] is None  # a 16-bit run is held to the element bound instead
+    reason = "gw_fp16 takes groups of 2, 4, 8 or 16 input channels (a pixel's in one or two loads); this Conv has 3 a group"
+    assert (row["status"], row["reason"], row["ms"]) == ("unsupported", reason, None)
+    assert row["family"] == "gw_fp16" and row["tolerance"] is None  # a 16-bit run is held to the element bound instead
 
 
 def test_every_candidate_of_a_16_bit_run_meets_the_formats_bound_and_cudnns_allows_its_stored_rounding():
@@ -121,13 +126,13 @@ def test_the_fp16_payload_records_the_precision_the_bound_and_the_summary():
     assert (vgg["cudnn_ms"], vgg["cudnn_fp32_ms"], vgg["best"], vgg["floor_ms"]) == (0.06, None, "wg_fp16_b128x128x64_s4", None)
     ours = payload["rows"][0]
     assert ours["vs_cudnn"] == pytest.approx(0.06 / 0.05) and ours["vs_cudnn_fp32"] is None and ours["bound_fraction"] == 0.12
-    assert depthwise["best"] == "dw_fp16_t1x2_b6x14_p48" and grouped["best"] is None and grouped["cudnn_ms"] == 0.03
+    assert depthwise["best"] == "dw_fp16_t1x2_b6x14_p48" and grouped["best"] == "gw_fp16_t1x8_b4x56_p32_v4" and grouped["cudnn_ms"] == 0.03
     summary = payload["precision_summary"]
-    assert (summary["families"], summary["peer"], summary["ran"]) == (["wg_fp16", "dw_fp16"], "cudnn_fp16", 2)
-    assert summary["geomean_vs_cudnn"] == pytest.approx((1.2 * 0.8) ** 0.5)
+    assert (summary["families"], summary["peer"], summary["ran"]) == (["gw_fp16", "wg_fp16", "dw_fp16"], "cudnn_fp16", 3)
+    assert summary["geomean_vs_cudnn"] == pytest.approx((1.2 * 0.8 * 1.5) ** (1 / 3))
     assert summary["layers"][1]["variant"] == "dw_fp16_t1x2_b6x14_p48" and summary["layers"][1]["vs_cudnn"] == pytest.approx(0.8)
-    assert summary["layers"][2] == {"step": f"cnn {HALF_LAYERS[2]}", "batch": 32, "cudnn_ms": 0.03, "variant": None, "ms": None,
-                                    "vs_cudnn": None, "why_not": f"unsupported: {GROUPED_REASON}"}
+    assert summary["layers"][2] == {"step": f"cnn {HALF_LAYERS[2]}", "batch": 32, "cudnn_ms": 0.03, "variant": "gw_fp16_t1x8_b4x56_p32_v4",
+                                    "ms": 0.02, "vs_cudnn": pytest.approx(1.5), "why_not": None}
     fp32 = conv_payload("cnn")
     assert (fp32["precision"], fp32["settings"]["format_bound"], fp32["precision_summary"]) == ("fp32", None, None)
 
@@ -136,7 +141,7 @@ def test_the_fp16_text_says_what_is_converted_where_and_how_each_output_is_check
     text = format_text(half_payload())
     lines = text.splitlines()
     [precision] = [line for line in lines if line.startswith("precision fp16:")]
-    assert "by the family run --precision fp16 runs it in (wg_fp16 or dw_fp16; FP32 in and out, converting inside its timed call" in precision
+    assert "by the family run --precision fp16 runs it in (gw_fp16, wg_fp16 or dw_fp16; FP32 in and out, converting inside its timed call" in precision
     assert "cuDNN on FP16 tensors in channels_last, its input and weights converted before timing" in precision
     assert "checked against float64 first: |error| <= (2.1u + 2k 2^-24) M" in precision and "u = 0.000488" in precision
     assert "vs cuDNN is a speed-up over cuDNN FP16; no floor" in text
@@ -144,11 +149,11 @@ def test_the_fp16_text_says_what_is_converted_where_and_how_each_output_is_check
     assert "floor" not in title
     assert any(line.startswith("wg_fp16_b128x128x64_s4") and "1.20x" in line and "ok (fastest, default pick, 0.12 of bound)" in line
                for line in lines)
-    assert any(line.startswith("wg_fp16_b8x128x64_s4 ") and "n/a: wg_fp16 takes fewer than 32 maps a group" in line for line in lines)
+    assert any(line.startswith("gw_fp16_t1x8_b4x56_p32_v4 ") and "1.50x" in line for line in lines)
     assert any(line.startswith("[cudnn_fp16]") and "ok (0.30 of bound)" in line for line in lines)
     assert "fp16 summary (ms; vs cuDNN is a speed-up)" in text
     assert any(line.startswith("dw_fp16_t1x2_b6x14_p48") and "0.80x" in line for line in lines)
-    assert "wg_fp16 and dw_fp16 ran 2 of 3 layers and batches; over them, vs cuDNN FP16: geometric mean 0.98x" in text
+    assert "gw_fp16, wg_fp16 and dw_fp16 ran 3 of 3 layers and batches; over them, vs cuDNN FP16: geometric mean 1.13x" in text
     assert not any(line.startswith("precision") for line in format_text(conv_payload("cnn")).splitlines())  # FP32 as before
 
 
@@ -162,7 +167,7 @@ def test_the_fp16_page_has_the_summary_and_no_fp32_roofline():
 
 
 @pytest.mark.gpu
-def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_dw_fp16_and_cudnn_fp16(monkeypatch):
+def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_dw_fp16_gw_fp16_and_cudnn_fp16(monkeypatch):
     pytest.importorskip("torch")
     if not families.FAMILIES["wg_fp16"].runs_here():
         pytest.skip("wg_fp16 needs an sm_90 GPU (wgmma)")
@@ -176,10 +181,8 @@ def test_a_small_fp16_cnn_run_checks_then_times_wg_fp16_dw_fp16_and_cudnn_fp16(m
         cudnn = rows[(layer, "cudnn_fp16")]
         assert cudnn["status"] == "ok" and cudnn["ms"] > 0 and 0 < cudnn["bound_fraction"] <= 1, cudnn
         assert cudnn["implementation"].endswith("FP16 channels_last")
-    for layer, family in zip(HALF_LAYERS, ("wg_fp16", "dw_fp16")):
+    for layer, family in zip(HALF_LAYERS, ("wg_fp16", "dw_fp16", "gw_fp16")):
         ours = rows[(layer, family)]
         assert ours["status"] == "ok" and ours["ms"] > 0 and 0 < ours["bound_fraction"] <= 1 and ours["vs_cudnn"] > 0, ours
         assert ours["name"].startswith(f"{family}_") and ours["implementation"].startswith(f"conv.{family}_")
-    skipped = rows[(HALF_LAYERS[2], "wg_fp16")]
-    assert (skipped["status"], skipped["reason"]) == ("unsupported", GROUPED_REASON)
-    assert payload["precision_summary"]["ran"] == 2 and "precision fp16:" in format_text(payload)
+    assert payload["precision_summary"]["ran"] == 3 and "precision fp16:" in format_text(payload)

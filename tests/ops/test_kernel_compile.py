@@ -172,6 +172,20 @@ CNN_HALF_DEPTHWISE_CASES = [
     for arch in ARCHS
 ]
 
+# The half-precision grouped families' every configuration on each grouped layer of the suite they take (ResNeXt's
+# and RegNet's), at batch 32 and 1 (the first pick changes with the launch), with a fused Add and ReLU, unlinked and
+# with every tensor linked (gw_bf16 linked alone), for Hopper in full and Ampere's pick (no code for either alone).
+HALF_GROUPED_EPILOGUE = Epilogue("Relu", residual=True)
+CNN_HALF_GROUPED_CASES = [
+    (layer.name, batch, dataclasses.replace(config, links=links), arch, arch == "sm_90" or index == 0)
+    for family, link_sets in (("gw_fp16", (0, ALL_LINKS)), ("gw_bf16", (ALL_LINKS,)))
+    for layer in cnn_layers.LAYERS
+    for batch in (32, 1)
+    for index, config in enumerate(families.FAMILIES[family].configs(layer.spec(batch), HALF_GROUPED_EPILOGUE))
+    for links in link_sets
+    for arch in ARCHS
+]
+
 # wg_fp16's and wg_bf16's narrow map tiles (8 to 32 maps a block: wgmma.NARROW_MAPS), for Hopper alone, with a fused Add and
 # ReLU: every configuration the family offers on each layer of the suite with groups of 32 maps or fewer, and on 3x3 Convs
 # of 8 and 32 maps (counts no layer of the suite has), unlinked and with every tensor linked (wg_bf16 linked alone: its
@@ -414,6 +428,8 @@ def compile_jobs():
         yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch)
     for name, config, arch, full in CNN_HALF_DEPTHWISE_CASES:
         yield from _units_jobs(CNN_SPECS[name], config, arch, HALF_DEPTHWISE_EPILOGUE, full=full)
+    for name, batch, config, arch, full in CNN_HALF_GROUPED_CASES:
+        yield from _units_jobs(dataclasses.replace(CNN_SPECS[name], batch=batch), config, arch, HALF_GROUPED_EPILOGUE, full=full)
     for name, config in CNN_NARROW_WGMMA_CASES:
         yield from _units_jobs(NARROW_SPECS[name], config, "sm_90", NARROW_EPILOGUE)
     for step in SHIPPED_STEPS:
@@ -543,6 +559,21 @@ def test_half_depthwise_cases_cover_every_depthwise_layer_of_the_suite_linked_an
     assert {name for name, *_ in CNN_HALF_DEPTHWISE_CASES} == depthwise and len(depthwise) == 8
     assert {(config.family, config.links) for _, config, _, _ in CNN_HALF_DEPTHWISE_CASES} == {
         ("dw_fp16", 0), ("dw_fp16", ALL_LINKS), ("dw_bf16", ALL_LINKS)}
+
+
+@pytest.mark.parametrize(("layer", "batch", "config", "arch", "full"), CNN_HALF_GROUPED_CASES)
+def test_half_grouped_configurations_for_real_cnn_layers_compile_without_spills(layer, batch, config, arch, full):
+    spec = dataclasses.replace(CNN_SPECS[layer], batch=batch)
+    for usage in compile_cache.check_variant(spec, config, arch, HALF_GROUPED_EPILOGUE, full=full):
+        assert usage.cubin_bytes > 0 and 0 < usage.registers <= 255
+        compile_cache.assert_no_local_memory(usage)
+
+
+def test_half_grouped_cases_cover_every_narrow_grouped_layer_of_the_suite_linked_and_not():
+    grouped = {layer.name for layer in cnn_layers.LAYERS if layer.group > 1 and layer.group != layer.in_channels}
+    assert {name for name, *_ in CNN_HALF_GROUPED_CASES} == grouped and len(grouped) == 4
+    assert {(config.family, config.links) for _, _, config, _, _ in CNN_HALF_GROUPED_CASES} == {
+        ("gw_fp16", 0), ("gw_fp16", ALL_LINKS), ("gw_bf16", ALL_LINKS)}
 
 
 # K past the 8192-row tap table (TAPS_BY_CHANNEL): selecsls42b's head, 3x3 over 960 channels at 7x7, on both

@@ -24,8 +24,8 @@ from .spec import ConvSpec
 class ReferenceConvKernel(Kernel):
     """The numpy reference, run as the Conv kernel of the CPU device (with its epilogue, if fused). With a
     `precision` ("fp16", "bf16"), the step a GPU would run in it: X (after the prologue) and W rounded to
-    the format, as wg_fp16, wg_bf16, dw_fp16 and dw_bf16 read them, then the sums, bias and epilogue in FP32, as
-    theirs are."""
+    the format, as the half-precision families (PRECISION_FAMILIES) read them, then the sums, bias and epilogue in
+    FP32, as theirs are."""
 
     def __init__(self, spec: ConvSpec, epilogue: Epilogue = NONE, precision: str | None = None):
         self.spec = spec
@@ -103,10 +103,11 @@ class UnfusedEpilogueKernel(Kernel):
             return [self.epilogue.without_prologue().apply_cupy(y, residual_operand(inputs, self.epilogue))]
 
 
-# the families --precision runs a Conv in, tried in this order: the implicit GEMM (wgmma.py), then for a depthwise
-# Conv, which the GEMM declines (one map a group), the depthwise kernel (depthwise_half.py); under tf32 a Conv
-# stays FP32-exact (3xTF32 on Hopper)
-PRECISION_FAMILIES = {"fp16": ("wg_fp16", "dw_fp16"), "bf16": ("wg_bf16", "dw_bf16")}
+# the families --precision runs a Conv in, tried in this order: for narrow groups (2 to 16 channels, 2 to 8 maps a group),
+# which the GEMM declines or runs on tiles of a few maps, the grouped kernel (grouped_half.py); the implicit GEMM
+# (wgmma.py); then for a depthwise Conv, which the GEMM declines (one map a group), the depthwise kernel
+# (depthwise_half.py); under tf32 a Conv stays FP32-exact (3xTF32 on Hopper)
+PRECISION_FAMILIES = {"fp16": ("gw_fp16", "wg_fp16", "dw_fp16"), "bf16": ("gw_bf16", "wg_bf16", "dw_bf16")}
 # what a Conv's configurations can be benched and tuned in: fp32 (every exact family), and each precision above
 CONV_PRECISIONS = (FP32, *PRECISION_FAMILIES)
 
@@ -155,8 +156,8 @@ class ConvPlugin(Plugin):
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),
                           prologue: Sequence[NodeInfo] = ()) -> PrecisionChoice:
-        """The precision's family that runs the step (precision_fit: wg_fp16, else dw_fp16 for a depthwise Conv), with
-        the part of its epilogue that family fuses (else the reason none can): on a GPU, the configuration `tune
+        """The precision's family that runs the step (precision_fit: gw_fp16 for narrow groups, wg_fp16, dw_fp16 for a
+        depthwise Conv), with the part of its epilogue that family fuses (else the reason none can): on a GPU, the configuration `tune
         --precision` cached for it, else the family's own pick; on the CPU device, the reference emulating the
         precision wherever one of those families could run the step on its GPU (Hopper)."""
         if precision not in PRECISION_FAMILIES:
@@ -177,7 +178,7 @@ class ConvPlugin(Plugin):
                      prologue: Sequence[NodeInfo] = ()) -> ChannelLast | None:
         """Where `variant`'s kernel runs the whole step, the tensors its family can keep channel-last in its format
         (Family.channel_last_links: wg_fp16 and wg_bf16 where no prologue applies and a group's maps are whole
-        16-byte runs, dw_fp16 and dw_bf16 always)."""
+        16-byte runs, dw_fp16, dw_bf16, gw_fp16 and gw_bf16 always)."""
         from .families.channel_last import OUTPUT
 
         linkable = self._linkable(node, device, variant, fused, prologue)
@@ -363,18 +364,21 @@ def fitted(spec: ConvSpec, wanted: Any, weights: Any, epilogue: Epilogue) -> tup
 def precision_fit(spec: ConvSpec, weights: Any, epilogue: Epilogue, precision: str) -> tuple[str, Any, Epilogue, str | None]:
     """(the family of PRECISION_FAMILIES[precision] that runs this Conv, its Config, the part of `epilogue` it fuses,
     None): the first that can. Where none can, the reason is that of the family made for this kind of Conv: the
-    depthwise kernel's for a depthwise one (a Conv of one channel a group, groups > 1), else the GEMM's."""
+    depthwise kernel's for a depthwise one (a Conv of one channel a group, groups > 1), the grouped kernel's for one
+    of narrow groups (grouped_half.narrow_groups), else the GEMM's."""
     from . import families
+    from .families.grouped_half import narrow_groups
 
-    names = PRECISION_FAMILIES[precision]
     found = []
-    for name in names:
+    for name in PRECISION_FAMILIES[precision]:
         config, kernel_epilogue, reason = fitted(spec, families.FAMILIES[name], weights, epilogue)
         if reason is None:
             return name, config, kernel_epilogue, None
         found.append((name, config, kernel_epilogue, reason))
-    depthwise = spec.group > 1 and spec.in_channels == spec.group
-    return found[-1] if depthwise else found[0]
+    grouped, gemm, depthwise = found
+    if spec.group > 1 and spec.in_channels == spec.group:
+        return depthwise
+    return grouped if narrow_groups(spec) else gemm
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ __all__ = [
 
 # The modules of this package that define families, in the order of the seeds'
 # optimisation story: each family is one step. Each module has a FAMILIES list.
-FAMILY_MODULES = ("direct", "unrolled", "tiled", "reduction", "blocked", "gemm", "fp16", "tf32_mma", "tc_gemm", "wgmma", "simt_gemm", "depthwise", "depthwise_half", "dense")
+FAMILY_MODULES = ("direct", "unrolled", "tiled", "reduction", "blocked", "gemm", "fp16", "tf32_mma", "tc_gemm", "wgmma", "simt_gemm", "depthwise", "depthwise_half", "grouped_half", "dense")
 FAMILIES: dict[str, Family] = {
     family.name: family
     for module in FAMILY_MODULES

@@ -72,11 +72,11 @@ def live_floats(spec: ConvSpec, thread: tuple[int, int], vec: int = VEC) -> int:
     return vec * (thread[0] * thread[1] + row_values(spec, thread))
 
 
-def planes_for(spec: ConvSpec, vec: int = VEC) -> int:
-    """Channels a block: the most `vec`-channel groups, up to BLOCK_CHANNELS channels, that divide the Conv's, so
-    that no block's groups lie past C (144 channels: 48 a block)."""
-    groups = spec.in_channels // vec
-    return vec * max(d for d in range(1, BLOCK_CHANNELS // vec + 1) if groups % d == 0)
+def planes_for(spec: ConvSpec, vec: int = VEC, most: int = BLOCK_CHANNELS) -> int:
+    """Channels (maps) a block: the most `vec`-map runs, up to `most` maps, that divide the Conv's, so that no
+    block's runs lie past M (144 channels: 48 a block)."""
+    runs = spec.out_channels // vec
+    return vec * max(d for d in range(1, most // vec + 1) if runs % d == 0)
 
 
 def block_tile(spec: ConvSpec, thread: tuple[int, int], planes: int, vec: int = VEC) -> tuple[int, int]:
@@ -203,13 +203,18 @@ class DepthwiseHalfKernel(LinkedTensors, ConvKernel):
         self._function = function
         self._links = config.links
         w, b = weights
-        self._w = cupy.asarray(half_bits(tap_major_weights(w), half))
+        self._w = cupy.asarray(half_bits(self.arranged_weights(w), half))
         self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)
         # a copy from pageable memory may still be on its way when the call returns; a launch on another stream
         # must find the weights whole
         cupy.cuda.get_current_stream().synchronize()
         self._tiles = plane_tiles(spec, config.block)
         self._channel_blocks = -(-spec.out_channels // config.planes)
+
+    @staticmethod
+    def arranged_weights(w: np.ndarray) -> np.ndarray:
+        """W as the kernel reads it (FP32 values, rounded to the format after)."""
+        return tap_major_weights(w)
 
     @property
     def nonfinite_exact(self) -> bool:

@@ -103,8 +103,8 @@ def test_a_half_run_takes_the_gemm_else_the_depthwise_kernel_and_keeps_the_gemms
     assert fit(SPECS["3x3_c32"], ADD_CLIP) == (f"dw_{precision}", f"dw_{precision}", ADD_CLIP, None)
     pooled = Epilogue("Relu", (2, 2))  # no max pool in the kernel: it runs the Conv, the pool follows
     assert fit(SPECS["3x3_c32"], pooled)[::2] == (f"dw_{precision}", NONE)
-    grouped = conv(2, 128, 128, (8, 8), (3, 3), group=32)  # 4 channels a group: the GEMM's reason, as before
-    assert fit(grouped)[3] == f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); this Conv has 4 a group"
+    grouped = conv(2, 128, 640, (8, 8), (3, 3), group=32)  # 4 channels, 20 maps a group: no narrow group, the GEMM's reason
+    assert fit(grouped)[3] == f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks (a tile of exactly its maps); this Conv has 20 a group"
     stem = conv(2, 1, 4, (8, 8), (3, 3))  # one channel, one group: no depthwise Conv, the GEMM's reason
     assert fit(stem)[3].startswith(f"wg_{precision} takes fewer than 32 maps a group only in whole 8-map blocks")
     multiplied = conv(2, 32, 64, (8, 8), (3, 3), group=32)  # depthwise, 2 maps a channel: the depthwise kernel's reason

@@ -236,6 +236,7 @@ def test_a_linked_kernel_writes_the_bits_its_unlinked_self_rounds_to(layer, conf
 
     spec, precision = SPECS[layer], HALF[config.family]
     seed, x, w, b, r = draw(spec, residual=True)
+    b = b if spec.has_bias else None
     x, r = round_to(x, precision), round_to(r, precision)  # values the format holds, so both kernels read the same
     expected = run_poisoned(spec, config, ADD_RELU, x, w, b, r)
     kernel = families.build_kernel(spec, dataclasses.replace(config, links=links), (w, b), ADD_RELU)

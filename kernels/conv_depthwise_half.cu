@@ -37,7 +37,7 @@
 // r: the residual operand (null without RESIDUAL); nonfinite: the step's NaN/Inf flag (null: not watched).
 
 #include "conv_epilogue.cuh"
-#include "half_bits.cuh"
+#include "half_runs.cuh"
 
 #define GROUPS (PLANES / VEC)  // VEC-channel groups a block
 #define THREADS_W (BW / TW)
@@ -55,72 +55,6 @@ static_assert(VEC == 2 || VEC == 4 || VEC == 8, "a run of 4, 8 or 16 bytes");
 static_assert(C % VEC == 0 && PLANES % VEC == 0, "whole runs of channels");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
 static_assert(SEG_W <= 32, "a window's columns are bits of one word");
-
-// Each tensor's elements: the format's bits where the plan linked it channel-last, FP32 (NCHW) where not
-#if defined(X_CHANNEL_LAST)
-static_assert(X_CHANNEL_LAST == HALF_OPERANDS, "a linked X is in the kernel's format");
-typedef unsigned short input_t;
-#else
-typedef float input_t;
-#endif
-#if defined(Y_CHANNEL_LAST)
-typedef unsigned short output_t;
-#else
-typedef float output_t;
-#endif
-#if defined(R_CHANNEL_LAST)
-typedef unsigned short residual_t;
-#else
-typedef float residual_t;
-#endif
-
-// A run of VEC channels of the format: 2, 4 or 8 two-byte values, one aligned load or store
-#if VEC == 8
-typedef uint4 run_t;
-#elif VEC == 4
-typedef uint2 run_t;
-#else
-typedef unsigned int run_t;
-#endif
-
-// The run at p as floats (exact)
-__device__ __forceinline__ void load_run(const unsigned short* __restrict__ p, float (&v)[VEC])
-{
-    const run_t bits = __ldg(reinterpret_cast<const run_t*>(p));
-#if VEC == 8
-    const unsigned int words[VEC / 2] = {bits.x, bits.y, bits.z, bits.w};
-#elif VEC == 4
-    const unsigned int words[VEC / 2] = {bits.x, bits.y};
-#else
-    const unsigned int words[VEC / 2] = {bits};
-#endif
-#pragma unroll
-    for (int k = 0; k < VEC / 2; ++k) {
-        v[2 * k] = half_value<HALF_OPERANDS>((unsigned short)(words[k] & 0xFFFF));
-        v[2 * k + 1] = half_value<HALF_OPERANDS>((unsigned short)(words[k] >> 16));
-    }
-}
-
-// VEC floats rounded to the format (to nearest, ties to even, two at a time) and stored as one run at p; false
-// where one of them is an infinity or a NaN once rounded (a value past FP16's range is one now)
-__device__ __forceinline__ bool store_run(unsigned short* p, const float (&v)[VEC])
-{
-    unsigned int words[VEC / 2];
-    bool finite = true;
-#pragma unroll
-    for (int k = 0; k < VEC / 2; ++k) {
-        words[k] = half_pair_bits<HALF_OPERANDS>(v[2 * k], v[2 * k + 1]);
-        finite = finite && !half_pair_nonfinite<HALF_OPERANDS>(words[k]);
-    }
-#if VEC == 8
-    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
-#elif VEC == 4
-    *reinterpret_cast<uint2*>(p) = make_uint2(words[0], words[1]);
-#else
-    *reinterpret_cast<unsigned int*>(p) = words[0];
-#endif
-    return finite;
-}
 
 // Elements between an input pixel and the next one along its row, and the one below it: the steps of the
 // offsets that every load of a thread's window adds to one corner offset (constants: immediate offsets)
@@ -141,42 +75,10 @@ __device__ __forceinline__ void load_pixel(const input_t* __restrict__ window, i
         return;
     }
 #ifdef X_CHANNEL_LAST
-    load_run(window + offset, v);
+    load_halves<VEC>(window + offset, v);
 #else
 #pragma unroll
     for (int q = 0; q < VEC; ++q) v[q] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(window + offset + q * H * W)));
-#endif
-}
-
-// The residual operand of channels c0 .. c0 + VEC - 1 at output pixel `pixel` (n * OH*OW + oh * OW + ow); zeros without RESIDUAL
-__device__ __forceinline__ void load_residual(const residual_t* __restrict__ r, size_t pixel, int c0, float (&res)[VEC])
-{
-#if RESIDUAL && defined(R_CHANNEL_LAST)
-    static_assert(R_CHANNEL_LAST == HALF_OPERANDS, "a linked residual is in the kernel's format");
-    load_run(r + pixel * C + c0, res);
-#elif RESIDUAL
-    const size_t n = pixel / (OH * OW), p = pixel % (OH * OW);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) res[q] = __ldg(r + (n * C + c0 + q) * (OH * OW) + p);
-#else
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) res[q] = 0.0f;
-#endif
-}
-
-// The finished outputs of channels c0 .. c0 + VEC - 1 at output pixel `pixel` into y, flagged if not finite as stored
-__device__ __forceinline__ void store_outputs(output_t* __restrict__ y, size_t pixel, int c0, const float (&out)[VEC], unsigned char* nonfinite)
-{
-#ifdef Y_CHANNEL_LAST
-    static_assert(Y_CHANNEL_LAST == HALF_OPERANDS, "a linked Y is in the kernel's format");
-    if (!store_run(y + pixel * C + c0, out) && nonfinite != nullptr) *nonfinite = 1;
-#else
-    const size_t n = pixel / (OH * OW), p = pixel % (OH * OW);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) {
-        y[(n * C + c0 + q) * (OH * OW) + p] = out[q];
-        flag_nonfinite(nonfinite, out[q]);
-    }
 #endif
 }
 
@@ -226,7 +128,7 @@ conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restr
 #pragma unroll
             for (int kw = 0; kw < KW; ++kw) {
                 float taps[VEC];
-                load_run(w + (kh * KW + kw) * C + c0, taps);
+                load_halves<VEC>(w + (kh * KW + kw) * C + c0, taps);
 #pragma unroll
                 for (int j = 0; j < TW; ++j)
 #pragma unroll

@@ -56,32 +56,6 @@ static_assert(C % VEC == 0 && PLANES % VEC == 0, "whole runs of channels");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
 static_assert(SEG_W <= 32, "a window's columns are bits of one word");
 
-// Elements between an input pixel and the next one along its row, and the one below it: the steps of the
-// offsets that every load of a thread's window adds to one corner offset (constants: immediate offsets)
-#ifdef X_CHANNEL_LAST
-#define X_PIXEL C
-#else
-#define X_PIXEL 1
-#endif
-#define X_ROW (W * X_PIXEL)
-
-// X's channels c0 .. c0 + VEC - 1 at the input pixel `offset` elements past a thread's window corner (its channel
-// c0, where X is NCHW), as the format holds them; zeros outside the image (`inside` false: a pad)
-__device__ __forceinline__ void load_pixel(const input_t* __restrict__ window, int offset, bool inside, float (&v)[VEC])
-{
-    if (!inside) {
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) v[q] = 0.0f;
-        return;
-    }
-#ifdef X_CHANNEL_LAST
-    load_halves<VEC>(window + offset, v);
-#else
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) v[q] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(window + offset + q * H * W)));
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restrict__ w, const float* __restrict__ b,
                     const residual_t* __restrict__ r, output_t* __restrict__ y, int batch, unsigned char* nonfinite)
@@ -119,7 +93,7 @@ conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restr
         const bool row_inside = (unsigned)(ih0 + row) < (unsigned)H;
         float v[SEG_W][VEC];
 #pragma unroll
-        for (int k = 0; k < SEG_W; ++k) load_pixel(window, row * X_ROW + k * X_PIXEL, row_inside && (columns >> k & 1u), v[k]);
+        for (int k = 0; k < SEG_W; ++k) load_pixel<VEC>(window, row * X_ROW + k * X_PIXEL, row_inside && (columns >> k & 1u), v[k]);
 #pragma unroll
         for (int i = 0; i < TH; ++i) {
             const int down = row - i * SH;  // kh * DH for output row i, if this input row is in its window

@@ -55,32 +55,6 @@ static_assert(MG % VEC == 0 && PLANES % VEC == 0, "a thread's maps lie in one gr
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
 static_assert(SEG_W <= 32, "a window's columns are bits of one word");
 
-// Elements between an input pixel and the next one along its row, and between channels: the steps of the offsets
-// that every load of a thread's window adds to one corner offset (constants: immediate offsets)
-#ifdef X_CHANNEL_LAST
-#define X_PIXEL C
-#else
-#define X_PIXEL 1
-#endif
-#define X_ROW (W * X_PIXEL)
-
-// The group's CG channels at the input pixel `offset` elements past a thread's window corner (its group's first
-// channel), as the format holds them; zeros outside the image (`inside` false: a pad)
-__device__ __forceinline__ void load_pixel(const input_t* __restrict__ window, int offset, bool inside, float (&v)[CG])
-{
-    if (!inside) {
-#pragma unroll
-        for (int c = 0; c < CG; ++c) v[c] = 0.0f;
-        return;
-    }
-#ifdef X_CHANNEL_LAST
-    load_halves<CG>(window + offset, v);
-#else
-#pragma unroll
-    for (int c = 0; c < CG; ++c) v[c] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(window + offset + c * H * W)));
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 conv_grouped_half(const input_t* __restrict__ x, const unsigned short* __restrict__ w, const float* __restrict__ b,
                   const residual_t* __restrict__ r, output_t* __restrict__ y, int batch, unsigned char* nonfinite)
@@ -122,7 +96,7 @@ conv_grouped_half(const input_t* __restrict__ x, const unsigned short* __restric
         const bool row_inside = (unsigned)(ih0 + row) < (unsigned)H;
         float v[SEG_W][CG];
 #pragma unroll
-        for (int k = 0; k < SEG_W; ++k) load_pixel(window, row * X_ROW + k * X_PIXEL, row_inside && (columns >> k & 1u), v[k]);
+        for (int k = 0; k < SEG_W; ++k) load_pixel<CG>(window, row * X_ROW + k * X_PIXEL, row_inside && (columns >> k & 1u), v[k]);
 #pragma unroll
         for (int i = 0; i < TH; ++i) {
             const int down = row - i * SH;  // kh * DH for output row i, if this input row is in its window

@@ -1,9 +1,9 @@
 // What the depthwise and grouped half-precision Conv kernels (conv_depthwise_half.cu, conv_grouped_half.cu) share: the
 // element type of each tensor by its link, runs of a pixel's values in a 16-bit format (HALF_OPERANDS 1 FP16, 2 BF16)
-// loaded and stored whole, and a thread's VEC outputs of maps m0 .. m0 + VEC - 1 of one pixel finished into Y (and
+// loaded and stored whole, the loads of a thread's window, and a thread's VEC outputs of maps m0 .. m0 + VEC - 1 of one pixel finished into Y (and
 // their residual operand read), channel-last in the format where linked, FP32 NCHW where not.
 //
-// Macros: HALF_OPERANDS, VEC, M, OH, OW, RESIDUAL, and X_CHANNEL_LAST, Y_CHANNEL_LAST, R_CHANNEL_LAST (each the format,
+// Macros: HALF_OPERANDS, VEC, C, H, W, M, OH, OW, RESIDUAL, and X_CHANNEL_LAST, Y_CHANNEL_LAST, R_CHANNEL_LAST (each the format,
 // where that tensor is linked).
 #ifndef OPPLUGIN_HALF_RUNS_CUH
 #define OPPLUGIN_HALF_RUNS_CUH
@@ -77,6 +77,34 @@ __device__ __forceinline__ bool store_run(unsigned short* p, const float (&v)[VE
     *reinterpret_cast<unsigned int*>(p) = words[0];
 #endif
     return finite;
+}
+
+// Elements between an input pixel and the next one along its row, and the one below it: the steps of the offsets
+// that every load of a thread's window adds to one corner pointer (constants: immediate offsets)
+#ifdef X_CHANNEL_LAST
+#define X_PIXEL C
+#else
+#define X_PIXEL 1
+#endif
+#define X_ROW (W * X_PIXEL)
+
+// N channels (a thread's VEC of a depthwise Conv, a group's CG) at the input pixel `offset` elements past a thread's
+// window corner (its first channel, where X is NCHW), as the format holds them; zeros outside the image (`inside`
+// false: a pad)
+template <int N>
+__device__ __forceinline__ void load_pixel(const input_t* __restrict__ window, int offset, bool inside, float (&v)[N])
+{
+    if (!inside) {
+#pragma unroll
+        for (int q = 0; q < N; ++q) v[q] = 0.0f;
+        return;
+    }
+#ifdef X_CHANNEL_LAST
+    load_halves<N>(window + offset, v);
+#else
+#pragma unroll
+    for (int q = 0; q < N; ++q) v[q] = half_value<HALF_OPERANDS>(half_bits<HALF_OPERANDS>(__ldg(window + offset + q * H * W)));
+#endif
 }
 
 // The residual operand of maps m0 .. m0 + VEC - 1 at output pixel `pixel` (n * OH*OW + oh * OW + ow); zeros without RESIDUAL

@@ -22,7 +22,13 @@ from ...config_grammar import Config, tagged
 from ..epilogue import NONE
 from ..spec import ConvSpec
 from .base import CompileUnit, ConvKernel, Family, shape_defines
-from .channel_last import INPUT, LinkedTensors, link_defines, links_reason, possible_links
+from .channel_last import (
+    INPUT,
+    LinkedTensors,
+    link_defines,
+    links_reason,
+    possible_links,
+)
 from .depthwise import balanced, kernel_reason, plane_tiles, tile_reason
 
 VEC = 8  # channels a thread by default: 16 bytes of a pixel's channels in the format
@@ -108,7 +114,75 @@ def large_launch_tile(spec: ConvSpec) -> tuple[int, tuple[int, int]] | None:
     return (2, (1, 8)) if columns >= 5 else None
 
 
-class DepthwiseHalf(Family):
+def tap_major_weights(w: np.ndarray) -> np.ndarray:
+    """W [C][1][KH][KW] as the kernel reads it, [KH][KW][C]: a tap's 8 channels side by side."""
+    return np.ascontiguousarray(np.asarray(w, np.float32)[:, 0].transpose(1, 2, 0))
+
+
+class DepthwiseHalfKernel(LinkedTensors, ConvKernel):
+    """The kernel on the weights (in the format) and bias it was built with; W and B among a call's inputs are not
+    read. The tensors its configuration links come and go as uint16 [N][H][W][C] in the format."""
+
+    reads_weights = False
+    residual_parameter = True
+    flags_nonfinite = True  # store_outputs flags each output as stored
+
+    def __init__(self, spec: ConvSpec, config: DepthwiseHalfConfig, function, epilogue, weights, half: str):
+        import cupy
+
+        super().__init__(spec, config, [function], epilogue)
+        self._function = function
+        self._links = config.links
+        w, b = weights
+        self._w = cupy.asarray(half_bits(self.arranged_weights(w), half))
+        self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)
+        # a copy from pageable memory may still be on its way when the call returns; a launch on another stream
+        # must find the weights whole
+        cupy.cuda.get_current_stream().synchronize()
+        self._tiles = plane_tiles(spec, config.block)
+        self._channel_blocks = -(-spec.out_channels // config.planes)
+
+    @staticmethod
+    def arranged_weights(w: np.ndarray) -> np.ndarray:
+        """W as the kernel reads it (FP32 values, rounded to the format after)."""
+        return tap_major_weights(w)
+
+    @property
+    def nonfinite_exact(self) -> bool:
+        """Never: a value past FP16's range turns into an infinity, so a chunk that meets NaN or Inf runs again
+        in FP32 (runtime/exact.py), told so by the flag the kernel raises as it stores."""
+        return False
+
+    def _launch(self, x, weights, y, batch, nonfinite=0):
+        [r] = weights
+        self._function((batch * self._tiles, self._channel_blocks, 1), (self.config.threads, 1, 1),
+                       (x, self._w, self._b, r, y, np.int32(batch), np.uint64(nonfinite)))
+
+
+class WindowRowsHalf(Family):
+    """What dw_* and gw_* (grouped_half.py) share: a kernel of `source` that walks each thread's window rows, a few
+    outputs of VEC channels or maps a thread, its tensors linked channel-last as its configuration says."""
+
+    source = function = ""
+    kernel_type: type = None  # its Kernel
+
+    def channel_last_links(self, spec, epilogue):
+        """X, Y and a fused residual: a thread's channels (or a group's) are whole runs of the format."""
+        return possible_links(lambda links: links_reason(links, epilogue))
+
+    def compile_units(self, spec, config, epilogue=NONE):
+        (th, tw), (bh, bw) = config.thread, config.block
+        defines = shape_defines(spec, epilogue) | dict(HALF_OPERANDS=self.half_format, VEC=config.vec, TH=th, TW=tw, BH=bh, BW=bw,
+                                                       PLANES=config.planes)
+        defines |= link_defines(config.links, self.half_format) | ({"X_CHANNEL_LAST": self.half_format} if config.links & INPUT else {})
+        return [CompileUnit(self.source, self.function, defines)]
+
+    def build(self, spec, config, weights, epilogue=NONE):
+        [function] = self.load(spec, config, weights, epilogue)
+        return self.kernel_type(spec, config, function, epilogue, weights, self.precision)
+
+
+class DepthwiseHalf(WindowRowsHalf):
     """The kernel in one format (`half_format` 1 FP16, 2 BF16: kernels' HALF_OPERANDS)."""
 
     exact = False
@@ -117,6 +191,7 @@ class DepthwiseHalf(Family):
     weights_at_build = True  # W converted to the format once
     config_type = DepthwiseHalfConfig
     half_format = 0
+    source, function, kernel_type = "conv_depthwise_half.cu", "conv_depthwise_half", DepthwiseHalfKernel
 
     def configs(self, spec, epilogue=NONE):
         """Each thread tile of each count of channels a thread that divides the Conv's, over planes_for's channels;
@@ -167,73 +242,14 @@ class DepthwiseHalf(Family):
             return f"{config}: {config.threads} threads a block, at most {MAX_THREADS}"
         return None
 
-    def channel_last_links(self, spec, epilogue):
-        """X, Y and a fused residual: every one of its Convs has whole 16-byte runs of channels."""
-        return possible_links(lambda links: links_reason(links, epilogue))
-
-    def compile_units(self, spec, config, epilogue=NONE):
-        (th, tw), (bh, bw) = config.thread, config.block
-        defines = shape_defines(spec, epilogue) | dict(HALF_OPERANDS=self.half_format, VEC=config.vec, TH=th, TW=tw, BH=bh, BW=bw,
-                                                       PLANES=config.planes)
-        defines |= link_defines(config.links, self.half_format) | ({"X_CHANNEL_LAST": self.half_format} if config.links & INPUT else {})
-        return [CompileUnit("conv_depthwise_half.cu", "conv_depthwise_half", defines)]
-
-    def build(self, spec, config, weights, epilogue=NONE):
-        [function] = self.load(spec, config, weights, epilogue)
-        return DepthwiseHalfKernel(spec, config, function, epilogue, weights, self.precision)
-
-
-def tap_major_weights(w: np.ndarray) -> np.ndarray:
-    """W [C][1][KH][KW] as the kernel reads it, [KH][KW][C]: a tap's 8 channels side by side."""
-    return np.ascontiguousarray(np.asarray(w, np.float32)[:, 0].transpose(1, 2, 0))
-
-
-class DepthwiseHalfKernel(LinkedTensors, ConvKernel):
-    """The kernel on the weights (in the format) and bias it was built with; W and B among a call's inputs are not
-    read. The tensors its configuration links come and go as uint16 [N][H][W][C] in the format."""
-
-    reads_weights = False
-    residual_parameter = True
-    flags_nonfinite = True  # store_outputs flags each output as stored
-
-    def __init__(self, spec: ConvSpec, config: DepthwiseHalfConfig, function, epilogue, weights, half: str):
-        import cupy
-
-        super().__init__(spec, config, [function], epilogue)
-        self._function = function
-        self._links = config.links
-        w, b = weights
-        self._w = cupy.asarray(half_bits(self.arranged_weights(w), half))
-        self._b = cupy.asarray(np.asarray(b, dtype=np.float32)) if b is not None else np.uint64(0)
-        # a copy from pageable memory may still be on its way when the call returns; a launch on another stream
-        # must find the weights whole
-        cupy.cuda.get_current_stream().synchronize()
-        self._tiles = plane_tiles(spec, config.block)
-        self._channel_blocks = -(-spec.out_channels // config.planes)
-
-    @staticmethod
-    def arranged_weights(w: np.ndarray) -> np.ndarray:
-        """W as the kernel reads it (FP32 values, rounded to the format after)."""
-        return tap_major_weights(w)
-
-    @property
-    def nonfinite_exact(self) -> bool:
-        """Never: a value past FP16's range turns into an infinity, so a chunk that meets NaN or Inf runs again
-        in FP32 (runtime/exact.py), told so by the flag the kernel raises as it stores."""
-        return False
-
-    def _launch(self, x, weights, y, batch, nonfinite=0):
-        [r] = weights
-        self._function((batch * self._tiles, self._channel_blocks, 1), (self.config.threads, 1, 1),
-                       (x, self._w, self._b, r, y, np.int32(batch), np.uint64(nonfinite)))
-
 
 class DepthwiseFp16(DepthwiseHalf):
     name, precision, half_format = "dw_fp16", "fp16", 1
     expected_relative_error, max_relative_error = 3e-4, 2e-3  # as wg_fp16's: one rounding of each operand dominates
     summary = (
-        "depthwise in FP16 (not exact; what --precision fp16 runs a depthwise Conv in, multiplier 1, channels a multiple "
-        "of 8): X and W rounded to FP16, FP32 sums; a thread computes a few pixels of 8 channels from 16-byte loads, "
+        "depthwise in FP16 (not exact; what --precision fp16 runs a depthwise Conv in, multiplier 1, an even count of "
+        "channels): X and W rounded to FP16, FP32 sums; a thread computes a few pixels of 2, 4 or 8 channels from one load "
+        "of a pixel's, "
         "X read as FP32 NCHW or channel-last in FP16 (a link); fuses bias, a residual Add and an activation"
     )
 

@@ -23,10 +23,17 @@ import numpy as np
 
 from ..epilogue import NONE
 from ..spec import ConvSpec
-from .base import CompileUnit, Family, shape_defines
-from .channel_last import INPUT, link_defines, links_reason, possible_links
+from .base import Family
+from .channel_last import links_reason
 from .depthwise import kernel_reason, tile_reason
-from .depthwise_half import DepthwiseHalfConfig, DepthwiseHalfKernel, block_tile, planes_for, row_values
+from .depthwise_half import (
+    DepthwiseHalfConfig,
+    DepthwiseHalfKernel,
+    WindowRowsHalf,
+    block_tile,
+    planes_for,
+    row_values,
+)
 
 GROUP_CHANNELS = (2, 4, 8, 16)  # a pixel's channels of a group: one aligned load of 4, 8 or 16 bytes, or two of 16
 # maps a group at most: groups of 16 stay on wg_fp16's tile of 16 maps (ResNeXt-50's 512 channels at 14x14, batch 32: 30
@@ -84,7 +91,19 @@ def launch_threads(spec: ConvSpec, thread: tuple[int, int], vec: int) -> int:
     return spec.batch * -(-oh // th) * -(-ow // tw) * spec.out_channels // vec
 
 
-class GroupedHalf(Family):
+def channel_major_weights(w: np.ndarray) -> np.ndarray:
+    """W [M][CG][KH][KW] as the kernel reads it, [KH][KW][CG][M]: a tap's channel's maps side by side, so that a
+    thread's VEC maps are one load beside its neighbour's."""
+    return np.ascontiguousarray(np.asarray(w, np.float32).transpose(2, 3, 1, 0))
+
+
+class GroupedHalfKernel(DepthwiseHalfKernel):
+    """The depthwise kernel's launch, flag and links, on weights in channel_major_weights' layout."""
+
+    arranged_weights = staticmethod(channel_major_weights)
+
+
+class GroupedHalf(WindowRowsHalf):
     """The kernel in one format (`half_format` 1 FP16, 2 BF16: kernels' HALF_OPERANDS)."""
 
     exact = False
@@ -93,6 +112,7 @@ class GroupedHalf(Family):
     weights_at_build = True  # W converted to the format once
     config_type = GroupedHalfConfig
     half_format = 0
+    source, function, kernel_type = "conv_grouped_half.cu", "conv_grouped_half", GroupedHalfKernel
 
     def configs(self, spec, epilogue=NONE):
         """Each tile of THREAD_TILES whose maps a thread divide a group's, over planes_for's maps; first_tile's first."""
@@ -145,39 +165,12 @@ class GroupedHalf(Family):
             return f"{config}: {config.threads} threads a block, at most {MAX_THREADS}"
         return None
 
-    def channel_last_links(self, spec, epilogue):
-        """X, Y and a fused residual: a thread's maps and its group's channels are whole runs of the format."""
-        return possible_links(lambda links: links_reason(links, epilogue))
-
-    def compile_units(self, spec, config, epilogue=NONE):
-        (th, tw), (bh, bw) = config.thread, config.block
-        defines = shape_defines(spec, epilogue) | dict(HALF_OPERANDS=self.half_format, VEC=config.vec, TH=th, TW=tw, BH=bh, BW=bw,
-                                                       PLANES=config.planes)
-        defines |= link_defines(config.links, self.half_format) | ({"X_CHANNEL_LAST": self.half_format} if config.links & INPUT else {})
-        return [CompileUnit("conv_grouped_half.cu", "conv_grouped_half", defines)]
-
-    def build(self, spec, config, weights, epilogue=NONE):
-        [function] = self.load(spec, config, weights, epilogue)
-        return GroupedHalfKernel(spec, config, function, epilogue, weights, self.precision)
-
 
 def first_tile(spec: ConvSpec, tiles: list[tuple[int, tuple[int, int]]]) -> tuple[int, tuple[int, int]] | None:
     """The heuristic's (maps a thread, thread tile) of `tiles` (THREAD_TILES' order): see LIVE_FLOATS."""
     fitting = [tile for tile in tiles if live_floats(spec, tile[1], tile[0]) <= LIVE_FLOATS] or tiles
     full = [tile for tile in fitting if launch_threads(spec, tile[1], tile[0]) >= FULL_LAUNCH]
     return full[0] if full else max(fitting, key=lambda tile: launch_threads(spec, tile[1], tile[0]), default=None)
-
-
-def channel_major_weights(w: np.ndarray) -> np.ndarray:
-    """W [M][CG][KH][KW] as the kernel reads it, [KH][KW][CG][M]: a tap's channel's maps side by side, so that a
-    thread's VEC maps are one load beside its neighbour's."""
-    return np.ascontiguousarray(np.asarray(w, np.float32).transpose(2, 3, 1, 0))
-
-
-class GroupedHalfKernel(DepthwiseHalfKernel):
-    """The depthwise kernel's launch, flag and links, on weights in channel_major_weights' layout."""
-
-    arranged_weights = staticmethod(channel_major_weights)
 
 
 class GroupedFp16(GroupedHalf):

@@ -6,7 +6,7 @@ the configuration of a plain kernel's linked sibling (a pool's, a normalisation'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .config_grammar import Config, parse, tagged
@@ -74,6 +74,23 @@ def named_linked_plain(config_type: type[LinkedPlain], variant: str | None, on_g
     if not on_gpu:
         raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
     return config
+
+
+def plain_offer(offer: Any, variant: str | None, config: LinkedPlain | None) -> Any:
+    """What the step of a plain kernel that joins the links in any format keeps channel-last (registry.ChannelLast):
+    its op's `offer` (None: nothing) in any format with the plain kernel (`variant` None or PLAIN), in the format of
+    a linked variant's `config` (whose links the plan makes again); None for a variant of another kind."""
+    if offer is None or (variant not in (None, PLAIN) and config is None):
+        return None
+    return offer if config is None else replace(offer, format=config.format)
+
+
+def check_offered(offer: Any, output: bool, fmt: str, step: str, variant: str | None) -> None:
+    """A PluginError unless `offer` (plain_offer's) keeps its tensors, the output too where `output`, in `fmt`."""
+    from ..errors import PluginError
+
+    if offer is None or (output and not offer.output) or offer.format not in (None, fmt):
+        raise PluginError(f"{step}: {variant or PLAIN} keeps no such tensor channel-last in {fmt}")
 
 
 def linked_call_arrays(cupy: Any, x: Any, out: Any, links: int, sample: tuple[int, ...], output_shape: Callable[[int], tuple[int, ...]],

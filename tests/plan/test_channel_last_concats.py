@@ -124,7 +124,7 @@ def test_a_concat_links_all_of_its_tensors_or_none(tmp_path):
     assert plugin.linked_variant(node, GPU, None, frozenset({0, 1, 2}), True, "fp16") == "cuda_fp16_h3"
     with pytest.raises(PluginError, match="links all of its inputs and its output or none"):
         plugin.linked_variant(node, GPU, None, frozenset({0, 1}), True, "fp16")
-    with pytest.raises(PluginError, match="keeps no tensor channel-last in fp16"):
+    with pytest.raises(PluginError, match="keeps no such tensor channel-last in fp16"):
         plugin.linked_variant(node, GPU, "cuda_bf16_h3", frozenset({0, 1, 2}), True, "fp16")
     with pytest.raises(PluginError, match=r"links all of its inputs and its output \(h3\) or none"):
         plugin.build(node, GPU, "cuda_fp16_h1")

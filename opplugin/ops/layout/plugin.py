@@ -7,7 +7,6 @@ there (runtime/buffers.py). A Concat between half-precision steps copies channel
 16-bit tensors instead (channel_last.py, linked_concat.py)."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -16,6 +15,7 @@ from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import ChannelLast, Kernel, NodeInfo, Plugin, PrecisionChoice
+from ..channel_last import check_offered, plain_offer
 from ..specs import reason_against, spec_of
 from ..view import ViewKernel
 from . import reference, views
@@ -160,17 +160,14 @@ class ConcatPlugin(LayoutPlugin):
         """Every input and the output, all or none, in any 16-bit format with the plain kernel, in its own with a
         linked variant (whose links the plan makes again); along the channels of NCHW tensors only."""
         spec = spec_of(node, self.make_spec)
-        config = None if variant in (None, PLAIN) else linked_config(spec, _rank(node), device, variant)
-        offer = offered(spec, _rank(node), device)
-        if offer is None or fused or prologue or (variant not in (None, PLAIN) and config is None):
+        if fused or prologue:
             return None
-        return offer if config is None else replace(offer, format=config.format)
+        config = None if variant in (None, PLAIN) else linked_config(spec, _rank(node), device, variant)
+        return plain_offer(offered(spec, _rank(node), device), variant, config)
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
                        format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
-        offer = self.channel_last(node, device, variant, fused, prologue)
-        if offer is None or offer.format not in (None, format):
-            raise PluginError(f"Concat {node.name}: {variant or PLAIN} keeps no tensor channel-last in {format}")
+        check_offered(self.channel_last(node, device, variant, fused, prologue), output, format, f"Concat {node.name}", variant)
         return linked(spec_of(node, self.make_spec), format, inputs, output).name()
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),

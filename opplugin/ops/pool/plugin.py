@@ -3,7 +3,6 @@ maps (ReduceMean over H and W runs this kernel from ops/reduction). The CPU devi
 or, between half-precision steps that keep their tensors channel-last in 16 bits, kernels/pool_channel_last.cu (channel_last.py)."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -12,6 +11,7 @@ from ...gpu.device import Device
 from ...gpu.kernel_cache import CompileJob
 from ...errors import PluginError
 from ...registry import ChannelLast, Kernel, NodeInfo, Plugin
+from ..channel_last import check_offered, plain_offer
 from ..specs import check_one_kernel, spec_of
 from . import linked_kernel
 from .channel_last import PLAIN, LinkedPool, linked, linked_config, offered
@@ -53,16 +53,11 @@ class ChannelLastPools:
         if not isinstance(spec, PoolSpec) or fused or prologue:
             return None
         config = None if variant in (None, PLAIN) else linked_config(spec, device, variant)
-        offer = offered(spec, device)
-        if offer is None or (variant not in (None, PLAIN) and config is None):
-            return None
-        return offer if config is None else replace(offer, format=config.format)
+        return plain_offer(offered(spec, device), variant, config)
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
                        format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
-        offer = self.channel_last(node, device, variant, fused, prologue)
-        if offer is None or (output and not offer.output) or offer.format not in (None, format):
-            raise PluginError(f"{node.op_type} {node.name}: {variant or PLAIN} keeps no such tensor channel-last in {format}")
+        check_offered(self.channel_last(node, device, variant, fused, prologue), output, format, f"{node.op_type} {node.name}", variant)
         return linked(spec_of(node, self.make_spec), format, inputs, output).name()
 
     def nonfinite_exact_variant(self, node: NodeInfo, device: Device) -> str | None:

@@ -12,13 +12,13 @@ plain kernel (kernels/reduce.cu) on FP32 NCHW tensors. Only the plan makes them 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...errors import PluginError
 from ...gpu.device import Device
 from ...registry import ChannelLast, NodeInfo, PrecisionChoice
-from ..channel_last import FORMAT_CODES, INPUT, OUTPUT, PLAIN, LinkedPlain, linked_plain, named_linked_plain
+from ..channel_last import FORMAT_CODES, INPUT, OUTPUT, PLAIN, LinkedPlain, check_offered, linked_plain, named_linked_plain, plain_offer
 from ..specs import spec_of
 from .spec import LAYER, NormSpec
 
@@ -94,17 +94,11 @@ class ChannelLastNorms:
         spec = spec_of(node, self.make_spec)
         if fused or prologue:
             return None
-        config = linked_config(spec, device, variant)
-        offer = offered(spec, device)
-        if offer is None or (variant not in (None, PLAIN) and config is None):
-            return None
-        return offer if config is None else replace(offer, format=config.format)
+        return plain_offer(offered(spec, device), variant, linked_config(spec, device, variant))
 
     def linked_variant(self, node: NodeInfo, device: Device, variant: str | None, inputs: frozenset[int], output: bool,
                        format: str, fused: Sequence[NodeInfo] = (), prologue: Sequence[NodeInfo] = ()) -> str:
-        offer = self.channel_last(node, device, variant, fused, prologue)
-        if offer is None or offer.format not in (None, format):
-            raise PluginError(f"{node.op_type} {node.name}: {variant or PLAIN} keeps no such tensor channel-last in {format}")
+        check_offered(self.channel_last(node, device, variant, fused, prologue), output, format, f"{node.op_type} {node.name}", variant)
         return linked(spec_of(node, self.make_spec), format, inputs, output).name()
 
     def precision_variant(self, node: NodeInfo, device: Device, precision: str, fused: Sequence[NodeInfo] = (),

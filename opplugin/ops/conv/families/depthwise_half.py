@@ -45,7 +45,8 @@ THREAD_TILES = {8: ((1, 4), (1, 2), (1, 1), (2, 2), (2, 1)), 4: ((1, 8), (1, 4))
 # In a small launch the heuristic takes the first 8-channel tile whose sums and one input row of values stay within
 # this many floats: at sm_90, 3x3 1x2 tiles took 72-78 registers, 3x3 1x4 tiles (80 floats) 110-141, 7x7 1x2 tiles
 # (80 floats) 140-150. There, warps on each SM count more than reuse in registers: at batch 1 on an H200, these
-# tiles were within 1.2x of the fastest on 9 of 11 depthwise layers of MobileNet-V2/V3, EfficientNet and ConvNeXt.
+# tiles were within 1.2x of the fastest on 5 of 11 depthwise layers of MobileNet-V2/V3, EfficientNet and ConvNeXt
+# and 1.53x at worst (a 1 x 1 tile was often faster: this rule is not tuned for small launches).
 LIVE_FLOATS = 64
 # A launch of at least this many outputs fills the GPU with threads of longer rows (large_launch_tile)
 LARGE_LAUNCH = 1 << 20

@@ -75,14 +75,7 @@ conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restr
     const int iw0 = ow0 * SW - PW;
     const input_t* image = x + (size_t)n * C * H * W;  // offsets inside one image fit an int (the family checks)
 
-    // the window's first pixel, maybe in the pads (never read there); each load adds a constant to it
-#ifdef X_CHANNEL_LAST
-    const input_t* window = image + ((ih0 * W + iw0) * C + c0);
-#else
-    const input_t* window = image + ((c0 * H + ih0) * W + iw0);
-#endif
-    // held in registers: left to itself, the compiler remade the address from the kernel's parameter at each load
-    asm("" : "+l"(window));
+    const input_t* window = window_corner(image, ih0, iw0, c0);
     unsigned int columns = 0;  // bit k: the window's column k lies inside the image (the same for each of its rows)
 #pragma unroll
     for (int k = 0; k < SEG_W; ++k) columns |= (unsigned int)((unsigned)(iw0 + k) < (unsigned)W) << k;

@@ -75,16 +75,10 @@ conv_grouped_half(const input_t* __restrict__ x, const unsigned short* __restric
     const int iw0 = ow0 * SW - PW;
     const input_t* image = x + (size_t)n * C * H * W;  // offsets inside one image fit an int (the family checks)
 
-    // the window's first pixel, maybe in the pads (never read there), and the thread's maps of the first tap's first
-    // channel: each load adds a constant to one of them
-#ifdef X_CHANNEL_LAST
-    const input_t* window = image + ((ih0 * W + iw0) * C + c0);
-#else
-    const input_t* window = image + ((c0 * H + ih0) * W + iw0);
-#endif
+    const input_t* window = window_corner(image, ih0, iw0, c0);
+    // the thread's maps of the first tap's first channel, each weight load a constant past it; held in registers, as
+    // the window's corner is
     const unsigned short* filters = w + m0;
-    // held in registers: left to itself, the compiler remade the addresses from the kernel's parameters at each load
-    asm("" : "+l"(window));
     asm("" : "+l"(filters));
     unsigned int columns = 0;  // bit k: the window's column k lies inside the image (the same for each of its rows)
 #pragma unroll

@@ -88,6 +88,20 @@ __device__ __forceinline__ bool store_run(unsigned short* p, const float (&v)[VE
 #endif
 #define X_ROW (W * X_PIXEL)
 
+// A thread's window corner: its first input pixel at channel c0 (maybe in the pads, never read there), to which each of
+// its loads adds a constant. Held in registers: left to itself, the compiler remade the address from the kernel's
+// parameter at each load (LDC, LEA, LEA.HI.X a load).
+__device__ __forceinline__ const input_t* window_corner(const input_t* image, int ih0, int iw0, int c0)
+{
+#ifdef X_CHANNEL_LAST
+    const input_t* window = image + ((ih0 * W + iw0) * C + c0);
+#else
+    const input_t* window = image + ((c0 * H + ih0) * W + iw0);
+#endif
+    asm("" : "+l"(window));
+    return window;
+}
+
 // N channels (a thread's VEC of a depthwise Conv, a group's CG) at the input pixel `offset` elements past a thread's
 // window corner (its first channel, where X is NCHW), as the format holds them; zeros outside the image (`inside`
 // false: a pad)

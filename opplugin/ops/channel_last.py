@@ -49,21 +49,27 @@ class LinkedPlain(Config):
         return LINKED_FAMILIES[self.family]
 
 
-def linked_plain(config_type: type[LinkedPlain], fmt: str, inputs: frozenset[int], output: bool, op: str) -> LinkedPlain:
+def linked_plain(config_type: type[LinkedPlain], fmt: str, inputs: frozenset[int], output: bool, op: str,
+                 reason: Callable[[int], str | None] = lambda links: None) -> LinkedPlain:
     """The `config_type` that keeps X (where `inputs` holds 0) and Y (where `output`) channel-last in `fmt`; a
-    PluginError for another format or input. The op's own limits are its caller's to check."""
+    PluginError for another format or input, or for links the op cannot keep (`reason` of them says why)."""
     from ..errors import PluginError
 
     family = f"{PLAIN}_{fmt}"
     if family not in LINKED_FAMILIES or not inputs <= {0}:
         raise PluginError(f"a {op} keeps its X alone channel-last in {' or '.join(FORMAT_CODES)}, not inputs {sorted(inputs)} in {fmt}")
-    return config_type(family, (INPUT if inputs else 0) | (OUTPUT if output else 0))
+    config = config_type(family, (INPUT if inputs else 0) | (OUTPUT if output else 0))
+    why = reason(config.links)
+    if why:
+        raise PluginError(f"{config.name()}: {why}")
+    return config
 
 
-def named_linked_plain(config_type: type[LinkedPlain], variant: str | None, on_gpu: bool, op: str) -> LinkedPlain | None:
+def named_linked_plain(config_type: type[LinkedPlain], variant: str | None, on_gpu: bool, op: str,
+                       reason: Callable[[int], str | None] = lambda links: None) -> LinkedPlain | None:
     """The `config_type` a linked sibling's `variant` names; None for any name of no linked family (the plain
-    kernel's are its plugin's to judge); a PluginError for a name without links, or no GPU. The op's own limits
-    on the links are its caller's to check."""
+    kernel's are its plugin's to judge); a PluginError for a name without links, no GPU, or links the op cannot
+    keep (`reason` of them says why)."""
     from ..errors import PluginError
 
     if variant is None or not variant.startswith(tuple(LINKED_FAMILIES)):
@@ -73,6 +79,9 @@ def named_linked_plain(config_type: type[LinkedPlain], variant: str | None, on_g
         raise PluginError(f"{variant!r} names no links: {config_type.form(variant)} ({config_type.meanings()})")
     if not on_gpu:
         raise PluginError(f"variant {variant!r} needs a CUDA device; the CPU device runs the numpy reference")
+    why = reason(config.links)
+    if why:
+        raise PluginError(f"variant {variant!r}: {why}")
     return config
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import PluginError
 from ...gpu.device import Device
 from ...registry import ChannelLast
 from ..channel_last import INPUT, OUTPUT, LinkedPlain, linked_plain, named_linked_plain
@@ -41,21 +40,13 @@ def offered(spec: PoolSpec, device: Device) -> ChannelLast | None:
 def linked(spec: PoolSpec, fmt: str, inputs: frozenset[int], output: bool) -> LinkedPool:
     """The configuration that keeps X (where `inputs` holds 0) and Y (where `output`) channel-last in `fmt`;
     a PluginError where the pool cannot."""
-    config = linked_plain(LinkedPool, fmt, inputs, output, "pool")
-    why = links_reason(spec, config.links)
-    if why:
-        raise PluginError(f"{config.name()}: {why}")
-    return config
+    return linked_plain(LinkedPool, fmt, inputs, output, "pool", lambda links: links_reason(spec, links))
 
 
 def linked_config(spec: PoolSpec, device: Device, variant: str | None) -> LinkedPool | None:
     """The configuration a linked pool's `variant` names; None for any name of no linked family (the plain
     kernel's are check_one_kernel's to judge); a PluginError for links the pool cannot keep or no GPU."""
-    config = named_linked_plain(LinkedPool, variant, device.is_cuda, "pool")
-    why = config and links_reason(spec, config.links)
-    if why:
-        raise PluginError(f"variant {variant!r}: {why}")
-    return config
+    return named_linked_plain(LinkedPool, variant, device.is_cuda, "pool", lambda links: links_reason(spec, links))
 
 
 def links_reason(spec: PoolSpec, links: int) -> str | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...errors import PluginError
 from ...gpu.device import Device
 from ...registry import ChannelLast, NodeInfo, PrecisionChoice
 from ..channel_last import FORMAT_CODES, INPUT, OUTPUT, PLAIN, LinkedPlain, check_offered, linked_plain, named_linked_plain, plain_offer
@@ -66,21 +65,13 @@ def offered(spec: Any, device: Device) -> ChannelLast | None:
 def linked(spec: Any, fmt: str, inputs: frozenset[int], output: bool) -> LinkedNorm:
     """The configuration that keeps X (where `inputs` holds 0) and Y (where `output`) channel-last in `fmt`;
     a PluginError where the normalisation cannot."""
-    config = linked_plain(LinkedNorm, fmt, inputs, output, "normalisation")
-    why = links_reason(spec, config.links)
-    if why:
-        raise PluginError(f"{config.name()}: {why}")
-    return config
+    return linked_plain(LinkedNorm, fmt, inputs, output, "normalisation", lambda links: links_reason(spec, links))
 
 
 def linked_config(spec: Any, device: Device, variant: str | None) -> LinkedNorm | None:
     """The configuration a linked normalisation's `variant` names; None for any name of no linked family (the
     plain kernel's are check_one_kernel's to judge); a PluginError for links it cannot keep or no GPU."""
-    config = named_linked_plain(LinkedNorm, variant, device.is_cuda, "normalisation")
-    why = config and links_reason(spec, config.links)
-    if why:
-        raise PluginError(f"variant {variant!r}: {why}")
-    return config
+    return named_linked_plain(LinkedNorm, variant, device.is_cuda, "normalisation", lambda links: links_reason(spec, links))
 
 
 class ChannelLastNorms:

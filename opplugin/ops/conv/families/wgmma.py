@@ -38,7 +38,7 @@ from ..spec import ConvSpec
 from .base import CompileUnit, Family, shape_defines
 from .channel_last import INPUT, OUTPUT, RESIDUAL, LinkedTensors, link_defines, links_reason, possible_links
 from .gemm import k_dim
-from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, grid_blocks, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
+from .pipelined import REDUCE_BLOCK, WAVE_BALANCE, PipelinedConfig, PipelinedGemm, PipelinedGemmKernel, balancing_split, columns, grid_blocks, multiprocessors, split_configs, tile_order, tiles_header_defines, wave_efficiency, with_split
 from .tc_gemm import Split3xTf32Gemm
 
 SLICE_DEPTH = 32  # BK: four k8 steps of three wgmmas a stage; one window tap's 32 channels
@@ -409,7 +409,9 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         grid, workspace, reduce_blocks = super()._geometry(batch)
         if self.splits == 1:
             grid = (min(grid[0] * grid[1], multiprocessors()), 1, 1)
-            self._geometries[batch] = grid, workspace, reduce_blocks
+        elif self._links & OUTPUT:  # the reduce's blocks take 32 pixels x 32 maps of a linked Y each
+            reduce_blocks = min(-(-columns(self.spec, batch) // 32) * -(-self.spec.out_channels // 32), 65535)
+        self._geometries[batch] = grid, workspace, reduce_blocks
         return grid, workspace, reduce_blocks
 
     def _launch(self, x, weights, y, batch, nonfinite=0):

@@ -69,6 +69,7 @@ __device__ __forceinline__ int2 tap_at(int k) { return taps[k]; }
 #endif
 
 #include "async_copy.cuh"
+#include "grid_dependency.cuh"
 
 // The maps of map tile `tile` (of G * MAP_TILES: grid y, where a block has one tile), [first, end), inside group
 // `group`.
@@ -312,10 +313,12 @@ struct SliceSums {
 
 // y[n][m][p] (with Y_CHANNEL_LAST y[n][p][m] in the format) = the epilogue of (sum of the KSLICES partial
 // sums + bias), slices added in order; nonfinite (null: not watched) raised where an output is NaN or Inf
+AWAITS_PREVIOUS_GRID(conv_k_slices_reduce)
 extern "C" __global__ void __launch_bounds__(256)
 conv_k_slices_reduce(const float* __restrict__ partial, const float* __restrict__ b, const residual_t* __restrict__ r,
                      output_t* __restrict__ y, int batch, unsigned char* nonfinite)
 {
+    await_previous_grid();
     const int total = batch * P;
     const size_t apart = (size_t)M * total;  // between one slice's partial sums and the next's
 #ifdef Y_CHANNEL_LAST

@@ -64,6 +64,7 @@
 #include "wgmma_3xtf32.cuh"
 
 #include "conv_implicit_tiles.cuh"
+#include "grid_dependency.cuh"
 #ifdef HALF_OPERANDS
 #include "half_bits.cuh"
 #endif
@@ -95,10 +96,12 @@ __device__ __forceinline__ float prologue_value(float v, const float* __restrict
 #endif
 constexpr int SPLIT_PIXELS = 1024 / SPLIT_CHANNELS;
 
+AWAITS_PREVIOUS_GRID(conv_split_channel_last)
 extern "C" __global__ void __launch_bounds__(256)
 conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ pro, operand_t* __restrict__ big,
                         operand_t* __restrict__ small, int x_image)
 {
+    await_previous_grid();
     constexpr int PIXEL_TILES = (H * W + SPLIT_PIXELS - 1) / SPLIT_PIXELS;
     __shared__ float tile[SPLIT_CHANNELS][SPLIT_PIXELS + 1];  // [channel][pixel], a column apart in banks
     const int thread = threadIdx.y * 32 + threadIdx.x;
@@ -135,9 +138,11 @@ conv_split_channel_last(const float* __restrict__ x, const float* __restrict__ p
 // transformed, and rounded once to the format, as conv_split_channel_last rounds an FP32 X's. Both are
 // [batch][H*W][C] (a linked X has whole 16-byte runs of channels: no padding). A thread takes one run of 8
 // channels of a pixel, loaded and stored whole. Launch: block 256, grid ceil(batch * H*W * C / 8 / 256).
+AWAITS_PREVIOUS_GRID(conv_prologue_channel_last)
 extern "C" __global__ void __launch_bounds__(256)
 conv_prologue_channel_last(const operand_t* __restrict__ x, const float* __restrict__ pro, operand_t* __restrict__ big, int batch)
 {
+    await_previous_grid();
     constexpr int RUNS = CP / 8;  // 16-byte runs a pixel (a linked X is never padded: CP is C)
     const size_t run = (size_t)blockIdx.x * 256 + threadIdx.x;
     if (run >= (size_t)batch * (H * W) * RUNS) return;
@@ -449,11 +454,13 @@ __device__ __forceinline__ void store_channel_last(const float* acc, const MapBi
 }
 #endif
 
+AWAITS_PREVIOUS_GRID(conv_wgmma)
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
            const operand_t* __restrict__ w_small, const float* __restrict__ b, const residual_t* __restrict__ r,
            output_t* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
 {
+    await_previous_grid();
     extern __shared__ float4 shared_tiles[];
     const int total = batch * P;
     // the output tiles, pixel tile by pixel tile (a tile's map tiles one after another, so that blocks working

@@ -39,6 +39,7 @@
 #define W_ROWS BN  // Y's columns: wgmma's N
 #define X_ROWS BM  // Y's rows: 64 a consumer warpgroup
 #include "wgmma_3xtf32.cuh"
+#include "grid_dependency.cuh"
 
 #ifndef SPLITS
 #define SPLITS 1
@@ -54,9 +55,11 @@ static_assert((SPLITS - 1) * SLICES_PER_SPLIT < SLICES, "every run of the K spli
 #include "half_bits.cuh"
 
 // half[i] = a[i] in the format, for `count` values (a multiple of 4: K is)
+AWAITS_PREVIOUS_GRID(gemm_to_half)
 extern "C" __global__ void __launch_bounds__(256)
 gemm_to_half(const float4* __restrict__ a, ushort4* __restrict__ half, size_t count)
 {
+    await_previous_grid();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 4; i += (size_t)gridDim.x * blockDim.x) {
         const float4 v = __ldg(a + i);
         half[i] = make_ushort4(half_bits<HALF_OPERANDS>(v.x), half_bits<HALF_OPERANDS>(v.y), half_bits<HALF_OPERANDS>(v.z),
@@ -65,9 +68,11 @@ gemm_to_half(const float4* __restrict__ a, ushort4* __restrict__ half, size_t co
 }
 #else
 // small[i] = small_part(a[i]) for `count` values (a multiple of 4: K is)
+AWAITS_PREVIOUS_GRID(gemm_small_parts)
 extern "C" __global__ void __launch_bounds__(256)
 gemm_small_parts(const float4* __restrict__ a, float4* __restrict__ small, size_t count)
 {
+    await_previous_grid();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 4; i += (size_t)gridDim.x * blockDim.x) {
         const float4 v = __ldg(a + i);
         small[i] = make_float4(small_part(v.x), small_part(v.y), small_part(v.z), small_part(v.w));
@@ -108,11 +113,13 @@ struct SliceCopies {
     }
 };
 
+AWAITS_PREVIOUS_GRID(gemm_wgmma)
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_small, const operand_t* __restrict__ w,
            const operand_t* __restrict__ w_small, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ y,
            int batch, unsigned char* nonfinite)
 {
+    await_previous_grid();
     extern __shared__ float4 shared_tiles[];
     // the tiles of Y, columns first; a block takes every (gridDim.x * gridDim.y)-th, from its own: one with the
     // K split's grid, several where the grid is one block an SM (persistent)
@@ -176,10 +183,12 @@ gemm_wgmma(const operand_t* __restrict__ a, const operand_t* __restrict__ a_smal
 }
 
 // y = epilogue(the K split's partial sums added in order), a thread per pair of neighbouring outputs
+AWAITS_PREVIOUS_GRID(gemm_split_reduce)
 extern "C" __global__ void __launch_bounds__(256)
 gemm_split_reduce(const float* __restrict__ partial, const float* __restrict__ bias, const float* __restrict__ residual,
                   float* __restrict__ y, int batch, unsigned char* nonfinite)
 {
+    await_previous_grid();
     constexpr int PAIRS = (N + 1) / 2;
     const size_t pair = blockIdx.x * (size_t)blockDim.x + threadIdx.x, outputs = (size_t)batch * N;
     if (pair >= (size_t)batch * PAIRS) return;

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import kernel_cache, recorded_launches, nvrtc
+from . import dependent_launch, kernel_cache, recorded_launches, nvrtc
 from ..core import paths
 
 # Options every kernel is compiled with. No --use_fast_math: the variants are
@@ -77,7 +77,7 @@ def nvrtc_options(defines: Mapping[str, Any]) -> tuple[str, ...]:
     Booleans become 0/1 so that `#if NAME` works in the source.
     """
     macros = tuple(f"-D{name}={int(value) if isinstance(value, bool) else value}" for name, value in defines.items())
-    return BASE_OPTIONS + line_info_options() + macros
+    return BASE_OPTIONS + line_info_options() + dependent_launch.compile_options() + macros
 
 
 def module_job(source_file: str, defines: Mapping[str, Any], arch: str, *,

@@ -9,7 +9,8 @@ same buffers as the last one makes the same launches, so the runtime records the
 (runtime/eager_replay.py; tools/host_step_bench.py measures what a step costs the host).
 
 Every function opplugin compiles (cuda.compile_source) is a `Function`: it launches as
-CuPy launches it, and while a Recording is active in the thread it also keeps the launch
+CuPy launches it (or, inside a graph capture, programmatically where the kernel awaits the
+previous grid: gpu/dependent_launch.py), and while a Recording is active in the thread it also keeps the launch
 with its arguments packed into a ctypes parameter block. A recording refuses, rather
 than keeps, a call it cannot reproduce:
 - one that allocates device memory (scratch, or a contiguous copy of an input), seen by a
@@ -28,6 +29,8 @@ import threading
 from typing import Any, Sequence
 
 import numpy as np
+
+from . import dependent_launch
 
 # the C type each NumPy scalar argument is passed as, as CuPy passes it
 _C_TYPES = {
@@ -174,14 +177,24 @@ class Function:
     Recording is active in the thread, each launch is also recorded. Its other attributes
     (registers, shared-memory limits) are the RawKernel's."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("raw", "awaits_previous_grid")
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, awaits_previous_grid: bool = False):
         object.__setattr__(self, "raw", raw)
+        object.__setattr__(self, "awaits_previous_grid", awaits_previous_grid)  # launches programmatically in a capture
 
     def __call__(self, grid: Any, block: Any, args: Sequence[Any], *, shared_mem: int = 0, stream: Any = None) -> None:
-        self.raw(grid, block, args, shared_mem=shared_mem, stream=stream)
         recording = getattr(_active, "recording", None)
+        if self.awaits_previous_grid and recording is None and dependent_launch.active():
+            try:
+                values = [packed_argument(a) for a in args]
+            except TypeError:  # an argument whose C type is CuPy's choice: launched as CuPy launches it
+                values = None
+            if values is not None:
+                dependent_launch.launch(self.raw.kernel.ptr, _dim3(grid), _dim3(block), int(shared_mem),
+                                        _stream_pointer(stream), values)
+                return
+        self.raw(grid, block, args, shared_mem=shared_mem, stream=stream)
         if recording is not None:
             recording.add(self.raw, grid, block, args, shared_mem, stream)
 
@@ -202,7 +215,8 @@ class Module:
     def get_function(self, name: str) -> Function:
         found = self._functions.get(name)
         if found is None:
-            found = self._functions[name] = Function(self.raw.get_function(name))
+            raw = self.raw.get_function(name)
+            found = self._functions[name] = Function(raw, dependent_launch.awaits_previous_grid(self.raw, name))
         return found
 
     def __getattr__(self, name: str) -> Any:

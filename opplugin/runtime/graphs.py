@@ -27,15 +27,18 @@ Those event nodes cost the device several microseconds each, so a run of steps m
 graphs: a timed one (with the event nodes) and an untimed one, captured over the same input
 buffers and the same memory pool. A run asks for one or the other (Runner.run's
 `step_times`): `profile` times host to host with untimed replays and takes the step table
-from timed ones. The two never run at once (one lane, one chunk at a time), so they may
+from timed ones. An untimed graph's kernels that await the previous grid are launched
+programmatically (gpu/dependent_launch.py): each may start while the kernel before it ends. The two never run at once (one lane, one chunk at a time), so they may
 share the pool's blocks.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import first_line
+from ..gpu import dependent_launch
 from .nonfinite import slot_runs
 
 
@@ -181,12 +184,16 @@ def capture(
     input buffers and draws on its pool."""
     import cupy
 
+    from ..gpu import cuda
+
     if sibling is not None:
         inputs, pool = sibling.inputs, sibling.pool
     else:
         inputs, pool = {name: cupy.empty_like(value) for name, value in outside.items()}, cupy.cuda.MemoryPool()
     clock = StepClock(stream if timed else None)
-    with cupy.cuda.using_allocator(pool.malloc):
+    # an untimed graph's kernels may start while the one before them ends; a timed one's steps must not overlap
+    overlapping = contextlib.nullcontext() if timed else dependent_launch.enabled(cuda.device_arch())
+    with cupy.cuda.using_allocator(pool.malloc), overlapping:
         stream.begin_capture()
         try:
             outputs = run_steps(dict(inputs), clock)

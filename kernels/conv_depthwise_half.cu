@@ -38,6 +38,7 @@
 
 #include "conv_epilogue.cuh"
 #include "half_runs.cuh"
+#include "grid_dependency.cuh"
 
 #define GROUPS (PLANES / VEC)  // VEC-channel groups a block
 #define THREADS_W (BW / TW)
@@ -56,10 +57,12 @@ static_assert(C % VEC == 0 && PLANES % VEC == 0, "whole runs of channels");
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
 static_assert(SEG_W <= 32, "a window's columns are bits of one word");
 
+AWAITS_PREVIOUS_GRID(conv_depthwise_half)
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 conv_depthwise_half(const input_t* __restrict__ x, const unsigned short* __restrict__ w, const float* __restrict__ b,
                     const residual_t* __restrict__ r, output_t* __restrict__ y, int batch, unsigned char* nonfinite)
 {
+    await_previous_grid();
     const int tile = blockIdx.x % (TILES_H * TILES_W);
     const int n = blockIdx.x / (TILES_H * TILES_W);
 #ifdef X_CHANNEL_LAST

@@ -34,6 +34,7 @@
 
 #include "conv_epilogue.cuh"
 #include "half_runs.cuh"
+#include "grid_dependency.cuh"
 
 #define CG (C / G)  // input channels a group
 #define MG (M / G)  // maps a group
@@ -55,10 +56,12 @@ static_assert(MG % VEC == 0 && PLANES % VEC == 0, "a thread's maps lie in one gr
 static_assert(BH % TH == 0 && BW % TW == 0, "the block tile is whole thread tiles");
 static_assert(SEG_W <= 32, "a window's columns are bits of one word");
 
+AWAITS_PREVIOUS_GRID(conv_grouped_half)
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 conv_grouped_half(const input_t* __restrict__ x, const unsigned short* __restrict__ w, const float* __restrict__ b,
                   const residual_t* __restrict__ r, output_t* __restrict__ y, int batch, unsigned char* nonfinite)
 {
+    await_previous_grid();
     const int tile = blockIdx.x % (TILES_H * TILES_W);
     const int n = blockIdx.x / (TILES_H * TILES_W);
 #ifdef X_CHANNEL_LAST

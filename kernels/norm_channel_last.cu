@@ -18,6 +18,7 @@
 
 #include "half_bits.cuh"
 #include "watch_flag.cuh"
+#include "grid_dependency.cuh"
 
 #define LANES 8
 #define PIECES (C / LANES)
@@ -92,10 +93,12 @@ __device__ __forceinline__ float pixel_sum(float v)
 
 // grid: pixels * PIXEL_LANES threads (pixels = batch * PLANE), BLOCK_THREADS a block. Every thread of a warp
 // runs the shuffles; those past the last pixel take no values.
+AWAITS_PREVIOUS_GRID(normalize_channel_last)
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)
     normalize_channel_last(const input_t* __restrict__ x, const float* __restrict__ scale, const float* __restrict__ bias,
                            output_t* __restrict__ y, long long pixels, unsigned char* nonfinite)
 {
+    await_previous_grid();
     const long long thread = (long long)blockIdx.x * BLOCK_THREADS + threadIdx.x;
     const long long pixel = thread / PIXEL_LANES;
     const int lane = (int)(thread % PIXEL_LANES);

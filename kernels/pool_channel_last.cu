@@ -26,6 +26,7 @@
 #include "half_bits.cuh"
 #include "pool_window.cuh"
 #include "watch_flag.cuh"
+#include "grid_dependency.cuh"
 
 #define LANES 8
 #define GROUPS (C / LANES)
@@ -89,9 +90,11 @@ __device__ __forceinline__ void write_lanes(output_t* __restrict__ y, long long 
 #endif
 
 // threads: batch * OH * OW * GROUPS
+AWAITS_PREVIOUS_GRID(pool_window_channel_last)
 extern "C" __global__ void __launch_bounds__(256)
     pool_window_channel_last(const input_t* __restrict__ x, output_t* __restrict__ y, long long threads, unsigned char* nonfinite)
 {
+    await_previous_grid();
     const long long index = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= threads)
         return;
@@ -153,9 +156,11 @@ extern "C" __global__ void __launch_bounds__(256)
 #define TILE_CHANNELS (GROUP_TILE * LANES)
 
 // blocks: batch * TILES, TILES = ceil(GROUPS / GROUP_TILE)
+AWAITS_PREVIOUS_GRID(pool_global_channel_last)
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)
     pool_global_channel_last(const input_t* __restrict__ x, float* __restrict__ y, unsigned char* nonfinite)
 {
+    await_previous_grid();
     __shared__ float shares[PIXEL_THREADS][TILE_CHANNELS];
     const long long n = blockIdx.x / TILES;
     const int tile = blockIdx.x % TILES;

@@ -9,7 +9,7 @@ serialization, a kernel's blocks are placed as soon as every block of the one be
 kernel in the same graph.
 
 Only a kernel that waits may be launched so: one that declares AWAITS_PREVIOUS_GRID(name) and calls
-await_previous_grid() first (kernels/grid_dependency.cuh), compiled for sm_90a with `compile_options()`.
+await_previous_grid() first (kernels/grid_dependency.cuh), compiled for sm_90 on with `compile_options()`.
 It is off unless OPPLUGIN_DEPENDENT_LAUNCH=1 (SWITCH). `awaits_previous_grid` finds the declaration in a
 loaded module; `launch` launches such a kernel programmatically. The runtime's untimed graph captures
 (runtime/graphs.py) turn that on for their thread with `enabled`; a timed graph records an event between its
@@ -75,16 +75,17 @@ def compile_options() -> tuple[str, ...]:
     return (f"-D{DEFINE}=1",) if switched_on() else ()
 
 
-def supported(arch: str) -> bool:
-    """Whether a device of architecture `arch` ("sm_90", "sm_90a") and this driver launch programmatically, and it
-    is switched on."""
-    if not switched_on():
-        return False
+def supported_arch(arch: str) -> bool:
+    """Whether code for `arch` ("sm_90", "sm_90a") has griddepcontrol."""
     try:
-        number = int(arch.removeprefix("sm_").rstrip("a"))
+        return int(arch.removeprefix("sm_").rstrip("a")) >= FIRST_ARCH
     except ValueError:
         return False
-    return number >= FIRST_ARCH and _driver_launch() is not None
+
+
+def supported(arch: str) -> bool:
+    """Whether it is switched on, and a device of architecture `arch` and this driver launch programmatically."""
+    return switched_on() and supported_arch(arch) and _driver_launch() is not None
 
 
 @contextlib.contextmanager

@@ -510,6 +510,8 @@ def test_fast_checked_sources_have_no_code_for_one_arch_alone():
     for source in sorted(sources):
         code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
         for line in code.splitlines():
+            if "defined(AWAIT_PREVIOUS_GRIDS)" in line:
+                continue  # grid_dependency.cuh's waits: compiled only with a define these checks never pass
             for test in re.findall(r"(?<!defined\()__CUDA_ARCH\w*(?:\s*[<>=!]+\s*\w+)?", line):
                 match = re.fullmatch(r"__CUDA_ARCH__\s*(?:<|>=)\s*(\d+)", test)
                 assert match and int(match.group(1)) <= 800, f"{source}: {line.strip()}"

@@ -70,13 +70,19 @@ def _dim3(extent: Any) -> tuple[int, int, int]:
 class Launch:
     """One recorded launch: the function, its geometry, the stream and the packed arguments."""
 
-    __slots__ = ("function", "grid", "block", "shared_mem", "stream", "_values", "_parameters")
+    __slots__ = ("function", "grid", "block", "shared_mem", "stream", "values", "_parameters")
 
     def __init__(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
                  stream: int, values: Sequence[Any]):
         self.function, self.grid, self.block, self.shared_mem, self.stream = function, grid, block, shared_mem, stream
-        self._values = tuple(values)  # kept alive: the parameter block points at them
+        self.values = tuple(values)  # the packed arguments, kept alive: the parameter block points at them
         self._parameters = (ctypes.c_void_p * max(1, len(values)))(*(ctypes.addressof(v) for v in values))
+
+    @classmethod
+    def of(cls, raw: Any, grid: Any, block: Any, args: Sequence[Any], shared_mem: int, stream: Any) -> "Launch":
+        """The launch of cupy.RawKernel `raw` as a call makes it; TypeError for an argument without a fixed C type."""
+        values = [packed_argument(a) for a in args]
+        return cls(raw.kernel.ptr, _dim3(grid), _dim3(block), int(shared_mem), _stream_pointer(stream), values)
 
     @property
     def parameters(self) -> int:
@@ -85,7 +91,7 @@ class Launch:
 
     def arguments(self) -> tuple[Any, ...]:
         """The packed values, for comparing two recordings."""
-        return tuple(v.value for v in self._values)
+        return tuple(v.value for v in self.values)
 
 
 class Replay:
@@ -135,8 +141,7 @@ class Recording:
         if self.refusal is not None:
             return
         try:
-            values = [packed_argument(a) for a in args]
-            launch = Launch(raw.kernel.ptr, _dim3(grid), _dim3(block), int(shared_mem), _stream_pointer(stream), values)
+            launch = Launch.of(raw, grid, block, args, shared_mem, stream)
         except TypeError as err:
             self.refuse(f"it launches {raw.name} with {err}")
             return
@@ -187,12 +192,12 @@ class Function:
         recording = getattr(_active, "recording", None)
         if self.awaits_previous_grid and recording is None and dependent_launch.active():
             try:
-                values = [packed_argument(a) for a in args]
+                launch = Launch.of(self.raw, grid, block, args, shared_mem, stream)
             except TypeError:  # an argument whose C type is CuPy's choice: launched as CuPy launches it
-                values = None
-            if values is not None:
-                dependent_launch.launch(self.raw.kernel.ptr, _dim3(grid), _dim3(block), int(shared_mem),
-                                        _stream_pointer(stream), values)
+                launch = None
+            if launch is not None:
+                dependent_launch.launch(launch.function, launch.grid, launch.block, launch.shared_mem, launch.stream,
+                                        launch.values)
                 return
         self.raw(grid, block, args, shared_mem=shared_mem, stream=stream)
         if recording is not None:

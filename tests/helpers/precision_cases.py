@@ -133,10 +133,7 @@ def mobilenet_block_model(channels: int = 32, expand: int = 3, size: int = 12) -
              helper.make_node("Clip", ["cd", "lo", "hi"], ["t2"], name="depthwise_clip"),
              helper.make_node("Conv", ["t2", "wp", "bp"], ["cp"], name="project"),
              helper.make_node("Add", ["cp", "t0"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "mobilenet_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, size, size])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return finish(graph)
+    return _graph("mobilenet_block", nodes, weights, size, ["N", channels, size, size])
 
 
 def resnext_block_model(channels: int = 32, size: int = 10) -> onnx.ModelProto:
@@ -160,10 +157,7 @@ def resnext_block_model(channels: int = 32, size: int = 10) -> onnx.ModelProto:
              helper.make_node("Add", ["cg8", "t1"], ["t3"], name="inner_residual"),
              helper.make_node("Conv", ["t3", "wp", "bp"], ["cp"], name="project"),
              helper.make_node("Add", ["cp", "t0"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "resnext_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, size, size])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return finish(graph)
+    return _graph("resnext_block", nodes, weights, size, ["N", c, size, size])
 
 
 def se_block_model(channels: int = 64, squeezed: int = 16, size: int = 12) -> onnx.ModelProto:
@@ -189,10 +183,7 @@ def se_block_model(channels: int = 64, squeezed: int = 16, size: int = 12) -> on
              helper.make_node("Mul", ["d", "s"], ["m"], name="scale"),
              helper.make_node("Conv", ["m", "wp", "bp"], ["cp"], name="project"),
              helper.make_node("Add", ["cp", "t0"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "se_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, size, size])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return finish(graph)
+    return _graph("se_block", nodes, weights, size, ["N", channels, size, size])
 
 
 def conv_pair_model(channels: int = 64) -> onnx.ModelProto:
@@ -207,10 +198,7 @@ def conv_pair_model(channels: int = 64) -> onnx.ModelProto:
              helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
              helper.make_node("Add", ["c2", "r0"], ["y"], name="residual")]
-    graph = helper.make_graph(nodes, "conv_pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, 12, 12])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return finish(graph)
+    return _graph("conv_pair", nodes, weights, 12, ["N", channels, 12, 12])
 
 
 def _convs(channels: int, rng) -> tuple[dict[str, np.ndarray], list[onnx.NodeProto]]:

@@ -3,7 +3,7 @@ typed error with a clear first line, or propagates exactly as onnxruntime does."
 import numpy as np
 import pytest
 
-from opplugin.gpu import cuda, nvrtc
+from opplugin.gpu import cuda, dependent_launch, nvrtc
 from opplugin.cli import main
 from opplugin.errors import InputError, KernelCompileError, PluginError
 from opplugin.graph.model import load_model
@@ -27,7 +27,8 @@ def test_compile_failure_names_the_source_and_defines_and_carries_the_log(failin
     err = info.value
     assert isinstance(err, PluginError)
     first, *rest = str(err).splitlines()
-    assert first.startswith("kernel conv_baseline.cu failed to compile with NVRTC (-DC=1 -DOW=oops -DPADDED=1)")
+    switches = "".join(f"{option} " for option in dependent_launch.compile_options())
+    assert first.startswith(f"kernel conv_baseline.cu failed to compile with NVRTC ({switches}-DC=1 -DOW=oops -DPADDED=1)")
     assert first.endswith('error: identifier "oops" is undefined')
     assert rest[-1].startswith("1 error detected")
     assert err.log == NVRTC_LOG and "-DOW=oops" in err.options

@@ -10,7 +10,7 @@ kernel in the same graph.
 
 Only a kernel that waits may be launched so: one that declares AWAITS_PREVIOUS_GRID(name) and calls
 await_previous_grid() first (kernels/grid_dependency.cuh), compiled for sm_90 on with `compile_options()`.
-It is off unless OPPLUGIN_DEPENDENT_LAUNCH=1 (SWITCH). `awaits_previous_grid` finds the declaration in a
+It is on unless OPPLUGIN_DEPENDENT_LAUNCH=0 (SWITCH). `awaits_previous_grid` finds the declaration in a
 loaded module; `launch` launches such a kernel programmatically. The runtime's untimed graph captures
 (runtime/graphs.py) turn that on for their thread with `enabled`; a timed graph records an event between its
 steps, whose times must not overlap.
@@ -27,8 +27,9 @@ from typing import Any, Iterator, Sequence
 MARKER = "_awaits_previous_grid"  # the suffix of AWAITS_PREVIOUS_GRID's symbol
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 FIRST_ARCH = 90  # griddepcontrol: sm_90 on
-# "1" turns it on: the kernels are compiled with their waits (DEFINE) and launched programmatically. Off by default
-# until the GPU suite has run with it on (its kernels are then the same code as before it)
+# "0" turns it off: the kernels are then compiled without their waits (DEFINE), the same code as before it, and
+# launched as CuPy launches them. On by default: the GPU suite passes with it, and ResNet-50 FP16 at batch 1 takes
+# a tenth less time on an H200
 SWITCH = "OPPLUGIN_DEPENDENT_LAUNCH"
 DEFINE = "AWAIT_PREVIOUS_GRIDS"  # kernels/grid_dependency.cuh's
 
@@ -67,7 +68,7 @@ def awaits_previous_grid(module: Any, name: str) -> bool:
 
 
 def switched_on() -> bool:
-    return os.environ.get(SWITCH) == "1"
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 def compile_options() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from opplugin.core.paths import kernels_dir
-from opplugin.gpu import dependent_launch, nvrtc, recorded_launches
+from opplugin.gpu import cuda, dependent_launch, nvrtc, recorded_launches
 
 DECLARED = re.compile(r"^AWAITS_PREVIOUS_GRID\((\w+)\)$", re.M)
 KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(')
@@ -136,24 +136,21 @@ def test_enabled_lasts_as_long_as_its_block(monkeypatch):
     assert not dependent_launch.active()
 
 
-@pytest.mark.parametrize("switch", [None, "0", "yes"])
-def test_it_is_off_unless_switched_on(monkeypatch, switch):
+@pytest.mark.parametrize(("switch", "on"), [(None, True), ("1", True), ("yes", True), ("0", False)])
+def test_it_is_on_unless_switched_off(monkeypatch, switch, on):
     monkeypatch.setattr(dependent_launch, "_driver_launch", lambda: object())
     if switch is None:
         monkeypatch.delenv(dependent_launch.SWITCH, raising=False)
     else:
         monkeypatch.setenv(dependent_launch.SWITCH, switch)
     with dependent_launch.enabled("sm_90"):
-        assert not dependent_launch.active()
+        assert dependent_launch.active() is on
+    assert (f"-D{dependent_launch.DEFINE}=1" in cuda.nvrtc_options({"C": 3})) is on
 
 
-def test_switched_on_every_kernel_compiles_with_its_waits(monkeypatch):
-    from opplugin.gpu import cuda
-
-    monkeypatch.delenv(dependent_launch.SWITCH, raising=False)
+def test_switched_off_the_kernels_compile_without_their_waits(monkeypatch):
+    monkeypatch.setenv(dependent_launch.SWITCH, "0")
     assert dependent_launch.compile_options() == () and cuda.nvrtc_options({"C": 3})[-1] == "-DC=3"
-    monkeypatch.setenv(dependent_launch.SWITCH, "1")
-    assert f"-D{dependent_launch.DEFINE}=1" in cuda.nvrtc_options({"C": 3})
 
 
 @pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings' NVRTC is not importable")

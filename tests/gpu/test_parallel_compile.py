@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 
 import pytest
 
-from opplugin.gpu import cuda, kernel_cache, nvrtc, parallel_compile
+from opplugin.gpu import cuda, dependent_launch, kernel_cache, nvrtc, parallel_compile
 from opplugin.core import paths
 from opplugin.gpu.device import Device
 from opplugin.errors import KernelCompileError
@@ -52,6 +53,11 @@ def real_jobs() -> list[kernel_cache.CompileJob]:
 def serial_cubin(job: kernel_cache.CompileJob) -> bytes | None:
     """The job compiled here, once for the module: both pools' tests compare against it."""
     return kernel_cache.compile_job(job)[0]
+
+
+def defines(*own: str) -> str:
+    """The -D options a compile error names: the switches every kernel is compiled with, then the kernel's own."""
+    return " ".join(dependent_launch.compile_options() + own)
 
 
 def tiny_job(value: int, source: str | None = None) -> kernel_cache.CompileJob:
@@ -104,14 +110,14 @@ def test_a_rejected_kernel_is_named_in_one_line_and_nothing_of_it_is_cached(cach
     with pytest.raises(KernelCompileError) as info:
         parallel_compile.compile_missing([good[0], broken, good[1]], workers=workers, pool="threads", stream=stream)
     first, *log = str(info.value).splitlines()
-    assert first.startswith("kernel tiny3.cu failed to compile with NVRTC (-DVALUE=3): ")
+    assert first.startswith(f"kernel tiny3.cu failed to compile with NVRTC ({defines('-DVALUE=3')}): ")
     assert "UNDEFINED_NAME" in first and any("error" in line for line in log)
     assert stream.getvalue().endswith(" failed\n") and stream.getvalue().count("\n") == 1
     files = cache_files(cache)
     assert broken.file_name not in files and not [name for name in files if not name.endswith(".cubin")]
     assert good[0].file_name in files  # what compiled before the failure stays, whole
     # the serial path gives the same error
-    with pytest.raises(KernelCompileError, match=r"^kernel tiny3.cu failed to compile with NVRTC \(-DVALUE=3\): "):
+    with pytest.raises(KernelCompileError, match=rf"^kernel tiny3.cu failed to compile with NVRTC \({re.escape(defines('-DVALUE=3'))}\): "):
         kernel_cache.binary_path(broken)
 
 

@@ -511,7 +511,7 @@ def test_fast_checked_sources_have_no_code_for_one_arch_alone():
         code = re.sub(r"//[^\n]*|/\*.*?\*/", "", resources.kernel_source(source), flags=re.DOTALL)
         for line in code.splitlines():
             if "defined(AWAIT_PREVIOUS_GRIDS)" in line:
-                continue  # grid_dependency.cuh's waits: compiled only with a define these checks never pass
+                continue  # grid_dependency.cuh's waits: sm_90 on alone, where programmatic launch exists
             for test in re.findall(r"(?<!defined\()__CUDA_ARCH\w*(?:\s*[<>=!]+\s*\w+)?", line):
                 match = re.fullmatch(r"__CUDA_ARCH__\s*(?:<|>=)\s*(\d+)", test)
                 assert match and int(match.group(1)) <= 800, f"{source}: {line.strip()}"
@@ -792,7 +792,7 @@ def test_compile_error_carries_the_nvrtc_log():
 def test_options_are_d_macros_after_the_language_standard():
     options = cuda.nvrtc_options({"C": 4, "HAS_BIAS": True, "PADDED": False})
     assert options[: len(cuda.BASE_OPTIONS)] == cuda.BASE_OPTIONS
-    assert options[len(cuda.BASE_OPTIONS) :] == ("-DC=4", "-DHAS_BIAS=1", "-DPADDED=0")
+    assert options[-3:] == ("-DC=4", "-DHAS_BIAS=1", "-DPADDED=0")
     assert not any("fast_math" in o for o in options)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from opplugin.gpu import cuda
+from opplugin.gpu import cuda, dependent_launch
 from opplugin.verify.check import compare
 from opplugin.errors import KernelCompileError, OutOfDeviceMemory
 from opplugin.inputs.feeds import make_inputs
@@ -189,7 +189,8 @@ def test_a_kernel_that_does_not_compile_names_its_source_options_and_log():
     with pytest.raises(KernelCompileError) as info:
         cuda.compile_module("conv_baseline.cu", {"C": "oops(", "BLOCK": 256})
     first = str(info.value).splitlines()[0]
-    assert first.startswith("kernel conv_baseline.cu failed to compile with NVRTC (-DC=oops( -DBLOCK=256): ")
+    defines = " ".join(dependent_launch.compile_options() + ("-DC=oops(", "-DBLOCK=256"))
+    assert first.startswith(f"kernel conv_baseline.cu failed to compile with NVRTC ({defines}): ")
     assert "error" in info.value.log and len(str(info.value).splitlines()) > 1
 
 

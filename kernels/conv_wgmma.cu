@@ -45,9 +45,7 @@
 // copying the next tile's first slices during this one's epilogue; dynamic shared memory (STAGES * PARTS *
 // (BM + BN) * 128 + STAGES * 16 + 1024) bytes (PARTS: 2, 1 with HALF_OPERANDS), and with Y_CHANNEL_LAST
 // 2 * BN * STAGED_ROW more for the staged stores (16 rows of STAGED_ROW halves a consumer warp). With KSLICES > 1 the partial sums go to `partial` and
-// conv_k_slices_reduce finishes them; with CLUSTER_REDUCE (KSLICES 2 to 8) a thread-block cluster of the KSLICES
-// blocks of a tile finishes them itself (finish_in_cluster), `partial` unused and no reduce launched. nonfinite: the
-// step's NaN/Inf flag, as conv_tc_gemm's.
+// conv_k_slices_reduce finishes them. nonfinite: the step's NaN/Inf flag, as conv_tc_gemm's.
 
 #include "conv_epilogue.cuh"
 
@@ -456,148 +454,8 @@ __device__ __forceinline__ void store_channel_last(const float* acc, const MapBi
 }
 #endif
 
-#if CLUSTER_REDUCE
-// The K split finished by the cluster of a tile's KSLICES blocks (blockIdx.z, its rank in the cluster, is its run of
-// slices): each block leaves its partial sums in its own shared memory, then finishes a KSLICES-th of the tile,
-// reading each output's KSLICES sums from the blocks' shared memory (distributed shared memory) and adding them in
-// slice order, as conv_k_slices_reduce adds them from `partial`: the same sums, bit for bit, without their round
-// trip through L2 and without a second kernel. ResNet-50 in FP16 at batch 1 launched 43 reduces, 165 us of its
-// 530 us of kernels (ncu, an H200).
-#define K_SPLIT_CLUSTER __cluster_dims__(1, 1, KSLICES)
-// The tile in shared memory, as y lies: a pixel's maps in a row (channel-last), else a map's pixels; a row padded
-// to whole 16-byte runs of 4 (a thread reads 4 outputs' sums at once), by 4 more so that a warp's writes of its
-// accumulators (8 pixels x 4 map pairs) meet at most two to a bank
-#ifdef Y_CHANNEL_LAST
-#define TILE_ROWS BN
-#define TILE_RUN BM
-#else
-#define TILE_ROWS BM
-#define TILE_RUN BN
-#endif
-constexpr int TILE_ROW = TILE_RUN + 4;
-constexpr int TILE_UNITS = TILE_ROWS * TILE_RUN / 4;  // runs of 4 outputs
-// runs a thread has in flight: sums of about 8 runs, so that it waits on the cluster about once for all of them
-constexpr int RUNS_IN_FLIGHT = KSLICES >= 8 ? 1 : 8 / KSLICES;
-static_assert(TILE_RUN % 4 == 0 && BN * TILE_ROW * 4 <= STAGES * STAGE * (int)sizeof(operand_t) &&
-              BM * TILE_ROW * 4 <= STAGES * STAGE * (int)sizeof(operand_t), "a block's partial sums fit in its stages");
-
-// Every thread of every block of the cluster, once each has arrived: what a block wrote to shared memory before is
-// seen by the cluster's blocks after
-__device__ __forceinline__ void cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// The same meeting without ordering what came before: for a thread that wrote nothing the cluster reads after, or
-// whose reads have returned. (A release waits for the thread's stores to y to reach the whole GPU: MEMBAR.ALL.GPU.)
-__device__ __forceinline__ void cluster_meet()
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
-// The consumers alone (named barrier 1): both warpgroups' wgmmas are past the stages they read
-__device__ __forceinline__ void consumers_sync()
-{
-    asm volatile("bar.sync 1, %0;\n" ::"n"(NTHREADS) : "memory");
-}
-
-// The 16 bytes at `local`'s counterpart in the shared memory of the cluster's block of rank `rank`
-__device__ __forceinline__ float4 cluster_run(const float* local, unsigned int rank)
-{
-    unsigned int remote;
-    float4 v;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address(local)), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-    return v;
-}
-
-// Output (col, m) of the sum v, finished as store_finished finishes it (bias, the epilogue, the format), and flagged
-__device__ __forceinline__ output_t finished(const float* __restrict__ b, const residual_t* __restrict__ r, unsigned char* nonfinite,
-                                             int col, int m, float v)
-{
-#if HAS_BIAS
-    v += b[m];
-#endif
-    const output_t out = stored(finish_output(v, residual_of(r, col, m)));
-    flag_nonfinite(nonfinite, stored_value(out));
-    return out;
-}
-
-// A run of 4 outputs of the tile at (col0, m0) (4 maps of a pixel, or 4 pixels of a map), from its partial sums in
-// each block of the cluster (`slices`: run i of slice s at 4 * (s * RUNS_IN_FLIGHT + i) on), summed in slice order as
-// SliceSums sums, into y
-__device__ __forceinline__ void store_run(const float* slices, const float* __restrict__ b, const residual_t* __restrict__ r,
-                                          output_t* __restrict__ y, unsigned char* nonfinite, int col0, int m0, int total, int map_end,
-                                          int unit)
-{
-    const int row = unit / (TILE_RUN / 4), first = unit % (TILE_RUN / 4) * 4;
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        SliceSums sums;
-#pragma unroll
-        for (int s = 0; s < KSLICES; ++s) sums.part[s] = slices[4 * s * RUNS_IN_FLIGHT + j];
-        v[j] = sums.total();
-    }
-#ifdef Y_CHANNEL_LAST
-    // 4 maps of a pixel; a linked Y's groups have whole runs of 8 maps, so the 4 are inside Y together or not at all
-    const int col = col0 + row, m = m0 + first;
-    if (col >= total || m >= map_end) return;
-    unsigned short out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = finished(b, r, nonfinite, col, m + j, v[j]);
-    *reinterpret_cast<uint2*>(y + channel_last_at(col, m)) =
-        make_uint2(out[0] | (unsigned int)out[1] << 16, out[2] | (unsigned int)out[3] << 16);
-#else
-    const int m = m0 + row;
-    if (m >= map_end) return;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int col = col0 + first + j;
-        if (col < total) y[nchw_at(col, m)] = finished(b, r, nonfinite, col, m, v[j]);
-    }
-#endif
-}
-
-// This consumer thread's partial sums `acc` of the tile at (col0, m0) into `tile` (the block's stages, past their
-// last use); then this block's KSLICES-th of the tile's runs, RUNS_IN_FLIGHT at a time: every slice's sums of them
-// loaded from the cluster before any is added
-__device__ __forceinline__ void finish_in_cluster(const float* acc, float* tile, const float* __restrict__ b, const residual_t* __restrict__ r,
-                                                  output_t* __restrict__ y, unsigned char* nonfinite, int col0, int m0, int total, int map_end)
-{
-    consumers_sync();
-#ifdef Y_CHANNEL_LAST
-    for_each_output(col0, m0, total, map_end, [&](int i, int col, int m) { tile[(col - col0) * TILE_ROW + m - m0] = acc[i]; });
-#else
-    for_each_output(col0, m0, total, map_end, [&](int i, int col, int m) { tile[(m - m0) * TILE_ROW + col - col0] = acc[i]; });
-#endif
-    cluster_sync();
-    constexpr int SHARE = (TILE_UNITS + KSLICES - 1) / KSLICES;
-    const int end = min(((int)blockIdx.z + 1) * SHARE, TILE_UNITS);
-    for (int unit = (int)blockIdx.z * SHARE + (int)threadIdx.x - NTHREADS; unit < end; unit += NTHREADS * RUNS_IN_FLIGHT) {
-        float slices[KSLICES * RUNS_IN_FLIGHT * 4];
-#pragma unroll
-        for (int s = 0; s < KSLICES; ++s) {
-#pragma unroll
-            for (int i = 0; i < RUNS_IN_FLIGHT; ++i) {
-                const int at = unit + i * NTHREADS;
-                const float4 run = at < end ? cluster_run(tile + at / (TILE_RUN / 4) * TILE_ROW + at % (TILE_RUN / 4) * 4, s)
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                *reinterpret_cast<float4*>(slices + 4 * (s * RUNS_IN_FLIGHT + i)) = run;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RUNS_IN_FLIGHT; ++i)
-            if (unit + i * NTHREADS < end) store_run(slices + 4 * i, b, r, y, nonfinite, col0, m0, total, map_end, unit + i * NTHREADS);
-    }
-    cluster_meet();  // no block leaves while another reads its shared memory (each read has returned: it was added)
-}
-#else
-#define K_SPLIT_CLUSTER
-#endif
-
 AWAITS_PREVIOUS_GRID(conv_wgmma)
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1) K_SPLIT_CLUSTER
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_small, const operand_t* __restrict__ w_big,
            const operand_t* __restrict__ w_small, const float* __restrict__ b, const residual_t* __restrict__ r,
            output_t* __restrict__ y, float* __restrict__ partial, int batch, unsigned char* nonfinite)
@@ -623,10 +481,6 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
             const SliceCopies copies{x_big, x_small, w_big, w_small, maps, run, WeightCopies(), PixelCopies(tile / MAP_COLUMN * BN, total, maps.group)};
             produce_slices(copies, run.count, stages, full, empty, before);
         }
-#if CLUSTER_REDUCE
-        cluster_meet();  // the producers meet finish_in_cluster's two cluster barriers too
-        cluster_meet();
-#endif
         return;
     }
 
@@ -666,8 +520,6 @@ conv_wgmma(const operand_t* __restrict__ x_big, const operand_t* __restrict__ x_
                                [&](int i, int col, int m) { store_finished(y, b, nonfinite, col, m, acc[i], res[i / 4 * 2 + i % 2]); });
         }
 #endif
-#elif CLUSTER_REDUCE
-        finish_in_cluster(acc, reinterpret_cast<float*>(stages), b, r, y, nonfinite, col0, m0, total, maps.end);
 #else
         for_each_output(col0, m0, total, maps.end, [&](int i, int col, int m) { store_sum(y, partial, b, r, nonfinite, total, col, m, acc[i]); });
 #endif

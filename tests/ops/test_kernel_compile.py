@@ -232,17 +232,14 @@ SHAPE_CONSTANTS = frozenset({"C", "M", "G", "H", "W", "OH", "OW", "POH", "POW", 
 REPRESENTED_FAMILIES = ("tc_3xtf32", "simt_gemm", "wg_3xtf32")
 # The K split picks code only as one slice or more (#if KSLICES == 1: the store of finished outputs
 # or of partial sums); past that, the GEMM kernel uses the count in arithmetic alone (the length of
-# a block's run of K slices), and only the loops over a thread's partial sums (SliceSums: all loaded, from memory in
-# conv_k_slices_reduce or from the cluster's blocks in conv_wgmma's CLUSTER_REDUCE, then added) run to KSLICES
+# a block's run of K slices), and only conv_k_slices_reduce's loops over a thread's partial sums (SliceSums: all
+# loaded, then added) run to KSLICES
 # (test_k_slices_pick_code_only_as_one_or_more). So a code shape has the class of its K split,
 # and the representatives compile each family's reduce loop for every K split count on each arch.
 K_SPLIT = "KSLICES"
 REDUCE_LOOPS = frozenset({
     "for (int s = 0; s < KSLICES; ++s) part[s] = inside ? sums[s * apart] : 0.0f;",
     "for (int s = 0; s < KSLICES; ++s) v += part[s];",
-    # conv_wgmma's CLUSTER_REDUCE: a thread's runs' sums loaded from the cluster's blocks, then summed
-    "for (int s = 0; s < KSLICES; ++s) {",
-    "for (int s = 0; s < KSLICES; ++s) sums.part[s] = slices[4 * s * RUNS_IN_FLIGHT + j];",
 })
 
 

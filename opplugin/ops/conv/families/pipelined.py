@@ -261,21 +261,15 @@ class PipelinedGemmKernel(ConvKernel):
         self.splits = config.splits
         self._shared = config.shared_bytes()
         self._gemm = functions[0]
-        self._reduce = functions[1] if self.reduces_apart(config) else None
+        self._reduce = functions[1] if config.splits > 1 else None
         if self._shared > 48 * 1024:  # past the default, a kernel must ask for its dynamic shared memory
             self._gemm.max_dynamic_shared_size_bytes = self._shared
         # the 16-byte weight copies need W's rows 16-byte aligned
         self.weight_alignment = 16 if k_dim(spec) % 4 == 0 else 4
         self._geometries: dict[int, tuple[tuple[int, int, int], int, int]] = {}
 
-    @staticmethod
-    def reduces_apart(config: PipelinedConfig) -> bool:
-        """Whether a K split's partial sums go through memory to the reduce kernel (the second function)."""
-        return config.splits > 1
-
     def workspace_bytes(self, batch: int) -> int:
-        """The K split's partial sums, where the reduce kernel finishes them."""
-        return 4 * self.splits * self.spec.out_channels * columns(self.spec, batch) if self._reduce is not None else 0
+        return 4 * self.splits * self.spec.out_channels * columns(self.spec, batch) if self.splits > 1 else 0
 
     def _geometry(self, batch: int) -> tuple[tuple[int, int, int], int, int]:
         """(grid, workspace floats, reduce blocks) of a call at this batch, worked out once per batch."""
@@ -306,7 +300,7 @@ class PipelinedGemmKernel(ConvKernel):
         if w.data.ptr % self.weight_alignment:
             w = w.copy()
         grid, workspace, reduce_blocks = self._geometry(batch)
-        partial = cupy.empty(workspace, dtype=cupy.float32) if self._reduce is not None else None
+        partial = cupy.empty(workspace, dtype=cupy.float32) if self.splits > 1 else None
         target = np.uint64(0) if partial is None else partial
         flag = np.uint64(nonfinite)
         self._gemm(grid, (self.config.threads, 1, 1), (x, w, b, r, pro, y, target, np.int32(batch), np.int32(x_image), flag),

@@ -12,8 +12,7 @@ producers read from a bit per tap of each pixel's window up to 3x3 (MASKED_TAPS)
 
 `wg_3xtf32_b<BM>x<BN>x<BK>_s<S>[_k<K>]`: BM maps (one wgmma's N: 64 or 128) x BN pixels of the
 batch a block, BK the K depth of a slice (32: one 128-byte line a row), S slices staged; `_k<K>`
-splits the K loop over K blocks (`pipelined`), which, up to CLUSTER_SPLITS of them, finish their sums
-themselves as one thread-block cluster (no reduce kernel). FP32-exact by measurement, as tc_3xtf32.
+splits the K loop over K blocks (`pipelined`). FP32-exact by measurement, as tc_3xtf32.
 
 `wg_fp16` and `wg_bf16` are the same kernel on operands in that format, what `--precision fp16|bf16`
 runs a Conv in: the weights converted at build, the image rewritten channel-last in the format (half
@@ -63,9 +62,6 @@ HOPPER = "sm_90"  # the one architecture wgmma's code (sm_90a) runs on
 MASKED_TAPS = 9
 WARPGROUP = 128
 PIXELS_PER_WARPGROUP = 64  # a wgmma's M
-# A K split over up to this many blocks is finished by the cluster of a tile's blocks (the kernel's CLUSTER_REDUCE:
-# the most blocks a portable cluster holds); a wider one by conv_k_slices_reduce
-CLUSTER_SPLITS = 8
 
 
 @dataclass(frozen=True)
@@ -202,10 +198,8 @@ class WgmmaGemm(PipelinedGemm):
         defines["SPLIT_CHANNELS"] = split_channels(image_channels(spec, self.pads_channels))
         links = getattr(config, "links", 0)
         defines |= link_defines(links, self.half_format)
-        if reduces_in_cluster(config.splits):
-            defines["CLUSTER_REDUCE"] = 1
         units = [CompileUnit("conv_wgmma.cu", "conv_wgmma", defines, arch_specific=True)]
-        if WgmmaGemmKernel.reduces_apart(config):
+        if config.splits > 1:
             units.append(CompileUnit("conv_wgmma.cu", "conv_k_slices_reduce", defines, arch_specific=True))
         if links & INPUT:  # X comes channel-last in the format: nothing to rewrite, only a prologue to apply
             prologue = [CompileUnit("conv_wgmma.cu", "conv_prologue_channel_last", defines, arch_specific=True)]
@@ -316,11 +310,6 @@ class WgmmaBf16Gemm(WgmmaHalfGemm):
     max_relative_error = 1e-2
 
 
-def reduces_in_cluster(splits: int) -> bool:
-    """Whether a K split over `splits` blocks is finished inside their cluster (CLUSTER_SPLITS)."""
-    return 1 < splits <= CLUSTER_SPLITS
-
-
 def masks_window(spec: ConvSpec) -> bool:
     """Whether the producers keep a bit per window tap (MASKED_TAPS), rather than test each copy's tap."""
     return spec.kernel[0] * spec.kernel[1] <= MASKED_TAPS
@@ -367,10 +356,6 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
     its configuration links (channel_last.py) come and go as uint16 [N][H][W][C] in that format."""
 
     reads_weights = False
-
-    @staticmethod
-    def reduces_apart(config) -> bool:
-        return config.splits > 1 and not reduces_in_cluster(config.splits)
 
     def __init__(self, spec, config, functions, epilogue, weights, half: str | None = None):
         import cupy
@@ -424,7 +409,7 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
         grid, workspace, reduce_blocks = super()._geometry(batch)
         if self.splits == 1:
             grid = (min(grid[0] * grid[1], multiprocessors()), 1, 1)
-        elif self._reduce is not None and self._links & OUTPUT:  # the reduce's blocks take 32 pixels x 32 maps of a linked Y each
+        elif self._links & OUTPUT:  # the reduce's blocks take 32 pixels x 32 maps of a linked Y each
             reduce_blocks = min(-(-columns(self.spec, batch) // 32) * -(-self.spec.out_channels // 32), 65535)
         self._geometries[batch] = grid, workspace, reduce_blocks
         return grid, workspace, reduce_blocks
@@ -452,10 +437,10 @@ class WgmmaGemmKernel(LinkedTensors, PipelinedGemmKernel):
             pixel_tiles, channel_tiles = self._transpose_tiles
             x_image = x.strides[0] // 4 if batch > 1 else self._image_floats
             self._split((batch * pixel_tiles, channel_tiles, 1), (32, 8, 1), (x, pro, x_big, x_small, np.int32(x_image)))
-        target, flag = (partial if self._reduce is not None else np.uint64(0)), np.uint64(nonfinite)
+        target, flag = (partial if self.splits > 1 else np.uint64(0)), np.uint64(nonfinite)
         self._gemm(grid, (self.config.threads, 1, 1),
                    (x_big, x_small, self._w_big, self._w_small, self._b, r, y, target, np.int32(batch), flag), shared_mem=self._shared)
-        if self._reduce is not None:
+        if self.splits > 1:
             self._reduce((reduce_blocks, 1, 1), (REDUCE_BLOCK, 1, 1), (partial, self._b, r, y, np.int32(batch), flag))
 
 

@@ -15,7 +15,7 @@ from opplugin.ops.conv import families
 from opplugin.ops.conv.choice import heuristic_config, nonfinite_exact_config, prefers_wgmma
 from opplugin.ops.conv.epilogue import NONE, Epilogue
 from opplugin.ops.conv.families.base import unit_arch
-from opplugin.ops.conv.families.wgmma import WgmmaGemmKernel, split_weights
+from opplugin.ops.conv.families.wgmma import split_weights
 
 VGG_512 = conv(32, 512, 512, (14, 14), (3, 3), pads=(1, 1, 1, 1))
 RESNET_64 = conv(32, 64, 64, (56, 56), (3, 3), pads=(1, 1, 1, 1))
@@ -93,20 +93,9 @@ def test_a_block_is_producers_and_a_consumer_warpgroup_per_64_pixels():
 def test_it_compiles_for_sm_90a_alone():
     family = families.FAMILIES["wg_3xtf32"]
     assert family.archs == ("sm_90",)
-    units = families.compile_units(VGG_512, "wg_3xtf32_b128x128x32_s3_k16")
+    units = families.compile_units(VGG_512, "wg_3xtf32_b128x128x32_s3_k2")
     assert [u.function for u in units] == ["conv_wgmma", "conv_k_slices_reduce", "conv_split_channel_last"]
     assert {unit_arch(u, "sm_90") for u in units} == {"sm_90a"}
-
-
-@pytest.mark.parametrize("family", ["wg_3xtf32", "wg_fp16", "wg_bf16"])
-def test_a_k_split_over_up_to_eight_blocks_is_finished_in_their_cluster_a_wider_one_by_the_reduce(family):
-    tile = "b128x128x32_s3" if family == "wg_3xtf32" else "b128x128x64_s4"
-    for splits in (1, 2, 5, 8, 9, 16):
-        name = f"{family}_{tile}" + (f"_k{splits}" if splits > 1 else "")
-        units = families.compile_units(VGG_512, name)
-        assert ("conv_k_slices_reduce" in [u.function for u in units]) is (splits > 8)
-        assert all(("CLUSTER_REDUCE" in u.defines) is (2 <= splits <= 8) for u in units)
-        assert WgmmaGemmKernel.reduces_apart(families.configure(VGG_512, name)) is (splits > 8)
 
 
 def test_hopper_takes_it_for_the_widest_layers_and_other_gpus_keep_tc_3xtf32(gpu_of):

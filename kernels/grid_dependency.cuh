@@ -6,9 +6,9 @@
 //
 // A kernel opts in with AWAITS_PREVIOUS_GRID(its name) at file scope, which the runtime looks up in the loaded module,
 // and await_previous_grid() as its first statement. Both take effect only where the runtime compiles with
-// AWAIT_PREVIOUS_GRIDS (OPPLUGIN_DEPENDENT_LAUNCH=1) for sm_90 or later: elsewhere the call is empty and no symbol is
-// declared, so the kernel is the same code as without them and is launched plainly (and without the define sm_80 and
-// sm_90 get the same code, what tests/ops/test_kernel_compile.py's quick checks rely on).
+// AWAIT_PREVIOUS_GRIDS (its default; OPPLUGIN_DEPENDENT_LAUNCH=0 leaves it out) for sm_90 or later: elsewhere the call
+// is empty and no symbol is declared, so the kernel is the same code as without them and is launched plainly (sm_80
+// code is the same either way, what tests/ops/test_kernel_compile.py's quick checks of sm_80 alone rely on).
 #ifndef OPPLUGIN_GRID_DEPENDENCY_CUH
 #define OPPLUGIN_GRID_DEPENDENCY_CUH
 

@@ -9,10 +9,10 @@ same buffers as the last one makes the same launches, so the runtime records the
 (runtime/eager_replay.py; tools/host_step_bench.py measures what a step costs the host).
 
 Every function opplugin compiles (cuda.compile_source) is a `Function`: it launches as
-CuPy launches it (or, inside a graph capture, programmatically where the kernel awaits the
-previous grid: gpu/dependent_launch.py), and while a Recording is active in the thread it also keeps the launch
-with its arguments packed into a ctypes parameter block. A recording refuses, rather
-than keeps, a call it cannot reproduce:
+CuPy launches it (or, inside a graph capture, programmatically where the kernel awaits
+the previous grid: gpu/dependent_launch.py), and while a Recording is active in the thread
+it also keeps the launch with its arguments packed into a ctypes parameter block. A
+recording refuses, rather than keeps, a call it cannot reproduce:
 - one that allocates device memory (scratch, or a contiguous copy of an input), seen by a
   CuPy memory hook: its pointers would not hold next time;
 - an argument other than a CuPy array or a NumPy scalar (a Python int's C type is CuPy's
@@ -194,8 +194,8 @@ class Function:
             try:
                 launch = Launch.of(self.raw, grid, block, args, shared_mem, stream)
             except TypeError:  # an argument whose C type is CuPy's choice: launched as CuPy launches it
-                launch = None
-            if launch is not None:
+                pass
+            else:
                 dependent_launch.launch(launch.function, launch.grid, launch.block, launch.shared_mem, launch.stream,
                                         launch.values)
                 return

@@ -28,8 +28,9 @@ graphs: a timed one (with the event nodes) and an untimed one, captured over the
 buffers and the same memory pool. A run asks for one or the other (Runner.run's
 `step_times`): `profile` times host to host with untimed replays and takes the step table
 from timed ones. An untimed graph's kernels that await the previous grid are launched
-programmatically (gpu/dependent_launch.py): each may start while the kernel before it ends. The two never run at once (one lane, one chunk at a time), so they may
-share the pool's blocks.
+programmatically (gpu/dependent_launch.py): each may start while the kernel before it
+ends. The two never run at once (one lane, one chunk at a time), so they may share the
+pool's blocks.
 """
 from __future__ import annotations
 
